@@ -1,0 +1,34 @@
+"""User-facing errors: one line that names the problem and the fix."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+
+
+class LmtuneError(ValueError):
+    """A bad input or environment, reported to the user as one line (no traceback)."""
+
+
+def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
+    """Wrap a CLI ``main`` so an LmtuneError prints ``error: ...`` and exits with status 2."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs) or 0
+        except LmtuneError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+
+    return wrapper
+
+
+def setup_cli_logging(level: int = logging.INFO) -> None:
+    """Concise console logging for the CLIs; the library itself only uses ``logging``."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
