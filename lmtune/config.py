@@ -1,0 +1,222 @@
+"""Typed run configuration: model shape, training hyperparameters and named budgets.
+
+Configs are validated once at the edge (CLI flags, ``--set key=value``, search-space YAML) so the
+training code can trust them. Field names are unique across ModelConfig and TrainConfig, so a flat
+``key=value`` always names exactly one field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmtune.errors import LmtuneError
+
+
+@dataclass
+class ModelConfig:
+    """Decoder-only Transformer of the CS336 shape (defaults: ~17M non-embedding parameters)."""
+
+    vocab_size: int = 10000
+    context_length: int = 256
+    d_model: int = 512
+    d_ff: int = 1344
+    n_layers: int = 4
+    n_heads: int = 16
+    rope_theta: float = 10000.0
+    qk_norm: bool = False  # RMSNorm on per-head queries and keys (Wortsman et al. 2023)
+    z_loss: float = 0.0  # coefficient on log^2 Z of the output softmax (Wortsman et al. 2023)
+
+
+@dataclass
+class TrainConfig:
+    """Optimizer, schedule, budget and bookkeeping of one training run."""
+
+    lr: float = 1e-3  # peak learning rate (alpha_max)
+    min_lr_ratio: float = 0.1  # alpha_min = lr * min_lr_ratio
+    warmup_steps: int = 200
+    steps: int = 5000
+    batch_size: int = 32
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping
+    log_interval: int = 50
+    eval_interval: int = 500
+    eval_batches: int = 20
+    checkpoint_interval: int = 1000
+    keep_checkpoints: int = 3
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    compile: str = "auto"  # auto | on | off ("auto": on for CUDA/MPS, measured-faster choice on CPU)
+    precision: str = "auto"  # auto | fp32 | bf16 ("auto": bf16 autocast on CUDA, fp32 elsewhere)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    budget: str = "low-resource"
+    data_dir: str = ""
+    vocab_from_data: bool = True  # take vocab_size from the data's meta.json unless set explicitly
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.model.context_length
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens_per_step * self.train.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        return cls(
+            model=ModelConfig(**data["model"]),
+            train=TrainConfig(**data["train"]),
+            budget=data.get("budget", "custom"),
+            data_dir=data.get("data_dir", ""),
+            vocab_from_data=data.get("vocab_from_data", True),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# Named budgets (../shared/REFERENCE.md). "quick" is sized to finish in 1-3 minutes on 2 CPU cores
+# while its val loss still falls far below the corpus's unigram entropy.
+BUDGETS: dict[str, dict[str, Any]] = {
+    "full": dict(batch_size=128, steps=10_000, context_length=256, warmup_steps=500, log_interval=50,
+                 eval_interval=500, checkpoint_interval=1000),
+    "low-resource": dict(batch_size=32, steps=5_000, context_length=256, warmup_steps=250, log_interval=50,
+                         eval_interval=500, checkpoint_interval=500),
+    "quick": dict(d_model=128, d_ff=384, n_layers=2, n_heads=4, context_length=128, batch_size=32, steps=600,
+                  warmup_steps=60, lr=3e-3, log_interval=20, eval_interval=100, eval_batches=8,
+                  checkpoint_interval=100),
+}
+
+MODEL_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
+TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+CHOICES = {
+    "device": None,  # validated by the device module (cuda:N etc.)
+    "compile": ("auto", "on", "off"),
+    "precision": ("auto", "fp32", "bf16"),
+}
+
+
+def field_names() -> list[str]:
+    return sorted([*MODEL_FIELDS, *TRAIN_FIELDS])
+
+
+def field_type(name: str) -> type:
+    spec = MODEL_FIELDS.get(name) or TRAIN_FIELDS.get(name)
+    if spec is None:
+        raise LmtuneError(f"unknown setting '{name}'; valid settings: {', '.join(field_names())}")
+    return {"int": int, "float": float, "bool": bool, "str": str}[spec.type]
+
+
+def coerce_value(name: str, value: Any, where: str = "--set") -> Any:
+    """Convert ``value`` (a string from the CLI or a YAML scalar) to the type of field ``name``."""
+    kind = field_type(name)
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            number = float(value) if isinstance(value, str) and ("e" in value.lower() or "." in value) else value
+            return int(number)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return value
+    except (TypeError, ValueError):
+        raise LmtuneError(f"{where}: {name}={value!r} is not a valid {kind.__name__}; give a {kind.__name__}") from None
+
+
+def apply_overrides(config: RunConfig, overrides: dict[str, Any], where: str = "--set") -> RunConfig:
+    """Return a copy of ``config`` with ``overrides`` (flat field names) applied and validated."""
+    model = dataclasses.asdict(config.model)
+    train = dataclasses.asdict(config.train)
+    vocab_from_data = config.vocab_from_data
+    for name, raw in overrides.items():
+        value = coerce_value(name, raw, where)
+        if name in MODEL_FIELDS:
+            model[name] = value
+            if name == "vocab_size":
+                vocab_from_data = False
+        else:
+            train[name] = value
+    result = RunConfig(ModelConfig(**model), TrainConfig(**train), config.budget, config.data_dir, vocab_from_data)
+    validate(result, where)
+    return result
+
+
+def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
+    """Parse ``--set key=value`` pairs into a dict of raw strings (types checked by apply_overrides)."""
+    result: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise LmtuneError(f"--set {pair!r}: expected key=value, e.g. --set lr=3e-4")
+        field_type(key)
+        result[key] = value.strip()
+    return result
+
+
+def budget_config(budget: str, overrides: dict[str, Any] | None = None, data_dir: str = "") -> RunConfig:
+    """The named budget's config with ``overrides`` applied on top."""
+    if budget not in BUDGETS:
+        raise LmtuneError(f"unknown budget '{budget}'; choose one of {', '.join(BUDGETS)}")
+    base = RunConfig(budget=budget, data_dir=data_dir)
+    merged = {**BUDGETS[budget], **(overrides or {})}
+    return apply_overrides(base, merged, where="--set" if overrides else f"budget '{budget}'")
+
+
+def validate(config: RunConfig, where: str = "config") -> None:
+    """Raise LmtuneError (one line) for values no training run could use."""
+    m, t = config.model, config.train
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise LmtuneError(f"{where}: {message}")
+
+    for name in ("vocab_size", "context_length", "d_model", "d_ff", "n_layers", "n_heads"):
+        need(getattr(m, name) > 0, f"{name} must be a positive integer (got {getattr(m, name)})")
+    need(m.d_model % m.n_heads == 0, f"d_model ({m.d_model}) must be divisible by n_heads ({m.n_heads})")
+    need((m.d_model // m.n_heads) % 2 == 0, "head dimension d_model/n_heads must be even for RoPE")
+    need(math.isfinite(m.rope_theta) and m.rope_theta > 0, "rope_theta must be a positive number")
+    need(math.isfinite(m.z_loss) and m.z_loss >= 0, "z_loss must be >= 0")
+    need(math.isfinite(t.lr) and t.lr > 0, f"lr must be a positive finite number (got {t.lr})")
+    need(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
+    need(t.batch_size > 0, f"batch_size must be a positive integer (got {t.batch_size})")
+    need(t.steps > 0, f"steps must be a positive integer (got {t.steps})")
+    need(0 <= t.warmup_steps <= t.steps, f"warmup_steps must be in [0, steps={t.steps}] (got {t.warmup_steps})")
+    need(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "weight_decay must be >= 0")
+    need(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "beta1 and beta2 must be in [0, 1)")
+    need(math.isfinite(t.eps) and t.eps > 0, "eps must be > 0")
+    need(math.isfinite(t.grad_clip) and t.grad_clip >= 0, "grad_clip must be >= 0 (0 disables clipping)")
+    for name in ("log_interval", "eval_interval", "eval_batches", "checkpoint_interval", "keep_checkpoints"):
+        need(getattr(t, name) > 0, f"{name} must be a positive integer (got {getattr(t, name)})")
+    for name, choices in CHOICES.items():
+        if choices is not None:
+            need(getattr(t, name) in choices, f"{name} must be one of {', '.join(choices)} (got {getattr(t, name)!r})")

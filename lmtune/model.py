@@ -1,0 +1,198 @@
+"""Decoder-only Transformer LM of the CS336 shape.
+
+token embedding -> n_layers x [RMSNorm -> causal MHA with RoPE -> +residual, RMSNorm -> SwiGLU -> +residual]
+-> RMSNorm -> untied output projection. No biases.
+
+Initialization: every Linear weight is drawn from a normal truncated at +-3 std with
+std = sqrt(2 / (fan_in + fan_out)) (Glorot-style, so activations keep their scale in both
+directions); the two projections that write into the residual stream (attention output and the
+SwiGLU down projection) are further scaled by 1/sqrt(2 n_layers) so the residual stream's variance
+does not grow with depth (GPT-2). The token embedding is truncated normal with std 1, which the
+first pre-norm RMSNorm rescales anyway. RMSNorm gains start at 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmtune.config import ModelConfig
+
+
+def rope_tables(head_dim: int, context_length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (context_length, head_dim // 2) for rotary position embeddings."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., :h], x[..., h:]) of x (..., T, head_dim) by position-dependent angles."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos = cos[: x.shape[-2]].to(x.dtype)
+    sin = sin[: x.shape[-2]].to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Plain masked-softmax attention (explicit T x T mask): the slow, obviously-correct path."""
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    t = q.shape[-2]
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.q_norm = nn.RMSNorm(self.head_dim) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim) if cfg.qk_norm else None
+        self.use_sdpa = True
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.project(x, cos, sin)
+        if self.use_sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = reference_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+    @torch.no_grad()
+    def max_logit(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Largest causal attention logit q.k/sqrt(d): the quantity whose growth breaks small models."""
+        q, k, _ = self.project(x, cos, sin)
+        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(self.head_dim)
+        t = q.shape[-2]
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        return scores.masked_fill(~mask, float("-inf")).amax()
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.d_model)
+        self.ffn = SwiGLU(cfg.d_model, cfg.d_ff)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = nn.RMSNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.context_length, cfg.rope_theta)
+        # Not persistent: derived from the config, so checkpoints stay small and shape-agnostic.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        residual_scale = 1.0 / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                fan_out, fan_in = module.weight.shape
+                std = math.sqrt(2.0 / (fan_in + fan_out))
+                if name.endswith("attn.out") or name.endswith("ffn.down"):
+                    std *= residual_scale
+                nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
+            elif isinstance(module, nn.Embedding):
+                nn.init.trunc_normal_(module.weight, std=1.0, a=-3.0, b=3.0)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x, self.rope_cos, self.rope_sin)
+        return self.final_norm(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) without targets; with targets, the mean loss (cross-entropy + z-loss)."""
+        logits = self.lm_head(self.hidden(idx))
+        if targets is None:
+            return logits
+        return lm_loss(logits, targets, self.cfg.z_loss)
+
+    @torch.no_grad()
+    def stability_probes(self, idx: torch.Tensor) -> dict[str, float]:
+        """Largest attention logit over layers and output-logit size, for the instability diagnostics."""
+        x = self.embed(idx)
+        attn_max = torch.tensor(float("-inf"), device=idx.device)
+        for block in self.blocks:
+            attn_max = torch.maximum(attn_max, block.attn.max_logit(block.attn_norm(x), self.rope_cos, self.rope_sin))
+            x = block(x, self.rope_cos, self.rope_sin)
+        logits = self.lm_head(self.final_norm(x)).float()
+        return {
+            "attn_logit_max": attn_max.item(),
+            "output_logit_max": logits.abs().amax().item(),
+            "output_logz_mean": logits.logsumexp(-1).mean().item(),
+        }
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) -> torch.Tensor:
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    loss = F.cross_entropy(flat, targets.reshape(-1))
+    if z_loss > 0:
+        loss = loss + z_loss * flat.logsumexp(-1).square().mean()
+    return loss
+
+
+def count_parameters(cfg: ModelConfig) -> dict[str, int]:
+    """Parameter counts by part. ``non_embedding`` excludes the token embedding and the output
+    projection (the convention behind the CS336 "17M": 12.46M here + 5.12M output = 17.58M)."""
+    d, f, v, n = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.n_layers
+    head_dim = d // cfg.n_heads
+    per_layer = 4 * d * d + 3 * d * f + 2 * d + (2 * head_dim if cfg.qk_norm else 0)
+    non_embedding = n * per_layer + d
+    embedding = v * d
+    output = v * d
+    return {
+        "embedding": embedding,
+        "output": output,
+        "non_embedding": non_embedding,
+        "total": embedding + output + non_embedding,
+    }
+
+
+def flops_per_token(cfg: ModelConfig) -> float:
+    """Training FLOPs per token: 6 x (non-embedding + output params) for the matmuls, forward and
+    backward, plus attention's QK^T and AV: 12 * n_layers * context * d_model (full square, no causal
+    discount). The default config gives ~112 MFLOP/token (../shared/REFERENCE.md)."""
+    counts = count_parameters(cfg)
+    return 6.0 * (counts["non_embedding"] + counts["output"]) + 12.0 * cfg.n_layers * cfg.context_length * cfg.d_model
