@@ -1,0 +1,241 @@
+"""Prepared token data: loading and validation, random-window batches, and device prefetch.
+
+A data dir is what ``python -m lmtune.prepare`` writes: train.bin / val.bin (flat token ids) and
+meta.json. The splits are memory-mapped, so loading is instant and memory is shared between trials.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lmtune.errors import LmtuneError
+
+log = logging.getLogger(__name__)
+
+_PREPARE_HINT = "run python -m lmtune.prepare --input FILE --out DIR (or without --input for the built-in corpus)"
+
+
+@dataclass(frozen=True)
+class DataMeta:
+    """Parsed meta.json."""
+
+    vocab_size: int
+    dtype: str
+    train_tokens: int
+    val_tokens: int
+    max_token_id: int
+    eot_id: int | None
+    content_hash: str
+    sources: list
+    tokenizer: str | None
+
+
+@dataclass
+class TokenData:
+    dir: Path
+    meta: DataMeta
+    train: np.ndarray  # np.memmap
+    val: np.ndarray  # np.memmap
+
+
+def read_meta(data_dir: Path) -> DataMeta:
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise LmtuneError(f"data dir {data_dir} does not exist; {_PREPARE_HINT}")
+    path = data_dir / "meta.json"
+    if not path.is_file():
+        raise LmtuneError(f"{path} is missing, so {data_dir} is not a prepared data dir; {_PREPARE_HINT}")
+    try:
+        raw = json.loads(path.read_text())
+        meta = DataMeta(
+            vocab_size=int(raw["vocab_size"]),
+            dtype=str(raw["dtype"]),
+            train_tokens=int(raw["train_tokens"]),
+            val_tokens=int(raw["val_tokens"]),
+            max_token_id=int(raw["max_token_id"]),
+            eot_id=None if raw.get("eot_id") is None else int(raw["eot_id"]),
+            content_hash=str(raw.get("content_hash", "")),
+            sources=list(raw.get("sources", [])),
+            tokenizer=raw.get("tokenizer"),
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        raise LmtuneError(f"{path} is unreadable or incomplete ({type(err).__name__}: {err}); "
+                          f"re-prepare with --force: {_PREPARE_HINT}") from None
+    if meta.dtype not in ("uint16", "uint32"):
+        raise LmtuneError(f"{path} has dtype {meta.dtype!r}; re-prepare with python -m lmtune.prepare --force")
+    return meta
+
+
+def load_data(data_dir: Path, context_length: int, vocab_size: int | None = None) -> TokenData:
+    """Open a prepared data dir after checking it fits a model with ``context_length``/``vocab_size``."""
+    data_dir = Path(data_dir)
+    meta = read_meta(data_dir)
+    itemsize = np.dtype(meta.dtype).itemsize
+    for split, n in (("train", meta.train_tokens), ("val", meta.val_tokens)):
+        path = data_dir / f"{split}.bin"
+        if not path.is_file():
+            raise LmtuneError(f"{path} is missing; {_PREPARE_HINT}")
+        size = path.stat().st_size
+        if size != n * itemsize:
+            raise LmtuneError(
+                f"{path} has {size} bytes but meta.json says {n} {meta.dtype} tokens ({n * itemsize} bytes); "
+                "the dir is corrupt or was modified: re-prepare it with python -m lmtune.prepare --force"
+            )
+    if vocab_size is not None and meta.max_token_id >= vocab_size:
+        raise LmtuneError(
+            f"{data_dir} holds token ids up to {meta.max_token_id} but the model vocab_size is {vocab_size}; "
+            f"set vocab_size >= {meta.max_token_id + 1} or re-prepare with a smaller --vocab-size"
+        )
+    for split, n in (("train", meta.train_tokens), ("val", meta.val_tokens)):
+        if n < context_length + 1:
+            raise LmtuneError(
+                f"{data_dir / (split + '.bin')} has {n} tokens, fewer than context_length + 1 = "
+                f"{context_length + 1}; use a smaller context_length (--set context_length=...) or more data"
+            )
+    train = np.memmap(data_dir / "train.bin", dtype=meta.dtype, mode="r")
+    val = np.memmap(data_dir / "val.bin", dtype=meta.dtype, mode="r")
+    return TokenData(dir=data_dir, meta=meta, train=train, val=val)
+
+
+class BatchSampler:
+    """Random windows: start positions uniform over every valid start [0, N - context - 1]."""
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, seed: int):
+        if tokens.shape[0] < context_length + 1:
+            raise LmtuneError(f"{tokens.shape[0]} tokens is fewer than context_length + 1 = {context_length + 1}; "
+                              "use a smaller context_length (--set context_length=...) or more data")
+        self.tokens = tokens
+        self.batch_size = batch_size
+        self.context_length = context_length
+        self.seed = seed
+        self._offsets = np.arange(context_length + 1, dtype=np.int64)
+        # Largest start is N - context - 1, so the target of the last input (index start + context) exists.
+        self._num_starts = tokens.shape[0] - context_length
+
+    def starts(self, step: int) -> np.ndarray:
+        """Start positions for global ``step``; a pure function of (seed, step) so resume and
+        prefetch need no sampler state."""
+        rng = np.random.default_rng([self.seed, step])
+        return rng.integers(0, self._num_starts, size=self.batch_size, dtype=np.int64)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """CPU int64 (B, T) inputs and the targets shifted by one, from a single gather."""
+        idx = self.starts(step)[:, None] + self._offsets
+        windows = self.tokens[idx].astype(np.int64)
+        # Contiguous copies, so callers can .view() the tensors freely.
+        x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
+        y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
+        return x, y
+
+
+class DeviceBatches:
+    """Yields (x, y) on `device` for steps start_step, start_step+1, ...; the next batch is built
+    on a background thread (one or two ahead) while the current step runs; CPU tensors are pinned
+    (when device is CUDA) and copied with non_blocking=True."""
+
+    def __init__(self, sampler: BatchSampler, device: torch.device, start_step: int = 0, prefetch: int = 2):
+        self.sampler = sampler
+        self.device = torch.device(device)
+        self.last_wait_s = 0.0
+        self._cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, args=(start_step,), name="lmtune-batches", daemon=True)
+        self._thread.start()
+
+    def _work(self, step: int) -> None:
+        try:
+            while not self._stop.is_set():
+                x, y = self.sampler.batch(step)
+                event = None
+                if self._cuda:
+                    # A side stream lets the host-to-device copy overlap the step running on the main stream.
+                    with torch.cuda.stream(self._stream):
+                        x = x.pin_memory().to(self.device, non_blocking=True)
+                        y = y.pin_memory().to(self.device, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(self._stream)
+                if not self._put((x, y, event)):
+                    return
+                step += 1
+        except BaseException as err:  # surfaced to the consumer in next()
+            self._put(err)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch; blocks only if the background thread is behind."""
+        t0 = time.perf_counter()
+        item = self._queue.get()
+        self.last_wait_s = time.perf_counter() - t0
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        x, y, event = item
+        if event is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(event)
+            # The tensors were allocated on the side stream; tell the allocator they are used here.
+            x.record_stream(stream)
+            y.record_stream(stream)
+        return x, y
+
+    __next__ = next
+
+    def __iter__(self):
+        return self
+
+    def close(self) -> None:
+        """Stop the background thread (idempotent)."""
+        self._stop.set()
+        while True:  # unblock a put() in progress
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> DeviceBatches:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def fixed_val_batches(
+    val_tokens: np.ndarray, batch_size: int, context_length: int, num_batches: int, seed: int = 1234
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A deterministic evaluation set (CPU tensors): the same windows for every trial and eval."""
+    sampler = BatchSampler(val_tokens, batch_size, context_length, seed)
+    return [sampler.batch(i) for i in range(num_batches)]
+
+
+def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
+    """Nats per token of the empirical unigram distribution: the loss of a model that ignores context."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    step = 1 << 24
+    for s in range(0, tokens.shape[0], step):  # sliced so a large memmap is not materialised as int64
+        counts += np.bincount(np.asarray(tokens[s : s + step]), minlength=vocab_size)[:vocab_size]
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    p = counts[counts > 0] / total
+    return float(-(p * np.log(p)).sum())
