@@ -1,0 +1,209 @@
+"""Sharpness: the top Hessian eigenvalue of the training loss, raw and Adam-preconditioned.
+
+Cohen et al. 2021: under full-batch GD the sharpness rises to about 2/lr and hovers there (the edge of
+stability). Cohen et al. 2022: under Adam it is the *preconditioned* sharpness, the top eigenvalue of
+P^-1/2 H P^-1/2 with P = diag(sqrt(v_hat) + eps), that hovers near (2 + 2 beta1) / ((1 - beta1) lr),
+38/lr for beta1 = 0.9 (../shared/REFERENCE.md). Both are estimated by power iteration on
+Hessian-vector products (double backward) on one fixed batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmtune.checkpoint import load_checkpoint
+from lmtune.config import ModelConfig
+from lmtune.errors import LmtuneError
+from lmtune.model import TransformerLM
+
+log = logging.getLogger(__name__)
+
+Vector = list[torch.Tensor]
+
+
+def gd_threshold(lr: float) -> float:
+    """Sharpness at which full-batch GD with step ``lr`` stops being stable on a quadratic: 2/lr."""
+    return 2.0 / lr
+
+
+def adam_threshold(lr: float, beta1: float = 0.9) -> float:
+    """Preconditioned-sharpness stability threshold of Adam (Cohen et al. 2022): (2 + 2 b1)/((1 - b1) lr)."""
+    return (2.0 + 2.0 * beta1) / ((1.0 - beta1) * lr)
+
+
+def _dot(a: Vector, b: Vector) -> torch.Tensor:
+    return sum((x * y).sum() for x, y in zip(a, b, strict=True))
+
+
+def _hvp_operator(loss_fn: Callable[[], torch.Tensor], params: Vector) -> Callable[[Vector], Vector]:
+    """v -> H v for the loss at ``params``; the gradient graph is built once and reused."""
+    loss = loss_fn()
+    grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+    needs = [g is not None and g.requires_grad for g in grads]
+    if not any(needs):  # the loss is (at most) linear in params: H = 0
+        return lambda vec: [torch.zeros_like(p) for p in params]
+    live = [i for i, ok in enumerate(needs) if ok]
+
+    def hvp(vec: Vector) -> Vector:
+        outputs = [grads[i] for i in live]
+        products = torch.autograd.grad(outputs, params, grad_outputs=[vec[i] for i in live],
+                                       retain_graph=True, allow_unused=True)
+        return [torch.zeros_like(p) if h is None else h.detach() for h, p in zip(products, params, strict=True)]
+
+    return hvp
+
+
+def _power_iteration(matvec: Callable[[Vector], Vector], like: Vector, iters: int, tol: float, seed: int) -> float:
+    """Eigenvalue of largest magnitude of a symmetric operator (Rayleigh quotient of the iterate)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    vec = [torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.device, p.dtype) for p in like]
+    norm = math.sqrt(float(_dot(vec, vec)))
+    vec = [v / norm for v in vec]
+    eigenvalue = 0.0
+    for i in range(max(iters, 1)):
+        product = matvec(vec)
+        estimate = float(_dot(vec, product))
+        norm = math.sqrt(float(_dot(product, product)))
+        if norm == 0.0 or not math.isfinite(norm):
+            return estimate if math.isfinite(estimate) else float("nan")
+        converged = i > 0 and abs(estimate - eigenvalue) <= tol * max(abs(estimate), 1e-12)
+        eigenvalue = estimate
+        if converged:
+            break
+        vec = [p / norm for p in product]
+    return eigenvalue
+
+
+def hessian_top_eigenvalue(loss_fn: Callable[[], torch.Tensor], params: list[torch.Tensor], iters: int = 50,
+                           tol: float = 1e-4, seed: int = 0) -> float:
+    """Largest-magnitude eigenvalue of the Hessian of ``loss_fn()`` w.r.t. ``params``.
+
+    ``loss_fn`` must evaluate the loss on one fixed batch (close over it). Power iteration stops after
+    ``iters`` Hessian-vector products or once the Rayleigh quotient changes by less than ``tol``
+    (relative) between iterations.
+    """
+    params = list(params)
+    return _power_iteration(_hvp_operator(loss_fn, params), params, iters, tol, seed)
+
+
+def adam_preconditioner(exp_avg_sq: list[torch.Tensor], step: int, beta2: float, eps: float) -> Vector:
+    """Diagonal of P = sqrt(v_hat) + eps with v_hat = v / (1 - beta2^step), Adam's effective preconditioner."""
+    if step < 1:
+        raise LmtuneError(f"preconditioned sharpness needs an optimizer that took a step (step={step})")
+    correction = 1.0 - beta2**step
+    return [(v.detach() / correction).sqrt() + eps for v in exp_avg_sq]
+
+
+def preconditioned_sharpness(loss_fn: Callable[[], torch.Tensor], params: list[torch.Tensor],
+                             exp_avg_sq: list[torch.Tensor], step: int, beta2: float, eps: float, iters: int = 50,
+                             tol: float = 1e-4, seed: int = 0) -> float:
+    """Largest-magnitude eigenvalue of P^-1/2 H P^-1/2, P = diag(sqrt(v_hat) + eps) (Cohen et al. 2022).
+
+    ``exp_avg_sq`` are Adam's second-moment estimates (one per param, same shapes), ``step`` the
+    number of optimizer steps taken (for the bias correction). Compare with :func:`adam_threshold`.
+    """
+    params = list(params)
+    if len(exp_avg_sq) != len(params):
+        raise LmtuneError(f"{len(exp_avg_sq)} second-moment tensors for {len(params)} parameters")
+    inv_sqrt = [(1.0 / d.sqrt()).to(p.device, p.dtype)
+                for d, p in zip(adam_preconditioner(exp_avg_sq, step, beta2, eps), params, strict=True)]
+    hvp = _hvp_operator(loss_fn, params)
+
+    def matvec(vec: Vector) -> Vector:
+        scaled = hvp([v * s for v, s in zip(vec, inv_sqrt, strict=True)])
+        return [h * s for h, s in zip(scaled, inv_sqrt, strict=True)]
+
+    return _power_iteration(matvec, params, iters, tol, seed)
+
+
+def _model_config(model_config_dict: dict[str, Any] | None, state: dict[str, Any]) -> ModelConfig:
+    data = model_config_dict if model_config_dict is not None else state.get("config")
+    if data is None:
+        raise LmtuneError("checkpoint has no config; pass the model config explicitly")
+    if "model" in data and isinstance(data["model"], dict):  # a whole RunConfig.to_dict()
+        data = data["model"]
+    return ModelConfig(**data)
+
+
+def _optimizer_order(model: TransformerLM) -> list[torch.Tensor]:
+    """Parameters in the order lmtune.train.build_optimizer hands them to AdamW: matrices, then the rest."""
+    params = list(model.parameters())
+    return [p for p in params if p.ndim >= 2] + [p for p in params if p.ndim < 2]
+
+
+def _second_moments(model: TransformerLM, optimizer_state: dict[str, Any]) -> tuple[Vector, int] | None:
+    """Adam's exp_avg_sq per model parameter (model.parameters() order) and the step count."""
+    ids = [i for group in optimizer_state.get("param_groups", []) for i in group["params"]]
+    state = optimizer_state.get("state", {})
+    if not ids or any(i not in state or "exp_avg_sq" not in state[i] for i in ids):
+        return None
+    moments = [state[i]["exp_avg_sq"] for i in ids]
+    params = list(model.parameters())
+    for order in (_optimizer_order(model), params):
+        if len(order) == len(moments) and all(p.shape == m.shape for p, m in zip(order, moments, strict=True)):
+            by_param = {id(p): m.float() for p, m in zip(order, moments, strict=True)}
+            step = int(float(state[ids[0]]["step"]))
+            return [by_param[id(p)] for p in params], step
+    raise LmtuneError("the checkpoint's optimizer state does not match the model's parameters")
+
+
+def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any] | None,
+                         batch: tuple[torch.Tensor, torch.Tensor], iters: int = 50, tol: float = 1e-4,
+                         seed: int = 0) -> dict[str, Any]:
+    """Sharpness and Adam-preconditioned sharpness of a training checkpoint on one fixed batch.
+
+    Computed in float32 on CPU with the reference attention path (SDPA lacks double backward on some
+    builds). ``model_config_dict`` is a ModelConfig or whole RunConfig dict (None: the checkpoint's
+    own config). Returns {step, lr_at_step, sharpness, preconditioned_sharpness, gd_threshold,
+    adam_threshold}; the preconditioned value is None when the checkpoint holds no optimizer state.
+    """
+    state = load_checkpoint(Path(checkpoint_path))
+    model = TransformerLM(_model_config(model_config_dict, state)).float()
+    weights = {k.removeprefix("_orig_mod."): v for k, v in state["model"].items()}
+    model.load_state_dict(weights)
+    for block in model.blocks:
+        block.attn.use_sdpa = False
+    model.train()
+    x, y = (t.to("cpu") for t in batch)
+    params = list(model.parameters())
+
+    def loss_fn() -> torch.Tensor:
+        return model(x, y)
+
+    optimizer_state = state.get("optimizer")
+    group = optimizer_state["param_groups"][0] if optimizer_state else {}
+    beta1, beta2 = group.get("betas", (None, None))
+    eps = group.get("eps")
+    lr = group.get("lr")
+    if lr is None and state.get("config"):
+        from lmtune.schedule import lr_at
+
+        t = state["config"]["train"]
+        # Step k was taken with the schedule's value at 0-based index k - 1.
+        lr = lr_at(max(state["step"] - 1, 0), t["lr"], t["min_lr_ratio"], t["warmup_steps"], t["steps"])
+    lr = float(lr) if lr is not None else None
+
+    sharp = hessian_top_eigenvalue(loss_fn, params, iters=iters, tol=tol, seed=seed)
+    pre = None
+    moments = _second_moments(model, optimizer_state) if optimizer_state else None
+    if moments is not None and beta2 is not None:
+        exp_avg_sq, step = moments
+        pre = preconditioned_sharpness(loss_fn, params, exp_avg_sq, step, float(beta2), float(eps),
+                                       iters=iters, tol=tol, seed=seed)
+    result = {
+        "step": int(state["step"]),
+        "lr_at_step": lr,
+        "sharpness": sharp,
+        "preconditioned_sharpness": pre,
+        "gd_threshold": gd_threshold(lr) if lr else None,
+        "adam_threshold": adam_threshold(lr, float(beta1)) if lr and beta1 is not None else None,
+    }
+    log.info("sharpness at step %d: %.4g (2/lr %.4g), preconditioned %s (Adam threshold %s)", result["step"],
+             sharp, result["gd_threshold"] or float("nan"), pre, result["adam_threshold"])
+    return result

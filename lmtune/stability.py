@@ -1,0 +1,444 @@
+"""Per-trial status and sweep-level numbers of the edge-of-stability report.
+
+Everything here works on an in-memory list of :class:`TrialRecord` (one per trial of a sweep, its
+metrics.csv rows as a DataFrame), so the report can be computed and tested without Ray Tune or disk.
+Literature behind the numbers: ../shared/REFERENCE.md, "Stability literature".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lmtune.errors import LmtuneError
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("completed", "diverged", "stopped_early", "too_slow", "error", "running")
+STATUSES = ("completed", "unstable", "diverged", "stopped_early", "too_slow", "error", "running")
+
+# A 10% rise of the smoothed train loss above its running minimum. Healthy runs of the size lmtune
+# trains stay within ~2% (the loss averaged over a log interval is smooth and only falls after
+# warm-up), while the loss spikes of too-high LRs show up as rises of 20% and more: 10% separates the
+# two with a margin on both sides.
+UNSTABLE_THRESHOLD = 0.10
+DEFAULT_SMOOTH = 5
+
+# Edge-ratio readings (divergence LR / best LR), from the seeds' sweep in ../shared/REFERENCE.md:
+# > 4 conservative, < 2 near the edge, ~1 at the edge. "~1" is taken as [0.8, 1.25] (one grid step of
+# a fine sweep either side); 2..4 is the band the reference leaves unnamed.
+AT_EDGE_BAND = (0.8, 1.25)
+NEAR_EDGE_BELOW = 2.0
+CONSERVATIVE_ABOVE = 4.0
+
+# first_growth: a probe "grew" once it exceeds this multiple of the best run's value at the same step.
+GROWTH_FACTOR = 2.0
+PROBES = {
+    "attn_logit_max": "attention-logit max",
+    "output_logit_max": "output-logit max",
+    "grad_norm": "gradient norm",
+}
+
+
+@dataclass
+class TrialRecord:
+    """One trial of a sweep as the report sees it."""
+
+    trial_id: str
+    lr: float
+    params: dict[str, Any]  # every varied hyperparameter of the trial, lr included
+    outcome: str  # how the sweep ended it: one of OUTCOMES
+    reason: str = ""  # e.g. "diverged at step 412, loss nan" / "stopped by ASHA at 2.6M tokens"
+    stop_step: int | None = None
+    # metrics.csv rows (lmtune.train.METRIC_COLUMNS); val_loss is NaN where not evaluated
+    curve: pd.DataFrame = field(default_factory=pd.DataFrame)
+    wall_time_s: float | None = None
+    checkpoint_dir: Path | None = None  # where step_XXXXXXXX.pt checkpoints live (for sharpness)
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise LmtuneError(f"trial {self.trial_id}: unknown outcome {self.outcome!r}; expected one of "
+                              f"{', '.join(OUTCOMES)}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise LmtuneError(f"trial {self.trial_id}: lr must be a positive number (got {self.lr!r})")
+        if "step" in self.curve.columns:
+            self.curve = self.curve.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Curve access
+
+
+def column(record: TrialRecord, name: str) -> np.ndarray | None:
+    """A curve column as float64 (None -> NaN), or None when the trial did not log it."""
+    if name not in record.curve.columns:
+        return None
+    return pd.to_numeric(record.curve[name], errors="coerce").to_numpy(dtype=np.float64)
+
+
+def val_points(record: TrialRecord) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, val_loss) of the rows where validation ran and gave a finite loss."""
+    tokens, val = column(record, "tokens"), column(record, "val_loss")
+    if tokens is None or val is None:
+        return np.empty(0), np.empty(0)
+    keep = np.isfinite(val) & np.isfinite(tokens)
+    return tokens[keep], val[keep]
+
+
+def best_val_loss(record: TrialRecord) -> float | None:
+    _, val = val_points(record)
+    return float(val.min()) if val.size else None
+
+
+def final_val_loss(record: TrialRecord) -> float | None:
+    _, val = val_points(record)
+    return float(val[-1]) if val.size else None
+
+
+def tokens_trained(record: TrialRecord) -> int | None:
+    tokens = column(record, "tokens")
+    if tokens is None or not np.isfinite(tokens).any():
+        return None
+    return int(np.nanmax(tokens))
+
+
+def warmup_end_index(record: TrialRecord) -> int:
+    """First row at the peak learning rate: the schedule's warm-up is over there."""
+    lr = column(record, "lr")
+    if lr is None or not np.isfinite(lr).any():
+        return 0
+    return int(np.nanargmax(lr))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-trial status
+
+
+def instability_score(train_loss: Sequence[float], warmup_end_index: int = 0, smooth: int = DEFAULT_SMOOTH) -> float:
+    """Largest relative rise of the smoothed train loss above its running minimum after warm-up.
+
+    Definition: s_t is the trailing moving average of the finite train losses over the last
+    ``smooth`` log rows (fewer at the start); m_t = min(s_u for warmup_end_index <= u <= t) is its
+    running minimum from the end of warm-up on; the score is
+
+        max over t >= warmup_end_index of (s_t - m_t) / |m_t|
+
+    i.e. 0.3 means the (smoothed) loss climbed back 30% above the best value it had reached. It is 0
+    for a loss that never rises. Smoothing makes a single-row blip count ``1/smooth`` of its height
+    (a 30% one-row spike scores 0.06 with smooth=5), so only rises lasting several log intervals score
+    high. Non-finite losses are skipped (divergence is judged separately, see :func:`classify`).
+    """
+    values = np.asarray(train_loss, dtype=np.float64)
+    finite = np.isfinite(values)
+    # Map the warm-up boundary onto the finite-only series.
+    start = int(finite[: max(warmup_end_index, 0)].sum())
+    values = values[finite]
+    if values.size == 0 or start >= values.size:
+        return 0.0
+    window = max(int(smooth), 1)
+    cumsum = np.concatenate(([0.0], np.cumsum(values)))
+    idx = np.arange(1, values.size + 1)
+    lo = np.maximum(idx - window, 0)
+    smoothed = (cumsum[idx] - cumsum[lo]) / (idx - lo)
+    tail = smoothed[start:]
+    running_min = np.minimum.accumulate(tail)
+    denom = np.maximum(np.abs(running_min), 1e-12)
+    return float(np.max((tail - running_min) / denom))
+
+
+def trial_instability(record: TrialRecord) -> float | None:
+    train = column(record, "train_loss")
+    if train is None:
+        return None
+    return instability_score(train, warmup_end_index(record))
+
+
+def has_nonfinite_loss(record: TrialRecord) -> bool:
+    """A NaN/inf train loss, or an infinite val loss (a NaN val loss only means 'not evaluated')."""
+    train, val = column(record, "train_loss"), column(record, "val_loss")
+    if train is not None and not np.isfinite(train).all():
+        return True
+    return val is not None and bool(np.isinf(val).any())
+
+
+def classify(record: TrialRecord, threshold: float = UNSTABLE_THRESHOLD) -> str:
+    """Final status: diverged > unstable > the sweep's outcome (see module constants for thresholds).
+
+    diverged: the sweep ended it as diverged, or a loss went non-finite. unstable: not diverged, the
+    run trained to the end or until ASHA stopped it, and its instability_score exceeds ``threshold``.
+    Otherwise the outcome stands (completed, stopped_early, too_slow, error, running).
+    """
+    if record.outcome == "diverged" or has_nonfinite_loss(record):
+        return "diverged"
+    if record.outcome in ("completed", "stopped_early"):
+        score = trial_instability(record)
+        if score is not None and score > threshold:
+            return "unstable"
+    return record.outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweep-level numbers
+
+
+def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The non-diverged trial with the lowest best val loss (None if no such trial evaluated)."""
+    candidates = [(best_val_loss(r), r) for r in records if classify(r) != "diverged"]
+    candidates = [(loss, r) for loss, r in candidates if loss is not None]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda pair: (pair[0], pair[1].lr))[1]
+
+
+def divergence_lr(records: Sequence[TrialRecord]) -> float | None:
+    """Smallest LR at which some trial diverged."""
+    lrs = [r.lr for r in records if classify(r) == "diverged"]
+    return min(lrs) if lrs else None
+
+
+def edge_ratio(best_lr: float | None, div_lr: float | None) -> float | None:
+    """Divergence LR / best LR: how far below the edge of stability the best LR sits."""
+    if best_lr is None or div_lr is None or best_lr <= 0:
+        return None
+    return div_lr / best_lr
+
+
+def edge_reading(ratio: float | None) -> str:
+    """Plain-words reading of :func:`edge_ratio` (thresholds: AT_EDGE_BAND, NEAR_EDGE_BELOW, CONSERVATIVE_ABOVE)."""
+    if ratio is None:
+        return "no run diverged: the edge of stability lies above the largest LR tried"
+    if AT_EDGE_BAND[0] <= ratio <= AT_EDGE_BAND[1]:
+        return "at the edge"
+    if ratio < AT_EDGE_BAND[0]:
+        return ("below 1: a run diverged at a smaller LR than the best one "
+                "(divergence depended on the other hyperparameters or on chance)")
+    if ratio < NEAR_EDGE_BELOW:
+        return "near the edge"
+    if ratio > CONSERVATIVE_ABOVE:
+        return "conservative: the best LR sits well below the edge"
+    return "moderately below the edge"
+
+
+def initial_loss(records: Sequence[TrialRecord]) -> float | None:
+    """Median over trials of the first finite train loss each logged (all start from the same init)."""
+    firsts = []
+    for r in records:
+        train = column(r, "train_loss")
+        if train is not None:
+            finite = train[np.isfinite(train)]
+            if finite.size:
+                firsts.append(float(finite[0]))
+    return float(np.median(firsts)) if firsts else None
+
+
+def lr_sensitivity(records: Sequence[TrialRecord], ell0: float | None = None,
+                   vocab_size: int | None = None) -> float | None:
+    """LR sensitivity (Wortsman et al. 2023): the expected deviation from the best loss over the LRs tried.
+
+        S = (1/|H|) * sum over eta in H of [ min(l(eta), l0) - l* ]
+
+    H: the distinct LRs with a usable trial; l(eta): the final val loss (last evaluation) of the trial
+    at eta, l0 for a diverged one, and the lowest such value when several trials share eta (the other
+    hyperparameters at their best); l* = min over eta of l(eta); l0: the loss at initialization:
+    ``ell0`` if given, else ln(vocab_size) if given, else the median first logged train loss
+    (:func:`initial_loss`). Trials that are running, errored, or never evaluated are left out. The
+    mean is uniform over the grid points, i.e. an expectation over log-LR for a log-spaced grid.
+    """
+    if ell0 is None:
+        ell0 = math.log(vocab_size) if vocab_size else initial_loss(records)
+    if ell0 is None:
+        return None
+    per_lr: dict[float, float] = {}
+    for r in records:
+        status = classify(r)
+        if status in ("running", "error"):
+            continue
+        loss = ell0 if status == "diverged" else final_val_loss(r)
+        if loss is None:
+            continue
+        per_lr[r.lr] = min(loss, per_lr.get(r.lr, math.inf))
+    if not per_lr:
+        return None
+    losses = np.array(list(per_lr.values()))
+    best = losses.min()
+    return float(np.mean(np.minimum(losses, ell0) - best))
+
+
+def tokens_to_reach(record: TrialRecord, level: float) -> float | None:
+    """Tokens until the val loss first reached ``level``, linearly interpolated between evaluations."""
+    tokens, val = val_points(record)
+    hits = np.nonzero(val <= level)[0]
+    if hits.size == 0:
+        return None
+    i = int(hits[0])
+    if i == 0:
+        return float(tokens[0])
+    t0, t1, v0, v1 = tokens[i - 1], tokens[i], val[i - 1], val[i]
+    return float(t0 + (v0 - level) / (v0 - v1) * (t1 - t0))
+
+
+def convergence_table(records: Sequence[TrialRecord], level: float | None = None) -> dict[str, Any]:
+    """Tokens each trial needed to reach a common val loss ``level``.
+
+    Default level: the worst final val loss among trials that trained to the end without diverging,
+    so every such trial reaches it. Returns {"level": float | None, "rows": [{trial_id, lr, status,
+    tokens}]} sorted by LR; tokens is None where the trial never got there.
+    """
+    if level is None:
+        finals = [final_val_loss(r) for r in records if r.outcome == "completed" and classify(r) != "diverged"]
+        finals = [f for f in finals if f is not None]
+        level = max(finals) if finals else None
+    rows = []
+    for r in sorted(records, key=lambda rec: rec.lr):
+        reached = tokens_to_reach(r, level) if level is not None else None
+        rows.append({"trial_id": r.trial_id, "lr": r.lr, "status": classify(r), "tokens": reached})
+    return {"level": level, "rows": rows}
+
+
+def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: float = GROWTH_FACTOR) -> str:
+    """Which stability probe grew first relative to the best trial, as one sentence.
+
+    For each of attention-logit max, output-logit max and gradient norm, find the first logged step
+    where |value| exceeds ``factor`` times the best trial's |value| at that step (the best run's curve
+    linearly interpolated onto this run's steps, within its logged range). Names the earliest one.
+    """
+    if best_record is None:
+        return f"{record.trial_id}: no best trial to compare against."
+    if record is best_record or record.trial_id == best_record.trial_id:
+        return f"{record.trial_id} is the best trial."
+    steps, best_steps = column(record, "step"), column(best_record, "step")
+    if steps is None or best_steps is None:
+        return f"{record.trial_id}: no step column, so growth cannot be compared."
+    found: list[tuple[float, float, str]] = []
+    missing = []
+    for name, label in PROBES.items():
+        mine, theirs = column(record, name), column(best_record, name)
+        if mine is None or theirs is None:
+            missing.append(label)
+            continue
+        ok = np.isfinite(theirs) & np.isfinite(best_steps)
+        if ok.sum() == 0:
+            missing.append(label)
+            continue
+        ref_steps, ref_vals = best_steps[ok], np.abs(theirs[ok])
+        inside = (steps >= ref_steps.min()) & (steps <= ref_steps.max())
+        ref_at = np.interp(steps, ref_steps, ref_vals)
+        # A non-finite probe (overflow) counts as growth: it is the most extreme growth there is.
+        exceeded = inside & (~np.isfinite(mine) | (np.abs(mine) > factor * np.maximum(ref_at, 1e-12)))
+        hits = np.nonzero(exceeded)[0]
+        if hits.size:
+            i = int(hits[0])
+            ratio = abs(mine[i]) / max(ref_at[i], 1e-12) if np.isfinite(mine[i]) else math.inf
+            found.append((float(steps[i]), ratio, label))
+    if not found:
+        checked = [label for name, label in PROBES.items() if label not in missing]
+        if not checked:
+            return f"{record.trial_id}: no stability probes logged ({', '.join(missing)} missing)."
+        tail = f" ({', '.join(missing)} not logged)" if missing else ""
+        return (f"{record.trial_id} (lr={record.lr:.3g}): none of {', '.join(checked)} exceeded "
+                f"{factor:g}x the best trial's values{tail}.")
+    order = list(PROBES.values())
+    found.sort(key=lambda item: (item[0], order.index(item[2])))
+    step, ratio, label = found[0]
+    ratio_text = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x the best trial's"
+    sentence = f"{record.trial_id} (lr={record.lr:.3g}): {label} grew first, {ratio_text} at step {int(step)}"
+    later = [f"{lab} at step {int(s)}" for s, _, lab in found[1:]]
+    if later:
+        sentence += f"; then {', '.join(later)}"
+    quiet = [lab for lab in order if lab not in missing and lab not in {f[2] for f in found}]
+    if quiet:
+        sentence += f"; {', '.join(quiet)} stayed within {factor:g}x"
+    if missing:
+        sentence += f"; {', '.join(missing)} not logged"
+    return sentence + "."
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def trial_row(record: TrialRecord) -> dict[str, Any]:
+    status = classify(record)
+    tokens = tokens_trained(record)
+    speed = column(record, "tokens_per_s")
+    if speed is not None and np.isfinite(speed).any():
+        tokens_per_s = float(np.nanmean(np.where(np.isfinite(speed), speed, np.nan)))
+    elif tokens and record.wall_time_s:
+        tokens_per_s = tokens / record.wall_time_s
+    else:
+        tokens_per_s = None
+    return {
+        "trial_id": record.trial_id,
+        "lr": record.lr,
+        "params": {k: _clean(v) for k, v in record.params.items()},
+        "status": status,
+        "final_val_loss": None if status == "diverged" else final_val_loss(record),
+        "best_val_loss": best_val_loss(record),
+        "tokens": tokens,
+        "wall_time_s": _clean(record.wall_time_s),
+        "tokens_per_s": _clean(tokens_per_s),
+        "reason": record.reason,
+        "stop_step": record.stop_step,
+        "instability_score": _clean(trial_instability(record)),
+    }
+
+
+def sweep_summary(records: Sequence[TrialRecord], target: float | None = None, ell0: float | None = None,
+                  vocab_size: int | None = None) -> dict[str, Any]:
+    """The sweep's headline numbers and one row per trial (JSON-safe: no NaN)."""
+    if not records:
+        raise LmtuneError("the sweep has no trials to analyze; run a sweep first")
+    best = best_trial(records)
+    best_lr = best.lr if best is not None else None
+    div_lr = divergence_lr(records)
+    ratio = edge_ratio(best_lr, div_lr)
+    best_loss = best_val_loss(best) if best is not None else None
+    target_met, target_trial, target_tokens = None, None, None
+    if target is not None:
+        target_met = best_loss is not None and best_loss <= target
+        if target_met:
+            target_trial = best.trial_id
+            target_tokens = tokens_to_reach(best, target)
+    convergence = convergence_table(records)
+    rows = [trial_row(r) for r in sorted(records, key=lambda rec: (rec.lr, rec.trial_id))]
+    summary = {
+        "best_lr": best_lr,
+        "best_val_loss": best_loss,
+        "best_trial": best.trial_id if best is not None else None,
+        "divergence_lr": div_lr,
+        "edge_ratio": ratio,
+        "edge_reading": edge_reading(ratio),
+        "lr_sensitivity": lr_sensitivity(records, ell0=ell0, vocab_size=vocab_size),
+        "initial_loss": ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records)),
+        "target": target,
+        "target_met": target_met,
+        "target_trial": target_trial,
+        "target_tokens": target_tokens,
+        "instability_threshold": UNSTABLE_THRESHOLD,
+        "convergence": convergence,
+        "status_counts": {s: sum(row["status"] == s for row in rows) for s in STATUSES if
+                          any(row["status"] == s for row in rows)},
+        "trials": rows,
+    }
+    log.info("sweep summary: best lr %s (val %s), divergence lr %s, ratio %s", best_lr, best_loss, div_lr, ratio)
+    return _json_safe(summary)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return _clean(value)

@@ -1,0 +1,290 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lmtune.errors import LmtuneError
+from lmtune.stability import (
+    UNSTABLE_THRESHOLD,
+    TrialRecord,
+    best_trial,
+    classify,
+    convergence_table,
+    divergence_lr,
+    edge_ratio,
+    edge_reading,
+    first_growth,
+    instability_score,
+    lr_sensitivity,
+    sweep_summary,
+    tokens_to_reach,
+)
+
+ROWS = 60
+STEP = 20
+TOKENS_PER_STEP = 100
+WARMUP_ROWS = 3
+
+
+def smooth_loss(n=ROWS):
+    return 2.0 + 3.0 * np.exp(-np.arange(n) / 12.0)
+
+
+def make_record(trial_id, lr, outcome="completed", train=None, val=None, probes=None, **kwargs):
+    """A metrics.csv-like curve: train loss every row, val loss at the rows given in ``val`` ({row: loss})."""
+    train = smooth_loss() if train is None else np.asarray(train, dtype=float)
+    n = len(train)
+    steps = STEP * (np.arange(n) + 1)
+    lr_col = np.where(np.arange(n) < WARMUP_ROWS, lr * (np.arange(n) + 1) / WARMUP_ROWS,
+                      lr * (0.55 + 0.45 * np.cos(np.pi * (np.arange(n) - WARMUP_ROWS) / max(n - WARMUP_ROWS, 1))))
+    val_col = np.full(n, np.nan)
+    if val is None:  # evaluate every 10th row, val = train + 0.05
+        val = {i: train[i] + 0.05 for i in range(9, n, 10)}
+    for i, v in val.items():
+        val_col[i] = v
+    curve = pd.DataFrame({
+        "step": steps, "tokens": steps * TOKENS_PER_STEP, "train_loss": train, "val_loss": val_col, "lr": lr_col,
+        "grad_norm": np.ones(n), "tokens_per_s": np.full(n, 1000.0), "attn_logit_max": np.full(n, 5.0),
+        "output_logit_max": np.full(n, 10.0), "output_logz_mean": np.full(n, 3.0), "elapsed_s": steps / 10.0,
+    })
+    for name, values in (probes or {}).items():
+        curve[name] = values
+    return TrialRecord(trial_id=trial_id, lr=lr, params={"lr": lr}, outcome=outcome, curve=curve, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# instability_score and classify on synthetic curves
+
+
+def test_instability_score_by_hand():
+    # No smoothing: running minimum 2, later value 3 -> a 50% rise.
+    assert instability_score([4, 3, 2, 2, 3, 3, 3], smooth=1) == pytest.approx(0.5)
+    # Window 2: smoothed = [4, 3.5, 2.5, 2, 2.5, 3, 3] -> running min 2, max rise (3 - 2)/2.
+    assert instability_score([4, 3, 2, 2, 3, 3, 3], smooth=2) == pytest.approx(0.5)
+    assert instability_score([5, 4, 3, 2, 1], smooth=1) == 0.0
+    # A rise during warm-up (before index 2) is not counted; after it the loss only falls.
+    assert instability_score([1, 2, 3, 2.5, 2], warmup_end_index=2, smooth=1) == 0.0
+    assert instability_score([1, 2, 3, 2.5, 2], warmup_end_index=0, smooth=1) == pytest.approx(2.0)
+    # Non-finite values are skipped rather than poisoning the score.
+    assert instability_score([3, 2, float("nan"), 2.2], smooth=1) == pytest.approx(0.1)
+    assert instability_score([]) == 0.0
+
+
+def test_smooth_decreasing_curve_is_completed():
+    rec = make_record("smooth", 1e-3)
+    assert instability_score(rec.curve["train_loss"]) == 0.0
+    assert classify(rec) == "completed"
+
+
+def test_small_noise_stays_completed():
+    rng = np.random.default_rng(0)
+    train = smooth_loss() * (1 + 0.02 * rng.standard_normal(ROWS))
+    assert classify(make_record("noisy", 1e-3, train=train)) == "completed"
+
+
+def test_spike_of_30_percent_then_recovery_is_unstable():
+    train = smooth_loss()
+    train[30:38] *= 1.3
+    rec = make_record("spiky", 3e-3, train=train)
+    assert instability_score(train) > 0.15
+    assert classify(rec) == "unstable"
+    # ASHA stopping it early does not hide the instability.
+    assert classify(make_record("spiky-asha", 3e-3, outcome="stopped_early", train=train)) == "unstable"
+
+
+def test_one_interval_blip_is_smoothed_away():
+    train = smooth_loss()
+    train[40] *= 1.3
+    assert instability_score(train) < UNSTABLE_THRESHOLD
+    assert classify(make_record("blip", 1e-3, train=train)) == "completed"
+
+
+def test_oscillating_curve_is_unstable():
+    i = np.arange(ROWS)
+    train = smooth_loss() * (1 + 0.25 * np.sin(2 * np.pi * i / 12))
+    assert classify(make_record("osc", 3e-3, train=train)) == "unstable"
+
+
+def test_nan_loss_is_diverged_whatever_the_outcome():
+    train = smooth_loss()
+    train[45:] = np.nan
+    assert classify(make_record("nan", 1e-2, outcome="diverged", train=train)) == "diverged"
+    assert classify(make_record("nan2", 1e-2, outcome="completed", train=train)) == "diverged"
+    inf_val = make_record("infval", 1e-2, val={9: 3.0, 19: math.inf})
+    assert classify(inf_val) == "diverged"
+
+
+def test_nan_val_loss_only_means_not_evaluated():
+    rec = make_record("sparse-val", 1e-3)
+    assert rec.curve["val_loss"].isna().sum() > 0
+    assert classify(rec) == "completed"
+
+
+def test_exploding_finite_loss_is_diverged_if_stopped_as_such_else_unstable():
+    train = smooth_loss()
+    train[30:] = train[30] * np.exp(np.arange(ROWS - 30) / 8.0)  # finite, far above the start
+    assert train[-1] > 3 * train[0]
+    assert classify(make_record("boom", 1e-2, outcome="diverged", train=train)) == "diverged"
+    assert classify(make_record("boom2", 1e-2, outcome="completed", train=train)) == "unstable"
+
+
+def test_other_outcomes_pass_through():
+    for outcome in ("too_slow", "error", "running", "stopped_early"):
+        assert classify(make_record(outcome, 1e-3, outcome=outcome)) == outcome
+
+
+def test_unknown_outcome_is_rejected():
+    with pytest.raises(LmtuneError, match="unknown outcome"):
+        make_record("x", 1e-3, outcome="exploded")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweep-level numbers on a hand-built sweep
+
+
+def val_at(final, best=None):
+    """Val evaluations at rows 19, 39, 59 ending at ``final`` with minimum ``best`` (default: final)."""
+    best = final if best is None else best
+    return {19: final + 1.0, 39: best, 59: final}
+
+
+def sweep():
+    spiky = smooth_loss()
+    spiky[30:38] *= 1.3
+    nan_train = smooth_loss()
+    nan_train[25:] = np.nan
+    boom = smooth_loss()
+    boom[20:] = boom[20] * np.exp(np.arange(ROWS - 20) / 6.0)
+    return [
+        make_record("t1", 1e-4, val=val_at(3.0)),
+        make_record("t2", 3e-4, val=val_at(2.5)),
+        make_record("t3", 1e-3, val=val_at(2.25, best=2.2)),
+        make_record("t4", 3e-3, train=spiky, val=val_at(2.6)),
+        make_record("t5", 1e-2, outcome="diverged", train=nan_train, val={19: 3.5}, stop_step=520,
+                    reason="diverged at step 520, loss nan"),
+        make_record("t6", 3e-2, outcome="diverged", train=boom, val={19: 6.0}),
+    ]
+
+
+def test_best_and_divergence_lr_and_edge():
+    records = sweep()
+    assert [classify(r) for r in records] == ["completed", "completed", "completed", "unstable", "diverged",
+                                              "diverged"]
+    assert best_trial(records).trial_id == "t3"
+    assert divergence_lr(records) == 1e-2
+    assert edge_ratio(1e-3, 1e-2) == pytest.approx(10.0)
+    assert edge_ratio(1e-3, None) is None
+
+
+def test_a_diverged_trial_is_never_best_even_with_a_lower_early_val():
+    records = sweep() + [make_record("t7", 6e-3, outcome="diverged", val={9: 1.0})]
+    assert best_trial(records).trial_id == "t3"
+    assert divergence_lr(records) == 6e-3
+
+
+@pytest.mark.parametrize("ratio, reading", [
+    (10.0, "conservative"), (4.5, "conservative"), (4.0, "moderately below"), (3.0, "moderately below"),
+    (2.0, "moderately below"), (1.5, "near the edge"), (1.3, "near the edge"), (1.25, "at the edge"),
+    (1.0, "at the edge"), (0.8, "at the edge"), (0.5, "below 1"), (None, "no run diverged"),
+])
+def test_edge_reading(ratio, reading):
+    assert edge_reading(ratio).startswith(reading)
+
+
+def test_lr_sensitivity_matches_the_hand_formula():
+    records = sweep()
+    ell0 = 5.0
+    # l(eta): final val losses, diverged -> l0; l* = 2.25 (final, not best, val loss of t3).
+    losses = [3.0, 2.5, 2.25, 2.6, ell0, ell0]
+    expected = np.mean([min(x, ell0) - 2.25 for x in losses])
+    assert lr_sensitivity(records, ell0=ell0) == pytest.approx(expected)
+    assert lr_sensitivity(records, vocab_size=100) == pytest.approx(
+        np.mean([min(x, math.log(100)) - 2.25 for x in [3.0, 2.5, 2.25, 2.6, math.log(100), math.log(100)]]))
+    # Default l0: median first train loss = 5.0 (every synthetic curve starts at 2 + 3).
+    assert lr_sensitivity(records) == pytest.approx(expected)
+
+
+def test_lr_sensitivity_caps_bad_losses_at_l0_and_keeps_the_best_per_lr():
+    records = [make_record("a", 1e-3, val=val_at(2.0)), make_record("b", 1e-3, val=val_at(2.4)),
+               make_record("c", 1e-1, val=val_at(9.0))]
+    # Per LR: 1e-3 -> 2.0 (the better of two), 1e-1 -> min(9, 5) = 5; mean of [0, 3].
+    assert lr_sensitivity(records, ell0=5.0) == pytest.approx(1.5)
+
+
+def test_tokens_to_reach_interpolates_linearly():
+    rec = make_record("v", 1e-3, val={9: 4.0, 19: 3.0, 29: 2.0})
+    t9, t19, t29 = (STEP * (i + 1) * TOKENS_PER_STEP for i in (9, 19, 29))
+    assert tokens_to_reach(rec, 2.5) == pytest.approx((t19 + t29) / 2)
+    assert tokens_to_reach(rec, 3.75) == pytest.approx(t9 + 0.25 * (t19 - t9))
+    assert tokens_to_reach(rec, 3.0) == pytest.approx(t19)
+    assert tokens_to_reach(rec, 4.5) == pytest.approx(t9)
+    assert tokens_to_reach(rec, 1.0) is None
+
+
+def test_convergence_table_uses_the_worst_completed_final_loss():
+    records = sweep()
+    table = convergence_table(records)
+    assert table["level"] == pytest.approx(3.0)  # t1's final loss: every completed trial reaches it
+    by_id = {row["trial_id"]: row["tokens"] for row in table["rows"]}
+    # val_at(final): rows 19 (final + 1), 39 (best), 59 (final); t2 = 3.5 -> 2.5, crossing 3.0 halfway.
+    t19, t39, t59 = (STEP * (i + 1) * TOKENS_PER_STEP for i in (19, 39, 59))
+    assert by_id["t1"] == pytest.approx(t39)
+    assert by_id["t2"] == pytest.approx((t19 + t39) / 2)
+    assert by_id["t5"] is None  # diverged before getting there
+    assert [row["lr"] for row in table["rows"]] == sorted(row["lr"] for row in table["rows"])
+
+
+def test_first_growth_names_the_earliest_probe():
+    best = make_record("best", 1e-3)
+    grad = np.ones(ROWS)
+    grad[19:] = 3.0  # > 2x from row 19 (step 400)
+    attn = np.full(ROWS, 5.0)
+    attn[9:] = 12.5  # > 2x from row 9 (step 200)
+    broken = make_record("bad", 1e-2, probes={"grad_norm": grad, "attn_logit_max": attn})
+    sentence = first_growth(broken, best)
+    assert "attention-logit max grew first" in sentence and "step 200" in sentence
+    assert "gradient norm at step 400" in sentence
+    assert "output-logit max stayed within" in sentence
+    assert "is the best trial" in first_growth(best, best)
+
+
+def test_first_growth_handles_missing_and_quiet_probes():
+    best = make_record("best", 1e-3)
+    quiet = make_record("quiet", 3e-3)
+    assert "none of" in first_growth(quiet, best)
+    bare = make_record("bare", 1e-2)
+    bare.curve = bare.curve.drop(columns=["attn_logit_max", "output_logit_max"])
+    bare.curve["grad_norm"] = 5.0
+    sentence = first_growth(bare, best)
+    assert "gradient norm grew first" in sentence and "not logged" in sentence
+    nothing = make_record("nothing", 1e-2)
+    nothing.curve = nothing.curve.drop(columns=["attn_logit_max", "output_logit_max", "grad_norm"])
+    assert "no stability probes" in first_growth(nothing, best)
+
+
+def test_sweep_summary_headline_numbers_and_rows():
+    records = sweep()
+    summary = sweep_summary(records, target=2.3, ell0=5.0)
+    assert summary["best_lr"] == 1e-3 and summary["best_trial"] == "t3"
+    assert summary["best_val_loss"] == pytest.approx(2.2)
+    assert summary["divergence_lr"] == 1e-2
+    assert summary["edge_ratio"] == pytest.approx(10.0)
+    assert summary["edge_reading"].startswith("conservative")
+    assert summary["target_met"] is True and summary["target_trial"] == "t3"
+    assert summary["lr_sensitivity"] == pytest.approx(lr_sensitivity(records, ell0=5.0))
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    assert rows["t4"]["status"] == "unstable" and rows["t4"]["instability_score"] > UNSTABLE_THRESHOLD
+    assert rows["t5"]["status"] == "diverged" and rows["t5"]["final_val_loss"] is None
+    assert rows["t5"]["stop_step"] == 520 and "nan" in rows["t5"]["reason"]
+    assert rows["t3"]["final_val_loss"] == pytest.approx(2.25)
+    assert rows["t1"]["tokens"] == STEP * ROWS * TOKENS_PER_STEP
+    assert rows["t1"]["tokens_per_s"] == pytest.approx(1000.0)
+    assert summary["status_counts"] == {"completed": 3, "unstable": 1, "diverged": 2}
+    assert sweep_summary(records, target=2.0)["target_met"] is False
+    assert sweep_summary(records)["target_met"] is None
+
+
+def test_sweep_summary_without_trials_is_a_user_error():
+    with pytest.raises(LmtuneError):
+        sweep_summary([])
