@@ -96,8 +96,8 @@ BUDGETS: dict[str, dict[str, Any]] = {
                  eval_interval=500, checkpoint_interval=1000),
     "low-resource": dict(batch_size=32, steps=5_000, context_length=256, warmup_steps=250, log_interval=50,
                          eval_interval=500, checkpoint_interval=500),
-    "quick": dict(d_model=128, d_ff=384, n_layers=2, n_heads=4, context_length=128, batch_size=32, steps=600,
-                  warmup_steps=60, lr=3e-3, log_interval=20, eval_interval=100, eval_batches=8,
+    "quick": dict(d_model=128, d_ff=384, n_layers=2, n_heads=4, context_length=128, batch_size=32, steps=400,
+                  warmup_steps=40, lr=3e-3, log_interval=20, eval_interval=100, eval_batches=8,
                   checkpoint_interval=100),
 }
 
