@@ -419,6 +419,9 @@ def train(
     except KeyboardInterrupt:
         status, reason = "stopped", f"interrupted at step {step}"
         log.warning("interrupted: the newest checkpoint is kept; continue with --resume")
+    except BaseException:
+        logger.close()  # else training.log stays attached to the "lmtune" logger and metrics.csv open
+        raise
     finally:
         batches.close()
 
