@@ -1,0 +1,321 @@
+"""The training loop: it learns, it resumes bit-exactly, it stops cleanly on divergence, and its CLI
+writes every promised file and refuses bad input with one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+
+from lmtune import checkpoint as ckpt
+from lmtune.config import budget_config
+from lmtune.data import BatchSampler, fixed_val_batches, load_data, read_meta, unigram_entropy
+from lmtune.model import TransformerLM
+from lmtune.schedule import lr_at
+from lmtune.train import (
+    METRIC_COLUMNS,
+    build_optimizer,
+    evaluate,
+    forward_backward,
+    main,
+    read_metrics,
+    resolve_config,
+    train,
+)
+
+# Columns that measure time or memory, so they differ between otherwise identical runs.
+TIMING_COLUMNS = {"tokens_per_s", "mfu", "data_wait_s", "compute_s", "peak_memory_bytes", "elapsed_s"}
+PROBE_COLUMNS = ["attn_logit_max", "output_logit_max", "output_logz_mean"]
+TINY_SETS = ["d_model=32", "d_ff=64", "n_layers=2", "n_heads=2", "context_length=32", "batch_size=8",
+             "warmup_steps=5", "eval_batches=2", "device=cpu", "compile=off"]
+
+
+def _sets(*pairs: str) -> list[str]:
+    return [arg for pair in pairs for arg in ("--set", pair)]
+
+
+def _cli(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "lmtune.train", *args], capture_output=True, text=True, env=env,
+                          timeout=300, **kwargs)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _tensors(value, prefix: str = ""):
+    """(name, tensor) for every tensor nested in a checkpoint's dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors(item, f"{prefix}/{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{prefix}/{i}")
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    ta, tb = dict(_tensors(a)), dict(_tensors(b))
+    assert ta.keys() == tb.keys()
+    assert ta, "no tensors compared"
+    for name in ta:
+        assert torch.equal(ta[name], tb[name]), f"{name} differs"
+
+
+def _untimed(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(make_tiny_config, tmp_path_factory):
+    """One tiny 30-step run to completion, shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    result = train(make_tiny_config(), out)
+    assert result.status == "completed"
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- learning
+
+
+@pytest.mark.slow
+def test_quick_budget_takes_val_loss_from_uniform_to_far_below_unigram_entropy(builtin_data, tmp_path):
+    # The real quick budget (model, batch, context, lr), cut to 60 steps with a 10-step warm-up to stay fast.
+    config = budget_config("quick", {"steps": 60, "warmup_steps": 10, "eval_interval": 30, "log_interval": 30,
+                                     "checkpoint_interval": 60, "device": "cpu"}, data_dir=str(builtin_data))
+    meta = read_meta(builtin_data)
+    data = load_data(builtin_data, config.model.context_length)
+    entropy = unigram_entropy(data.train, meta.vocab_size)
+    val_batches = fixed_val_batches(data.val, config.train.batch_size, config.model.context_length,
+                                    config.train.eval_batches, seed=config.train.seed + 1)
+    initial = {}
+
+    def measure_initial(step, model):
+        if step == 1:
+            initial["val_loss"] = evaluate(model, val_batches, torch.device("cpu"), None)
+
+    result = train(config, tmp_path / "run", before_step=measure_initial)
+
+    assert result.status == "completed"
+    assert abs(initial["val_loss"] - math.log(meta.vocab_size)) < 1.0
+    final = result.summary["final_val_loss"]
+    assert final < entropy - 2.0, f"final val loss {final:.3f} vs unigram entropy {entropy:.3f}"
+
+
+def test_overfitting_one_batch_drives_loss_near_zero(tiny_config, builtin_data):
+    config = resolve_config(budget_config("quick", {"lr": 1e-2, "weight_decay": 0.0}, data_dir=str(builtin_data)),
+                            builtin_data)
+    config.model = tiny_config.model
+    config.model.vocab_size = read_meta(builtin_data).vocab_size
+    torch.manual_seed(0)
+    model = TransformerLM(config.model)
+    optimizer = build_optimizer(model, config, torch.device("cpu"))
+    data = load_data(builtin_data, config.model.context_length)
+    x, y = BatchSampler(data.train, 8, config.model.context_length, seed=0).batch(0)
+    params = list(model.parameters())
+    losses = []
+    for _ in range(300):
+        loss, _ = forward_backward(model, params, x, y, None, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if losses[-1] < 0.1:
+            break
+    assert losses[0] > 7.0
+    assert losses[-1] < 0.1, f"loss still {losses[-1]:.3f} after {len(losses)} steps"
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+
+def test_kill_and_resume_equals_an_uninterrupted_run_bit_exactly(uninterrupted_run, tiny_config, tmp_path):
+    def crash_at_17(step, model):
+        if step == 17:
+            raise RuntimeError("simulated crash")
+
+    handlers_before = list(logging.getLogger("lmtune").handlers)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(tiny_config, tmp_path, before_step=crash_at_17)
+    assert logging.getLogger("lmtune").handlers == handlers_before  # the crashed run let go of training.log
+    assert [p.name for p in ckpt.periodic_checkpoints(tmp_path / "checkpoints")] == ["step_00000010.pt"]
+
+    resumed = train(tiny_config, tmp_path, resume=True)
+
+    a_dir = uninterrupted_run.out_dir
+    assert resumed.status == "completed"
+    assert resumed.summary["final_val_loss"] == uninterrupted_run.summary["final_val_loss"]
+    _assert_same_state(ckpt.load_checkpoint(a_dir / "checkpoints" / "step_00000030.pt")["model"],
+                       ckpt.load_checkpoint(tmp_path / "checkpoints" / "step_00000030.pt")["model"])
+    _assert_same_state(ckpt.load_checkpoint(a_dir / "checkpoints" / "step_00000030.pt")["optimizer"],
+                       ckpt.load_checkpoint(tmp_path / "checkpoints" / "step_00000030.pt")["optimizer"])
+    rows_a, rows_b = read_metrics(a_dir / "metrics.csv"), read_metrics(tmp_path / "metrics.csv")
+    steps_b = [r["step"] for r in rows_b]
+    assert len(steps_b) == len(set(steps_b))
+    assert _untimed(rows_b) == _untimed(rows_a)
+
+
+@pytest.mark.slow
+def test_sigkilled_cli_run_resumes_to_the_same_result_as_an_uninterrupted_one(builtin_data, tmp_path):
+    sets = _sets(*TINY_SETS, "steps=300", "log_interval=10", "eval_interval=100", "checkpoint_interval=10")
+    common = ["--data", str(builtin_data), "--quiet", *sets]
+    killed = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "lmtune.train", "--out", str(killed), *common],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((killed / "checkpoints").glob("step_*.pt.sha256")):
+            assert proc.poll() is None, f"run ended before its first checkpoint: {proc.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert not (killed / "summary.json").exists()
+
+    _cli("--out", str(killed), "--resume", *common)
+    _cli("--out", str(tmp_path / "straight"), *common)
+
+    resumed = json.loads((killed / "summary.json").read_text())
+    straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["steps"] == 300
+    assert resumed["final_val_loss"] == straight["final_val_loss"]
+    steps = [r["step"] for r in read_metrics(killed / "metrics.csv")]
+    assert steps == sorted(set(steps)) and steps[-1] == 300
+
+
+def test_corrupted_newest_checkpoint_is_skipped_for_the_previous_good_one(uninterrupted_run, tmp_path, caplog,
+                                                                          tiny_config):
+    out = tmp_path / "run"
+    shutil.copytree(uninterrupted_run.out_dir, out)
+    newest = out / "checkpoints" / "step_00000030.pt"
+    with open(newest, "r+b") as handle:
+        handle.truncate(newest.stat().st_size // 2)
+    caplog.set_level(logging.INFO, logger="lmtune")
+
+    result = train(tiny_config, out, resume=True)
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("step_00000030.pt" in w and "skipping" in w for w in warnings), warnings
+    assert any("resuming from" in r.getMessage() and "step_00000020.pt" in r.getMessage() for r in caplog.records)
+    assert result.status == "completed"
+    assert result.summary["final_val_loss"] == uninterrupted_run.summary["final_val_loss"]
+    ckpt.load_checkpoint(newest)  # rewritten whole by the resumed run
+
+
+# ---------------------------------------------------------------------------------------------- divergence
+
+
+def test_injected_nan_ends_the_run_as_diverged_with_no_poisoned_checkpoint(make_tiny_config, tmp_path):
+    def poison_at_7(step, model):
+        if step == 7:
+            with torch.no_grad():
+                model.blocks[0].ffn.up.weight.fill_(float("nan"))
+
+    result = train(make_tiny_config(checkpoint_interval=5), tmp_path, before_step=poison_at_7)
+
+    assert result.status == "diverged"
+    assert result.summary["diverged_step"] == 7
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+    files = sorted((tmp_path / "checkpoints").glob("*.pt"))
+    assert [p.name for p in files] == ["step_00000005.pt"]
+    for path in files:
+        state = ckpt.load_checkpoint(path)
+        assert state["step"] < 7
+        for name, tensor in _tensors(state):
+            if tensor.is_floating_point():
+                assert torch.isfinite(tensor).all(), f"{path.name}: {name} is not finite"
+
+
+# ---------------------------------------------------------------------------------------------- outputs and CLI
+
+
+def test_metrics_rows_hold_finite_grad_norm_scheduled_lr_token_counts_and_probes(uninterrupted_run, tiny_config):
+    t, m = tiny_config.train, tiny_config.model
+    rows = read_metrics(uninterrupted_run.out_dir / "metrics.csv")
+    assert [r["step"] for r in rows] == list(range(5, 31, 5))
+    for row in rows:
+        step = row["step"]
+        assert math.isfinite(row["grad_norm"]) and row["grad_norm"] > 0
+        assert row["lr"] == pytest.approx(lr_at(step - 1, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps), rel=1e-12)
+        assert row["tokens"] == step * t.batch_size * m.context_length
+        assert math.isfinite(row["train_loss"])
+        assert (row["val_loss"] is not None) == (step % t.eval_interval == 0)
+        for column in PROBE_COLUMNS:
+            assert math.isfinite(row[column]), column
+        assert row["output_logit_max"] > 0
+
+
+@pytest.mark.slow
+def test_cli_writes_every_promised_output(builtin_data, tmp_path):
+    out = tmp_path / "out"
+    proc = _cli("--data", str(builtin_data), "--budget", "quick", "--out", str(out),
+                *_sets(*TINY_SETS, "steps=20", "log_interval=5", "eval_interval=10", "checkpoint_interval=10"))
+
+    assert proc.returncode == 0
+    assert json.loads((out / "config.json").read_text())["train"]["steps"] == 20
+    with open(out / "metrics.csv") as handle:
+        assert handle.readline().strip().split(",") == METRIC_COLUMNS
+    assert [r["step"] for r in read_metrics(out / "metrics.csv")] == [5, 10, 15, 20]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert math.isfinite(summary["best_val_loss"])
+    assert "step 20/20" in (out / "training.log").read_text()
+    checkpoints = out / "checkpoints"
+    assert (checkpoints / "best.pt").is_file() and (checkpoints / "best.pt.sha256").is_file()
+    assert ckpt.load_checkpoint(checkpoints / "step_00000020.pt")["step"] == 20
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    for name in ("loss_curves.png", "lr_schedule.png"):
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[0] >= 100 and image.shape[1] >= 100, name
+        assert float(image[..., :3].std()) > 0.01, f"{name} is blank"
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int, bytes]]:
+    return {str(p.relative_to(directory)): (p.stat().st_mtime_ns, p.stat().st_size, p.read_bytes())
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _assert_refused(argv: list[str], capsys, *words: str) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert "\n" not in err and err.startswith("error: "), err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def test_cli_refuses_bad_out_dirs_and_bad_settings_with_one_line(builtin_data, tmp_path, capsys):
+    data = ["--data", str(builtin_data)]
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine\n")
+    before = _snapshot(used)
+    _assert_refused([*data, "--out", str(used)], capsys, "--resume", str(used))
+    assert _snapshot(used) == before
+
+    _assert_refused([*data, "--out", str(used), "--resume"], capsys, "config.json")
+    assert _snapshot(used) == before
+
+    fresh = tmp_path / "fresh"
+    for pair, key in (("nosuchkey=1", "nosuchkey"), ("lr=-1", "lr"), ("batch_size=0", "batch_size")):
+        _assert_refused([*data, "--out", str(fresh), "--set", pair], capsys, key)
+    assert not fresh.exists()
