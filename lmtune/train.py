@@ -33,7 +33,8 @@ from lmtune.hardware import peak_flops, resolve_device
 from lmtune.model import TransformerLM, count_parameters, flops_per_token
 from lmtune.schedule import lr_at
 
-log = logging.getLogger(__name__)
+# Not __name__: under `python -m lmtune.train` that is "__main__", outside the "lmtune" logger training.log hangs on.
+log = logging.getLogger("lmtune.train")
 
 METRIC_COLUMNS = [
     "step", "tokens", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
@@ -435,16 +436,16 @@ def train(
         "diverged_step": diverged_step, "budget": config.budget, "lr": t.lr,
         "params_non_embedding": counts["non_embedding"], "flops_per_token": flops_tok,
     }
+    ckpt.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
+    write_run_plots(out_dir, logger.rows, config)
+    logger.close()
     if status == "diverged":
         log.warning("run diverged: %s", reason)
-        if reporter is not None:
+        if reporter is not None:  # last: a sweep may end this process as soon as it sees the divergence
             reporter({"step": diverged_step, "tokens": diverged_step * config.tokens_per_step,
                       "train_loss": float("nan"), "lr": lr_at(diverged_step - 1, t.lr, t.min_lr_ratio,
                                                                 t.warmup_steps, t.steps),
                       "diverged": True, "diverged_step": diverged_step}, None)
-    ckpt.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
-    write_run_plots(out_dir, logger.rows, config)
-    logger.close()
     log.info("%s: %s", status, json.dumps({k: summary[k] for k in ("best_val_loss", "steps", "tokens_per_s")}))
     return RunResult(status, summary, out_dir, logger.rows)
 
