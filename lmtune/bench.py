@@ -409,6 +409,8 @@ def run_bench(config: RunConfig, *, steps: int = 10, repeats: int = 3, warmup: i
         "peak_reserved_bytes": peak_reserved, "host_syncs_per_step": host_syncs,
         "warmup_s": warmup_s, "eval_s": eval_s, "eval_fraction": eval_fraction,
         "timed_tokens": steps * repeats * tokens_per_step,
+        # Other processes on the same cores slow every variant; the 1-minute load says how busy it was.
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     for name in variants:
         result[f"{name}_tokens_per_s"] = rates[name]
@@ -527,7 +529,8 @@ def format_result(r: dict[str, Any]) -> str:
     lines = [
         f"lmtune bench: config {r['config']}, batch {r['batch_size']} x context {r['context_length']}, "
         f"{r['params_non_embedding'] / 1e6:.2f}M non-embedding params",
-        f"device {r['device']}, torch {r['torch']}, commit {r['commit']}",
+        f"device {r['device']}, torch {r['torch']}, commit {r['commit']}"
+        + (f", load average {r['load_avg_1m']:.1f}" if r.get("load_avg_1m") is not None else ""),
         f"optimized ({r['optimized_variant']}"
         + (f", mode {r['compile_mode']}" if r.get("compile_mode") else "")
         + f", {r['precision']}, attention {r['attention_kernel']}): {r['tokens_per_s']:,.0f} tokens/s",
