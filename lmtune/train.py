@@ -195,7 +195,10 @@ class RunLogger:
 
     def close(self) -> None:
         self._csv_file.close()
+        writers = list((self.tb.all_writers or {}).values())
         self.tb.close()
+        for writer in writers:  # tensorboardX's atexit hook would close them again and print a traceback
+            writer.event_writer.close = lambda: None
         logging.getLogger("lmtune").removeHandler(self.file_handler)
         self.file_handler.close()
 

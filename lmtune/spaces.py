@@ -1,0 +1,304 @@
+"""Search spaces: ``search_spaces/*.yaml`` files, validated before anything is launched.
+
+A space is YAML data (read with ``yaml.safe_load``, never executed)::
+
+    description: one line shown by --list-spaces
+    search: grid                 # grid | optuna
+    sampler: tpe                 # optuna only: tpe | random | cmaes
+    num_samples: 12              # optuna only
+    budget: low-resource         # quick | low-resource | full
+    params:                      # what varies
+      lr: [1.0e-4, 3.0e-4]       # grid: a list of values
+      # lr: {loguniform: [1.0e-4, 1.0e-2]}   optuna: loguniform | uniform | randint | choice
+    set: {eval_interval: 250}    # fixed overrides of any model/training field
+    scheduler: {name: asha, grace_period: 0.111, reduction_factor: 3}   # or {name: none}
+    stopper: {explode_factor: 1.5, min_tokens_per_s: 0}
+
+Every problem is one line naming the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmtune.config import BUDGETS, budget_config, coerce_value, field_names, field_type
+from lmtune.errors import LmtuneError
+
+SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+TOP_KEYS = {"description", "search", "sampler", "num_samples", "budget", "params", "set", "scheduler", "stopper"}
+SEARCHES = ("grid", "optuna")
+SAMPLERS = ("tpe", "random", "cmaes")
+DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
+SCHEDULER_KEYS = {"name", "grace_period", "reduction_factor", "max_t"}
+SCHEDULERS = ("asha", "none")
+STOPPER_KEYS = {"explode_factor", "min_tokens_per_s", "slow_grace_reports"}
+
+
+@dataclass
+class SchedulerSpec:
+    name: str = "asha"
+    grace_period: float = 1 / 9  # as a fraction of max_t (<= 1) or in tokens (> 1)
+    reduction_factor: float = 3.0
+    max_t: float = 1.0  # fraction of the largest trial's token budget, or tokens
+
+
+@dataclass
+class StopperSpec:
+    explode_factor: float = 1.5  # loss above initial loss x this, after warm-up -> diverged
+    min_tokens_per_s: float = 0.0  # throughput floor -> too_slow (0 disables)
+    slow_grace_reports: int = 2  # reports ignored by the throughput checks (start-up, compilation)
+
+
+@dataclass
+class SearchSpace:
+    name: str
+    path: Path
+    description: str
+    search: str
+    budget: str
+    params: dict[str, Any]  # grid: name -> list; optuna: name -> (distribution, args)
+    fixed: dict[str, Any] = field(default_factory=dict)
+    sampler: str = "tpe"
+    num_samples: int = 1
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    stopper: StopperSpec = field(default_factory=StopperSpec)
+
+    @property
+    def num_trials(self) -> int:
+        if self.search == "grid":
+            return math.prod(len(values) for values in self.params.values())
+        return self.num_samples
+
+    def describe_search(self) -> str:
+        if self.search == "grid":
+            dims = " x ".join(f"{k} ({len(v)} values)" for k, v in self.params.items())
+            return f"grid search over {dims}: {self.num_trials} trials"
+        dims = ", ".join(f"{k} ~ {dist}{tuple(args)}" for k, (dist, args) in self.params.items())
+        return f"Optuna {self.sampler.upper()} search, {self.num_samples} samples of {dims}"
+
+
+def available_spaces(directory: Path = SPACES_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+
+
+def resolve_space_path(name_or_path: str, directory: Path = SPACES_DIR) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        if not candidate.is_file():
+            raise LmtuneError(f"search space file {candidate} not found; give an existing YAML file or a name "
+                              f"from: {', '.join(available_spaces(directory))}")
+        return candidate
+    path = directory / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise LmtuneError(f"unknown search space '{name_or_path}'; available: {', '.join(available_spaces(directory))} "
+                          f"(or pass a path to a YAML file)")
+    return path
+
+
+def load_space(name_or_path: str, directory: Path = SPACES_DIR) -> SearchSpace:
+    path = resolve_space_path(name_or_path, directory)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise LmtuneError(f"{path}:{where} malformed YAML ({problem}); fix the syntax") from None
+    return parse_space(raw, path)
+
+
+def parse_space(raw: Any, path: Path) -> SearchSpace:
+    def fail(key: str, message: str) -> LmtuneError:
+        return LmtuneError(f"{path}: {key}: {message}")
+
+    if not isinstance(raw, dict):
+        raise fail("(top level)", "expected a mapping with keys search, budget, params; see search_spaces/lr_grid.yaml")
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise fail(sorted(unknown)[0], f"unknown key; valid keys: {', '.join(sorted(TOP_KEYS))}")
+    search = raw.get("search", "grid")
+    if search not in SEARCHES:
+        raise fail("search", f"unknown search '{search}'; use one of {', '.join(SEARCHES)}")
+    budget = raw.get("budget", "low-resource")
+    if budget not in BUDGETS:
+        raise fail("budget", f"unknown budget '{budget}'; use one of {', '.join(BUDGETS)}")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise fail("description", "must be a string")
+
+    params_raw = raw.get("params")
+    if not isinstance(params_raw, dict) or not params_raw:
+        raise fail("params", "must be a non-empty mapping of setting -> values, e.g. lr: [1.0e-4, 1.0e-3]")
+    params = {}
+    for name, spec in params_raw.items():
+        key = f"params.{name}"
+        if name not in field_names():
+            raise fail(key, f"unknown setting; valid settings: {', '.join(field_names())}")
+        params[name] = (_parse_grid_values if search == "grid" else _parse_distribution)(name, spec, key, fail)
+
+    fixed_raw = raw.get("set") or {}
+    if not isinstance(fixed_raw, dict):
+        raise fail("set", "must be a mapping of setting -> value")
+    fixed = {}
+    for name, value in fixed_raw.items():
+        if name not in field_names():
+            raise fail(f"set.{name}", f"unknown setting; valid settings: {', '.join(field_names())}")
+        if name in params:
+            raise fail(f"set.{name}", "also listed under params; keep it in one place")
+        fixed[name] = _coerce(name, value, f"set.{name}", fail)
+
+    sampler = raw.get("sampler", "tpe")
+    if sampler not in SAMPLERS:
+        raise fail("sampler", f"unknown sampler '{sampler}'; use one of {', '.join(SAMPLERS)}")
+    num_samples = raw.get("num_samples", 1 if search == "grid" else 10)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise fail("num_samples", f"must be a positive integer (got {num_samples!r})")
+    if search == "grid" and "num_samples" in raw:
+        raise fail("num_samples", "only for search: optuna (a grid runs every combination once); remove it")
+
+    space = SearchSpace(
+        name=path.stem, path=path, description=description, search=search, budget=budget, params=params,
+        fixed=fixed, sampler=sampler, num_samples=num_samples,
+        scheduler=_parse_section(raw.get("scheduler"), "scheduler", SchedulerSpec, SCHEDULER_KEYS, fail),
+        stopper=_parse_section(raw.get("stopper"), "stopper", StopperSpec, STOPPER_KEYS, fail),
+    )
+    if space.scheduler.name not in SCHEDULERS:
+        raise fail("scheduler.name", f"unknown scheduler '{space.scheduler.name}'; use one of {', '.join(SCHEDULERS)}")
+    if space.scheduler.reduction_factor <= 1:
+        raise fail("scheduler.reduction_factor", "must be > 1 (e.g. 3)")
+    if not 0 < space.scheduler.grace_period:
+        raise fail("scheduler.grace_period", "must be > 0 (a fraction of the budget, or tokens)")
+    if space.stopper.explode_factor <= 1:
+        raise fail("stopper.explode_factor", "must be > 1 (e.g. 1.5: stop when loss exceeds 1.5x its initial value)")
+    # Every combination must make a valid run config (e.g. d_model divisible by n_heads).
+    try:
+        for sample in _corner_samples(space):
+            budget_config(budget, {**fixed, **sample})
+    except LmtuneError as err:
+        raise fail("params", f"{err}") from None
+    return space
+
+
+def _coerce(name: str, value: Any, key: str, fail) -> Any:
+    try:
+        coerced = coerce_value(name, value, where=key)
+    except LmtuneError:
+        kind = field_type(name).__name__
+        raise fail(key, f"{value!r} is not a valid {kind}; give a {kind}") from None
+    if name == "lr" and not (math.isfinite(coerced) and coerced > 0):
+        raise fail(key, f"learning rates must be positive and finite (got {value!r})")
+    if name == "batch_size" and coerced < 1:
+        raise fail(key, f"batch_size must be >= 1 (got {value!r})")
+    return coerced
+
+
+def _parse_grid_values(name: str, spec: Any, key: str, fail) -> list[Any]:
+    if isinstance(spec, dict):
+        raise fail(key, "search: grid takes a list of values; distributions are for search: optuna")
+    values = spec if isinstance(spec, list) else [spec]
+    if not values:
+        raise fail(key, "empty grid; list at least one value")
+    return [_coerce(name, v, key, fail) for v in values]
+
+
+def _parse_distribution(name: str, spec: Any, key: str, fail) -> tuple[str, list[Any]]:
+    if isinstance(spec, list):
+        if not spec:
+            raise fail(key, "empty choice list; list at least one value")
+        return "choice", [_coerce(name, v, key, fail) for v in spec]
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise fail(key, f"expected one distribution, e.g. {{loguniform: [1.0e-4, 1.0e-2]}}; use one of "
+                        f"{', '.join(DISTRIBUTIONS)}")
+    (dist, args), = spec.items()
+    if dist not in DISTRIBUTIONS:
+        raise fail(key, f"unknown distribution '{dist}'; use one of {', '.join(DISTRIBUTIONS)}")
+    if dist == "choice":
+        if not isinstance(args, list) or not args:
+            raise fail(key, "choice needs a non-empty list of values")
+        return dist, [_coerce(name, v, key, fail) for v in args]
+    if not isinstance(args, list) or len(args) != 2:
+        raise fail(key, f"{dist} needs [low, high]")
+    low, high = (_coerce(name, v, key, fail) for v in args)
+    if not low < high:
+        raise fail(key, f"bounds in the wrong order ({low} >= {high}); write [low, high] with low < high")
+    if dist == "loguniform" and low <= 0:
+        raise fail(key, "loguniform bounds must be > 0")
+    if dist == "randint" and field_type(name) is not int:
+        raise fail(key, "randint is for integer settings; use uniform or loguniform")
+    return dist, [low, high]
+
+
+def _parse_section(raw: Any, name: str, cls, keys: set[str], fail):
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise fail(name, f"must be a mapping with keys {', '.join(sorted(keys))}")
+    unknown = set(raw) - keys
+    if unknown:
+        raise fail(f"{name}.{sorted(unknown)[0]}", f"unknown key; valid keys: {', '.join(sorted(keys))}")
+    values = {}
+    defaults = cls()
+    for key, value in raw.items():
+        default = getattr(defaults, key)
+        if isinstance(default, str):
+            if not isinstance(value, str):
+                raise fail(f"{name}.{key}", "must be a string")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise fail(f"{name}.{key}", f"must be a finite number (got {value!r})")
+        values[key] = type(default)(value)
+    return cls(**values)
+
+
+def _corner_samples(space: SearchSpace) -> list[dict[str, Any]]:
+    """Smallest and largest value of each parameter: enough to catch shape conflicts early."""
+    def ends(spec):
+        if space.search == "grid":
+            return [min(spec), max(spec)] if all(isinstance(v, (int, float)) for v in spec) else spec[:1]
+        dist, args = spec
+        if dist == "choice":
+            return [args[0]]
+        return list(args)
+
+    samples = [{}]
+    for name, spec in space.params.items():
+        samples = [{**s, name: v} for s in samples for v in ends(spec)]
+    return samples
+
+
+def tune_param_space(space: SearchSpace) -> dict[str, Any]:
+    """The Ray Tune param_space: grid_search for grids; distributions for Optuna."""
+    from ray import tune
+
+    if space.search == "grid":
+        return {name: tune.grid_search(values) for name, values in space.params.items()}
+    result = {}
+    for name, (dist, args) in space.params.items():
+        if dist == "loguniform":
+            result[name] = tune.loguniform(*args)
+        elif dist == "uniform":
+            result[name] = tune.uniform(*args)
+        elif dist == "randint":
+            result[name] = tune.randint(args[0], args[1] + 1)  # inclusive upper bound, as written
+        else:
+            result[name] = tune.choice(args)
+    return result
+
+
+def make_searcher(space: SearchSpace, metric: str = "val_loss", mode: str = "min", seed: int = 0):
+    """Tune's OptunaSearch with the space's sampler (None for grids)."""
+    if space.search != "optuna":
+        return None
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    sampler = {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+        "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+        "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed),
+    }[space.sampler]()
+    return OptunaSearch(metric=metric, mode=mode, sampler=sampler)
