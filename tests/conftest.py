@@ -42,3 +42,24 @@ def make_tiny_config(builtin_data: Path) -> Callable[..., RunConfig]:
 def tiny_config(make_tiny_config: Callable[..., RunConfig]) -> RunConfig:
     """A ~1 s run: d_model 32, 2 layers, context 32, batch 8, 30 steps, checkpoints every 10, CPU, eager."""
     return make_tiny_config()
+
+
+def run_lmtune(module: str, *args: str, timeout: float = 600, cwd: Path | None = None,
+               env: dict[str, str] | None = None):
+    """Run ``python -m lmtune.MODULE ARGS`` in a subprocess; returns the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", f"lmtune.{module}", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def quick_sweep(tmp_path_factory: pytest.TempPathFactory, builtin_data: Path) -> Path:
+    """A real `quick` sweep (Ray Tune on a local cluster, 6 trials), run once per test session."""
+    results = tmp_path_factory.mktemp("results")
+    proc = run_lmtune("run", "--space", "quick", "--name", "quick", "--results", str(results),
+                      "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results / "quick"
