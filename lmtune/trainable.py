@@ -123,7 +123,13 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
     config = apply_overrides(config, params, where=f"trial {context.get_trial_id()}")
     config.data_dir = str(trial_data_dir(config.data_dir, shipped))
     if os.environ.get("LMTUNE_FAULT_RAISE_AT_STEP"):  # fault-injection for the failure tests
-        _install_fault(int(os.environ["LMTUNE_FAULT_RAISE_AT_STEP"]), out_dir)
+        only_lr = os.environ.get("LMTUNE_FAULT_LR")
+        if not only_lr or math.isclose(config.train.lr, float(only_lr), rel_tol=1e-9):
+            _install_fault(int(os.environ["LMTUNE_FAULT_RAISE_AT_STEP"]), out_dir,
+                           message=os.environ.get("LMTUNE_FAULT_MESSAGE"),
+                           always=os.environ.get("LMTUNE_FAULT_ALWAYS") == "1")
+        else:
+            _FAULT_HOOK.pop("hook", None)
 
     restored = tune.get_checkpoint()
     if restored is not None:
@@ -162,13 +168,17 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
 _FAULT_HOOK: dict[str, Any] = {}
 
 
-def _install_fault(step: int, out_dir: Path) -> None:
-    """Raise once at ``step`` in each trial (marker file), to test retries from checkpoints."""
+def _install_fault(step: int, out_dir: Path, message: str | None = None, always: bool = False) -> None:
+    """Raise at ``step`` once per trial (or on every attempt with ``always``), to test retries from
+    checkpoints and error reporting. Env: LMTUNE_FAULT_RAISE_AT_STEP=N, LMTUNE_FAULT_MESSAGE (the
+    exception text, e.g. a CUDA out-of-memory message), LMTUNE_FAULT_ALWAYS=1, LMTUNE_FAULT_LR (only
+    the trial with this lr). Each firing appends a line to the trial's ``.fault_injected``."""
     marker = out_dir / ".fault_injected"
 
     def hook(current: int, _model) -> None:
-        if current == step and not marker.exists():
-            marker.write_text(str(step))
-            raise RuntimeError(f"injected fault at step {step}")
+        if current == step and (always or not marker.exists()):
+            with open(marker, "a") as handle:
+                handle.write(f"{step}\n")
+            raise RuntimeError(message or f"injected fault at step {step}")
 
     _FAULT_HOOK["hook"] = hook
