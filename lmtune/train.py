@@ -292,14 +292,13 @@ def train(
     optimizer = build_optimizer(model, config, device)
     ckpt_dir = out_dir / "checkpoints"
 
-    state = None
+    state, resumed_path = None, resume_from
     if resume_from is not None:
         state = ckpt.load_checkpoint(resume_from)
     elif resume:
         found = ckpt.load_latest(ckpt_dir)
         state = found[0] if found else None
-        if found:
-            log.info("resuming from %s", found[1])
+        resumed_path = found[1] if found else None
     start_step, best_val, elapsed_before = 0, math.inf, 0.0
     if state is not None:
         model.load_state_dict(state["model"])
@@ -310,6 +309,8 @@ def train(
     ckpt.atomic_write_text(out_dir / "config.json", config.to_json())
 
     logger = RunLogger(out_dir, start_step)
+    if state is not None:  # after RunLogger: it attaches training.log, which must record every resume
+        log.info("resuming from %s (step %d)", resumed_path, start_step)
     counts = count_parameters(m)
     flops_tok = flops_per_token(m)
     peak = peak_flops(device)
