@@ -1,0 +1,260 @@
+"""The trial stopper and the persistent ASHA on their own: fed result dicts directly, no Ray cluster.
+
+PersistentASHA is Ray's own AsyncHyperBandScheduler; the tests call its methods with lmtune-shaped
+results and minimal trial objects (it only reads ``trial_id``) — Ray's code runs unmodified.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from ray.tune.schedulers import TrialScheduler
+
+from lmtune.stopper import ASHA_STATE_NAME, LEDGER_NAME, PersistentASHA, TrialStopper, read_outcomes
+
+UNIFORM = math.log(8192)  # ln(vocab): the loss of an untrained model
+
+
+def result(step: int, loss: float, *, grad_norm: float = 1.0, warmup: bool = False, rate: float = 50_000.0,
+           tokens_per_step: int = 1024, total_steps: int = 1000, **extra) -> dict:
+    return {"step": step, "train_loss": loss, "grad_norm": grad_norm, "in_warmup": warmup, "tokens_per_s": rate,
+            "tokens": step * tokens_per_step, "total_tokens": total_steps * tokens_per_step,
+            "uniform_loss": UNIFORM, **extra}
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    return tmp_path / LEDGER_NAME
+
+
+def feed(stopper: TrialStopper, trial_id: str, results: list[dict]) -> int | None:
+    """Call the stopper like Tune does; the index of the result that stopped the trial, or None."""
+    for i, r in enumerate(results):
+        if stopper(trial_id, r):
+            return i
+    return None
+
+
+def test_non_finite_loss_is_diverged(ledger: Path):
+    stopper = TrialStopper(ledger)
+    assert feed(stopper, "t1", [result(10, 8.0, warmup=True), result(20, 6.0)]) is None
+    assert stopper("t1", result(30, float("nan")))
+    entry = read_outcomes(ledger.parent)["t1"]
+    assert entry["outcome"] == "diverged"
+    assert entry["step"] == 30
+    assert entry["reason"] == "diverged at step 30, loss nan"
+
+
+def test_infinite_loss_during_warmup_is_diverged(ledger: Path):
+    # Non-finite stops at once, even in warm-up.
+    stopper = TrialStopper(ledger)
+    assert stopper("t1", result(5, float("inf"), warmup=True))
+    assert read_outcomes(ledger.parent)["t1"]["outcome"] == "diverged"
+
+
+def test_non_finite_grad_norm_is_diverged(ledger: Path):
+    stopper = TrialStopper(ledger)
+    assert not stopper("t1", result(10, 7.5))
+    assert stopper("t1", result(20, 7.0, grad_norm=float("inf")))
+    entry = read_outcomes(ledger.parent)["t1"]
+    assert entry["outcome"] == "diverged" and entry["step"] == 20
+    assert "gradient norm inf" in entry["reason"]
+
+
+def test_diverged_flag_from_the_training_loop_is_diverged(ledger: Path):
+    stopper = TrialStopper(ledger)
+    assert stopper("t1", result(40, 9.0, diverged=True))
+    assert read_outcomes(ledger.parent)["t1"]["outcome"] == "diverged"
+
+
+def test_explosion_after_warmup_is_diverged(ledger: Path):
+    stopper = TrialStopper(ledger, explode_factor=1.5)
+    first = 8.0
+    assert feed(stopper, "t1", [result(10, first, warmup=True), result(20, 6.0), result(30, 1.4 * first)]) is None
+    assert stopper("t1", result(40, 1.6 * first))
+    entry = read_outcomes(ledger.parent)["t1"]
+    assert entry["outcome"] == "diverged" and entry["step"] == 40
+    assert "exploded above 1.5 x initial 8" in entry["reason"], entry["reason"]
+
+
+def test_explosion_reference_is_capped_at_the_uniform_loss(ledger: Path):
+    """A high LR can blow up within the first interval: the reference is then ln(vocab), not the
+    already-exploded first report."""
+    stopper = TrialStopper(ledger, explode_factor=1.5)
+    assert stopper("t1", result(20, 1.6 * UNIFORM))
+    assert read_outcomes(ledger.parent)["t1"]["outcome"] == "diverged"
+
+
+def test_explosion_during_warmup_is_not_stopped(ledger: Path):
+    stopper = TrialStopper(ledger, explode_factor=1.5)
+    warm = [result(s, loss, warmup=True) for s, loss in [(5, 8.0), (10, 13.0), (15, 15.0), (20, 9.0)]]
+    assert feed(stopper, "t1", warm) is None
+    assert feed(stopper, "t1", [result(25, 7.0), result(30, 6.0)]) is None
+    assert not ledger.exists()
+    # Once warm-up is over the same height is an explosion.
+    assert stopper("t1", result(35, 15.0))
+
+
+def test_too_slow_against_the_time_budget(ledger: Path):
+    # 400 tok/s with ~1M tokens to go: ~0.7 h projected against a 0.5 h budget.
+    stopper = TrialStopper(ledger, time_budget_s=1800, slow_grace_reports=2)
+    slow = [result(s, 7.0, rate=400.0) for s in (10, 20)]
+    assert feed(stopper, "t1", slow) is None  # start-up reports are grace
+    assert stopper("t1", result(30, 6.9, rate=400.0))
+    entry = read_outcomes(ledger.parent)["t1"]
+    assert entry["outcome"] == "too_slow" and entry["step"] == 30
+    match = __import__("re").fullmatch(r"too slow: 400 tok/s, projected ([0-9.]+) (h|min) > 30\.0 min budget",
+                                       entry["reason"])
+    assert match, entry["reason"]
+    projected_h = float(match.group(1)) / (1 if match.group(2) == "h" else 60)
+    expected_h = (1000 - 30) * 1024 / 400 / 3600
+    assert projected_h == pytest.approx(expected_h, abs=0.05)
+
+
+def test_too_slow_reason_in_hours(ledger: Path):
+    stopper = TrialStopper(ledger, time_budget_s=4 * 3600, slow_grace_reports=0)
+    # 410 tok/s with 75M tokens to go: ~51 h projected > 4 h.
+    r = result(10, 7.0, rate=410.0, tokens_per_step=75_000, total_steps=1010)
+    assert stopper("t1", r)
+    assert read_outcomes(ledger.parent)["t1"]["reason"] == "too slow: 410 tok/s, projected 50.8 h > 4.0 h budget"
+
+
+def test_fast_enough_for_the_budget_is_not_stopped(ledger: Path):
+    stopper = TrialStopper(ledger, time_budget_s=3600, slow_grace_reports=0)
+    assert feed(stopper, "t1", [result(s, 7.0, rate=50_000.0) for s in range(10, 200, 10)]) is None
+
+
+def test_under_the_throughput_floor(ledger: Path):
+    stopper = TrialStopper(ledger, min_tokens_per_s=1000, slow_grace_reports=1)
+    assert not stopper("t1", result(10, 7.0, rate=200.0))  # grace report
+    assert stopper("t1", result(20, 7.0, rate=200.0))
+    entry = read_outcomes(ledger.parent)["t1"]
+    assert entry["outcome"] == "too_slow" and entry["step"] == 20
+    assert entry["reason"] == "too slow: 200 tok/s < floor 1,000 tok/s"
+
+
+def test_no_false_stop_on_a_healthy_noisy_curve(ledger: Path):
+    rng = random.Random(0)
+    stopper = TrialStopper(ledger, explode_factor=1.5, time_budget_s=3600, min_tokens_per_s=1000,
+                           slow_grace_reports=2)
+    total = 200
+    stopped = []
+    for trial in ("a", "b", "c"):
+        for i in range(1, total + 1):
+            clean = 2.0 + (UNIFORM - 2.0) * math.exp(-i / 40)
+            loss = clean * (1 + rng.uniform(-0.1, 0.1))
+            grad = 1.0 + rng.uniform(-0.5, 3.0)  # spiky but finite
+            rate = 20_000 * (1 + rng.uniform(-0.3, 0.3))
+            if stopper(trial, result(i * 5, loss, grad_norm=grad, warmup=i <= 10, rate=rate, total_steps=total * 5)):
+                stopped.append((trial, i))
+    assert stopped == []
+    assert not ledger.exists()
+
+
+def test_ledger_keeps_reason_and_step_per_trial(ledger: Path):
+    stopper = TrialStopper(ledger, min_tokens_per_s=1000, slow_grace_reports=0)
+    stopper("nan-trial", result(12, float("nan")))
+    stopper("slow-trial", result(30, 7.0, rate=10.0))
+    entries = json.loads(ledger.read_text())
+    assert set(entries) == {"nan-trial", "slow-trial"}
+    assert entries["nan-trial"]["outcome"] == "diverged" and entries["nan-trial"]["step"] == 12
+    assert entries["slow-trial"]["outcome"] == "too_slow" and entries["slow-trial"]["step"] == 30
+    assert entries["slow-trial"]["tokens"] == 30 * 1024
+    assert all({"outcome", "reason", "time", "step", "tokens"} <= set(e) for e in entries.values())
+    assert not stopper.stop_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# PersistentASHA
+
+
+@dataclass
+class FakeTrial:
+    """What ASHA reads of a trial: its id."""
+
+    trial_id: str
+
+
+GRACE, MAX_T, RF = 100, 900, 3  # rungs at 100, 300 (and 900 = max_t) tokens
+
+
+def make_asha(sweep_dir: Path) -> PersistentASHA:
+    return PersistentASHA(sweep_dir, time_attr="tokens", metric="val_loss", mode="min", max_t=MAX_T,
+                          grace_period=GRACE, reduction_factor=RF)
+
+
+def asha_result(tokens: int, val_loss: float) -> dict:
+    return {"tokens": tokens, "val_loss": val_loss, "total_tokens": MAX_T, "step": tokens // 10}
+
+
+def report(asha: PersistentASHA, trial_id: str, tokens: int, val_loss: float, *, add: bool = False) -> str:
+    trial = FakeTrial(trial_id)
+    if add:
+        asha.on_trial_add(None, trial)
+    return asha.on_trial_result(None, trial, asha_result(tokens, val_loss))
+
+
+def test_asha_stops_a_poor_trial_at_a_rung_and_persists(tmp_path: Path):
+    asha = make_asha(tmp_path)
+    # Three trials pass the first rung, each better than the ones before it.
+    for tid, loss in (("c", 3.2), ("b", 3.1), ("a", 3.0)):
+        assert report(asha, tid, 50, loss + 1, add=True) == TrialScheduler.CONTINUE  # before the rung
+        assert report(asha, tid, 100, loss) == TrialScheduler.CONTINUE
+    # A poor one reaches the rung: below the top 1/3 -> stopped.
+    assert report(asha, "poor", 50, 6.0, add=True) == TrialScheduler.CONTINUE
+    assert report(asha, "poor", 110, 5.5) == TrialScheduler.STOP
+    entry = read_outcomes(tmp_path)["poor"]
+    assert entry["outcome"] == "stopped_early"
+    assert entry["tokens"] == 110 and entry["step"] == 11
+    assert entry["reason"].startswith("stopped by ASHA at 110 tokens (val loss 5.5")
+    assert set(read_outcomes(tmp_path)) == {"poor"}
+
+    state = json.loads((tmp_path / ASHA_STATE_NAME).read_text())
+    assert state["num_stopped"] == 1
+    rung = {r["milestone"]: r["recorded"] for r in state["brackets"][0]}[GRACE]
+    assert rung == {"a": -3.0, "b": -3.1, "c": -3.2, "poor": -5.5}  # Ray records -loss for mode=min
+
+
+def test_asha_never_stops_a_trial_at_its_last_report(tmp_path: Path):
+    asha = make_asha(tmp_path)
+    for tid, loss in (("a", 3.0), ("b", 3.1), ("c", 3.2)):
+        report(asha, tid, 100, loss, add=True)
+    # A poor trial whose first report at the rung is also its last: it finishes by itself.
+    assert report(asha, "done", MAX_T, 9.0, add=True) == TrialScheduler.CONTINUE
+    assert "done" not in read_outcomes(tmp_path)
+
+
+def test_asha_state_survives_a_restart(tmp_path: Path):
+    original = make_asha(tmp_path)
+    for tid, loss in (("a", 3.0), ("b", 3.1), ("c", 3.2), ("d", 3.3)):
+        report(original, tid, 100, loss, add=True)
+    for tid, loss in (("a", 2.5), ("b", 2.6)):
+        report(original, tid, 300, loss)
+    saved = json.loads((tmp_path / ASHA_STATE_NAME).read_text())
+
+    restarted = make_asha(tmp_path)  # a new driver: Tuner.restore builds a fresh scheduler
+    restarted.on_trial_add(None, FakeTrial("a"))  # the first call loads the state
+    restored = [{"milestone": m, "recorded": dict(r)} for m, r in restarted._brackets[0]._rungs]
+    assert restored == saved["brackets"][0]
+    assert restarted._num_stopped == original._num_stopped
+
+    # The same new results get the same decisions from both: a poor newcomer is cut at the first
+    # rung, a good one is not, and at the second rung the cutoff built before the restart applies.
+    for asha in (original, restarted):
+        assert report(asha, "new-poor", 120, 4.0, add=True) == TrialScheduler.STOP
+        assert report(asha, "new-good", 120, 2.9, add=True) == TrialScheduler.CONTINUE
+        assert report(asha, "new-good", 310, 2.8) == TrialScheduler.STOP  # worse than a and b at 300
+        report(asha, "new-best", 100, 2.0, add=True)
+        assert report(asha, "new-best", 300, 2.0) == TrialScheduler.CONTINUE
+    assert read_outcomes(tmp_path)["new-poor"]["outcome"] == "stopped_early"
+
+
+def test_a_fresh_sweep_dir_starts_with_empty_rungs(tmp_path: Path):
+    asha = make_asha(tmp_path)
+    assert report(asha, "only", 100, 9.0, add=True) == TrialScheduler.CONTINUE  # nothing to compare with
+    assert (tmp_path / ASHA_STATE_NAME).exists()
