@@ -412,6 +412,9 @@ def run_bench(config: RunConfig, *, steps: int = 10, repeats: int = 3, warmup: i
         # Other processes on the same cores slow every variant; the 1-minute load says how busy it was.
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
+    for name in times:
+        # Every repeat, so the spread (noise from other load) can be judged, not just the median.
+        result[f"{name}_repeat_tokens_per_s"] = [steps * tokens_per_step / wall for wall, _ in times[name]]
     for name in variants:
         result[f"{name}_tokens_per_s"] = rates[name]
     if len(variants) == 2:
