@@ -12,6 +12,7 @@ import hashlib
 import io
 import logging
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,8 @@ def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
     for candidate in reversed(periodic_checkpoints(directory)):
         try:
             return load_checkpoint(candidate), candidate
-        except (ValueError, RuntimeError, EOFError, OSError) as err:
+        # UnpicklingError: a file whose checksum matches but that torch.load refuses (corrupt before
+        # it was hashed, or holding objects weights_only=True will not build) is unusable too.
+        except (ValueError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
             log.warning("skipping unusable checkpoint %s: %s", candidate, err)
     return None
