@@ -257,6 +257,9 @@ def init_ray(args: argparse.Namespace):
     if args.address:
         kwargs["address"] = args.address
     else:
+        # "local": a new instance even when a `ray start` cluster runs on this machine (ray.init()
+        # without an address would join that one, and refuse --num-cpus/--num-gpus).
+        kwargs["address"] = "local"
         if args.num_cpus is not None:
             kwargs["num_cpus"] = args.num_cpus
         if args.num_gpus is not None:
