@@ -217,7 +217,9 @@ def verdict(result: dict[str, Any], device_type: str, nvml: dict[str, Any] | Non
             if load is not None and load > (os.cpu_count() or 1):
                 advice.append(f"the CPU is oversubscribed (load average {load:.1f} on {os.cpu_count()} cores): "
                               "stop other jobs or run fewer trials at once")
-            advice.append("for models of 50+ MFLOP/token, compile=on is faster on CPU (benchmarks/README.md)")
+            if result.get("optimized_variant") == "eager" and result.get("flops_per_token", 0) >= 50e6:
+                advice.append("this model ran eager: at 50+ MFLOP/token compile=on measured faster on CPU "
+                              "(benchmarks/README.md)")
     if result["data_wait_fraction"] > DATA_STALL_FRACTION:
         advice.append(f"data-loader stall: {100 * result['data_wait_fraction']:.1f}% of each step waits for "
                       f"data (over {100 * DATA_STALL_FRACTION:.0f}%); keep the data dir on local disk, "

@@ -36,6 +36,7 @@ def test_bench_json_has_every_field(capsys, tmp_path):
         assert _positive_finite(out[key]), (key, out[key])
     assert 0 <= out["data_wait_fraction"] < 1
     assert out["speedup_vs_naive"] == pytest.approx(out["tokens_per_s"] / out["naive_tokens_per_s"])
+    assert _positive_finite(out["speedup_vs_naive_paired"])
     assert out["device"] and out["torch"] and out["commit"] and out["config"] == "quick"
     assert out["context_length"] == 16 and out["batch_size"] == 2
     lines = results.read_text().splitlines()
