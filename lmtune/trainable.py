@@ -109,6 +109,7 @@ def trial_output_dir(context) -> Path:
 def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None) -> None:
     """Ray Tune function trainable. ``params`` are the trial's sampled values (lr, ...); ``base`` is
     the sweep's RunConfig as a dict (budget + --set + the space's fixed settings)."""
+    import ray
     from ray import tune
 
     from lmtune.train import train
@@ -140,6 +141,7 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(path, target)
 
+    node_id = ray.get_runtime_context().get_node_id()
     uniform_loss = math.log(config.model.vocab_size)  # what a diverged trial is worth to the searcher
     latest_val = {"value": uniform_loss}
 
@@ -151,6 +153,7 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
         metrics["total_tokens"] = config.total_tokens
         metrics["uniform_loss"] = uniform_loss
         metrics["in_warmup"] = row["step"] <= config.train.warmup_steps
+        metrics["node_id"] = node_id  # which Ray node ran it (node_ip is shared by raylets on one host)
         if written is None:
             tune.report(metrics)
             return
