@@ -20,6 +20,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from lmtune.checkpoint import atomic_write_text  # noqa: E402
 from lmtune.plots import save_figure  # noqa: E402
@@ -79,12 +80,15 @@ def _loss_limits(records: Sequence[TrialRecord]) -> tuple[float, float]:
     start = initial_loss(records)
     firsts = []
     lows = []
+    # A diverged run's first logged loss can already be far above the start (a huge LR blows up within
+    # the first log interval): only runs that did not diverge set the top, unless all diverged.
+    healthy = {id(r) for r in records if classify(r) != "diverged"} or {id(r) for r in records}
     for r in records:
         for name in ("train_loss", "val_loss"):
             _, y = _finite_xy(column(r, "tokens"), column(r, name))
             if y.size:
                 lows.append(y.min())
-                if name == "train_loss":
+                if name == "train_loss" and id(r) in healthy:
                     firsts.append(y[0])
     if not lows:
         return 0.0, 1.0
@@ -122,13 +126,16 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
             if stop is not None:
                 y = min(end_y[-1], high) if end_y.size else high
                 y = high if not math.isfinite(y) else y
-                ax.plot([stop], [y], "x", color="red", markersize=11, markeredgewidth=2.5, zorder=5, clip_on=False)
+                # A run stopped before its first evaluation has no val line: the marker carries its legend entry.
+                ax.plot([stop], [y], "x", color="red", markersize=11, markeredgewidth=2.5, zorder=5, clip_on=False,
+                        label=None if vx.size else f"lr={r.lr:.3g} (diverged)")
         elif style == "--" and end_x.size:
             last_x, last_y = (vx[-1], vy[-1]) if vx.size else (end_x[-1], end_y[-1])
             ax.plot([last_x], [min(last_y, high)], "|", color=color, markersize=16, markeredgewidth=2.5, zorder=5)
     if target is not None:
         ax.axhline(target, color="black", linestyle=":", linewidth=1.5, label=f"target {target:g}")
     ax.set_ylim(low, high)
+    ax.xaxis.set_major_formatter(EngFormatter())
     ax.set_xlabel("tokens")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title("LR sweep: val loss (bold), train loss (thin); x = diverged, dashed | = stopped early")
@@ -205,6 +212,7 @@ def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | 
                     linewidth=2.2 if is_best else 1.3, zorder=3 if is_best else 2,
                     label=f"{'best ' if is_best else ''}lr={r.lr:.3g} ({classify(r)})")
         ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(EngFormatter())
         ax.set_xlabel("tokens")
         ax.set_title(label)
         ax.grid(alpha=0.3, which="both")
@@ -218,21 +226,34 @@ def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | 
 
 
 def plot_sharpness(rows: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Sharpness vs 2/lr and preconditioned sharpness vs (2+2b1)/((1-b1) lr), over steps."""
-    rows = sorted(rows, key=lambda r: r["step"])
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    steps = [r["step"] for r in rows]
+    """Sharpness vs 2/lr and preconditioned sharpness vs (2+2b1)/((1-b1) lr), over steps.
 
-    def series(key):
-        return [abs(r[key]) if r.get(key) is not None else np.nan for r in rows]
+    Rows carrying ``trial_id`` (and ``lr``) are drawn as one series per trial, each with its own
+    threshold line in the same color; rows without are one series.
+    """
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r.get("trial_id"), []).append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = plt.get_cmap("tab10")
+
+    def series(part, key):
+        return [abs(r[key]) if r.get(key) is not None else np.nan for r in part]
 
     for ax, value_key, line_key, label, line_label in (
         (axes[0], "sharpness", "gd_threshold", "sharpness (top Hessian eigenvalue)", "2/lr"),
         (axes[1], "preconditioned_sharpness", "adam_threshold", "preconditioned sharpness (Adam)",
          "(2+2β₁)/((1-β₁) lr), 38/lr at β₁=0.9"),
     ):
-        ax.plot(steps, series(value_key), "o-", color="tab:blue", label=label)
-        ax.plot(steps, series(line_key), "--", color="tab:red", label=line_label)
+        for i, (trial_id, part) in enumerate(groups.items()):
+            part = sorted(part, key=lambda r: r["step"])
+            steps = [r["step"] for r in part]
+            color = colors(i % 10) if len(groups) > 1 else "tab:blue"
+            line_color = color if len(groups) > 1 else "tab:red"
+            name = "" if trial_id is None else f"lr={part[0]['lr']:.3g} " if part[0].get("lr") else f"{trial_id} "
+            ax.plot(steps, series(part, value_key), "o-", color=color,
+                    label=f"{name}{'measured' if name else label}")
+            ax.plot(steps, series(part, line_key), "--", color=line_color, alpha=0.8, label=f"{name}{line_label}")
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_title(label)
@@ -301,8 +322,12 @@ def write_markdown(summary: dict[str, Any], records: Sequence[TrialRecord], path
     extra = _varied_params(summary)
     lines = ["# Learning-rate sweep: analysis", ""]
     counts = ", ".join(f"{n} {s}" for s, n in summary.get("status_counts", {}).items())
-    lines += [f"{len(rows)} trials ({counts}). Figures: `lr_sweep_comparison.png`, `lr_vs_final_loss.png`, "
-              "`instability.png`.", ""]
+    figures = ["lr_sweep_comparison.png", "lr_vs_final_loss.png"]
+    if any(r["status"] in ("diverged", "unstable") for r in rows):
+        figures.append("instability.png")
+    if summary.get("sharpness"):
+        figures.append("sharpness.png")
+    lines += [f"{len(rows)} trials ({counts}). Figures: {', '.join(f'`{f}`' for f in figures)}.", ""]
 
     lines += ["## Trials", ""]
     header = ["trial", "lr", *extra, "status", "final val", "best val", "tokens", "wall time", "tokens/s",

@@ -59,8 +59,35 @@ def _hvp_operator(loss_fn: Callable[[], torch.Tensor], params: Vector) -> Callab
     return hvp
 
 
-def _power_iteration(matvec: Callable[[Vector], Vector], like: Vector, iters: int, tol: float, seed: int) -> float:
-    """Eigenvalue of largest magnitude of a symmetric operator (Rayleigh quotient of the iterate)."""
+def _top_algebraic(matvec: Callable[[Vector], Vector], like: Vector, iters: int, tol: float, seed: int,
+                   largest: bool) -> float:
+    """Largest-magnitude eigenvalue, or with ``largest`` the largest (algebraic) one.
+
+    Power iteration finds the eigenvalue of largest magnitude; when that one is negative (lambda_min)
+    and ``largest`` is asked, a second power iteration on H - lambda_min I (eigenvalues >= 0, its top
+    one lambda_max - lambda_min) gives lambda_max. Sharpness in Cohen et al. is lambda_max.
+    """
+    first = _power_iteration(matvec, like, iters, tol, seed)
+    if not largest or not (math.isfinite(first) and first < 0):
+        return first
+
+    def shifted(vec: Vector) -> Vector:
+        return [h - first * v for h, v in zip(matvec(vec), vec, strict=True)]
+
+    # Convergence is judged on the unshifted value: the shifted operator maps the bulk of near-zero
+    # eigenvalues to about -lambda_min, where a random start vector already looks like an eigenvector.
+    return _power_iteration(shifted, like, iters, tol, seed, offset=first) + first
+
+
+def _power_iteration(matvec: Callable[[Vector], Vector], like: Vector, iters: int, tol: float, seed: int,
+                     offset: float = 0.0) -> float:
+    """Eigenvalue of largest magnitude of a symmetric operator (Rayleigh quotient of the iterate).
+
+    Converged when the Rayleigh quotient changed by at most ``tol`` (relative) since the last iteration
+    and the residual |Av - lambda v| is at most sqrt(tol) |lambda|: the first test alone stops too
+    early while the start vector has almost no weight on the top eigenvector (quotient still flat).
+    ``offset``: both are taken relative to |lambda + offset| (the eigenvalue before a shift by -offset).
+    """
     gen = torch.Generator(device="cpu").manual_seed(seed)
     vec = [torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.device, p.dtype) for p in like]
     norm = math.sqrt(float(_dot(vec, vec)))
@@ -72,7 +99,9 @@ def _power_iteration(matvec: Callable[[Vector], Vector], like: Vector, iters: in
         norm = math.sqrt(float(_dot(product, product)))
         if norm == 0.0 or not math.isfinite(norm):
             return estimate if math.isfinite(estimate) else float("nan")
-        converged = i > 0 and abs(estimate - eigenvalue) <= tol * max(abs(estimate), 1e-12)
+        scale = max(abs(estimate + offset), 1e-12)
+        residual = math.sqrt(max(norm * norm - estimate * estimate, 0.0))  # |Av - lambda v| for |v| = 1
+        converged = i > 0 and abs(estimate - eigenvalue) <= tol * scale and residual <= math.sqrt(tol) * scale
         eigenvalue = estimate
         if converged:
             break
@@ -81,15 +110,16 @@ def _power_iteration(matvec: Callable[[Vector], Vector], like: Vector, iters: in
 
 
 def hessian_top_eigenvalue(loss_fn: Callable[[], torch.Tensor], params: list[torch.Tensor], iters: int = 50,
-                           tol: float = 1e-4, seed: int = 0) -> float:
-    """Largest-magnitude eigenvalue of the Hessian of ``loss_fn()`` w.r.t. ``params``.
+                           tol: float = 1e-4, seed: int = 0, largest: bool = False) -> float:
+    """Largest-magnitude eigenvalue of the Hessian of ``loss_fn()`` w.r.t. ``params`` (``largest``: the
+    largest algebraic one, i.e. the sharpness even where a negative eigenvalue dominates).
 
     ``loss_fn`` must evaluate the loss on one fixed batch (close over it). Power iteration stops after
     ``iters`` Hessian-vector products or once the Rayleigh quotient changes by less than ``tol``
     (relative) between iterations.
     """
     params = list(params)
-    return _power_iteration(_hvp_operator(loss_fn, params), params, iters, tol, seed)
+    return _top_algebraic(_hvp_operator(loss_fn, params), params, iters, tol, seed, largest)
 
 
 def adam_preconditioner(exp_avg_sq: list[torch.Tensor], step: int, beta2: float, eps: float) -> Vector:
@@ -102,8 +132,10 @@ def adam_preconditioner(exp_avg_sq: list[torch.Tensor], step: int, beta2: float,
 
 def preconditioned_sharpness(loss_fn: Callable[[], torch.Tensor], params: list[torch.Tensor],
                              exp_avg_sq: list[torch.Tensor], step: int, beta2: float, eps: float, iters: int = 50,
-                             tol: float = 1e-4, seed: int = 0) -> float:
-    """Largest-magnitude eigenvalue of P^-1/2 H P^-1/2, P = diag(sqrt(v_hat) + eps) (Cohen et al. 2022).
+                             tol: float = 1e-4, seed: int = 0, largest: bool = False) -> float:
+    """Largest-magnitude (``largest``: largest) eigenvalue of P^-1/2 H P^-1/2, P = diag(sqrt(v_hat) + eps).
+
+    Cohen et al. 2022.
 
     ``exp_avg_sq`` are Adam's second-moment estimates (one per param, same shapes), ``step`` the
     number of optimizer steps taken (for the bias correction). Compare with :func:`adam_threshold`.
@@ -119,7 +151,7 @@ def preconditioned_sharpness(loss_fn: Callable[[], torch.Tensor], params: list[t
         scaled = hvp([v * s for v, s in zip(vec, inv_sqrt, strict=True)])
         return [h * s for h, s in zip(scaled, inv_sqrt, strict=True)]
 
-    return _power_iteration(matvec, params, iters, tol, seed)
+    return _top_algebraic(matvec, params, iters, tol, seed, largest)
 
 
 def _model_config(model_config_dict: dict[str, Any] | None, state: dict[str, Any]) -> ModelConfig:
@@ -155,13 +187,14 @@ def _second_moments(model: TransformerLM, optimizer_state: dict[str, Any]) -> tu
 
 def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any] | None,
                          batch: tuple[torch.Tensor, torch.Tensor], iters: int = 50, tol: float = 1e-4,
-                         seed: int = 0) -> dict[str, Any]:
+                         seed: int = 0, largest: bool = False) -> dict[str, Any]:
     """Sharpness and Adam-preconditioned sharpness of a training checkpoint on one fixed batch.
 
     Computed in float32 on CPU with the reference attention path (SDPA lacks double backward on some
     builds). ``model_config_dict`` is a ModelConfig or whole RunConfig dict (None: the checkpoint's
     own config). Returns {step, lr_at_step, sharpness, preconditioned_sharpness, gd_threshold,
     adam_threshold}; the preconditioned value is None when the checkpoint holds no optimizer state.
+    ``largest``: the largest algebraic eigenvalues instead of the largest-magnitude ones.
     """
     state = load_checkpoint(Path(checkpoint_path))
     model = TransformerLM(_model_config(model_config_dict, state)).float()
@@ -189,13 +222,13 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any
         lr = lr_at(max(state["step"] - 1, 0), t["lr"], t["min_lr_ratio"], t["warmup_steps"], t["steps"])
     lr = float(lr) if lr is not None else None
 
-    sharp = hessian_top_eigenvalue(loss_fn, params, iters=iters, tol=tol, seed=seed)
+    sharp = hessian_top_eigenvalue(loss_fn, params, iters=iters, tol=tol, seed=seed, largest=largest)
     pre = None
     moments = _second_moments(model, optimizer_state) if optimizer_state else None
     if moments is not None and beta2 is not None:
         exp_avg_sq, step = moments
         pre = preconditioned_sharpness(loss_fn, params, exp_avg_sq, step, float(beta2), float(eps),
-                                       iters=iters, tol=tol, seed=seed)
+                                       iters=iters, tol=tol, seed=seed, largest=largest)
     result = {
         "step": int(state["step"]),
         "lr_at_step": lr,

@@ -1,0 +1,307 @@
+"""The edge-of-stability report on a real quick sweep (the session fixture ``quick_sweep``)."""
+
+import csv
+import json
+import math
+import os
+import shutil
+import time
+
+import matplotlib.image as mpimg
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import run_lmtune
+
+from lmtune.analyze import analyze, load_sweep, resolve_sweep
+from lmtune.errors import LmtuneError
+from lmtune.report import HEADINGS
+
+FILES = ("lr_sweep_comparison.png", "lr_vs_final_loss.png", "lr_sweep_analysis.md", "summary.json", "summary.csv")
+
+
+def assert_real_picture(path):
+    image = mpimg.imread(path)
+    assert image.shape[0] > 300 and image.shape[1] > 400, image.shape
+    # A blank image has std 0; curves, text, markers and a colorbar put it far above.
+    assert image[..., :3].std() > 0.05
+
+
+def copy_sweep(src, dst, checkpoints=False):
+    """A private copy of the fixture's sweep (never modify the session fixture in place).
+
+    Without Tune's checkpoint copies, TensorBoard files and (unless asked) lmtune's checkpoints: the
+    report reads none of them except --sharpness, and they are most of the sweep's ~250 MB.
+    """
+    skip = ["report", "checkpoint_0*", "tensorboard", "events.out.*", *([] if checkpoints else ["checkpoints"])]
+    return shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*skip))
+
+
+def ledger(sweep_dir):
+    return json.loads((sweep_dir / "trial_outcomes.json").read_text())
+
+
+def trial_dirs(sweep_dir):
+    return sorted(p for p in sweep_dir.iterdir() if p.is_dir() and (p / "params.json").exists())
+
+
+@pytest.fixture(scope="module")
+def report(quick_sweep, tmp_path_factory):
+    """The report of the fixture sweep, written to a separate folder (the fixture dir stays as the sweep wrote it)."""
+    out = tmp_path_factory.mktemp("report")
+    summary = analyze(quick_sweep, out_dir=out)
+    return out, summary
+
+
+def test_report_files_exist_and_pictures_are_real(report):
+    out, summary = report
+    for name in FILES:
+        assert (out / name).is_file(), name
+    assert_real_picture(out / "lr_sweep_comparison.png")
+    assert_real_picture(out / "lr_vs_final_loss.png")
+    # the quick space includes diverging LRs (1.0, 3.0), so the instability figure is drawn
+    assert any(row["status"] == "diverged" for row in summary["trials"])
+    assert_real_picture(out / "instability.png")
+    assert not list(out.glob(".*tmp*"))
+
+
+def test_markdown_has_every_section(report):
+    out, summary = report
+    text = (out / "lr_sweep_analysis.md").read_text()
+    for heading in HEADINGS:
+        assert heading in text, heading
+    assert "grid search over lr" in text  # search strategy from sweep.json
+    assert "ASHA" in text and "reduction factor" in text
+    assert "a full grid without early stopping" in text
+    for row in summary["trials"]:
+        assert row["trial_id"] in text
+
+
+def test_summary_agrees_with_the_trials_own_results(quick_sweep, report):
+    out, summary = report
+    outcomes = ledger(quick_sweep)
+    rows = {row["trial_id"]: row for row in summary["trials"]}
+    assert len(rows) == len(trial_dirs(quick_sweep)) == 6
+    assert set(rows) == set(outcomes)
+    for folder in trial_dirs(quick_sweep):
+        trial_id = next(t for t in outcomes if folder.name.startswith(t + "_"))
+        row = rows[trial_id]
+        params = json.loads((folder / "params.json").read_text())
+        assert row["lr"] == pytest.approx(params["lr"])
+        metrics = pd.read_csv(folder / "metrics.csv")
+        val = pd.to_numeric(metrics["val_loss"], errors="coerce").dropna()
+        val = val[np.isfinite(val)]
+        if len(val):
+            assert row["best_val_loss"] == pytest.approx(val.min())
+        else:
+            assert row["best_val_loss"] is None
+        assert row["tokens"] == int(metrics["tokens"].max())
+        outcome = outcomes[trial_id]["outcome"]
+        if outcome in ("diverged", "stopped_early"):
+            assert row["status"] == outcome, (trial_id, row["status"], outcome)
+        else:
+            assert row["status"] in (outcome, "unstable")
+        if outcome == "completed":
+            own = json.loads((folder / "summary.json").read_text())
+            assert row["best_val_loss"] == pytest.approx(own["best_val_loss"], rel=1e-6)
+    # the CSV carries the same rows
+    with (out / "summary.csv").open() as handle:
+        csv_rows = {r["trial_id"]: r for r in csv.DictReader(handle)}
+    assert set(csv_rows) == set(rows)
+    for trial_id, row in rows.items():
+        assert csv_rows[trial_id]["status"] == row["status"]
+    assert json.loads((out / "summary.json").read_text())["best_lr"] == summary["best_lr"]
+
+
+def test_headline_numbers(report):
+    _, summary = report
+    evaluated = [r for r in summary["trials"] if r["status"] != "diverged" and r["best_val_loss"] is not None]
+    best = min(evaluated, key=lambda r: r["best_val_loss"])
+    assert summary["best_lr"] == best["lr"]
+    assert summary["best_trial"] == best["trial_id"]
+    assert summary["divergence_lr"] == 1.0
+    assert summary["edge_ratio"] == pytest.approx(1.0 / summary["best_lr"])
+    assert summary["lr_sensitivity"] is not None and summary["lr_sensitivity"] > 0
+    compute = summary["compute"]
+    assert compute["tokens_spent"] == sum(r["tokens"] or 0 for r in summary["trials"])
+    # 6 trials x 150 steps x batch 16 x context 64 (the quick space's budget)
+    assert compute["full_grid_tokens"] == 6 * 153_600
+    assert compute["tokens_spent"] < compute["full_grid_tokens"]
+
+
+def test_target(quick_sweep, tmp_path):
+    summary = analyze(quick_sweep, out_dir=tmp_path / "met", target=100.0)
+    assert summary["target_met"] is True and summary["target_trial"] == summary["best_trial"]
+    summary = analyze(quick_sweep, out_dir=tmp_path / "unmet", target=0.01)
+    assert summary["target_met"] is False
+    assert "not met" in (tmp_path / "unmet" / "lr_sweep_analysis.md").read_text()
+    with pytest.raises(LmtuneError):
+        analyze(quick_sweep, out_dir=tmp_path / "bad", target=-1.0)
+
+
+def test_default_report_dir_is_inside_the_sweep_only(quick_sweep, tmp_path):
+    sweep = copy_sweep(quick_sweep, tmp_path / "quick")
+    before = {p for p in sweep.rglob("*")}
+    summary = analyze(sweep)
+    assert summary["report_dir"] == str(sweep / "report")
+    created = {p for p in sweep.rglob("*")} - before
+    assert created and all(p == sweep / "report" or (sweep / "report") in p.parents for p in created)
+    analyze(sweep)  # regenerating the report is fine
+
+
+def test_cli_on_results_root_picks_the_newest(quick_sweep, tmp_path):
+    root = tmp_path / "results"
+    old = copy_sweep(quick_sweep, root / "older")
+    new = copy_sweep(quick_sweep, root / "newer")
+    for sweep, stamp in ((old, "2020-01-01T00:00:00+0000"), (new, "2030-01-01T00:00:00+0000")):
+        meta = json.loads((sweep / "sweep.json").read_text())
+        meta["start_time"] = stamp
+        (sweep / "sweep.json").write_text(json.dumps(meta))
+    # mtime says the opposite: start_time wins
+    os.utime(new / "sweep.json", (time.time() - 1e5, time.time() - 1e5))
+    assert resolve_sweep(root) == (new, [old])
+    proc = run_lmtune("analyze", str(root), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "newer" in proc.stdout and "older" in proc.stdout
+    assert (new / "report" / "lr_sweep_analysis.md").is_file()
+    assert not (old / "report").exists()
+    out = proc.stdout
+    assert "best lr" in out and "divergence lr 1" in out and "edge ratio" in out
+    assert str(new / "report") in out
+    assert len(out.strip().splitlines()) <= 8
+
+
+@pytest.mark.parametrize("kind", ["empty", "missing", "file"])
+def test_cli_refuses_a_non_sweep_with_one_line(tmp_path, kind):
+    target = tmp_path / "notasweep"
+    if kind == "empty":
+        target.mkdir()
+        (target / "something.txt").write_text("hi")
+    elif kind == "file":
+        target.write_text("hi")
+    proc = run_lmtune("analyze", str(target), timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "notasweep" in lines[0]
+    if kind == "empty":
+        assert "not an lmtune sweep (no sweep.json)" in lines[0] and "results/NAME" in lines[0]
+    assert not (tmp_path / "notasweep" / "report").exists() if kind == "empty" else True
+
+
+def test_bad_target_is_one_line(quick_sweep, tmp_path):
+    proc = run_lmtune("analyze", str(quick_sweep), "--target", "abc", "--out", str(tmp_path / "r"), timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "--target" in proc.stderr
+
+
+def test_running_sweep(quick_sweep, tmp_path):
+    sweep = copy_sweep(quick_sweep, tmp_path / "quick")
+    entries = ledger(sweep)
+    dirs = {t: next(d for d in trial_dirs(sweep) if d.name.startswith(t + "_")) for t in entries}
+    completed = [t for t, e in entries.items() if e["outcome"] == "completed"]
+    stopped = [t for t, e in entries.items() if e["outcome"] in ("stopped_early", "diverged")]
+    assert completed and stopped
+    # a trial still training: no ledger entry, no summary.json
+    running = [completed[0], stopped[0]]
+    for trial_id in running:
+        del entries[trial_id]
+        (dirs[trial_id] / "summary.json").unlink(missing_ok=True)
+    # a trial that ended by itself but the driver has not recorded it yet: summary.json decides
+    from_summary = completed[1] if len(completed) > 1 else None
+    if from_summary:
+        del entries[from_summary]
+    (sweep / "trial_outcomes.json").write_text(json.dumps(entries))
+    _, records = load_sweep(sweep)
+    outcome = {r.trial_id: r.outcome for r in records}
+    for trial_id in running:
+        assert outcome[trial_id] == "running"
+    if from_summary:
+        assert outcome[from_summary] == "completed"
+    summary = analyze(sweep)
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    for trial_id in running:
+        assert rows[trial_id]["status"] == "running"
+    assert "running" in (sweep / "report" / "lr_sweep_analysis.md").read_text()
+
+    # early in a sweep: no ledger at all, a trial with no metrics yet
+    (sweep / "trial_outcomes.json").unlink()
+    (dirs[running[0]] / "metrics.csv").unlink()
+    summary = analyze(sweep)
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    assert rows[running[0]]["status"] == "running" and rows[running[0]]["tokens"] is None
+    assert_real_picture(sweep / "report" / "lr_sweep_comparison.png")
+
+
+def test_one_trial_sweep(quick_sweep, tmp_path):
+    sweep = copy_sweep(quick_sweep, tmp_path / "quick")
+    entries = ledger(sweep)
+    keep = next(t for t, e in entries.items() if e["outcome"] == "completed")
+    for folder in trial_dirs(sweep):
+        if not folder.name.startswith(keep + "_"):
+            shutil.rmtree(folder)
+    summary = analyze(sweep)
+    assert [r["trial_id"] for r in summary["trials"]] == [keep]
+    assert summary["best_trial"] == keep and summary["divergence_lr"] is None
+    for name in FILES:
+        assert (sweep / "report" / name).is_file()
+    assert_real_picture(sweep / "report" / "lr_sweep_comparison.png")
+    assert_real_picture(sweep / "report" / "lr_vs_final_loss.png")
+
+
+def test_trial_id_from_result_json_when_no_ledger(quick_sweep, tmp_path):
+    sweep = copy_sweep(quick_sweep, tmp_path / "quick")
+    ids = set(ledger(sweep))
+    (sweep / "trial_outcomes.json").unlink()
+    _, records = load_sweep(sweep)
+    assert {r.trial_id for r in records} == ids
+
+
+def test_sweep_without_trials(quick_sweep, tmp_path):
+    sweep = tmp_path / "fresh"
+    sweep.mkdir()
+    shutil.copy(quick_sweep / "sweep.json", sweep / "sweep.json")
+    with pytest.raises(LmtuneError, match="no trials yet"):
+        analyze(sweep)
+
+
+@pytest.mark.slow
+def test_sharpness(quick_sweep, tmp_path):
+    sweep = copy_sweep(quick_sweep, tmp_path / "quick", checkpoints=True)
+    summary = analyze(sweep, sharpness=True)
+    out = sweep / "report"
+    assert_real_picture(out / "sharpness.png")
+    rows = list(csv.DictReader((out / "sharpness.csv").open()))
+    assert rows
+    trials = {r["trial_id"] for r in rows}
+    assert summary["best_trial"] in trials
+    healthy = [r for r in summary["trials"] if r["status"] != "diverged"]
+    assert max(healthy, key=lambda r: r["lr"])["trial_id"] in trials
+    for row in rows:
+        for key in ("sharpness", "preconditioned_sharpness", "gd_threshold", "adam_threshold"):
+            assert math.isfinite(float(row[key])), (key, row)
+        assert float(row["gd_threshold"]) == pytest.approx(2 / float(row["lr_at_step"]))
+    assert "sharpness.png" in (out / "lr_sweep_analysis.md").read_text()
+    assert len(summary["sharpness"]) == len(rows)
+
+
+@pytest.mark.parametrize("eigenvalues", [[-9.0, 3.0, 1.0, 0.5], [-6.0, 3.5] + [0.0] * 398])
+def test_the_report_sharpness_is_the_largest_eigenvalue_not_the_largest_magnitude(eigenvalues):
+    # Late in training a negative eigenvalue can dominate in magnitude (the quick sweep's last checkpoint:
+    # -5.8 against a top eigenvalue of 3.5); sharpness is the top one. The second case is the hard one:
+    # after the shift the bulk of zero eigenvalues sits at 6, where a random start vector already looks
+    # converged.
+    import torch
+
+    from lmtune.sharpness import hessian_top_eigenvalue
+
+    rng = np.random.default_rng(0)
+    n = len(eigenvalues)
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = torch.tensor(q @ np.diag(eigenvalues) @ q.T)
+    x = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    # tol 3e-3 (residual test sqrt(tol) ~ 5%): judged on the shifted value, the start vector would pass it
+    estimate = hessian_top_eigenvalue(lambda: 0.5 * x @ a @ x, [x], iters=300, tol=3e-3, largest=True)
+    assert estimate == pytest.approx(max(eigenvalues), rel=0.01)
+    assert hessian_top_eigenvalue(lambda: 0.5 * x @ a @ x, [x], iters=300, tol=1e-6) == pytest.approx(
+        min(eigenvalues), rel=0.01)
