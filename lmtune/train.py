@@ -43,6 +43,8 @@ METRIC_COLUMNS = [
 ]
 
 # Called at every log interval with the metrics row and, when one was just written, the checkpoint.
+CPU_COMPILE_MIN_FLOPS_PER_TOKEN = 50e6
+
 Reporter = Callable[[dict[str, Any], Path | None], None]
 # Called before each optimizer step with the 1-based step number and the model (instrumentation, fault tests).
 StepHook = Callable[[int, nn.Module], None]
@@ -126,9 +128,12 @@ def should_compile(config: RunConfig, device: torch.device) -> bool:
         return True
     if choice == "off":
         return False
-    # CPU: eager measured faster for the small models lmtune runs there (compile time dominates
-    # short runs; see benchmarks/README.md); CUDA and MPS: compile.
-    return device.type in ("cuda", "mps")
+    if device.type in ("cuda", "mps"):
+        return True
+    # CPU, measured (benchmarks/README.md): compile made the default model (112 MFLOP/token) 1.4-1.8x
+    # faster, while for small models like quick (10.6 MFLOP/token) its ~65 s cold start and Inductor's
+    # CPU code lose to eager ATen over a minutes-long run.
+    return flops_per_token(config.model) >= CPU_COMPILE_MIN_FLOPS_PER_TOKEN
 
 
 def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
@@ -319,7 +324,7 @@ def train(
              config.tokens_per_step)
     run_model = compile_model(model, device) if should_compile(config, device) else model
     if run_model is model:
-        why = "CPU default: eager measured faster" if t.compile == "auto" else "compile=off"
+        why = "CPU default for small models: eager measured faster" if t.compile == "auto" else "compile=off"
         log.info("torch.compile off (%s)", why)
 
     sampler = BatchSampler(data.train, t.batch_size, m.context_length, t.seed)
