@@ -1,0 +1,195 @@
+"""Search spaces: validation of bad spaces (one line naming the file and the key, nothing launched),
+the shipped spaces, --list-spaces, and the Optuna space (bounds, log-uniformity, sample count)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_lmtune
+
+from lmtune.errors import LmtuneError
+from lmtune.spaces import available_spaces, load_space, make_searcher, tune_param_space
+
+GOOD_GRID = """\
+description: a valid grid
+search: grid
+budget: quick
+params:
+  lr: [1.0e-3, 3.0e-3]
+"""
+
+# (case id, YAML text, key the message must name, a fragment of the message)
+BAD_SPACES = [
+    ("malformed-yaml", "search: grid\nparams:\n  lr: [1.0e-3, 3.0e-3\n", None, r"malformed YAML"),
+    ("unknown-top-key", GOOD_GRID + "learning_rate: 1.0e-3\n", "learning_rate", r"unknown key; valid keys"),
+    ("unknown-param", "search: grid\nparams:\n  lrr: [1.0e-3]\n", "params.lrr", r"unknown setting"),
+    ("wrong-type", "search: grid\nparams:\n  lr: [\"abc\"]\n", "params.lr", r"'abc' is not a valid float"),
+    ("lr-zero", "search: grid\nparams:\n  lr: [0.0, 1.0e-3]\n", "params.lr", r"positive and finite"),
+    ("lr-negative", "search: grid\nparams:\n  lr: [-1.0e-3]\n", "params.lr", r"positive and finite"),
+    ("lr-nan", "search: grid\nparams:\n  lr: [.nan]\n", "params.lr", r"positive and finite"),
+    ("lr-inf", "search: grid\nparams:\n  lr: [1.0e-3, .inf]\n", "params.lr", r"positive and finite"),
+    ("lr-nan-optuna", "search: optuna\nparams:\n  lr: {loguniform: [.nan, 1.0e-2]}\n", "params.lr",
+     r"positive and finite"),
+    ("empty-grid", "search: grid\nparams:\n  lr: []\n", "params.lr", r"empty grid"),
+    ("bounds-wrong-order", "search: optuna\nnum_samples: 4\nparams:\n  lr: {loguniform: [1.0e-2, 1.0e-4]}\n",
+     "params.lr", r"bounds in the wrong order"),
+    ("unknown-search", "search: bayes\nparams:\n  lr: [1.0e-3]\n", "search", r"unknown search 'bayes'"),
+    ("unknown-scheduler", GOOD_GRID + "scheduler: {name: hyperband}\n", "scheduler.name",
+     r"unknown scheduler 'hyperband'"),
+    ("unknown-sampler", "search: optuna\nsampler: grid_sampler\nparams:\n  lr: {loguniform: [1.0e-4, 1.0e-2]}\n",
+     "sampler", r"unknown sampler 'grid_sampler'"),
+    ("unknown-budget", "search: grid\nbudget: huge\nparams:\n  lr: [1.0e-3]\n", "budget", r"unknown budget 'huge'"),
+    ("unknown-distribution", "search: optuna\nparams:\n  lr: {normal: [1.0e-4, 1.0e-2]}\n", "params.lr",
+     r"unknown distribution 'normal'"),
+    ("no-params", "search: grid\nbudget: quick\n", "params", r"non-empty mapping"),
+    ("unknown-scheduler-key", GOOD_GRID + "scheduler: {name: asha, grace: 3}\n", "scheduler.grace",
+     r"unknown key"),
+]
+
+
+@pytest.mark.parametrize("text,key,fragment", [c[1:] for c in BAD_SPACES], ids=[c[0] for c in BAD_SPACES])
+def test_bad_space_is_one_line_naming_file_and_key(tmp_path: Path, text: str, key: str | None, fragment: str):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(LmtuneError, match=fragment) as info:
+        load_space(str(path))
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert message.startswith(str(path)), message  # names the file
+    if key is not None:
+        assert f": {key}: " in message, message  # names the key
+    else:
+        assert re.search(r"line \d+", message), message  # malformed YAML: names the line
+
+
+def test_unknown_space_name_lists_the_available_ones():
+    with pytest.raises(LmtuneError, match=r"unknown search space 'no_such_space'; available: ") as info:
+        load_space("no_such_space")
+    for name in ("lr_grid", "lr_optuna", "lr_batch", "quick"):
+        assert name in str(info.value)
+
+
+def test_missing_space_file_is_refused(tmp_path: Path):
+    with pytest.raises(LmtuneError, match=r"not found"):
+        load_space(str(tmp_path / "absent.yaml"))
+
+
+def test_cli_refuses_bad_space_and_launches_nothing(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("search: grid\nparams:\n  lr: [1.0e-3, -1.0]\n")
+    results = tmp_path / "results"
+    proc = run_lmtune("run", "--space", str(bad), "--name", "x", "--results", str(results), "--no-dashboard",
+                      timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), proc.stderr
+    assert str(bad) in errors[0] and "params.lr" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert not (results / "x").exists()
+    assert not any(results.glob("*")) if results.exists() else True
+
+
+def test_shipped_spaces_load():
+    names = available_spaces()
+    assert {"lr_grid", "lr_optuna", "lr_batch", "quick"} <= set(names)
+    for name in names:
+        space = load_space(name)
+        assert space.description and "\n" not in space.description
+        assert space.num_trials >= 1
+    grid = load_space("lr_grid")
+    assert grid.search == "grid"
+    assert grid.params["lr"] == [1e-4, 3e-4, 6e-4, 1e-3, 3e-3, 6e-3, 1e-2]
+    optuna_space = load_space("lr_optuna")
+    assert optuna_space.search == "optuna" and optuna_space.sampler == "tpe"
+    assert optuna_space.params["lr"] == ("loguniform", [1e-4, 1e-2])
+    batch = load_space("lr_batch")
+    assert set(batch.params) == {"lr", "batch_size"} and batch.num_trials == 9
+    quick = load_space("quick")
+    assert quick.budget == "quick" and max(quick.params["lr"]) >= 1.0  # includes diverging LRs
+
+
+def test_list_spaces_prints_each_with_its_description():
+    proc = run_lmtune("run", "--list-spaces", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    for name in available_spaces():
+        assert name in lines, proc.stdout
+        assert load_space(name).description in lines[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The Optuna space
+
+
+def test_optuna_space_param_space_and_searcher_sample_loguniform():
+    """The sampler path without training: Tune's loguniform domain and a fresh OptunaSearch (TPE,
+    whose first samples are independent draws) both give log10(lr) ~ U(-4, -2)."""
+    from ray import tune
+
+    space = load_space("lr_optuna")
+    param_space = tune_param_space(space)
+    domain = param_space["lr"]
+    assert isinstance(domain, tune.search.sample.Float)
+    assert (domain.lower, domain.upper) == (1e-4, 1e-2)
+
+    def check_log_uniform(values: np.ndarray, n: int) -> None:
+        assert values.min() >= 1e-4 and values.max() <= 1e-2
+        logs = np.log10(values)
+        assert abs(logs.mean() - (-3.0)) < 0.1, logs.mean()
+        quartiles = np.histogram(logs, bins=[-4, -3.5, -3, -2.5, -2])[0] / n
+        assert np.all(np.abs(quartiles - 0.25) < 0.06), quartiles  # ~0.25 each; a uniform lr would put 0.9 in one
+
+    n = 2000
+    check_log_uniform(np.array(domain.sample(size=n, random_state=np.random.default_rng(0))), n)
+
+    searcher = make_searcher(space, metric="objective", seed=123)
+    assert searcher.set_search_properties(None, None, param_space)
+    n_opt = 400
+    samples = [searcher.suggest(f"t{i}") for i in range(n_opt)]
+    check_log_uniform(np.array([s["lr"] for s in samples]), n_opt)
+
+
+def test_optuna_sampler_choices_build():
+    for sampler in ("tpe", "random", "cmaes"):
+        space = load_space("lr_optuna")
+        space.sampler = sampler
+        searcher = make_searcher(space)
+        assert type(searcher).__name__ == "OptunaSearch" and searcher._sampler.__class__.__name__.lower().startswith(
+            {"tpe": "tpe", "random": "random", "cmaes": "cmaes"}[sampler])
+    assert make_searcher(load_space("lr_grid")) is None
+
+
+@pytest.mark.slow
+def test_optuna_sweep_end_to_end_respects_count_and_bounds(tmp_path: Path, builtin_data: Path):
+    space = tmp_path / "tiny_optuna.yaml"
+    space.write_text(textwrap.dedent("""\
+        description: tiny Optuna sweep for the tests
+        search: optuna
+        sampler: tpe
+        num_samples: 4
+        budget: quick
+        params:
+          lr: {loguniform: [1.0e-4, 1.0e-2]}
+        set: {d_model: 32, d_ff: 64, n_layers: 1, n_heads: 2, context_length: 32, batch_size: 4, steps: 20,
+              log_interval: 5, eval_interval: 10, eval_batches: 1, checkpoint_interval: 10, warmup_steps: 2}
+        scheduler: {name: none}
+        """))
+    results = tmp_path / "results"
+    proc = run_lmtune("run", "--space", str(space), "--name", "opt", "--results", str(results), "--data",
+                      str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep = results / "opt"
+    params = sorted(sweep.glob("*/params.json"))
+    assert len(params) == 4, [p.parent.name for p in params]
+    lrs = [json.loads(p.read_text())["lr"] for p in params]
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs), lrs
+    assert len({round(math.log10(lr), 6) for lr in lrs}) == 4, lrs  # four distinct samples
+    record = json.loads((sweep / "sweep.json").read_text())
+    assert record["space"]["search"] == "optuna" and record["space"]["num_samples"] == 4
+    assert "best trial" in proc.stdout

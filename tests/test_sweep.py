@@ -1,0 +1,390 @@
+"""The sweep on real Ray: the quick sweep end to end, a trial retried from its checkpoint, a two-node
+cluster, the Ray Jobs service path, fractional GPUs, and data shipped to a node without it.
+
+Every Ray process here is started by the test itself (a local instance per CLI run, a
+ray.cluster_utils.Cluster, or a `ray start --head` in its own session) and stopped by its ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import run_lmtune
+
+from lmtune.stopper import ASHA_STATE_NAME, LEDGER_NAME, read_outcomes
+
+TINY_SET = dict(d_model=32, d_ff=64, n_layers=1, n_heads=2, context_length=32, batch_size=4, log_interval=5,
+                eval_interval=10, eval_batches=1, checkpoint_interval=10, warmup_steps=2)
+TERMINAL = {"completed", "diverged", "stopped_early", "too_slow"}
+
+
+def tiny_grid(path: Path, lrs: list[float], steps: int, **extra) -> Path:
+    """A grid space on the tiny model, no ASHA (so every trial runs its budget)."""
+    settings = {**TINY_SET, "steps": steps, **extra}
+    path.write_text(textwrap.dedent(f"""\
+        description: tiny grid for the sweep tests
+        search: grid
+        budget: quick
+        params:
+          lr: {json.dumps(lrs)}
+        set: {json.dumps(settings)}
+        scheduler: {{name: none}}
+        """))
+    return path
+
+
+def trial_dirs(sweep_dir: Path) -> list[Path]:
+    return sorted(p.parent for p in sweep_dir.glob("*/params.json"))
+
+
+def result_rows(trial_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines() if line.strip()]
+
+
+def trial_states(sweep_dir: Path) -> dict[str, tuple[dict, dict]]:
+    """Tune's saved trial records (experiment_state-*.json): id -> (trial fields, runtime fields)."""
+    state_file = max(sweep_dir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+    data = json.loads(state_file.read_text())
+    out = {}
+    for trial_json, runtime in data["trial_data"]:
+        trial = json.loads(trial_json)
+        out[trial["trial_id"]] = (trial, json.loads(runtime) if isinstance(runtime, str) else runtime)
+    return out
+
+
+def tree_snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in [root, *root.rglob("*")]}
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. The quick sweep end to end
+
+
+@pytest.mark.slow
+def test_quick_sweep_end_to_end(quick_sweep: Path):
+    trials = trial_dirs(quick_sweep)
+    assert len(trials) == 6
+    outcomes = read_outcomes(quick_sweep)
+    ids = {json.loads((t / "result.json").read_text().splitlines()[0])["trial_id"]: t for t in trials}
+    assert set(outcomes) == set(ids), (sorted(outcomes), sorted(ids))  # one terminal outcome per trial
+    assert all(o["outcome"] in TERMINAL for o in outcomes.values()), outcomes
+
+    budget = json.loads((quick_sweep / "sweep.json").read_text())["base_config"]
+    tokens_budget = budget["train"]["batch_size"] * budget["model"]["context_length"] * budget["train"]["steps"]
+    diverged = {tid: o for tid, o in outcomes.items() if o["outcome"] == "diverged"}
+    assert diverged, outcomes
+    high_lr = {tid for tid, path in ids.items() if json.loads((path / "params.json").read_text())["lr"] >= 1.0}
+    early = [tid for tid, o in diverged.items() if tid in high_lr and o["tokens"] < tokens_budget / 2]
+    assert early, f"no high-LR trial diverged before half its {tokens_budget} tokens: {diverged}"
+    assert all(o["reason"].startswith("diverged at step") for o in diverged.values())
+
+    stopped = [o for o in outcomes.values() if o["outcome"] == "stopped_early"]
+    assert stopped, outcomes
+    assert all(o["reason"].startswith("stopped by ASHA at") and o["tokens"] < tokens_budget for o in stopped)
+    assert json.loads((quick_sweep / ASHA_STATE_NAME).read_text())["num_stopped"] >= len(stopped)
+    assert any(o["outcome"] == "completed" for o in outcomes.values())
+
+    # Best trial beats the worst trial that trained normally (completed or cut by ASHA).
+    best_val = {tid: pd.read_csv(path / "metrics.csv")["val_loss"].dropna() for tid, path in ids.items()}
+    best_val = {tid: float(v.min()) for tid, v in best_val.items() if len(v) and math.isfinite(v.min())}
+    normal = [tid for tid, o in outcomes.items() if o["outcome"] in ("completed", "stopped_early")]
+    best = min(best_val.values())
+    worst = max(best_val[tid] for tid in normal)
+    assert best < worst - 0.5, best_val
+    completed_best = min(best_val[tid] for tid, o in outcomes.items() if o["outcome"] == "completed")
+    assert best == completed_best  # the winner ran its whole budget
+
+    # Results reload with Tune's own readers.
+    from ray.tune import ExperimentAnalysis, ResultGrid
+
+    analysis = ExperimentAnalysis(str(quick_sweep))
+    assert len(analysis.trials) == 6
+    grid = ResultGrid(analysis)
+    assert len(grid) == 6
+    assert {r.config["lr"] for r in grid} == {json.loads((t / "params.json").read_text())["lr"] for t in trials}
+    frames = [r.metrics_dataframe for r in grid]
+    assert min(f["val_loss"].min() for f in frames if "val_loss" in f) == pytest.approx(best)  # diverged: none
+
+    record = json.loads((quick_sweep / "sweep.json").read_text())
+    for key in ("space", "budget", "data", "versions", "hardware", "start_time"):
+        assert record.get(key), key
+    assert record["space"]["name"] == "quick" and record["budget"] == "quick"
+    assert record["data"]["meta"]["content_hash"]
+    assert {"lmtune", "torch", "ray", "optuna", "python"} <= set(record["versions"])
+    assert (quick_sweep / LEDGER_NAME).exists()
+    for trial in trials:  # TensorBoard files per trial
+        assert list(trial.glob("tensorboard/events.out.tfevents.*")), trial
+
+
+@pytest.mark.slow
+def test_existing_name_without_resume_is_refused_untouched(quick_sweep: Path):
+    before = tree_snapshot(quick_sweep)
+    proc = run_lmtune("run", "--space", "quick", "--name", quick_sweep.name, "--results", str(quick_sweep.parent),
+                      "--no-dashboard", "--quiet", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "--resume" in errors[0], proc.stderr
+    assert tree_snapshot(quick_sweep) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. A crashed trial is retried from its checkpoint
+
+
+@pytest.mark.slow
+def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path: Path, builtin_data: Path):
+    steps, fault_step, interval = 40, 25, 10
+    space = tiny_grid(tmp_path / "fault.yaml", [1e-3, 3e-3], steps)
+    results = tmp_path / "results"
+    proc = run_lmtune("run", "--space", str(space), "--name", "fault", "--results", str(results), "--data",
+                      str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2", "--max-failures", "2",
+                      env={"LMTUNE_FAULT_RAISE_AT_STEP": str(fault_step)}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep = results / "fault"
+    outcomes = read_outcomes(sweep)
+    trials = trial_dirs(sweep)
+    assert len(trials) == 2 and len(outcomes) == 2
+    assert {o["outcome"] for o in outcomes.values()} == {"completed"}, outcomes
+    states = trial_states(sweep)
+    for trial in trials:
+        assert (trial / ".fault_injected").read_text().strip() == str(fault_step)  # the fault really happened
+        tid = result_rows(trial)[0]["trial_id"]
+        assert states[tid][1]["num_failures"] == 1, states[tid][1]
+
+        csv_steps = pd.read_csv(trial / "metrics.csv")["step"].tolist()
+        assert csv_steps == sorted(set(csv_steps)), csv_steps  # strictly increasing, no repeats
+        assert csv_steps[-1] == steps
+        gaps = [b - a for a, b in zip([0, *csv_steps], csv_steps, strict=False)]
+        assert max(gaps) <= TINY_SET["log_interval"], csv_steps
+        tune_steps = [r["step"] for r in result_rows(trial)]
+        assert tune_steps == sorted(set(tune_steps)) and tune_steps[-1] == steps, tune_steps
+
+        log = (trial / "training.log").read_text()
+        resumed = re.findall(r"resuming from \S*step_(\d{8})\.pt", log)
+        assert [int(s) for s in resumed] == [20], log  # restarted once, at the last checkpoint before the fault
+        trained = (fault_step - 1) + (steps - int(resumed[0]))
+        assert trained <= steps + interval, trained
+    assert "best trial" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. A two-node cluster on this machine; data shipped through the object store
+
+
+@pytest.mark.slow
+def test_two_node_cluster_places_trials_on_both_nodes(tmp_path: Path, builtin_data: Path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        node_ids = {node.node_id for node in cluster.list_all_nodes()}
+        assert len(node_ids) == 2
+        address = cluster.address
+        space = tiny_grid(tmp_path / "two.yaml", [1e-3, 3e-3], 30)
+        results = tmp_path / "results"
+        proc = run_lmtune("run", "--space", str(space), "--name", "two", "--results", str(results), "--data",
+                          str(builtin_data), "--address", address, "--quiet", timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    finally:
+        cluster.shutdown()
+    sweep = results / "two"
+    assert json.loads((sweep / "sweep.json").read_text())["address"] == address
+    assert {o["outcome"] for o in read_outcomes(sweep).values()} == {"completed"}
+    used = {}
+    for trial in trial_dirs(sweep):
+        rows = result_rows(trial)
+        ids = {r["node_id"] for r in rows}
+        assert len(ids) == 1, ids  # a trial stays on its node
+        used[trial.name] = ids.pop()
+    assert len(used) == 2
+    assert set(used.values()) == node_ids, (used, node_ids)  # one trial on each node (1 CPU each)
+
+
+def test_shipped_data_materializes_on_a_node_without_it(tmp_path: Path, builtin_data: Path, monkeypatch):
+    from lmtune.data import read_meta
+    from lmtune.trainable import DATA_FILES, ShippedData, trial_data_dir
+
+    shipped = ShippedData.from_dir(builtin_data)
+    assert shipped.content_hash == read_meta(builtin_data).content_hash
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LMTUNE_DATA_CACHE", str(cache))
+    # The driver's path exists here: used in place, nothing written.
+    assert trial_data_dir(str(builtin_data), shipped) == builtin_data
+    assert not cache.exists()
+    # A node without it: the shipped copy is written once under the cache, byte for byte.
+    path = trial_data_dir("/nonexistent/dir", shipped)
+    assert path == cache / shipped.content_hash
+    for name in DATA_FILES:
+        if (builtin_data / name).exists():
+            assert (path / name).read_bytes() == (builtin_data / name).read_bytes(), name
+    assert read_meta(path).content_hash == shipped.content_hash
+    assert not list(cache.glob(".staging-*"))
+    mtime = (path / "train.bin").stat().st_mtime_ns
+    assert trial_data_dir("/nonexistent/dir", shipped) == path  # second trial on the node: reused
+    assert (path / "train.bin").stat().st_mtime_ns == mtime
+    # Without shipped data the path is taken as given.
+    assert trial_data_dir("/nonexistent/dir", None) == Path("/nonexistent/dir")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The service path: a Ray head with its dashboard on 127.0.0.1, the sweep as a Ray Job
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _session_pids(session: int) -> list[int]:
+    """Processes in the session the test's `ray start` leads (all of the head's processes)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # after ")": state, ppid, pgrp, session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _stop_session(proc: subprocess.Popen) -> None:
+    """Stop the head started by this test, and only it: SIGTERM to `ray start --block` (which drains
+    and stops its node), then SIGKILL whatever of its session is left."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=45)
+        except subprocess.TimeoutExpired:
+            pass
+    for pid in _session_pids(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    gcs_port, dashboard_port = _free_port(), _free_port()
+    api = f"http://127.0.0.1:{dashboard_port}"
+    # Ray's default token authentication, with a token of this test's own (not ~/.ray/auth_token).
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": generate_new_authentication_token()}
+    env.pop("RAY_ADDRESS", None)
+    head_log = tmp_path / "ray-start.log"
+    # Its own temp dir (short: Ray's socket paths must fit in 107 bytes), so it shares no session files.
+    temp_dir = tempfile.mkdtemp(prefix="lmtune-ray-", dir="/tmp")
+    head = subprocess.Popen(
+        [ray_bin, "start", "--head", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
+         "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+        stdout=head_log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        start_new_session=True)
+    job_id = None
+    try:
+        deadline = time.time() + 120
+        while True:
+            request = urllib.request.Request(f"{api}/api/version",
+                                             headers={"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
+            try:
+                version = json.loads(urllib.request.urlopen(request, timeout=5).read())
+                break
+            except OSError as err:
+                assert head.poll() is None, f"ray start exited: {head_log.read_text()[-3000:]}"
+                assert time.time() < deadline, f"dashboard not up at {api}: {err}; {head_log.read_text()[-3000:]}"
+                time.sleep(1)
+        assert version.get("ray_version")
+        # Bound to 127.0.0.1 only: not reachable on the machine's other addresses.
+        other = socket.gethostbyname(socket.gethostname())
+        if not other.startswith("127."):
+            with pytest.raises(OSError), socket.create_connection((other, dashboard_port), timeout=2):
+                pass
+
+        space = tiny_grid(tmp_path / "job.yaml", [1e-3, 3e-3], 20)
+        results = tmp_path / "results"
+        repo = Path(__file__).resolve().parent.parent
+        job_id = f"lmtune_test_{os.getpid()}_{int(time.time())}"
+        # Blocking submit: it follows the job's output and exits 0 only if the job succeeded.
+        submit = subprocess.run(
+            [ray_bin, "job", "submit", "--address", api, "--submission-id", job_id, "--", sys.executable, "-m",
+             "lmtune.run", "--space", str(space), "--name", "job", "--address", "auto", "--results", str(results),
+             "--data", str(builtin_data), "--no-dashboard", "--quiet"],
+            capture_output=True, text=True, timeout=300, cwd=repo, env=env, stdin=subprocess.DEVNULL)
+        assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+        assert re.search(rf"Job '{job_id}' succeeded", submit.stdout + submit.stderr), submit.stdout[-2000:]
+        status = subprocess.run([ray_bin, "job", "status", "--address", api, job_id], capture_output=True,
+                                text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+        assert status.returncode == 0 and re.search(r"succeeded", status.stdout + status.stderr, re.I), status
+        list_jobs = subprocess.run([ray_bin, "job", "list", "--address", api], capture_output=True, text=True,
+                                   timeout=60, env=env, stdin=subprocess.DEVNULL)
+        assert "SUCCEEDED" in list_jobs.stdout, list_jobs.stdout[-2000:]
+        logs = subprocess.run([ray_bin, "job", "logs", "--address", api, job_id], capture_output=True, text=True,
+                              timeout=60, env=env, stdin=subprocess.DEVNULL)
+        assert logs.returncode == 0, logs.stderr
+        assert "best trial" in logs.stdout and "2 trials" in logs.stdout, logs.stdout[-3000:]
+        job_id = None  # finished: nothing to stop
+        assert {o["outcome"] for o in read_outcomes(results / "job").values()} == {"completed"}
+        assert len(trial_dirs(results / "job")) == 2
+    finally:
+        if job_id is not None:
+            subprocess.run([ray_bin, "job", "stop", "--address", api, job_id], capture_output=True, timeout=60,
+                           env=env, stdin=subprocess.DEVNULL)
+        _stop_session(head)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Fractional GPUs on a CPU machine
+
+
+@pytest.mark.slow
+def test_two_trials_share_one_logical_gpu(tmp_path: Path, builtin_data: Path):
+    space = tiny_grid(tmp_path / "frac.yaml", [1e-3, 3e-3], 40)
+    results = tmp_path / "results"
+    proc = run_lmtune("run", "--space", str(space), "--name", "frac", "--results", str(results), "--data",
+                      str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2", "--num-gpus", "1",
+                      "--gpus-per-trial", "0.5", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep = results / "frac"
+    assert json.loads((sweep / "sweep.json").read_text())["resources_per_trial"] == {"cpu": 1.0, "gpu": 0.5}
+    states = trial_states(sweep)
+    intervals = []
+    for trial in trial_dirs(sweep):
+        rows = result_rows(trial)
+        tid = rows[0]["trial_id"]
+        saved = states[tid][0]["placement_group_factory"]
+        factory = pickle.loads(bytes.fromhex(saved["value"] if isinstance(saved, dict) else saved))
+        assert factory.bundles == [{"CPU": 1.0, "GPU": 0.5}], factory.bundles  # what Ray scheduled it with
+        # torch sees no CUDA here: the trial trained on the CPU.
+        assert "device=cpu" in (trial / "training.log").read_text()
+        start = rows[0]["timestamp"] - rows[0]["elapsed_s"]
+        intervals.append((start, rows[-1]["timestamp"]))
+    assert len(intervals) == 2
+    (s1, e1), (s2, e2) = intervals
+    overlap = min(e1, e2) - max(s1, s2)
+    assert overlap > 0, f"trials did not run at once on the one GPU: {intervals}"
+    assert {o["outcome"] for o in read_outcomes(sweep).values()} == {"completed"}
