@@ -154,12 +154,20 @@ def max_trial_tokens(space: SearchSpace, base: RunConfig) -> int:
             * largest("steps", base.train.steps))
 
 
-def build_trainable(base: RunConfig, resources: dict[str, float], shipped):
+def build_trainable(base: RunConfig, resources: dict[str, float], shipped, ended: frozenset[str] = frozenset()):
     from ray import tune
 
     from lmtune.trainable import train_trial
 
-    return tune.with_resources(tune.with_parameters(train_trial, base=base.to_dict(), shipped=shipped), resources)
+    return tune.with_resources(tune.with_parameters(train_trial, base=base.to_dict(), shipped=shipped, ended=ended),
+                               resources)
+
+
+def keep_sweep_files(sweep_dir: Path):
+    """The callback that keeps Ray's restore from reverting lmtune's own files (see KeepSweepFiles)."""
+    from lmtune.stopper import ASHA_STATE_NAME, LEDGER_NAME, KeepSweepFiles
+
+    return KeepSweepFiles(sweep_dir, (SWEEP_FILE, LEDGER_NAME, ASHA_STATE_NAME))
 
 
 def outcome_callback(sweep_dir: Path, gpus_per_trial: float):
@@ -348,7 +356,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                 # Trials write straight into a filesystem storage path; URI storage needs Ray's sync.
                 sync_config=tune.SyncConfig(sync_artifacts="://" in storage),
-                callbacks=[outcome_callback(sweep_dir, resources["gpu"])],
+                callbacks=[outcome_callback(sweep_dir, resources["gpu"]), keep_sweep_files(sweep_dir)],
                 progress_reporter=progress_reporter(space), verbose=1 if not args.quiet else 0,
             ),
         )
@@ -361,6 +369,8 @@ def run_sweep(args: argparse.Namespace) -> int:
 def resume_sweep(args: argparse.Namespace, sweep_dir: Path, storage: str) -> int:
     import ray
     from ray import tune
+
+    from lmtune.stopper import KeepSweepFiles, read_outcomes
 
     record = json.loads((sweep_dir / SWEEP_FILE).read_text())
     base = RunConfig.from_dict(record["base_config"])
@@ -376,8 +386,15 @@ def resume_sweep(args: argparse.Namespace, sweep_dir: Path, storage: str) -> int
         atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(record, indent=2, default=str))
         print(f"resuming sweep {sweep_dir.name}: finished trials are kept, unfinished ones continue from their "
               f"last checkpoint")
-        tuner = tune.Tuner.restore(str(sweep_dir), trainable=build_trainable(base, resources, shipped),
+        # Decisions in the ledger stand: a trial that ended after Tune's last experiment snapshot is
+        # still "running" there and would be resumed. Errored trials are retried (resume_errored).
+        ended = frozenset(t for t, e in read_outcomes(sweep_dir).items() if e.get("outcome") != "error")
+        tuner = tune.Tuner.restore(str(sweep_dir), trainable=build_trainable(base, resources, shipped, ended),
                                    resume_unfinished=True, resume_errored=True)
+        # Sweeps started before KeepSweepFiles existed do not have it in their tuner.pkl.
+        run_config = tuner._local_tuner.get_run_config() if getattr(tuner, "_local_tuner", None) else None
+        if run_config is not None and not any(isinstance(c, KeepSweepFiles) for c in run_config.callbacks or []):
+            run_config.callbacks = [*(run_config.callbacks or []), keep_sweep_files(sweep_dir)]
         results = tuner.fit()
         return print_outcome(sweep_dir, results)
     finally:

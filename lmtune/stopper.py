@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ray.tune import Stopper
+from ray.tune import Callback, Stopper
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
 from lmtune.checkpoint import atomic_write_text
@@ -76,6 +76,11 @@ class TrialStopper(Stopper):
         self._reports: dict[str, int] = {}
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        if result.get("done"):
+            # Tune repeating the last result of a trainable that returned: the trial ends by itself.
+            # After a driver restart that result can be older than a decision already in the ledger
+            # (a trial that ended after Tune's last experiment snapshot), so it must not decide again.
+            return False
         decision = self.decide(trial_id, result)
         if decision is None:
             return False
@@ -189,3 +194,46 @@ class PersistentASHA(AsyncHyperBandScheduler):
         if self._metric in result:
             self._save()
         return action
+
+
+# ---------------------------------------------------------------------------------------------
+# Keeping lmtune's files out of Ray's experiment-state sync
+
+
+class KeepSweepFiles(Callback):
+    """Stops Ray from reverting lmtune's sweep-level files after ``Tuner.restore``.
+
+    On restore Ray copies *every* ``*.json`` / ``*.pkl`` at the experiment root (ours included:
+    the ledger, ASHA's state, sweep.json) into its driver staging folder
+    (``/tmp/ray/session_*/artifacts/.../driver_artifacts``), and at every experiment snapshot it
+    uploads that whole folder over the experiment folder. Those stale copies would overwrite each
+    decision written since the restore (the resumed trials would end with no ledger entry and ASHA's
+    new rung records would vanish). This deletes the copies before Ray's first snapshot: the first
+    ``on_step_begin`` comes after the restore and before the first upload.
+    """
+
+    def __init__(self, sweep_dir: Path, names: tuple[str, ...]):
+        self.sweep_dir = Path(sweep_dir)
+        self.names = tuple(names)
+        self._checked = False
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled in tuner.pkl: a restored copy must check again
+        return {**self.__dict__, "_checked": False}
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if self._checked or not trials:
+            return
+        self._checked = True
+        try:
+            staging = Path(trials[0].storage.experiment_driver_staging_path)
+        except Exception as err:  # noqa: BLE001 - private Ray layout; say so rather than fail the sweep
+            log.warning("cannot locate Ray's driver staging folder (%s); after a resume, Ray may revert %s",
+                        err, ", ".join(self.names))
+            return
+        if not staging.is_dir() or staging.resolve() == self.sweep_dir.resolve():
+            return
+        for name in self.names:
+            copy = staging / name
+            if copy.is_file():
+                copy.unlink()
+                log.debug("removed Ray's stale copy %s (the live file is %s)", copy, self.sweep_dir / name)

@@ -106,15 +106,22 @@ def trial_output_dir(context) -> Path:
         return Path(context.get_trial_dir())
 
 
-def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None) -> None:
+def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None,
+                ended: frozenset[str] = frozenset()) -> None:
     """Ray Tune function trainable. ``params`` are the trial's sampled values (lr, ...); ``base`` is
-    the sweep's RunConfig as a dict (budget + --set + the space's fixed settings)."""
+    the sweep's RunConfig as a dict (budget + --set + the space's fixed settings). ``ended``: ids of
+    trials the ledger says already ended (set on --resume): Tune's experiment snapshot can predate
+    that decision and resume them, and they return at once instead of training again."""
     import ray
     from ray import tune
 
     from lmtune.train import train
 
     context = tune.get_context()
+    if context.get_trial_id() in ended:
+        log.info("trial %s ended before the driver restart (trial_outcomes.json); not run again",
+                 context.get_trial_id())
+        return
     out_dir = trial_output_dir(context)
     out_dir.mkdir(parents=True, exist_ok=True)
     resources = context.get_trial_resources().required_resources

@@ -266,11 +266,6 @@ def test_damaged_newest_checkpoint_is_skipped_for_the_previous_good_one_with_a_w
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "observed 2026-11-21: after the driver SIGKILL and --resume, the 3 trials resumed or started by the resumed "
-    "driver were all TERMINATED at the first result past ASHA's first rung (step 30) with no trial_outcomes.json "
-    "entry and no asha_state.json update: the ledger ends with 3 of 6 trials. Cause not yet found (the restored "
-    "scheduler/stopper/callback are unpickled from tuner.pkl); left failing visibly until fixed"))
 def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_data, tmp_path):
     """Kill -9 the whole sweep (driver, GCS, raylet, trial workers) once a trial has ended and a
     running one has a checkpoint; then --resume.

@@ -258,3 +258,41 @@ def test_a_fresh_sweep_dir_starts_with_empty_rungs(tmp_path: Path):
     asha = make_asha(tmp_path)
     assert report(asha, "only", 100, 9.0, add=True) == TrialScheduler.CONTINUE  # nothing to compare with
     assert (tmp_path / ASHA_STATE_NAME).exists()
+
+
+def test_tunes_repeated_final_result_decides_nothing(ledger: Path):
+    # When a trainable returns, Tune passes its last result again with done=True; after a driver
+    # restart that result can predate a decision already in the ledger, which must stand.
+    stopper = TrialStopper(ledger)
+    record = {"outcome": "stopped_early", "reason": "stopped by ASHA", "step": 30}
+    ledger.write_text(json.dumps({"t1": record}))
+    assert not stopper("t1", result(20, float("nan"), done=True))
+    assert read_outcomes(ledger.parent)["t1"] == record
+
+
+def test_keep_sweep_files_removes_rays_stale_copies_from_its_staging_folder(tmp_path: Path):
+    from lmtune.stopper import KeepSweepFiles
+
+    sweep, staging = tmp_path / "sweep", tmp_path / "staging"
+    sweep.mkdir()
+    staging.mkdir()
+    for name in (LEDGER_NAME, ASHA_STATE_NAME, "experiment_state-x.json"):
+        (staging / name).write_text("{}")
+        (sweep / name).write_text('{"live": 1}')
+
+    @dataclass
+    class Storage:
+        experiment_driver_staging_path: str
+
+    @dataclass
+    class RestoredTrial:
+        storage: Storage
+
+    keep = KeepSweepFiles(sweep, (LEDGER_NAME, ASHA_STATE_NAME))
+    keep.on_step_begin(iteration=0, trials=[])  # no trials yet: nothing to locate
+    keep.on_step_begin(iteration=0, trials=[RestoredTrial(Storage(str(staging)))])
+    assert sorted(p.name for p in staging.iterdir()) == ["experiment_state-x.json"]  # Ray's own file stays
+    assert all((sweep / n).read_text() == '{"live": 1}' for n in (LEDGER_NAME, ASHA_STATE_NAME))
+    # The same folder as the sweep (no staging): nothing is deleted.
+    KeepSweepFiles(sweep, (LEDGER_NAME,)).on_step_begin(iteration=0, trials=[RestoredTrial(Storage(str(sweep)))])
+    assert (sweep / LEDGER_NAME).exists()
