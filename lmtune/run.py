@@ -173,7 +173,7 @@ def keep_sweep_files(sweep_dir: Path):
 def outcome_callback(sweep_dir: Path, gpus_per_trial: float):
     from ray import tune
 
-    from lmtune.stopper import LEDGER_NAME, record_outcome
+    from lmtune.stopper import LEDGER_NAME, read_outcomes, record_outcome
 
     ledger = sweep_dir / LEDGER_NAME
 
@@ -182,7 +182,9 @@ def outcome_callback(sweep_dir: Path, gpus_per_trial: float):
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             result = trial.last_result or {}
-            record_outcome(ledger, trial.trial_id, "completed", "completed its budget", overwrite=False,
+            # A trial that errored before and completed on a retry (--resume) is completed now.
+            retried = read_outcomes(sweep_dir).get(trial.trial_id, {}).get("outcome") == "error"
+            record_outcome(ledger, trial.trial_id, "completed", "completed its budget", overwrite=retried,
                            step=result.get("step"), tokens=result.get("tokens"))
 
         def on_trial_error(self, iteration, trials, trial, **info):
