@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lmtune import checkpoint as ckpt
+from lmtune.compile_cache import enable_shared_compile_cache
 from lmtune.config import RunConfig, apply_overrides
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,15 @@ def trial_output_dir(context) -> Path:
         return Path(context.get_trial_dir())
 
 
+def compile_cache_dir(out_dir: Path) -> Path:
+    """One Inductor cache for all trials: the experiment folder's ``compile_cache/`` when the trial
+    writes into it (local or shared storage), so later trials reuse the first one's compiled graphs
+    and autotuning; else a node-local cache."""
+    if out_dir.parent.joinpath("sweep.json").exists():
+        return out_dir.parent / "compile_cache"
+    return Path(os.environ.get("LMTUNE_COMPILE_CACHE", Path.home() / ".cache" / "lmtune" / "inductor"))
+
+
 def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None,
                 ended: frozenset[str] = frozenset()) -> None:
     """Ray Tune function trainable. ``params`` are the trial's sampled values (lr, ...); ``base`` is
@@ -126,6 +136,7 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
     out_dir.mkdir(parents=True, exist_ok=True)
     resources = context.get_trial_resources().required_resources
     limit_to_assigned_resources(resources)
+    enable_shared_compile_cache(compile_cache_dir(out_dir))
 
     config = RunConfig.from_dict(base)
     config = apply_overrides(config, params, where=f"trial {context.get_trial_id()}")

@@ -133,6 +133,15 @@ def test_quick_sweep_end_to_end(quick_sweep: Path):
 
 
 @pytest.mark.slow
+def test_trials_of_a_sweep_share_one_compile_cache(quick_sweep: Path):
+    from lmtune.trainable import compile_cache_dir
+
+    trial_dirs = [p for p in quick_sweep.iterdir() if (p / "metrics.csv").exists()]
+    assert {compile_cache_dir(p) for p in trial_dirs} == {quick_sweep / "compile_cache"}
+    assert (quick_sweep / "compile_cache").is_dir()
+
+
+@pytest.mark.slow
 def test_existing_name_without_resume_is_refused_untouched(quick_sweep: Path):
     before = tree_snapshot(quick_sweep)
     proc = run_lmtune("run", "--space", "quick", "--name", quick_sweep.name, "--results", str(quick_sweep.parent),
