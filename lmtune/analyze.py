@@ -284,7 +284,8 @@ def search_description(meta: dict[str, Any], records: list[TrialRecord]) -> str:
     stopper = space.get("stopper") or {}
     if stopper:
         text = (f"Stopper: a trial is diverged at a non-finite train loss or gradient norm, or after warm-up "
-                f"at a train loss above {float(stopper.get('explode_factor', 1.5)):g}× its first reported loss")
+                f"at a train loss above {float(stopper.get('explode_factor', 1.5)):g}× its loss at initialisation "
+                f"(ln vocab, or its first reported loss if lower)")
         floor = float(stopper.get("min_tokens_per_s") or 0)
         if floor > 0:
             text += f"; too slow under {floor:,.0f} tokens/s"

@@ -348,7 +348,18 @@ def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: f
     found.sort(key=lambda item: (item[0], order.index(item[2])))
     step, ratio, label = found[0]
     ratio_text = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x the best trial's"
-    sentence = f"{record.trial_id} (lr={record.lr:.3g}): {label} grew first, {ratio_text} at step {int(step)}"
+    tied = sorted((f for f in found if f[0] == step), key=lambda f: -f[1])
+    if len(tied) > 1:
+        # Crossing at the same logged step does not tell which came first; say so, and which grew most.
+        step, ratio, label = tied[0]
+        ratio_text = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x the best trial's"
+        sentence = (f"{record.trial_id} (lr={record.lr:.3g}): {', '.join(f[2] for f in tied)} all exceeded "
+                    f"{factor:g}x at the same logged step {int(step)} (log more often to order them); "
+                    f"{label} grew most, {ratio_text}")
+        found = [f for f in found if f[0] != step or f is tied[0]]
+        found.sort(key=lambda item: (item[0], order.index(item[2])))
+    else:
+        sentence = f"{record.trial_id} (lr={record.lr:.3g}): {label} grew first, {ratio_text} at step {int(step)}"
     later = [f"{lab} at step {int(s)}" for s, _, lab in found[1:]]
     if later:
         sentence += f"; then {', '.join(later)}"

@@ -3,7 +3,7 @@ ledger of why each trial ended (``results/NAME/trial_outcomes.json``).
 
 ASHA alone never stops a NaN trial (NaN is not below any cutoff), so TrialStopper does:
 - diverged: a non-finite train loss or gradient norm, or (after warm-up) a train loss above
-  ``explode_factor`` x the trial's first reported loss;
+  ``explode_factor`` x the loss at initialisation (ln vocab, or the first report if lower);
 - too_slow: measured tokens/s projecting a finish beyond the sweep's deadline, or under a floor.
 """
 

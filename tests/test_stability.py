@@ -249,6 +249,19 @@ def test_first_growth_names_the_earliest_probe():
     assert "is the best trial" in first_growth(best, best)
 
 
+def test_first_growth_does_not_claim_an_order_for_probes_crossing_at_the_same_logged_step():
+    best = make_record("best", 1e-3)
+    grad = np.ones(ROWS)
+    grad[9:] = 3.0  # 3x from row 9 (step 200)
+    attn = np.full(ROWS, 5.0)
+    attn[9:] = 50.0  # 10x from the same row
+    broken = make_record("bad", 1e-2, probes={"grad_norm": grad, "attn_logit_max": attn})
+    sentence = first_growth(broken, best)
+    assert "grew first" not in sentence
+    assert "all exceeded 2x at the same logged step 200" in sentence
+    assert "attention-logit max grew most, 10.0x" in sentence
+
+
 def test_first_growth_handles_missing_and_quiet_probes():
     best = make_record("best", 1e-3)
     quiet = make_record("quiet", 3e-3)
