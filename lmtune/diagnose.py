@@ -401,11 +401,26 @@ def sweep_status(sweep_dir: Path) -> tuple[list[TrialStatus], dict[str, Any]]:
             meta = json.loads((sweep_dir / "sweep.json").read_text())
         except ValueError:
             meta = {}
-    return [read_trial(d, sweep_dir) for d in trials_dirs], meta if isinstance(meta, dict) else {}
+    trials = [read_trial(d, sweep_dir) for d in trials_dirs]
+    # The ledger says why a trial ended (ASHA, divergence, too slow) where the trial could not.
+    from lmtune.stopper import read_outcomes
+
+    try:
+        outcomes = read_outcomes(sweep_dir)
+    except ValueError:  # being written
+        outcomes = {}
+    for trial in trials:
+        for trial_id, entry in outcomes.items():
+            if trial.name.startswith(f"{trial_id}_") or trial.name == trial_id:
+                trial.status = str(entry.get("outcome", trial.status))
+    return trials, meta if isinstance(meta, dict) else {}
 
 
 def expected_trials(meta: dict[str, Any]) -> int | None:
     """How many trials the sweep will run, where sweep.json says (a list of lrs or a count)."""
+    space = meta.get("space")
+    if isinstance(space, dict) and isinstance(space.get("num_trials"), int):
+        return space["num_trials"]
     for key in ("lrs", "learning_rates", "grid"):
         if isinstance(meta.get(key), list):
             return len(meta[key])
@@ -448,11 +463,11 @@ def format_duration(seconds: float | None) -> str:
 def format_sweep(sweep_dir: Path, trials: list[TrialStatus], meta: dict[str, Any]) -> str:
     width = max([5, *(len(t.name) for t in trials)])
     lines = [f"sweep {sweep_dir}: {len(trials)} trials",
-             f"{'trial':<{width}}  {'lr':>9}  {'status':<10} {'progress':>8}  {'tokens/s':>10}  {'ETA':>8}"]
+             f"{'trial':<{width}}  {'lr':>9}  {'status':<13} {'progress':>8}  {'tokens/s':>10}  {'ETA':>8}"]
     for t in sorted(trials, key=lambda t: (t.lr is None, t.lr or 0.0, t.name)):
         lr = f"{t.lr:.3g}" if t.lr is not None else "?"
         rate = f"{t.tokens_per_s:,.0f}" if t.tokens_per_s else "-"
-        lines.append(f"{t.name:<{width}}  {lr:>9}  {t.status:<10} {100 * t.progress:>7.1f}%  {rate:>10}  "
+        lines.append(f"{t.name:<{width}}  {lr:>9}  {t.status:<13} {100 * t.progress:>7.1f}%  {rate:>10}  "
                      f"{format_duration(t.eta_s):>8}")
     eta, remaining, pending = sweep_eta(trials, meta)
     running = sum(t.status == "running" for t in trials)

@@ -98,3 +98,17 @@ def test_diagnose_not_a_sweep_dir(tmp_path, capsys):
     assert err.startswith("error:") and "not a sweep dir" in err and len(err.splitlines()) == 1
     assert diagnose.main([str(tmp_path / "missing")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_diagnose_a_real_sweep_shows_each_trials_outcome_from_the_ledger(quick_sweep):
+    from lmtune.stopper import read_outcomes
+
+    trials, meta = diagnose.sweep_status(quick_sweep)
+    assert diagnose.expected_trials(meta) == len(trials) == 6
+    outcomes = read_outcomes(quick_sweep)
+    for trial in trials:
+        (entry,) = [e for trial_id, e in outcomes.items() if trial.name.startswith(f"{trial_id}_")]
+        assert trial.status == entry["outcome"]
+    eta, _, _ = diagnose.sweep_eta(trials, meta)
+    assert eta is None or eta == 0
