@@ -25,11 +25,10 @@ import pandas as pd
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.stability import OUTCOMES, TrialRecord, classify, sweep_summary, tokens_trained
+from lmtune.sweep_files import LEDGER_NAME, SWEEP_FILE, is_sweep_dir, trial_id_of
 
 log = logging.getLogger(__name__)
 
-SWEEP_FILE = "sweep.json"  # lmtune.run.SWEEP_FILE (not imported: lmtune.run pulls in Ray)
-LEDGER_NAME = "trial_outcomes.json"  # lmtune.stopper.LEDGER_NAME (same reason)
 REPORT_DIR = "report"
 TRIAL_MARKERS = ("params.json", "metrics.csv", "result.json", "config.json")
 SHARPNESS_COLUMNS = ["trial_id", "lr", "step", "lr_at_step", "sharpness", "preconditioned_sharpness",
@@ -39,10 +38,6 @@ USAGE_HINT = "give results/NAME (a sweep folder written by python -m lmtune.run)
 
 # ---------------------------------------------------------------------------------------------
 # Finding sweeps
-
-
-def is_sweep_dir(path: Path) -> bool:
-    return (Path(path) / SWEEP_FILE).is_file()
 
 
 def _start_time(sweep_dir: Path) -> float:
@@ -105,23 +100,6 @@ def _trial_folders(sweep_dir: Path) -> list[Path]:
                   if p.is_dir() and p.name != REPORT_DIR and any((p / m).exists() for m in TRIAL_MARKERS))
 
 
-def _trial_id(folder: Path, known_ids: list[str]) -> str:
-    """The Tune trial id of a trial folder ``{trial_id}_{param}={value}_...`` (the id has an underscore)."""
-    for trial_id in sorted(known_ids, key=len, reverse=True):
-        if folder.name == trial_id or folder.name.startswith(trial_id + "_"):
-            return trial_id
-    try:
-        with (folder / "result.json").open() as handle:
-            first = handle.readline()
-        trial_id = json.loads(first).get("trial_id") if first.strip() else None
-        if isinstance(trial_id, str) and trial_id:
-            return trial_id
-    except (OSError, ValueError, AttributeError):
-        pass
-    parts = folder.name.split("_")
-    return "_".join(parts[:2]) if len(parts) >= 2 else folder.name
-
-
 def read_curve(path: Path) -> pd.DataFrame:
     """metrics.csv as numbers (empty cells -> NaN); empty when missing. A torn last line is dropped."""
     if not path.is_file():
@@ -173,7 +151,7 @@ def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[TrialRecord]]:
     records: list[TrialRecord] = []
     files: dict[str, dict[str, Any]] = {}
     for folder in _trial_folders(sweep_dir):
-        trial_id = _trial_id(folder, list(ledger))
+        trial_id = trial_id_of(folder, list(ledger))
         params = _read_json_quiet(folder / "params.json") or {}
         config = _read_json_quiet(folder / "config.json") or {}
         summary = _read_json_quiet(folder / "summary.json") or {}

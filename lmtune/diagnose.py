@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
+from lmtune.sweep_files import SWEEP_FILE, is_sweep_dir, read_outcomes, trial_id_of
 
 log = logging.getLogger(__name__)
 
@@ -391,28 +392,26 @@ def sweep_status(sweep_dir: Path) -> tuple[list[TrialStatus], dict[str, Any]]:
     if not sweep_dir.is_dir():
         raise LmtuneError(f"{sweep_dir} is not a directory; pass the results dir of a sweep, e.g. results/NAME")
     trials_dirs = find_trial_dirs(sweep_dir)
-    has_meta = (sweep_dir / "sweep.json").is_file()
+    has_meta = is_sweep_dir(sweep_dir)
     if not has_meta and not trials_dirs:
         raise LmtuneError(f"{sweep_dir} is not a sweep dir (no sweep.json and no trial dirs with config.json + "
                           "metrics.csv); pass the directory a sweep wrote, e.g. results/NAME")
     meta: dict[str, Any] = {}
     if has_meta:
         try:
-            meta = json.loads((sweep_dir / "sweep.json").read_text())
+            meta = json.loads((sweep_dir / SWEEP_FILE).read_text())
         except ValueError:
             meta = {}
     trials = [read_trial(d, sweep_dir) for d in trials_dirs]
     # The ledger says why a trial ended (ASHA, divergence, too slow) where the trial could not.
-    from lmtune.stopper import read_outcomes
-
     try:
         outcomes = read_outcomes(sweep_dir)
     except ValueError:  # being written
         outcomes = {}
-    for trial in trials:
-        for trial_id, entry in outcomes.items():
-            if trial.name.startswith(f"{trial_id}_") or trial.name == trial_id:
-                trial.status = str(entry.get("outcome", trial.status))
+    for trial, trial_dir in zip(trials, trials_dirs, strict=True):
+        entry = outcomes.get(trial_id_of(trial_dir, list(outcomes)))
+        if entry:
+            trial.status = str(entry.get("outcome", trial.status))
     return trials, meta if isinstance(meta, dict) else {}
 
 

@@ -33,11 +33,11 @@ from lmtune.checkpoint import atomic_write_text  # noqa: E402
 from lmtune.config import RunConfig, budget_config, parse_set_args  # noqa: E402
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging  # noqa: E402
 from lmtune.spaces import SearchSpace, available_spaces, load_space, make_searcher, tune_param_space  # noqa: E402
+from lmtune.sweep_files import SWEEP_FILE, is_sweep_dir  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-SWEEP_FILE = "sweep.json"
 MIN_FREE_BYTES = 200 * 2**20
 METRIC, MODE = "val_loss", "min"
 
@@ -77,10 +77,6 @@ def preflight_write_check(directory: Path, min_free: int = MIN_FREE_BYTES) -> No
     if free < min_free:
         raise LmtuneError(f"only {free / 2**20:.0f} MiB free under {directory}; free at least "
                           f"{min_free / 2**20:.0f} MiB or choose another --results folder")
-
-
-def is_sweep_dir(path: Path) -> bool:
-    return (path / SWEEP_FILE).is_file()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,15 +197,11 @@ def outcome_callback(sweep_dir: Path, gpus_per_trial: float):
 
 
 def _error_text(trial) -> str:
-    for attr in ("error_msg",):
-        text = getattr(trial, attr, None)
-        if text:
-            break
-    else:
-        text = ""
-        path = getattr(trial, "error_file", None) or ""
-        if path and Path(path).exists():
-            text = Path(path).read_text()
+    """The last line of the trial's error: Tune's message, else its error file."""
+    text = getattr(trial, "error_msg", None) or ""
+    path = getattr(trial, "error_file", None) or ""
+    if not text and path and Path(path).exists():
+        text = Path(path).read_text()
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "unknown error"
 

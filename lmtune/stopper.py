@@ -20,30 +20,15 @@ from ray.tune import Callback, Stopper
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
 from lmtune.checkpoint import atomic_write_text
+from lmtune.sweep_files import LEDGER_NAME, read_outcomes, record_outcome  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
-LEDGER_NAME = "trial_outcomes.json"
 ASHA_STATE_NAME = "asha_state.json"
 
 
 # ---------------------------------------------------------------------------------------------
-# The ledger
-
-
-def read_outcomes(sweep_dir: Path) -> dict[str, dict[str, Any]]:
-    path = Path(sweep_dir) / LEDGER_NAME
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def record_outcome(ledger: Path, trial_id: str, outcome: str, reason: str, *, overwrite: bool = True,
-                   **details: Any) -> None:
-    """Write why a trial ended; the first decision wins unless ``overwrite``."""
-    entries = json.loads(ledger.read_text()) if ledger.exists() else {}
-    if trial_id in entries and not overwrite:
-        return
-    entries[trial_id] = {"outcome": outcome, "reason": reason, "time": time.time(), **details}
-    atomic_write_text(ledger, json.dumps(entries, indent=2, default=float))
+# Formatting reasons
 
 
 def format_tokens(tokens: float) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 from lmtune import checkpoint as ckpt
 from lmtune.compile_cache import enable_shared_compile_cache
 from lmtune.config import RunConfig, apply_overrides
+from lmtune.sweep_files import is_sweep_dir
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def compile_cache_dir(out_dir: Path) -> Path:
     """One Inductor cache for all trials: the experiment folder's ``compile_cache/`` when the trial
     writes into it (local or shared storage), so later trials reuse the first one's compiled graphs
     and autotuning; else a node-local cache."""
-    if out_dir.parent.joinpath("sweep.json").exists():
+    if is_sweep_dir(out_dir.parent):
         return out_dir.parent / "compile_cache"
     return Path(os.environ.get("LMTUNE_COMPILE_CACHE", Path.home() / ".cache" / "lmtune" / "inductor"))
 
