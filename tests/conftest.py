@@ -1,15 +1,22 @@
-"""Shared fixtures: the built-in corpus (built once per session) and a tiny, fast training config."""
+"""Shared fixtures and helpers: the built-in corpus (built once per session), a tiny training config,
+a real quick sweep, and the helpers that start, wait for and kill processes and check refusals."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from lmtune.config import RunConfig, budget_config
-from lmtune.prepare import ensure_builtin_corpus
+from lmtune.data.prepare import ensure_builtin_corpus
+from lmtune.sweep.record import trial_id_in
+from lmtune.training.config import RunConfig, budget_config
 
 # One intra-op thread: the tests' models are tiny, the CI/dev machines have 2 shared cores, and
 # measured on them a quick-budget run took 122 s with 1 thread vs 436 s with 2 (oversubscription).
@@ -20,6 +27,8 @@ TINY = dict(
     d_model=32, d_ff=64, n_layers=2, n_heads=2, context_length=32, batch_size=8, steps=30, warmup_steps=5,
     log_interval=5, eval_interval=10, eval_batches=2, checkpoint_interval=10, device="cpu", compile="off",
 )
+# Environment of the processes the tests start: one thread each on the 2 shared cores.
+ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @pytest.fixture(scope="session")
@@ -44,17 +53,6 @@ def tiny_config(make_tiny_config: Callable[..., RunConfig]) -> RunConfig:
     return make_tiny_config()
 
 
-def run_lmtune(module: str, *args: str, timeout: float = 600, cwd: Path | None = None,
-               env: dict[str, str] | None = None):
-    """Run ``python -m lmtune.MODULE ARGS`` in a subprocess; returns the CompletedProcess."""
-    import os
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", f"lmtune.{module}", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
-
-
 @pytest.fixture(scope="session")
 def quick_sweep(tmp_path_factory: pytest.TempPathFactory, builtin_data: Path) -> Path:
     """A real `quick` sweep (Ray Tune on a local cluster, 6 trials), run once per test session."""
@@ -63,3 +61,158 @@ def quick_sweep(tmp_path_factory: pytest.TempPathFactory, builtin_data: Path) ->
                       "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return results / "quick"
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+
+def run_lmtune(module: str, *args: str, timeout: float = 600, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m lmtune.MODULE ARGS`` in a subprocess; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", f"lmtune.{module}", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env={**os.environ, **ENV, **(env or {})},
+                          stdin=subprocess.DEVNULL)
+
+
+def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    """``python -m lmtune.MODULE ARGS`` started in the background, in a session of its own (so a test
+    can kill it and every process it started, Ray's included, and nothing else)."""
+    return subprocess.Popen([sys.executable, "-m", f"lmtune.{module}", *args], stdin=subprocess.DEVNULL,
+                            env={**os.environ, **ENV, **(env or {})}, start_new_session=True,
+                            **{"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, **popen})
+
+
+def wait_until(condition: Callable[[], bool], proc: subprocess.Popen | None, timeout: float, what: str,
+               poll_s: float = 0.01) -> None:
+    """Poll ``condition`` until it holds; fail if ``proc`` ends first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc is None or proc.poll() is None, f"the process ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(poll_s)
+
+
+def sigkill(proc: subprocess.Popen) -> None:
+    """SIGKILL a process that must still be running, and reap it."""
+    assert proc.poll() is None, "the process finished before it could be killed; make its run longer"
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (a process started with start_new_session=True and every
+    process it spawned: Ray's GCS, raylet, dashboard and workers included)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after ")": state, ppid, pgrp, session
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z" and int(stat.parent.name) != os.getpid():
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def kill_session(sid: int, timeout: float = 30) -> int:
+    """SIGKILL every process of our own session ``sid``, pid by pid; returns how many were live."""
+    first = session_pids(sid)
+    deadline = time.monotonic() + timeout
+    while live := session_pids(sid):
+        for pid in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert time.monotonic() < deadline, f"processes of session {sid} survive SIGKILL: {live}"
+        time.sleep(0.2)
+    return len(first)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    """Wait for a process started by start_lmtune; on timeout kill its whole session. Returns its output."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(proc.args[2:4])} did not finish within {timeout} s:\n{out[-4000:]}")
+    finally:
+        kill_session(proc.pid)  # whatever it left behind in its session
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and refusals
+
+
+def trial_dirs(sweep_dir: Path) -> dict[str, Path]:
+    """Trial id -> trial folder of a sweep, by the trial.json each trial writes."""
+    found = {}
+    for path in sorted(p for p in Path(sweep_dir).iterdir() if p.is_dir()):
+        trial_id = trial_id_in(path)
+        if trial_id:
+            found[trial_id] = path
+    return found
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file and folder under ``root``: equal snapshots mean nothing was written."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def assert_one_line_error(code: int, stderr: str, *fragments: str) -> str:
+    """A refusal: exit status 2 and one ``error: ...`` line holding each fragment, no traceback."""
+    lines = stderr.strip().splitlines()
+    assert code == 2, (code, stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def assert_refused(main: Callable[[list[str]], int], argv: list[str], capsys, *fragments: str) -> str:
+    """Call a CLI's ``main(argv)`` in this process; it must refuse in one line naming each fragment."""
+    code = main(argv)
+    return assert_one_line_error(code, capsys.readouterr().err, *fragments)
+
+
+def read_wandb_runs(folder: Path) -> list[dict]:
+    """The offline W&B runs under ``folder`` (WANDB_MODE=offline writes wandb/offline-run-*/run-*.wandb),
+    each as {"history": [rows], "summary": {...}, "config": {...}}, read from wandb's own log.
+
+    The .wandb file is wandb's record log (LevelDB's log format: 32 KiB blocks of records with a
+    7-byte header, checksum, length and type) of protobuf Records; wandb >= 0.19 ships no Python reader.
+    """
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    runs = []
+    for path in sorted(Path(folder).glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, pending = path.read_bytes(), 7, b""  # the file starts with a 7-byte ":W&B" header
+        run: dict = {"history": [], "summary": {}, "config": {}}
+        while pos + 7 <= len(data):
+            if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+                pos += 32768 - pos % 32768
+                continue
+            _checksum, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            pending = chunk if kind in (1, 2) else pending + chunk  # 1 full, 2 first, 3 middle, 4 last
+            if kind not in (1, 4):
+                continue
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            kind_name = record.WhichOneof("record_type")
+            if kind_name == "history":
+                run["history"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                       for i in record.history.item})
+            elif kind_name == "summary":
+                run["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                       for i in record.summary.update})
+            elif kind_name in ("run", "config"):  # the config comes with the run record, updates after it
+                config = record.run.config if kind_name == "run" else record.config
+                run["config"].update({i.key: json.loads(i.value_json) for i in config.update})
+        runs.append(run)
+    return runs

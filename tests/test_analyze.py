@@ -11,11 +11,14 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_lmtune
+from conftest import assert_refused, run_lmtune, trial_dirs
 
-from lmtune.analyze import analyze, load_sweep, resolve_sweep
+from lmtune import analyze as analyze_cli
 from lmtune.errors import LmtuneError
-from lmtune.report import HEADINGS
+from lmtune.report.markdown import HEADINGS
+from lmtune.report.reader import load_sweep, resolve_sweep
+from lmtune.report.writer import analyze
+from lmtune.sweep.record import TRIAL_FILE, ledger_path, read_outcomes
 
 FILES = ("lr_sweep_comparison.png", "lr_vs_final_loss.png", "lr_sweep_analysis.md", "summary.json", "summary.csv")
 
@@ -35,14 +38,6 @@ def copy_sweep(src, dst, checkpoints=False):
     """
     skip = ["report", "checkpoint_0*", "tensorboard", "events.out.*", *([] if checkpoints else ["checkpoints"])]
     return shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*skip))
-
-
-def ledger(sweep_dir):
-    return json.loads((sweep_dir / "trial_outcomes.json").read_text())
-
-
-def trial_dirs(sweep_dir):
-    return sorted(p for p in sweep_dir.iterdir() if p.is_dir() and (p / "params.json").exists())
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +74,12 @@ def test_markdown_has_every_section(report):
 
 def test_summary_agrees_with_the_trials_own_results(quick_sweep, report):
     out, summary = report
-    outcomes = ledger(quick_sweep)
+    outcomes = read_outcomes(quick_sweep)
     rows = {row["trial_id"]: row for row in summary["trials"]}
     assert len(rows) == len(trial_dirs(quick_sweep)) == 6
-    assert set(rows) == set(outcomes)
-    for folder in trial_dirs(quick_sweep):
-        trial_id = next(t for t in outcomes if folder.name.startswith(t + "_"))
+    assert set(rows) == set(outcomes) == set(trial_dirs(quick_sweep))
+    for trial_id, folder in trial_dirs(quick_sweep).items():
+        assert folder.name.startswith(trial_id + "_")
         row = rows[trial_id]
         params = json.loads((folder / "params.json").read_text())
         assert row["lr"] == pytest.approx(params["lr"])
@@ -172,33 +167,29 @@ def test_cli_on_results_root_picks_the_newest(quick_sweep, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["empty", "missing", "file"])
-def test_cli_refuses_a_non_sweep_with_one_line(tmp_path, kind):
+def test_cli_refuses_a_non_sweep_with_one_line(tmp_path, kind, capsys):
     target = tmp_path / "notasweep"
     if kind == "empty":
         target.mkdir()
         (target / "something.txt").write_text("hi")
     elif kind == "file":
         target.write_text("hi")
-    proc = run_lmtune("analyze", str(target), timeout=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and "notasweep" in lines[0]
+    line = assert_refused(analyze_cli.main, [str(target)], capsys, "notasweep")
     if kind == "empty":
-        assert "not an lmtune sweep (no sweep.json)" in lines[0] and "results/NAME" in lines[0]
-    assert not (tmp_path / "notasweep" / "report").exists() if kind == "empty" else True
+        assert "not an lmtune sweep (no sweep.json)" in line and "results/NAME" in line
+        assert not (target / "report").exists()
 
 
-def test_bad_target_is_one_line(quick_sweep, tmp_path):
-    proc = run_lmtune("analyze", str(quick_sweep), "--target", "abc", "--out", str(tmp_path / "r"), timeout=120)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert "--target" in proc.stderr
+def test_bad_target_is_one_line(quick_sweep, tmp_path, capsys):
+    assert_refused(analyze_cli.main, [str(quick_sweep), "--target", "abc", "--out", str(tmp_path / "r")], capsys,
+                   "--target")
+    assert not (tmp_path / "r").exists()
 
 
 def test_running_sweep(quick_sweep, tmp_path):
     sweep = copy_sweep(quick_sweep, tmp_path / "quick")
-    entries = ledger(sweep)
-    dirs = {t: next(d for d in trial_dirs(sweep) if d.name.startswith(t + "_")) for t in entries}
+    entries = read_outcomes(sweep)
+    dirs = trial_dirs(sweep)
     completed = [t for t, e in entries.items() if e["outcome"] == "completed"]
     stopped = [t for t, e in entries.items() if e["outcome"] in ("stopped_early", "diverged")]
     assert completed and stopped
@@ -211,7 +202,7 @@ def test_running_sweep(quick_sweep, tmp_path):
     from_summary = completed[1] if len(completed) > 1 else None
     if from_summary:
         del entries[from_summary]
-    (sweep / "trial_outcomes.json").write_text(json.dumps(entries))
+    ledger_path(sweep).write_text(json.dumps(entries))
     _, records = load_sweep(sweep)
     outcome = {r.trial_id: r.outcome for r in records}
     for trial_id in running:
@@ -225,7 +216,7 @@ def test_running_sweep(quick_sweep, tmp_path):
     assert "running" in (sweep / "report" / "lr_sweep_analysis.md").read_text()
 
     # early in a sweep: no ledger at all, a trial with no metrics yet
-    (sweep / "trial_outcomes.json").unlink()
+    ledger_path(sweep).unlink()
     (dirs[running[0]] / "metrics.csv").unlink()
     summary = analyze(sweep)
     rows = {r["trial_id"]: r for r in summary["trials"]}
@@ -235,10 +226,10 @@ def test_running_sweep(quick_sweep, tmp_path):
 
 def test_one_trial_sweep(quick_sweep, tmp_path):
     sweep = copy_sweep(quick_sweep, tmp_path / "quick")
-    entries = ledger(sweep)
+    entries = read_outcomes(sweep)
     keep = next(t for t, e in entries.items() if e["outcome"] == "completed")
-    for folder in trial_dirs(sweep):
-        if not folder.name.startswith(keep + "_"):
+    for trial_id, folder in trial_dirs(sweep).items():
+        if trial_id != keep:
             shutil.rmtree(folder)
     summary = analyze(sweep)
     assert [r["trial_id"] for r in summary["trials"]] == [keep]
@@ -249,10 +240,15 @@ def test_one_trial_sweep(quick_sweep, tmp_path):
     assert_real_picture(sweep / "report" / "lr_vs_final_loss.png")
 
 
-def test_trial_id_from_result_json_when_no_ledger(quick_sweep, tmp_path):
+def test_trial_ids_come_from_the_trials_own_files_without_a_ledger(quick_sweep, tmp_path):
     sweep = copy_sweep(quick_sweep, tmp_path / "quick")
-    ids = set(ledger(sweep))
-    (sweep / "trial_outcomes.json").unlink()
+    ids = set(read_outcomes(sweep))
+    ledger_path(sweep).unlink()
+    _, records = load_sweep(sweep)
+    assert {r.trial_id for r in records} == ids
+    # A folder of a sweep written before trials wrote trial.json: Ray's result.json names the trial.
+    for folder in trial_dirs(sweep).values():
+        (folder / TRIAL_FILE).unlink()
     _, records = load_sweep(sweep)
     assert {r.trial_id for r in records} == ids
 
@@ -293,7 +289,7 @@ def test_the_report_sharpness_is_the_largest_eigenvalue_not_the_largest_magnitud
     # converged.
     import torch
 
-    from lmtune.sharpness import hessian_top_eigenvalue
+    from lmtune.report.sharpness import hessian_top_eigenvalue
 
     rng = np.random.default_rng(0)
     n = len(eigenvalues)

@@ -8,8 +8,10 @@ import math
 import pytest
 
 from lmtune import bench
-from lmtune.config import ModelConfig
 from lmtune.errors import LmtuneError
+from lmtune.sweep import plan
+from lmtune.tools import throughput
+from lmtune.training.config import ModelConfig
 
 TINY = ["--config", "quick", "--batch-size", "2", "--steps", "2", "--repeats", "2", "--warmup", "1",
         "--device", "cpu", "--set", "d_model=32", "--set", "d_ff=64", "--set", "n_heads=2",
@@ -29,7 +31,7 @@ def test_bench_json_has_every_field(capsys, tmp_path):
     results = tmp_path / "results.jsonl"
     assert bench.main([*TINY, "--json", "--record", "--results-file", str(results)]) == 0
     out = _json_out(capsys)
-    for key in bench.REQUIRED_FIELDS:
+    for key in throughput.REQUIRED_FIELDS:
         assert key in out, key
     for key in ("batch_size", "context_length", "tokens_per_s", "mfu", "naive_tokens_per_s", "speedup_vs_naive",
                 "peak_memory_bytes", "step_s", "compute_s", "flops_per_token", "peak_flops"):
@@ -56,7 +58,7 @@ def test_bench_rejects_bad_input(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1
     with pytest.raises(LmtuneError):
-        bench.bench_config("nope")
+        throughput.bench_config("nope")
 
 
 @pytest.mark.slow
@@ -72,9 +74,9 @@ def test_bench_concurrency_reports_each_k(capsys):
 
 def test_estimate_trial_memory_grows_with_batch_and_amp_saves():
     cfg = ModelConfig()
-    small, large = bench.estimate_trial_memory_bytes(cfg, 8, True), bench.estimate_trial_memory_bytes(cfg, 128, True)
+    small, large = plan.estimate_trial_memory_bytes(cfg, 8, True), plan.estimate_trial_memory_bytes(cfg, 128, True)
     assert 0 < small < large
-    assert bench.estimate_trial_memory_bytes(cfg, 128, False) > large
+    assert plan.estimate_trial_memory_bytes(cfg, 128, False) > large
     # 17.6M + 5.1M embedding params x 16 bytes of weights, grads and Adam moments at the least.
     assert small > 16 * 22e6
 
@@ -82,20 +84,20 @@ def test_estimate_trial_memory_grows_with_batch_and_amp_saves():
 def test_recommend_trials_per_gpu():
     gib = 2**30
     # Memory-bound estimate, capped without measurements.
-    assert bench.recommend_trials_per_gpu(2 * gib, 80 * gib, None) == bench.UNMEASURED_MAX_TRIALS
-    assert bench.recommend_trials_per_gpu(30 * gib, 80 * gib, None) == 2
-    assert bench.recommend_trials_per_gpu(100 * gib, 80 * gib, None) == 1
+    assert plan.recommend_trials_per_gpu(2 * gib, 80 * gib, None) == plan.UNMEASURED_MAX_TRIALS
+    assert plan.recommend_trials_per_gpu(30 * gib, 80 * gib, None) == 2
+    assert plan.recommend_trials_per_gpu(100 * gib, 80 * gib, None) == 1
     # Best aggregate that fits; a bigger K must gain more than 5%.
     measured = {1: 100.0, 2: 180.0, 4: 300.0, 8: 310.0}
-    assert bench.recommend_trials_per_gpu(2 * gib, 80 * gib, measured) == 4
-    assert bench.recommend_trials_per_gpu(20 * gib, 80 * gib, measured) == 2
-    assert bench.recommend_trials_per_gpu(2 * gib, 80 * gib, {1: 100.0, 2: 99.0}) == 1
+    assert plan.recommend_trials_per_gpu(2 * gib, 80 * gib, measured) == 4
+    assert plan.recommend_trials_per_gpu(20 * gib, 80 * gib, measured) == 2
+    assert plan.recommend_trials_per_gpu(2 * gib, 80 * gib, {1: 100.0, 2: 99.0}) == 1
 
 
 def test_shared_compile_cache_sets_env(tmp_path, monkeypatch):
     import os
 
-    from lmtune.compile_cache import enable_shared_compile_cache
+    from lmtune.training.compile import enable_shared_compile_cache
 
     for key in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
                 "TRITON_CACHE_DIR"):

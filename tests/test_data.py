@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmtune import data
+from lmtune.data import batches, dataset
 from lmtune.errors import LmtuneError
 
 
@@ -25,7 +25,7 @@ def _make_dir(tmp_path, n_train=1000, n_val=200, vocab=50, dtype="uint16"):
 
 def test_load_data_memory_maps_both_splits(tmp_path):
     d, train, val = _make_dir(tmp_path)
-    td = data.load_data(d, context_length=16, vocab_size=50)
+    td = dataset.load_data(d, context_length=16, vocab_size=50)
     assert isinstance(td.train, np.memmap) and np.array_equal(td.train, train)
     assert np.array_equal(td.val, val)
     assert td.meta.vocab_size == 50 and td.meta.dtype == "uint16"
@@ -33,7 +33,7 @@ def test_load_data_memory_maps_both_splits(tmp_path):
 
 def test_sampler_covers_first_and_last_valid_start_and_never_beyond():
     tokens = np.arange(20, dtype=np.uint16)
-    s = data.BatchSampler(tokens, batch_size=8, context_length=5, seed=0)
+    s = batches.BatchSampler(tokens, batch_size=8, context_length=5, seed=0)
     starts = np.concatenate([s.starts(i) for i in range(500)])
     assert starts.min() == 0
     assert starts.max() == 20 - 5 - 1
@@ -42,7 +42,7 @@ def test_sampler_covers_first_and_last_valid_start_and_never_beyond():
 
 def test_targets_are_inputs_shifted_by_one():
     tokens = np.arange(1000, dtype=np.uint16)
-    x, y = data.BatchSampler(tokens, batch_size=4, context_length=8, seed=1).batch(3)
+    x, y = batches.BatchSampler(tokens, batch_size=4, context_length=8, seed=1).batch(3)
     assert x.shape == y.shape == (4, 8) and x.dtype == y.dtype == torch.int64
     assert torch.equal(y[:, :-1], x[:, 1:])
     assert torch.equal(y[:, -1], x[:, -1] + 1)
@@ -51,56 +51,56 @@ def test_targets_are_inputs_shifted_by_one():
 
 def test_starts_are_a_pure_function_of_seed_and_step():
     tokens = np.zeros(10_000, dtype=np.uint16)
-    a = data.BatchSampler(tokens, 16, 32, seed=5)
-    b = data.BatchSampler(tokens, 16, 32, seed=5)
+    a = batches.BatchSampler(tokens, 16, 32, seed=5)
+    b = batches.BatchSampler(tokens, 16, 32, seed=5)
     assert np.array_equal(a.starts(7), b.starts(7))
     a.starts(8)  # drawing other steps does not change a step's starts
     assert np.array_equal(a.starts(7), b.starts(7))
     assert not np.array_equal(a.starts(7), a.starts(8))
-    assert not np.array_equal(a.starts(7), data.BatchSampler(tokens, 16, 32, seed=6).starts(7))
+    assert not np.array_equal(a.starts(7), batches.BatchSampler(tokens, 16, 32, seed=6).starts(7))
 
 
 def test_device_batches_on_cpu_yield_the_sampler_batches_in_order_from_start_step():
     tokens = np.arange(5000, dtype=np.uint16)
-    sampler = data.BatchSampler(tokens, 4, 16, seed=3)
-    with data.DeviceBatches(sampler, torch.device("cpu"), start_step=10) as batches:
+    sampler = batches.BatchSampler(tokens, 4, 16, seed=3)
+    with batches.DeviceBatches(sampler, torch.device("cpu"), start_step=10) as prefetched:
         for step in range(10, 20):
-            x, y = batches.next()
+            x, y = prefetched.next()
             ex, ey = sampler.batch(step)
             assert torch.equal(x, ex) and torch.equal(y, ey)
-            assert batches.last_wait_s >= 0.0
-    assert not batches._thread.is_alive()
+            assert prefetched.last_wait_s >= 0.0
+    assert not prefetched._thread.is_alive()
 
 
 def test_fixed_val_batches_are_deterministic():
     tokens = np.arange(3000, dtype=np.uint16) % 101
-    a = data.fixed_val_batches(tokens, 4, 16, num_batches=3)
-    b = data.fixed_val_batches(tokens, 4, 16, num_batches=3)
+    a = batches.fixed_val_batches(tokens, 4, 16, num_batches=3)
+    b = batches.fixed_val_batches(tokens, 4, 16, num_batches=3)
     assert len(a) == 3 and all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b, strict=True))
 
 
 def test_unigram_entropy_of_uniform_tokens_is_log_vocab():
     tokens = np.tile(np.arange(8, dtype=np.uint16), 100)
-    assert data.unigram_entropy(tokens, 8) == pytest.approx(np.log(8))
-    assert data.unigram_entropy(np.zeros(10, dtype=np.uint16), 8) == pytest.approx(0.0)
+    assert dataset.unigram_entropy(tokens, 8) == pytest.approx(np.log(8))
+    assert dataset.unigram_entropy(np.zeros(10, dtype=np.uint16), 8) == pytest.approx(0.0)
 
 
 def test_missing_dir_says_how_to_prepare(tmp_path):
     with pytest.raises(LmtuneError, match=r"nowhere does not exist.*python -m lmtune\.prepare"):
-        data.load_data(tmp_path / "nowhere", 16)
+        dataset.load_data(tmp_path / "nowhere", 16)
 
 
 def test_dir_without_meta_says_how_to_prepare(tmp_path):
     (tmp_path / "d").mkdir()
     with pytest.raises(LmtuneError, match=r"meta\.json is missing.*python -m lmtune\.prepare --input FILE --out DIR"):
-        data.load_data(tmp_path / "d", 16)
+        dataset.load_data(tmp_path / "d", 16)
 
 
 def test_missing_bin_says_how_to_prepare(tmp_path):
     d, _, _ = _make_dir(tmp_path)
     (d / "val.bin").unlink()
     with pytest.raises(LmtuneError, match=r"val\.bin is missing.*python -m lmtune\.prepare"):
-        data.load_data(d, 16)
+        dataset.load_data(d, 16)
 
 
 def test_bin_size_inconsistent_with_meta_is_reported(tmp_path):
@@ -108,37 +108,37 @@ def test_bin_size_inconsistent_with_meta_is_reported(tmp_path):
     with open(d / "train.bin", "ab") as f:
         f.write(b"\0")
     with pytest.raises(LmtuneError, match=r"train\.bin has 2001 bytes but meta\.json says 1000 uint16 tokens"):
-        data.load_data(d, 16)
+        dataset.load_data(d, 16)
 
 
 def test_token_ids_beyond_model_vocab_are_reported(tmp_path):
     d, _, _ = _make_dir(tmp_path, vocab=50)
     with pytest.raises(LmtuneError, match=r"set vocab_size >= 50 or re-prepare"):
-        data.load_data(d, 16, vocab_size=40)
+        dataset.load_data(d, 16, vocab_size=40)
 
 
 def test_split_shorter_than_context_is_reported(tmp_path):
     d, _, _ = _make_dir(tmp_path, n_val=64)
-    data.load_data(d, 63)
+    dataset.load_data(d, 63)
     with pytest.raises(LmtuneError, match=r"val\.bin has 64 tokens.*use a smaller context_length"):
-        data.load_data(d, 64)
+        dataset.load_data(d, 64)
 
 
 def test_load_data_reads_a_real_prepared_dir(tmp_path):
-    from lmtune import corpus, prepare
+    from lmtune.data import corpus, prepare
 
     src = corpus.write_corpus(tmp_path / "s.txt", target_bytes=30_000)
     out = prepare.prepare_text([src], tmp_path / "p", vocab_size=500)
-    td = data.load_data(out, 32, vocab_size=500)
+    td = dataset.load_data(out, 32, vocab_size=500)
     assert td.train.shape[0] == td.meta.train_tokens and td.meta.eot_id == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_device_batches_on_cuda_match_the_cpu_batches():
     tokens = np.arange(5000, dtype=np.uint16)
-    sampler = data.BatchSampler(tokens, 4, 16, seed=3)
-    with data.DeviceBatches(sampler, torch.device("cuda"), start_step=2) as batches:
+    sampler = batches.BatchSampler(tokens, 4, 16, seed=3)
+    with batches.DeviceBatches(sampler, torch.device("cuda"), start_step=2) as prefetched:
         for step in range(2, 8):
-            x, y = batches.next()
+            x, y = prefetched.next()
             assert x.is_cuda and torch.equal(x.cpu(), sampler.batch(step)[0])
             assert torch.equal(y.cpu(), sampler.batch(step)[1])

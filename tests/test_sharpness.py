@@ -2,16 +2,16 @@ import numpy as np
 import pytest
 import torch
 
-from lmtune.checkpoint import save_checkpoint
-from lmtune.config import ModelConfig, RunConfig, TrainConfig
-from lmtune.model import TransformerLM
-from lmtune.sharpness import (
+from lmtune.report.sharpness import (
     adam_threshold,
     checkpoint_sharpness,
     gd_threshold,
     hessian_top_eigenvalue,
     preconditioned_sharpness,
 )
+from lmtune.training.checkpoint import save_checkpoint
+from lmtune.training.config import ModelConfig, RunConfig, TrainConfig
+from lmtune.training.model import TransformerLM
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_lmtune
+import ray
+from conftest import assert_refused, run_lmtune
 
+from lmtune import run as run_cli
 from lmtune.errors import LmtuneError
-from lmtune.spaces import available_spaces, load_space, make_searcher, tune_param_space
+from lmtune.sweep.spaces import available_spaces, load_space, make_searcher, tune_param_space
 
 GOOD_GRID = """\
 description: a valid grid
@@ -80,19 +82,14 @@ def test_missing_space_file_is_refused(tmp_path: Path):
         load_space(str(tmp_path / "absent.yaml"))
 
 
-def test_cli_refuses_bad_space_and_launches_nothing(tmp_path: Path):
+def test_cli_refuses_bad_space_and_launches_nothing(tmp_path: Path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("search: grid\nparams:\n  lr: [1.0e-3, -1.0]\n")
     results = tmp_path / "results"
-    proc = run_lmtune("run", "--space", str(bad), "--name", "x", "--results", str(results), "--no-dashboard",
-                      timeout=120)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("error: "), proc.stderr
-    assert str(bad) in errors[0] and "params.lr" in errors[0]
-    assert "Traceback" not in proc.stderr
-    assert not (results / "x").exists()
-    assert not any(results.glob("*")) if results.exists() else True
+    assert_refused(run_cli.main, ["--space", str(bad), "--name", "x", "--results", str(results), "--no-dashboard"],
+                   capsys, str(bad), "params.lr")
+    assert not ray.is_initialized()
+    assert not results.exists() or not any(results.iterdir())
 
 
 def test_shipped_spaces_load():
@@ -114,12 +111,12 @@ def test_shipped_spaces_load():
     assert quick.budget == "quick" and max(quick.params["lr"]) >= 1.0  # includes diverging LRs
 
 
-def test_list_spaces_prints_each_with_its_description():
-    proc = run_lmtune("run", "--list-spaces", timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+def test_list_spaces_prints_each_with_its_description(capsys):
+    assert run_cli.main(["--list-spaces"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     for name in available_spaces():
-        assert name in lines, proc.stdout
+        assert name in lines, out
         assert load_space(name).description in lines[name]
 
 

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from lmtune.errors import LmtuneError
-from lmtune.stability import (
+from lmtune.report.stability import (
     UNSTABLE_THRESHOLD,
     TrialRecord,
     best_trial,
@@ -260,6 +260,7 @@ def test_first_growth_does_not_claim_an_order_for_probes_crossing_at_the_same_lo
     assert "grew first" not in sentence
     assert "all exceeded 2x at the same logged step 200" in sentence
     assert "attention-logit max grew most, 10.0x" in sentence
+    assert "gradient norm stayed within" not in sentence  # it crossed too, at the same step
 
 
 def test_first_growth_handles_missing_and_quiet_probes():

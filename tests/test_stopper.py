@@ -1,4 +1,5 @@
-"""The trial stopper and the persistent ASHA on their own: fed result dicts directly, no Ray cluster.
+"""The trial stopper, the persistent ASHA and the ledger's writer on their own: fed result dicts
+directly, no Ray cluster.
 
 PersistentASHA is Ray's own AsyncHyperBandScheduler; the tests call its methods with lmtune-shaped
 results and minimal trial objects (it only reads ``trial_id``) — Ray's code runs unmodified.
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
-from lmtune.stopper import ASHA_STATE_NAME, LEDGER_NAME, PersistentASHA, TrialStopper, read_outcomes
+from lmtune.private_apis import asha_rungs
+from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes
+from lmtune.sweep.stopping import OutcomeRecorder, PersistentASHA, TrialStopper
 
 UNIFORM = math.log(8192)  # ln(vocab): the loss of an untrained model
 
@@ -29,7 +32,16 @@ def result(step: int, loss: float, *, grad_norm: float = 1.0, warmup: bool = Fal
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> Path:
-    return tmp_path / LEDGER_NAME
+    """The ledger of a sweep folder ``tmp_path`` (its parent's parent is the sweep)."""
+    return ledger_path(tmp_path)
+
+
+def stopper_for(ledger: Path, **settings) -> TrialStopper:
+    return TrialStopper(OutcomeRecorder(ledger), **settings)
+
+
+def outcomes(ledger: Path) -> dict[str, dict]:
+    return read_outcomes(ledger.parent.parent)
 
 
 def feed(stopper: TrialStopper, trial_id: str, results: list[dict]) -> int | None:
@@ -41,10 +53,10 @@ def feed(stopper: TrialStopper, trial_id: str, results: list[dict]) -> int | Non
 
 
 def test_non_finite_loss_is_diverged(ledger: Path):
-    stopper = TrialStopper(ledger)
+    stopper = stopper_for(ledger)
     assert feed(stopper, "t1", [result(10, 8.0, warmup=True), result(20, 6.0)]) is None
     assert stopper("t1", result(30, float("nan")))
-    entry = read_outcomes(ledger.parent)["t1"]
+    entry = outcomes(ledger)["t1"]
     assert entry["outcome"] == "diverged"
     assert entry["step"] == 30
     assert entry["reason"] == "diverged at step 30, loss nan"
@@ -52,32 +64,32 @@ def test_non_finite_loss_is_diverged(ledger: Path):
 
 def test_infinite_loss_during_warmup_is_diverged(ledger: Path):
     # Non-finite stops at once, even in warm-up.
-    stopper = TrialStopper(ledger)
+    stopper = stopper_for(ledger)
     assert stopper("t1", result(5, float("inf"), warmup=True))
-    assert read_outcomes(ledger.parent)["t1"]["outcome"] == "diverged"
+    assert outcomes(ledger)["t1"]["outcome"] == "diverged"
 
 
 def test_non_finite_grad_norm_is_diverged(ledger: Path):
-    stopper = TrialStopper(ledger)
+    stopper = stopper_for(ledger)
     assert not stopper("t1", result(10, 7.5))
     assert stopper("t1", result(20, 7.0, grad_norm=float("inf")))
-    entry = read_outcomes(ledger.parent)["t1"]
+    entry = outcomes(ledger)["t1"]
     assert entry["outcome"] == "diverged" and entry["step"] == 20
     assert "gradient norm inf" in entry["reason"]
 
 
 def test_diverged_flag_from_the_training_loop_is_diverged(ledger: Path):
-    stopper = TrialStopper(ledger)
+    stopper = stopper_for(ledger)
     assert stopper("t1", result(40, 9.0, diverged=True))
-    assert read_outcomes(ledger.parent)["t1"]["outcome"] == "diverged"
+    assert outcomes(ledger)["t1"]["outcome"] == "diverged"
 
 
 def test_explosion_after_warmup_is_diverged(ledger: Path):
-    stopper = TrialStopper(ledger, explode_factor=1.5)
+    stopper = stopper_for(ledger, explode_factor=1.5)
     first = 8.0
     assert feed(stopper, "t1", [result(10, first, warmup=True), result(20, 6.0), result(30, 1.4 * first)]) is None
     assert stopper("t1", result(40, 1.6 * first))
-    entry = read_outcomes(ledger.parent)["t1"]
+    entry = outcomes(ledger)["t1"]
     assert entry["outcome"] == "diverged" and entry["step"] == 40
     assert "exploded above 1.5 x initial 8" in entry["reason"], entry["reason"]
 
@@ -85,13 +97,13 @@ def test_explosion_after_warmup_is_diverged(ledger: Path):
 def test_explosion_reference_is_capped_at_the_uniform_loss(ledger: Path):
     """A high LR can blow up within the first interval: the reference is then ln(vocab), not the
     already-exploded first report."""
-    stopper = TrialStopper(ledger, explode_factor=1.5)
+    stopper = stopper_for(ledger, explode_factor=1.5)
     assert stopper("t1", result(20, 1.6 * UNIFORM))
-    assert read_outcomes(ledger.parent)["t1"]["outcome"] == "diverged"
+    assert outcomes(ledger)["t1"]["outcome"] == "diverged"
 
 
 def test_explosion_during_warmup_is_not_stopped(ledger: Path):
-    stopper = TrialStopper(ledger, explode_factor=1.5)
+    stopper = stopper_for(ledger, explode_factor=1.5)
     warm = [result(s, loss, warmup=True) for s, loss in [(5, 8.0), (10, 13.0), (15, 15.0), (20, 9.0)]]
     assert feed(stopper, "t1", warm) is None
     assert feed(stopper, "t1", [result(25, 7.0), result(30, 6.0)]) is None
@@ -102,11 +114,11 @@ def test_explosion_during_warmup_is_not_stopped(ledger: Path):
 
 def test_too_slow_against_the_time_budget(ledger: Path):
     # 400 tok/s with ~1M tokens to go: ~0.7 h projected against a 0.5 h budget.
-    stopper = TrialStopper(ledger, time_budget_s=1800, slow_grace_reports=2)
+    stopper = stopper_for(ledger, time_budget_s=1800, slow_grace_reports=2)
     slow = [result(s, 7.0, rate=400.0) for s in (10, 20)]
     assert feed(stopper, "t1", slow) is None  # start-up reports are grace
     assert stopper("t1", result(30, 6.9, rate=400.0))
-    entry = read_outcomes(ledger.parent)["t1"]
+    entry = outcomes(ledger)["t1"]
     assert entry["outcome"] == "too_slow" and entry["step"] == 30
     match = __import__("re").fullmatch(r"too slow: 400 tok/s, projected ([0-9.]+) (h|min) > 30\.0 min budget",
                                        entry["reason"])
@@ -117,30 +129,30 @@ def test_too_slow_against_the_time_budget(ledger: Path):
 
 
 def test_too_slow_reason_in_hours(ledger: Path):
-    stopper = TrialStopper(ledger, time_budget_s=4 * 3600, slow_grace_reports=0)
+    stopper = stopper_for(ledger, time_budget_s=4 * 3600, slow_grace_reports=0)
     # 410 tok/s with 75M tokens to go: ~51 h projected > 4 h.
     r = result(10, 7.0, rate=410.0, tokens_per_step=75_000, total_steps=1010)
     assert stopper("t1", r)
-    assert read_outcomes(ledger.parent)["t1"]["reason"] == "too slow: 410 tok/s, projected 50.8 h > 4.0 h budget"
+    assert outcomes(ledger)["t1"]["reason"] == "too slow: 410 tok/s, projected 50.8 h > 4.0 h budget"
 
 
 def test_fast_enough_for_the_budget_is_not_stopped(ledger: Path):
-    stopper = TrialStopper(ledger, time_budget_s=3600, slow_grace_reports=0)
+    stopper = stopper_for(ledger, time_budget_s=3600, slow_grace_reports=0)
     assert feed(stopper, "t1", [result(s, 7.0, rate=50_000.0) for s in range(10, 200, 10)]) is None
 
 
 def test_under_the_throughput_floor(ledger: Path):
-    stopper = TrialStopper(ledger, min_tokens_per_s=1000, slow_grace_reports=1)
+    stopper = stopper_for(ledger, min_tokens_per_s=1000, slow_grace_reports=1)
     assert not stopper("t1", result(10, 7.0, rate=200.0))  # grace report
     assert stopper("t1", result(20, 7.0, rate=200.0))
-    entry = read_outcomes(ledger.parent)["t1"]
+    entry = outcomes(ledger)["t1"]
     assert entry["outcome"] == "too_slow" and entry["step"] == 20
     assert entry["reason"] == "too slow: 200 tok/s < floor 1,000 tok/s"
 
 
 def test_no_false_stop_on_a_healthy_noisy_curve(ledger: Path):
     rng = random.Random(0)
-    stopper = TrialStopper(ledger, explode_factor=1.5, time_budget_s=3600, min_tokens_per_s=1000,
+    stopper = stopper_for(ledger, explode_factor=1.5, time_budget_s=3600, min_tokens_per_s=1000,
                            slow_grace_reports=2)
     total = 200
     stopped = []
@@ -157,7 +169,7 @@ def test_no_false_stop_on_a_healthy_noisy_curve(ledger: Path):
 
 
 def test_ledger_keeps_reason_and_step_per_trial(ledger: Path):
-    stopper = TrialStopper(ledger, min_tokens_per_s=1000, slow_grace_reports=0)
+    stopper = stopper_for(ledger, min_tokens_per_s=1000, slow_grace_reports=0)
     stopper("nan-trial", result(12, float("nan")))
     stopper("slow-trial", result(30, 7.0, rate=10.0))
     entries = json.loads(ledger.read_text())
@@ -184,8 +196,8 @@ GRACE, MAX_T, RF = 100, 900, 3  # rungs at 100, 300 (and 900 = max_t) tokens
 
 
 def make_asha(sweep_dir: Path) -> PersistentASHA:
-    return PersistentASHA(sweep_dir, time_attr="tokens", metric="val_loss", mode="min", max_t=MAX_T,
-                          grace_period=GRACE, reduction_factor=RF)
+    return PersistentASHA(OutcomeRecorder(ledger_path(sweep_dir)), asha_state_path(sweep_dir), time_attr="tokens",
+                          metric="val_loss", mode="min", max_t=MAX_T, grace_period=GRACE, reduction_factor=RF)
 
 
 def asha_result(tokens: int, val_loss: float) -> dict:
@@ -214,7 +226,7 @@ def test_asha_stops_a_poor_trial_at_a_rung_and_persists(tmp_path: Path):
     assert entry["reason"].startswith("stopped by ASHA at 110 tokens (val loss 5.5")
     assert set(read_outcomes(tmp_path)) == {"poor"}
 
-    state = json.loads((tmp_path / ASHA_STATE_NAME).read_text())
+    state = json.loads(asha_state_path(tmp_path).read_text())
     assert state["num_stopped"] == 1
     rung = {r["milestone"]: r["recorded"] for r in state["brackets"][0]}[GRACE]
     assert rung == {"a": -3.0, "b": -3.1, "c": -3.2, "poor": -5.5}  # Ray records -loss for mode=min
@@ -235,13 +247,12 @@ def test_asha_state_survives_a_restart(tmp_path: Path):
         report(original, tid, 100, loss, add=True)
     for tid, loss in (("a", 2.5), ("b", 2.6)):
         report(original, tid, 300, loss)
-    saved = json.loads((tmp_path / ASHA_STATE_NAME).read_text())
+    saved = json.loads(asha_state_path(tmp_path).read_text())
 
     restarted = make_asha(tmp_path)  # a new driver: Tuner.restore builds a fresh scheduler
     restarted.on_trial_add(None, FakeTrial("a"))  # the first call loads the state
-    restored = [{"milestone": m, "recorded": dict(r)} for m, r in restarted._brackets[0]._rungs]
-    assert restored == saved["brackets"][0]
-    assert restarted._num_stopped == original._num_stopped
+    assert asha_rungs(restarted)["brackets"][0] == saved["brackets"][0]
+    assert asha_rungs(restarted)["num_stopped"] == asha_rungs(original)["num_stopped"]
 
     # The same new results get the same decisions from both: a poor newcomer is cut at the first
     # rung, a good one is not, and at the second rung the cutoff built before the restart applies.
@@ -257,42 +268,59 @@ def test_asha_state_survives_a_restart(tmp_path: Path):
 def test_a_fresh_sweep_dir_starts_with_empty_rungs(tmp_path: Path):
     asha = make_asha(tmp_path)
     assert report(asha, "only", 100, 9.0, add=True) == TrialScheduler.CONTINUE  # nothing to compare with
-    assert (tmp_path / ASHA_STATE_NAME).exists()
+    assert asha_state_path(tmp_path).exists()
 
 
 def test_tunes_repeated_final_result_decides_nothing(ledger: Path):
     # When a trainable returns, Tune passes its last result again with done=True; after a driver
     # restart that result can predate a decision already in the ledger, which must stand.
-    stopper = TrialStopper(ledger)
+    stopper = stopper_for(ledger)
     record = {"outcome": "stopped_early", "reason": "stopped by ASHA", "step": 30}
+    ledger.parent.mkdir(parents=True)
     ledger.write_text(json.dumps({"t1": record}))
     assert not stopper("t1", result(20, float("nan"), done=True))
-    assert read_outcomes(ledger.parent)["t1"] == record
+    assert outcomes(ledger)["t1"] == record
 
 
-def test_keep_sweep_files_removes_rays_stale_copies_from_its_staging_folder(tmp_path: Path):
-    from lmtune.stopper import KeepSweepFiles
+# ---------------------------------------------------------------------------------------------
+# The ledger's writer
 
-    sweep, staging = tmp_path / "sweep", tmp_path / "staging"
-    sweep.mkdir()
-    staging.mkdir()
-    for name in (LEDGER_NAME, ASHA_STATE_NAME, "experiment_state-x.json"):
-        (staging / name).write_text("{}")
-        (sweep / name).write_text('{"live": 1}')
 
-    @dataclass
-    class Storage:
-        experiment_driver_staging_path: str
+@dataclass
+class EndedTrial:
+    """What the recorder reads of a trial Tune ended: its id, last result and error."""
 
-    @dataclass
-    class RestoredTrial:
-        storage: Storage
+    trial_id: str
+    last_result: dict
+    error_msg: str = ""
+    error_file: str = ""
 
-    keep = KeepSweepFiles(sweep, (LEDGER_NAME, ASHA_STATE_NAME))
-    keep.on_step_begin(iteration=0, trials=[])  # no trials yet: nothing to locate
-    keep.on_step_begin(iteration=0, trials=[RestoredTrial(Storage(str(staging)))])
-    assert sorted(p.name for p in staging.iterdir()) == ["experiment_state-x.json"]  # Ray's own file stays
-    assert all((sweep / n).read_text() == '{"live": 1}' for n in (LEDGER_NAME, ASHA_STATE_NAME))
-    # The same folder as the sweep (no staging): nothing is deleted.
-    KeepSweepFiles(sweep, (LEDGER_NAME,)).on_step_begin(iteration=0, trials=[RestoredTrial(Storage(str(sweep)))])
-    assert (sweep / LEDGER_NAME).exists()
+
+def test_the_training_loops_own_divergence_detail_becomes_the_reason(ledger: Path):
+    stopper = stopper_for(ledger)
+    assert stopper("t1", result(7, 3.0, diverged=True, diverged_because="non-finite gradient norm"))
+    assert outcomes(ledger)["t1"]["reason"] == "diverged at step 7, non-finite gradient norm"
+
+
+def test_a_trial_tune_completes_is_recorded_unless_a_stop_was_decided_first(ledger: Path):
+    recorder = OutcomeRecorder(ledger)
+    stopper = TrialStopper(recorder)
+    assert stopper("stopped", result(30, float("nan")))
+    recorder.on_trial_complete(0, [], EndedTrial("stopped", result(30, float("nan"))))  # Tune ends it
+    recorder.on_trial_complete(0, [], EndedTrial("finished", result(1000, 2.0)))
+    entries = outcomes(ledger)
+    assert entries["stopped"]["outcome"] == "diverged"
+    assert entries["finished"]["outcome"] == "completed" and entries["finished"]["reason"] == "completed its budget"
+    assert entries["finished"]["step"] == 1000 and entries["finished"]["tokens"] == 1000 * 1024
+
+
+def test_an_error_is_recorded_with_advice_and_a_retry_that_completes_replaces_it(ledger: Path):
+    recorder = OutcomeRecorder(ledger, gpus_per_trial=0.5)
+    oom = "Traceback (most recent call last):\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    recorder.on_trial_error(0, [], EndedTrial("t1", result(15, 3.0), error_msg=oom))
+    entry = outcomes(ledger)["t1"]
+    assert entry["outcome"] == "error" and entry["step"] == 15
+    assert entry["reason"].startswith("error: RuntimeError: CUDA out of memory")
+    assert "GPU shared by 2 trials" in entry["reason"] and "--gpus-per-trial 1" in entry["reason"]
+    recorder.on_trial_complete(0, [], EndedTrial("t1", result(1000, 2.0)))  # retried by --resume
+    assert outcomes(ledger)["t1"]["outcome"] == "completed"

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import run_lmtune
+from conftest import kill_session, read_wandb_runs, run_lmtune, trial_dirs
 
-from lmtune.stopper import ASHA_STATE_NAME, LEDGER_NAME, read_outcomes
+from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes
 
 TINY_SET = dict(d_model=32, d_ff=64, n_layers=1, n_heads=2, context_length=32, batch_size=4, log_interval=5,
                 eval_interval=10, eval_batches=1, checkpoint_interval=10, warmup_steps=2)
@@ -49,8 +49,15 @@ def tiny_grid(path: Path, lrs: list[float], steps: int, **extra) -> Path:
     return path
 
 
-def trial_dirs(sweep_dir: Path) -> list[Path]:
-    return sorted(p.parent for p in sweep_dir.glob("*/params.json"))
+def run_tiny_sweep(tmp_path: Path, name: str, data: Path, lrs: list[float], steps: int, *flags: str,
+                   env: dict[str, str] | None = None) -> tuple[Path, str]:
+    """A tiny grid (tiny_grid) run to the end by python -m lmtune.run; (its sweep folder, its stdout)."""
+    space = tiny_grid(tmp_path / f"{name}.yaml", lrs, steps)
+    results = tmp_path / "results"
+    proc = run_lmtune("run", "--space", str(space), "--name", name, "--results", str(results), "--data", str(data),
+                      "--quiet", *flags, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results / name, proc.stdout
 
 
 def result_rows(trial_dir: Path) -> list[dict]:
@@ -78,10 +85,14 @@ def tree_snapshot(root: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_quick_sweep_end_to_end(quick_sweep: Path):
-    trials = trial_dirs(quick_sweep)
+    ids = trial_dirs(quick_sweep)
+    trials = list(ids.values())
     assert len(trials) == 6
     outcomes = read_outcomes(quick_sweep)
-    ids = {json.loads((t / "result.json").read_text().splitlines()[0])["trial_id"]: t for t in trials}
+    for trial_id, folder in ids.items():  # trial.json names the same trial as Tune's own result.json
+        assert json.loads((folder / "result.json").read_text().splitlines()[0])["trial_id"] == trial_id
+        assert json.loads((folder / "trial.json").read_text())["params"] == json.loads((folder / "params.json")
+                                                                                      .read_text())
     assert set(outcomes) == set(ids), (sorted(outcomes), sorted(ids))  # one terminal outcome per trial
     assert all(o["outcome"] in TERMINAL for o in outcomes.values()), outcomes
 
@@ -97,7 +108,7 @@ def test_quick_sweep_end_to_end(quick_sweep: Path):
     stopped = [o for o in outcomes.values() if o["outcome"] == "stopped_early"]
     assert stopped, outcomes
     assert all(o["reason"].startswith("stopped by ASHA at") and o["tokens"] < tokens_budget for o in stopped)
-    assert json.loads((quick_sweep / ASHA_STATE_NAME).read_text())["num_stopped"] >= len(stopped)
+    assert json.loads(asha_state_path(quick_sweep).read_text())["num_stopped"] >= len(stopped)
     assert any(o["outcome"] == "completed" for o in outcomes.values())
 
     # Best trial beats the worst trial that trained normally (completed or cut by ASHA).
@@ -127,17 +138,18 @@ def test_quick_sweep_end_to_end(quick_sweep: Path):
     assert record["space"]["name"] == "quick" and record["budget"] == "quick"
     assert record["data"]["meta"]["content_hash"]
     assert {"lmtune", "torch", "ray", "optuna", "python"} <= set(record["versions"])
-    assert (quick_sweep / LEDGER_NAME).exists()
+    assert ledger_path(quick_sweep).exists()
+    assert record["asha"] == {"max_t": tokens_budget, "grace_period": int(0.111 * tokens_budget), "reduction_factor": 3}
     for trial in trials:  # TensorBoard files per trial
         assert list(trial.glob("tensorboard/events.out.tfevents.*")), trial
 
 
 @pytest.mark.slow
 def test_trials_of_a_sweep_share_one_compile_cache(quick_sweep: Path):
-    from lmtune.trainable import compile_cache_dir
+    from lmtune.sweep.trainable import compile_cache_dir
 
-    trial_dirs = [p for p in quick_sweep.iterdir() if (p / "metrics.csv").exists()]
-    assert {compile_cache_dir(p) for p in trial_dirs} == {quick_sweep / "compile_cache"}
+    folders = trial_dirs(quick_sweep).values()
+    assert {compile_cache_dir(p) for p in folders} == {quick_sweep / "compile_cache"}
     assert (quick_sweep / "compile_cache").is_dir()
 
 
@@ -159,15 +171,11 @@ def test_existing_name_without_resume_is_refused_untouched(quick_sweep: Path):
 @pytest.mark.slow
 def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path: Path, builtin_data: Path):
     steps, fault_step, interval = 40, 25, 10
-    space = tiny_grid(tmp_path / "fault.yaml", [1e-3, 3e-3], steps)
-    results = tmp_path / "results"
-    proc = run_lmtune("run", "--space", str(space), "--name", "fault", "--results", str(results), "--data",
-                      str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2", "--max-failures", "2",
-                      env={"LMTUNE_FAULT_RAISE_AT_STEP": str(fault_step)}, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    sweep = results / "fault"
+    sweep, stdout = run_tiny_sweep(tmp_path, "fault", builtin_data, [1e-3, 3e-3], steps, "--no-dashboard",
+                                   "--num-cpus", "2", "--max-failures", "2",
+                                   env={"LMTUNE_FAULT_RAISE_AT_STEP": str(fault_step)})
     outcomes = read_outcomes(sweep)
-    trials = trial_dirs(sweep)
+    trials = list(trial_dirs(sweep).values())
     assert len(trials) == 2 and len(outcomes) == 2
     assert {o["outcome"] for o in outcomes.values()} == {"completed"}, outcomes
     states = trial_states(sweep)
@@ -189,7 +197,7 @@ def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path: Path, builtin_da
         assert [int(s) for s in resumed] == [20], log  # restarted once, at the last checkpoint before the fault
         trained = (fault_step - 1) + (steps - int(resumed[0]))
         assert trained <= steps + interval, trained
-    assert "best trial" in proc.stdout
+    assert "best trial" in stdout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,18 +215,13 @@ def test_two_node_cluster_places_trials_on_both_nodes(tmp_path: Path, builtin_da
         node_ids = {node.node_id for node in cluster.list_all_nodes()}
         assert len(node_ids) == 2
         address = cluster.address
-        space = tiny_grid(tmp_path / "two.yaml", [1e-3, 3e-3], 30)
-        results = tmp_path / "results"
-        proc = run_lmtune("run", "--space", str(space), "--name", "two", "--results", str(results), "--data",
-                          str(builtin_data), "--address", address, "--quiet", timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        sweep, _ = run_tiny_sweep(tmp_path, "two", builtin_data, [1e-3, 3e-3], 30, "--address", address)
     finally:
         cluster.shutdown()
-    sweep = results / "two"
     assert json.loads((sweep / "sweep.json").read_text())["address"] == address
     assert {o["outcome"] for o in read_outcomes(sweep).values()} == {"completed"}
     used = {}
-    for trial in trial_dirs(sweep):
+    for trial in trial_dirs(sweep).values():
         rows = result_rows(trial)
         ids = {r["node_id"] for r in rows}
         assert len(ids) == 1, ids  # a trial stays on its node
@@ -228,8 +231,8 @@ def test_two_node_cluster_places_trials_on_both_nodes(tmp_path: Path, builtin_da
 
 
 def test_shipped_data_materializes_on_a_node_without_it(tmp_path: Path, builtin_data: Path, monkeypatch):
-    from lmtune.data import read_meta
-    from lmtune.trainable import DATA_FILES, ShippedData, trial_data_dir
+    from lmtune.data.dataset import read_meta
+    from lmtune.sweep.trainable import DATA_FILES, ShippedData, trial_data_dir
 
     shipped = ShippedData.from_dir(builtin_data)
     assert shipped.content_hash == read_meta(builtin_data).content_hash
@@ -263,19 +266,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _session_pids(session: int) -> list[int]:
-    """Processes in the session the test's `ray start` leads (all of the head's processes)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session:  # after ")": state, ppid, pgrp, session
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def _stop_session(proc: subprocess.Popen) -> None:
     """Stop the head started by this test, and only it: SIGTERM to `ray start --block` (which drains
     and stops its node), then SIGKILL whatever of its session is left."""
@@ -285,11 +275,7 @@ def _stop_session(proc: subprocess.Popen) -> None:
             proc.wait(timeout=45)
         except subprocess.TimeoutExpired:
             pass
-    for pid in _session_pids(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_session(proc.pid)
     if proc.poll() is None:
         proc.wait(timeout=10)
 
@@ -372,17 +358,12 @@ def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
 
 @pytest.mark.slow
 def test_two_trials_share_one_logical_gpu(tmp_path: Path, builtin_data: Path):
-    space = tiny_grid(tmp_path / "frac.yaml", [1e-3, 3e-3], 40)
-    results = tmp_path / "results"
-    proc = run_lmtune("run", "--space", str(space), "--name", "frac", "--results", str(results), "--data",
-                      str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2", "--num-gpus", "1",
-                      "--gpus-per-trial", "0.5", timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    sweep = results / "frac"
+    sweep, _ = run_tiny_sweep(tmp_path, "frac", builtin_data, [1e-3, 3e-3], 40, "--no-dashboard", "--num-cpus", "2",
+                              "--num-gpus", "1", "--gpus-per-trial", "0.5")
     assert json.loads((sweep / "sweep.json").read_text())["resources_per_trial"] == {"cpu": 1.0, "gpu": 0.5}
     states = trial_states(sweep)
     intervals = []
-    for trial in trial_dirs(sweep):
+    for trial in trial_dirs(sweep).values():
         rows = result_rows(trial)
         tid = rows[0]["trial_id"]
         saved = states[tid][0]["placement_group_factory"]
@@ -397,3 +378,22 @@ def test_two_trials_share_one_logical_gpu(tmp_path: Path, builtin_data: Path):
     overlap = min(e1, e2) - max(s1, s2)
     assert overlap > 0, f"trials did not run at once on the one GPU: {intervals}"
     assert {o["outcome"] for o in read_outcomes(sweep).values()} == {"completed"}
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Weights & Biases: Ray Tune's own WandbLoggerCallback, offline
+
+
+@pytest.mark.slow
+def test_wandb_gets_one_run_per_trial_with_every_tune_result(tmp_path: Path, builtin_data: Path):
+    sweep, _ = run_tiny_sweep(tmp_path, "wb", builtin_data, [1e-3, 3e-3], 20, "--no-dashboard", "--num-cpus", "2",
+                              "--wandb", "lmtune-tests", env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    runs = {run["config"]["lr"]: run for run in read_wandb_runs(sweep)}
+    folders = {json.loads((d / "trial.json").read_text())["params"]["lr"]: d for d in trial_dirs(sweep).values()}
+    assert set(runs) == set(folders) == {1e-3, 3e-3}
+    for lr, folder in folders.items():
+        reported = result_rows(folder)
+        logged = [row for row in runs[lr]["history"] if "train_loss" in row]
+        assert [row["step"] for row in logged] == [row["step"] for row in reported]
+        assert [row["train_loss"] for row in logged] == pytest.approx([row["train_loss"] for row in reported])
+        assert any("val_loss" in row for row in logged)

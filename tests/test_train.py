@@ -3,36 +3,30 @@ writes every promised file and refuses bad input with one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import matplotlib.image
 import pytest
 import torch
+from conftest import assert_refused, read_wandb_runs, run_lmtune, sigkill, snapshot, start_lmtune, wait_until
 
-from lmtune import checkpoint as ckpt
-from lmtune.config import budget_config
-from lmtune.data import BatchSampler, fixed_val_batches, load_data, read_meta, unigram_entropy
-from lmtune.model import TransformerLM
-from lmtune.schedule import lr_at
-from lmtune.train import (
-    METRIC_COLUMNS,
-    build_optimizer,
-    evaluate,
-    forward_backward,
-    main,
-    read_metrics,
-    resolve_config,
-    train,
-)
+from lmtune.data.batches import BatchSampler, fixed_val_batches
+from lmtune.data.dataset import load_data, read_meta, unigram_entropy
+from lmtune.train import main
+from lmtune.training import checkpoint as ckpt
+from lmtune.training.config import budget_config
+from lmtune.training.evaluate import evaluate
+from lmtune.training.loop import resolve_config, train
+from lmtune.training.metrics import METRIC_COLUMNS, read_metrics
+from lmtune.training.model import TransformerLM
+from lmtune.training.schedule import lr_at
+from lmtune.training.state import TrainState, build_optimizer
+from lmtune.training.step import Runtime, train_step
 
 # Columns that measure time or memory, so they differ between otherwise identical runs.
 TIMING_COLUMNS = {"tokens_per_s", "mfu", "data_wait_s", "compute_s", "peak_memory_bytes", "elapsed_s"}
@@ -45,12 +39,9 @@ def _sets(*pairs: str) -> list[str]:
     return [arg for pair in pairs for arg in ("--set", pair)]
 
 
-def _cli(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "lmtune.train", *args], capture_output=True, text=True, env=env,
-                          timeout=300, **kwargs)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    proc = run_lmtune("train", *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
@@ -104,7 +95,7 @@ def test_quick_budget_takes_val_loss_from_uniform_to_far_below_unigram_entropy(b
 
     def measure_initial(step, model):
         if step == 1:
-            initial["val_loss"] = evaluate(model, val_batches, torch.device("cpu"), None)
+            initial["val_loss"] = evaluate(Runtime(torch.device("cpu"), model, None, compiled=False), val_batches)
 
     result = train(config, tmp_path / "run", before_step=measure_initial)
 
@@ -121,16 +112,14 @@ def test_overfitting_one_batch_drives_loss_near_zero(tiny_config, builtin_data):
     config.model.vocab_size = read_meta(builtin_data).vocab_size
     torch.manual_seed(0)
     model = TransformerLM(config.model)
-    optimizer = build_optimizer(model, config, torch.device("cpu"))
+    state = TrainState(model, build_optimizer(model, config, torch.device("cpu")))
+    runtime = Runtime(torch.device("cpu"), model, None, compiled=False)
     data = load_data(builtin_data, config.model.context_length)
     x, y = BatchSampler(data.train, 8, config.model.context_length, seed=0).batch(0)
-    params = list(model.parameters())
     losses = []
     for _ in range(300):
-        loss, _ = forward_backward(model, params, x, y, None, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        result = train_step(state, runtime, x, y, config.train.lr, config.train)
+        losses.append(result.loss.item())
         if losses[-1] < 0.1:
             break
     assert losses[0] > 7.0
@@ -171,23 +160,14 @@ def test_sigkilled_cli_run_resumes_to_the_same_result_as_an_uninterrupted_one(bu
     sets = _sets(*TINY_SETS, "steps=300", "log_interval=10", "eval_interval=100", "checkpoint_interval=10")
     common = ["--data", str(builtin_data), "--quiet", *sets]
     killed = tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "lmtune.train", "--out", str(killed), *common],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = start_lmtune("train", "--out", str(killed), *common, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not list((killed / "checkpoints").glob("step_*.pt.sha256")):
-            assert proc.poll() is None, f"run ended before its first checkpoint: {proc.stderr.read()[-2000:]}"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.01)
-        assert proc.poll() is None, "the run finished before it could be killed; make it longer"
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
+        wait_until(lambda: list((killed / "checkpoints").glob("step_*.pt.sha256")), proc, 120, "first checkpoint")
+        sigkill(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        proc.stderr.close()
     assert not (killed / "summary.json").exists()
 
     _cli("--out", str(killed), "--resume", *common)
@@ -288,34 +268,67 @@ def test_cli_writes_every_promised_output(builtin_data, tmp_path):
         assert float(image[..., :3].std()) > 0.01, f"{name} is blank"
 
 
-def _snapshot(directory: Path) -> dict[str, tuple[int, int, bytes]]:
-    return {str(p.relative_to(directory)): (p.stat().st_mtime_ns, p.stat().st_size, p.read_bytes())
-            for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-def _assert_refused(argv: list[str], capsys, *words: str) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert "\n" not in err and err.startswith("error: "), err
-    for word in words:
-        assert word in err, err
-    return err
-
-
 def test_cli_refuses_bad_out_dirs_and_bad_settings_with_one_line(builtin_data, tmp_path, capsys):
     data = ["--data", str(builtin_data)]
     used = tmp_path / "used"
     used.mkdir()
     (used / "notes.txt").write_text("mine\n")
-    before = _snapshot(used)
-    _assert_refused([*data, "--out", str(used)], capsys, "--resume", str(used))
-    assert _snapshot(used) == before
+    before = snapshot(used)
+    assert_refused(main, [*data, "--out", str(used)], capsys, "--resume", str(used))
+    assert snapshot(used) == before
 
-    _assert_refused([*data, "--out", str(used), "--resume"], capsys, "config.json")
-    assert _snapshot(used) == before
+    assert_refused(main, [*data, "--out", str(used), "--resume"], capsys, "config.json")
+    assert snapshot(used) == before
 
     fresh = tmp_path / "fresh"
-    for pair, key in (("nosuchkey=1", "nosuchkey"), ("lr=-1", "lr"), ("batch_size=0", "batch_size")):
-        _assert_refused([*data, "--out", str(fresh), "--set", pair], capsys, key)
+    for pair, key in (("nosuchkey=1", "nosuchkey"), ("lr=-1", "lr"), ("batch_size=0", "batch_size"),
+                      ("grad_accum_steps=3", "divisible by grad_accum_steps")):
+        assert_refused(main, [*data, "--out", str(fresh), "--set", pair], capsys, key)
     assert not fresh.exists()
+
+
+# ---------------------------------------------------------------------------------------------- the step
+
+
+def test_gradient_accumulation_over_k_micro_batches_gives_the_update_of_one_k_times_larger_batch(
+        make_tiny_config, builtin_data):
+    config = resolve_config(make_tiny_config(batch_size=8, weight_decay=0.1), builtin_data)
+    data = load_data(builtin_data, config.model.context_length)
+    x, y = BatchSampler(data.train, 8, config.model.context_length, seed=0).batch(0)
+    cpu = torch.device("cpu")
+
+    def one_step(micro_batches: int):
+        torch.manual_seed(0)
+        model = TransformerLM(config.model).double()
+        state = TrainState(model, build_optimizer(model, config, cpu))
+        settings = dataclasses.replace(config.train, grad_accum_steps=micro_batches)
+        result = train_step(state, Runtime(cpu, model, None, compiled=False), x, y, 1e-2, settings)
+        return result, {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    whole, after_whole = one_step(1)
+    accumulated, after_accumulated = one_step(4)
+
+    assert accumulated.loss.item() == pytest.approx(whole.loss.item(), rel=1e-12)
+    assert accumulated.grad_norm.item() == pytest.approx(whole.grad_norm.item(), rel=1e-10)
+    for name, value in after_whole.items():
+        torch.testing.assert_close(after_accumulated[name], value, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.slow
+def test_wandb_gets_every_metrics_row_and_the_summary_offline(builtin_data, tmp_path):
+    out = tmp_path / "run"
+    proc = run_lmtune("train", "--data", str(builtin_data), "--out", str(out), "--wandb", "lmtune-tests",
+                      *_sets(*TINY_SETS, "steps=20", "log_interval=5", "eval_interval=10", "checkpoint_interval=10"),
+                      env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    (run,) = read_wandb_runs(out)
+    rows = read_metrics(out / "metrics.csv")
+    assert [h["_step"] for h in run["history"]] == [r["step"] for r in rows] == [5, 10, 15, 20]
+    for logged, row in zip(run["history"], rows, strict=True):
+        assert logged["train_loss"] == pytest.approx(row["train_loss"])
+        assert ("val_loss" in logged) == (row["val_loss"] is not None)
+    assert run["summary"]["status"] == "completed"
+    assert run["summary"]["best_val_loss"] == pytest.approx(json.loads((out / "summary.json").read_text())
+                                                            ["best_val_loss"])
+    assert run["config"]["train"]["steps"] == 20

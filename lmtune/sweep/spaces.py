@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
-from lmtune.config import BUDGETS, budget_config, coerce_value, field_names, field_type
 from lmtune.errors import LmtuneError
+from lmtune.training.config import BUDGETS, budget_config, coerce_value, field_names, field_type
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 TOP_KEYS = {"description", "search", "sampler", "num_samples", "budget", "params", "set", "scheduler", "stopper"}
 SEARCHES = ("grid", "optuna")
 SAMPLERS = ("tpe", "random", "cmaes")
@@ -121,17 +121,43 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
     unknown = set(raw) - TOP_KEYS
     if unknown:
         raise fail(sorted(unknown)[0], f"unknown key; valid keys: {', '.join(sorted(TOP_KEYS))}")
-    search = raw.get("search", "grid")
-    if search not in SEARCHES:
-        raise fail("search", f"unknown search '{search}'; use one of {', '.join(SEARCHES)}")
-    budget = raw.get("budget", "low-resource")
-    if budget not in BUDGETS:
-        raise fail("budget", f"unknown budget '{budget}'; use one of {', '.join(BUDGETS)}")
+    search = _one_of(raw, "search", "grid", SEARCHES, fail)
+    budget = _one_of(raw, "budget", "low-resource", tuple(BUDGETS), fail)
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise fail("description", "must be a string")
+    params = _parse_params(raw.get("params"), search, fail)
+    fixed = _parse_fixed(raw.get("set") or {}, params, fail)
+    sampler = _one_of(raw, "sampler", "tpe", SAMPLERS, fail)
+    num_samples = raw.get("num_samples", 1 if search == "grid" else 10)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise fail("num_samples", f"must be a positive integer (got {num_samples!r})")
+    if search == "grid" and "num_samples" in raw:
+        raise fail("num_samples", "only for search: optuna (a grid runs every combination once); remove it")
+    space = SearchSpace(
+        name=path.stem, path=path, description=description, search=search, budget=budget, params=params,
+        fixed=fixed, sampler=sampler, num_samples=num_samples,
+        scheduler=_parse_section(raw.get("scheduler"), "scheduler", SchedulerSpec, SCHEDULER_KEYS, fail),
+        stopper=_parse_section(raw.get("stopper"), "stopper", StopperSpec, STOPPER_KEYS, fail),
+    )
+    _check_stopping(space, fail)
+    # Every combination must make a valid run config (e.g. d_model divisible by n_heads).
+    try:
+        for sample in _corner_samples(space):
+            budget_config(budget, {**fixed, **sample})
+    except LmtuneError as err:
+        raise fail("params", f"{err}") from None
+    return space
 
-    params_raw = raw.get("params")
+
+def _one_of(raw: dict[str, Any], key: str, default: str, choices: tuple[str, ...], fail) -> str:
+    value = raw.get(key, default)
+    if value not in choices:
+        raise fail(key, f"unknown {key} '{value}'; use one of {', '.join(choices)}")
+    return value
+
+
+def _parse_params(params_raw: Any, search: str, fail) -> dict[str, Any]:
     if not isinstance(params_raw, dict) or not params_raw:
         raise fail("params", "must be a non-empty mapping of setting -> values, e.g. lr: [1.0e-4, 1.0e-3]")
     params = {}
@@ -140,8 +166,10 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
         if name not in field_names():
             raise fail(key, f"unknown setting; valid settings: {', '.join(field_names())}")
         params[name] = (_parse_grid_values if search == "grid" else _parse_distribution)(name, spec, key, fail)
+    return params
 
-    fixed_raw = raw.get("set") or {}
+
+def _parse_fixed(fixed_raw: Any, params: dict[str, Any], fail) -> dict[str, Any]:
     if not isinstance(fixed_raw, dict):
         raise fail("set", "must be a mapping of setting -> value")
     fixed = {}
@@ -151,22 +179,10 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
         if name in params:
             raise fail(f"set.{name}", "also listed under params; keep it in one place")
         fixed[name] = _coerce(name, value, f"set.{name}", fail)
+    return fixed
 
-    sampler = raw.get("sampler", "tpe")
-    if sampler not in SAMPLERS:
-        raise fail("sampler", f"unknown sampler '{sampler}'; use one of {', '.join(SAMPLERS)}")
-    num_samples = raw.get("num_samples", 1 if search == "grid" else 10)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise fail("num_samples", f"must be a positive integer (got {num_samples!r})")
-    if search == "grid" and "num_samples" in raw:
-        raise fail("num_samples", "only for search: optuna (a grid runs every combination once); remove it")
 
-    space = SearchSpace(
-        name=path.stem, path=path, description=description, search=search, budget=budget, params=params,
-        fixed=fixed, sampler=sampler, num_samples=num_samples,
-        scheduler=_parse_section(raw.get("scheduler"), "scheduler", SchedulerSpec, SCHEDULER_KEYS, fail),
-        stopper=_parse_section(raw.get("stopper"), "stopper", StopperSpec, STOPPER_KEYS, fail),
-    )
+def _check_stopping(space: SearchSpace, fail) -> None:
     if space.scheduler.name not in SCHEDULERS:
         raise fail("scheduler.name", f"unknown scheduler '{space.scheduler.name}'; use one of {', '.join(SCHEDULERS)}")
     if space.scheduler.reduction_factor <= 1:
@@ -175,13 +191,6 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
         raise fail("scheduler.grace_period", "must be > 0 (a fraction of the budget, or tokens)")
     if space.stopper.explode_factor <= 1:
         raise fail("stopper.explode_factor", "must be > 1 (e.g. 1.5: stop when loss exceeds 1.5x its initial value)")
-    # Every combination must make a valid run config (e.g. d_model divisible by n_heads).
-    try:
-        for sample in _corner_samples(space):
-            budget_config(budget, {**fixed, **sample})
-    except LmtuneError as err:
-        raise fail("params", f"{err}") from None
-    return space
 
 
 def _coerce(name: str, value: Any, key: str, fail) -> Any:

@@ -1,7 +1,9 @@
-"""Per-run figures: loss curves and the learning-rate schedule."""
+"""Where a run's figures are drawn: loss_curves.png and lr_schedule.png, from its metrics rows; and
+``save_figure``, through which every PNG lmtune writes (the report's too) is written atomically."""
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -10,12 +12,21 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from lmtune.checkpoint import atomic_write_bytes  # noqa: E402
+from lmtune.files import atomic_write_bytes  # noqa: E402
+from lmtune.training.config import RunConfig  # noqa: E402
+from lmtune.training.schedule import lr_at  # noqa: E402
+
+
+def write_run_figures(out_dir: Path, rows: list[dict], config: RunConfig) -> None:
+    t = config.train
+    plot_loss_curves(rows, out_dir / "loss_curves.png", title=f"lr={t.lr:g} ({config.budget})")
+    stride = max(1, t.steps // 500)
+    steps = list(range(0, t.steps, stride)) + [t.steps - 1]
+    plot_lr_schedule([s + 1 for s in steps], [lr_at(s, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps) for s in steps],
+                     out_dir / "lr_schedule.png")
 
 
 def save_figure(fig, path: Path) -> Path:
-    import io
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)

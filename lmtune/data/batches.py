@@ -1,109 +1,17 @@
-"""Prepared token data: loading and validation, random-window batches, and device prefetch.
-
-A data dir is what ``python -m lmtune.prepare`` writes: train.bin / val.bin (flat token ids) and
-meta.json. The splits are memory-mapped, so loading is instant and memory is shared between trials.
+"""Where a batch is built: random token windows as a pure function of (seed, step), prefetched to the
+device on a background thread, and the fixed validation batches.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from lmtune.errors import LmtuneError
-
-log = logging.getLogger(__name__)
-
-_PREPARE_HINT = "run python -m lmtune.prepare --input FILE --out DIR (or without --input for the built-in corpus)"
-
-
-@dataclass(frozen=True)
-class DataMeta:
-    """Parsed meta.json."""
-
-    vocab_size: int
-    dtype: str
-    train_tokens: int
-    val_tokens: int
-    max_token_id: int
-    eot_id: int | None
-    content_hash: str
-    sources: list
-    tokenizer: str | None
-
-
-@dataclass
-class TokenData:
-    dir: Path
-    meta: DataMeta
-    train: np.ndarray  # np.memmap
-    val: np.ndarray  # np.memmap
-
-
-def read_meta(data_dir: Path) -> DataMeta:
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise LmtuneError(f"data dir {data_dir} does not exist; {_PREPARE_HINT}")
-    path = data_dir / "meta.json"
-    if not path.is_file():
-        raise LmtuneError(f"{path} is missing, so {data_dir} is not a prepared data dir; {_PREPARE_HINT}")
-    try:
-        raw = json.loads(path.read_text())
-        meta = DataMeta(
-            vocab_size=int(raw["vocab_size"]),
-            dtype=str(raw["dtype"]),
-            train_tokens=int(raw["train_tokens"]),
-            val_tokens=int(raw["val_tokens"]),
-            max_token_id=int(raw["max_token_id"]),
-            eot_id=None if raw.get("eot_id") is None else int(raw["eot_id"]),
-            content_hash=str(raw.get("content_hash", "")),
-            sources=list(raw.get("sources", [])),
-            tokenizer=raw.get("tokenizer"),
-        )
-    except (ValueError, KeyError, TypeError) as err:
-        raise LmtuneError(f"{path} is unreadable or incomplete ({type(err).__name__}: {err}); "
-                          f"re-prepare with --force: {_PREPARE_HINT}") from None
-    if meta.dtype not in ("uint16", "uint32"):
-        raise LmtuneError(f"{path} has dtype {meta.dtype!r}; re-prepare with python -m lmtune.prepare --force")
-    return meta
-
-
-def load_data(data_dir: Path, context_length: int, vocab_size: int | None = None) -> TokenData:
-    """Open a prepared data dir after checking it fits a model with ``context_length``/``vocab_size``."""
-    data_dir = Path(data_dir)
-    meta = read_meta(data_dir)
-    itemsize = np.dtype(meta.dtype).itemsize
-    for split, n in (("train", meta.train_tokens), ("val", meta.val_tokens)):
-        path = data_dir / f"{split}.bin"
-        if not path.is_file():
-            raise LmtuneError(f"{path} is missing; {_PREPARE_HINT}")
-        size = path.stat().st_size
-        if size != n * itemsize:
-            raise LmtuneError(
-                f"{path} has {size} bytes but meta.json says {n} {meta.dtype} tokens ({n * itemsize} bytes); "
-                "the dir is corrupt or was modified: re-prepare it with python -m lmtune.prepare --force"
-            )
-    if vocab_size is not None and meta.max_token_id >= vocab_size:
-        raise LmtuneError(
-            f"{data_dir} holds token ids up to {meta.max_token_id} but the model vocab_size is {vocab_size}; "
-            f"set vocab_size >= {meta.max_token_id + 1} or re-prepare with a smaller --vocab-size"
-        )
-    for split, n in (("train", meta.train_tokens), ("val", meta.val_tokens)):
-        if n < context_length + 1:
-            raise LmtuneError(
-                f"{data_dir / (split + '.bin')} has {n} tokens, fewer than context_length + 1 = "
-                f"{context_length + 1}; use a smaller context_length (--set context_length=...) or more data"
-            )
-    train = np.memmap(data_dir / "train.bin", dtype=meta.dtype, mode="r")
-    val = np.memmap(data_dir / "val.bin", dtype=meta.dtype, mode="r")
-    return TokenData(dir=data_dir, meta=meta, train=train, val=val)
 
 
 class BatchSampler:
@@ -226,16 +134,3 @@ def fixed_val_batches(
     """A deterministic evaluation set (CPU tensors): the same windows for every trial and eval."""
     sampler = BatchSampler(val_tokens, batch_size, context_length, seed)
     return [sampler.batch(i) for i in range(num_batches)]
-
-
-def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
-    """Nats per token of the empirical unigram distribution: the loss of a model that ignores context."""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    step = 1 << 24
-    for s in range(0, tokens.shape[0], step):  # sliced so a large memmap is not materialised as int64
-        counts += np.bincount(np.asarray(tokens[s : s + step]), minlength=vocab_size)[:vocab_size]
-    total = counts.sum()
-    if total == 0:
-        return 0.0
-    p = counts[counts > 0] / total
-    return float(-(p * np.log(p)).sum())

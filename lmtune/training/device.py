@@ -1,4 +1,4 @@
-"""Device selection and the peak throughput figures MFU is measured against."""
+"""The device a run trains on: selection, backend settings, precision, and the peak FLOP/s MFU is measured against."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import torch
 
 from lmtune.errors import LmtuneError
+from lmtune.training.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,3 +71,27 @@ def peak_flops(device: torch.device) -> float | None:
         if key in name:
             return flops
     return None
+
+
+def configure_backend(device: torch.device) -> None:
+    """TF32 tensor cores for the float32 matmuls left outside autocast (CUDA only)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+
+
+def autocast_dtype(config: RunConfig, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast where precision asks for it (auto: on CUDA), else None (float32)."""
+    precision = config.train.precision
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (timing needs it; CPU work is synchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

@@ -2,7 +2,8 @@
 
 Everything here works on an in-memory list of :class:`TrialRecord` (one per trial of a sweep, its
 metrics.csv rows as a DataFrame), so the report can be computed and tested without Ray Tune or disk.
-Literature behind the numbers: ../shared/REFERENCE.md, "Stability literature".
+Literature behind the numbers: Cohen et al. 2021 and 2022 (the edge of stability), Wortsman et al. 2023
+(small-scale proxies for Transformer training instabilities, LR sensitivity).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import numpy as np
 import pandas as pd
 
 from lmtune.errors import LmtuneError
+from lmtune.sweep.record import Outcome
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("completed", "diverged", "stopped_early", "too_slow", "error", "running")
+OUTCOMES = (*(str(o) for o in Outcome), "running")
 STATUSES = ("completed", "unstable", "diverged", "stopped_early", "too_slow", "error", "running")
 
 # A 10% rise of the smoothed train loss above its running minimum. Healthy runs of the size lmtune
@@ -31,9 +33,9 @@ STATUSES = ("completed", "unstable", "diverged", "stopped_early", "too_slow", "e
 UNSTABLE_THRESHOLD = 0.10
 DEFAULT_SMOOTH = 5
 
-# Edge-ratio readings (divergence LR / best LR), from the seeds' sweep in ../shared/REFERENCE.md:
-# > 4 conservative, < 2 near the edge, ~1 at the edge. "~1" is taken as [0.8, 1.25] (one grid step of
-# a fine sweep either side); 2..4 is the band the reference leaves unnamed.
+# Edge-ratio readings (divergence LR / best LR), the rule of thumb LR-sweep users apply: > 4
+# conservative, < 2 near the edge, ~1 at the edge. "~1" is taken as [0.8, 1.25] (one grid step of a
+# fine sweep either side); 2..4, which the rule leaves unnamed, reads "moderately below the edge".
 AT_EDGE_BAND = (0.8, 1.25)
 NEAR_EDGE_BELOW = 2.0
 CONSERVATIVE_ABOVE = 4.0
@@ -57,10 +59,16 @@ class TrialRecord:
     outcome: str  # how the sweep ended it: one of OUTCOMES
     reason: str = ""  # e.g. "diverged at step 412, loss nan" / "stopped by ASHA at 2.6M tokens"
     stop_step: int | None = None
-    # metrics.csv rows (lmtune.train.METRIC_COLUMNS); val_loss is NaN where not evaluated
+    # metrics.csv rows (lmtune.training.metrics.METRIC_COLUMNS); val_loss is NaN where not evaluated
     curve: pd.DataFrame = field(default_factory=pd.DataFrame)
     wall_time_s: float | None = None
     checkpoint_dir: Path | None = None  # where step_XXXXXXXX.pt checkpoints live (for sharpness)
+    config: dict[str, Any] = field(default_factory=dict)  # the trial's RunConfig as a dict (config.json)
+
+    @property
+    def budget_tokens(self) -> int | None:
+        """The tokens the trial's config would train to the end, when it has a config."""
+        return budget_tokens(self.config)
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -70,6 +78,15 @@ class TrialRecord:
             raise LmtuneError(f"trial {self.trial_id}: lr must be a positive number (got {self.lr!r})")
         if "step" in self.curve.columns:
             self.curve = self.curve.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def budget_tokens(config: dict[str, Any]) -> int | None:
+    """steps x batch_size x context_length of a RunConfig dict (None when it lacks one of them)."""
+    train, model = config.get("train") or {}, config.get("model") or {}
+    try:
+        return int(train["steps"]) * int(train["batch_size"]) * int(model["context_length"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,18 +330,50 @@ def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: f
         return f"{record.trial_id}: no best trial to compare against."
     if record is best_record or record.trial_id == best_record.trial_id:
         return f"{record.trial_id} is the best trial."
-    steps, best_steps = column(record, "step"), column(best_record, "step")
-    if steps is None or best_steps is None:
+    if column(record, "step") is None or column(best_record, "step") is None:
         return f"{record.trial_id}: no step column, so growth cannot be compared."
+    found, missing = probe_crossings(record, best_record, factor)
+    if not found:
+        checked = [label for label in PROBES.values() if label not in missing]
+        if not checked:
+            return f"{record.trial_id}: no stability probes logged ({', '.join(missing)} missing)."
+        tail = f" ({', '.join(missing)} not logged)" if missing else ""
+        return (f"{record.trial_id} (lr={record.lr:.3g}): none of {', '.join(checked)} exceeded "
+                f"{factor:g}x the best trial's values{tail}.")
+    order = list(PROBES.values())
+    found.sort(key=lambda item: (item[0], order.index(item[2])))
+    quiet = [label for label in order if label not in missing and label not in {f[2] for f in found}]
+    step = found[0][0]
+    tied = sorted((f for f in found if f[0] == step), key=lambda f: -f[1])
+    _, ratio, label = tied[0]
+    ratio_text = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x the best trial's"
+    if len(tied) > 1:
+        # Crossing at the same logged step does not tell which came first; say so, and which grew most.
+        sentence = (f"{record.trial_id} (lr={record.lr:.3g}): {', '.join(f[2] for f in tied)} all exceeded "
+                    f"{factor:g}x at the same logged step {int(step)} (log more often to order them); "
+                    f"{label} grew most, {ratio_text}")
+    else:
+        sentence = f"{record.trial_id} (lr={record.lr:.3g}): {label} grew first, {ratio_text} at step {int(step)}"
+    later = [f"{lab} at step {int(s)}" for s, _, lab in found if s != step]
+    if later:
+        sentence += f"; then {', '.join(later)}"
+    if quiet:
+        sentence += f"; {', '.join(quiet)} stayed within {factor:g}x"
+    if missing:
+        sentence += f"; {', '.join(missing)} not logged"
+    return sentence + "."
+
+
+def probe_crossings(record: TrialRecord, best_record: TrialRecord,
+                    factor: float) -> tuple[list[tuple[float, float, str]], list[str]]:
+    """([(first step above factor x the best run, ratio there, probe label)], [labels not logged])."""
+    steps, best_steps = column(record, "step"), column(best_record, "step")
     found: list[tuple[float, float, str]] = []
     missing = []
     for name, label in PROBES.items():
         mine, theirs = column(record, name), column(best_record, name)
-        if mine is None or theirs is None:
-            missing.append(label)
-            continue
-        ok = np.isfinite(theirs) & np.isfinite(best_steps)
-        if ok.sum() == 0:
+        ok = np.isfinite(theirs) & np.isfinite(best_steps) if theirs is not None else None
+        if mine is None or ok is None or ok.sum() == 0:
             missing.append(label)
             continue
         ref_steps, ref_vals = best_steps[ok], np.abs(theirs[ok])
@@ -337,38 +386,7 @@ def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: f
             i = int(hits[0])
             ratio = abs(mine[i]) / max(ref_at[i], 1e-12) if np.isfinite(mine[i]) else math.inf
             found.append((float(steps[i]), ratio, label))
-    if not found:
-        checked = [label for name, label in PROBES.items() if label not in missing]
-        if not checked:
-            return f"{record.trial_id}: no stability probes logged ({', '.join(missing)} missing)."
-        tail = f" ({', '.join(missing)} not logged)" if missing else ""
-        return (f"{record.trial_id} (lr={record.lr:.3g}): none of {', '.join(checked)} exceeded "
-                f"{factor:g}x the best trial's values{tail}.")
-    order = list(PROBES.values())
-    found.sort(key=lambda item: (item[0], order.index(item[2])))
-    step, ratio, label = found[0]
-    ratio_text = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x the best trial's"
-    tied = sorted((f for f in found if f[0] == step), key=lambda f: -f[1])
-    if len(tied) > 1:
-        # Crossing at the same logged step does not tell which came first; say so, and which grew most.
-        step, ratio, label = tied[0]
-        ratio_text = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x the best trial's"
-        sentence = (f"{record.trial_id} (lr={record.lr:.3g}): {', '.join(f[2] for f in tied)} all exceeded "
-                    f"{factor:g}x at the same logged step {int(step)} (log more often to order them); "
-                    f"{label} grew most, {ratio_text}")
-        found = [f for f in found if f[0] != step or f is tied[0]]
-        found.sort(key=lambda item: (item[0], order.index(item[2])))
-    else:
-        sentence = f"{record.trial_id} (lr={record.lr:.3g}): {label} grew first, {ratio_text} at step {int(step)}"
-    later = [f"{lab} at step {int(s)}" for s, _, lab in found[1:]]
-    if later:
-        sentence += f"; then {', '.join(later)}"
-    quiet = [lab for lab in order if lab not in missing and lab not in {f[2] for f in found}]
-    if quiet:
-        sentence += f"; {', '.join(quiet)} stayed within {factor:g}x"
-    if missing:
-        sentence += f"; {', '.join(missing)} not logged"
-    return sentence + "."
+    return found, missing
 
 
 def _clean(value: Any) -> Any:
@@ -444,12 +462,13 @@ def sweep_summary(records: Sequence[TrialRecord], target: float | None = None, e
         "trials": rows,
     }
     log.info("sweep summary: best lr %s (val %s), divergence lr %s, ratio %s", best_lr, best_loss, div_lr, ratio)
-    return _json_safe(summary)
+    return json_safe(summary)
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """NaN/inf -> None and numpy scalars -> Python, through dicts and lists (for JSON with allow_nan=False)."""
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return _clean(value)

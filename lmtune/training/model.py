@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmtune.config import ModelConfig
+from lmtune.training.config import ModelConfig
 
 
 def rope_tables(head_dim: int, context_length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +166,9 @@ class TransformerLM(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) -> torch.Tensor:
-    flat = logits.reshape(-1, logits.shape[-1]).float()
+    """Mean cross-entropy (+ z-loss), computed in at least float32 whatever the logits' dtype."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat = flat.to(torch.promote_types(flat.dtype, torch.float32))
     loss = F.cross_entropy(flat, targets.reshape(-1))
     if z_loss > 0:
         loss = loss + z_loss * flat.logsumexp(-1).square().mean()
@@ -193,6 +195,6 @@ def count_parameters(cfg: ModelConfig) -> dict[str, int]:
 def flops_per_token(cfg: ModelConfig) -> float:
     """Training FLOPs per token: 6 x (non-embedding + output params) for the matmuls, forward and
     backward, plus attention's QK^T and AV: 12 * n_layers * context * d_model (full square, no causal
-    discount). The default config gives ~112 MFLOP/token (../shared/REFERENCE.md)."""
+    discount). The default config gives ~112 MFLOP/token."""
     counts = count_parameters(cfg)
     return 6.0 * (counts["non_embedding"] + counts["output"]) + 12.0 * cfg.n_layers * cfg.context_length * cfg.d_model

@@ -1,14 +1,17 @@
-"""Sharpness: the top Hessian eigenvalue of the training loss, raw and Adam-preconditioned.
+"""Sharpness: the top Hessian eigenvalue of the training loss, raw and Adam-preconditioned, at a
+trial's checkpoints (python -m lmtune.analyze --sharpness).
 
 Cohen et al. 2021: under full-batch GD the sharpness rises to about 2/lr and hovers there (the edge of
 stability). Cohen et al. 2022: under Adam it is the *preconditioned* sharpness, the top eigenvalue of
 P^-1/2 H P^-1/2 with P = diag(sqrt(v_hat) + eps), that hovers near (2 + 2 beta1) / ((1 - beta1) lr),
-38/lr for beta1 = 0.9 (../shared/REFERENCE.md). Both are estimated by power iteration on
+38/lr for beta1 = 0.9. Both are estimated by power iteration on
 Hessian-vector products (double backward) on one fixed batch.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
 import math
 from collections.abc import Callable
@@ -17,10 +20,16 @@ from typing import Any
 
 import torch
 
-from lmtune.checkpoint import load_checkpoint
-from lmtune.config import ModelConfig
+from lmtune.data.batches import fixed_val_batches
+from lmtune.data.dataset import load_data
 from lmtune.errors import LmtuneError
-from lmtune.model import TransformerLM
+from lmtune.files import atomic_write_text
+from lmtune.report.stability import TrialRecord, classify
+from lmtune.sweep.record import SweepRecord
+from lmtune.training.checkpoint import load_checkpoint, periodic_checkpoints
+from lmtune.training.config import ModelConfig
+from lmtune.training.model import TransformerLM
+from lmtune.training.schedule import lr_at
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +173,7 @@ def _model_config(model_config_dict: dict[str, Any] | None, state: dict[str, Any
 
 
 def _optimizer_order(model: TransformerLM) -> list[torch.Tensor]:
-    """Parameters in the order lmtune.train.build_optimizer hands them to AdamW: matrices, then the rest."""
+    """Parameters in the order build_optimizer (lmtune.training.state) gives AdamW: matrices, then the rest."""
     params = list(model.parameters())
     return [p for p in params if p.ndim >= 2] + [p for p in params if p.ndim < 2]
 
@@ -198,8 +207,7 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any
     """
     state = load_checkpoint(Path(checkpoint_path))
     model = TransformerLM(_model_config(model_config_dict, state)).float()
-    weights = {k.removeprefix("_orig_mod."): v for k, v in state["model"].items()}
-    model.load_state_dict(weights)
+    model.load_state_dict(state["model"])
     for block in model.blocks:
         block.attn.use_sdpa = False
     model.train()
@@ -215,8 +223,6 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any
     eps = group.get("eps")
     lr = group.get("lr")
     if lr is None and state.get("config"):
-        from lmtune.schedule import lr_at
-
         t = state["config"]["train"]
         # Step k was taken with the schedule's value at 0-based index k - 1.
         lr = lr_at(max(state["step"] - 1, 0), t["lr"], t["min_lr_ratio"], t["warmup_steps"], t["steps"])
@@ -240,3 +246,75 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any
     log.info("sharpness at step %d: %.4g (2/lr %.4g), preconditioned %s (Adam threshold %s)", result["step"],
              sharp, result["gd_threshold"] or float("nan"), pre, result["adam_threshold"])
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# A sweep's sharpness
+
+
+SHARPNESS_COLUMNS = ["trial_id", "lr", "step", "lr_at_step", "sharpness", "preconditioned_sharpness",
+                     "gd_threshold", "adam_threshold"]
+
+
+def sharpness_trials(records: list[TrialRecord], best_trial_id: str | None) -> list[TrialRecord]:
+    """The best trial and the trial at the largest non-diverged LR (once if they coincide)."""
+    chosen = [r for r in records if r.trial_id == best_trial_id][:1]
+    healthy = [r for r in records if classify(r) != "diverged"
+               and r.checkpoint_dir is not None and r.checkpoint_dir.is_dir()]
+    if healthy:
+        largest = max(healthy, key=lambda r: (r.lr, r.trial_id))
+        if all(largest is not c for c in chosen):
+            chosen.append(largest)
+    return chosen
+
+
+def sharpness_batch(record: SweepRecord, context_length: int, batch_size: int = 4):
+    """A fixed validation batch (batch_size x context) from the sweep's data dir."""
+    data_dir = record.data.get("dir") or record.base_config.get("data_dir")
+    if not data_dir or not Path(data_dir).is_dir():
+        raise LmtuneError(f"--sharpness needs the sweep's data dir ({data_dir or 'not recorded in sweep.json'}), "
+                          "which is missing; restore it there or run without --sharpness")
+    data = load_data(Path(data_dir), context_length)
+    return fixed_val_batches(data.val, batch_size, context_length, 1)[0]
+
+
+def sweep_sharpness(record: SweepRecord, records: list[TrialRecord], best_trial_id: str | None,
+                    iters: int = 100, tol: float = 1e-4) -> list[dict[str, Any]]:
+    """checkpoint_sharpness at every remaining periodic checkpoint of :func:`sharpness_trials`.
+
+    The largest (algebraic) Hessian eigenvalue, not the largest-magnitude one: late in training a
+    negative-curvature direction can dominate in magnitude, and sharpness is the top eigenvalue.
+    """
+    torch.set_num_threads(1)
+    rows: list[dict[str, Any]] = []
+    batches: dict[int, Any] = {}
+    for trial in sharpness_trials(records, best_trial_id):
+        config = trial.config or record.base_config or None
+        context = int(((config or {}).get("model") or {}).get("context_length") or 0)
+        checkpoints = periodic_checkpoints(trial.checkpoint_dir) if trial.checkpoint_dir else []
+        if not checkpoints:
+            log.warning("trial %s has no periodic checkpoints left; no sharpness for it", trial.trial_id)
+            continue
+        if context <= 0:
+            log.warning("trial %s: no context_length in its config; no sharpness for it", trial.trial_id)
+            continue
+        if context not in batches:
+            batches[context] = sharpness_batch(record, context)
+        for path in checkpoints:
+            try:
+                result = checkpoint_sharpness(path, config, batches[context], iters=iters, tol=tol, largest=True)
+            except (ValueError, RuntimeError, OSError, KeyError) as err:
+                log.warning("skipping checkpoint %s: %s", path, err)
+                continue
+            rows.append({"trial_id": trial.trial_id, "lr": trial.lr, **result})
+    return rows
+
+
+def write_sharpness_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(SHARPNESS_COLUMNS)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else row.get(c) for c in SHARPNESS_COLUMNS])
+    atomic_write_text(path, buffer.getvalue())
+    return path

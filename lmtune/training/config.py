@@ -18,51 +18,96 @@ from lmtune.errors import LmtuneError
 
 @dataclass
 class ModelConfig:
-    """Decoder-only Transformer of the CS336 shape (defaults: ~17M non-embedding parameters)."""
+    """Decoder-only Transformer of the CS336 shape (the defaults: ~17M non-embedding parameters)."""
 
     vocab_size: int = 10000
+    """Token ids the embedding and the output layer cover (taken from the data's meta.json unless set)."""
     context_length: int = 256
+    """Tokens per training window; also the length of the RoPE tables."""
     d_model: int = 512
+    """Width of the residual stream."""
     d_ff: int = 1344
+    """Hidden width of the SwiGLU feed-forward layer."""
     n_layers: int = 4
+    """Transformer blocks."""
     n_heads: int = 16
+    """Attention heads; d_model / n_heads is the head dimension (even, for RoPE)."""
     rope_theta: float = 10000.0
-    qk_norm: bool = False  # RMSNorm on per-head queries and keys (Wortsman et al. 2023)
-    z_loss: float = 0.0  # coefficient on log^2 Z of the output softmax (Wortsman et al. 2023)
+    """Base of the rotary position embedding's frequencies."""
+    qk_norm: bool = False
+    """RMSNorm on per-head queries and keys (Wortsman et al. 2023): tames attention-logit growth."""
+    z_loss: float = 0.0
+    """Coefficient on log^2 Z of the output softmax (Wortsman et al. 2023): tames output-logit drift."""
 
 
 @dataclass
 class TrainConfig:
     """Optimizer, schedule, budget and bookkeeping of one training run."""
 
-    lr: float = 1e-3  # peak learning rate (alpha_max)
-    min_lr_ratio: float = 0.1  # alpha_min = lr * min_lr_ratio
+    lr: float = 1e-3
+    """Peak learning rate (alpha_max), reached at the end of warm-up."""
+    min_lr_ratio: float = 0.1
+    """The cosine decay ends at lr * min_lr_ratio on the last step."""
     warmup_steps: int = 200
+    """Steps of linear warm-up from 0 to lr."""
     steps: int = 5000
+    """Optimizer steps in the run."""
     batch_size: int = 32
+    """Sequences per optimizer step (the effective batch, whatever grad_accum_steps is)."""
+    grad_accum_steps: int = 1
+    """Micro-batches each step's batch is split into: the same update with 1/k of the activation memory."""
     weight_decay: float = 0.1
+    """AdamW weight decay on the weight matrices (never on RMSNorm gains)."""
     beta1: float = 0.9
+    """AdamW first-moment decay."""
     beta2: float = 0.95
+    """AdamW second-moment decay."""
     eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 disables clipping
+    """AdamW denominator epsilon."""
+    grad_clip: float = 1.0
+    """Largest global gradient norm; 0 disables clipping (the norm is still measured)."""
     log_interval: int = 50
+    """Steps between rows of metrics.csv (and reports to a sweep)."""
     eval_interval: int = 500
+    """Steps between validation losses."""
     eval_batches: int = 20
+    """Fixed validation batches of batch_size windows each evaluation averages over."""
     checkpoint_interval: int = 1000
+    """Steps between periodic checkpoints."""
     keep_checkpoints: int = 3
+    """Periodic checkpoints kept (best.pt is kept apart)."""
     seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    compile: str = "auto"  # auto | on | off ("auto": on for CUDA/MPS, measured-faster choice on CPU)
-    precision: str = "auto"  # auto | fp32 | bf16 ("auto": bf16 autocast on CUDA, fp32 elsewhere)
+    """Initialisation and data order."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N | mps."""
+    compile: str = "auto"
+    """auto | on | off ("auto": on for CUDA/MPS; on CPU the choice measured faster for the model's size)."""
+    precision: str = "auto"
+    """auto | fp32 | bf16 ("auto": bf16 autocast on CUDA, fp32 elsewhere)."""
+
+    def logs_at(self, step: int) -> bool:
+        """A metrics row at this (1-based) step: every log_interval, and wherever it evaluates or checkpoints."""
+        return step % self.log_interval == 0 or self.evaluates_at(step) or self.checkpoints_at(step)
+
+    def evaluates_at(self, step: int) -> bool:
+        return step % self.eval_interval == 0 or step == self.steps
+
+    def checkpoints_at(self, step: int) -> bool:
+        return step % self.checkpoint_interval == 0 or step == self.steps
 
 
 @dataclass
 class RunConfig:
+    """Everything one training run needs: the model, the training settings, and where its data is."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     budget: str = "low-resource"
+    """The named budget the settings started from (BUDGETS), or "custom"."""
     data_dir: str = ""
-    vocab_from_data: bool = True  # take vocab_size from the data's meta.json unless set explicitly
+    """A prepared data dir (python -m lmtune.prepare)."""
+    vocab_from_data: bool = True
+    """Take vocab_size from the data's meta.json (False once vocab_size is set explicitly)."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -89,7 +134,8 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-# Named budgets (../shared/REFERENCE.md). "quick" is sized to finish in 1-3 minutes on 2 CPU cores
+# Named budgets: "full" and "low-resource" are the CS336 assignment's (batch 128 x 10k steps and 32 x 5k
+# steps of 256-token windows: 327.68M and 40.96M tokens). "quick" is sized to finish in 1-3 minutes on 2 CPU cores
 # while its val loss still falls far below the corpus's unigram entropy.
 BUDGETS: dict[str, dict[str, Any]] = {
     "full": dict(batch_size=128, steps=10_000, context_length=256, warmup_steps=500, log_interval=50,
@@ -209,6 +255,10 @@ def validate(config: RunConfig, where: str = "config") -> None:
     need(math.isfinite(t.lr) and t.lr > 0, f"lr must be a positive finite number (got {t.lr})")
     need(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
     need(t.batch_size > 0, f"batch_size must be a positive integer (got {t.batch_size})")
+    need(t.grad_accum_steps > 0, f"grad_accum_steps must be a positive integer (got {t.grad_accum_steps})")
+    need(t.batch_size % t.grad_accum_steps == 0,
+         f"batch_size ({t.batch_size}) must be divisible by grad_accum_steps ({t.grad_accum_steps}); "
+         "pick a grad_accum_steps that divides it")
     need(t.steps > 0, f"steps must be a positive integer (got {t.steps})")
     need(0 <= t.warmup_steps <= t.steps, f"warmup_steps must be in [0, steps={t.steps}] (got {t.warmup_steps})")
     need(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "weight_decay must be >= 0")

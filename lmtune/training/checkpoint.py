@@ -1,4 +1,4 @@
-"""Atomic, verifiable checkpoints.
+"""Atomic, verifiable checkpoints, and the Checkpointer a training run saves and resumes through.
 
 A checkpoint is one file ``step_XXXXXXXX.pt`` written to a temp name, fsynced and renamed, with a
 sidecar ``.sha256`` written the same way afterwards: a file without a matching checksum is
@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 import pickle
 import re
 from pathlib import Path
@@ -19,33 +18,14 @@ from typing import Any
 
 import torch
 
+from lmtune.files import atomic_write_bytes, atomic_write_text
+from lmtune.training.config import RunConfig
+from lmtune.training.state import TrainState
+
 log = logging.getLogger(__name__)
 
 PERIODIC = re.compile(r"^step_(\d{8})\.pt$")
 BEST_NAME = "best.pt"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
-        pass
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def checksum_path(path: Path) -> Path:
@@ -100,3 +80,36 @@ def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
         except (ValueError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
             log.warning("skipping unusable checkpoint %s: %s", candidate, err)
     return None
+
+
+class Checkpointer:
+    """A run's checkpoints folder: periodic checkpoints (the newest ``keep``), best.pt, and resuming."""
+
+    def __init__(self, directory: Path, keep: int):
+        self.directory = Path(directory)
+        self.keep = keep
+
+    def restore(self, state: TrainState, *, path: Path | None = None, latest: bool = False) -> Path | None:
+        """Load ``path`` (Ray Tune's restore names one) or, with ``latest``, the newest checkpoint that
+        verifies into ``state``. Returns the file loaded; None means a fresh start."""
+        if path is None and latest:
+            found = load_latest(self.directory)
+            saved, path = found if found else (None, None)
+        else:
+            saved = load_checkpoint(path) if path is not None else None
+        if saved is not None:
+            state.load_state_dict(saved)
+        return path
+
+    def save(self, state: TrainState, config: RunConfig, history: list[dict[str, Any]]) -> Path:
+        """A periodic checkpoint at ``state.step`` (everything a resume needs), then rotation."""
+        saved = {**state.state_dict(), "sampler": {"seed": config.train.seed, "next_step": state.step},
+                 "history": [dict(row) for row in history], "config": config.to_dict()}
+        path = save_checkpoint(saved, periodic_path(self.directory, state.step))
+        rotate(self.directory, self.keep)
+        return path
+
+    def save_best(self, state: TrainState, config: RunConfig, val_loss: float) -> Path:
+        """best.pt: the model alone, at the lowest validation loss so far."""
+        return save_checkpoint({"model": state.model.state_dict(), "step": state.step, "val_loss": val_loss,
+                                "config": config.to_dict()}, self.directory / BEST_NAME)

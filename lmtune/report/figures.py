@@ -1,14 +1,10 @@
-"""Figures and files of the edge-of-stability report, from in-memory trial records.
-
-lr_sweep_comparison.png, lr_vs_final_loss.png, instability.png, sharpness.png, lr_sweep_analysis.md,
-summary.json and summary.csv. Every file is written atomically (a reader never sees half a file).
+"""Where the report's figures are drawn: lr_sweep_comparison.png, lr_vs_final_loss.png,
+instability.png and sharpness.png, from trial records. (A run's own two figures are drawn by
+lmtune.training.figures.)
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -22,38 +18,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from lmtune.checkpoint import atomic_write_text  # noqa: E402
-from lmtune.plots import save_figure  # noqa: E402
-from lmtune.stability import (  # noqa: E402
-    AT_EDGE_BAND,
-    CONSERVATIVE_ABOVE,
-    DEFAULT_SMOOTH,
-    NEAR_EDGE_BELOW,
-    UNSTABLE_THRESHOLD,
-    TrialRecord,
-    classify,
-    column,
-    first_growth,
-    initial_loss,
-)
+from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
+from lmtune.training.figures import save_figure  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-HEADINGS = (
-    "## Trials",
-    "## Best learning rate",
-    "## Edge of stability",
-    "## Convergence speed",
-    "## LR sensitivity",
-    "## Target",
-    "## How the unstable runs broke",
-    "## Search strategy and compute",
-    "## Definitions",
-)
-
 
 # ---------------------------------------------------------------------------------------------
-# Figures
+# A sweep
 
 
 def _lr_colors(records: Sequence[TrialRecord]):
@@ -261,213 +233,3 @@ def plot_sharpness(rows: Sequence[dict[str, Any]], path: Path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle("edge of stability: sharpness against the stability thresholds")
     return save_figure(fig, path)
-
-
-# ---------------------------------------------------------------------------------------------
-# Markdown and tables
-
-
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "—"
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def _tokens(value: Any) -> str:
-    if value is None:
-        return "—"
-    value = float(value)
-    if value >= 1e6:
-        return f"{value / 1e6:.2f}M"
-    if value >= 1e3:
-        return f"{value / 1e3:.1f}k"
-    return f"{value:.0f}"
-
-
-def _rate(value: Any) -> str:
-    return "—" if value is None else f"{value:,.0f}"
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return lines
-
-
-def _varied_params(summary: dict[str, Any]) -> list[str]:
-    names: list[str] = []
-    for row in summary["trials"]:
-        for key in row["params"]:
-            if key != "lr" and key not in names:
-                names.append(key)
-    return names
-
-
-def write_markdown(summary: dict[str, Any], records: Sequence[TrialRecord], path: Path,
-                   search_description: str, compute: dict[str, Any]) -> Path:
-    """lr_sweep_analysis.md: the report's text, one section per heading in HEADINGS."""
-    rows = summary["trials"]
-    extra = _varied_params(summary)
-    lines = ["# Learning-rate sweep: analysis", ""]
-    counts = ", ".join(f"{n} {s}" for s, n in summary.get("status_counts", {}).items())
-    figures = ["lr_sweep_comparison.png", "lr_vs_final_loss.png"]
-    if any(r["status"] in ("diverged", "unstable") for r in rows):
-        figures.append("instability.png")
-    if summary.get("sharpness"):
-        figures.append("sharpness.png")
-    lines += [f"{len(rows)} trials ({counts}). Figures: {', '.join(f'`{f}`' for f in figures)}.", ""]
-
-    lines += ["## Trials", ""]
-    header = ["trial", "lr", *extra, "status", "final val", "best val", "tokens", "wall time", "tokens/s",
-              "stop reason", "stop step"]
-    table_rows = []
-    for r in rows:
-        wall = f"{r['wall_time_s']:.0f} s" if r["wall_time_s"] is not None else "—"
-        table_rows.append([r["trial_id"], f"{r['lr']:.3g}", *[_fmt(r["params"].get(k)) for k in extra],
-                           r["status"], _fmt(r["final_val_loss"]), _fmt(r["best_val_loss"]), _tokens(r["tokens"]),
-                           wall, _rate(r["tokens_per_s"]), r["reason"] or "—", _fmt(r["stop_step"])])
-    lines += _table(header, table_rows) + [""]
-
-    lines += ["## Best learning rate", ""]
-    if summary["best_lr"] is None:
-        lines += ["No trial that did not diverge was evaluated, so there is no best LR.", ""]
-    else:
-        lines += [f"Best LR **{summary['best_lr']:.3g}** (trial `{summary['best_trial']}`): best val loss "
-                  f"**{summary['best_val_loss']:.4f}**. Among trials that did not diverge, the best val loss "
-                  "decides; an unstable run can still be the best.", ""]
-
-    lines += ["## Edge of stability", ""]
-    if summary["divergence_lr"] is None:
-        lines += ["No trial diverged: the edge of stability lies above the largest LR tried. Extend the range "
-                  "upward to locate it.", ""]
-    else:
-        ratio = summary["edge_ratio"]
-        lines += [f"Smallest diverging LR: **{summary['divergence_lr']:.3g}**."]
-        if ratio is not None:
-            lines += [f"Ratio divergence LR / best LR = **{ratio:.2f}**: {summary['edge_reading']}."]
-        lines += [""]
-    lines += [f"Reading of the ratio (folk wisdom, ../shared/REFERENCE.md): > {CONSERVATIVE_ABOVE:g} the best "
-              f"LR is conservative; {NEAR_EDGE_BELOW:g}–{CONSERVATIVE_ABOVE:g} moderately below the edge; "
-              f"< {NEAR_EDGE_BELOW:g} near the edge; within [{AT_EDGE_BAND[0]:g}, {AT_EDGE_BAND[1]:g}] at the "
-              "edge. For Adam, Cohen et al. (2022) find the preconditioned sharpness hovering near "
-              "(2 + 2β₁)/((1 − β₁)η) = 38/η for β₁ = 0.9; for full-batch GD, Cohen et al. (2021) find the "
-              "sharpness at about 2/η.", ""]
-
-    lines += ["## Convergence speed", ""]
-    conv = summary.get("convergence") or {}
-    if conv.get("level") is None:
-        lines += ["No trial completed without diverging, so there is no common loss level to compare.", ""]
-    else:
-        lines += [f"Tokens each trial needed to reach val loss {conv['level']:.4f} (the worst final val loss "
-                  "among completed trials, so every completed trial reaches it; linear interpolation between "
-                  "evaluations):", ""]
-        lines += _table(["trial", "lr", "status", "tokens to reach"],
-                        [[c["trial_id"], f"{c['lr']:.3g}", c["status"],
-                          _tokens(c["tokens"]) if c["tokens"] is not None else "never"] for c in conv["rows"]])
-        reached = [c for c in conv["rows"] if c["tokens"] is not None]
-        if reached:
-            fastest = min(reached, key=lambda c: c["tokens"])
-            lines += ["", f"Fastest: lr {fastest['lr']:.3g} ({_tokens(fastest['tokens'])} tokens)."]
-        lines += [""]
-
-    lines += ["## LR sensitivity", ""]
-    if summary["lr_sensitivity"] is None:
-        lines += ["Not computable: no trial has a final val loss.", ""]
-    else:
-        lines += [f"LR sensitivity (Wortsman et al. 2023) = **{summary['lr_sensitivity']:.4f}** nats, with "
-                  f"ℓ₀ = {_fmt(summary.get('initial_loss'))} (loss at initialization). Lower means the loss "
-                  "degrades less away from the best LR.", ""]
-
-    lines += ["## Target", ""]
-    if summary.get("target") is None:
-        lines += ["No target loss was given.", ""]
-    elif summary["target_met"]:
-        at = f" after {_tokens(summary['target_tokens'])} tokens" if summary.get("target_tokens") else ""
-        lines += [f"Target val loss {summary['target']:g}: **met** by trial `{summary['target_trial']}` "
-                  f"(best val loss {summary['best_val_loss']:.4f}{at}).", ""]
-    else:
-        best = _fmt(summary["best_val_loss"])
-        lines += [f"Target val loss {summary['target']:g}: **not met** (best val loss {best}).", ""]
-
-    lines += ["## How the unstable runs broke", ""]
-    by_id = {r.trial_id: r for r in records}
-    best_record = by_id.get(summary.get("best_trial"))
-    broken = [by_id[r["trial_id"]] for r in rows if r["status"] in ("diverged", "unstable") and r["trial_id"] in by_id]
-    if not broken:
-        lines += ["No run diverged or went unstable.", ""]
-    else:
-        lines += ["Which stability probe first exceeded 2× the best trial's value at the same step "
-                  "(attention-logit growth is what qk-layernorm fixes, output-logit divergence what z-loss "
-                  "fixes; Wortsman et al. 2023):", ""]
-        lines += [f"- {first_growth(r, best_record)}" for r in broken] + [""]
-
-    lines += ["## Search strategy and compute", ""]
-    lines += [search_description.strip() or "(no description given)", ""]
-    spent = compute.get("tokens_spent")
-    if spent is None:
-        spent = sum(r["tokens"] or 0 for r in rows)
-    full = compute.get("full_grid_tokens")
-    if full is None:
-        completed = [r["tokens"] for r in rows if r["status"] in ("completed", "unstable") and r["tokens"]]
-        full = len(rows) * max(completed) if completed else None
-    lines += [f"- tokens trained: {_tokens(spent)}"]
-    if full:
-        lines += [f"- a full grid without early stopping: {_tokens(full)} tokens",
-                  f"- saving: {100.0 * (1.0 - spent / full):.1f}%"]
-    for key, value in compute.items():
-        if key not in ("tokens_spent", "full_grid_tokens"):
-            lines += [f"- {key.replace('_', ' ')}: {_fmt(value)}"]
-    lines += [""]
-
-    lines += ["## Definitions", ""]
-    lines += [
-        f"- **Instability score**: the train loss is smoothed with a trailing moving average over "
-        f"{DEFAULT_SMOOTH} log intervals; after warm-up (from the first row at the peak LR) the score is the "
-        "largest rise of the smoothed loss above its running minimum, relative to that minimum: "
-        "max_t (s_t − min_{u≤t} s_u) / min_{u≤t} s_u. A run that trained to the end (or until ASHA stopped it) "
-        f"is **unstable** when the score exceeds {UNSTABLE_THRESHOLD:g} (a {100 * UNSTABLE_THRESHOLD:.0f}% "
-        "rise).",
-        "- **Diverged**: the sweep stopped the run as diverged, or a train loss was NaN/inf.",
-        "- **LR sensitivity** (Wortsman et al. 2023): S = (1/|H|) Σ_{η∈H} [min(ℓ(η), ℓ₀) − ℓ*], where H is the "
-        "set of LRs tried, ℓ(η) the final val loss at η (ℓ₀ if the run diverged; the lowest when several "
-        "trials share η), ℓ* = min_η ℓ(η) and ℓ₀ the loss at initialization.",
-        "- **Edge ratio**: smallest diverging LR / best LR.",
-        "",
-    ]
-    text = "\n".join(lines)
-    atomic_write_text(Path(path), text)
-    log.info("wrote %s", path)
-    return Path(path)
-
-
-CSV_COLUMNS = ["trial_id", "lr", "status", "final_val_loss", "best_val_loss", "tokens", "wall_time_s",
-               "tokens_per_s", "instability_score", "stop_step", "reason"]
-
-
-def write_tables(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    """summary.json (the whole summary) and summary.csv (one row per trial, params flattened)."""
-    out_dir = Path(out_dir)
-    json_path, csv_path = out_dir / "summary.json", out_dir / "summary.csv"
-    atomic_write_text(json_path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    extra = _varied_params(summary)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(CSV_COLUMNS[:2] + extra + CSV_COLUMNS[2:])
-    for row in summary["trials"]:
-        values = [row[c] for c in CSV_COLUMNS]
-        values = values[:2] + [row["params"].get(k) for k in extra] + values[2:]
-        writer.writerow(["" if v is None else v for v in values])
-    atomic_write_text(csv_path, buffer.getvalue())
-    return json_path, csv_path

@@ -1,4 +1,4 @@
-"""Cosine learning-rate schedule with linear warm-up (LLaMA; ../shared/REFERENCE.md)."""
+"""Cosine learning-rate schedule with linear warm-up, as used to train LLaMA (Touvron et al. 2023)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,491 @@
+"""Prepare training data: train a byte-level BPE tokenizer and encode text into flat token files
+(``prepare_text``), take already-tokenized ids (``prepare_tokens``), or build the built-in corpus
+(``ensure_builtin_corpus``). The command is ``python -m lmtune.prepare``.
+
+Output (DIR): train.bin and val.bin (raw uint16 token ids, uint32 when the vocabulary exceeds 65535),
+tokenizer.json (or none for --tokens) and meta.json.
+
+Documents are separated by a line containing exactly ``<|endoftext|>``; a file without such lines is
+one document. ``<|endoftext|>`` is appended after every document when encoding.
+
+Memory: inputs are read CHUNK_BYTES at a time, in both the tokenizer-training and the encoding pass, and
+token ids are appended to the .bin files as they are produced, so memory is O(chunk + vocab) and
+independent of the input size. (A document longer than a chunk is cut at a line break whose neighbours
+are both non-space, where the byte-level pre-tokenizer splits anyway, so the ids are the same as
+encoding it whole; only a single line longer than a chunk is held in full.) ``--tokens`` inputs are
+memory-mapped and copied in fixed-size slices.
+
+Writes are atomic: everything goes into a temp dir next to DIR first. A new DIR is created by renaming
+that temp dir; an existing DIR gets the files renamed into it with meta.json last, and meta.json is what
+marks a DIR as prepared, so a crash never leaves something that looks prepared but is not.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from lmtune.data import corpus
+from lmtune.errors import LmtuneError
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+EOT = "<|endoftext|>"
+# The built-in corpus has only a few thousand distinct words; a 10k BPE would spend most merges on
+# whole phrases (memorisation rather than language) and make the embedding/softmax slow on CPU.
+BUILTIN_VOCAB_SIZE = 4096
+BUILTIN_SEED = 0
+BUILTIN_BYTES = 4_000_000
+TOKENS_SLICE = 1 << 24  # elements copied per step from a --tokens array
+_ENCODE_BATCH_CHARS = 1 << 20  # text handed to one encode_batch call; bounds memory, keeps rayon busy
+_SEP_RE = re.compile(r"^<\|endoftext\|>\r?(?:\n|\Z)", re.MULTILINE)
+_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
+
+
+# --------------------------------------------------------------------------- reading documents
+
+
+def iter_pieces(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[str, bool]]:
+    """Yield ``(text, ends_document)`` pieces of ``path`` while holding about one chunk in memory.
+
+    Concatenating the pieces of a document gives the document; the newline that ends the text before a
+    separator line belongs to the separator and is dropped.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    buf = ""
+    doc_started = False  # pieces of the current document were already yielded
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(chunk_bytes)
+            final = not raw
+            try:
+                buf += decoder.decode(raw, final=final)
+            except UnicodeDecodeError as err:
+                raise LmtuneError(
+                    f"{path} is not UTF-8 text (byte {err.start} of a chunk); convert it to UTF-8 "
+                    "or pass already-tokenized ids with --tokens"
+                ) from None
+            pos = 0
+            for m in _SEP_RE.finditer(buf):
+                if not m.group().endswith("\n") and not final:
+                    break  # the separator line may continue in the next chunk
+                text = buf[pos : m.start()]
+                if text.endswith("\n"):
+                    text = text[:-1]
+                if text or doc_started:
+                    yield text, True
+                doc_started = False
+                pos = m.end()
+            buf = buf[pos:]
+            if final:
+                if buf.strip() or doc_started:
+                    yield buf, True
+                return
+            if len(buf) > chunk_bytes:
+                cut = _safe_cut(buf)
+                if cut > 0:
+                    yield buf[:cut], False
+                    doc_started = True
+                    buf = buf[cut:]
+
+
+def _safe_cut(buf: str) -> int:
+    """Index just after a newline with non-space on both sides, not in the last (maybe partial) line."""
+    last_nl = buf.rfind("\n")
+    idx = buf.rfind("\n", 0, last_nl)
+    while idx > 0:
+        if not buf[idx - 1].isspace() and not buf[idx + 1].isspace():
+            return idx + 1
+        idx = buf.rfind("\n", 0, idx)
+    return 0
+
+
+def _is_val(index: int, val_fraction: float) -> bool:
+    return _unit_hash(index) < val_fraction
+
+
+def _unit_hash(index: int) -> float:
+    """splitmix64 of the document index mapped to [0, 1): a stable, seedless, uniform split."""
+    z = (index + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_inputs(inputs: list[Path]) -> None:
+    if not inputs:
+        raise LmtuneError("no input files given; pass --input FILE [FILE ...] (or omit it for the built-in corpus)")
+    for p in inputs:
+        if not p.exists():
+            raise LmtuneError(f"input file {p} does not exist; check the path passed to --input")
+        if not p.is_file():
+            raise LmtuneError(f"input {p} is not a regular file; pass text files to --input")
+        if p.stat().st_size == 0:
+            raise LmtuneError(f"input file {p} is empty; pass a file with text in it")
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if (out / "meta.json").exists() and not force:
+        raise LmtuneError(f"{out} already holds prepared data (meta.json); pass --force to overwrite it "
+                          "or choose another --out")
+    if out.exists() and not out.is_dir():
+        raise LmtuneError(f"--out {out} exists and is not a directory; choose another --out")
+
+
+def _check_val_fraction(val_fraction: float) -> None:
+    if not 0.0 < val_fraction <= 0.5:
+        raise LmtuneError(f"--val-fraction {val_fraction} is out of range; use a value in (0, 0.5], e.g. 0.01")
+
+
+def _dtype_for(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
+
+
+def _show_progress(total_bytes: int) -> bool:
+    return sys.stderr.isatty() and total_bytes > 16 * CHUNK_BYTES
+
+
+def _content_hash(d: Path) -> str:
+    h = hashlib.sha256()
+    for name in ("train.bin", "val.bin"):
+        with open(d / name, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _staging(out: Path, force: bool) -> Iterator[Path]:
+    """A temp dir next to ``out``; on success its files are committed into ``out`` (see module doc)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        _check_out(out, force)  # re-check: another process may have prepared it meanwhile
+        if not out.exists():
+            tmp.rename(out)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            (out / "meta.json").unlink()
+        for name in _FILES:
+            src = tmp / name
+            if src.exists():
+                os.replace(src, out / name)
+            elif name != "meta.json":
+                with contextlib.suppress(FileNotFoundError):
+                    (out / name).unlink()  # e.g. a stale tokenizer.json from a text prepare
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_meta(d: Path, meta: dict) -> None:
+    meta = {**meta, "content_hash": _content_hash(d), "created_by": "lmtune.prepare"}
+    (d / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _move_tail_to_val(d: Path, dtype: np.dtype, val_fraction: float, n_train: int) -> int:
+    """Give val the last tokens of train.bin (used when there is a single document)."""
+    n_val = max(1, int(n_train * val_fraction))
+    if n_train < 2:
+        raise LmtuneError("the input holds fewer than 2 tokens; pass more text")
+    item = dtype.itemsize
+    with open(d / "train.bin", "r+b") as tr, open(d / "val.bin", "ab") as va:
+        tr.seek((n_train - n_val) * item)
+        while block := tr.read(1 << 22):
+            va.write(block)
+        tr.truncate((n_train - n_val) * item)
+    return n_val
+
+
+# --------------------------------------------------------------------------- text inputs
+
+
+def _train_tokenizer(inputs: list[Path], vocab_size: int, val_fraction: float, chunk_bytes: int, progress: bool):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    # add_prefix_space=False so that a document cut into pieces encodes exactly like the whole.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=progress,
+    )
+    stats = {"docs": 0, "val_docs": 0, "min_u": (2.0, -1), "max_u": (-1.0, -1)}
+
+    def texts() -> Iterator[str]:
+        for p in inputs:
+            for text, ends in iter_pieces(p, chunk_bytes):
+                if ends:
+                    # Count documents here so the encoding pass can guarantee a non-empty val and
+                    # train split without holding anything per document.
+                    i = stats["docs"]
+                    u = _unit_hash(i)
+                    stats["min_u"] = min(stats["min_u"], (u, i))
+                    stats["max_u"] = max(stats["max_u"], (u, i))
+                    stats["docs"] += 1
+                    stats["val_docs"] += _is_val(i, val_fraction)
+                if text:
+                    yield text
+
+    tok.train_from_iterator(texts(), trainer=trainer)
+    return tok, stats
+
+
+def prepare_text(
+    inputs: list[Path],
+    out: Path,
+    vocab_size: int = 10000,
+    val_fraction: float = 0.01,
+    chunk_bytes: int = CHUNK_BYTES,
+    force: bool = False,
+    extra_meta: dict | None = None,
+) -> Path:
+    """Train a byte-level BPE tokenizer on ``inputs`` and encode them into ``out``; returns ``out``."""
+    inputs = [Path(p) for p in inputs]
+    out = Path(out)
+    _check_inputs(inputs)
+    _check_out(out, force)
+    _check_val_fraction(val_fraction)
+    if vocab_size < 257 + 1:
+        raise LmtuneError(f"--vocab-size {vocab_size} is too small for byte-level BPE; use at least 258")
+    t0 = time.perf_counter()
+    progress = _show_progress(sum(p.stat().st_size for p in inputs))
+    tok, stats = _train_tokenizer(inputs, vocab_size, val_fraction, chunk_bytes, progress)
+    if stats["docs"] == 0:
+        raise LmtuneError(f"{', '.join(map(str, inputs))} hold no text (only separators/whitespace); "
+                          "pass files with text in them")
+    eot_id, real_vocab = tok.token_to_id(EOT), tok.get_vocab_size()
+    dtype = _dtype_for(real_vocab)
+    t1 = time.perf_counter()
+    log.info("trained tokenizer (vocab %d) on %d documents in %.1fs", real_vocab, stats["docs"], t1 - t0)
+    with _staging(out, force) as tmp:
+        with _TokenFiles(tmp, dtype) as files:
+            _encode(tok, inputs, chunk_bytes, eot_id, _document_splits(stats, val_fraction), files, progress)
+        counts = dict(files.counts)
+        if counts["val"] == 0:
+            n_val = _move_tail_to_val(tmp, dtype, val_fraction, counts["train"])
+            counts = {"train": counts["train"] - n_val, "val": n_val}
+        tok.save(str(tmp / "tokenizer.json"))
+        _write_meta(tmp, {
+            "vocab_size": real_vocab, "dtype": dtype.name, "train_tokens": counts["train"],
+            "val_tokens": counts["val"], "max_token_id": files.max_id, "eot_id": eot_id,
+            "sources": [{"name": str(p), "size_bytes": p.stat().st_size} for p in inputs],
+            "tokenizer": "tokenizer.json", **(extra_meta or {}),
+        })
+    log.info("encoded %d train + %d val tokens into %s in %.1fs", counts["train"], counts["val"], out,
+             time.perf_counter() - t1)
+    return out
+
+
+def _document_splits(stats: dict, val_fraction: float) -> Callable[[int], str]:
+    """Document index -> "train" or "val" by its hash, forcing one document into each split when the
+    hash alone would leave a split empty (a single document is split by tokens afterwards instead)."""
+    n_docs, n_val_docs = stats["docs"], stats["val_docs"]
+    force_val = stats["min_u"][1] if n_val_docs == 0 else -1
+    force_train = stats["max_u"][1] if n_val_docs == n_docs and n_docs > 1 else -1
+
+    def split_of(i: int) -> str:
+        if n_docs == 1:
+            return "train"
+        if i == force_val:
+            return "val"
+        if i == force_train:
+            return "train"
+        return "val" if _is_val(i, val_fraction) else "train"
+
+    return split_of
+
+
+class _TokenFiles:
+    """train.bin and val.bin while they are written: token ids appended, counted, the largest id kept."""
+
+    def __init__(self, folder: Path, dtype: np.dtype):
+        self.dtype = dtype
+        self.files = {s: open(folder / f"{s}.bin", "wb") for s in ("train", "val")}  # noqa: SIM115
+        self.counts = {"train": 0, "val": 0}
+        self.max_id = 0
+
+    def append(self, split: str, arrays: list[np.ndarray]) -> None:
+        if not arrays:
+            return
+        ids = np.concatenate(arrays)
+        if ids.size:
+            self.max_id = max(self.max_id, int(ids.max()))
+            ids.astype(self.dtype).tofile(self.files[split])
+            self.counts[split] += ids.size
+
+    def __enter__(self) -> _TokenFiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.files.values():
+            handle.close()
+
+
+def _encode(tok, inputs: list[Path], chunk_bytes: int, eot_id: int, split_of: Callable[[int], str],
+            files: _TokenFiles, progress: bool) -> None:
+    """Encode the inputs piece by piece, in batches of about _ENCODE_BATCH_CHARS, into ``files``;
+    <|endoftext|> after each document."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=sum(p.stat().st_size for p in inputs), unit="B", unit_scale=True, desc="encoding",
+               disable=not progress)
+    batch: list[tuple[str, int, bool]] = []
+
+    def flush() -> None:
+        encodings = tok.encode_batch([text for text, _, _ in batch], add_special_tokens=False)
+        per_split: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+        for (_, doc, ends), enc in zip(batch, encodings, strict=True):
+            per_split[split_of(doc)].append(np.asarray(enc.ids + [eot_id] if ends else enc.ids, dtype=np.int64))
+        for split, arrays in per_split.items():
+            files.append(split, arrays)
+        bar.update(sum(len(text) for text, _, _ in batch))
+        batch.clear()
+
+    doc = batch_chars = 0
+    for path in inputs:
+        for text, ends in iter_pieces(path, chunk_bytes):
+            batch.append((text, doc, ends))
+            doc, batch_chars = doc + ends, batch_chars + len(text)
+            if batch_chars >= _ENCODE_BATCH_CHARS:
+                flush()
+                batch_chars = 0
+    if batch:
+        flush()
+    bar.close()
+
+
+# --------------------------------------------------------------------------- pre-tokenized inputs
+
+
+def _open_tokens(path: Path, dtype: str | None) -> np.ndarray:
+    if not path.exists():
+        raise LmtuneError(f"token file {path} does not exist; check the path passed to --tokens")
+    if path.stat().st_size == 0:
+        raise LmtuneError(f"token file {path} is empty; pass a non-empty .npy or .bin array of token ids")
+    if path.suffix == ".npy":
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except Exception as err:  # numpy raises several types for a corrupt header
+            raise LmtuneError(f"cannot read {path} as a .npy array ({type(err).__name__}: {err}); "
+                              "save it with numpy.save or pass a raw .bin with --dtype") from None
+    elif path.suffix == ".bin":
+        dt = np.dtype(dtype or "uint16")
+        if path.stat().st_size % dt.itemsize:
+            raise LmtuneError(f"{path} has {path.stat().st_size} bytes, not a multiple of {dt.itemsize} "
+                              f"({dt.name}); pass the right --dtype")
+        arr = np.memmap(path, dtype=dt, mode="r")
+    else:
+        raise LmtuneError(f"token file {path} must end in .npy or .bin; rename it or convert it")
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise LmtuneError(f"{path} holds a {arr.ndim}-D {arr.dtype} array; pass a flat 1-D integer array of "
+                          "token ids")
+    return arr
+
+
+def prepare_tokens(
+    path: Path,
+    out: Path,
+    vocab_size: int | None = None,
+    val_fraction: float = 0.01,
+    force: bool = False,
+    dtype: str | None = None,
+) -> Path:
+    """Copy an already-tokenized flat id array into ``out``: the last ``val_fraction`` becomes val."""
+    path, out = Path(path), Path(out)
+    _check_val_fraction(val_fraction)
+    arr = _open_tokens(path, dtype)
+    _check_out(out, force)
+    n = int(arr.shape[0])
+    if n < 2:
+        raise LmtuneError(f"{path} holds {n} token(s); pass at least 2 so both train and val are non-empty")
+    lo, hi = None, None
+    for s in range(0, n, TOKENS_SLICE):
+        part = np.asarray(arr[s : s + TOKENS_SLICE])
+        lo = int(part.min()) if lo is None else min(lo, int(part.min()))
+        hi = int(part.max()) if hi is None else max(hi, int(part.max()))
+    if lo < 0:
+        raise LmtuneError(f"{path} contains negative token id {lo}; token ids must be >= 0 (wrong --dtype?)")
+    if vocab_size is None:
+        vocab_size = hi + 1
+    elif hi >= vocab_size:
+        raise LmtuneError(f"{path} contains token id {hi} >= --vocab-size {vocab_size}; "
+                          f"pass --vocab-size {hi + 1} or more")
+    out_dtype = _dtype_for(vocab_size)
+    n_val = min(n - 1, max(1, int(n * val_fraction)))
+    n_train = n - n_val
+    with _staging(out, force) as tmp:
+        for name, a, b in (("train", 0, n_train), ("val", n_train, n)):
+            with open(tmp / f"{name}.bin", "wb") as f:
+                for s in range(a, b, TOKENS_SLICE):
+                    np.asarray(arr[s : min(s + TOKENS_SLICE, b)]).astype(out_dtype).tofile(f)
+        _write_meta(tmp, {
+            "vocab_size": vocab_size,
+            "dtype": out_dtype.name,
+            "train_tokens": n_train,
+            "val_tokens": n_val,
+            "max_token_id": hi,
+            "eot_id": None,
+            "sources": [{"name": str(path), "size_bytes": path.stat().st_size}],
+            "tokenizer": None,
+        })
+    return out
+
+
+# --------------------------------------------------------------------------- built-in corpus
+
+
+def _builtin_key() -> dict:
+    return {"generator_version": corpus.GENERATOR_VERSION, "seed": BUILTIN_SEED,
+            "vocab_size": BUILTIN_VOCAB_SIZE, "target_bytes": BUILTIN_BYTES}
+
+
+def ensure_builtin_corpus(root: Path = Path("data/builtin")) -> Path:
+    """Generate and prepare the built-in corpus into ``root`` unless an up-to-date copy is there."""
+    root = Path(root)
+    key = _builtin_key()
+
+    def up_to_date() -> bool:
+        try:
+            return json.loads((root / "meta.json").read_text()).get("builtin") == key
+        except (OSError, ValueError):
+            return False
+
+    if up_to_date():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    # Parallel trials may call this at once; the lock makes one of them build and the rest reuse it.
+    with open(root / ".lock", "w") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:  # not POSIX: no locking, the atomic renames still keep the dir consistent
+            pass
+        if up_to_date():
+            return root
+        t0 = time.perf_counter()
+        stories = corpus.write_corpus(root / "stories.txt", target_bytes=BUILTIN_BYTES, seed=BUILTIN_SEED)
+        prepare_text([stories], root, vocab_size=BUILTIN_VOCAB_SIZE, force=True, extra_meta={"builtin": key})
+        log.info("built-in corpus ready in %s (%.1fs)", root, time.perf_counter() - t0)
+    return root

@@ -1,0 +1,102 @@
+"""Every private Ray and torch API lmtune calls, in one place, each with why and what would replace it.
+
+Nothing else in lmtune may touch a name that starts with an underscore in Ray or torch, or import
+from ``ray.*._internal`` / ``ray._private``: a Ray or torch upgrade then breaks this file alone,
+and its tests say where. Each function says which version forces it and the public API to move to.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# Ray Tune: where a trial's files go
+
+
+def trial_storage_dir() -> tuple[Path, bool]:
+    """(the trial's folder in the experiment's storage, whether it is a local or shared filesystem).
+
+    Why private: since Ray 2.10 (ray-project/ray#43403) ``tune.get_context().get_trial_dir()`` names a
+    staging folder under /tmp/ray on the *driver*, not the trial's folder under the storage path, and
+    no public API names the latter. lmtune writes its per-trial files (metrics.csv, checkpoints, ...)
+    straight into that folder when storage is a filesystem path, so nothing depends on a later sync.
+    Public API to move to: ``get_trial_dir()`` once it names the storage folder (ray#30071 asks for it).
+    """
+    import pyarrow.fs
+    from ray.train._internal.session import get_storage
+
+    storage = get_storage()
+    if isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        return Path(storage.trial_fs_path), True
+    return Path(storage.trial_working_directory), False
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray Tune: ASHA's rung records, saved as JSON
+
+
+def asha_rungs(scheduler: Any) -> dict[str, Any]:
+    """The rung records of a Tune ``AsyncHyperBandScheduler`` as plain JSON data.
+
+    Why private: ``Tuner.restore`` does not restore scheduler state (ray#30838, open in Ray 2.60), and
+    the scheduler's own ``save``/``restore`` pickle the whole object, while lmtune never unpickles
+    what it reads (SECURITY.md). The records live in ``_brackets[i]._rungs`` as (milestone, {trial_id:
+    value}) pairs, with the stop count in ``_num_stopped``. Public API to move to: scheduler state
+    restored by ``Tuner.restore`` itself, when ray#30838 is fixed.
+    """
+    return {
+        "num_stopped": scheduler._num_stopped,
+        "brackets": [[{"milestone": milestone, "recorded": dict(recorded)} for milestone, recorded in bracket._rungs]
+                     for bracket in scheduler._brackets],
+    }
+
+
+def restore_asha_rungs(scheduler: Any, saved: dict[str, Any]) -> None:
+    """Load :func:`asha_rungs` output back into ``scheduler`` (rungs matched by milestone)."""
+    for bracket, rungs in zip(scheduler._brackets, saved["brackets"], strict=False):
+        for (milestone, recorded), rung in zip(bracket._rungs, rungs, strict=False):
+            if math.isclose(milestone, rung["milestone"]):
+                recorded.update(rung["recorded"])
+    scheduler._num_stopped = saved.get("num_stopped", 0)
+
+
+def asha_stopped_count(scheduler: Any) -> int:
+    return scheduler._num_stopped
+
+
+# ---------------------------------------------------------------------------------------------
+# torch: the attention kernel SDPA picks, and Inductor's cache switches
+
+
+def sdpa_backend_name(q: Any, k: Any, v: Any) -> str:
+    """The backend ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` dispatches to: flash,
+    efficient, cudnn or math (the unfused fallback that materialises the T x T scores).
+
+    Why private: torch (2.4 - 2.13) offers no public way to ask which kernel SDPA will pick;
+    ``torch._fused_sdp_choice`` is the dispatcher SDPA itself consults. Public API to move to: none yet;
+    ``torch.nn.attention.sdpa_kernel`` can force a backend but not report one.
+    """
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice(q, k, v, is_causal=True)
+    backend = SDPBackend(choice) if isinstance(choice, int) else choice
+    return backend.name.lower()
+
+
+def switch_on_inductor_caches() -> None:
+    """Turn on Inductor's FX-graph and AOTAutograd caches in a process that already imported them.
+
+    Why private: the switches are read from TORCHINDUCTOR_FX_GRAPH_CACHE / TORCHINDUCTOR_AUTOGRAD_CACHE
+    when ``torch._inductor.config`` / ``torch._functorch.config`` are first imported (torch 2.4 - 2.13);
+    a Ray worker may have imported them before the trial sets the environment. Public API to move to:
+    none yet (the environment variables, set before torch is imported, are the public switch).
+    """
+    for module, name in (("torch._inductor.config", "fx_graph_cache"),
+                         ("torch._functorch.config", "enable_autograd_cache")):
+        config = sys.modules.get(module)
+        if config is not None and hasattr(config, name):
+            setattr(config, name, True)

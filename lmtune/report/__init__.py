@@ -1,0 +1,1 @@
+"""The edge-of-stability report: reading a sweep, the stability numbers, sharpness, figures and the text."""

@@ -1,0 +1,98 @@
+"""Reading a sweep folder (finished or still running) into the report's trial records.
+
+Reads sweep.json, the ledger and each trial's own files (trial.json, config.json, summary.json,
+metrics.csv); never Ray's pickles. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from lmtune.errors import LmtuneError
+from lmtune.report.stability import OUTCOMES, TrialRecord
+from lmtune.sweep.record import SWEEP_FILE, SweepRecord, TrialFolder, is_sweep_dir, read_outcomes, trial_folders
+from lmtune.training.metrics import METRICS_FILE, read_metrics_frame
+
+log = logging.getLogger(__name__)
+
+USAGE_HINT = "give results/NAME (a sweep folder written by python -m lmtune.run)"
+
+
+def find_sweeps(root: Path) -> list[Path]:
+    """Sweep folders directly under ``root``, newest first (by sweep.json's start_time, else its mtime)."""
+    sweeps = [p for p in Path(root).iterdir() if p.is_dir() and is_sweep_dir(p)]
+    return sorted(sweeps, key=lambda p: (_start_time(p), p.name), reverse=True)
+
+
+def resolve_sweep(path: Path) -> tuple[Path, list[Path]]:
+    """The sweep to report on and the other sweeps beside it (when ``path`` is a results root)."""
+    path = Path(path)
+    if not path.exists():
+        raise LmtuneError(f"{path} does not exist; {USAGE_HINT}")
+    if not path.is_dir():
+        raise LmtuneError(f"{path} is not a directory; {USAGE_HINT}")
+    if is_sweep_dir(path):
+        return path, []
+    sweeps = find_sweeps(path)
+    if not sweeps:
+        raise LmtuneError(f"{path} is not an lmtune sweep (no {SWEEP_FILE}); {USAGE_HINT}")
+    return sweeps[0], sweeps[1:]
+
+
+def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
+    """sweep.json and one TrialRecord per trial that has started.
+
+    A trial's outcome is the ledger's (decisions/trial_outcomes.json); without an entry, its own
+    summary.json status (it ended by itself, the driver has not recorded it yet); else ``running``.
+    """
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise LmtuneError(f"{sweep_dir} does not exist; {USAGE_HINT}")
+    record = SweepRecord.read(sweep_dir)
+    ledger = read_outcomes(sweep_dir)
+    trials = [t for t in (trial_record(folder, ledger.get(folder.trial_id) or {})
+                          for folder in trial_folders(sweep_dir)) if t is not None]
+    log.info("loaded %d trials from %s", len(trials), sweep_dir)
+    return record, trials
+
+
+def trial_record(folder: TrialFolder, entry: dict[str, Any]) -> TrialRecord | None:
+    config, summary = folder.read_json("config.json"), folder.read_json("summary.json")
+    lr = _positive(folder.params.get("lr")) or _positive((config.get("train") or {}).get("lr"))
+    if lr is None:
+        log.warning("skipping %s: no learning rate in trial.json, params.json or config.json", folder.path.name)
+        return None
+    outcome = entry.get("outcome") or summary.get("status") or "running"
+    if outcome not in OUTCOMES:
+        log.warning("trial %s: unknown outcome %r, reported as error", folder.trial_id, outcome)
+        outcome = "error"
+    curve = read_metrics_frame(folder.path / METRICS_FILE)
+    wall = _positive(summary.get("wall_time_s"))
+    if wall is None and "elapsed_s" in curve.columns and curve["elapsed_s"].notna().any():
+        wall = float(curve["elapsed_s"].dropna().iloc[-1])
+    reason = entry.get("reason") or summary.get("reason") or ("still running" if outcome == "running" else "")
+    step = entry.get("step")
+    return TrialRecord(
+        trial_id=folder.trial_id, lr=lr, params={"lr": lr, **{k: v for k, v in folder.params.items() if k != "lr"}},
+        outcome=outcome, reason=str(reason), stop_step=int(step) if _positive(step) else None, curve=curve,
+        wall_time_s=wall, checkpoint_dir=folder.path / "checkpoints", config=config,
+    )
+
+
+def _start_time(sweep_dir: Path) -> float:
+    try:
+        return datetime.strptime(SweepRecord.read(sweep_dir).start_time, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except (LmtuneError, ValueError, TypeError):
+        return (sweep_dir / SWEEP_FILE).stat().st_mtime
+
+
+def _positive(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None

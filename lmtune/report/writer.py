@@ -1,0 +1,144 @@
+"""The edge-of-stability report of one sweep: reads it, computes the numbers, writes results/NAME/report/.
+
+lr_sweep_comparison.png, lr_vs_final_loss.png, instability.png (when a run diverged or went
+unstable), lr_sweep_analysis.md, summary.json, summary.csv, and with ``sharpness`` sharpness.png and
+sharpness.csv. Nothing else in the sweep folder is written. The command is ``python -m lmtune.analyze``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from lmtune.errors import LmtuneError
+from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
+from lmtune.report.markdown import write_markdown, write_tables
+from lmtune.report.reader import load_sweep
+from lmtune.report.sharpness import SHARPNESS_COLUMNS, sweep_sharpness, write_sharpness_csv
+from lmtune.report.stability import (
+    TrialRecord,
+    best_trial,
+    budget_tokens,
+    json_safe,
+    sweep_summary,
+    tokens_trained,
+)
+from lmtune.sweep.plan import AshaBudget, asha_budget
+from lmtune.sweep.record import SweepRecord
+from lmtune.sweep.spaces import SchedulerSpec
+
+log = logging.getLogger(__name__)
+
+REPORT_DIR = "report"
+
+
+def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
+            sharpness: bool = False) -> dict[str, Any]:
+    """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
+    sweep_dir = Path(sweep_dir)
+    if target is not None and not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
+        raise LmtuneError(f"--target must be a positive loss in nats/token (got {target!r})")
+    record, trials = load_sweep(sweep_dir)
+    if not trials:
+        raise LmtuneError(f"{sweep_dir} has no trials yet (no trial folders); wait until the sweep has started "
+                          "trials, then run the report again")
+    out = Path(out_dir) if out_dir is not None else sweep_dir / REPORT_DIR
+    if out.exists() and not out.is_dir():
+        raise LmtuneError(f"{out} exists and is not a directory; give another --out")
+    out.mkdir(parents=True, exist_ok=True)
+
+    summary = sweep_summary(trials, target=target, vocab_size=vocab_size(record))
+    compute = compute_accounting(record, trials)
+    search = search_description(record, trials)
+    summary.update({"sweep": record.name or sweep_dir.name, "sweep_dir": str(sweep_dir.resolve()),
+                    "search_strategy": search, "compute": compute,
+                    "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    sharp_rows = sweep_sharpness(record, trials, summary["best_trial"]) if sharpness else None
+    if sharp_rows is not None:
+        summary["sharpness"] = [{k: row.get(k) for k in SHARPNESS_COLUMNS} for row in sharp_rows]
+
+    plot_sweep_comparison(trials, out / "lr_sweep_comparison.png", target=target)
+    plot_lr_vs_loss(trials, out / "lr_vs_final_loss.png", summary)
+    if any(row["status"] in ("diverged", "unstable") for row in summary["trials"]):
+        plot_instability(trials, best_trial(trials), out / "instability.png")
+    if sharp_rows is not None:
+        write_sharpness_csv(sharp_rows, out / "sharpness.csv")
+        if sharp_rows:
+            plot_sharpness(sharp_rows, out / "sharpness.png")
+        else:
+            log.warning("no checkpoint gave a sharpness estimate; sharpness.png not written")
+    write_markdown(summary, trials, out / "lr_sweep_analysis.md", search, compute)
+    write_tables(json_safe(summary), out)
+    summary["report_dir"] = str(out)
+    return summary
+
+
+def vocab_size(record: SweepRecord) -> int | None:
+    for value in ((record.base_config.get("model") or {}).get("vocab_size"),
+                  (record.data.get("meta") or {}).get("vocab_size")):
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def compute_accounting(record: SweepRecord, trials: list[TrialRecord]) -> dict[str, Any]:
+    """Tokens trained (each trial as of its newest metrics row) against a full grid without early
+    stopping (every trial to its own budget)."""
+    base_budget = budget_tokens(record.base_config)
+    spent = sum(tokens_trained(t) or 0 for t in trials)
+    budgets = [t.budget_tokens or base_budget for t in trials]
+    full = sum(budgets) if budgets and all(b is not None for b in budgets) else None
+    compute: dict[str, Any] = {"tokens_spent": spent, "full_grid_tokens": full, "trials_started": len(trials)}
+    if record.num_trials is not None and record.num_trials != len(trials):
+        compute["trials_planned"] = record.num_trials
+    walls = [t.wall_time_s for t in trials if t.wall_time_s is not None]
+    if walls:
+        compute["trial_time_total"] = f"{sum(walls):.0f} s"
+    return compute
+
+
+def search_description(record: SweepRecord, trials: list[TrialRecord]) -> str:
+    """The search strategy in words: grid/Optuna (sweep.json), the ASHA settings, the stopper settings."""
+    space = record.space
+    strategy = space.get("description_of_search") or f"{space.get('search', 'unknown')} search"
+    lines = [f"Search space `{space['name']}`: {strategy}." if space.get("name") else f"{strategy}."]
+    if space.get("description"):
+        lines.append(f"({str(space['description']).strip()})")
+    scheduler = space.get("scheduler") or {}
+    if scheduler.get("name") == "asha":
+        asha = sweep_asha_budget(record, trials)
+        lines.append("Early stopping: ASHA on val loss against tokens trained, " + (
+            f"grace period {asha.grace_period:,} tokens, reduction factor {asha.reduction_factor:g}, max_t "
+            f"{asha.max_t:,} tokens (the space's grace_period {scheduler.get('grace_period')} and max_t "
+            f"{scheduler.get('max_t')}, fractions of the largest trial budget where <= 1)." if asha else
+            f"settings {scheduler}."))
+    elif scheduler:
+        lines.append("Early stopping: none (every trial trains to its budget unless it diverges).")
+    stopper = space.get("stopper") or {}
+    if stopper:
+        text = (f"Stopper: a trial is diverged at a non-finite train loss or gradient norm, or after warm-up "
+                f"at a train loss above {float(stopper.get('explode_factor', 1.5)):g}× its loss at initialisation "
+                f"(ln vocab, or its first reported loss if lower)")
+        floor = float(stopper.get("min_tokens_per_s") or 0)
+        if floor > 0:
+            text += f"; too slow under {floor:,.0f} tokens/s"
+        if record.time_budget_s:
+            text += f"; too slow when projected past the sweep's time budget of {float(record.time_budget_s):,.0f} s"
+        lines.append(text + ".")
+    return "\n\n".join(lines)
+
+
+def sweep_asha_budget(record: SweepRecord, trials: list[TrialRecord]) -> AshaBudget | None:
+    """ASHA's budget in tokens: as sweep.json recorded it, or (older sweeps) by run's own rule from the
+    space's settings and the largest trial budget."""
+    if record.asha:
+        return AshaBudget(**record.asha)
+    largest = max((b for b in (t.budget_tokens for t in trials) if b), default=None)
+    try:
+        spec = SchedulerSpec(**record.space["scheduler"])
+    except (KeyError, TypeError):
+        return None
+    return asha_budget(spec, largest) if largest else None

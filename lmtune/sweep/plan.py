@@ -1,0 +1,114 @@
+"""How a sweep is laid out on the machines it has: resources per trial, how many trials share a GPU,
+and ASHA's budget in tokens. ``run`` plans with these; ``analyze`` reads the same rules back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from lmtune.sweep.spaces import SchedulerSpec, SearchSpace
+from lmtune.training.config import ModelConfig, RunConfig
+from lmtune.training.model import count_parameters
+
+log = logging.getLogger(__name__)
+
+# Per-process CUDA context, cuBLAS workspace and allocator slack that torch's allocator does not count.
+CUDA_CONTEXT_BYTES = 600 * 2**20
+# Share of GPU memory left free when packing trials: allocator fragmentation and eval-time spikes.
+MEMORY_HEADROOM = 0.10
+# A higher K must beat the best smaller K by this much to be worth its slower individual trials.
+PACKING_MIN_GAIN = 0.05
+# Without measurements, pack at most this many trials per GPU (time-slicing gains flatten out).
+UNMEASURED_MAX_TRIALS = 4
+# A GPU of this size is assumed when the driver sees none (a cluster of GPU workers and a CPU head).
+ASSUMED_GPU_BYTES = 80 * 2**30
+
+
+@dataclass(frozen=True)
+class AshaBudget:
+    """ASHA's rungs in tokens: the first at ``grace_period``, each ``reduction_factor`` x the last, up to ``max_t``."""
+
+    max_t: int
+    grace_period: int
+    reduction_factor: float
+
+
+def asha_budget(spec: SchedulerSpec, largest_trial_tokens: int) -> AshaBudget:
+    """A space's ASHA settings in tokens: max_t and grace_period <= 1 are fractions (of the largest
+    trial's token budget, and of max_t); larger values are tokens."""
+    max_t = int(spec.max_t * largest_trial_tokens) if spec.max_t <= 1 else int(spec.max_t)
+    grace = int(spec.grace_period * max_t) if spec.grace_period <= 1 else int(spec.grace_period)
+    return AshaBudget(max_t, max(1, min(grace, max_t)), spec.reduction_factor)
+
+
+def max_trial_tokens(space: SearchSpace, base: RunConfig) -> int:
+    """The largest token budget any trial of the space can have (batch/context/steps may vary)."""
+    def largest(name: str, current: int) -> int:
+        spec = space.params.get(name)
+        if spec is None:
+            return current
+        values = spec if space.search == "grid" else (spec[1] if spec[0] == "choice" else [spec[1][1]])
+        return max(int(v) for v in values)
+
+    return (largest("batch_size", base.train.batch_size) * largest("context_length", base.model.context_length)
+            * largest("steps", base.train.steps))
+
+
+def trial_resources(base: RunConfig, cpus_per_trial: float, gpus_per_trial: float | None,
+                    cluster_gpus: float, gpu_memory_bytes: int | None) -> dict[str, float]:
+    """CPUs and GPU share per trial: as asked, else (on a cluster with GPUs) 1 / the packing rule's K."""
+    if gpus_per_trial is None:
+        gpus_per_trial = 0.0
+        if cluster_gpus > 0:
+            need = estimate_trial_memory_bytes(base.model, base.train.batch_size // base.train.grad_accum_steps,
+                                               amp=True)
+            gpus_per_trial = 1.0 / recommend_trials_per_gpu(need, gpu_memory_bytes or ASSUMED_GPU_BYTES)
+    return {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
+
+
+def max_concurrent_trials(asked: int | None, cluster_cpus: float, cpus_per_trial: float) -> int:
+    return asked or max(1, int(cluster_cpus // cpus_per_trial))
+
+
+def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp: bool) -> int:
+    """Device memory of one training trial with ``batch_size`` sequences per forward pass (a micro-batch),
+    without the CUDA context.
+
+    Persistent: float32 parameters, gradients and AdamW's two moments = 16 bytes per parameter.
+    Activations kept for backward, per token and layer: about 10 d_model-sized tensors (norm inputs,
+    q/k/v before and after RoPE, attention output, residuals) and 4 d_ff-sized ones (gate, up, SiLU,
+    product), at 2 bytes under bf16 autocast, 4 without; attention itself adds nothing with a fused
+    SDPA kernel. The output layer keeps the logits (2 or 4 bytes) plus the float32 copy the loss
+    computes in and its gradient (8 bytes) per vocabulary entry. Plus 20% for allocator fragmentation.
+    """
+    m = model_config
+    params = count_parameters(m)["total"]
+    act_bytes = 2 if amp else 4
+    tokens = batch_size * m.context_length
+    per_token = m.n_layers * (10 * m.d_model + 4 * m.d_ff) * act_bytes + m.vocab_size * (act_bytes + 8)
+    return int(1.2 * (16 * params + tokens * per_token))
+
+
+def recommend_trials_per_gpu(memory_per_trial_bytes: int, gpu_memory_bytes: int,
+                             measured: dict[int, float] | None = None) -> int:
+    """Trials to run at once on one GPU.
+
+    Memory bound: K trials fit when K * (trial memory + CUDA context) <= 90% of the GPU. With
+    ``measured`` (K -> aggregate tokens/s from ``python -m lmtune.bench --concurrency``), take the K
+    that fits with the highest aggregate, except that a larger K must beat the best smaller one by 5%:
+    more trials at once make each trial slower, which delays ASHA's early decisions for little gain.
+    Without measurements, the memory bound capped at 4.
+    """
+    per_trial = memory_per_trial_bytes + CUDA_CONTEXT_BYTES
+    fits = max(1, int((1 - MEMORY_HEADROOM) * gpu_memory_bytes // per_trial))
+    if not measured:
+        return min(fits, UNMEASURED_MAX_TRIALS)
+    candidates = sorted(k for k in measured if 1 <= k <= fits)
+    if not candidates:
+        return 1
+    choice = candidates[0]
+    for k in candidates[1:]:
+        if measured[k] > (1 + PACKING_MIN_GAIN) * measured[choice]:
+            choice = k
+    return choice

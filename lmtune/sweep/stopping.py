@@ -1,0 +1,221 @@
+"""Where a trial is stopped, and why each trial ended.
+
+- ``TrialStopper`` ends diverged and too-slow trials (ASHA alone never stops a NaN trial: NaN is not
+  below any cutoff). diverged: a non-finite train loss or gradient norm, a divergence the training
+  loop reported, or (after warm-up) a train loss above ``explode_factor`` x the loss at
+  initialisation (ln vocab, or the first report if lower); too_slow: measured tokens/s projecting a
+  finish beyond the sweep's deadline, or under a floor.
+- ``PersistentASHA`` is Tune's ASHA, with its rung records kept across driver restarts.
+- ``OutcomeRecorder`` is the only writer of the ledger (decisions/trial_outcomes.json): the two
+  above hand it their decisions the moment they make them, and Tune tells it of completions and errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from ray.tune import Callback, Stopper
+from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+
+from lmtune.files import atomic_write_json
+from lmtune.private_apis import asha_rungs, asha_stopped_count, restore_asha_rungs
+from lmtune.sweep.record import Outcome
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting reasons
+
+
+def format_tokens(tokens: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.1f}{unit}"
+    return f"{tokens:.0f}"
+
+
+def format_hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledger's writer
+
+
+class OutcomeRecorder(Callback):
+    """Writes decisions/trial_outcomes.json, and nothing else does: why each trial ended, with the step
+    and tokens at that moment. The first decision about a trial stands, except that a trial retried
+    after an error (--resume retries errored trials) gets the ending of its retry."""
+
+    def __init__(self, ledger: Path, gpus_per_trial: float = 0.0):
+        self.ledger = Path(ledger)
+        self.gpus_per_trial = gpus_per_trial
+
+    def decided(self, trial_id: str, outcome: Outcome, reason: str, result: dict[str, Any]) -> None:
+        """A stop the stopper or ASHA just decided: written at once, so it survives a driver crash."""
+        self._record(trial_id, outcome, reason, result)
+        log.info("trial %s: %s", trial_id, reason)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        self._record(trial.trial_id, Outcome.COMPLETED, "completed its budget", trial.last_result or {})
+
+    def on_trial_error(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        message = _error_text(trial)
+        reason = f"error: {message}"
+        if "out of memory" in message.lower() and 0 < self.gpus_per_trial < 1:
+            reason += (f" (GPU shared by {round(1 / self.gpus_per_trial)} trials: lower trials per GPU with "
+                       f"--gpus-per-trial {min(1.0, self.gpus_per_trial * 2):g})")
+        self._record(trial.trial_id, Outcome.ERROR, reason, trial.last_result or {})
+
+    def _entries(self) -> dict[str, dict[str, Any]]:
+        return json.loads(self.ledger.read_text()) if self.ledger.exists() else {}
+
+    def _record(self, trial_id: str, outcome: Outcome, reason: str, result: dict[str, Any]) -> None:
+        entries = self._entries()
+        if entries.get(trial_id, {}).get("outcome") not in (None, Outcome.ERROR):
+            return
+        entries[trial_id] = {"outcome": str(outcome), "reason": reason, "time": time.time(),
+                             "step": result.get("step"), "tokens": result.get("tokens")}
+        atomic_write_json(self.ledger, entries)
+
+
+def _error_text(trial) -> str:
+    """The last line of the trial's error: Tune's message, else its error file."""
+    text = getattr(trial, "error_msg", None) or ""
+    path = getattr(trial, "error_file", None) or ""
+    if not text and path and Path(path).exists():
+        text = Path(path).read_text()
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "unknown error"
+
+
+# ---------------------------------------------------------------------------------------------
+# The stopper
+
+
+class TrialStopper(Stopper):
+    """Stops diverged and too-slow trials; each decision, with its reason, goes to the recorder."""
+
+    def __init__(self, recorder: OutcomeRecorder, explode_factor: float = 1.5, time_budget_s: float | None = None,
+                 min_tokens_per_s: float = 0.0, slow_grace_reports: int = 2):
+        self.recorder = recorder
+        self.explode_factor = explode_factor
+        self.time_budget_s = time_budget_s
+        self.min_tokens_per_s = min_tokens_per_s
+        self.slow_grace_reports = slow_grace_reports
+        self.started = time.time()
+        self._initial_loss: dict[str, float] = {}
+        self._reports: dict[str, int] = {}
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        if result.get("done"):
+            # Tune repeating the last result of a trainable that returned: the trial ends by itself.
+            # After a driver restart that result can be older than a decision already in the ledger
+            # (a trial that ended after Tune's last experiment snapshot), so it must not decide again.
+            return False
+        decision = self.decide(trial_id, result)
+        if decision is None:
+            return False
+        outcome, reason = decision
+        self.recorder.decided(trial_id, outcome, reason, result)
+        return True
+
+    def decide(self, trial_id: str, result: dict[str, Any]) -> tuple[Outcome, str] | None:
+        """(outcome, reason) when the trial must stop, else None. Pure but for per-trial memory."""
+        step = result.get("step")
+        loss = result.get("train_loss")
+        grad_norm = result.get("grad_norm")
+        if result.get("diverged"):
+            # The training loop's own finding (its run ended as diverged): it says what went non-finite.
+            because = result.get("diverged_because") or f"loss {_fmt(loss)}"
+            return Outcome.DIVERGED, f"diverged at step {step}, {because}"
+        for name, value in (("loss", loss), ("gradient norm", grad_norm)):
+            if value is not None and not math.isfinite(value):
+                return Outcome.DIVERGED, f"diverged at step {step}, {name} {_fmt(value)}"
+        if loss is not None:
+            # The reference is the loss at initialisation: ln(vocab) for a well-initialised LM, or the
+            # first report if lower (a high LR can already have blown up within the first interval).
+            first = min(loss, result.get("uniform_loss", loss))
+            initial = self._initial_loss.setdefault(trial_id, first)
+            if not result.get("in_warmup", False) and loss > self.explode_factor * initial:
+                return Outcome.DIVERGED, (f"diverged at step {step}, loss {loss:.3g} exploded above "
+                                    f"{self.explode_factor:g} x initial {initial:.3g}")
+        return self._too_slow(trial_id, result)
+
+    def _too_slow(self, trial_id: str, result: dict[str, Any]) -> tuple[Outcome, str] | None:
+        self._reports[trial_id] = self._reports.get(trial_id, 0) + 1
+        rate = result.get("tokens_per_s")
+        if self._reports[trial_id] <= self.slow_grace_reports or not rate or rate <= 0:
+            return None
+        if self.min_tokens_per_s and rate < self.min_tokens_per_s:
+            return Outcome.TOO_SLOW, f"too slow: {rate:,.0f} tok/s < floor {self.min_tokens_per_s:,.0f} tok/s"
+        remaining = max(result.get("total_tokens", 0) - result.get("tokens", 0), 0)
+        if self.time_budget_s and remaining:
+            projected = (time.time() - self.started) + remaining / rate
+            if projected > self.time_budget_s:
+                return Outcome.TOO_SLOW, (f"too slow: {rate:,.0f} tok/s, projected {format_hours(projected)} > "
+                                    f"{format_hours(self.time_budget_s)} budget")
+        return None
+
+    def stop_all(self) -> bool:
+        return False
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    return "nan" if isinstance(value, float) and math.isnan(value) else f"{value:.4g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# ASHA that survives a driver restart
+
+
+class PersistentASHA(AsyncHyperBandScheduler):
+    """Tune's ASHA on ``metric`` against ``time_attr``, with its rung records saved after every decision
+    and reloaded after ``Tuner.restore`` (which does not restore scheduler state, ray#30838), and each
+    early stop handed to the recorder with its reason."""
+
+    def __init__(self, recorder: OutcomeRecorder, state_path: Path, *, time_attr: str, metric: str, mode: str,
+                 **kwargs: Any):
+        # A trial reaching max_t finishes by itself (writing its summary); it must not be killed there.
+        super().__init__(time_attr=time_attr, metric=metric, mode=mode, stop_last_trials=False, **kwargs)
+        self.recorder = recorder
+        self.state_path = Path(state_path)
+        self.time_attr = time_attr  # (the metric is Tune's own public ``metric`` property)
+        self.loaded = False
+
+    def _ensure_loaded(self) -> None:
+        if self.loaded:
+            return
+        self.loaded = True
+        if self.state_path.exists():
+            restore_asha_rungs(self, json.loads(self.state_path.read_text()))
+            log.info("ASHA state restored from %s (%d trials stopped before)", self.state_path,
+                     asha_stopped_count(self))
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        self._ensure_loaded()
+        super().on_trial_add(tune_controller, trial)
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        self._ensure_loaded()
+        tokens = result.get(self.time_attr, 0)
+        if tokens >= result.get("total_tokens", math.inf):
+            # The trial's last report: it finishes by itself and writes its summary; stopping it
+            # here would only kill it mid-write.
+            return TrialScheduler.CONTINUE
+        action = super().on_trial_result(tune_controller, trial, result)
+        if action == TrialScheduler.STOP:
+            reason = (f"stopped by ASHA at {format_tokens(tokens)} tokens (val loss {_fmt(result.get(self.metric))} "
+                      "worse than its rung's cutoff)")
+            self.recorder.decided(trial.trial_id, Outcome.STOPPED_EARLY, reason, result)
+        if self.metric in result:
+            atomic_write_json(self.state_path, asha_rungs(self))
+        return action

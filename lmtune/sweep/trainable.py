@@ -1,0 +1,210 @@
+"""The Ray Tune trainable: one trial = one run of lmtune's training loop (``train_trial``).
+
+The run's rows go to Tune through ``TuneSink`` at every log interval, with ``tokens`` (restored from
+checkpoints, so monotonic across restarts) as the schedulers' time attribute and a tune.Checkpoint at
+every checkpoint interval; a restarted trial (retry or --resume) continues from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray import tune
+
+from lmtune.data.dataset import read_meta
+from lmtune.private_apis import trial_storage_dir
+from lmtune.sweep.record import is_sweep_dir, write_trial_file
+from lmtune.training.checkpoint import checksum_path
+from lmtune.training.compile import enable_shared_compile_cache
+from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.loop import RunResult, train
+
+log = logging.getLogger(__name__)
+
+DATA_FILES = ("train.bin", "val.bin", "meta.json", "tokenizer.json")
+
+
+@dataclass
+class ShippedData:
+    """A prepared data dir's files, put in Ray's object store once by the driver so that trials on
+    nodes without the data (or without a shared filesystem) can still run."""
+
+    content_hash: str
+    files: dict[str, np.ndarray]  # file name -> raw bytes as uint8 (zero-copy from the object store)
+
+    @classmethod
+    def from_dir(cls, data_dir: Path) -> ShippedData:
+        files = {name: np.fromfile(data_dir / name, dtype=np.uint8) for name in DATA_FILES
+                 if (data_dir / name).exists()}
+        return cls(read_meta(data_dir).content_hash, files)
+
+    def materialize(self, cache_root: Path) -> Path:
+        """Write the files once per node under cache_root/HASH (atomic: temp dir + rename)."""
+        target = cache_root / self.content_hash
+        if (target / "meta.json").exists():
+            return target
+        cache_root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_root))
+        for name, data in self.files.items():
+            data.tofile(staging / name)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another trial on this node won the race; its copy is identical
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+
+def trial_data_dir(data_dir: str, shipped: ShippedData | None) -> Path:
+    """The prepared data on this node: the driver's path when present with the same content,
+    else the shipped copy written to a node-local cache."""
+    local = Path(data_dir)
+    if shipped is None:
+        return local
+    try:
+        if (local / "meta.json").exists() and read_meta(local).content_hash == shipped.content_hash:
+            return local
+    except Exception:  # noqa: BLE001 - an unreadable local copy is replaced by the shipped one
+        pass
+    cache = Path(os.environ.get("LMTUNE_DATA_CACHE", Path.home() / ".cache" / "lmtune" / "data"))
+    path = shipped.materialize(cache)
+    log.info("data %s not on this node; using the copy shipped through Ray's object store at %s", local, path)
+    return path
+
+
+def limit_to_assigned_resources(resources: dict[str, float]) -> None:
+    """Use the CPUs and the GPU share Ray assigned (Ray sets CUDA_VISIBLE_DEVICES itself)."""
+    import torch
+
+    cpus = resources.get("CPU", 1)
+    torch.set_num_threads(max(1, int(cpus)))
+    gpu = resources.get("GPU", 0)
+    if 0 < gpu < 1 and torch.cuda.is_available():
+        # A fractional trial must not grow into its neighbours' memory on the same GPU.
+        torch.cuda.set_per_process_memory_fraction(gpu, 0)
+
+
+def trial_output_dir() -> Path:
+    """Where the run's files go: straight into the trial's folder under the experiment when storage
+    is a filesystem path (local or shared across nodes), so nothing depends on a later sync; with
+    s3:// or gs:// storage, the trial's working directory, which Ray syncs as artifacts."""
+    try:
+        return trial_storage_dir()[0]
+    except Exception as err:  # noqa: BLE001 - private Ray API: fall back to the public trial dir
+        fallback = Path(tune.get_context().get_trial_dir())
+        log.warning("could not locate the trial's storage folder (%s); writing to %s", err, fallback)
+        return fallback
+
+
+def compile_cache_dir(out_dir: Path) -> Path:
+    """One Inductor cache for all trials: the experiment folder's ``compile_cache/`` when the trial
+    writes into it (local or shared storage), so later trials reuse the first one's compiled graphs
+    and autotuning; else a node-local cache."""
+    if is_sweep_dir(out_dir.parent):
+        return out_dir.parent / "compile_cache"
+    return Path(os.environ.get("LMTUNE_COMPILE_CACHE", Path.home() / ".cache" / "lmtune" / "inductor"))
+
+
+class TuneSink:
+    """A run's rows as Tune results, each with the checkpoint written at it; a run that diverged ends
+    with one more result saying so, which the sweep's stopper turns into the trial's outcome."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        # What a diverged trial is worth to a searcher: the loss of a uniform guess.
+        self.uniform_loss = math.log(config.model.vocab_size)
+        self.latest_val = self.uniform_loss
+        self.node_id = ray.get_runtime_context().get_node_id()  # node_ip is shared by raylets on one host
+
+    def _metrics(self, values: dict[str, Any]) -> dict[str, Any]:
+        return {**{k: v for k, v in values.items() if v is not None}, "objective": self.latest_val,
+                "total_tokens": self.config.total_tokens, "uniform_loss": self.uniform_loss,
+                "in_warmup": values["step"] <= self.config.train.warmup_steps, "node_id": self.node_id}
+
+    def write(self, row: dict[str, Any], checkpoint: Path | None) -> None:
+        if row.get("val_loss") is not None and math.isfinite(row["val_loss"]):
+            self.latest_val = row["val_loss"]
+        metrics = self._metrics(row)
+        if checkpoint is None:
+            tune.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="lmtune-ckpt-") as staging:
+            for path in (checkpoint, checksum_path(checkpoint)):
+                try:
+                    os.link(path, Path(staging) / path.name)  # no copy: Tune persists it from here
+                except OSError:
+                    shutil.copy2(path, Path(staging) / path.name)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(staging))
+
+    def close(self, result: RunResult) -> None:
+        if result.status != "diverged":
+            return
+        step = result.end.diverged_step
+        self.latest_val = self.uniform_loss
+        tune.report(self._metrics({"step": step, "tokens": step * self.config.tokens_per_step, "diverged": True,
+                                   "diverged_because": result.end.detail}))
+
+
+def restore_tune_checkpoint(out_dir: Path) -> None:
+    """Copy the checkpoint Tune restores this trial from (a retry, or --resume on a new node) into the
+    run's checkpoints folder, where the loop's resume looks."""
+    restored = tune.get_checkpoint()
+    if restored is None:
+        return
+    with restored.as_directory() as directory:
+        for path in Path(directory).glob("step_*.pt*"):
+            target = out_dir / "checkpoints" / path.name
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
+
+
+def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None,
+                ended: frozenset[str] = frozenset()) -> None:
+    """Ray Tune function trainable. ``params`` are the trial's sampled values (lr, ...); ``base`` is
+    the sweep's RunConfig as a dict (budget + --set + the space's fixed settings). ``ended``: ids of
+    trials the ledger says already ended (set on --resume): Tune's experiment snapshot can predate
+    that decision and resume them, and they return at once instead of training again."""
+    context = tune.get_context()
+    trial_id = context.get_trial_id()
+    if trial_id in ended:
+        log.info("trial %s ended before the driver restart (trial_outcomes.json); not run again", trial_id)
+        return
+    out_dir = trial_output_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_trial_file(out_dir, trial_id, params)
+    limit_to_assigned_resources(context.get_trial_resources().required_resources)
+    enable_shared_compile_cache(compile_cache_dir(out_dir))
+    config = apply_overrides(RunConfig.from_dict(base), params, where=f"trial {trial_id}")
+    config.data_dir = str(trial_data_dir(config.data_dir, shipped))
+    restore_tune_checkpoint(out_dir)
+    train(config, out_dir, resume=True, sinks=[TuneSink(config)], before_step=injected_fault(config, out_dir))
+
+
+def injected_fault(config: RunConfig, out_dir: Path):
+    """A step hook that raises at LMTUNE_FAULT_RAISE_AT_STEP=N, for the failure tests: once per trial,
+    or on every attempt with LMTUNE_FAULT_ALWAYS=1; only in the trial with LMTUNE_FAULT_LR when set;
+    with LMTUNE_FAULT_MESSAGE as the error (e.g. a CUDA out-of-memory message). Each firing appends a
+    line to the trial's ``.fault_injected``. None when no fault is asked for."""
+    step = os.environ.get("LMTUNE_FAULT_RAISE_AT_STEP")
+    only_lr = os.environ.get("LMTUNE_FAULT_LR")
+    if not step or (only_lr and not math.isclose(config.train.lr, float(only_lr), rel_tol=1e-9)):
+        return None
+    step, marker = int(step), out_dir / ".fault_injected"
+    always = os.environ.get("LMTUNE_FAULT_ALWAYS") == "1"
+
+    def hook(current: int, _model) -> None:
+        if current == step and (always or not marker.exists()):
+            with open(marker, "a") as handle:
+                handle.write(f"{step}\n")
+            raise RuntimeError(os.environ.get("LMTUNE_FAULT_MESSAGE") or f"injected fault at step {step}")
+
+    return hook

@@ -1,0 +1,221 @@
+"""The training loop: one model, from a fresh start or a checkpoint, to the end of its budget.
+
+``train()`` is what the CLI (python -m lmtune.train), a sweep's trials and the tests call. Per run it
+writes into ``out_dir``: config.json, metrics.csv, TensorBoard events, training.log, checkpoints/,
+summary.json, loss_curves.png and lr_schedule.png.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from lmtune.data.batches import BatchSampler, DeviceBatches, fixed_val_batches
+from lmtune.data.dataset import load_data, read_meta
+from lmtune.files import atomic_write_json, atomic_write_text
+from lmtune.training.checkpoint import Checkpointer
+from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.device import configure_backend, peak_flops, resolve_device
+from lmtune.training.evaluate import evaluate
+from lmtune.training.figures import write_run_figures
+from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, TensorBoardSink
+from lmtune.training.model import count_parameters, flops_per_token
+from lmtune.training.schedule import lr_at
+from lmtune.training.state import TrainState
+from lmtune.training.step import Runtime, train_step
+
+log = logging.getLogger(__name__)
+
+# Called before each optimizer step with the 1-based step number and the model (instrumentation, fault tests).
+StepHook = Callable[[int, nn.Module], None]
+
+
+@dataclass
+class RunEnd:
+    """How a run ended: completed, diverged (at its first bad step, and what went non-finite) or stopped."""
+
+    status: str = "completed"
+    detail: str = ""
+    """What ended it early, e.g. "non-finite loss"; empty for a completed run."""
+    diverged_step: int | None = None
+
+    @property
+    def reason(self) -> str:
+        return f"{self.detail} at step {self.diverged_step}" if self.diverged_step else self.detail
+
+
+@dataclass
+class RunResult:
+    status: str
+    """completed | diverged | stopped (interrupted)"""
+    summary: dict[str, Any]
+    """summary.json's content."""
+    out_dir: Path
+    history: list[Row] = field(default_factory=list)
+    end: RunEnd = field(default_factory=RunEnd)
+
+
+def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from: Path | None = None,
+          sinks: Sequence[MetricsSink] = (), before_step: StepHook | None = None) -> RunResult:
+    """Train one model as ``config`` says, writing everything to ``out_dir``.
+
+    ``resume`` continues from the newest verified checkpoint in out_dir/checkpoints (a fresh start if
+    there is none); ``resume_from`` names a checkpoint file. ``sinks`` receive every metrics row after
+    metrics.csv and TensorBoard do, and the summary at the end (a sweep's Tune report, W&B).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = resolve_config(config, Path(config.data_dir))
+    t = config.train
+    data = load_data(Path(config.data_dir), config.model.context_length, config.model.vocab_size)
+    device = resolve_device(t.device)
+    configure_backend(device)
+    state = TrainState.create(config, device)
+    checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints)
+    resumed_from = checkpointer.restore(state, path=resume_from, latest=resume)
+    atomic_write_text(out_dir / "config.json", config.to_json())
+
+    with contextlib.ExitStack() as cleanup:
+        cleanup.enter_context(training_log(out_dir))  # first, so it records the resume and everything after
+        csv_sink = cleanup.enter_context(CsvSink(out_dir, resume_step=state.step))
+        tensorboard = cleanup.enter_context(TensorBoardSink(out_dir, resume_step=state.step))
+        if resumed_from is not None:
+            log.info("resuming from %s (step %d)", resumed_from, state.step)
+        runtime = Runtime.build(state.model, config, device)
+        log_run_start(config, device)
+        sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed)
+        batches = cleanup.enter_context(DeviceBatches(sampler, device, start_step=state.step))
+        val_batches = fixed_val_batches(data.val, t.batch_size, config.model.context_length, t.eval_batches,
+                                        seed=t.seed + 1)
+        meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config.model), peak_flops(device),
+                              elapsed_before_s=state.elapsed_s)
+        end = RunEnd()
+        try:
+            while state.step < t.steps:
+                step = state.step + 1
+                if before_step is not None:
+                    before_step(step, state.model)
+                x, y = batches.next()
+                lr = lr_at(step - 1, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
+                result = train_step(state, runtime, x, y, lr, t)
+                if not result.applied:
+                    what = "loss" if not math.isfinite(result.loss.item()) else "gradient norm"
+                    end = RunEnd("diverged", f"non-finite {what}", step)
+                    break
+                meter.add(step, result, batches.last_wait_s)
+                if not t.logs_at(step):
+                    continue
+                # ---- a log interval: the loop's only host syncs ----
+                if (bad_step := meter.first_nonfinite_step()) is not None:
+                    end = RunEnd("diverged", "non-finite loss or gradient norm", bad_step)
+                    break
+                row = {**meter.take(step), "lr": lr, "val_loss": None}
+                if t.evaluates_at(step):
+                    row["val_loss"] = evaluate(runtime, val_batches, t.grad_accum_steps)
+                    if not math.isfinite(row["val_loss"]):
+                        end = RunEnd("diverged", "non-finite validation loss", step)
+                        break
+                row.update(state.model.stability_probes(x[:2]))
+                for sink in (csv_sink, tensorboard):  # before the checkpoint, which a resume keeps its rows to
+                    sink.write(row, None)
+                written = save_checkpoints(checkpointer, state, config, row, csv_sink.rows, meter)
+                for sink in sinks:
+                    sink.write(row, written)
+                log_row(row, t.steps)
+                meter.restart()
+        except KeyboardInterrupt:
+            end = RunEnd("stopped", f"interrupted at step {state.step}")
+            log.warning("interrupted: the newest checkpoint is kept; continue with --resume")
+        return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks)
+
+
+def resolve_config(config: RunConfig, data_dir: Path) -> RunConfig:
+    """A validated copy of ``config`` with vocab_size from the data's meta.json unless it was set."""
+    meta = read_meta(data_dir)
+    config = apply_overrides(config, {}, where="config")
+    if config.vocab_from_data:
+        config.model.vocab_size = meta.vocab_size
+    config.data_dir = str(data_dir)
+    return config
+
+
+def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunConfig, row: Row,
+                     history: list[Row], meter: IntervalMeter) -> Path | None:
+    """best.pt when the validation loss improved; a periodic checkpoint when one is due (returned)."""
+    val_loss = row["val_loss"]
+    if val_loss is not None and val_loss < state.best_val_loss:
+        state.best_val_loss = val_loss
+        checkpointer.save_best(state, config, val_loss)
+    if not config.train.checkpoints_at(state.step):
+        return None
+    state.elapsed_s = meter.elapsed_s()
+    return checkpointer.save(state, config, history)
+
+
+def finish_run(out_dir: Path, config: RunConfig, state: TrainState, end: RunEnd, rows: list[Row], wall_time: float,
+               sinks: Sequence[MetricsSink]) -> RunResult:
+    """summary.json and the run's figures, then the sinks hear how it ended."""
+    summary = run_summary(config, state, end, rows, wall_time)
+    atomic_write_json(out_dir / "summary.json", summary)
+    write_run_figures(out_dir, rows, config)
+    if end.status == "diverged":
+        log.warning("run diverged: %s", end.reason)
+    log.info("%s: %s", end.status, json.dumps({k: summary[k] for k in ("best_val_loss", "steps", "tokens_per_s")}))
+    result = RunResult(end.status, summary, out_dir, rows, end)
+    for sink in sinks:  # last: a sweep may end this process as soon as it hears how the run ended
+        sink.close(result)
+    return result
+
+
+def run_summary(config: RunConfig, state: TrainState, end: RunEnd, rows: list[Row], wall_time: float) -> dict:
+    """summary.json: how the run ended, its losses, tokens and speed."""
+    steps = end.diverged_step - 1 if end.diverged_step else state.step
+    last_val = next((r["val_loss"] for r in reversed(rows) if r.get("val_loss") is not None), None)
+    counts = count_parameters(config.model)
+    tokens = steps * config.tokens_per_step
+    return {
+        "status": end.status, "reason": end.reason,
+        "best_val_loss": state.best_val_loss if math.isfinite(state.best_val_loss) else None,
+        "final_val_loss": last_val if end.status == "completed" else None, "last_val_loss": last_val,
+        "steps": steps, "tokens": tokens, "wall_time_s": wall_time,
+        "tokens_per_s": tokens / wall_time if wall_time > 0 else None,
+        "diverged_step": end.diverged_step, "budget": config.budget, "lr": config.train.lr,
+        "params_non_embedding": counts["non_embedding"], "flops_per_token": flops_per_token(config.model),
+    }
+
+
+@contextlib.contextmanager
+def training_log(out_dir: Path):
+    """training.log: every record of the "lmtune" loggers at INFO and above, while the run lasts."""
+    handler = logging.FileHandler(out_dir / "training.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    package_log = logging.getLogger("lmtune")
+    package_log.addHandler(handler)
+    if package_log.getEffectiveLevel() > logging.INFO:
+        package_log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package_log.removeHandler(handler)
+        handler.close()
+
+
+def log_run_start(config: RunConfig, device) -> None:
+    counts = count_parameters(config.model)
+    log.info("device=%s params: non-embedding %.2fM, total %.2fM; %.1f MFLOP/token; %d steps x %d tokens",
+             device, counts["non_embedding"] / 1e6, counts["total"] / 1e6, flops_per_token(config.model) / 1e6,
+             config.train.steps, config.tokens_per_step)
+
+
+def log_row(row: Row, total_steps: int) -> None:
+    val = f" val {row['val_loss']:.4f}" if row["val_loss"] is not None else ""
+    log.info("step %d/%d loss %.4f%s lr %.3g gnorm %.3g %.0f tok/s", row["step"], total_steps, row["train_loss"],
+             val, row["lr"], row["grad_norm"], row["tokens_per_s"])

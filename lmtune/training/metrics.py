@@ -1,0 +1,220 @@
+"""A run's metrics: the rows the loop emits, the sinks they go to, and metrics.csv.
+
+This module alone opens metrics.csv, to write it (``CsvSink``) and to read it back (``read_metrics``,
+``read_metrics_frame``, ``last_metrics_row``) for a resume, the report and diagnose. The loop hands
+every row to a list of sinks: metrics.csv and TensorBoard for every run, Ray Tune's report in a
+sweep (lmtune.sweep.trainable), and Weights & Biases when asked (lmtune.training.wandb_sink).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from lmtune.files import atomic_write_text
+from lmtune.training.step import StepResult
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.csv"
+METRIC_COLUMNS = [
+    "step", "tokens", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
+    "data_wait_s", "compute_s", "peak_memory_bytes", "attn_logit_max", "output_logit_max",
+    "output_logz_mean", "elapsed_s",
+]
+INT_COLUMNS = ("step", "tokens", "peak_memory_bytes")
+
+Row = dict[str, Any]
+
+
+class MetricsSink(Protocol):
+    """Where a run's rows go. ``write`` gets every row (and the checkpoint written with it, if any);
+    ``close`` gets how the run ended (a lmtune.training.loop.RunResult) once, after the last row."""
+
+    def write(self, row: Row, checkpoint: Path | None) -> None: ...
+
+    def close(self, result: Any) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics.csv
+
+
+class CsvSink:
+    """metrics.csv. A resumed run keeps the rows up to the checkpoint it resumes from; later rows are
+    logged again by the resumed run, so every step appears once."""
+
+    def __init__(self, out_dir: Path, resume_step: int = 0):
+        self.path = Path(out_dir) / METRICS_FILE
+        old = read_metrics(self.path) if resume_step and self.path.exists() else []
+        self.rows: list[Row] = [row for row in old if row["step"] <= resume_step]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_text(self.path, buffer.getvalue())
+        self._file = open(self.path, "a", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+
+    def write(self, row: Row, checkpoint: Path | None = None) -> None:
+        self.rows.append(row)
+        self._writer.writerow(row)
+        self._file.flush()
+
+    def close(self, result: Any = None) -> None:
+        self._file.close()
+
+    def __enter__(self) -> CsvSink:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_metrics(path: Path) -> list[Row]:
+    """metrics.csv as typed rows (None where a cell is empty); a torn last line is left out."""
+    with open(path, newline="") as handle:
+        rows = (_parse_row(raw) for raw in csv.DictReader(handle))
+        return [row for row in rows if row is not None]
+
+
+def last_metrics_row(path: Path) -> Row | None:
+    """The newest row of metrics.csv, or None when it has none (or cannot be read)."""
+    try:
+        rows = read_metrics(path)
+    except (OSError, csv.Error):
+        return None
+    return rows[-1] if rows else None
+
+
+def read_metrics_frame(path: Path):
+    """metrics.csv as a pandas DataFrame of numbers (empty cells NaN); an empty frame when the file is
+    missing, empty or unreadable."""
+    import pandas as pd
+
+    try:
+        rows = read_metrics(path) if Path(path).is_file() else []
+    except (OSError, csv.Error, UnicodeDecodeError) as err:
+        log.warning("ignoring unreadable %s: %s", path, err)
+        rows = []
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows).apply(pd.to_numeric, errors="coerce")
+
+
+def _parse_row(raw: dict[str, str | None]) -> Row | None:
+    row: Row = {}
+    try:
+        for key, value in raw.items():
+            if key is None or value is None:  # a torn line: too few or too many fields
+                return None
+            if value == "":
+                row[key] = None
+            elif key in INT_COLUMNS:
+                row[key] = int(float(value))
+            else:
+                row[key] = float(value)
+    except ValueError:
+        return None
+    return row if row.get("step") is not None else None
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorBoard
+
+
+class TensorBoardSink:
+    """Every finite number of every row as a TensorBoard scalar (out_dir/tensorboard)."""
+
+    def __init__(self, out_dir: Path, resume_step: int = 0):
+        from tensorboardX import SummaryWriter
+
+        # purge_step: a resumed run's events past its checkpoint are dropped, as metrics.csv's rows are.
+        self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=resume_step or None)
+
+    def write(self, row: Row, checkpoint: Path | None = None) -> None:
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(key, value, row["step"])
+        self.writer.flush()
+
+    def close(self, result: Any = None) -> None:
+        self.writer.close()
+
+    def __enter__(self) -> TensorBoardSink:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures of one log interval
+
+
+class IntervalMeter:
+    """Accumulates the steps between two rows on the device (no host sync per step) and turns them into
+    a row's numbers: mean train loss, tokens/s, MFU, data wait and compute time per step."""
+
+    def __init__(self, device: torch.device, tokens_per_step: int, flops_per_token: float,
+                 peak_flops: float | None, elapsed_before_s: float = 0.0):
+        self.device = device
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.elapsed_before_s = elapsed_before_s
+        self.run_start = time.perf_counter()
+        self.loss_sum = torch.zeros((), device=device)
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        self.grad_norm = torch.zeros((), device=device)
+        self.steps, self.wait_s = 0, 0.0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.restart()
+
+    def restart(self) -> None:
+        """The next interval's clock starts now (evaluation and checkpoints are not counted in it)."""
+        self.interval_start = time.perf_counter()
+
+    def add(self, step: int, result: StepResult, wait_s: float) -> None:
+        self.loss_sum += result.loss.float()
+        self.grad_norm = result.grad_norm
+        bad = ~result.finite & (self.first_bad < 0)
+        self.first_bad = torch.where(bad, torch.full_like(self.first_bad, step), self.first_bad)
+        self.steps += 1
+        self.wait_s += wait_s
+
+    def first_nonfinite_step(self) -> int | None:
+        """The first step since the run started whose loss or gradient norm was not finite (a host sync)."""
+        step = int(self.first_bad.item())
+        return step if step >= 0 else None
+
+    def elapsed_s(self) -> float:
+        """Wall time of the run, earlier processes of a resumed run included."""
+        return self.elapsed_before_s + time.perf_counter() - self.run_start
+
+    def take(self, step: int) -> Row:
+        """The interval's numbers for the row at ``step``; the interval's sums start again from zero."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - self.interval_start
+        tokens_per_s = self.steps * self.tokens_per_step / wall
+        row = {
+            "step": step, "tokens": step * self.tokens_per_step,
+            "train_loss": (self.loss_sum / self.steps).item(), "grad_norm": float(self.grad_norm),
+            "tokens_per_s": tokens_per_s,
+            "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else None,
+            "data_wait_s": self.wait_s / self.steps, "compute_s": (wall - self.wait_s) / self.steps,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+            "elapsed_s": self.elapsed_s(),
+        }
+        self.loss_sum.zero_()
+        self.steps, self.wait_s = 0, 0.0
+        return row

@@ -1,0 +1,99 @@
+"""The training state: the model, its optimizer, the step count, and what a checkpoint restores.
+
+Everything a training step changes lives here, so the loop, the benchmark and a resumed run all
+start from the same ``TrainState.create`` and save/restore through ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lmtune.training.config import RunConfig
+from lmtune.training.model import TransformerLM
+
+
+@dataclass
+class TrainState:
+    model: TransformerLM
+    """The eager module: its parameters are what the optimizer updates and checkpoints hold."""
+    optimizer: torch.optim.AdamW
+    step: int = 0
+    """Optimizer steps taken (the next step is step + 1)."""
+    best_val_loss: float = math.inf
+    """Lowest validation loss so far (best.pt holds the model that reached it)."""
+    elapsed_s: float = 0.0
+    """Wall time of the earlier processes of a resumed run."""
+
+    @classmethod
+    def create(cls, config: RunConfig, device: torch.device) -> TrainState:
+        """A freshly initialised model and optimizer: seeded, so the same config starts identically."""
+        seed_everything(config.train.seed)
+        model = TransformerLM(config.model).to(device)
+        return cls(model=model, optimizer=build_optimizer(model, config, device))
+
+    def state_dict(self) -> dict[str, Any]:
+        device = next(self.model.parameters()).device
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+                "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed_s, "rng": rng_state(device)}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        device = next(self.model.parameters()).device
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.step, self.best_val_loss = saved["step"], saved["best_val_loss"]
+        self.elapsed_s = saved.get("elapsed_s", 0.0)
+        restore_rng_state(saved["rng"], device)
+
+
+def build_optimizer(model: nn.Module, config: RunConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on RMSNorm gains); fused kernels on CUDA."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    t = config.train
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=device.type == "cuda",
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every random generator's state, as tensors and lists (loadable with weights_only=True)."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": _tuples_to_lists(random.getstate()),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    random.setstate(_lists_to_tuples(state["python"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _tuples_to_lists(value):
+    return [_tuples_to_lists(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _lists_to_tuples(value):
+    return tuple(_lists_to_tuples(v) for v in value) if isinstance(value, list) else value

@@ -1,0 +1,111 @@
+"""One training step: the forward and backward passes over the step's micro-batches, gradient
+clipping, the non-finite check and the AdamW update.
+
+``train_step`` is the step the training loop runs and the benchmark times; ``Runtime`` is how the
+steps run on a device (the compiled forward, the autocast precision), built once per run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lmtune.training.compile import compile_model, should_compile
+from lmtune.training.config import RunConfig, TrainConfig
+from lmtune.training.device import autocast_dtype
+from lmtune.training.state import TrainState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How a model's steps run on one device."""
+
+    device: torch.device
+    forward: nn.Module
+    """The model, or its torch.compile'd wrapper: ``forward(x, y)`` is the mean loss."""
+    amp_dtype: torch.dtype | None
+    """bf16 under autocast, or None for float32."""
+    compiled: bool
+    """Whether ``forward`` is compiled (a failed compile falls back to eager: False)."""
+
+    @classmethod
+    def build(cls, model: nn.Module, config: RunConfig, device: torch.device, compile_mode: str = "default",
+              compiled: bool | None = None) -> Runtime:
+        """Compile as ``should_compile`` says (or as ``compiled`` forces), with the config's precision."""
+        if compiled is None:
+            compiled = should_compile(config, device)
+        forward = compile_model(model, device, compile_mode) if compiled else model
+        if not compiled:
+            why = "CPU default for small models: eager measured faster" if config.train.compile == "auto" \
+                else "compile=off"
+            log.info("torch.compile off (%s)", why)
+        return cls(device, forward, autocast_dtype(config, device), compiled=forward is not model)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+    @property
+    def sync_is_free(self) -> bool:
+        """On CPU a host sync costs nothing, so a bad step is caught before it is applied."""
+        return self.device.type == "cpu"
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    """Mean loss of the step's batch (over its micro-batches), left on the device."""
+    grad_norm: torch.Tensor
+    """Global gradient norm before clipping, left on the device."""
+    finite: torch.Tensor
+    """Whether loss and gradient norm were finite (a device bool: reading it is a host sync)."""
+    applied: bool
+    """False when the step was refused: found non-finite where the check is free, nothing updated."""
+
+
+def train_step(state: TrainState, runtime: Runtime, x: torch.Tensor, y: torch.Tensor, lr: float,
+               settings: TrainConfig) -> StepResult:
+    """One optimizer step at learning rate ``lr`` on the batch (x, y) of ``settings.batch_size`` windows.
+
+    The batch is split into ``settings.grad_accum_steps`` equal micro-batches whose gradients add up
+    to the gradient of the whole batch's mean loss. On CPU a non-finite loss or gradient norm refuses
+    the update (``applied`` False); on a GPU, where checking would stall the pipeline every step, the
+    update lands and ``finite`` tells the caller, who checks at its next log interval.
+    """
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    loss = forward_backward(runtime, x, y, settings.grad_accum_steps)
+    grad_norm = clip_gradients(state.model, settings.grad_clip)
+    finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+    if runtime.sync_is_free and not bool(finite):
+        state.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss, grad_norm, finite, applied=False)
+    state.optimizer.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    return StepResult(loss, grad_norm, finite, applied=True)
+
+
+def forward_backward(runtime: Runtime, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> torch.Tensor:
+    """Backward of the batch's mean loss, accumulated over ``micro_batches`` equal slices; returns that
+    mean loss (detached, on the device: no host sync)."""
+    total = None
+    for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True):
+        with runtime.autocast():
+            loss = runtime.forward(xs, ys)
+        (loss / micro_batches).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total / micro_batches
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """The global gradient norm (before clipping); gradients clipped to ``max_norm`` unless it is 0."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in params])

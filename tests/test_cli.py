@@ -1,0 +1,30 @@
+"""Each command, as a user runs it (python -m lmtune.X in a process of its own), refuses bad input with
+one ``error:`` line and exit status 2, no traceback, and writes nothing. The refusals themselves are
+specified in-process next to each component; this is the smoke test of the six entry points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, run_lmtune
+
+REFUSALS = {
+    "prepare": (["--input", "missing.txt", "--out", "prepared"], "missing.txt"),
+    "train": (["--lr", "nan", "--out", "run"], "lr"),
+    "run": (["--space", "no_such_space", "--name", "sweep"], "unknown search space 'no_such_space'"),
+    "analyze": (["no-such-sweep"], "no-such-sweep does not exist"),
+    "bench": (["--config", "quick", "--concurrency", "0"], "--concurrency"),
+    "diagnose": (["no-such-sweep"], "not a directory"),
+}
+
+
+@pytest.mark.parametrize("command", list(REFUSALS))
+def test_the_command_refuses_bad_input_in_one_line_and_writes_nothing(command: str, builtin_data: Path,
+                                                                      tmp_path: Path):
+    argv, fragment = REFUSALS[command]
+    data = ["--data", str(builtin_data)] if command in ("train", "run") else []
+    proc = run_lmtune(command, *argv, *data, cwd=tmp_path, timeout=180)
+    assert_one_line_error(proc.returncode, proc.stderr, fragment)
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == [], sorted(tmp_path.rglob("*"))
