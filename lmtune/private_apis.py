@@ -100,3 +100,32 @@ def switch_on_inductor_caches() -> None:
         config = sys.modules.get(module)
         if config is not None and hasattr(config, name):
             setattr(config, name, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray Tune + Weights & Biases: a trial's W&B data on disk before Ray kills its logger
+
+
+def wandb_logger_callback(**kwargs: Any):
+    """Ray Tune's ``WandbLoggerCallback(**kwargs)``, with each trial's W&B run written out before Ray
+    kills the actor that logged it.
+
+    Why private: Ray 2.60's WandbLoggerCallback ``ray.kill``s a trial's logging actor as soon as its
+    ``run()`` returns from ``wandb.finish()``, and wandb 0.31's ``finish`` returns before its
+    wandb-core process has written the run's log: a trial that ends next to another lost its whole
+    offline run (seen on 2 CPU cores). Ray's ``_logger_actor_cls`` class hook and its
+    ``_WandbLoggingActor`` are private; the subclass adds ``wandb.teardown()``, which waits for
+    wandb-core to finish. Public API to move to: the plain WandbLoggerCallback, once it tears wandb
+    down before killing its actors.
+    """
+    from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+
+    class FlushingWandbLoggingActor(_WandbLoggingActor):
+        def run(self) -> None:
+            super().run()
+            self._wandb.teardown()
+
+    class FlushingWandbLoggerCallback(WandbLoggerCallback):
+        _logger_actor_cls = FlushingWandbLoggingActor
+
+    return FlushingWandbLoggerCallback(**kwargs)

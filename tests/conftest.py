@@ -213,6 +213,7 @@ def read_wandb_runs(folder: Path) -> list[dict]:
                                        for i in record.summary.update})
             elif kind_name in ("run", "config"):  # the config comes with the run record, updates after it
                 config = record.run.config if kind_name == "run" else record.config
-                run["config"].update({i.key: json.loads(i.value_json) for i in config.update})
+                run["config"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                      for i in config.update})
         runs.append(run)
     return runs

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 from ray import tune
 
 from lmtune.data.dataset import read_meta
@@ -82,8 +83,6 @@ def trial_data_dir(data_dir: str, shipped: ShippedData | None) -> Path:
 
 def limit_to_assigned_resources(resources: dict[str, float]) -> None:
     """Use the CPUs and the GPU share Ray assigned (Ray sets CUDA_VISIBLE_DEVICES itself)."""
-    import torch
-
     cpus = resources.get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))
     gpu = resources.get("GPU", 0)
@@ -183,6 +182,7 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
     write_trial_file(out_dir, trial_id, params)
     limit_to_assigned_resources(context.get_trial_resources().required_resources)
     enable_shared_compile_cache(compile_cache_dir(out_dir))
+    torch.compiler.reset()  # a reused worker: the last trial's compiled graphs guard on its own model
     config = apply_overrides(RunConfig.from_dict(base), params, where=f"trial {trial_id}")
     config.data_dir = str(trial_data_dir(config.data_dir, shipped))
     restore_tune_checkpoint(out_dir)
