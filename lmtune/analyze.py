@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
+from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.report.reader import resolve_sweep
 from lmtune.report.writer import analyze
 
@@ -21,7 +21,7 @@ def parse_target(text: str | None) -> float | None:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise LmtuneError(f"--target must be a positive loss in nats/token, e.g. --target 3.5 (got {text!r})")
+        raise LmtuneError(f"--target must be a positive loss in nats/token, e.g. --target 3.5 (got {shown(text)})")
     return value
 
 
@@ -32,8 +32,11 @@ def headline(summary: dict[str, Any]) -> list[str]:
     if summary["best_lr"] is not None:
         lines.append(f"best lr {summary['best_lr']:.3g}: val loss {summary['best_val_loss']:.4f} "
                      f"(trial {summary['best_trial']})")
+        fewest, most = summary.get("candidate_tokens") or (None, None)
+        if fewest != most:
+            lines.append(f"  not at equal token counts: the candidates trained {fewest:,} to {most:,} tokens")
     else:
-        lines.append("best lr: none (no non-diverged trial was evaluated yet)")
+        lines.append("best lr: none (no trial that neither diverged nor errored was evaluated yet)")
     if summary["divergence_lr"] is not None:
         lines.append(f"divergence lr {summary['divergence_lr']:.3g}")
     else:

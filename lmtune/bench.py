@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
+from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.plan import estimate_trial_memory_bytes, recommend_trials_per_gpu
 from lmtune.tools.throughput import (
     COMPILE_MODES,
@@ -95,7 +95,7 @@ def _parse_ks(text: str) -> list[int]:
     except ValueError:
         ks = []
     if not ks or min(ks) < 1:
-        raise LmtuneError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,2,4,8")
+        raise LmtuneError(f"--concurrency {shown(text)}: give positive integers separated by commas, e.g. 1,2,4,8")
     return ks
 
 

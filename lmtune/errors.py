@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import functools
 import logging
+import reprlib
 import sys
 from collections.abc import Callable
+from typing import Any
 
 
 class LmtuneError(ValueError):
     """A bad input or environment, reported to the user as one line (no traceback)."""
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlist = _SHOWN.maxdict = _SHOWN.maxtuple = 4
+_SHOWN.maxlevel = 2
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a few dozen characters: what an error message may echo of a user's input
+    (a YAML alias bomb expands to gigabytes, and one line must stay one line)."""
+    return _SHOWN.repr(value)
 
 
 def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:

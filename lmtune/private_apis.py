@@ -8,6 +8,7 @@ and its tests say where. Each function says which version forces it and the publ
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,29 @@ def trial_storage_dir() -> tuple[Path, bool]:
     if isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
         return Path(storage.trial_fs_path), True
     return Path(storage.trial_working_directory), False
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray: a local instance on loopback only
+
+
+def keep_local_ray_on_loopback() -> None:
+    """Make the local Ray instance this process is about to start listen on 127.0.0.1 only.
+
+    Why private: on Linux, Ray 2.60 binds its servers (GCS, raylet, object manager, core workers,
+    agents, metrics exporters) to the node IP, which it takes from the host's outward interface, and it
+    maps a requested 127.0.0.1 back to that address (``services.resolve_ip_for_localhost``). The one
+    switch that keeps a single-machine instance on loopback is ``ray_constants.ENABLE_RAY_CLUSTER``
+    (environment ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read when Ray is imported; it is what Ray sets
+    by itself on macOS and Windows). The environment variable reaches the processes Ray starts; the
+    constant, already read in this process, is set to match. Measured with ``ss -ltnup`` during a local
+    sweep: 12 listeners on 0.0.0.0, * or the host address without it, none with it. Public API to move
+    to: a ``ray.init`` option that binds a local instance to loopback (none in Ray 2.60).
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 # ---------------------------------------------------------------------------------------------

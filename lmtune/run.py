@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
-from lmtune.sweep.runner import SweepOptions, SweepResult, run_sweep
+from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
+from lmtune.sweep.runner import Interruptions, SweepOptions, SweepResult, run_sweep
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.training.config import BUDGETS, parse_set_args
 
@@ -78,7 +78,7 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
 
 def check_name(name: str) -> str:
     if not NAME_PATTERN.match(name) or ".." in name:
-        raise LmtuneError(f"--name {name!r} is not a plain folder name; use letters, digits, '.', '_' or '-' "
+        raise LmtuneError(f"--name {shown(name)} is not a plain folder name; use letters, digits, '.', '_' or '-' "
                           f"(it must stay inside the results folder)")
     return name
 
@@ -89,19 +89,37 @@ def parse_duration(text: str | None) -> float | None:
         return None
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
     if not match or float(match.group(1)) <= 0:
-        raise LmtuneError(f"--time-budget {text!r}: give a positive duration such as 90s, 30m or 4h")
+        raise LmtuneError(f"--time-budget {shown(text)}: give a positive duration such as 90s, 30m or 4h")
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
-def print_result(result: SweepResult) -> int:
-    counts = ", ".join(f"{n} {outcome}" for outcome, n in result.outcome_counts.items())
-    print(f"\n{result.trials} trials: {counts}")
+def resume_command(options: SweepOptions) -> str:
+    flags = [f"--name {options.name}", "--resume"]
+    if options.results != Path("results"):
+        flags.append(f"--results {options.results}")
+    flags += [f"--{flag} {value}" for flag, value in (("storage", options.storage), ("address", options.address))
+              if value]
+    return "python -m lmtune.run " + " ".join(flags)
+
+
+def print_result(result: SweepResult, options: SweepOptions) -> int:
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in result.outcome_counts.items()) or "none ended"
+    print(f"\n{result.planned} trials: {counts}" + (f"; {result.unfinished} did not finish" if result.unfinished
+                                                     else ""))
+    if result.stopped_by:
+        print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
+        print(f"resume it with: {resume_command(options)}")
+        return 143 if result.stopped_by == "SIGTERM" else 130
     if result.best_trial_dir is None:
-        print("no trial reported a finite validation loss")
+        print("no trial that neither errored nor diverged reported a finite validation loss")
         return 1
     print(f"best trial: {result.best_trial_dir.name}")
     print(f"  config: {json.dumps(result.best_config)}")
-    print(f"  best val loss: {result.best_val_loss:.4f}")
+    print(f"  best val loss: {result.best_val_loss:.4f} (at {result.best_tokens:,} tokens)")
+    fewest, most = result.candidate_tokens
+    if fewest != most:
+        print(f"  note: the candidates trained {fewest:,} to {most:,} tokens (ASHA cut some early), so these val "
+              "losses are not at equal token counts")
     print(f"  checkpoint: {result.best_trial_dir / 'checkpoints' / 'best.pt'}")
     print(f"report: python -m lmtune.analyze {result.sweep_dir}")
     return 0
@@ -116,7 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in available_spaces():
             print(f"{name:12s} {load_space(name).description}")
         return 0
-    return print_result(run_sweep(sweep_options(args, argv)))
+    options = sweep_options(args, argv)
+    try:
+        with Interruptions.caught():
+            return print_result(run_sweep(options), options)
+    except KeyboardInterrupt:  # before Tune ran (during set-up): nothing of the sweep has trained yet
+        print(f"interrupted before the sweep started ({'SIGTERM' if Interruptions.sigterm else 'SIGINT'})",
+              file=sys.stderr)
+        return 143 if Interruptions.sigterm else 130
 
 
 if __name__ == "__main__":

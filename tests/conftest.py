@@ -60,6 +60,7 @@ def quick_sweep(tmp_path_factory: pytest.TempPathFactory, builtin_data: Path) ->
     proc = run_lmtune("run", "--space", "quick", "--name", "quick", "--results", str(results),
                       "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (results / "quick.log").write_text(proc.stdout + proc.stderr)  # what the user saw, beside the sweep
     return results / "quick"
 
 

@@ -193,11 +193,14 @@ def test_running_sweep(quick_sweep, tmp_path):
     completed = [t for t, e in entries.items() if e["outcome"] == "completed"]
     stopped = [t for t, e in entries.items() if e["outcome"] in ("stopped_early", "diverged")]
     assert completed and stopped
-    # a trial still training: no ledger entry, no summary.json
+    # a trial still training: no ledger entry, no summary.json, and Tune's results not marked done
     running = [completed[0], stopped[0]]
     for trial_id in running:
         del entries[trial_id]
         (dirs[trial_id] / "summary.json").unlink(missing_ok=True)
+        results = [json.loads(line) for line in (dirs[trial_id] / "result.json").read_text().splitlines()]
+        (dirs[trial_id] / "result.json").write_text("".join(json.dumps({**r, "done": False}) + "\n"
+                                                            for r in results))
     # a trial that ended by itself but the driver has not recorded it yet: summary.json decides
     from_summary = completed[1] if len(completed) > 1 else None
     if from_summary:
@@ -251,6 +254,25 @@ def test_trial_ids_come_from_the_trials_own_files_without_a_ledger(quick_sweep, 
         (folder / TRIAL_FILE).unlink()
     _, records = load_sweep(sweep)
     assert {r.trial_id for r in records} == ids
+
+
+@pytest.mark.parametrize("damage", ["a list", "cut mid-write", "entries of the wrong type"])
+def test_a_damaged_ledger_is_set_aside_with_a_warning_and_no_ended_trial_shows_as_running(
+        quick_sweep, tmp_path, damage, caplog):
+    from lmtune.tools.progress import sweep_eta, sweep_status
+
+    sweep = copy_sweep(quick_sweep, tmp_path / "quick")
+    text = ledger_path(sweep).read_text()
+    ledger_path(sweep).write_text({"a list": "[1, 2, 3]", "cut mid-write": text[: len(text) // 2],
+                                   "entries of the wrong type": '{"x": 5, "y": ["completed"]}'}[damage])
+    _, records = load_sweep(sweep)
+    assert "ignoring" in caplog.text and "trial outcome ledger" in caplog.text
+    assert {r.outcome for r in records} <= {"completed", "ended"}  # summary.json, else Tune's own result.json
+    assert any(r.outcome == "ended" for r in records)  # the ones the stopper and ASHA ended
+    summary = analyze(sweep)
+    assert summary["best_trial"] in {r.trial_id for r in records if r.outcome == "completed"}
+    trials, record = sweep_status(sweep)
+    assert not [t for t in trials if t.status == "running"] and sweep_eta(trials, record)[1] == 0
 
 
 def test_sweep_without_trials(quick_sweep, tmp_path):

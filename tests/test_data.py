@@ -79,6 +79,25 @@ def test_fixed_val_batches_are_deterministic():
     assert len(a) == 3 and all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b, strict=True))
 
 
+def test_validation_windows_never_overlap_and_spread_over_the_split():
+    tokens = np.arange(3000, dtype=np.uint16)  # each token is its own position
+    val = batches.fixed_val_batches(tokens, 4, 16, num_batches=3)
+    starts = sorted(int(x[0]) for xb, _ in val for x in xb)
+    assert len(starts) == 12 and all(b - a >= 16 for a, b in zip(starts, starts[1:], strict=False))
+    assert starts[-1] > 2000  # spread over the split, not its first windows
+    for x, y in val:
+        assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+
+
+def test_a_short_validation_split_is_evaluated_whole_with_a_warning(caplog):
+    tokens = np.arange(100, dtype=np.uint16)  # 6 windows of 16: fewer than 3 batches x 4 asked for
+    val = batches.fixed_val_batches(tokens, 4, 16, num_batches=3)
+    assert [tuple(x.shape) for x, _ in val] == [(4, 16)]
+    assert "only 6 non-overlapping windows" in caplog.text and "evaluating on 4" in caplog.text
+    tiny = batches.fixed_val_batches(np.arange(40, dtype=np.uint16), 4, 16, num_batches=3)
+    assert [tuple(x.shape) for x, _ in tiny] == [(2, 16)]
+
+
 def test_unigram_entropy_of_uniform_tokens_is_log_vocab():
     tokens = np.tile(np.arange(8, dtype=np.uint16), 100)
     assert dataset.unigram_entropy(tokens, 8) == pytest.approx(np.log(8))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
+import ipaddress
 import json
 import logging
 import math
@@ -17,6 +18,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ import pytest
 import ray
 import torch
 from conftest import (
+    assert_one_line_error,
     assert_refused,
     finish,
     kill_session,
@@ -42,7 +45,7 @@ from lmtune import run as run_cli
 from lmtune import train as train_cli
 from lmtune.errors import LmtuneError
 from lmtune.report.reader import load_sweep
-from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes
+from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes, sole_writer
 from lmtune.sweep.runner import preflight_write_check
 from lmtune.training import checkpoint as ckpt
 from lmtune.training.loop import train
@@ -311,6 +314,75 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
          f"outcomes {outcomes}; resume run {resume_s:.0f} s")
 
 
+def test_a_second_writer_of_a_sweep_is_refused_in_one_line_naming_the_holder(builtin_data, tmp_path, capsys):
+    results = tmp_path / "results"
+    sweep = results / "held"
+    sweep.mkdir(parents=True)
+    (sweep / "sweep.json").write_text(json.dumps({"name": "held"}))
+    argv = ["--space", str(_good_grid(tmp_path)), "--name", "held", "--resume", "--results", str(results), "--data",
+            str(builtin_data)]
+    with sole_writer(sweep, new=False):
+        before = snapshot(sweep)
+        _refused_sweep(argv, capsys, "being written by another lmtune run", f"(pid {os.getpid()})")
+        assert snapshot(sweep) == before
+    with sole_writer(sweep, new=False):  # released with its holder
+        pass
+
+
+def test_two_runs_with_one_name_cannot_both_create_the_sweep(tmp_path):
+    sweep = tmp_path / "results" / "same"
+    with sole_writer(sweep, new=True):
+        with pytest.raises(LmtuneError, match="already exists") as refused:
+            with sole_writer(sweep, new=True):
+                pass
+        assert "\n" not in str(refused.value)
+    assert not sweep.exists()  # the first never wrote sweep.json: no half-made sweep is left behind
+
+
+@pytest.mark.slow
+def test_resume_while_the_sweep_runs_is_refused_and_the_running_sweep_is_untouched(builtin_data, tmp_path):
+    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3], scheduler="none", steps=400)
+    results = tmp_path / "results"
+    args = ["--space", str(space), "--name", "live", "--results", str(results), "--data", str(builtin_data),
+            "--num-cpus", "2", "--no-dashboard", "--quiet"]
+    proc = start_sweep(*args)
+    try:
+        wait_until(lambda: (results / "live" / "sweep.json").exists(), proc, 300, "a started sweep", poll_s=0.2)
+        second = run_lmtune("run", *args, "--resume", timeout=120)
+        assert_one_line_error(second.returncode, second.stderr, "being written by another lmtune run",
+                              f"(pid {proc.pid})")
+        assert proc.poll() is None  # the first run goes on
+    finally:
+        kill_session(proc.pid)
+        proc.stdout.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c to the process group", "SIGTERM to the driver"])
+def test_a_stopped_sweep_says_so_names_its_resume_command_and_exits_non_zero(builtin_data, tmp_path, how):
+    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3, 1e-4], scheduler="none", steps=400)
+    results = tmp_path / "results"
+    proc = start_sweep("--space", str(space), "--name", "stop", "--results", str(results), "--data",
+                       str(builtin_data), "--num-cpus", "2", "--no-dashboard", "--quiet")
+    try:
+        wait_until(lambda: any(has_checkpoint(d) for d in trial_dirs(results / "stop").values())
+                   if (results / "stop").exists() else False, proc, 300, "a trial's checkpoint", poll_s=0.2)
+        if how.startswith("ctrl-c"):
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        kill_session(proc.pid)
+        proc.stdout.close()
+    signame = "SIGINT" if how.startswith("ctrl-c") else "SIGTERM"
+    assert proc.returncode == (130 if signame == "SIGINT" else 143), out[-3000:]
+    assert f"sweep interrupted ({signame})" in out, out[-3000:]
+    assert f"resume it with: python -m lmtune.run --name stop --resume --results {results}" in out
+    assert "best trial" not in out and "Tuner.restore(" not in out and "received at time" not in out, out[-3000:]
+    note(f"{how}: exit {proc.returncode}, resume command printed")
+
+
 def snapshot_file(path: Path) -> tuple[int, int] | None:
     return (path.stat().st_size, path.stat().st_mtime_ns) if path.exists() else None
 
@@ -539,6 +611,14 @@ BAD_SWEEP_INPUTS = {
                                  ["fewer than context_length + 1", "context_length"]),
     "vocab-below-max-token-id": (_args_case("--set", "vocab_size=10"), ["vocab_size"]),
     "data-missing-val-bin": (_args_case(data="missing-val"), ["val.bin is missing"]),
+    "steps-not-a-whole-number": (_args_case("--set", "steps=2.9"), ["steps='2.9' is not a valid int",
+                                                                    "a whole number"]),
+    "duplicate-lrs-in-grid": (_yaml_case(GRID_HEAD + "params:\n  lr: [1.0e-3, 1.0e-3, 0.001]\n"),
+                              ["params.lr", "0.001 listed more than once"]),
+    "set-of-a-swept-param": (_args_case("--set", "lr=0.5"), ["--set lr", "the space sweeps lr"]),
+    "yaml-alias-bomb": (_yaml_case(GRID_HEAD + "params:\n  lr: [1.0e-3]\n" + "".join(
+        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else '1.5'}]\n" for i in range(8))
+        + "stopper: {explode_factor: *l7}\n"), ["YAML aliases (*name) are not allowed"]),
 }
 
 
@@ -595,6 +675,7 @@ BAD_TRAIN_DATA = {
     "data-missing-val-bin": ([], "missing-val", ["val.bin is missing"]),
     "batch-size-0": (["--set", "batch_size=0"], "builtin", ["batch_size"]),
     "lr-nan": (["--lr", "nan"], "builtin", ["lr"]),
+    "batch-size-not-a-whole-number": (["--set", "batch_size=4.7"], "builtin", ["batch_size='4.7' is not a valid int"]),
 }
 
 
@@ -676,6 +757,58 @@ def test_lmtune_source_never_unpickles_evaluates_or_executes_user_data():
                 if allow and not (isinstance(allow[0].value, ast.Constant) and allow[0].value.value is False):
                     problems.append(f"{where}: np.load(allow_pickle=...)")
     assert not problems, problems
+
+
+def listening_sockets(pids: set[int]) -> list[tuple[str, int, str]]:
+    """(address, port, protocol) of every TCP listener and bound UDP socket the processes ``pids`` own,
+    read from /proc/net/{tcp,tcp6,udp,udp6} and each process's open file descriptors."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue  # the process ended meanwhile
+    found = []
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        for line in Path(f"/proc/net/{proto}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if inode not in inodes or (proto.startswith("tcp") and state != "0A"):  # 0A: LISTEN
+                continue
+            hex_ip, hex_port = local.split(":")
+            raw = bytes.fromhex(hex_ip)
+            # /proc prints the address as 32-bit words in host (little-endian) order.
+            ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+            found.append((str(ip), int(hex_port, 16), proto))
+    return found
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+@pytest.mark.slow
+def test_a_local_sweep_listens_on_loopback_only(builtin_data, tmp_path):
+    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3], scheduler="none", steps=400)
+    results = tmp_path / "results"
+    proc = start_sweep("--space", str(space), "--name", "net", "--results", str(results), "--data",
+                       str(builtin_data), "--num-cpus", "2", "--quiet")  # the dashboard on, at its default host
+    try:
+        wait_until(lambda: len([d for d in trial_dirs(results / "net").values() if (d / "metrics.csv").exists()])
+                   == 2 if (results / "net").exists() else False, proc, 300, "two running trials", poll_s=0.2)
+        sockets = listening_sockets(set(session_pids(proc.pid)))
+    finally:
+        kill_session(proc.pid)
+        proc.stdout.close()
+    assert len(sockets) >= 8, sockets  # GCS, raylet, workers, agents, dashboard, metrics: all of them seen
+    exposed = [s for s in sockets if not _loopback(s[0])]
+    assert not exposed, exposed
+    note(f"local sweep: {len(sockets)} listeners, all on loopback")
 
 
 # =============================================================================================

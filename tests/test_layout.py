@@ -58,7 +58,7 @@ def test_the_adapter_module_says_why_for_each_private_name():
     tree = ast.parse(ADAPTER.read_text())
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-            doc = ast.get_docstring(node) or ""
+            doc = " ".join((ast.get_docstring(node) or "").split())
             if "Why private" in doc:
                 assert "Public API to move to" in doc, node.name
 

@@ -91,3 +91,19 @@ def test_stability_probes_report_finite_attention_and_output_logits():
     probes = small_model().stability_probes(torch.randint(0, 97, (2, 16)))
     assert set(probes) == {"attn_logit_max", "output_logit_max", "output_logz_mean"}
     assert all(math.isfinite(v) for v in probes.values())
+
+
+def test_every_rmsnorm_is_the_formula_with_eps_1e_minus_5():
+    # An input whose mean square (1e-6) is far below the default 1.19e-7-eps regime's scale: the eps shows.
+    model = small_model(qk_norm=True)
+    x = torch.randn(3, 5, model.cfg.d_model, dtype=torch.float64) * 1e-3
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.RMSNorm)]
+    assert len(norms) == 2 * len(model.blocks) + 1 + 2 * len(model.blocks)  # pre-norms, final, q/k norms
+    for norm in norms:
+        assert norm.eps == 1e-5
+        data = x[..., : norm.normalized_shape[0]]
+        gain = torch.linspace(0.5, 1.5, norm.normalized_shape[0], dtype=torch.float64)
+        with torch.no_grad():
+            norm.weight.copy_(gain.float())
+        expected = data / torch.sqrt(data.pow(2).mean(-1, keepdim=True) + 1e-5) * gain
+        torch.testing.assert_close(norm.double()(data), expected, rtol=1e-6, atol=1e-9)

@@ -65,6 +65,17 @@ def test_single_document_is_split_by_tokens_into_train_and_val(tmp_path):
     assert meta["train_tokens"] > 0 and meta["val_tokens"] > 0
 
 
+def test_the_validation_split_is_at_least_a_tenth_of_a_small_input_in_whole_documents(tmp_path):
+    path, docs = _docs_file(tmp_path, n=300)
+    out = prepare.prepare_text([path], tmp_path / "out", vocab_size=600, val_fraction=0.001)
+    meta = json.loads((out / "meta.json").read_text())
+    total = meta["train_tokens"] + meta["val_tokens"]
+    assert total < 10 * prepare.MIN_VAL_TOKENS  # so a tenth of it is the minimum here
+    assert meta["val_tokens"] >= total // 10 > 0.001 * total
+    train, val = _decode_docs(out, "train"), _decode_docs(out, "val")
+    assert sorted(train + val) == sorted(docs)  # no document was cut in two
+
+
 def test_streaming_with_tiny_chunks_equals_whole_file_encoding(tmp_path):
     path, docs = _docs_file(tmp_path, n=200)
     # One document far longer than a chunk exercises the cut inside a document.
@@ -76,6 +87,29 @@ def test_streaming_with_tiny_chunks_equals_whole_file_encoding(tmp_path):
     for name in ("train.bin", "val.bin", "tokenizer.json"):
         assert (small / name).read_bytes() == (whole / name).read_bytes()
     assert long_doc in _decode_docs(small, "train") + _decode_docs(small, "val")
+
+
+def test_text_without_line_breaks_streams_in_bounded_pieces_with_the_same_ids(tmp_path):
+    # One line of 300 kB: before, the whole file became one piece (a 20 MB file peaked at 4 GB).
+    path = tmp_path / "oneline.txt"
+    path.write_text(" ".join(corpus.generate_stories(300, seed=1)).replace("\n", " "))
+    assert "\n" not in path.read_text() and path.stat().st_size > 40 * 4096
+    pieces = [text for text, _ in prepare.iter_pieces(path, chunk_bytes=4096)]
+    assert "".join(pieces) == path.read_text()
+    assert max(len(piece) for piece in pieces) <= 2 * 4096
+    small = prepare.prepare_text([path], tmp_path / "small", vocab_size=600, chunk_bytes=4096)
+    whole = prepare.prepare_text([path], tmp_path / "whole", vocab_size=600, chunk_bytes=1 << 30)
+    for name in ("train.bin", "val.bin", "tokenizer.json"):
+        assert (small / name).read_bytes() == (whole / name).read_bytes()
+
+
+def test_text_without_any_whitespace_still_streams_in_bounded_pieces(tmp_path):
+    path = tmp_path / "blob.txt"
+    path.write_text("ab<|endoftext|>cd" * 20_000)  # separators mid-line are text, not document breaks
+    pieces = list(prepare.iter_pieces(path, chunk_bytes=4096))
+    assert "".join(text for text, _ in pieces) == path.read_text()
+    assert max(len(text) for text, _ in pieces) <= 2 * 4096
+    assert [ends for _, ends in pieces].count(True) == 1  # one document
 
 
 def test_tokens_npy_is_split_into_train_and_val_without_a_tokenizer(tmp_path):
@@ -116,6 +150,18 @@ def test_refuses_to_overwrite_a_prepared_dir_without_force(tmp_path):
     prepare.prepare_text([path], out, vocab_size=500, force=True)
     assert json.loads((out / "meta.json").read_text())["vocab_size"] <= 500
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]  # temp dir cleaned up
+
+
+def test_refuses_to_replace_token_files_a_user_put_in_out_without_force(tmp_path):
+    path, _ = _docs_file(tmp_path, n=50)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train.bin").write_bytes(b"my own tokens")
+    with pytest.raises(LmtuneError, match="already holds train.bin.*--force"):
+        prepare.prepare_text([path], out, vocab_size=400)
+    assert (out / "train.bin").read_bytes() == b"my own tokens"
+    prepare.prepare_text([path], out, vocab_size=400, force=True)
+    assert (out / "meta.json").exists()
 
 
 def test_missing_input_file_is_named_in_the_error(tmp_path):

@@ -9,6 +9,7 @@ from lmtune.report.stability import (
     UNSTABLE_THRESHOLD,
     TrialRecord,
     best_trial,
+    candidate_token_range,
     classify,
     convergence_table,
     divergence_lr,
@@ -181,6 +182,22 @@ def test_a_diverged_trial_is_never_best_even_with_a_lower_early_val():
     records = sweep() + [make_record("t7", 6e-3, outcome="diverged", val={9: 1.0})]
     assert best_trial(records).trial_id == "t3"
     assert divergence_lr(records) == 6e-3
+
+
+def test_an_errored_trial_is_never_best_even_with_the_lowest_val():
+    # A trial killed mid-run (no retries left) stopped a third of the way in: its loss says nothing of its LR.
+    records = sweep() + [make_record("t8", 2e-3, outcome="error", train=smooth_loss()[:20], val={9: 1.0})]
+    assert best_trial(records).trial_id == "t3"
+
+
+def test_candidates_at_unequal_token_counts_are_named():
+    full = make_record("full", 1e-3, val=val_at(2.2))
+    cut = make_record("cut", 1e-4, outcome="stopped_early", train=smooth_loss()[:20], val={9: 4.0, 19: 3.5})
+    assert candidate_token_range([full, cut]) == (20 * STEP * TOKENS_PER_STEP, ROWS * STEP * TOKENS_PER_STEP)
+    assert candidate_token_range([full]) == (ROWS * STEP * TOKENS_PER_STEP,) * 2
+    summary = sweep_summary([full, cut])
+    assert summary["candidate_tokens"] == list(candidate_token_range([full, cut]))
+    assert summary["best_tokens"] == ROWS * STEP * TOKENS_PER_STEP
 
 
 @pytest.mark.parametrize("ratio, reading", [

@@ -324,3 +324,10 @@ def test_an_error_is_recorded_with_advice_and_a_retry_that_completes_replaces_it
     assert "GPU shared by 2 trials" in entry["reason"] and "--gpus-per-trial 1" in entry["reason"]
     recorder.on_trial_complete(0, [], EndedTrial("t1", result(1000, 2.0)))  # retried by --resume
     assert outcomes(ledger)["t1"]["outcome"] == "completed"
+
+
+def test_a_long_error_is_kept_whole(ledger: Path):
+    recorder = OutcomeRecorder(ledger)
+    message = "RuntimeError: " + "the actor died because its node ran out of memory; " * 12
+    recorder.on_trial_error(0, [], EndedTrial("t1", result(5, 3.0), error_msg=f"Traceback...\n{message}"))
+    assert outcomes(ledger)["t1"]["reason"] == f"error: {message.strip()}"

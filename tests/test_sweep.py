@@ -7,6 +7,7 @@ ray.cluster_utils.Cluster, or a `ray start --head` in its own session) and stopp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -104,6 +105,8 @@ def test_quick_sweep_end_to_end(quick_sweep: Path):
     early = [tid for tid, o in diverged.items() if tid in high_lr and o["tokens"] < tokens_budget / 2]
     assert early, f"no high-LR trial diverged before half its {tokens_budget} tokens: {diverged}"
     assert all(o["reason"].startswith("diverged at step") for o in diverged.values())
+    output = (quick_sweep.parent / "quick.log").read_text()  # a stopped trial leaks no traceback to the user
+    assert "Traceback" not in output and "SystemExit" not in output, output[-3000:]
 
     stopped = [o for o in outcomes.values() if o["outcome"] == "stopped_early"]
     assert stopped, outcomes
@@ -397,3 +400,49 @@ def test_wandb_gets_one_run_per_trial_with_every_tune_result(tmp_path: Path, bui
         assert [row["step"] for row in logged] == [row["step"] for row in reported]
         assert [row["train_loss"] for row in logged] == pytest.approx([row["train_loss"] for row in reported])
         assert any("val_loss" in row for row in logged)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The run's summary: the best trial never errored or diverged
+
+
+@dataclasses.dataclass
+class FakeResult:
+    """What sweep_result reads of a Tune Result."""
+
+    trial_id: str
+    rows: list[tuple[int, float]]  # (tokens, val_loss)
+    error: Exception | None = None
+
+    @property
+    def metrics(self) -> dict:
+        return {"trial_id": self.trial_id}
+
+    @property
+    def metrics_dataframe(self) -> pd.DataFrame:
+        return pd.DataFrame([{"tokens": t, "val_loss": v} for t, v in self.rows])
+
+    @property
+    def path(self) -> str:
+        return f"/sweep/{self.trial_id}_lr=0.001"
+
+    @property
+    def config(self) -> dict:
+        return {"lr": 0.001}
+
+
+def test_the_summary_never_names_an_errored_or_diverged_trial_best_and_says_when_tokens_differ(tmp_path: Path):
+    from lmtune.sweep.runner import sweep_result
+
+    ledger_path(tmp_path).parent.mkdir()
+    ledger_path(tmp_path).write_text(json.dumps({
+        "dead": {"outcome": "error", "reason": "error: The actor is dead"},
+        "nan": {"outcome": "diverged", "reason": "diverged at step 3"},
+        "full": {"outcome": "completed"}, "cut": {"outcome": "stopped_early"}}))
+    results = [FakeResult("dead", [(5000, 1.5)], error=RuntimeError("The actor is dead")),
+               FakeResult("nan", [(100, 1.0)]),
+               FakeResult("full", [(5000, 4.0), (15000, 2.5)]), FakeResult("cut", [(5000, 3.9)])]
+    summary = sweep_result(tmp_path, results, planned=4)
+    assert summary.best_trial_dir.name.startswith("full_") and summary.best_val_loss == 2.5
+    assert summary.best_tokens == 15000 and summary.candidate_tokens == (5000, 15000)
+    assert summary.unfinished == 0 and summary.stopped_by is None

@@ -4,6 +4,7 @@ device on a background thread, and the fixed validation batches.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -12,6 +13,8 @@ import numpy as np
 import torch
 
 from lmtune.errors import LmtuneError
+
+log = logging.getLogger(__name__)
 
 
 class BatchSampler:
@@ -128,9 +131,28 @@ class DeviceBatches:
         self.close()
 
 
-def fixed_val_batches(
-    val_tokens: np.ndarray, batch_size: int, context_length: int, num_batches: int, seed: int = 1234
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A deterministic evaluation set (CPU tensors): the same windows for every trial and eval."""
-    sampler = BatchSampler(val_tokens, batch_size, context_length, seed)
-    return [sampler.batch(i) for i in range(num_batches)]
+def fixed_val_batches(val_tokens: np.ndarray, batch_size: int, context_length: int,
+                      num_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The evaluation set (CPU tensors), the same for every trial and evaluation: ``num_batches`` batches of
+    non-overlapping windows spread evenly over the validation split, so no token is scored twice.
+
+    A split too short for that many windows is evaluated on all of its windows (whole batches; a single
+    smaller batch if it holds fewer than ``batch_size``), with a warning that names the shortfall.
+    """
+    available = (val_tokens.shape[0] - 1) // context_length
+    if available < 1:
+        raise LmtuneError(f"{val_tokens.shape[0]} validation tokens is fewer than context_length + 1 = "
+                          f"{context_length + 1}; use a smaller context_length or prepare more validation data")
+    wanted = num_batches * batch_size
+    if available < wanted:
+        batch_size = min(batch_size, available)
+        log.warning("the validation split holds %d tokens, only %d non-overlapping windows of %d tokens, fewer than "
+                    "the %d (eval_batches x batch_size) asked for: evaluating on %d of them; prepare more validation "
+                    "data for a steadier val loss", val_tokens.shape[0], available, context_length, wanted,
+                    available // batch_size * batch_size)
+        num_batches, wanted = available // batch_size, available // batch_size * batch_size
+    starts = (np.arange(wanted, dtype=np.int64) * available // wanted) * context_length
+    windows = val_tokens[starts[:, None] + np.arange(context_length + 1, dtype=np.int64)].astype(np.int64)
+    x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1])).view(num_batches, batch_size, context_length)
+    y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:])).view(num_batches, batch_size, context_length)
+    return list(zip(x.unbind(0), y.unbind(0), strict=True))

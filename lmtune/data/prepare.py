@@ -8,6 +8,11 @@ tokenizer.json (or none for --tokens) and meta.json.
 Documents are separated by a line containing exactly ``<|endoftext|>``; a file without such lines is
 one document. ``<|endoftext|>`` is appended after every document when encoding.
 
+The validation split is ``val_fraction`` of the tokens (whole documents, picked by a hash of their
+index), and at least ``MIN_VAL_TOKENS`` (65,536) or a tenth of all tokens, whichever is less: when the
+documents picked hold fewer, whole documents from the end of train move to val (a single document is
+split by tokens).
+
 Memory: inputs are read CHUNK_BYTES at a time, in both the tokenizer-training and the encoding pass, and
 token ids are appended to the .bin files as they are produced, so memory is O(chunk + vocab) and
 independent of the input size. (A document longer than a chunk is cut at a line break whose neighbours
@@ -27,6 +32,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -50,6 +56,8 @@ EOT = "<|endoftext|>"
 BUILTIN_VOCAB_SIZE = 4096
 BUILTIN_SEED = 0
 BUILTIN_BYTES = 4_000_000
+# The validation split holds at least this many tokens (or a tenth of the data, if that is less).
+MIN_VAL_TOKENS = 65_536
 TOKENS_SLICE = 1 << 24  # elements copied per step from a --tokens array
 _ENCODE_BATCH_CHARS = 1 << 20  # text handed to one encode_batch call; bounds memory, keeps rayon busy
 _SEP_RE = re.compile(r"^<\|endoftext\|>\r?(?:\n|\Z)", re.MULTILINE)
@@ -104,14 +112,25 @@ def iter_pieces(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[st
 
 
 def _safe_cut(buf: str) -> int:
-    """Index just after a newline with non-space on both sides, not in the last (maybe partial) line."""
+    """Where to cut ``buf`` so that both parts encode to the same token ids as the whole: just after a
+    newline, or just before a space, with non-space on both sides (the byte-level pre-tokenizer splits
+    there anyway). Newlines first, not in the last (maybe partial) line; text without any such place (one
+    endless word) is cut at its end, the one place where ids may differ from encoding it whole."""
     last_nl = buf.rfind("\n")
     idx = buf.rfind("\n", 0, last_nl)
     while idx > 0:
         if not buf[idx - 1].isspace() and not buf[idx + 1].isspace():
             return idx + 1
         idx = buf.rfind("\n", 0, idx)
-    return 0
+    idx = buf.rfind(" ", 0, len(buf) - 1)
+    while idx > 0:
+        if not buf[idx - 1].isspace() and not buf[idx + 1].isspace():
+            return idx
+        idx = buf.rfind(" ", 0, idx)
+    cut = len(buf) - 1
+    while cut > 1 and buf[cut] == "<":  # the next piece must not look like a separator line
+        cut -= 1
+    return cut
 
 
 def _is_val(index: int, val_fraction: float) -> bool:
@@ -142,11 +161,17 @@ def _check_inputs(inputs: list[Path]) -> None:
 
 
 def _check_out(out: Path, force: bool) -> None:
-    if (out / "meta.json").exists() and not force:
-        raise LmtuneError(f"{out} already holds prepared data (meta.json); pass --force to overwrite it "
-                          "or choose another --out")
     if out.exists() and not out.is_dir():
         raise LmtuneError(f"--out {out} exists and is not a directory; choose another --out")
+    if force:
+        return
+    if (out / "meta.json").exists():
+        raise LmtuneError(f"{out} already holds prepared data (meta.json); pass --force to overwrite it "
+                          "or choose another --out")
+    taken = [name for name in _FILES if (out / name).exists()]
+    if taken:
+        raise LmtuneError(f"{out} already holds {', '.join(taken)} (not prepared by lmtune: no meta.json); pass "
+                          "--force to replace them or choose another --out")
 
 
 def _check_val_fraction(val_fraction: float) -> None:
@@ -200,18 +225,32 @@ def _write_meta(d: Path, meta: dict) -> None:
     (d / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def _move_tail_to_val(d: Path, dtype: np.dtype, val_fraction: float, n_train: int) -> int:
-    """Give val the last tokens of train.bin (used when there is a single document)."""
-    n_val = max(1, int(n_train * val_fraction))
+def min_val_tokens(total_tokens: int, val_fraction: float) -> int:
+    """The validation split's size: val_fraction of the tokens, and at least MIN_VAL_TOKENS or a tenth of
+    all tokens, whichever is less (a 1% split of a small input is too few windows to evaluate on)."""
+    return max(1, math.ceil(total_tokens * val_fraction), min(MIN_VAL_TOKENS, total_tokens // 10))
+
+
+def _top_up_val(d: Path, dtype: np.dtype, eot_id: int | None, n_train: int, need: int) -> int:
+    """Move the end of train.bin to val.bin: the fewest whole documents holding at least ``need`` tokens,
+    or (no document boundary there: a single document, or token ids) exactly ``need`` tokens. Returns
+    how many tokens moved."""
     if n_train < 2:
         raise LmtuneError("the input holds fewer than 2 tokens; pass more text")
+    need = min(need, n_train - 1)
+    train = np.memmap(d / "train.bin", dtype=dtype, mode="r")
+    cut = n_train - need
+    if eot_id is not None:  # back to the end of the document that holds position cut
+        ends = np.nonzero(train[:cut] == eot_id)[0]
+        cut = int(ends[-1]) + 1 if ends.size else cut
+    del train
     item = dtype.itemsize
     with open(d / "train.bin", "r+b") as tr, open(d / "val.bin", "ab") as va:
-        tr.seek((n_train - n_val) * item)
+        tr.seek(cut * item)
         while block := tr.read(1 << 22):
             va.write(block)
-        tr.truncate((n_train - n_val) * item)
-    return n_val
+        tr.truncate(cut * item)
+    return n_train - cut
 
 
 # --------------------------------------------------------------------------- text inputs
@@ -282,9 +321,10 @@ def prepare_text(
         with _TokenFiles(tmp, dtype) as files:
             _encode(tok, inputs, chunk_bytes, eot_id, _document_splits(stats, val_fraction), files, progress)
         counts = dict(files.counts)
-        if counts["val"] == 0:
-            n_val = _move_tail_to_val(tmp, dtype, val_fraction, counts["train"])
-            counts = {"train": counts["train"] - n_val, "val": n_val}
+        short = min_val_tokens(counts["train"] + counts["val"], val_fraction) - counts["val"]
+        if short > 0:
+            moved = _top_up_val(tmp, dtype, eot_id, counts["train"], short)
+            counts = {"train": counts["train"] - moved, "val": counts["val"] + moved}
         tok.save(str(tmp / "tokenizer.json"))
         _write_meta(tmp, {
             "vocab_size": real_vocab, "dtype": dtype.name, "train_tokens": counts["train"],
@@ -432,7 +472,7 @@ def prepare_tokens(
         raise LmtuneError(f"{path} contains token id {hi} >= --vocab-size {vocab_size}; "
                           f"pass --vocab-size {hi + 1} or more")
     out_dtype = _dtype_for(vocab_size)
-    n_val = min(n - 1, max(1, int(n * val_fraction)))
+    n_val = min(n - 1, min_val_tokens(n, val_fraction))
     n_train = n - n_val
     with _staging(out, force) as tmp:
         for name, a, b in (("train", 0, n_train), ("val", n_train, n)):
@@ -457,7 +497,7 @@ def prepare_tokens(
 
 def _builtin_key() -> dict:
     return {"generator_version": corpus.GENERATOR_VERSION, "seed": BUILTIN_SEED,
-            "vocab_size": BUILTIN_VOCAB_SIZE, "target_bytes": BUILTIN_BYTES}
+            "vocab_size": BUILTIN_VOCAB_SIZE, "target_bytes": BUILTIN_BYTES, "min_val_tokens": MIN_VAL_TOKENS}
 
 
 def ensure_builtin_corpus(root: Path = Path("data/builtin")) -> Path:

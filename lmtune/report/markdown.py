@@ -126,11 +126,18 @@ def _trials(summary: dict[str, Any]) -> list[str]:
 
 def _best_lr(summary: dict[str, Any]) -> list[str]:
     if summary["best_lr"] is None:
-        return ["## Best learning rate", "", "No trial that did not diverge was evaluated, so there is no best LR.", ""]
-    return ["## Best learning rate", "",
-            f"Best LR **{summary['best_lr']:.3g}** (trial `{summary['best_trial']}`): best val loss "
-            f"**{summary['best_val_loss']:.4f}**. Among trials that did not diverge, the best val loss decides; "
-            "an unstable run can still be the best.", ""]
+        return ["## Best learning rate", "",
+                "No trial that neither diverged nor errored was evaluated, so there is no best LR.", ""]
+    lines = ["## Best learning rate", "",
+             f"Best LR **{summary['best_lr']:.3g}** (trial `{summary['best_trial']}`): best val loss "
+             f"**{summary['best_val_loss']:.4f}**. Among trials that neither diverged nor errored, the best val "
+             "loss decides; an unstable run can still be the best."]
+    fewest, most = summary.get("candidate_tokens") or (None, None)
+    if fewest != most:
+        lines += ["", f"**Not at equal token counts**: the candidates trained {_tokens(fewest)} to {_tokens(most)} "
+                  "tokens (early stopping cut some), and a loss after fewer tokens is higher for reasons other than "
+                  "the learning rate."]
+    return lines + [""]
 
 
 def _edge(summary: dict[str, Any]) -> list[str]:

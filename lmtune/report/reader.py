@@ -14,7 +14,15 @@ from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.report.stability import OUTCOMES, TrialRecord
-from lmtune.sweep.record import SWEEP_FILE, SweepRecord, TrialFolder, is_sweep_dir, read_outcomes, trial_folders
+from lmtune.sweep.record import (
+    SWEEP_FILE,
+    SweepRecord,
+    TrialFolder,
+    is_sweep_dir,
+    read_outcomes,
+    trial_folders,
+    tune_ended,
+)
 from lmtune.training.metrics import METRICS_FILE, read_metrics_frame
 
 log = logging.getLogger(__name__)
@@ -66,7 +74,7 @@ def trial_record(folder: TrialFolder, entry: dict[str, Any]) -> TrialRecord | No
     if lr is None:
         log.warning("skipping %s: no learning rate in trial.json, params.json or config.json", folder.path.name)
         return None
-    outcome = entry.get("outcome") or summary.get("status") or "running"
+    outcome = entry.get("outcome") or summary.get("status") or ("ended" if tune_ended(folder.path) else "running")
     if outcome not in OUTCOMES:
         log.warning("trial %s: unknown outcome %r, reported as error", folder.trial_id, outcome)
         outcome = "error"
@@ -74,7 +82,8 @@ def trial_record(folder: TrialFolder, entry: dict[str, Any]) -> TrialRecord | No
     wall = _positive(summary.get("wall_time_s"))
     if wall is None and "elapsed_s" in curve.columns and curve["elapsed_s"].notna().any():
         wall = float(curve["elapsed_s"].dropna().iloc[-1])
-    reason = entry.get("reason") or summary.get("reason") or ("still running" if outcome == "running" else "")
+    reason = entry.get("reason") or summary.get("reason") or {
+        "running": "still running", "ended": "ended; the sweep's ledger has no record of why"}.get(outcome, "")
     step = entry.get("step")
     return TrialRecord(
         trial_id=folder.trial_id, lr=lr, params={"lr": lr, **{k: v for k, v in folder.params.items() if k != "lr"}},

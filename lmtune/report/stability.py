@@ -23,8 +23,9 @@ from lmtune.sweep.record import Outcome
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = (*(str(o) for o in Outcome), "running")
-STATUSES = ("completed", "unstable", "diverged", "stopped_early", "too_slow", "error", "running")
+# Beyond the ledger's outcomes: "running", and "ended" for a trial Tune ended whose reason the ledger lacks.
+OUTCOMES = (*(str(o) for o in Outcome), "running", "ended")
+STATUSES = ("completed", "unstable", "diverged", "stopped_early", "too_slow", "error", "ended", "running")
 
 # A 10% rise of the smoothed train loss above its running minimum. Healthy runs of the size lmtune
 # trains stay within ~2% (the loss averaged over a log interval is smooth and only falls after
@@ -205,13 +206,23 @@ def classify(record: TrialRecord, threshold: float = UNSTABLE_THRESHOLD) -> str:
 # Sweep-level numbers
 
 
+def best_candidates(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """Trials that may be the best: evaluated, and neither diverged nor errored (an errored trial's loss
+    is that of a run cut short by a crash, not by its learning rate), nor ended for a reason not recorded."""
+    return [r for r in records if classify(r) not in ("diverged", "error", "ended") and best_val_loss(r) is not None]
+
+
 def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The non-diverged trial with the lowest best val loss (None if no such trial evaluated)."""
-    candidates = [(best_val_loss(r), r) for r in records if classify(r) != "diverged"]
-    candidates = [(loss, r) for loss, r in candidates if loss is not None]
-    if not candidates:
-        return None
-    return min(candidates, key=lambda pair: (pair[0], pair[1].lr))[1]
+    """The candidate (best_candidates) with the lowest best val loss, None when there is none."""
+    candidates = best_candidates(records)
+    return min(candidates, key=lambda r: (best_val_loss(r), r.lr)) if candidates else None
+
+
+def candidate_token_range(records: Sequence[TrialRecord]) -> tuple[int, int] | None:
+    """(fewest, most) tokens the best-LR candidates trained: unequal when ASHA cut some of them early, so
+    their best val losses are not at equal token counts."""
+    tokens = [t for t in (tokens_trained(r) for r in best_candidates(records)) if t is not None]
+    return (min(tokens), max(tokens)) if tokens else None
 
 
 def divergence_lr(records: Sequence[TrialRecord]) -> float | None:
@@ -446,6 +457,8 @@ def sweep_summary(records: Sequence[TrialRecord], target: float | None = None, e
         "best_lr": best_lr,
         "best_val_loss": best_loss,
         "best_trial": best.trial_id if best is not None else None,
+        "best_tokens": tokens_trained(best) if best is not None else None,
+        "candidate_tokens": candidate_token_range(records),
         "divergence_lr": div_lr,
         "edge_ratio": ratio,
         "edge_reading": edge_reading(ratio),

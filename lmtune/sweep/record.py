@@ -4,6 +4,7 @@
     results/NAME/decisions/trial_outcomes.json  why each trial ended (written by lmtune.sweep.stopping)
     results/NAME/decisions/asha_state.json      ASHA's rung records (PersistentASHA)
     results/NAME/<trial folder>/trial.json      which Tune trial a folder holds, and its parameters
+    results/NAME/.lmtune.lock                   held by the one process writing the sweep (its pid inside)
 
 The live decision files sit in a subfolder on purpose: when Ray restores an experiment it copies the
 *.json files at the experiment's top level into its staging folder and uploads them back at every
@@ -13,8 +14,13 @@ written since the restore. Shared by the sweep and by the readers (analyze, diag
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -23,11 +29,14 @@ from typing import Any
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_json
 
+log = logging.getLogger(__name__)
+
 SWEEP_FILE = "sweep.json"
 DECISIONS_DIR = "decisions"
 LEDGER_NAME = "trial_outcomes.json"
 ASHA_STATE_NAME = "asha_state.json"
 TRIAL_FILE = "trial.json"
+LOCK_FILE = ".lmtune.lock"
 
 
 class Outcome(StrEnum):
@@ -93,6 +102,45 @@ def is_sweep_dir(path: Path) -> bool:
     return (Path(path) / SWEEP_FILE).is_file()
 
 
+@contextlib.contextmanager
+def sole_writer(sweep_dir: Path, *, new: bool) -> Iterator[None]:
+    """This process alone writes ``sweep_dir`` while the block runs (a run, or a resume).
+
+    An exclusive ``flock`` on results/NAME/.lmtune.lock: the OS releases it when the process ends,
+    however it ends, so a SIGKILLed driver never leaves a stale lock; a second writer is refused in
+    one line naming the holder's pid. Readers (analyze, diagnose) never take it. ``new``: create the
+    folder first, refused when it exists (also when a run with the same --name made it a moment ago);
+    a new folder the run leaves without sweep.json (it failed before it started) is removed again.
+    """
+    import fcntl  # POSIX only, as Ray's local clusters are
+
+    sweep_dir = Path(sweep_dir)
+    if new:
+        try:
+            sweep_dir.mkdir(parents=True)
+        except FileExistsError:
+            raise LmtuneError(f"results/{sweep_dir.name} already exists; pass --resume to continue it or choose "
+                              "another --name") from None
+    handle = open(sweep_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the whole block
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise LmtuneError(f"{sweep_dir} is being written by another lmtune run (pid {holder}); wait for it to "
+                              "end, or stop it, before you run or resume this sweep") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+        if new and not is_sweep_dir(sweep_dir):
+            shutil.rmtree(sweep_dir, ignore_errors=True)
+
+
 def decisions_dir(sweep_dir: Path) -> Path:
     return Path(sweep_dir) / DECISIONS_DIR
 
@@ -107,15 +155,33 @@ def asha_state_path(sweep_dir: Path) -> Path:
 
 def read_outcomes(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     """The ledger: trial id -> {outcome, reason, step, tokens, time}. Sweeps written before lmtune kept
-    it at the top of the sweep folder; that copy is read when there is no other."""
+    it at the top of the sweep folder; that copy is read when there is no other.
+
+    A ledger that is not valid JSON, or not a mapping of trial ids to entries with a known outcome, is
+    reported in a warning and its unusable part ignored: readers then go by the trials' own files.
+    """
     for path in (ledger_path(sweep_dir), Path(sweep_dir) / LEDGER_NAME):
         if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except (OSError, ValueError) as err:
-                raise LmtuneError(f"{path} (the trial outcome ledger) is unreadable ({type(err).__name__}: "
-                                  f"{err}); restore it or re-run the sweep") from None
+            return _valid_entries(path)
     return {}
+
+
+def _valid_entries(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        log.warning("ignoring the trial outcome ledger %s (%s: %s); trial outcomes come from the trials' own "
+                    "files", path, type(err).__name__, err)
+        return {}
+    if not isinstance(raw, dict):
+        log.warning("ignoring the trial outcome ledger %s: a JSON %s, not a mapping of trial ids", path,
+                    type(raw).__name__)
+        return {}
+    known = {str(o) for o in Outcome}
+    valid = {k: v for k, v in raw.items() if isinstance(v, dict) and v.get("outcome") in known}
+    if len(valid) < len(raw):
+        log.warning("ignoring %d malformed entries of the trial outcome ledger %s", len(raw) - len(valid), path)
+    return valid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +239,18 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def tune_ended(folder: Path) -> bool:
+    """Whether Ray Tune's result.json says the trial in ``folder`` is done (its last result has done: true)."""
+    try:
+        with (Path(folder) / "result.json").open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 65536))
+            lines = handle.read().decode("utf-8", "replace").strip().splitlines()
+        return bool(lines) and json.loads(lines[-1]).get("done") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _first_result_trial_id(folder: Path) -> str | None:

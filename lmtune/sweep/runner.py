@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import platform
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +30,7 @@ from lmtune import __version__
 from lmtune.data.dataset import load_data, read_meta
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError
-from lmtune.private_apis import wandb_logger_callback
+from lmtune.private_apis import keep_local_ray_on_loopback, wandb_logger_callback
 from lmtune.sweep import plan
 from lmtune.sweep.record import (
     SWEEP_FILE,
@@ -38,6 +40,7 @@ from lmtune.sweep.record import (
     is_sweep_dir,
     ledger_path,
     read_outcomes,
+    sole_writer,
 )
 from lmtune.sweep.spaces import SearchSpace, load_space, make_searcher, tune_param_space
 from lmtune.sweep.stopping import OutcomeRecorder, PersistentASHA, TrialStopper
@@ -98,14 +101,61 @@ class SweepOptions:
 
 @dataclass
 class SweepResult:
-    """How a sweep ended: the ledger's counts and Tune's best trial (None when no trial has a val loss)."""
+    """How a sweep ended: its trials' outcomes (the ledger), whether a signal stopped it first, and its
+    best trial among those that neither errored nor diverged."""
 
     sweep_dir: Path
-    trials: int
+    planned: int
+    """Trials the space asks for."""
     outcome_counts: dict[str, int]
+    stopped_by: str | None = None
+    """SIGINT or SIGTERM when a signal ended the sweep before every trial finished."""
     best_trial_dir: Path | None = None
     best_config: dict[str, Any] | None = None
     best_val_loss: float | None = None
+    best_tokens: int | None = None
+    """Tokens the best trial had trained when it reached its best val loss."""
+    candidate_tokens: tuple[int, int] | None = None
+    """(fewest, most) tokens the candidates for best trained: unequal when ASHA cut some early."""
+
+    @property
+    def unfinished(self) -> int:
+        return max(0, self.planned - sum(self.outcome_counts.values()))
+
+
+class Interruptions:
+    """SIGTERM (a job scheduler, ``timeout``) stops a sweep the way Ctrl-C does: it is turned into
+    SIGINT, which Tune answers by saving the experiment and stopping the trials (its checkpoints
+    kept for --resume), instead of Ray's core killing the driver with a stack dump."""
+
+    sigterm = False
+
+    @classmethod
+    @contextlib.contextmanager
+    def caught(cls) -> Iterator[None]:
+        """SIGTERM handled so while the block runs (the previous handler back afterwards)."""
+        cls.sigterm = False
+        previous = signal.signal(signal.SIGTERM, cls._on_sigterm)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    @classmethod
+    def install(cls) -> None:
+        signal.signal(signal.SIGTERM, cls._on_sigterm)
+
+    @classmethod
+    def _on_sigterm(cls, signum: int, frame: Any) -> None:
+        cls.sigterm = True
+        signal.raise_signal(signal.SIGINT)
+
+
+class _WithoutRaysRestoreHint(logging.Filter):
+    """lmtune names its own resume command; Tune's "Resume experiment with: Tuner.restore(...)" would mislead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tuner.restore(" not in record.getMessage()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +174,7 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     data_dir = (options.data or ensure_builtin_corpus()).resolve()  # trials run in their own working dirs
     base = sweep_base_config(space, options.budget or space.budget, options.overrides, data_dir)
     preflight_write_check(options.results.resolve())
-    with ray_session(options, echo):
+    with sole_writer(sweep_dir, new=True), ray_session(options, echo):
         cluster = ray.cluster_resources()
         gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
         resources = plan.trial_resources(base, options.cpus_per_trial, options.gpus_per_trial,
@@ -133,13 +183,12 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
         asha = plan.asha_budget(space.scheduler, plan.max_trial_tokens(space, base)) \
             if space.scheduler.name == "asha" else None
         shipped = ship_data(options, data_dir)
-        sweep_dir.mkdir(parents=True)
         sweep_record(options, space, base, resources, max_concurrent, asha).write(sweep_dir)
         echo(f"sweep {options.name}: {space.describe_search()}; budget {base.budget} ({base.total_tokens:,} "
              f"tokens/trial); {resources['cpu']:g} CPU + {resources['gpu']:g} GPU per trial, up to "
              f"{max_concurrent} at once")
         tuner = build_tuner(options, space, base, resources, max_concurrent, asha, shipped)
-        return sweep_result(sweep_dir, tuner.fit())
+        return sweep_result(sweep_dir, tuner.fit(), space.num_trials)
 
 
 def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
@@ -153,9 +202,18 @@ def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     if not is_sweep_dir(sweep_dir):
         raise LmtuneError(f"--resume: {sweep_dir} is not an lmtune sweep (no {SWEEP_FILE}); "
                           "give the --name of a sweep")
-    record = SweepRecord.read(sweep_dir)
-    base = RunConfig.from_dict(record.base_config)
     preflight_write_check(sweep_dir)
+    with sole_writer(sweep_dir, new=False):
+        return _resume_held_sweep(options, sweep_dir, echo)
+
+
+def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> SweepResult:
+    record = SweepRecord.read(sweep_dir)
+    try:
+        base = RunConfig.from_dict(record.base_config)
+    except (KeyError, TypeError) as err:
+        raise LmtuneError(f"--resume: {sweep_dir / SWEEP_FILE} has no usable base_config ({err!r}); it was not "
+                          "written by python -m lmtune.run, or was edited: restore it") from None
     with ray_session(options, echo):
         if not tune.Tuner.can_restore(str(sweep_dir)):
             raise LmtuneError(f"--resume: {sweep_dir} has no Ray experiment state yet (it stopped before the first "
@@ -175,7 +233,7 @@ def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
         except (ModuleNotFoundError, AttributeError) as err:  # unpickling names this lmtune does not have
             raise LmtuneError(f"--resume: {sweep_dir.name} was started by an earlier lmtune whose Ray state this "
                               f"version cannot load ({err}); analyze it as it is, or start a new sweep") from None
-        return sweep_result(sweep_dir, tuner.fit())
+        return sweep_result(sweep_dir, tuner.fit(), record.num_trials)
 
 
 @contextlib.contextmanager
@@ -186,12 +244,17 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
         kwargs["address"] = options.address
     else:
         # "local": a new instance even when a `ray start` cluster runs on this machine (ray.init()
-        # without an address would join that one, and refuse num_cpus/num_gpus).
+        # without an address would join that one, and refuse num_cpus/num_gpus). It serves nothing
+        # beyond this machine: every listener on loopback (SECURITY.md).
+        keep_local_ray_on_loopback()
         kwargs.update(address="local", num_cpus=options.num_cpus, num_gpus=options.num_gpus,
                       include_dashboard=options.dashboard)
         if options.dashboard:
             kwargs["dashboard_host"] = options.dashboard_host
     url = getattr(ray.init(**kwargs), "dashboard_url", None)
+    Interruptions.install()  # again: Ray's core installed its own SIGTERM handler in ray.init
+    hint_filter = _WithoutRaysRestoreHint()
+    logging.getLogger("ray.tune.tune").addFilter(hint_filter)
     try:
         if url:
             echo(f"Ray dashboard: {url}" if "://" in url else f"Ray dashboard: http://{url}")
@@ -201,6 +264,7 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
         yield
     finally:
+        logging.getLogger("ray.tune.tune").removeFilter(hint_filter)
         ray.shutdown()
 
 
@@ -210,6 +274,10 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
 
 def sweep_base_config(space: SearchSpace, budget: str, overrides: dict[str, Any], data_dir: Path) -> RunConfig:
     """The config every trial starts from: budget, the space's fixed settings, then --set."""
+    swept = sorted(set(overrides) & set(space.params))
+    if swept:  # each trial's own value would replace it, while sweep.json recorded it
+        raise LmtuneError(f"--set {', '.join(swept)}: the space sweeps {', '.join(swept)} (params); change the "
+                          "space's values instead")
     config = resolve_config(budget_config(budget, {**space.fixed, **overrides}, data_dir=str(data_dir)), data_dir)
     contexts = space.params.get("context_length")
     longest = config.model.context_length
@@ -331,17 +399,32 @@ def sweep_record(options: SweepOptions, space: SearchSpace, base: RunConfig, res
     )
 
 
-def sweep_result(sweep_dir: Path, results: tune.ResultGrid) -> SweepResult:
-    """The ledger's counts and Tune's best trial by its lowest validation loss."""
+def sweep_result(sweep_dir: Path, results: tune.ResultGrid, planned: int | None) -> SweepResult:
+    """The ledger's counts, whether a signal stopped the sweep, and the best trial: the lowest val loss of
+    a trial that neither errored nor diverged (the report's rule; Tune's get_best_result has no outcomes)."""
+    outcomes = read_outcomes(sweep_dir)
     counts: dict[str, int] = {}
-    for entry in read_outcomes(sweep_dir).values():
+    for entry in outcomes.values():
         counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
-    summary = SweepResult(sweep_dir, len(results), dict(sorted(counts.items())))
-    try:
-        best = results.get_best_result(metric=METRIC, mode=MODE, scope="all")
-    except RuntimeError:  # no trial reported a finite val_loss
-        return summary
-    summary.best_trial_dir = Path(best.path)
-    summary.best_config = best.config
-    summary.best_val_loss = float(best.metrics_dataframe[METRIC].min())
+    summary = SweepResult(sweep_dir, max(planned or 0, len(results)), dict(sorted(counts.items())))
+    if summary.unfinished:
+        summary.stopped_by = "SIGTERM" if Interruptions.sigterm else "SIGINT"
+    candidates = []
+    for result in results:
+        outcome = outcomes.get((result.metrics or {}).get("trial_id"), {}).get("outcome")
+        frame = result.metrics_dataframe
+        if result.error is not None or outcome in (Outcome.ERROR, Outcome.DIVERGED) or frame is None \
+                or METRIC not in frame or "tokens" not in frame:
+            continue
+        finite = frame[[METRIC, "tokens"]].dropna()
+        finite = finite[finite[METRIC].map(math.isfinite)]
+        if not finite.empty:
+            at = finite[METRIC].idxmin()
+            candidates.append((float(finite.loc[at, METRIC]), int(finite.loc[at, "tokens"]),
+                               int(frame["tokens"].max()), result))
+    if candidates:
+        loss, tokens, _, best = min(candidates, key=lambda c: c[0])
+        summary.best_trial_dir, summary.best_config = Path(best.path), best.config
+        summary.best_val_loss, summary.best_tokens = loss, tokens
+        summary.candidate_tokens = (min(c[2] for c in candidates), max(c[2] for c in candidates))
     return summary

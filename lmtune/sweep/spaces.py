@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from lmtune.errors import LmtuneError
-from lmtune.training.config import BUDGETS, budget_config, coerce_value, field_names, field_type
+from lmtune.errors import LmtuneError, shown
+from lmtune.training.config import BUDGETS, EXAMPLES, budget_config, coerce_value, field_names, field_type
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 TOP_KEYS = {"description", "search", "sampler", "num_samples", "budget", "params", "set", "scheduler", "stopper"}
@@ -102,14 +102,36 @@ def resolve_space_path(name_or_path: str, directory: Path = SPACES_DIR) -> Path:
 
 def load_space(name_or_path: str, directory: Path = SPACES_DIR) -> SearchSpace:
     path = resolve_space_path(name_or_path, directory)
+    loader = _DataOnlyLoader(path.read_text())
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = loader.get_single_data()
+    except _AliasRefused as err:
+        raise LmtuneError(f"{path}: line {err.line}: YAML aliases (*name) are not allowed in a search space; "
+                          "write each value out") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or "invalid YAML"
         raise LmtuneError(f"{path}:{where} malformed YAML ({problem}); fix the syntax") from None
+    finally:
+        loader.dispose()
     return parse_space(raw, path)
+
+
+class _AliasRefused(yaml.YAMLError):
+    def __init__(self, line: int):
+        super().__init__(f"alias at line {line}")
+        self.line = line
+
+
+class _DataOnlyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader without aliases: a space needs none, and nested aliases (a "billion
+    laughs" file of a few lines) expand into gigabytes before any value could be checked."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasRefused(self.peek_event().start_mark.line + 1)
+        return super().compose_node(parent, index)
 
 
 def parse_space(raw: Any, path: Path) -> SearchSpace:
@@ -131,7 +153,7 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
     sampler = _one_of(raw, "sampler", "tpe", SAMPLERS, fail)
     num_samples = raw.get("num_samples", 1 if search == "grid" else 10)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise fail("num_samples", f"must be a positive integer (got {num_samples!r})")
+        raise fail("num_samples", f"must be a positive integer (got {shown(num_samples)})")
     if search == "grid" and "num_samples" in raw:
         raise fail("num_samples", "only for search: optuna (a grid runs every combination once); remove it")
     space = SearchSpace(
@@ -197,12 +219,12 @@ def _coerce(name: str, value: Any, key: str, fail) -> Any:
     try:
         coerced = coerce_value(name, value, where=key)
     except LmtuneError:
-        kind = field_type(name).__name__
-        raise fail(key, f"{value!r} is not a valid {kind}; give a {kind}") from None
+        kind = field_type(name)
+        raise fail(key, f"{shown(value)} is not a valid {kind.__name__}; give {EXAMPLES[kind]}") from None
     if name == "lr" and not (math.isfinite(coerced) and coerced > 0):
-        raise fail(key, f"learning rates must be positive and finite (got {value!r})")
+        raise fail(key, f"learning rates must be positive and finite (got {shown(value)})")
     if name == "batch_size" and coerced < 1:
-        raise fail(key, f"batch_size must be >= 1 (got {value!r})")
+        raise fail(key, f"batch_size must be >= 1 (got {shown(value)})")
     return coerced
 
 
@@ -212,7 +234,11 @@ def _parse_grid_values(name: str, spec: Any, key: str, fail) -> list[Any]:
     values = spec if isinstance(spec, list) else [spec]
     if not values:
         raise fail(key, "empty grid; list at least one value")
-    return [_coerce(name, v, key, fail) for v in values]
+    coerced = [_coerce(name, v, key, fail) for v in values]
+    repeated = sorted({v for v in coerced if coerced.count(v) > 1}, key=str)
+    if repeated:  # [1e-3, 0.001] would run the same trial twice
+        raise fail(key, f"{', '.join(map(str, repeated))} listed more than once; list each value once")
+    return coerced
 
 
 def _parse_distribution(name: str, spec: Any, key: str, fail) -> tuple[str, list[Any]]:
@@ -258,7 +284,7 @@ def _parse_section(raw: Any, name: str, cls, keys: set[str], fail):
             if not isinstance(value, str):
                 raise fail(f"{name}.{key}", "must be a string")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise fail(f"{name}.{key}", f"must be a finite number (got {value!r})")
+            raise fail(f"{name}.{key}", f"must be a finite number (got {shown(value)})")
         values[key] = type(default)(value)
     return cls(**values)
 

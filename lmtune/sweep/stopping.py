@@ -86,13 +86,13 @@ class OutcomeRecorder(Callback):
 
 
 def _error_text(trial) -> str:
-    """The last line of the trial's error: Tune's message, else its error file."""
+    """The last line of the trial's error, whole: Tune's message, else its error file."""
     text = getattr(trial, "error_msg", None) or ""
     path = getattr(trial, "error_file", None) or ""
     if not text and path and Path(path).exists():
         text = Path(path).read_text()
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "unknown error"
+    return lines[-1] if lines else "unknown error"
 
 
 # ---------------------------------------------------------------------------------------------

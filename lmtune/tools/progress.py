@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.errors import LmtuneError
-from lmtune.sweep.record import SweepRecord, is_sweep_dir, read_outcomes, trial_id_in
+from lmtune.sweep.record import SweepRecord, is_sweep_dir, read_outcomes, trial_id_in, tune_ended
 from lmtune.training.metrics import METRICS_FILE, last_metrics_row
 
 # A trial without summary.json whose metrics.csv changed this recently counts as running.
@@ -72,6 +72,8 @@ def read_trial(trial_dir: Path, sweep_dir: Path, now: float | None = None) -> Tr
         tokens_done = int(_float(summary.get("tokens")) or tokens_done)
     except (OSError, ValueError):
         pass  # still training (or being written): the metrics decide
+    if status is None and tune_ended(trial_dir):  # Tune ended it; the ledger would say why
+        status = "ended"
     if status is None:
         recent = now - (trial_dir / METRICS_FILE).stat().st_mtime < RUNNING_IF_UPDATED_WITHIN_S
         status = "running" if recent else "stopped"

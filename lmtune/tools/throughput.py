@@ -414,7 +414,7 @@ def eval_cost(loop: OptimizedLoop, config: RunConfig, tokens: np.ndarray, timing
     """Seconds per evaluation and its share of wall time at the config's eval_interval."""
     t = config.train
     step_s = statistics.median(wall for wall, _ in timings.repeats[name]) / steps
-    batches = fixed_val_batches(tokens, t.batch_size, config.model.context_length, min(t.eval_batches, 3), seed=1)
+    batches = fixed_val_batches(tokens, t.batch_size, config.model.context_length, min(t.eval_batches, 3))
     evaluate(loop.runtime, batches[:1], t.grad_accum_steps)  # compiles the no-grad graph
     t0 = time.perf_counter()
     evaluate(loop.runtime, batches, t.grad_accum_steps)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, shown
 
 
 @dataclass
@@ -34,6 +34,8 @@ class ModelConfig:
     """Attention heads; d_model / n_heads is the head dimension (even, for RoPE)."""
     rope_theta: float = 10000.0
     """Base of the rotary position embedding's frequencies."""
+    norm_eps: float = 1e-5
+    """RMSNorm's epsilon, x / sqrt(mean(x^2) + norm_eps) (CS336's value; also for the q/k norms)."""
     qk_norm: bool = False
     """RMSNorm on per-head queries and keys (Wortsman et al. 2023): tames attention-logit growth."""
     z_loss: float = 0.0
@@ -156,6 +158,10 @@ CHOICES = {
 }
 
 
+# What to give instead of a value of the wrong type, by the field's type.
+EXAMPLES = {int: "a whole number, e.g. 32", float: "a number, e.g. 3e-4", bool: "true or false", str: "text"}
+
+
 def field_names() -> list[str]:
     return sorted([*MODEL_FIELDS, *TRAIN_FIELDS])
 
@@ -183,9 +189,9 @@ def coerce_value(name: str, value: Any, where: str = "--set") -> Any:
         if kind is int:
             if isinstance(value, bool):
                 raise ValueError(value)
-            if isinstance(value, float) and not value.is_integer():
+            number = float(value) if isinstance(value, (str, float)) else value
+            if isinstance(number, float) and not number.is_integer():  # 2.9 steps is no number of steps
                 raise ValueError(value)
-            number = float(value) if isinstance(value, str) and ("e" in value.lower() or "." in value) else value
             return int(number)
         if kind is float:
             if isinstance(value, bool):
@@ -195,7 +201,8 @@ def coerce_value(name: str, value: Any, where: str = "--set") -> Any:
             raise ValueError(value)
         return value
     except (TypeError, ValueError):
-        raise LmtuneError(f"{where}: {name}={value!r} is not a valid {kind.__name__}; give a {kind.__name__}") from None
+        raise LmtuneError(f"{where}: {name}={shown(value)} is not a valid {kind.__name__}; "
+                          f"give {EXAMPLES[kind]}") from None
 
 
 def apply_overrides(config: RunConfig, overrides: dict[str, Any], where: str = "--set") -> RunConfig:
@@ -223,7 +230,7 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise LmtuneError(f"--set {pair!r}: expected key=value, e.g. --set lr=3e-4")
+            raise LmtuneError(f"--set {shown(pair)}: expected key=value, e.g. --set lr=3e-4")
         field_type(key)
         result[key] = value.strip()
     return result
@@ -251,6 +258,7 @@ def validate(config: RunConfig, where: str = "config") -> None:
     need(m.d_model % m.n_heads == 0, f"d_model ({m.d_model}) must be divisible by n_heads ({m.n_heads})")
     need((m.d_model // m.n_heads) % 2 == 0, "head dimension d_model/n_heads must be even for RoPE")
     need(math.isfinite(m.rope_theta) and m.rope_theta > 0, "rope_theta must be a positive number")
+    need(math.isfinite(m.norm_eps) and m.norm_eps > 0, f"norm_eps must be a positive number (got {m.norm_eps})")
     need(math.isfinite(m.z_loss) and m.z_loss >= 0, "z_loss must be >= 0")
     need(math.isfinite(t.lr) and t.lr > 0, f"lr must be a positive finite number (got {t.lr})")
     need(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
@@ -269,4 +277,5 @@ def validate(config: RunConfig, where: str = "config") -> None:
         need(getattr(t, name) > 0, f"{name} must be a positive integer (got {getattr(t, name)})")
     for name, choices in CHOICES.items():
         if choices is not None:
-            need(getattr(t, name) in choices, f"{name} must be one of {', '.join(choices)} (got {getattr(t, name)!r})")
+            need(getattr(t, name) in choices,
+                 f"{name} must be one of {', '.join(choices)} (got {shown(getattr(t, name))})")

@@ -93,8 +93,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         log_run_start(config, device)
         sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed)
         batches = cleanup.enter_context(DeviceBatches(sampler, device, start_step=state.step))
-        val_batches = fixed_val_batches(data.val, t.batch_size, config.model.context_length, t.eval_batches,
-                                        seed=t.seed + 1)
+        val_batches = fixed_val_batches(data.val, t.batch_size, config.model.context_length, t.eval_batches)
         meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config.model), peak_flops(device),
                               elapsed_before_s=state.elapsed_s)
         end = RunEnd()

@@ -79,10 +79,15 @@ class CsvSink:
 
 
 def read_metrics(path: Path) -> list[Row]:
-    """metrics.csv as typed rows (None where a cell is empty); a torn last line is left out."""
+    """metrics.csv as typed rows (None where a cell is empty). A last line without its newline is a write
+    that was cut (the process died mid-row): it is left out, with a warning, whatever it parses to."""
     with open(path, newline="") as handle:
-        rows = (_parse_row(raw) for raw in csv.DictReader(handle))
-        return [row for row in rows if row is not None]
+        text = handle.read()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        log.warning("%s ends mid-row (a write was cut short): its last row is left out", path)
+    rows = (_parse_row(raw) for raw in csv.DictReader(io.StringIO(text, newline="")))
+    return [row for row in rows if row is not None]
 
 
 def last_metrics_row(path: Path) -> Row | None:

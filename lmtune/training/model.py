@@ -3,6 +3,10 @@
 token embedding -> n_layers x [RMSNorm -> causal MHA with RoPE -> +residual, RMSNorm -> SwiGLU -> +residual]
 -> RMSNorm -> untied output projection. No biases.
 
+RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g with eps = ModelConfig.norm_eps, 1e-5 by default as in
+CS336's reference (torch's own default would be float32's machine epsilon, 1.19e-7), for every norm
+of the model, the optional per-head q/k norms included.
+
 Initialization: every Linear weight is drawn from a normal truncated at +-3 std with
 std = sqrt(2 / (fan_in + fan_out)) (Glorot-style, so activations keep their scale in both
 directions); the two projections that write into the residual stream (attention output and the
@@ -54,8 +58,8 @@ class Attention(nn.Module):
         self.head_dim = cfg.d_model // cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.q_norm = nn.RMSNorm(self.head_dim) if cfg.qk_norm else None
-        self.k_norm = nn.RMSNorm(self.head_dim) if cfg.qk_norm else None
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.use_sdpa = True
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -98,9 +102,9 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attn_norm = nn.RMSNorm(cfg.d_model)
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg)
-        self.ffn_norm = nn.RMSNorm(cfg.d_model)
+        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.ffn = SwiGLU(cfg.d_model, cfg.d_ff)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -114,7 +118,7 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = nn.RMSNorm(cfg.d_model)
+        self.final_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.context_length, cfg.rope_theta)
         # Not persistent: derived from the config, so checkpoints stay small and shape-agnostic.
