@@ -49,8 +49,10 @@ def keep_local_ray_on_loopback() -> None:
     (environment ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read when Ray is imported; it is what Ray sets
     by itself on macOS and Windows). The environment variable reaches the processes Ray starts; the
     constant, already read in this process, is set to match. Measured with ``ss -ltnup`` during a local
-    sweep: 12 listeners on 0.0.0.0, * or the host address without it, none with it. Public API to move
-    to: a ``ray.init`` option that binds a local instance to loopback (none in Ray 2.60).
+    sweep: 14 listeners on 0.0.0.0, * or the host address without it; with it, 13, all on 127.0.0.1.
+    Ray's own work on this (ray-project/ray#55484, #59852) moved servers from 0.0.0.0 to the node IP,
+    not to loopback. Public API to move to: a ``ray.init`` option that binds a local instance to
+    loopback (none in Ray 2.60).
     """
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     from ray._private import ray_constants
