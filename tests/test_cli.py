@@ -1,6 +1,6 @@
 """Each command, as a user runs it (python -m lmtune.X in a process of its own), refuses bad input with
 one ``error:`` line and exit status 2, no traceback, and writes nothing. The refusals themselves are
-specified in-process next to each component; this is the smoke test of the six entry points."""
+specified in-process next to each component; this is the smoke test of the seven entry points."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ REFUSALS = {
     "analyze": (["no-such-sweep"], "no-such-sweep does not exist"),
     "bench": (["--config", "quick", "--concurrency", "0"], "--concurrency"),
     "diagnose": (["no-such-sweep"], "not a directory"),
+    "lr_find": (["--min-lr", "1e-3", "--max-lr", "1e-4", "--out", "lrf"], "max_lr must be a number above min_lr"),
 }
 
 

@@ -57,7 +57,8 @@ def read_trial(trial_dir: Path, sweep_dir: Path, now: float | None = None) -> Tr
     try:
         config = json.loads((trial_dir / "config.json").read_text())
         train, model = config["train"], config["model"]
-        total = int(train["steps"]) * int(train["batch_size"]) * int(model["context_length"])
+        steps = int(train.get("run_steps") or train["steps"])  # a stability probe ends at run_steps
+        total = steps * int(train["batch_size"]) * int(model["context_length"])
         lr = _float(train.get("lr"))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise LmtuneError(f"{trial_dir / 'config.json'} is unreadable ({type(err).__name__}: {err}); "

@@ -53,7 +53,10 @@ class TrainConfig:
     warmup_steps: int = 200
     """Steps of linear warm-up from 0 to lr."""
     steps: int = 5000
-    """Optimizer steps in the run."""
+    """Optimizer steps in the run (the schedule's length)."""
+    run_steps: int = 0
+    """Stop after this many steps (0: all of ``steps``). The schedule still spans ``steps``, so such a run
+    is the first part of the full one: the edge search's stability probes train only to their horizon."""
     batch_size: int = 32
     """Sequences per optimizer step (the effective batch, whatever grad_accum_steps is)."""
     grad_accum_steps: int = 1
@@ -91,11 +94,16 @@ class TrainConfig:
         """A metrics row at this (1-based) step: every log_interval, and wherever it evaluates or checkpoints."""
         return step % self.log_interval == 0 or self.evaluates_at(step) or self.checkpoints_at(step)
 
+    @property
+    def stop_step(self) -> int:
+        """The step the run ends at: run_steps when set, else steps."""
+        return self.run_steps or self.steps
+
     def evaluates_at(self, step: int) -> bool:
-        return step % self.eval_interval == 0 or step == self.steps
+        return step % self.eval_interval == 0 or step == self.stop_step
 
     def checkpoints_at(self, step: int) -> bool:
-        return step % self.checkpoint_interval == 0 or step == self.steps
+        return step % self.checkpoint_interval == 0 or step == self.stop_step
 
 
 @dataclass
@@ -117,7 +125,13 @@ class RunConfig:
 
     @property
     def total_tokens(self) -> int:
+        """Tokens of the whole schedule (the budget)."""
         return self.tokens_per_step * self.train.steps
+
+    @property
+    def run_tokens(self) -> int:
+        """Tokens this run trains: the budget, or fewer with run_steps."""
+        return self.tokens_per_step * self.train.stop_step
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -269,6 +283,7 @@ def validate(config: RunConfig, where: str = "config") -> None:
          "pick a grad_accum_steps that divides it")
     need(t.steps > 0, f"steps must be a positive integer (got {t.steps})")
     need(0 <= t.warmup_steps <= t.steps, f"warmup_steps must be in [0, steps={t.steps}] (got {t.warmup_steps})")
+    need(0 <= t.run_steps <= t.steps, f"run_steps must be in [0, steps={t.steps}] (0: all steps; got {t.run_steps})")
     need(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "weight_decay must be >= 0")
     need(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "beta1 and beta2 must be in [0, 1)")
     need(math.isfinite(t.eps) and t.eps > 0, "eps must be > 0")

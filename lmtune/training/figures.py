@@ -62,3 +62,30 @@ def plot_lr_schedule(steps: list[int], lrs: list[float], path: Path) -> Path:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def plot_range_test(result, path: Path) -> Path:
+    """The LR range test (a lmtune.training.lr_range.RangeTestResult): train loss against the rising
+    LR, raw and smoothed, with the steepest-descent, lowest-loss and blow-up LRs marked."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    raw = [(lr, v) for lr, v in zip(result.lrs, result.losses, strict=True) if _finite(v)]
+    smooth = [(lr, v) for lr, v in zip(result.lrs, result.smoothed, strict=True) if _finite(v)]
+    if raw:
+        ax.plot(*zip(*raw, strict=True), color="tab:blue", alpha=0.3, linewidth=0.8, label="train loss")
+    if smooth:
+        ax.plot(*zip(*smooth, strict=True), color="tab:blue", linewidth=2, label="smoothed")
+        low = min([v for _, v in smooth] + [v for _, v in raw])
+        high = max(v for _, v in smooth)
+        ax.set_ylim(low - 0.05 * (high - low + 1e-3), high + 0.15 * (high - low + 1e-3))
+    for lr, color, label in ((result.steepest_lr, "tab:green", "steepest descent"),
+                             (result.min_loss_lr, "tab:orange", "lowest loss"),
+                             (result.blowup_lr, "red", "blow-up")):
+        if lr:
+            ax.axvline(lr, color=color, linestyle=":", linewidth=1.5, label=f"{label} {lr:.3g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate (rising exponentially, one step each)")
+    ax.set_ylabel("train loss (nats/token)")
+    ax.set_title("LR range test")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

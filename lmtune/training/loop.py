@@ -98,7 +98,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
                               elapsed_before_s=state.elapsed_s)
         end = RunEnd()
         try:
-            while state.step < t.steps:
+            while state.step < t.stop_step:
                 step = state.step + 1
                 if before_step is not None:
                     before_step(step, state.model)
@@ -183,8 +183,10 @@ def run_summary(config: RunConfig, state: TrainState, end: RunEnd, rows: list[Ro
     return {
         "status": end.status, "reason": end.reason,
         "best_val_loss": state.best_val_loss if math.isfinite(state.best_val_loss) else None,
-        "final_val_loss": last_val if end.status == "completed" else None, "last_val_loss": last_val,
-        "steps": steps, "tokens": tokens, "wall_time_s": wall_time,
+        # final: at the end of the whole schedule (a run stopped at run_steps has none)
+        "final_val_loss": last_val if end.status == "completed" and steps == config.train.steps else None,
+        "last_val_loss": last_val, "steps": steps, "run_steps": config.train.stop_step, "tokens": tokens,
+        "wall_time_s": wall_time,
         "tokens_per_s": tokens / wall_time if wall_time > 0 else None,
         "diverged_step": end.diverged_step, "budget": config.budget, "lr": config.train.lr,
         "params_non_embedding": counts["non_embedding"], "flops_per_token": flops_per_token(config.model),

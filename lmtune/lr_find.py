@@ -1,0 +1,69 @@
+"""``python -m lmtune.lr_find``: the LR range test alone (lmtune.training.lr_range).
+
+One short run with the LR rising exponentially; prints where the loss fell fastest, where it blew up,
+and the coarse grid an edge search (``search: edge``) would start from. Writes range_test.csv,
+range_test.json and lr_range_test.png into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+
+from lmtune.data.prepare import ensure_builtin_corpus
+from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
+from lmtune.sweep.edge import EdgeSettings, coarse_lrs
+from lmtune.training.config import BUDGETS, budget_config, parse_set_args
+from lmtune.training.lr_range import RANGE_FIGURE, RangeTestConfig, lr_range_test
+
+DEFAULTS = RangeTestConfig()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lmtune.lr_find",
+                                     description="LR range test: where the loss falls fastest and where it blows up.")
+    parser.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
+    parser.add_argument("--budget", default="quick", choices=list(BUDGETS),
+                        help="named budget whose model and batch are tested (default: quick)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                        help="override a model/training field, e.g. --set batch_size=64 (repeatable)")
+    parser.add_argument("--min-lr", type=float, default=DEFAULTS.min_lr, help=f"first LR (default {DEFAULTS.min_lr:g})")
+    parser.add_argument("--max-lr", type=float, default=DEFAULTS.max_lr, help=f"last LR (default {DEFAULTS.max_lr:g})")
+    parser.add_argument("--steps", type=int, default=DEFAULTS.steps,
+                        help=f"steps from --min-lr to --max-lr (default {DEFAULTS.steps})")
+    parser.add_argument("--out", type=Path, help="output dir (default: results/lr_find-BUDGET-TIMESTAMP)")
+    parser.add_argument("--quiet", action="store_true", help="only warnings and the result")
+    return parser
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_cli_logging(logging.WARNING if args.quiet else logging.INFO)
+    settings = RangeTestConfig(min_lr=args.min_lr, max_lr=args.max_lr, steps=args.steps)
+    settings.validate("lr_find")
+    overrides = parse_set_args(args.set)
+    if "lr" in overrides:
+        raise LmtuneError("lr_find: --set lr has no effect (the test ramps the LR itself); use --min-lr / --max-lr")
+    out = args.out or Path("results") / f"lr_find-{args.budget}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise LmtuneError(f"{out} already exists and is not an empty folder; choose another --out")
+    data_dir = args.data if args.data is not None else ensure_builtin_corpus()
+    config = budget_config(args.budget, overrides, data_dir=str(data_dir))
+    result = lr_range_test(config, settings, out)
+    print(f"{result.summary_line()} ({len(result.lrs)} steps, {result.tokens:,} tokens)")
+    print(f"stopped: {result.stopped_because}")
+    if result.steepest_lr or result.blowup_lr:
+        edge = EdgeSettings(range_min_lr=settings.min_lr, range_max_lr=settings.max_lr)
+        lrs, _ = coarse_lrs(result.steepest_lr, result.blowup_lr, edge)
+        print("an edge search would start its coarse grid at lr " + ", ".join(f"{lr:.3g}" for lr in sorted(lrs)))
+    print(f"figure: {out / RANGE_FIGURE}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())
