@@ -28,7 +28,8 @@ import pandas as pd
 import pytest
 from conftest import kill_session, read_wandb_runs, run_lmtune, trial_dirs
 
-from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes
+from lmtune.sweep.record import SweepRecord, asha_state_path, ledger_path, read_outcomes
+from lmtune.training.config import RunConfig
 
 TINY_SET = dict(d_model=32, d_ff=64, n_layers=1, n_heads=2, context_length=32, batch_size=4, log_interval=5,
                 eval_interval=10, eval_batches=1, checkpoint_interval=10, warmup_steps=2)
@@ -142,7 +143,8 @@ def test_quick_sweep_end_to_end(quick_sweep: Path):
     assert record["data"]["meta"]["content_hash"]
     assert {"lmtune", "torch", "ray", "optuna", "python"} <= set(record["versions"])
     assert ledger_path(quick_sweep).exists()
-    assert record["asha"] == {"max_t": tokens_budget, "grace_period": int(0.111 * tokens_budget), "reduction_factor": 3}
+    grace = round(0.111 * tokens_budget)
+    assert record["asha"] == {"max_t": tokens_budget, "grace_period": grace, "reduction_factor": 3}
     for trial in trials:  # TensorBoard files per trial
         assert list(trial.glob("tensorboard/events.out.tfevents.*")), trial
 
@@ -413,10 +415,12 @@ class FakeResult:
     trial_id: str
     rows: list[tuple[int, float]]  # (tokens, val_loss)
     error: Exception | None = None
+    budget: int = 15000  # the trial's total_tokens
+    lr: float = 0.001
 
     @property
     def metrics(self) -> dict:
-        return {"trial_id": self.trial_id}
+        return {"trial_id": self.trial_id, "total_tokens": self.budget}
 
     @property
     def metrics_dataframe(self) -> pd.DataFrame:
@@ -424,14 +428,14 @@ class FakeResult:
 
     @property
     def path(self) -> str:
-        return f"/sweep/{self.trial_id}_lr=0.001"
+        return f"/sweep/{self.trial_id}_lr={self.lr}"
 
     @property
     def config(self) -> dict:
-        return {"lr": 0.001}
+        return {"lr": self.lr}
 
 
-def test_the_summary_never_names_an_errored_or_diverged_trial_best_and_says_when_tokens_differ(tmp_path: Path):
+def test_the_summary_never_names_an_errored_or_diverged_trial_best(tmp_path: Path):
     from lmtune.sweep.runner import sweep_result
 
     ledger_path(tmp_path).parent.mkdir()
@@ -439,10 +443,26 @@ def test_the_summary_never_names_an_errored_or_diverged_trial_best_and_says_when
         "dead": {"outcome": "error", "reason": "error: The actor is dead"},
         "nan": {"outcome": "diverged", "reason": "diverged at step 3"},
         "full": {"outcome": "completed"}, "cut": {"outcome": "stopped_early"}}))
-    results = [FakeResult("dead", [(5000, 1.5)], error=RuntimeError("The actor is dead")),
-               FakeResult("nan", [(100, 1.0)]),
-               FakeResult("full", [(5000, 4.0), (15000, 2.5)]), FakeResult("cut", [(5000, 3.9)])]
-    summary = sweep_result(tmp_path, results, planned=4)
+    results = [FakeResult("dead", [(5000, 1.5)], error=RuntimeError("The actor is dead"), lr=0.002),
+               FakeResult("nan", [(100, 1.0)], lr=0.004),
+               FakeResult("full", [(5000, 4.0), (15000, 2.5)]), FakeResult("cut", [(5000, 3.9)], lr=0.0005)]
+    record = SweepRecord(space={"num_trials": 4}, base_config=RunConfig().to_dict())
+    summary = sweep_result(tmp_path, results, record)
     assert summary.best_trial_dir.name.startswith("full_") and summary.best_val_loss == 2.5
-    assert summary.best_tokens == 15000 and summary.candidate_tokens == (5000, 15000)
+    assert summary.best_tokens == 15000 and summary.candidate_tokens is None  # compared at the full budget
+    assert summary.conclusion["best_lr"] == 0.001 and summary.conclusion["best_lr_seed_losses"] == [2.5]
     assert summary.unfinished == 0 and summary.stopped_by is None
+
+
+def test_without_a_full_budget_trial_the_summary_says_the_tokens_differ(tmp_path: Path):
+    from lmtune.sweep.runner import sweep_result
+
+    ledger_path(tmp_path).parent.mkdir()
+    ledger_path(tmp_path).write_text(json.dumps({"a": {"outcome": "stopped_early"}, "b": {"outcome": "stopped_early"}}))
+    results = [FakeResult("a", [(5000, 4.0), (10000, 2.5)], budget=20000),
+               FakeResult("b", [(5000, 3.9)], budget=20000, lr=0.01)]
+    record = SweepRecord(space={"num_trials": 2}, base_config=RunConfig().to_dict())
+    summary = sweep_result(tmp_path, results, record)
+    assert summary.best_trial_dir.name.startswith("a_") and summary.best_val_loss == 2.5
+    assert summary.best_tokens == 10000 and summary.candidate_tokens == (5000, 10000)
+    assert summary.conclusion["best_lr"] is None

@@ -37,8 +37,9 @@ class AshaBudget:
 def asha_budget(spec: SchedulerSpec, largest_trial_tokens: int) -> AshaBudget:
     """A space's ASHA settings in tokens: max_t and grace_period <= 1 are fractions (of the largest
     trial's token budget, and of max_t); larger values are tokens."""
-    max_t = int(spec.max_t * largest_trial_tokens) if spec.max_t <= 1 else int(spec.max_t)
-    grace = int(spec.grace_period * max_t) if spec.grace_period <= 1 else int(spec.grace_period)
+    # Rounded, not cut: a grace period of 1/9 written as 0.1111111 must land on the step it names.
+    max_t = round(spec.max_t * largest_trial_tokens) if spec.max_t <= 1 else int(spec.max_t)
+    grace = round(spec.grace_period * max_t) if spec.grace_period <= 1 else int(spec.grace_period)
     return AshaBudget(max_t, max(1, min(grace, max_t)), spec.reduction_factor)
 
 

@@ -3,6 +3,7 @@
     results/NAME/sweep.json                     what was run (SweepRecord), written at start and on resume
     results/NAME/decisions/trial_outcomes.json  why each trial ended (written by lmtune.sweep.stopping)
     results/NAME/decisions/asha_state.json      ASHA's rung records (PersistentASHA)
+    results/NAME/decisions/edge_search.json     the edge search's state and decisions (search: edge)
     results/NAME/<trial folder>/trial.json      which Tune trial a folder holds, and its parameters
     results/NAME/.lmtune.lock                   held by the one process writing the sweep (its pid inside)
 
@@ -35,6 +36,7 @@ SWEEP_FILE = "sweep.json"
 DECISIONS_DIR = "decisions"
 LEDGER_NAME = "trial_outcomes.json"
 ASHA_STATE_NAME = "asha_state.json"
+EDGE_STATE_NAME = "edge_search.json"
 TRIAL_FILE = "trial.json"
 LOCK_FILE = ".lmtune.lock"
 
@@ -43,6 +45,8 @@ class Outcome(StrEnum):
     """Why a trial ended, as the ledger records it."""
 
     COMPLETED = "completed"  # trained its whole budget
+    PROBED = "probed"  # an edge-search stability probe: trained to its horizon (run_steps) without diverging
+    RANGE_TEST = "range_test"  # the edge search's LR range test ended (it stops itself at the blow-up)
     DIVERGED = "diverged"  # non-finite, or its loss exploded (the stopper)
     STOPPED_EARLY = "stopped_early"  # cut by ASHA at a rung
     TOO_SLOW = "too_slow"  # projected past the time budget, or under the throughput floor (the stopper)
@@ -151,6 +155,23 @@ def ledger_path(sweep_dir: Path) -> Path:
 
 def asha_state_path(sweep_dir: Path) -> Path:
     return decisions_dir(sweep_dir) / ASHA_STATE_NAME
+
+
+def edge_state_path(sweep_dir: Path) -> Path:
+    return decisions_dir(sweep_dir) / EDGE_STATE_NAME
+
+
+def read_edge_state(sweep_dir: Path) -> dict[str, Any] | None:
+    """decisions/edge_search.json (the edge search's state), or None: absent, or unreadable (warned)."""
+    path = edge_state_path(sweep_dir)
+    if not path.exists():
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        log.warning("ignoring %s (%s: %s); the report goes by the trials' own files", path, type(err).__name__, err)
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def read_outcomes(sweep_dir: Path) -> dict[str, dict[str, Any]]:

@@ -32,6 +32,7 @@ from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError
 from lmtune.private_apis import keep_local_ray_on_loopback, wandb_logger_callback
 from lmtune.sweep import plan
+from lmtune.sweep.edge import ASHA_STAGES, Budget, EdgeSearch, EdgeSettings, Run, conclude
 from lmtune.sweep.record import (
     SWEEP_FILE,
     Outcome,
@@ -39,6 +40,7 @@ from lmtune.sweep.record import (
     asha_state_path,
     is_sweep_dir,
     ledger_path,
+    read_edge_state,
     read_outcomes,
     sole_writer,
 )
@@ -47,6 +49,7 @@ from lmtune.sweep.stopping import OutcomeRecorder, PersistentASHA, TrialStopper
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
+from lmtune.training.lr_range import RangeTestConfig
 
 log = logging.getLogger(__name__)
 
@@ -101,22 +104,25 @@ class SweepOptions:
 
 @dataclass
 class SweepResult:
-    """How a sweep ended: its trials' outcomes (the ledger), whether a signal stopped it first, and its
-    best trial among those that neither errored nor diverged."""
+    """How a sweep ended: its trials' outcomes (the ledger), whether a signal stopped it first, what it
+    concluded (lmtune.sweep.edge.conclude: the best LR at the full budget, the edge bracket, the
+    ratio), and its best trial. Without any trial that trained its whole budget, the best trial is the
+    one with the lowest val loss at any token count, and ``candidate_tokens`` says how unequal."""
 
     sweep_dir: Path
     planned: int
-    """Trials the space asks for."""
+    """Trials the space asks for (an edge search: the trials it started)."""
     outcome_counts: dict[str, int]
     stopped_by: str | None = None
-    """SIGINT or SIGTERM when a signal ended the sweep before every trial finished."""
+    """SIGINT or SIGTERM when a signal ended the sweep before every trial (and the search) finished."""
+    conclusion: dict[str, Any] = field(default_factory=dict)
     best_trial_dir: Path | None = None
     best_config: dict[str, Any] | None = None
     best_val_loss: float | None = None
     best_tokens: int | None = None
-    """Tokens the best trial had trained when it reached its best val loss."""
+    """Tokens at which the best trial's val loss was taken."""
     candidate_tokens: tuple[int, int] | None = None
-    """(fewest, most) tokens the candidates for best trained: unequal when ASHA cut some early."""
+    """(fewest, most) tokens the candidates trained, when the best trial is chosen at unequal token counts."""
 
     @property
     def unfinished(self) -> int:
@@ -188,7 +194,7 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
              f"tokens/trial); {resources['cpu']:g} CPU + {resources['gpu']:g} GPU per trial, up to "
              f"{max_concurrent} at once")
         tuner = build_tuner(options, space, base, resources, max_concurrent, asha, shipped)
-        return sweep_result(sweep_dir, tuner.fit(), space.num_trials)
+        return sweep_result(sweep_dir, tuner.fit(), SweepRecord.read(sweep_dir))
 
 
 def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
@@ -226,14 +232,15 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         # Decisions in the ledger stand: a trial that ended after Tune's last experiment snapshot is
         # still "running" there and would be resumed. Errored trials are retried (resume_errored).
         ended = frozenset(t for t, e in read_outcomes(sweep_dir).items() if e.get("outcome") != Outcome.ERROR)
-        trainable = build_trainable(base, {k: float(v) for k, v in record.resources_per_trial.items()}, shipped, ended)
+        resources = {k: float(v) for k, v in record.resources_per_trial.items()}
+        trainable = build_trainable(base, resources, shipped, EdgeSettings.of_space(record.space), ended)
         try:
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
         except (ModuleNotFoundError, AttributeError) as err:  # unpickling names this lmtune does not have
             raise LmtuneError(f"--resume: {sweep_dir.name} was started by an earlier lmtune whose Ray state this "
                               f"version cannot load ({err}); analyze it as it is, or start a new sweep") from None
-        return sweep_result(sweep_dir, tuner.fit(), record.num_trials)
+        return sweep_result(sweep_dir, tuner.fit(), record)
 
 
 @contextlib.contextmanager
@@ -262,6 +269,9 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
         # results without val_loss (it comes every eval_interval; ASHA and Optuna skip results without it).
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+        # Short trials checkpoint often, and CheckpointConfig(num_to_keep) forces an experiment snapshot
+        # each time (wanted: resume loses nothing); Tune's warning about that is noise here.
+        os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
         yield
     finally:
         logging.getLogger("ray.tune.tune").removeFilter(hint_filter)
@@ -274,10 +284,10 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
 
 def sweep_base_config(space: SearchSpace, budget: str, overrides: dict[str, Any], data_dir: Path) -> RunConfig:
     """The config every trial starts from: budget, the space's fixed settings, then --set."""
-    swept = sorted(set(overrides) & set(space.params))
+    swept = sorted(set(overrides) & set(space.swept))
     if swept:  # each trial's own value would replace it, while sweep.json recorded it
-        raise LmtuneError(f"--set {', '.join(swept)}: the space sweeps {', '.join(swept)} (params); change the "
-                          "space's values instead")
+        where = "the edge search sets it per trial" if space.search == "edge" else "change the space's values instead"
+        raise LmtuneError(f"--set {', '.join(swept)}: the space sweeps {', '.join(swept)}; {where}")
     config = resolve_config(budget_config(budget, {**space.fixed, **overrides}, data_dir=str(data_dir)), data_dir)
     contexts = space.params.get("context_length")
     longest = config.model.context_length
@@ -308,23 +318,28 @@ def build_tuner(options: SweepOptions, space: SearchSpace, base: RunConfig, reso
                 max_concurrent: int, asha: plan.AshaBudget | None, shipped: ShippedData | None) -> tune.Tuner:
     sweep_dir = options.sweep_dir
     recorder = OutcomeRecorder(ledger_path(sweep_dir), gpus_per_trial=resources["gpu"])
+    edge = space.search == "edge"
     scheduler = None if asha is None else PersistentASHA(
         recorder, asha_state_path(sweep_dir), time_attr="tokens", metric=METRIC, mode=MODE, max_t=asha.max_t,
-        grace_period=asha.grace_period, reduction_factor=asha.reduction_factor)
+        grace_period=asha.grace_period, reduction_factor=asha.reduction_factor, stages=ASHA_STAGES if edge else None)
     stopper = TrialStopper(recorder, explode_factor=space.stopper.explode_factor, time_budget_s=options.time_budget_s,
                            min_tokens_per_s=space.stopper.min_tokens_per_s,
                            slow_grace_reports=space.stopper.slow_grace_reports)
     callbacks: list[tune.Callback] = [recorder]
     if options.wandb_project:
         callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
+    if edge:
+        search_alg, num_samples = edge_searcher(space.edge, base, asha, sweep_dir), -1  # until it says finished
+    else:
+        # OptunaSearch reads its metric from every result; val_loss comes every eval_interval only, so it
+        # sees "objective": the latest val loss (ln(vocab) for a diverged trial).
+        search_alg = make_searcher(space, metric="objective", seed=base.train.seed)
+        num_samples = space.num_samples if space.search == "optuna" else 1
     return tune.Tuner(
-        build_trainable(base, resources, shipped),
+        build_trainable(base, resources, shipped, space.edge if edge else None),
         param_space=tune_param_space(space),
         tune_config=tune.TuneConfig(
-            # OptunaSearch reads its metric from every result; val_loss comes every eval_interval only,
-            # so it sees "objective": the latest val loss (ln(vocab) for a diverged trial).
-            search_alg=make_searcher(space, metric="objective", seed=base.train.seed),
-            scheduler=scheduler, num_samples=space.num_samples if space.search == "optuna" else 1,
+            search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
             max_concurrent_trials=max_concurrent, trial_dirname_creator=trial_dirname,
             # A finished trial's worker process runs the next trial: no process start and imports per
             # trial (seconds each, more than a short trial's training on a CPU).
@@ -341,10 +356,21 @@ def build_tuner(options: SweepOptions, space: SearchSpace, base: RunConfig, reso
     )
 
 
+def edge_searcher(settings: EdgeSettings, base: RunConfig, asha: plan.AshaBudget | None, sweep_dir: Path):
+    from lmtune.sweep.edge_searcher import EdgeSearcher
+
+    budget = Budget.of_config(base.to_dict(), asdict(asha) if asha else None)
+    return EdgeSearcher(EdgeSearch(settings, budget), sweep_dir)
+
+
 def build_trainable(base: RunConfig, resources: dict[str, float], shipped: ShippedData | None,
-                    ended: frozenset[str] = frozenset()):
-    return tune.with_resources(tune.with_parameters(train_trial, base=base.to_dict(), shipped=shipped, ended=ended),
-                               resources)
+                    edge: EdgeSettings | None = None, ended: frozenset[str] = frozenset()):
+    range_test = None if edge is None else asdict(RangeTestConfig(
+        min_lr=edge.range_min_lr, max_lr=edge.range_max_lr, steps=edge.range_steps,
+        blowup_factor=edge.range_blowup_factor))
+    trainable = tune.with_parameters(train_trial, base=base.to_dict(), shipped=shipped, ended=ended,
+                                     range_test=range_test)
+    return tune.with_resources(trainable, resources)
 
 
 def ship_data(options: SweepOptions, data_dir: Path) -> ShippedData | None:
@@ -371,7 +397,7 @@ def _short(value: Any) -> str:
 
 def progress_reporter(space: SearchSpace) -> tune.CLIReporter:
     return tune.CLIReporter(
-        parameter_columns=list(space.params),
+        parameter_columns=["stage", "lr", "seed"] if space.search == "edge" else list(space.params),
         metric_columns={"tokens": "tokens", "train_loss": "train", "val_loss": "val", "tokens_per_s": "tok/s"},
         max_report_frequency=15, sort_by_metric=False,
     )
@@ -386,6 +412,7 @@ def sweep_record(options: SweepOptions, space: SearchSpace, base: RunConfig, res
                "search": space.search, "sampler": space.sampler, "num_samples": space.num_samples,
                "num_trials": space.num_trials, "params": space.params, "fixed": space.fixed,
                "scheduler": asdict(space.scheduler), "stopper": asdict(space.stopper),
+               **({"edge": asdict(space.edge)} if space.search == "edge" else {}),
                "description_of_search": space.describe_search(), "yaml": space.path.read_text()},
         budget=base.budget, base_config=base.to_dict(), asha=asdict(asha) if asha else None,
         data={"dir": str(data_dir.resolve()), "meta": asdict(read_meta(data_dir))},
@@ -399,32 +426,68 @@ def sweep_record(options: SweepOptions, space: SearchSpace, base: RunConfig, res
     )
 
 
-def sweep_result(sweep_dir: Path, results: tune.ResultGrid, planned: int | None) -> SweepResult:
-    """The ledger's counts, whether a signal stopped the sweep, and the best trial: the lowest val loss of
-    a trial that neither errored nor diverged (the report's rule; Tune's get_best_result has no outcomes)."""
+def sweep_result(sweep_dir: Path, results: tune.ResultGrid, record: SweepRecord) -> SweepResult:
+    """The ledger's counts, whether a signal stopped the sweep, what it concluded, and the best trial: the
+    lowest full-budget val loss (its LR's mean over seeds decides) of a trial that neither errored nor
+    diverged: the report's rule."""
     outcomes = read_outcomes(sweep_dir)
     counts: dict[str, int] = {}
     for entry in outcomes.values():
         counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
-    summary = SweepResult(sweep_dir, max(planned or 0, len(results)), dict(sorted(counts.items())))
-    if summary.unfinished:
+    summary = SweepResult(sweep_dir, max(record.num_trials or 0, len(results)), dict(sorted(counts.items())))
+    edge = EdgeSettings.of_space(record.space)
+    search_running = edge is not None and not (read_edge_state(sweep_dir) or {}).get("finished")
+    if summary.unfinished or search_running:
         summary.stopped_by = "SIGTERM" if Interruptions.sigterm else "SIGINT"
-    candidates = []
-    for result in results:
-        outcome = outcomes.get((result.metrics or {}).get("trial_id"), {}).get("outcome")
-        frame = result.metrics_dataframe
-        if result.error is not None or outcome in (Outcome.ERROR, Outcome.DIVERGED) or frame is None \
-                or METRIC not in frame or "tokens" not in frame:
-            continue
-        finite = frame[[METRIC, "tokens"]].dropna()
-        finite = finite[finite[METRIC].map(math.isfinite)]
-        if not finite.empty:
-            at = finite[METRIC].idxmin()
-            candidates.append((float(finite.loc[at, METRIC]), int(finite.loc[at, "tokens"]),
-                               int(frame["tokens"].max()), result))
-    if candidates:
-        loss, tokens, _, best = min(candidates, key=lambda c: c[0])
+    budget = Budget.of_config(record.base_config, record.asha)
+    pairs = result_runs(results, outcomes, budget)
+    summary.conclusion = conclude([run for run, _ in pairs], budget, edge or EdgeSettings())
+    best_lr = summary.conclusion["best_lr"]
+    finals = [(run.full_loss(), run, result) for run, result in pairs
+              if run.lr == best_lr and run.full_loss() is not None]
+    if finals:
+        loss, run, best = min(finals, key=lambda item: item[0])
         summary.best_trial_dir, summary.best_config = Path(best.path), best.config
-        summary.best_val_loss, summary.best_tokens = loss, tokens
-        summary.candidate_tokens = (min(c[2] for c in candidates), max(c[2] for c in candidates))
+        summary.best_val_loss, summary.best_tokens = loss, run.budget_tokens
+    else:
+        _best_at_any_tokens(summary, pairs)
     return summary
+
+
+def result_runs(results: tune.ResultGrid, outcomes: dict[str, dict[str, Any]],
+                budget: Budget) -> list[tuple[Run, Any]]:
+    """Each LR trial of a ResultGrid as an edge.Run (the range test left out), with its Result."""
+    pairs = []
+    for result in results:
+        config, metrics = dict(result.config or {}), dict(result.metrics or {})
+        stage = config.get("stage", "grid")
+        if stage == "range" or not isinstance(config.get("lr"), (int, float)):
+            continue
+        outcome = outcomes.get(metrics.get("trial_id"), {}).get("outcome") or ("error" if result.error else "ended")
+        val, tokens = {}, 0
+        frame = result.metrics_dataframe
+        if frame is not None and "tokens" in frame:
+            tokens = int(frame["tokens"].dropna().max()) if frame["tokens"].notna().any() else 0
+            if METRIC in frame:
+                for t, v in frame[["tokens", METRIC]].dropna().itertuples(index=False):
+                    if math.isfinite(v):
+                        val[int(t)] = float(v)
+        budget_tokens = int(metrics.get("total_tokens") or budget.full_tokens)
+        others = tuple(sorted((k, v) for k, v in config.items() if k not in ("lr", "seed", "stage", "run_steps")))
+        pairs.append((Run(float(config["lr"]), int(config.get("seed", budget.seed)), stage, budget_tokens,
+                          int(metrics.get("run_tokens") or budget_tokens), outcome, tokens, val, others), result))
+    return pairs
+
+
+def _best_at_any_tokens(summary: SweepResult, pairs: list[tuple[Run, Any]]) -> None:
+    """No trial trained its whole budget: the lowest val loss of any trial that neither errored nor
+    diverged, with the range of tokens the candidates trained (they are not comparable)."""
+    candidates = [(min(run.val.values()), run, result) for run, result in pairs
+                  if run.val and run.outcome not in (Outcome.ERROR, Outcome.DIVERGED)]
+    if not candidates:
+        return
+    loss, run, best = min(candidates, key=lambda item: item[0])
+    summary.best_trial_dir, summary.best_config = Path(best.path), best.config
+    summary.best_val_loss = loss
+    summary.best_tokens = min(t for t, v in run.val.items() if v == loss)
+    summary.candidate_tokens = (min(r.tokens for _, r, _ in candidates), max(r.tokens for _, r, _ in candidates))

@@ -3,7 +3,7 @@
 A space is YAML data (read with ``yaml.safe_load``, never executed)::
 
     description: one line shown by --list-spaces
-    search: grid                 # grid | optuna
+    search: grid                 # grid | optuna | edge
     sampler: tpe                 # optuna only: tpe | random | cmaes
     num_samples: 12              # optuna only
     budget: low-resource         # quick | low-resource | full
@@ -13,6 +13,7 @@ A space is YAML data (read with ``yaml.safe_load``, never executed)::
     set: {eval_interval: 250}    # fixed overrides of any model/training field
     scheduler: {name: asha, grace_period: 0.111, reduction_factor: 3}   # or {name: none}
     stopper: {explode_factor: 1.5, min_tokens_per_s: 0}
+    edge: {tolerance: 1.25, seeds: 3}   # search: edge only (lmtune.sweep.edge.EdgeSettings); it has no params
 
 Every problem is one line naming the file, the key and the fix.
 """
@@ -27,16 +28,21 @@ from typing import Any
 import yaml
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.sweep.edge import EdgeSettings
 from lmtune.training.config import BUDGETS, EXAMPLES, budget_config, coerce_value, field_names, field_type
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
-TOP_KEYS = {"description", "search", "sampler", "num_samples", "budget", "params", "set", "scheduler", "stopper"}
-SEARCHES = ("grid", "optuna")
+TOP_KEYS = {"description", "search", "sampler", "num_samples", "budget", "params", "set", "scheduler", "stopper",
+            "edge"}
+SEARCHES = ("grid", "optuna", "edge")
+# What the edge search sets per trial itself (seed: the base seed may be set; further seeds are added).
+EDGE_OWNS = ("lr", "run_steps")
 SAMPLERS = ("tpe", "random", "cmaes")
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
 SCHEDULER_KEYS = {"name", "grace_period", "reduction_factor", "max_t"}
 SCHEDULERS = ("asha", "none")
 STOPPER_KEYS = {"explode_factor", "min_tokens_per_s", "slow_grace_reports"}
+EDGE_KEYS = set(EdgeSettings.__dataclass_fields__)
 
 
 @dataclass
@@ -67,14 +73,27 @@ class SearchSpace:
     num_samples: int = 1
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     stopper: StopperSpec = field(default_factory=StopperSpec)
+    edge: EdgeSettings = field(default_factory=EdgeSettings)
 
     @property
-    def num_trials(self) -> int:
+    def num_trials(self) -> int | None:
+        """Trials the space asks for (None for the edge search: it decides as it goes)."""
         if self.search == "grid":
             return math.prod(len(values) for values in self.params.values())
-        return self.num_samples
+        return self.num_samples if self.search == "optuna" else None
+
+    @property
+    def swept(self) -> list[str]:
+        """The settings each trial sets for itself."""
+        return list(EDGE_OWNS) if self.search == "edge" else list(self.params)
 
     def describe_search(self) -> str:
+        if self.search == "edge":
+            e = self.edge
+            seeds = f", then {e.seeds} seeds of the best {e.seed_lrs} LRs" if e.seeds > 1 else ""
+            return (f"edge search: an LR range test, a coarse grid {e.coarse_ratio:g}x apart under early stopping, "
+                    f"bisection of the edge to a bracket ratio <= {e.tolerance:g}, refinement within "
+                    f"{e.refine_factor:g}x of the best LR{seeds}")
         if self.search == "grid":
             dims = " x ".join(f"{k} ({len(v)} values)" for k, v in self.params.items())
             return f"grid search over {dims}: {self.num_trials} trials"
@@ -148,8 +167,17 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise fail("description", "must be a string")
-    params = _parse_params(raw.get("params"), search, fail)
-    fixed = _parse_fixed(raw.get("set") or {}, params, fail)
+    if search == "edge":
+        if raw.get("params"):
+            raise fail("params", "search: edge chooses the learning rates itself; remove params (tune it with "
+                                 "the edge: section)")
+        params: dict[str, Any] = {}
+        fixed = _parse_fixed(raw.get("set") or {}, dict.fromkeys(EDGE_OWNS), fail)
+    else:
+        if "edge" in raw:
+            raise fail("edge", "only for search: edge; remove it or set search: edge")
+        params = _parse_params(raw.get("params"), search, fail)
+        fixed = _parse_fixed(raw.get("set") or {}, params, fail)
     sampler = _one_of(raw, "sampler", "tpe", SAMPLERS, fail)
     num_samples = raw.get("num_samples", 1 if search == "grid" else 10)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -161,8 +189,13 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
         fixed=fixed, sampler=sampler, num_samples=num_samples,
         scheduler=_parse_section(raw.get("scheduler"), "scheduler", SchedulerSpec, SCHEDULER_KEYS, fail),
         stopper=_parse_section(raw.get("stopper"), "stopper", StopperSpec, STOPPER_KEYS, fail),
+        edge=_parse_section(raw.get("edge"), "edge", EdgeSettings, EDGE_KEYS, fail),
     )
     _check_stopping(space, fail)
+    try:
+        space.edge.validate(where=f"{path}: edge")
+    except LmtuneError as err:
+        raise LmtuneError(str(err)) from None
     # Every combination must make a valid run config (e.g. d_model divisible by n_heads).
     try:
         for sample in _corner_samples(space):
@@ -199,7 +232,8 @@ def _parse_fixed(fixed_raw: Any, params: dict[str, Any], fail) -> dict[str, Any]
         if name not in field_names():
             raise fail(f"set.{name}", f"unknown setting; valid settings: {', '.join(field_names())}")
         if name in params:
-            raise fail(f"set.{name}", "also listed under params; keep it in one place")
+            raise fail(f"set.{name}", "also listed under params; keep it in one place" if params.get(name) is not None
+                       else "the edge search sets it per trial; remove it")
         fixed[name] = _coerce(name, value, f"set.{name}", fail)
     return fixed
 
@@ -285,6 +319,8 @@ def _parse_section(raw: Any, name: str, cls, keys: set[str], fail):
                 raise fail(f"{name}.{key}", "must be a string")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise fail(f"{name}.{key}", f"must be a finite number (got {shown(value)})")
+        elif isinstance(default, int) and not float(value).is_integer():
+            raise fail(f"{name}.{key}", f"must be a whole number (got {shown(value)})")
         values[key] = type(default)(value)
     return cls(**values)
 
@@ -309,6 +345,8 @@ def tune_param_space(space: SearchSpace) -> dict[str, Any]:
     """The Ray Tune param_space: grid_search for grids; distributions for Optuna."""
     from ray import tune
 
+    if space.search == "edge":
+        return {}  # the edge searcher suggests every trial's config
     if space.search == "grid":
         return {name: tune.grid_search(values) for name, values in space.params.items()}
     result = {}

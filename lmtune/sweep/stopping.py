@@ -24,6 +24,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
 from lmtune.files import atomic_write_json
 from lmtune.private_apis import asha_rungs, asha_stopped_count, restore_asha_rungs
+from lmtune.sweep.edge import format_tokens
 from lmtune.sweep.record import Outcome
 
 log = logging.getLogger(__name__)
@@ -31,13 +32,6 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # Formatting reasons
-
-
-def format_tokens(tokens: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if tokens >= scale:
-            return f"{tokens / scale:.1f}{unit}"
-    return f"{tokens:.0f}"
 
 
 def format_hours(seconds: float) -> str:
@@ -63,7 +57,16 @@ class OutcomeRecorder(Callback):
         log.info("trial %s: %s", trial_id, reason)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
-        self._record(trial.trial_id, Outcome.COMPLETED, "completed its budget", trial.last_result or {})
+        result = trial.last_result or {}
+        if result.get("range_test"):
+            outcome, reason = Outcome.RANGE_TEST, result.get("range_summary") or "LR range test ended"
+        elif result.get("run_tokens", math.inf) < result.get("total_tokens", 0):
+            outcome = Outcome.PROBED
+            horizon = format_tokens(result["run_tokens"])
+            reason = f"trained to its stability horizon ({horizon} tokens) without diverging"
+        else:
+            outcome, reason = Outcome.COMPLETED, "completed its budget"
+        self._record(trial.trial_id, outcome, reason, result)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info: Any) -> None:
         message = _error_text(trial)
@@ -114,7 +117,8 @@ class TrialStopper(Stopper):
         self._reports: dict[str, int] = {}
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-        if result.get("done"):
+        if result.get("done") or result.get("range_test"):
+            # (An LR range test's loss blows up by design; it stops itself there.)
             # Tune repeating the last result of a trainable that returned: the trial ends by itself.
             # After a driver restart that result can be older than a decision already in the ledger
             # (a trial that ended after Tune's last experiment snapshot), so it must not decide again.
@@ -155,7 +159,7 @@ class TrialStopper(Stopper):
             return None
         if self.min_tokens_per_s and rate < self.min_tokens_per_s:
             return Outcome.TOO_SLOW, f"too slow: {rate:,.0f} tok/s < floor {self.min_tokens_per_s:,.0f} tok/s"
-        remaining = max(result.get("total_tokens", 0) - result.get("tokens", 0), 0)
+        remaining = max(result.get("run_tokens", result.get("total_tokens", 0)) - result.get("tokens", 0), 0)
         if self.time_budget_s and remaining:
             projected = (time.time() - self.started) + remaining / rate
             if projected > self.time_budget_s:
@@ -180,15 +184,19 @@ def _fmt(value: Any) -> str:
 class PersistentASHA(AsyncHyperBandScheduler):
     """Tune's ASHA on ``metric`` against ``time_attr``, with its rung records saved after every decision
     and reloaded after ``Tuner.restore`` (which does not restore scheduler state, ray#30838), and each
-    early stop handed to the recorder with its reason."""
+    early stop handed to the recorder with its reason.
+
+    ``stages``: in an edge search, the stages whose trials ASHA may cut (the coarse grid); the others
+    (range test, stability probes, refinement, seeds) run to their end. None: every trial."""
 
     def __init__(self, recorder: OutcomeRecorder, state_path: Path, *, time_attr: str, metric: str, mode: str,
-                 **kwargs: Any):
+                 stages: frozenset[str] | None = None, **kwargs: Any):
         # A trial reaching max_t finishes by itself (writing its summary); it must not be killed there.
         super().__init__(time_attr=time_attr, metric=metric, mode=mode, stop_last_trials=False, **kwargs)
         self.recorder = recorder
         self.state_path = Path(state_path)
         self.time_attr = time_attr  # (the metric is Tune's own public ``metric`` property)
+        self.stages = stages
         self.loaded = False
 
     def _ensure_loaded(self) -> None:
@@ -204,10 +212,21 @@ class PersistentASHA(AsyncHyperBandScheduler):
         self._ensure_loaded()
         super().on_trial_add(tune_controller, trial)
 
+    def _exempt(self, trial) -> bool:
+        return self.stages is not None and trial.config.get("stage") not in self.stages
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        if self._exempt(trial):  # its losses must not enter the rungs the coarse trials are cut against
+            super().on_trial_remove(tune_controller, trial)
+            return
+        super().on_trial_complete(tune_controller, trial, result)
+
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         self._ensure_loaded()
+        if self._exempt(trial):
+            return TrialScheduler.CONTINUE
         tokens = result.get(self.time_attr, 0)
-        if tokens >= result.get("total_tokens", math.inf):
+        if tokens >= result.get("run_tokens", result.get("total_tokens", math.inf)):
             # The trial's last report: it finishes by itself and writes its summary; stopping it
             # here would only kill it mid-write.
             return TrialScheduler.CONTINUE

@@ -22,12 +22,14 @@ import torch
 from ray import tune
 
 from lmtune.data.dataset import read_meta
+from lmtune.files import atomic_write_text
 from lmtune.private_apis import trial_storage_dir
 from lmtune.sweep.record import is_sweep_dir, write_trial_file
 from lmtune.training.checkpoint import checksum_path
 from lmtune.training.compile import enable_shared_compile_cache
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.loop import RunResult, train
+from lmtune.training.lr_range import RangeTestConfig, lr_range_test
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +127,10 @@ class TuneSink:
 
     def _metrics(self, values: dict[str, Any]) -> dict[str, Any]:
         return {**{k: v for k, v in values.items() if v is not None}, "objective": self.latest_val,
-                "total_tokens": self.config.total_tokens, "uniform_loss": self.uniform_loss,
-                "in_warmup": values["step"] <= self.config.train.warmup_steps, "node_id": self.node_id}
+                "total_tokens": self.config.total_tokens, "run_tokens": self.config.run_tokens,
+                "uniform_loss": self.uniform_loss,
+                # The last warm-up step runs at the peak LR: judged like the rest (ASHA may cut there).
+                "in_warmup": values["step"] < self.config.train.warmup_steps, "node_id": self.node_id}
 
     def write(self, row: dict[str, Any], checkpoint: Path | None) -> None:
         if row.get("val_loss") is not None and math.isfinite(row["val_loss"]):
@@ -167,11 +171,16 @@ def restore_tune_checkpoint(out_dir: Path) -> None:
 
 
 def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None,
-                ended: frozenset[str] = frozenset()) -> None:
-    """Ray Tune function trainable. ``params`` are the trial's sampled values (lr, ...); ``base`` is
-    the sweep's RunConfig as a dict (budget + --set + the space's fixed settings). ``ended``: ids of
-    trials the ledger says already ended (set on --resume): Tune's experiment snapshot can predate
-    that decision and resume them, and they return at once instead of training again."""
+                ended: frozenset[str] = frozenset(), range_test: dict[str, Any] | None = None) -> None:
+    """Ray Tune function trainable. ``params`` are the trial's own values (lr, ...; in an edge search
+    also its ``stage``); ``base`` is the sweep's RunConfig as a dict (budget + --set + the space's fixed
+    settings). ``ended``: ids of trials the ledger says already ended (set on --resume): Tune's
+    experiment snapshot can predate that decision and resume them, and they return at once instead of
+    training again. ``range_test``: the edge search's range-test settings (a RangeTestConfig as a
+    dict), for its trial of stage "range"."""
+    # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
+    # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
     context = tune.get_context()
     trial_id = context.get_trial_id()
     if trial_id in ended:
@@ -183,10 +192,28 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
     limit_to_assigned_resources(context.get_trial_resources().required_resources)
     enable_shared_compile_cache(compile_cache_dir(out_dir))
     torch.compiler.reset()  # a reused worker: the last trial's compiled graphs guard on its own model
-    config = apply_overrides(RunConfig.from_dict(base), params, where=f"trial {trial_id}")
+    stage = params.get("stage")
+    overrides = {k: v for k, v in params.items() if k != "stage"}
+    config = apply_overrides(RunConfig.from_dict(base), overrides, where=f"trial {trial_id}")
     config.data_dir = str(trial_data_dir(config.data_dir, shipped))
+    if stage == "range":
+        run_range_test(config, RangeTestConfig(**(range_test or {})), out_dir)
+        return
     restore_tune_checkpoint(out_dir)
     train(config, out_dir, resume=True, sinks=[TuneSink(config)], before_step=injected_fault(config, out_dir))
+
+
+def run_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path) -> None:
+    """The edge search's LR range test as a trial: its rows reported to Tune (marked ``range_test``,
+    which the stopper and ASHA leave alone), the last one with what it found."""
+    def report(row: dict[str, Any]) -> None:
+        tune.report({**row, "range_test": True})
+
+    atomic_write_text(out_dir / "config.json", config.to_json())
+    found = lr_range_test(config, settings, out_dir, report=report)
+    tune.report({"range_test": True, "tokens": found.tokens, "steepest_lr": found.steepest_lr,
+                 "min_loss_lr": found.min_loss_lr, "blowup_lr": found.blowup_lr,
+                 "range_summary": f"LR range test: {found.summary_line()}"})
 
 
 def injected_fault(config: RunConfig, out_dir: Path):

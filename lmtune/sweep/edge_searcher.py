@@ -1,0 +1,117 @@
+"""The edge search as a Ray Tune Searcher: Tune asks it for trials and tells it their results; the
+decisions are lmtune.sweep.edge's ``EdgeSearch``.
+
+Concurrency is the searcher's own (it returns True from ``set_max_concurrency``): it knows which
+trials run. Its state goes into Tune's experiment snapshot (``save``/``restore``, taken together with
+the trials' states, so a resumed sweep continues the same search) and, after every decision, into
+decisions/edge_search.json, which the run summary and the report read. How a trial ended comes from
+the sweep's ledger, whose writer has recorded every stop before Tune tells the searcher.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from ray.tune.search import Searcher
+
+from lmtune.files import atomic_write_json
+from lmtune.sweep.edge import FINISHED, INTERRUPTED, WAIT, EdgeSearch
+from lmtune.sweep.record import edge_state_path, read_edge_state, read_outcomes, trial_folders
+from lmtune.training.lr_range import read_range_test
+from lmtune.training.metrics import METRICS_FILE, read_metrics
+
+log = logging.getLogger(__name__)
+
+
+class EdgeSearcher(Searcher):
+    def __init__(self, search: EdgeSearch, sweep_dir: Path, metric: str = "val_loss", mode: str = "min"):
+        super().__init__(metric=metric, mode=mode)
+        self.search = search
+        self.sweep_dir = Path(sweep_dir)
+
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        self.search.max_pending = max_concurrent
+        return True
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        decided = len(self.search.decisions)
+        answer = self.search.suggest(trial_id)
+        for decision in self.search.decisions[decided:]:
+            log.info("edge search, %s: %s", decision["stage"], decision["why"])
+        if answer == WAIT:
+            if len(self.search.decisions) != decided:
+                self._mirror()
+            return None
+        self._mirror()
+        return Searcher.FINISHED if answer == FINISHED else answer
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        self.search.observe(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+        result = dict(result or {})
+        self._backfill(trial_id, result)
+        self.search.complete(trial_id, self._outcome(trial_id, result, error), result)
+        self._mirror()
+
+    def _outcome(self, trial_id: str, result: dict[str, Any], error: bool) -> str:
+        recorded = read_outcomes(self.sweep_dir).get(trial_id, {}).get("outcome")
+        if recorded:
+            return str(recorded)
+        if error:
+            return "error"
+        if result.get("range_test"):
+            return "range_test"
+        if result.get("diverged"):
+            return "diverged"
+        return "probed" if result.get("run_tokens", math.inf) < result.get("total_tokens", 0) else "completed"
+
+    def _backfill(self, trial_id: str, result: dict[str, Any]) -> None:
+        """What the trial's own files hold that Tune's results may lack (a trial that ended after the
+        experiment snapshot a resume started from): its evaluations, and a range test's finding."""
+        folder = next((f for f in trial_folders(self.sweep_dir) if f.trial_id == trial_id), None)
+        if folder is None:
+            return
+        if "steepest_lr" not in result and (found := read_range_test(folder.path)) is not None:
+            result.update(steepest_lr=found.steepest_lr, min_loss_lr=found.min_loss_lr, blowup_lr=found.blowup_lr)
+        metrics = folder.path / METRICS_FILE
+        if metrics.exists():
+            for row in read_metrics(metrics):
+                self.search.observe(trial_id, {"tokens": row["tokens"], "val_loss": row.get("val_loss")})
+
+    def _mirror(self) -> None:
+        atomic_write_json(edge_state_path(self.sweep_dir), self.search.to_json())
+
+    def save(self, checkpoint_path: str) -> None:
+        atomic_write_json(Path(checkpoint_path), self.search.to_json())
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Continue from the newest state: decisions/edge_search.json, written at every decision, is
+        newer than Tune's snapshot (``checkpoint_path``) whenever trials started after that snapshot.
+        Tune's restored trial list lacks those, so they would be planned again; instead each one that
+        ended is taken with its ledger outcome, and each one that was still running is planned anew."""
+        snapshot = EdgeSearch.from_json(json.loads(Path(checkpoint_path).read_text()))
+        latest = read_edge_state(self.sweep_dir)
+        if latest is None or not set(snapshot.runs) <= set(latest.get("runs", {})):
+            self.search = snapshot  # no mirror, or not this search's: Tune's own state
+            return
+        self.search = EdgeSearch.from_json(latest)
+        ledger = read_outcomes(self.sweep_dir)
+        for trial_id, run in list(self.search.runs.items()):
+            if run.done or trial_id in snapshot.runs:
+                continue  # Tune knows it: it resumes it or has its result
+            outcome = ledger.get(trial_id, {}).get("outcome")
+            if outcome:
+                result: dict[str, Any] = {}
+                self._backfill(trial_id, result)
+                self.search.complete(trial_id, str(outcome), result)
+                log.info("edge search: trial %s ended (%s) after Tune's last snapshot; its result is kept",
+                         trial_id, outcome)
+            else:
+                self.search.requeue(trial_id, INTERRUPTED)
+                log.info("edge search: trial %s was running when the driver stopped; planned again", trial_id)
+        self._mirror()

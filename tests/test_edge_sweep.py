@@ -1,0 +1,160 @@
+"""The edge search as a user runs it: real Ray Tune on a local cluster, real training of a tiny model.
+The driver is SIGKILLed in the middle of the bisection and resumed; the search then finishes without
+training any finished trial again, brackets the edge within the tolerance, and its stability calls
+agree with direct runs of the same LRs outside Ray."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+from conftest import finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs
+
+from lmtune.sweep.record import read_edge_state, read_outcomes
+from lmtune.sweep.stopping import TrialStopper
+from lmtune.training.config import RunConfig
+from lmtune.training.loop import train
+from lmtune.training.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+# A 1-layer d_model-32 model, 60 steps of 256 tokens; ASHA rungs at 20 and 60 steps (evaluations every
+# 10 steps fall on them); probes train to the horizon: warm-up 5 + 10% of 60 = 11 steps.
+TINY_EDGE = """\
+description: tiny edge search for the tests
+search: edge
+budget: quick
+set: {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2, "context_length": 32, "batch_size": 8,
+      "steps": 60, "log_interval": 5, "eval_interval": 10, "eval_batches": 1, "checkpoint_interval": 10,
+      "warmup_steps": 5, "device": "cpu", "compile": "off"}
+scheduler: {name: asha, grace_period: 0.33333333, reduction_factor: 3}
+edge: {range_steps: 30, seeds: 2, refine_points: 2, tolerance: 1.25}
+"""
+
+
+def sweep_args(tmp: Path, data: Path) -> list[str]:
+    (tmp / "tiny_edge.yaml").write_text(TINY_EDGE)
+    return ["--space", str(tmp / "tiny_edge.yaml"), "--name", "edge", "--results", str(tmp / "results"),
+            "--data", str(data), "--num-cpus", "2", "--no-dashboard", "--quiet"]
+
+
+def bisecting(sweep_dir: Path) -> bool:
+    """The search has planned bisection probes and at least one of them has started."""
+    state = read_edge_state(sweep_dir) if sweep_dir.exists() else None
+    return bool(state) and not state["finished"] and any(
+        run["stage"] == "bisect" for run in state["runs"].values())
+
+
+def trial_params(sweep_dir: Path) -> dict[str, dict]:
+    return {tid: json.loads((d / "trial.json").read_text())["params"] for tid, d in trial_dirs(sweep_dir).items()}
+
+
+@pytest.fixture(scope="module")
+def resumed_edge_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The tiny edge sweep, SIGKILLed once bisection has begun, then run again with --resume."""
+    tmp = tmp_path_factory.mktemp("edge")
+    args = sweep_args(tmp, builtin_data)
+    sweep_dir = tmp / "results" / "edge"
+    proc = start_lmtune("run", *args)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not bisecting(sweep_dir):
+            assert proc.poll() is None, f"the sweep ended before bisecting:\n{proc.stdout.read()[-4000:]}"
+            time.sleep(0.1)
+        assert bisecting(sweep_dir), "no bisection within 300 s"
+        kill_session(proc.pid)
+    finally:
+        kill_session(proc.pid)
+        proc.stdout.close()
+    assert not session_pids(proc.pid)
+    before = {"ledger": read_outcomes(sweep_dir), "state": read_edge_state(sweep_dir),
+              "metrics": {t: (d / "metrics.csv").read_bytes() for t, d in trial_dirs(sweep_dir).items()
+                          if (d / "metrics.csv").exists()}}
+    resumed = start_lmtune("run", *args[:6], "--resume", *args[6:])
+    out = finish(resumed, 600)
+    assert resumed.returncode == 0, out[-4000:]
+    return {"dir": sweep_dir, "before": before, "out": out, "data": builtin_data}
+
+
+def test_the_resumed_search_finishes_with_every_trial_ending_once(resumed_edge_sweep):
+    sweep_dir = resumed_edge_sweep["dir"]
+    state, ledger = read_edge_state(sweep_dir), read_outcomes(sweep_dir)
+    assert state["finished"]
+    # a trial still running at the kill that Ray had not yet recorded is planned again, and says so
+    interrupted = set(state["interrupted"])
+    assert set(ledger) == set(state["runs"]) == set(trial_dirs(sweep_dir)) - interrupted
+    assert not interrupted & set(resumed_edge_sweep["before"]["ledger"])
+    params = trial_params(sweep_dir)
+    keys = [(p.get("stage"), p.get("lr"), p.get("seed")) for t, p in params.items() if t not in interrupted]
+    assert len(keys) == len(set(keys)), f"a trial was run twice: {sorted(keys, key=str)}"
+
+
+def test_trials_that_ended_before_the_kill_were_not_trained_again(resumed_edge_sweep):
+    sweep_dir, before = resumed_edge_sweep["dir"], resumed_edge_sweep["before"]
+    ledger, dirs = read_outcomes(sweep_dir), trial_dirs(sweep_dir)
+    assert before["ledger"], "nothing had ended before the kill"
+    for trial_id, entry in before["ledger"].items():
+        assert ledger[trial_id] == entry
+        if trial_id in before["metrics"]:
+            assert (dirs[trial_id] / "metrics.csv").read_bytes() == before["metrics"][trial_id], trial_id
+
+
+def test_the_decisions_made_before_the_kill_stand(resumed_edge_sweep):
+    before = resumed_edge_sweep["before"]["state"]["decisions"]
+    after = read_edge_state(resumed_edge_sweep["dir"])["decisions"]
+    assert after[: len(before)] == before
+    assert [d["stage"] for d in after][:3] == ["range", "coarse", "bisect"]
+
+
+def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resumed_edge_sweep):
+    c = read_edge_state(resumed_edge_sweep["dir"])["conclusion"]
+    assert c["bracket_ratio"] <= 1.25 and c["edge_lr_low"] < c["divergence_lr"]
+    assert len(c["best_lr_seed_losses"]) == 2 and c["best_lr"] < c["edge_lr_low"]
+
+
+def _stopper_verdict(rows: list[dict], config: RunConfig, horizon: int) -> str | None:
+    """What the sweep's stopper says of a run's logged rows up to ``horizon`` steps."""
+    stopper = TrialStopper(recorder=None, explode_factor=1.5)
+    for row in rows:
+        if row["step"] > horizon:
+            break
+        result = {"step": row["step"], "train_loss": row["train_loss"], "grad_norm": row["grad_norm"],
+                  "in_warmup": row["step"] < config.train.warmup_steps,
+                  "uniform_loss": math.log(config.model.vocab_size)}
+        verdict = stopper.decide("direct", result)
+        if verdict is not None:
+            return verdict[0].value
+    return None
+
+
+def test_the_stability_calls_agree_with_direct_runs_of_the_bracket_lrs(resumed_edge_sweep, tmp_path):
+    sweep_dir = resumed_edge_sweep["dir"]
+    c = read_edge_state(sweep_dir)["conclusion"]
+    params, dirs = trial_params(sweep_dir), trial_dirs(sweep_dir)
+    for lr, expected in ((c["edge_lr_low"], None), (c["divergence_lr"], "diverged")):
+        trial_id = next(t for t, p in params.items() if p.get("lr") == lr and p.get("seed") == 0)
+        config = RunConfig.from_dict(json.loads((dirs[trial_id] / "config.json").read_text()))
+        horizon = config.train.warmup_steps + math.ceil(0.1 * config.train.steps)  # the default horizon
+        direct = tmp_path / f"direct-{lr}"
+        train(config, direct)
+        rows = read_metrics(direct / "metrics.csv")
+        assert _stopper_verdict(rows, config, horizon) == expected, (lr, rows[:4])
+        swept = read_metrics(dirs[trial_id] / "metrics.csv")
+        # the sweep's trial is the same run: same losses, step for step, as far as it went
+        assert [r["train_loss"] for r in swept] == pytest.approx([r["train_loss"] for r in rows[: len(swept)]],
+                                                                 rel=1e-5)
+
+
+def test_the_report_of_the_edge_search_is_written(resumed_edge_sweep):
+    sweep_dir = resumed_edge_sweep["dir"]
+    proc = run_lmtune("analyze", str(sweep_dir), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((sweep_dir / "report" / "summary.json").read_text())
+    assert {"best_lr", "best_lr_seed_losses", "divergence_lr", "edge_lr_low", "edge_ratio", "equal_token_losses",
+            "stages"} <= set(summary)
+    assert [s["name"] for s in summary["stages"]][:3] == ["range", "coarse", "bisect"]
+    assert (sweep_dir / "report" / "lr_vs_loss.png").is_file()
+    assert (sweep_dir / "report" / "lr_range_test.png").is_file()
