@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
+from lmtune.report.headline import conclusion_lines
 from lmtune.sweep.runner import Interruptions, SweepOptions, SweepResult, run_sweep
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.training.config import BUDGETS, parse_set_args
@@ -113,13 +114,14 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
     if result.best_trial_dir is None:
         print("no trial that neither errored nor diverged reported a finite validation loss")
         return 1
+    if result.conclusion.get("best_lr") is not None:
+        print("\n".join(conclusion_lines(result.conclusion, result.best_tokens)))
+    else:
+        fewest, most = result.candidate_tokens
+        print(f"best val loss {result.best_val_loss:.4f} (at {result.best_tokens:,} tokens); no trial trained its "
+              f"whole budget, and the candidates trained {fewest:,} to {most:,} tokens: not comparable")
     print(f"best trial: {result.best_trial_dir.name}")
     print(f"  config: {json.dumps(result.best_config)}")
-    print(f"  best val loss: {result.best_val_loss:.4f} (at {result.best_tokens:,} tokens)")
-    fewest, most = result.candidate_tokens
-    if fewest != most:
-        print(f"  note: the candidates trained {fewest:,} to {most:,} tokens (ASHA cut some early), so these val "
-              "losses are not at equal token counts")
     print(f"  checkpoint: {result.best_trial_dir / 'checkpoints' / 'best.pt'}")
     print(f"report: python -m lmtune.analyze {result.sweep_dir}")
     return 0

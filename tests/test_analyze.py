@@ -20,7 +20,7 @@ from lmtune.report.reader import load_sweep, resolve_sweep
 from lmtune.report.writer import analyze
 from lmtune.sweep.record import TRIAL_FILE, ledger_path, read_outcomes
 
-FILES = ("lr_sweep_comparison.png", "lr_vs_final_loss.png", "lr_sweep_analysis.md", "summary.json", "summary.csv")
+FILES = ("lr_sweep_comparison.png", "lr_vs_loss.png", "lr_sweep_analysis.md", "summary.json", "summary.csv")
 
 
 def assert_real_picture(path):
@@ -53,7 +53,7 @@ def test_report_files_exist_and_pictures_are_real(report):
     for name in FILES:
         assert (out / name).is_file(), name
     assert_real_picture(out / "lr_sweep_comparison.png")
-    assert_real_picture(out / "lr_vs_final_loss.png")
+    assert_real_picture(out / "lr_vs_loss.png")
     # the quick space includes diverging LRs (1.0, 3.0), so the instability figure is drawn
     assert any(row["status"] == "diverged" for row in summary["trials"])
     assert_real_picture(out / "instability.png")
@@ -110,10 +110,14 @@ def test_summary_agrees_with_the_trials_own_results(quick_sweep, report):
 
 def test_headline_numbers(report):
     _, summary = report
-    evaluated = [r for r in summary["trials"] if r["status"] != "diverged" and r["best_val_loss"] is not None]
-    best = min(evaluated, key=lambda r: r["best_val_loss"])
+    # the best LR: the lowest val loss at the end of the whole budget, among trials that trained all of it
+    full = [r for r in summary["trials"] if r["final_val_loss"] is not None]
+    assert full and all(r["tokens"] == r["budget_tokens"] for r in full)
+    best = min(full, key=lambda r: r["final_val_loss"])
     assert summary["best_lr"] == best["lr"]
     assert summary["best_trial"] == best["trial_id"]
+    assert summary["best_val_loss"] == pytest.approx(best["final_val_loss"])
+    assert summary["candidate_tokens"] is None
     assert summary["divergence_lr"] == 1.0
     assert summary["edge_ratio"] == pytest.approx(1.0 / summary["best_lr"])
     assert summary["lr_sensitivity"] is not None and summary["lr_sensitivity"] > 0
@@ -161,9 +165,9 @@ def test_cli_on_results_root_picks_the_newest(quick_sweep, tmp_path):
     assert (new / "report" / "lr_sweep_analysis.md").is_file()
     assert not (old / "report").exists()
     out = proc.stdout
-    assert "best lr" in out and "divergence lr 1" in out and "edge ratio" in out
+    assert "best lr" in out and "diverged at 1" in out and "edge / best lr: " in out
     assert str(new / "report") in out
-    assert len(out.strip().splitlines()) <= 8
+    assert len(out.strip().splitlines()) <= 9
 
 
 @pytest.mark.parametrize("kind", ["empty", "missing", "file"])
@@ -240,7 +244,7 @@ def test_one_trial_sweep(quick_sweep, tmp_path):
     for name in FILES:
         assert (sweep / "report" / name).is_file()
     assert_real_picture(sweep / "report" / "lr_sweep_comparison.png")
-    assert_real_picture(sweep / "report" / "lr_vs_final_loss.png")
+    assert_real_picture(sweep / "report" / "lr_vs_loss.png")
 
 
 def test_trial_ids_come_from_the_trials_own_files_without_a_ledger(quick_sweep, tmp_path):

@@ -8,7 +8,8 @@ import pytest
 
 from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
 from lmtune.report.markdown import HEADINGS, write_markdown, write_tables
-from lmtune.report.stability import TrialRecord, best_trial, classify, sweep_summary
+from lmtune.report.stability import TrialRecord, classify
+from lmtune.report.summary import sweep_summary
 
 N = 40
 
@@ -78,10 +79,10 @@ def test_statuses_of_the_synthetic_sweep(records):
 
 def test_figures_are_real_pictures(records, tmp_path):
     summary = sweep_summary(records, target=2.5)
-    best = best_trial(records)
+    best = next(r for r in records if r.trial_id == summary["best_trial"])
     paths = [
         plot_sweep_comparison(records, tmp_path / "lr_sweep_comparison.png", target=2.5),
-        plot_lr_vs_loss(records, tmp_path / "lr_vs_final_loss.png", summary),
+        plot_lr_vs_loss(tmp_path / "lr_vs_loss.png", summary),
         plot_instability(records, best, tmp_path / "instability.png"),
         plot_sharpness([
             {"step": s, "lr_at_step": 1e-3, "sharpness": 50.0 * (1 + s / 100), "preconditioned_sharpness": 9e3 + s,
@@ -129,7 +130,10 @@ def test_markdown_has_every_section_and_the_numbers(records, tmp_path):
     for r in records:
         assert f"| {r.trial_id} |" in text
     assert "Best LR **0.001**" in text
-    assert "Smallest diverging LR: **0.01**" in text and "**10.00**: conservative" in text
+    # the bracket: 3e-3 trained past the horizon, 1e-2 diverged; the ratio 10 as a point, a range with both ends
+    assert "Training breaks between **0.003**" in text and "and **0.01**, the smallest LR" in text
+    assert "**10** as a point value" in text and "**between 0.3 and 100**" in text
+    assert "spans more than one reading" in text  # 0.3 and 100 read differently: no reading is given
     assert "saving: 75.0%" in text
     assert "ASHA over a log grid" in text
     assert "attention-logit max grew first" in text  # lr1e-2's probe
@@ -153,8 +157,9 @@ def test_tables_agree_with_the_records(records, tmp_path):
     json_path, csv_path = write_tables(summary, tmp_path)
     loaded = json.loads(json_path.read_text())
     assert loaded == summary
-    assert loaded["best_lr"] == 1e-3 and loaded["divergence_lr"] == 1e-2
+    assert loaded["best_lr"] == 1e-3 and loaded["divergence_lr"] == 1e-2 and loaded["edge_lr_low"] == 3e-3
     assert loaded["edge_ratio"] == pytest.approx(10.0)
+    assert loaded["best_lr_seed_losses"] == [pytest.approx(loaded["best_val_loss"])]
     assert loaded["target_met"] is True
     assert loaded["lr_sensitivity"] is not None
     by_id = {t["trial_id"]: t for t in loaded["trials"]}

@@ -8,19 +8,21 @@ from lmtune.errors import LmtuneError
 from lmtune.report.stability import (
     UNSTABLE_THRESHOLD,
     TrialRecord,
-    best_trial,
     candidate_token_range,
     classify,
-    convergence_table,
     divergence_lr,
     edge_ratio,
     edge_reading,
+    edge_reading_range,
     first_growth,
     instability_score,
-    lr_sensitivity,
-    sweep_summary,
     tokens_to_reach,
 )
+from lmtune.report.summary import sweep_summary
+
+
+def best_trial_id(records):
+    return sweep_summary(records)["best_trial"]
 
 ROWS = 60
 STEP = 20
@@ -172,7 +174,7 @@ def test_best_and_divergence_lr_and_edge():
     records = sweep()
     assert [classify(r) for r in records] == ["completed", "completed", "completed", "unstable", "diverged",
                                               "diverged"]
-    assert best_trial(records).trial_id == "t3"
+    assert best_trial_id(records) == "t3"
     assert divergence_lr(records) == 1e-2
     assert edge_ratio(1e-3, 1e-2) == pytest.approx(10.0)
     assert edge_ratio(1e-3, None) is None
@@ -180,24 +182,33 @@ def test_best_and_divergence_lr_and_edge():
 
 def test_a_diverged_trial_is_never_best_even_with_a_lower_early_val():
     records = sweep() + [make_record("t7", 6e-3, outcome="diverged", val={9: 1.0})]
-    assert best_trial(records).trial_id == "t3"
+    assert best_trial_id(records) == "t3"
     assert divergence_lr(records) == 6e-3
 
 
 def test_an_errored_trial_is_never_best_even_with_the_lowest_val():
     # A trial killed mid-run (no retries left) stopped a third of the way in: its loss says nothing of its LR.
     records = sweep() + [make_record("t8", 2e-3, outcome="error", train=smooth_loss()[:20], val={9: 1.0})]
-    assert best_trial(records).trial_id == "t3"
+    assert best_trial_id(records) == "t3"
 
 
-def test_candidates_at_unequal_token_counts_are_named():
+def test_the_best_lr_is_decided_at_the_full_budget_not_on_an_early_loss():
+    # ASHA cut "cut" at a third of the budget with a loss no full run reaches this early; it is not compared.
     full = make_record("full", 1e-3, val=val_at(2.2))
-    cut = make_record("cut", 1e-4, outcome="stopped_early", train=smooth_loss()[:20], val={9: 4.0, 19: 3.5})
-    assert candidate_token_range([full, cut]) == (20 * STEP * TOKENS_PER_STEP, ROWS * STEP * TOKENS_PER_STEP)
-    assert candidate_token_range([full]) == (ROWS * STEP * TOKENS_PER_STEP,) * 2
+    cut = make_record("cut", 1e-4, outcome="stopped_early", train=smooth_loss()[:20], val={9: 4.0, 19: 1.5})
     summary = sweep_summary([full, cut])
-    assert summary["candidate_tokens"] == list(candidate_token_range([full, cut]))
-    assert summary["best_tokens"] == ROWS * STEP * TOKENS_PER_STEP
+    assert summary["best_trial"] == "full" and summary["candidate_tokens"] is None
+    assert summary["best_tokens"] == summary["compared_at_tokens"] == ROWS * STEP * TOKENS_PER_STEP
+
+
+def test_without_a_full_budget_trial_the_best_says_its_tokens_are_unequal():
+    budget = {"train": {"steps": ROWS * STEP, "batch_size": 1}, "model": {"context_length": TOKENS_PER_STEP}}
+    a = make_record("a", 1e-3, outcome="stopped_early", train=smooth_loss()[:20], val={9: 4.0, 19: 3.5}, config=budget)
+    b = make_record("b", 1e-4, outcome="running", train=smooth_loss()[:40], val={9: 4.2, 39: 3.0}, config=budget)
+    summary = sweep_summary([a, b])
+    assert summary["best_trial"] == "b"
+    assert summary["candidate_tokens"] == list(candidate_token_range([a, b]))
+    assert summary["candidate_tokens"] == [20 * STEP * TOKENS_PER_STEP, 40 * STEP * TOKENS_PER_STEP]
 
 
 @pytest.mark.parametrize("ratio, reading", [
@@ -209,24 +220,37 @@ def test_edge_reading(ratio, reading):
     assert edge_reading(ratio).startswith(reading)
 
 
-def test_lr_sensitivity_matches_the_hand_formula():
+def test_an_edge_ratio_range_is_read_only_when_both_ends_read_the_same():
+    assert edge_reading_range(20.0, 230.0).startswith("conservative")
+    assert edge_reading_range(3.0, 30.0) is None
+    assert edge_reading_range(20.0, None) is None
+
+
+def test_lr_sensitivity_matches_the_hand_formula_at_the_full_budget():
     records = sweep()
     ell0 = 5.0
-    # l(eta): final val losses, diverged -> l0; l* = 2.25 (final, not best, val loss of t3).
+    # l(eta): full-budget (final) val losses, diverged -> l0; l* = 2.25 (the final, not the best, val loss of t3).
     losses = [3.0, 2.5, 2.25, 2.6, ell0, ell0]
     expected = np.mean([min(x, ell0) - 2.25 for x in losses])
-    assert lr_sensitivity(records, ell0=ell0) == pytest.approx(expected)
-    assert lr_sensitivity(records, vocab_size=100) == pytest.approx(
+    assert sweep_summary(records, ell0=ell0)["lr_sensitivity"] == pytest.approx(expected)
+    assert sweep_summary(records, vocab_size=100)["lr_sensitivity"] == pytest.approx(
         np.mean([min(x, math.log(100)) - 2.25 for x in [3.0, 2.5, 2.25, 2.6, math.log(100), math.log(100)]]))
     # Default l0: median first train loss = 5.0 (every synthetic curve starts at 2 + 3).
-    assert lr_sensitivity(records) == pytest.approx(expected)
+    assert sweep_summary(records)["lr_sensitivity"] == pytest.approx(expected)
 
 
-def test_lr_sensitivity_caps_bad_losses_at_l0_and_keeps_the_best_per_lr():
+def test_lr_sensitivity_averages_the_seeds_of_an_lr_and_caps_bad_losses_at_l0():
     records = [make_record("a", 1e-3, val=val_at(2.0)), make_record("b", 1e-3, val=val_at(2.4)),
                make_record("c", 1e-1, val=val_at(9.0))]
-    # Per LR: 1e-3 -> 2.0 (the better of two), 1e-1 -> min(9, 5) = 5; mean of [0, 3].
-    assert lr_sensitivity(records, ell0=5.0) == pytest.approx(1.5)
+    # Per LR: 1e-3 -> 2.2 (the mean of two seeds), 1e-1 -> min(9, 5) = 5; mean of [0, 2.8].
+    summary = sweep_summary(records, ell0=5.0)
+    assert summary["lr_sensitivity"] == pytest.approx(1.4)
+    assert summary["lr_sensitivity_lrs"] == 2
+
+
+def test_lr_sensitivity_leaves_out_trials_stopped_before_the_full_budget():
+    records = sweep() + [make_record("cut", 5e-4, outcome="stopped_early", train=smooth_loss()[:20], val={19: 9.9})]
+    assert sweep_summary(records, ell0=5.0)["lr_sensitivity"] == sweep_summary(sweep(), ell0=5.0)["lr_sensitivity"]
 
 
 def test_tokens_to_reach_interpolates_linearly():
@@ -239,16 +263,15 @@ def test_tokens_to_reach_interpolates_linearly():
     assert tokens_to_reach(rec, 1.0) is None
 
 
-def test_convergence_table_uses_the_worst_completed_final_loss():
-    records = sweep()
-    table = convergence_table(records)
-    assert table["level"] == pytest.approx(3.0)  # t1's final loss: every completed trial reaches it
+def test_convergence_compares_only_trials_that_trained_the_full_budget():
+    table = sweep_summary(sweep())["convergence"]
+    assert table["level"] == pytest.approx(3.0)  # t1's final loss: every full-budget trial reaches it
     by_id = {row["trial_id"]: row["tokens"] for row in table["rows"]}
     # val_at(final): rows 19 (final + 1), 39 (best), 59 (final); t2 = 3.5 -> 2.5, crossing 3.0 halfway.
     t19, t39, t59 = (STEP * (i + 1) * TOKENS_PER_STEP for i in (19, 39, 59))
     assert by_id["t1"] == pytest.approx(t39)
     assert by_id["t2"] == pytest.approx((t19 + t39) / 2)
-    assert by_id["t5"] is None  # diverged before getting there
+    assert set(by_id) == {"t1", "t2", "t3", "t4"}  # the diverged ones never trained the whole budget
     assert [row["lr"] for row in table["rows"]] == sorted(row["lr"] for row in table["rows"])
 
 
@@ -298,12 +321,12 @@ def test_sweep_summary_headline_numbers_and_rows():
     records = sweep()
     summary = sweep_summary(records, target=2.3, ell0=5.0)
     assert summary["best_lr"] == 1e-3 and summary["best_trial"] == "t3"
-    assert summary["best_val_loss"] == pytest.approx(2.2)
+    assert summary["best_val_loss"] == pytest.approx(2.25)  # at the full budget (its lowest, 2.2, came earlier)
     assert summary["divergence_lr"] == 1e-2
     assert summary["edge_ratio"] == pytest.approx(10.0)
     assert summary["edge_reading"].startswith("conservative")
     assert summary["target_met"] is True and summary["target_trial"] == "t3"
-    assert summary["lr_sensitivity"] == pytest.approx(lr_sensitivity(records, ell0=5.0))
+    assert summary["edge_lr_low"] == 3e-3 and summary["bracket_ratio"] == pytest.approx(1e-2 / 3e-3)
     rows = {r["trial_id"]: r for r in summary["trials"]}
     assert rows["t4"]["status"] == "unstable" and rows["t4"]["instability_score"] > UNSTABLE_THRESHOLD
     assert rows["t5"]["status"] == "diverged" and rows["t5"]["final_val_loss"] is None
@@ -312,7 +335,8 @@ def test_sweep_summary_headline_numbers_and_rows():
     assert rows["t1"]["tokens"] == STEP * ROWS * TOKENS_PER_STEP
     assert rows["t1"]["tokens_per_s"] == pytest.approx(1000.0)
     assert summary["status_counts"] == {"completed": 3, "unstable": 1, "diverged": 2}
-    assert sweep_summary(records, target=2.0)["target_met"] is False
+    assert sweep_summary(records, target=2.25)["target_met"] is True
+    assert sweep_summary(records, target=2.2)["target_met"] is False  # its best 2.2 came before the end
     assert sweep_summary(records)["target_met"] is None
 
 

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
+from lmtune.sweep.edge import format_tokens  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,12 @@ def _loss_limits(records: Sequence[TrialRecord]) -> tuple[float, float]:
     return bottom - pad, top + pad
 
 
+def _trial_label(record: TrialRecord, status: str) -> str:
+    seed = f" s{record.seed}" if record.seed else ""
+    stage = f" {record.stage}" if record.stage != "grid" else ""
+    return f"lr={record.lr:.3g}{seed}{stage} ({status})"
+
+
 def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: float | None = None) -> Path:
     """Val loss (bold) and train loss (thin) against tokens for every trial, colored by LR."""
     fig, ax = plt.subplots(figsize=(9, 5.5))
@@ -87,8 +94,7 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
             # No clipping of values: the axis limits cut exploding curves off at the top edge.
             ax.plot(tx, ty, style, color=color, alpha=0.35, linewidth=0.8)
         if vx.size:
-            ax.plot(vx, vy, style, color=color, linewidth=2.0, marker="o", markersize=3,
-                    label=f"lr={r.lr:.3g} ({status})")
+            ax.plot(vx, vy, style, color=color, linewidth=2.0, marker="o", markersize=3, label=_trial_label(r, status))
         end_x = tx if tx.size else vx
         end_y = ty if tx.size else vy
         if status == "diverged":
@@ -114,54 +120,75 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
     ax.grid(alpha=0.3)
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
     fig.colorbar(sm, ax=ax, label="peak learning rate")
-    ax.legend(fontsize=7, loc="best", ncol=2)
+    if len(records) > 10:  # below the plot, where it hides no curve
+        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    else:
+        ax.legend(fontsize=7, loc="best", ncol=2)
     return save_figure(fig, path)
 
 
-def plot_lr_vs_loss(records: Sequence[TrialRecord], path: Path, summary: dict[str, Any]) -> Path:
-    """Best and final val loss against LR; diverged trials pinned to the top edge as red x."""
-    rows = summary["trials"]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    healthy = [r for r in rows if r["status"] != "diverged"]
-    values = [v for r in healthy for v in (r["best_val_loss"], r["final_val_loss"]) if v is not None]
+def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
+    """Val loss against LR at equal token counts: one curve per rung (each trial's loss interpolated at
+    exactly that many tokens; a trial appears only at the rungs it reached), seeds as dots with their
+    range at the full budget, diverged LRs as red x at the top, the edge bracket and the best LR's
+    interval shaded."""
+    table = {int(t): {float(lr): losses for lr, losses in by_lr.items()}
+             for t, by_lr in summary["equal_token_trials"].items()}
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    colors = plt.get_cmap("viridis")
+    rungs = sorted(table)
+    values = [v for by_lr in table.values() for losses in by_lr.values() for v in losses]
     start = summary.get("initial_loss")
-    top = max(values + ([start] if start is not None else [])) if values else (start or 1.0)
+    top = max(values) if values else (start or 1.0)
     bottom = min(values) if values else top - 1.0
     top_edge = top + 0.08 * max(top - bottom, 1e-3)
-    best_pts = sorted((r["lr"], r["best_val_loss"]) for r in healthy if r["best_val_loss"] is not None)
-    final_pts = sorted((r["lr"], r["final_val_loss"]) for r in healthy if r["final_val_loss"] is not None)
-    if best_pts:
-        ax.plot(*zip(*best_pts, strict=True), "o-", color="tab:blue", label="best val loss")
-    if final_pts:
-        ax.plot(*zip(*final_pts, strict=True), "s--", color="tab:orange", alpha=0.8, label="final val loss")
-    for r in rows:
-        if r["status"] == "unstable" and r["best_val_loss"] is not None:
-            ax.plot([r["lr"]], [r["best_val_loss"]], "o", markersize=12, markerfacecolor="none",
-                    markeredgecolor="tab:purple", markeredgewidth=1.5)
-    diverged = [r["lr"] for r in rows if r["status"] == "diverged"]
+    for i, tokens in enumerate(rungs):
+        by_lr = table[tokens]
+        if not by_lr:
+            continue
+        final = tokens == rungs[-1]
+        color = colors(0.85 * i / max(len(rungs) - 1, 1))
+        lrs = sorted(by_lr)
+        means = [float(np.mean(by_lr[lr])) for lr in lrs]
+        label = f"{format_tokens(tokens)} tokens" + (" (full budget)" if final else "")
+        ax.plot(lrs, means, "o-" if final else "o--", color=color, linewidth=2.2 if final else 1.2,
+                markersize=5 if final else 3, label=f"{label}: {len(lrs)} LRs")
+        if final:
+            for lr in lrs:
+                if len(by_lr[lr]) > 1:
+                    ax.plot([lr] * len(by_lr[lr]), by_lr[lr], ".", color=color, alpha=0.6)
+                    ax.vlines(lr, min(by_lr[lr]), max(by_lr[lr]), color=color, linewidth=1)
+    diverged = sorted({r["lr"] for r in summary["trials"] if r["status"] == "diverged"})
     if diverged:
-        ax.plot(diverged, [top_edge] * len(diverged), "x", color="red", markersize=11, markeredgewidth=2.5,
+        ax.plot(diverged, [top_edge] * len(diverged), "x", color="red", markersize=10, markeredgewidth=2.2,
                 label="diverged", clip_on=False)
-    if any(r["status"] == "unstable" for r in rows):
-        ax.plot([], [], "o", markerfacecolor="none", markeredgecolor="tab:purple", label="unstable")
-    if summary.get("best_lr") is not None:
-        ax.axvline(summary["best_lr"], color="tab:green", linestyle=":")
-        ax.annotate(f"best lr {summary['best_lr']:.3g}", (summary["best_lr"], bottom), rotation=90,
-                    xytext=(4, 4), textcoords="offset points", color="tab:green", fontsize=8, va="bottom")
-    if summary.get("divergence_lr") is not None:
-        ax.axvline(summary["divergence_lr"], color="red", linestyle=":")
-        ratio = summary.get("edge_ratio")
-        text = f"diverges at {summary['divergence_lr']:.3g}" + (f" ({ratio:.1f}x best)" if ratio else "")
-        ax.annotate(text, (summary["divergence_lr"], bottom), rotation=90, xytext=(4, 4),
-                    textcoords="offset points", color="red", fontsize=8, va="bottom")
+    _shade_edge_and_best(ax, summary)
     ax.set_xscale("log")
     ax.set_ylim(bottom - 0.05 * max(top - bottom, 1e-3), top_edge + 0.05 * max(top - bottom, 1e-3))
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("val loss (nats/token)")
-    ax.set_title("val loss against learning rate")
+    ax.set_title("val loss against LR at equal token counts (one curve per ASHA rung)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path)
+
+
+def _shade_edge_and_best(ax, summary: dict[str, Any]) -> None:
+    low, high = summary.get("edge_lr_low"), summary.get("divergence_lr")
+    if high is not None:
+        ax.axvspan(low or high / 1.05, high, color="red", alpha=0.12,
+                   label=f"edge: stable {_lr(low)}, diverged {_lr(high)}")
+    best = summary.get("best_lr")
+    if best is not None:
+        ax.axvline(best, color="tab:green", linestyle=":", linewidth=1.5, label=f"best lr {best:.3g}")
+        below, above = summary.get("best_lr_interval") or (None, None)
+        if below is not None or above is not None:
+            ax.axvspan(below or best, above or best, color="tab:green", alpha=0.08,
+                       label=f"best LR lies in ({_lr(below)}, {_lr(above)})")
+
+
+def _lr(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"
 
 
 def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | None, path: Path) -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.files import atomic_write_text
+from lmtune.report.headline import interval_line, ratio_range_text
 from lmtune.report.stability import (
     AT_EDGE_BAND,
     CONSERVATIVE_ABOVE,
@@ -28,6 +29,7 @@ HEADINGS = (
     "## Trials",
     "## Best learning rate",
     "## Edge of stability",
+    "## Loss against LR at equal token counts",
     "## Convergence speed",
     "## LR sensitivity",
     "## Target",
@@ -62,6 +64,10 @@ def _tokens(value: Any) -> str:
     return f"{value:.0f}"
 
 
+def _lr(value: Any, missing: str = "—") -> str:
+    return missing if value is None else f"{value:.3g}"
+
+
 def _rate(value: Any) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
@@ -87,11 +93,11 @@ def _varied_params(summary: dict[str, Any]) -> list[str]:
 
 def write_markdown(summary: dict[str, Any], records: Sequence[TrialRecord], path: Path,
                    search_description: str, compute: dict[str, Any]) -> Path:
-    """lr_sweep_analysis.md: the report's text, one section per heading in HEADINGS."""
+    """lr_sweep_analysis.md: the report's text, one section per heading in HEADINGS (and the range test's)."""
     sections = [
-        _overview(summary), _trials(summary), _best_lr(summary), _edge(summary), _convergence(summary),
-        _sensitivity(summary), _target(summary), _how_runs_broke(summary, records),
-        _search_and_compute(summary, search_description, compute), _definitions(),
+        _overview(summary), _trials(summary), _best_lr(summary), _edge(summary), _equal_tokens(summary),
+        _convergence(summary), _sensitivity(summary), _target(summary), _how_runs_broke(summary, records),
+        _search_and_compute(summary, search_description, compute), _range_test(summary), _definitions(summary),
     ]
     text = "\n".join(line for section in sections for line in section)
     atomic_write_text(Path(path), text)
@@ -102,55 +108,144 @@ def write_markdown(summary: dict[str, Any], records: Sequence[TrialRecord], path
 def _overview(summary: dict[str, Any]) -> list[str]:
     rows = summary["trials"]
     counts = ", ".join(f"{n} {s}" for s, n in summary.get("status_counts", {}).items())
-    figures = ["lr_sweep_comparison.png", "lr_vs_final_loss.png"]
+    figures = ["lr_sweep_comparison.png", "lr_vs_loss.png"]
+    if summary.get("range_test"):
+        figures.append("lr_range_test.png")
     if any(r["status"] in ("diverged", "unstable") for r in rows):
         figures.append("instability.png")
     if summary.get("sharpness"):
         figures.append("sharpness.png")
+    data = f" Data: {summary['data']}." if summary.get("data") else ""
     return ["# Learning-rate sweep: analysis", "",
-            f"{len(rows)} trials ({counts}). Figures: {', '.join(f'`{f}`' for f in figures)}.", ""]
+            f"{len(rows)} trials ({counts}).{data} Figures: {', '.join(f'`{f}`' for f in figures)}.", ""]
 
 
 def _trials(summary: dict[str, Any]) -> list[str]:
     extra = _varied_params(summary)
-    header = ["trial", "lr", *extra, "status", "final val", "best val", "tokens", "wall time", "tokens/s",
-              "stop reason", "stop step"]
+    staged = any(r.get("stage") not in (None, "grid") for r in summary["trials"])
+    seeded = any(r.get("seed") is not None for r in summary["trials"])
+    header = [*(["stage"] if staged else []), "trial", "lr", *(["seed"] if seeded else []), *extra, "status",
+              "final val", "best val", "tokens", "wall time", "tokens/s", "stop reason", "stop step"]
     table_rows = []
-    for r in summary["trials"]:
+    for r in sorted(summary["trials"], key=_trial_order):
         wall = f"{r['wall_time_s']:.0f} s" if r["wall_time_s"] is not None else "—"
-        table_rows.append([r["trial_id"], f"{r['lr']:.3g}", *[_fmt(r["params"].get(k)) for k in extra],
+        table_rows.append([*([r.get("stage") or "—"] if staged else []), r["trial_id"], f"{r['lr']:.4g}",
+                           *([_fmt(r.get("seed"))] if seeded else []), *[_fmt(r["params"].get(k)) for k in extra],
                            r["status"], _fmt(r["final_val_loss"]), _fmt(r["best_val_loss"]), _tokens(r["tokens"]),
                            wall, _rate(r["tokens_per_s"]), r["reason"] or "—", _fmt(r["stop_step"])])
-    return ["## Trials", "", *_table(header, table_rows), ""]
+    return ["## Trials", "", "\"final val\": the val loss at the end of the whole budget (empty for a trial that "
+            "stopped earlier).", "", *_table(header, table_rows), ""]
+
+
+_STAGE_ORDER = {"range": 0, "coarse": 1, "bisect": 2, "refine": 3, "seeds": 4, "grid": 5}
+
+
+def _trial_order(row: dict[str, Any]) -> tuple:
+    return _STAGE_ORDER.get(row.get("stage"), 9), row["lr"], row.get("seed") or 0
 
 
 def _best_lr(summary: dict[str, Any]) -> list[str]:
+    lines = ["## Best learning rate", ""]
     if summary["best_lr"] is None:
-        return ["## Best learning rate", "",
-                "No trial that neither diverged nor errored was evaluated, so there is no best LR.", ""]
-    lines = ["## Best learning rate", "",
-             f"Best LR **{summary['best_lr']:.3g}** (trial `{summary['best_trial']}`): best val loss "
-             f"**{summary['best_val_loss']:.4f}**. Among trials that neither diverged nor errored, the best val "
-             "loss decides; an unstable run can still be the best."]
-    fewest, most = summary.get("candidate_tokens") or (None, None)
-    if fewest != most:
-        lines += ["", f"**Not at equal token counts**: the candidates trained {_tokens(fewest)} to {_tokens(most)} "
-                  "tokens (early stopping cut some), and a loss after fewer tokens is higher for reasons other than "
-                  "the learning rate."]
-    return lines + [""]
+        return lines + ["No trial that neither diverged nor errored was evaluated, so there is no best LR.", ""]
+    if summary.get("candidate_tokens"):
+        fewest, most = summary["candidate_tokens"]
+        return lines + [
+            f"No trial trained its whole budget, so no LR can be compared at equal tokens. The lowest val loss "
+            f"at any token count is **{summary['best_val_loss']:.4f}**, by lr {summary['best_lr']:.3g} (trial "
+            f"`{summary['best_trial']}`), but the candidates trained {_tokens(fewest)} to {_tokens(most)} tokens: "
+            "**not at equal token counts**, and a loss after fewer tokens is higher for reasons other than the LR.", ""]
+    losses = summary["best_lr_seed_losses"]
+    each = ", ".join(f"{v:.4f}" for v in losses)
+    spread = (f" ± {summary['best_lr_spread']:.4f} (standard deviation over {len(losses)} seeds: {each})"
+              if len(losses) > 1 else " (one seed: its spread is not measured)")
+    below, above = summary["best_lr_interval"]
+    sigma = summary.get("seed_spread")
+    noise = (f"a mean full-budget loss more than 2 standard errors above the best's (run-to-run standard "
+             f"deviation {sigma:.4f}, pooled over the LRs with several seeds)" if sigma is not None else
+             "any higher full-budget loss (no LR has several seeds, so the run-to-run noise is unknown and "
+             "this interval is only as fine as the LRs tried)")
+    lines += [f"Best LR **{summary['best_lr']:.3g}**: val loss **{summary['best_val_loss']:.4f}**{spread} at "
+              f"{_tokens(summary['compared_at_tokens'])} tokens, the whole budget. Only LRs whose every trial "
+              "trained the whole budget without diverging compete, on their mean over seeds; the checkpoint to use "
+              f"is trial `{summary['best_trial']}`'s.", "",
+              f"{_capital(interval_line(below, above))}. \"Clearly worse\": {noise}.",
+              "", *_ranking_table(summary), ""]
+    return lines
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _ranking_table(summary: dict[str, Any]) -> list[str]:
+    ranking = summary.get("ranking") or []
+    if len(ranking) < 2:
+        return []
+    best = ranking[0]["mean"]
+    rows = []
+    for r in ranking:
+        n = len(r["losses"])
+        sd = (sum((v - r["mean"]) ** 2 for v in r["losses"]) / (n - 1)) ** 0.5 if n > 1 else None
+        rows.append([f"{r['lr']:.4g}", str(n), f"{r['mean']:.4f}", _fmt(sd, 3), f"{r['mean'] - best:+.4f}"])
+    return ["Full-budget val loss by LR (LRs with a diverged trial are left out):", "",
+            *_table(["lr", "seeds", "mean val loss", "sd", "vs best"], rows)]
 
 
 def _edge(summary: dict[str, Any]) -> list[str]:
     lines = ["## Edge of stability", ""]
+    horizon = _tokens(summary.get("horizon_tokens"))
     if summary["divergence_lr"] is None:
-        lines += ["No trial diverged: the edge of stability lies above the largest LR tried. Extend the range "
-                  "upward to locate it.", ""]
+        lines += [f"No trial diverged: the edge of stability lies above the largest LR tried"
+                  f" ({_lr(summary.get('edge_lr_low'))} trained past the stability horizon, {horizon} tokens). Extend "
+                  "the range upward to locate it.", ""]
     else:
-        lines += [f"Smallest diverging LR: **{summary['divergence_lr']:.3g}**."]
-        if summary["edge_ratio"] is not None:
-            lines += [f"Ratio divergence LR / best LR = **{summary['edge_ratio']:.2f}**: {summary['edge_reading']}."]
-        lines += [""]
-    return lines + [
+        low = summary.get("edge_lr_low")
+        stable = (f"**{low:.3g}**, the largest LR that trained past the stability horizon ({horizon} tokens) "
+                  "without diverging" if low is not None else "an LR not yet located (no LR below it trained past "
+                  f"the stability horizon, {horizon} tokens)")
+        ratio = f": a bracket **{summary['bracket_ratio']:.2f}** wide" if summary.get("bracket_ratio") else ""
+        lines += [f"Training breaks between {stable}, and **{summary['divergence_lr']:.3g}**, the smallest LR at "
+                  f"which a trial diverged{ratio}."]
+        if summary.get("stable_above_divergence"):
+            lines += ["", "Not monotone: " + ", ".join(f"{v:.3g}" for v in summary["stable_above_divergence"])
+                      + " trained stably above the smallest diverged LR (another seed or chance decided)."]
+        lines += ["", *_edge_ratio(summary)]
+    lines += ["", *_logit_growth(summary), *_edge_rule()]
+    return lines
+
+
+def _edge_ratio(summary: dict[str, Any]) -> list[str]:
+    if summary.get("edge_ratio") is None:
+        return ["No best LR, so no edge ratio."]
+    smallest, largest = summary["edge_ratio_range"]
+    text = (f"Edge / best LR: {summary['divergence_lr']:.3g} / {summary['best_lr']:.3g} = "
+            f"**{summary['edge_ratio']:.3g}** as a point value; with the bracket and the best LR's interval, it is "
+            f"**{ratio_range_text(smallest, largest)}**.")
+    reading = summary.get("edge_range_reading")
+    if reading:
+        return [text + f" The whole range reads: **{reading}**."]
+    return [text + " That range spans more than one reading of the rule of thumb below (or is open), so none is "
+                   "given: more seeds, or LRs closer to the best, narrow it."]
+
+
+def _logit_growth(summary: dict[str, Any]) -> list[str]:
+    growth = summary.get("logit_growth") or {}
+    grown = growth.get("lrs") or []
+    if not grown:
+        return []
+    values = [g["attn_logit_max"] for g in grown]
+    best = f" (the best trial's: {growth['best']:.3g})" if growth.get("best") else ""
+    where = ", ".join(f"{g['lr']:.3g}" for g in grown)
+    return [f"**Early warning, attention-logit growth**: at lr {where}, which "
+            f"did not diverge, the largest attention logit reached {min(values):.2g} to {max(values):.2g}, above "
+            f"{growth['threshold']:.0e}{best}. Wortsman et al. (2023) find this growth ahead of the "
+            "instabilities that qk-layernorm removes (``--set qk_norm=true``): at a longer budget or a larger "
+            "model these LRs may break.", ""]
+
+
+def _edge_rule() -> list[str]:
+    return [
         f"Reading of the ratio (a practitioners' rule of thumb, not a law): > {CONSERVATIVE_ABOVE:g} the best LR "
         f"is conservative; {NEAR_EDGE_BELOW:g}–{CONSERVATIVE_ABOVE:g} moderately below the edge; < "
         f"{NEAR_EDGE_BELOW:g} near the edge; within [{AT_EDGE_BAND[0]:g}, {AT_EDGE_BAND[1]:g}] at the edge. For "
@@ -158,31 +253,60 @@ def _edge(summary: dict[str, Any]) -> list[str]:
         "for β₁ = 0.9; for full-batch GD, Cohen et al. (2021) find the sharpness at about 2/η.", ""]
 
 
+def _equal_tokens(summary: dict[str, Any]) -> list[str]:
+    table = summary.get("equal_token_trials") or {}
+    rungs = [t for t in sorted(table, key=int) if table[t]]
+    lines = ["## Loss against LR at equal token counts", ""]
+    if not rungs:
+        return lines + ["No trial was evaluated at a comparison point yet.", ""]
+    lrs = sorted({float(lr) for t in rungs for lr in table[t]})
+    diverged = {r["lr"] for r in summary["trials"] if r["status"] == "diverged"}
+    rows = []
+    for lr in lrs:
+        cells = []
+        for t in rungs:
+            losses = table[t].get(f"{lr:.4g}")
+            cells.append("—" if not losses else f"{sum(losses) / len(losses):.4f}"
+                         + (f" ({len(losses)})" if len(losses) > 1 else ""))
+        rows.append([f"{lr:.4g}" + (" (diverged in a trial)" if lr in diverged else ""), *cells])
+    header = ["lr", *[f"{_tokens(int(t))} tokens" + (" (full)" if int(t) == summary.get("compared_at_tokens")
+                                                      else "") for t in rungs]]
+    return lines + [
+        "Each trial's val loss at exactly each comparison point (ASHA's rungs and the whole budget; linear "
+        "interpolation between its evaluations), the mean where several seeds reached it (their number in "
+        "brackets). A trial ASHA stopped appears only at the points it reached; a diverged trial at none. "
+        "`lr_vs_loss.png` draws one curve per column.", "", *_table(header, rows), ""]
+
+
 def _convergence(summary: dict[str, Any]) -> list[str]:
     conv = summary.get("convergence") or {}
     if conv.get("level") is None:
         return ["## Convergence speed", "",
-                "No trial completed without diverging, so there is no common loss level to compare.", ""]
+                "No trial trained its whole budget without diverging, so there is no common loss level to compare.",
+                ""]
     lines = ["## Convergence speed", "",
-             f"Tokens each trial needed to reach val loss {conv['level']:.4f} (the worst final val loss among "
-             "completed trials, so every completed trial reaches it; linear interpolation between evaluations):", ""]
-    lines += _table(["trial", "lr", "status", "tokens to reach"],
-                    [[c["trial_id"], f"{c['lr']:.3g}", c["status"],
+             f"Tokens each trial that trained its whole budget ({_tokens(conv.get('budget_tokens'))} tokens) needed to "
+             f"reach val loss {conv['level']:.4f} (the worst of their final losses, so each reaches it; linear "
+             "interpolation between evaluations). Trials stopped earlier are left out: they cannot be compared.", ""]
+    lines += _table(["trial", "lr", "seed", "status", "tokens to reach"],
+                    [[c["trial_id"], f"{c['lr']:.4g}", _fmt(c["seed"]), c["status"],
                       _tokens(c["tokens"]) if c["tokens"] is not None else "never"] for c in conv["rows"]])
     reached = [c for c in conv["rows"] if c["tokens"] is not None]
     if reached:
         fastest = min(reached, key=lambda c: c["tokens"])
-        lines += ["", f"Fastest: lr {fastest['lr']:.3g} ({_tokens(fastest['tokens'])} tokens)."]
+        lines += ["", f"Fastest: lr {fastest['lr']:.4g} ({_tokens(fastest['tokens'])} tokens)."]
     return lines + [""]
 
 
 def _sensitivity(summary: dict[str, Any]) -> list[str]:
     if summary["lr_sensitivity"] is None:
-        return ["## LR sensitivity", "", "Not computable: no trial has a final val loss.", ""]
+        return ["## LR sensitivity", "", "Not computable: no trial trained its whole budget.", ""]
     return ["## LR sensitivity", "",
-            f"LR sensitivity (Wortsman et al. 2023) = **{summary['lr_sensitivity']:.4f}** nats, with "
-            f"ℓ₀ = {_fmt(summary.get('initial_loss'))} (loss at initialization). Lower means the loss degrades "
-            "less away from the best LR.", ""]
+            f"LR sensitivity (Wortsman et al. 2023) = **{summary['lr_sensitivity']:.4f}** nats over "
+            f"{summary['lr_sensitivity_lrs']} LRs at {_tokens(summary['lr_sensitivity_tokens'])} tokens (the whole "
+            f"budget; diverged LRs count as ℓ₀ = {_fmt(summary.get('initial_loss'))}, the loss at initialization; "
+            "LRs whose trials all stopped earlier are left out). Lower means the loss degrades less away from "
+            "the best LR.", ""]
 
 
 def _target(summary: dict[str, Any]) -> list[str]:
@@ -191,7 +315,7 @@ def _target(summary: dict[str, Any]) -> list[str]:
     if summary["target_met"]:
         at = f" after {_tokens(summary['target_tokens'])} tokens" if summary.get("target_tokens") else ""
         return ["## Target", "", f"Target val loss {summary['target']:g}: **met** by trial `{summary['target_trial']}` "
-                f"(best val loss {summary['best_val_loss']:.4f}{at}).", ""]
+                f"(val loss {summary['best_val_loss']:.4f}{at}).", ""]
     return ["## Target", "", f"Target val loss {summary['target']:g}: **not met** (best val loss "
             f"{_fmt(summary['best_val_loss'])}).", ""]
 
@@ -214,21 +338,41 @@ def _search_and_compute(summary: dict[str, Any], search_description: str, comput
     spent = compute.get("tokens_spent")
     if spent is None:
         spent = sum(r["tokens"] or 0 for r in rows)
+    lines = ["## Search strategy and compute", "", search_description.strip() or "(no description given)", ""]
+    stages = summary.get("stages") or []
+    if len(stages) > 1 or (stages and stages[0]["name"] != "grid"):
+        lines += _table(["stage", "LRs", "trials", "tokens", "why"],
+                        [[s["name"], ", ".join(f"{lr:.3g}" for lr in s["lrs"]) or "—", str(s["trials"]),
+                          _tokens(s["tokens"]), " → ".join(s["why"]) or "—"] for s in stages]) + [""]
+    lines += [f"- tokens trained: {_tokens(spent)}"]
     full = compute.get("full_grid_tokens")
-    if full is None:
-        completed = [r["tokens"] for r in rows if r["status"] in ("completed", "unstable") and r["tokens"]]
-        full = len(rows) * max(completed) if completed else None
-    lines = ["## Search strategy and compute", "", search_description.strip() or "(no description given)", "",
-             f"- tokens trained: {_tokens(spent)}"]
-    if full:
+    if full and not stages or (stages and stages[0]["name"] == "grid" and full):
         lines += [f"- a full grid without early stopping: {_tokens(full)} tokens",
                   f"- saving: {100.0 * (1.0 - spent / full):.1f}%"]
+    grid = summary.get("same_resolution_grid")
+    if grid and stages and stages[0]["name"] != "grid":
+        lines += [f"- a grid resolving the edge as finely (LRs {grid['low']:.3g} to {grid['high']:.3g}, "
+                  f"{grid['ratio']:.2f}x apart: {grid['points']} LRs, each trained to the full budget once, no "
+                  f"seeds) would train {_tokens(grid['tokens'])} tokens; saving: "
+                  f"{100.0 * (1.0 - spent / grid['tokens']):.1f}%"]
     lines += [f"- {key.replace('_', ' ')}: {_fmt(value)}" for key, value in compute.items()
               if key not in ("tokens_spent", "full_grid_tokens")]
     return lines + [""]
 
 
-def _definitions() -> list[str]:
+def _range_test(summary: dict[str, Any]) -> list[str]:
+    found = summary.get("range_test")
+    if not found:
+        return []
+    return ["## LR range test", "",
+            f"One run of {found['steps']} steps ({_tokens(found['tokens'])} tokens) with the LR rising exponentially "
+            f"(Smith 2017): steepest descent at lr **{_lr(found['steepest_lr'])}**, lowest loss at "
+            f"{_lr(found['min_loss_lr'])}, blow-up at **{_lr(found['blowup_lr'], 'none')}** "
+            f"({found['stopped_because']}). Each LR is held for one step only, so this blow-up is not the edge of a "
+            "full run; the search placed its coarse grid with it. Figure: `lr_range_test.png`.", ""]
+
+
+def _definitions(summary: dict[str, Any]) -> list[str]:
     return ["## Definitions", "",
             f"- **Instability score**: the train loss is smoothed with a trailing moving average over "
             f"{DEFAULT_SMOOTH} log intervals; after warm-up (from the first row at the peak LR) the score is the "
@@ -237,10 +381,16 @@ def _definitions() -> list[str]:
             f"is **unstable** when the score exceeds {UNSTABLE_THRESHOLD:g} (a {100 * UNSTABLE_THRESHOLD:.0f}% "
             "rise).",
             "- **Diverged**: the sweep stopped the run as diverged, or a train loss was NaN/inf.",
+            f"- **Stable**: a trial trained past the stability horizon ({_tokens(summary.get('horizon_tokens'))} "
+            "tokens: the end of warm-up plus a fraction of the budget, the edge search's `horizon`, 0.1 unless set) "
+            "without diverging, and no trial at its LR diverged.",
+            "- **Equal token counts**: losses compared at one token count, each interpolated linearly between a "
+            "trial's evaluations; the best LR is decided at the whole budget, on the mean over its seeds.",
             "- **LR sensitivity** (Wortsman et al. 2023): S = (1/|H|) Σ_{η∈H} [min(ℓ(η), ℓ₀) − ℓ*], where H is the "
-            "set of LRs tried, ℓ(η) the final val loss at η (ℓ₀ if the run diverged; the lowest when several "
-            "trials share η), ℓ* = min_η ℓ(η) and ℓ₀ the loss at initialization.",
-            "- **Edge ratio**: smallest diverging LR / best LR.",
+            "set of LRs with a full-budget loss or a divergence, ℓ(η) the mean full-budget val loss at η (ℓ₀ if a "
+            "trial diverged), ℓ* = min_η ℓ(η) and ℓ₀ the loss at initialization.",
+            "- **Edge ratio**: smallest diverging LR / best LR; its range: largest stable LR / the best LR's upper "
+            "bound, to smallest diverging LR / its lower bound.",
             ""]
 
 

@@ -19,10 +19,12 @@ from lmtune.sweep.record import (
     SweepRecord,
     TrialFolder,
     is_sweep_dir,
+    read_edge_state,
     read_outcomes,
     trial_folders,
     tune_ended,
 )
+from lmtune.training.lr_range import RangeTestResult, read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics_frame
 
 log = logging.getLogger(__name__)
@@ -55,17 +57,30 @@ def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
     """sweep.json and one TrialRecord per trial that has started.
 
     A trial's outcome is the ledger's (decisions/trial_outcomes.json); without an entry, its own
-    summary.json status (it ended by itself, the driver has not recorded it yet); else ``running``.
+    summary.json status (it ended by itself, the driver has not recorded it yet); else ``ended`` for one
+    an edge search planned again after a driver restart, and ``running`` for the rest.
     """
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise LmtuneError(f"{sweep_dir} does not exist; {USAGE_HINT}")
     record = SweepRecord.read(sweep_dir)
     ledger = read_outcomes(sweep_dir)
+    # Trials an edge search planned again after a driver restart (Ray never recorded them): ended.
+    interrupted = (read_edge_state(sweep_dir) or {}).get("interrupted") or {}
+    ledger.update({t: {"outcome": "ended", "reason": why} for t, why in interrupted.items() if t not in ledger})
     trials = [t for t in (trial_record(folder, ledger.get(folder.trial_id) or {})
-                          for folder in trial_folders(sweep_dir)) if t is not None]
+                          for folder in trial_folders(sweep_dir) if folder.params.get("stage") != "range")
+              if t is not None]
     log.info("loaded %d trials from %s", len(trials), sweep_dir)
     return record, trials
+
+
+def load_range_test(sweep_dir: Path) -> RangeTestResult | None:
+    """The edge search's LR range test (its trial folder's range_test.json), or None."""
+    for folder in trial_folders(sweep_dir):
+        if folder.params.get("stage") == "range":
+            return read_range_test(folder.path)
+    return None
 
 
 def trial_record(folder: TrialFolder, entry: dict[str, Any]) -> TrialRecord | None:
@@ -86,9 +101,11 @@ def trial_record(folder: TrialFolder, entry: dict[str, Any]) -> TrialRecord | No
         "running": "still running", "ended": "ended; the sweep's ledger has no record of why"}.get(outcome, "")
     step = entry.get("step")
     return TrialRecord(
-        trial_id=folder.trial_id, lr=lr, params={"lr": lr, **{k: v for k, v in folder.params.items() if k != "lr"}},
+        trial_id=folder.trial_id, lr=lr, params={"lr": lr, **{k: v for k, v in folder.params.items()
+                                                            if k not in ("lr", "stage", "seed", "run_steps")}},
         outcome=outcome, reason=str(reason), stop_step=int(step) if _positive(step) else None, curve=curve,
         wall_time_s=wall, checkpoint_dir=folder.path / "checkpoints", config=config,
+        stage=str(folder.params.get("stage") or "grid"), seed=_whole(folder.params.get("seed")),
     )
 
 
@@ -97,6 +114,11 @@ def _start_time(sweep_dir: Path) -> float:
         return datetime.strptime(SweepRecord.read(sweep_dir).start_time, "%Y-%m-%dT%H:%M:%S%z").timestamp()
     except (LmtuneError, ValueError, TypeError):
         return (sweep_dir / SWEEP_FILE).stat().st_mtime
+
+
+def _whole(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer() \
+        else None
 
 
 def _positive(value: Any) -> float | None:

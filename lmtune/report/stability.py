@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 # Beyond the ledger's outcomes: "running", and "ended" for a trial Tune ended whose reason the ledger lacks.
 OUTCOMES = (*(str(o) for o in Outcome), "running", "ended")
-STATUSES = ("completed", "unstable", "diverged", "stopped_early", "too_slow", "error", "ended", "running")
+STATUSES = ("completed", "probed", "unstable", "diverged", "stopped_early", "too_slow", "error", "ended", "running")
 
 # A 10% rise of the smoothed train loss above its running minimum. Healthy runs of the size lmtune
 # trains stay within ~2% (the loss averaged over a log interval is smooth and only falls after
@@ -65,6 +65,8 @@ class TrialRecord:
     wall_time_s: float | None = None
     checkpoint_dir: Path | None = None  # where step_XXXXXXXX.pt checkpoints live (for sharpness)
     config: dict[str, Any] = field(default_factory=dict)  # the trial's RunConfig as a dict (config.json)
+    stage: str = "grid"  # an edge search's stage (coarse, bisect, refine, seeds); "grid" for other searches
+    seed: int | None = None  # the trial's seed when the search set one
 
     @property
     def budget_tokens(self) -> int | None:
@@ -190,12 +192,13 @@ def classify(record: TrialRecord, threshold: float = UNSTABLE_THRESHOLD) -> str:
     """Final status: diverged > unstable > the sweep's outcome (see module constants for thresholds).
 
     diverged: the sweep ended it as diverged, or a loss went non-finite. unstable: not diverged, the
-    run trained to the end or until ASHA stopped it, and its instability_score exceeds ``threshold``.
-    Otherwise the outcome stands (completed, stopped_early, too_slow, error, running).
+    run trained to the end, to its stability horizon, or until ASHA stopped it, and its
+    instability_score exceeds ``threshold``. Otherwise the outcome stands (completed, probed,
+    stopped_early, too_slow, error, running).
     """
     if record.outcome == "diverged" or has_nonfinite_loss(record):
         return "diverged"
-    if record.outcome in ("completed", "stopped_early"):
+    if record.outcome in ("completed", "stopped_early", "probed"):
         score = trial_instability(record)
         if score is not None and score > threshold:
             return "unstable"
@@ -210,12 +213,6 @@ def best_candidates(records: Sequence[TrialRecord]) -> list[TrialRecord]:
     """Trials that may be the best: evaluated, and neither diverged nor errored (an errored trial's loss
     is that of a run cut short by a crash, not by its learning rate), nor ended for a reason not recorded."""
     return [r for r in records if classify(r) not in ("diverged", "error", "ended") and best_val_loss(r) is not None]
-
-
-def best_trial(records: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The candidate (best_candidates) with the lowest best val loss, None when there is none."""
-    candidates = best_candidates(records)
-    return min(candidates, key=lambda r: (best_val_loss(r), r.lr)) if candidates else None
 
 
 def candidate_token_range(records: Sequence[TrialRecord]) -> tuple[int, int] | None:
@@ -236,6 +233,15 @@ def edge_ratio(best_lr: float | None, div_lr: float | None) -> float | None:
     if best_lr is None or div_lr is None or best_lr <= 0:
         return None
     return div_lr / best_lr
+
+
+def edge_reading_range(smallest: float | None, largest: float | None) -> str | None:
+    """The rule-of-thumb reading of an edge ratio known only to lie in [smallest, largest]: given only
+    when both ends read the same (None otherwise, or when an end is unbounded)."""
+    if smallest is None or largest is None:
+        return None
+    low, high = edge_reading(smallest), edge_reading(largest)
+    return low if low == high else None
 
 
 def edge_reading(ratio: float | None) -> str:
@@ -266,39 +272,6 @@ def initial_loss(records: Sequence[TrialRecord]) -> float | None:
     return float(np.median(firsts)) if firsts else None
 
 
-def lr_sensitivity(records: Sequence[TrialRecord], ell0: float | None = None,
-                   vocab_size: int | None = None) -> float | None:
-    """LR sensitivity (Wortsman et al. 2023): the expected deviation from the best loss over the LRs tried.
-
-        S = (1/|H|) * sum over eta in H of [ min(l(eta), l0) - l* ]
-
-    H: the distinct LRs with a usable trial; l(eta): the final val loss (last evaluation) of the trial
-    at eta, l0 for a diverged one, and the lowest such value when several trials share eta (the other
-    hyperparameters at their best); l* = min over eta of l(eta); l0: the loss at initialization:
-    ``ell0`` if given, else ln(vocab_size) if given, else the median first logged train loss
-    (:func:`initial_loss`). Trials that are running, errored, or never evaluated are left out. The
-    mean is uniform over the grid points, i.e. an expectation over log-LR for a log-spaced grid.
-    """
-    if ell0 is None:
-        ell0 = math.log(vocab_size) if vocab_size else initial_loss(records)
-    if ell0 is None:
-        return None
-    per_lr: dict[float, float] = {}
-    for r in records:
-        status = classify(r)
-        if status in ("running", "error"):
-            continue
-        loss = ell0 if status == "diverged" else final_val_loss(r)
-        if loss is None:
-            continue
-        per_lr[r.lr] = min(loss, per_lr.get(r.lr, math.inf))
-    if not per_lr:
-        return None
-    losses = np.array(list(per_lr.values()))
-    best = losses.min()
-    return float(np.mean(np.minimum(losses, ell0) - best))
-
-
 def tokens_to_reach(record: TrialRecord, level: float) -> float | None:
     """Tokens until the val loss first reached ``level``, linearly interpolated between evaluations."""
     tokens, val = val_points(record)
@@ -310,24 +283,6 @@ def tokens_to_reach(record: TrialRecord, level: float) -> float | None:
         return float(tokens[0])
     t0, t1, v0, v1 = tokens[i - 1], tokens[i], val[i - 1], val[i]
     return float(t0 + (v0 - level) / (v0 - v1) * (t1 - t0))
-
-
-def convergence_table(records: Sequence[TrialRecord], level: float | None = None) -> dict[str, Any]:
-    """Tokens each trial needed to reach a common val loss ``level``.
-
-    Default level: the worst final val loss among trials that trained to the end without diverging,
-    so every such trial reaches it. Returns {"level": float | None, "rows": [{trial_id, lr, status,
-    tokens}]} sorted by LR; tokens is None where the trial never got there.
-    """
-    if level is None:
-        finals = [final_val_loss(r) for r in records if r.outcome == "completed" and classify(r) != "diverged"]
-        finals = [f for f in finals if f is not None]
-        level = max(finals) if finals else None
-    rows = []
-    for r in sorted(records, key=lambda rec: rec.lr):
-        reached = tokens_to_reach(r, level) if level is not None else None
-        rows.append({"trial_id": r.trial_id, "lr": r.lr, "status": classify(r), "tokens": reached})
-    return {"level": level, "rows": rows}
 
 
 def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: float = GROWTH_FACTOR) -> str:
@@ -419,63 +374,25 @@ def trial_row(record: TrialRecord) -> dict[str, Any]:
         tokens_per_s = tokens / record.wall_time_s
     else:
         tokens_per_s = None
+    budget = record.budget_tokens
+    full = status != "diverged" and tokens is not None and (budget is None or tokens >= budget)
     return {
         "trial_id": record.trial_id,
         "lr": record.lr,
+        "stage": record.stage,
+        "seed": record.seed,
         "params": {k: _clean(v) for k, v in record.params.items()},
         "status": status,
-        "final_val_loss": None if status == "diverged" else final_val_loss(record),
+        "final_val_loss": final_val_loss(record) if full else None,  # only at the end of the whole budget
         "best_val_loss": best_val_loss(record),
         "tokens": tokens,
+        "budget_tokens": budget,
         "wall_time_s": _clean(record.wall_time_s),
         "tokens_per_s": _clean(tokens_per_s),
         "reason": record.reason,
         "stop_step": record.stop_step,
         "instability_score": _clean(trial_instability(record)),
     }
-
-
-def sweep_summary(records: Sequence[TrialRecord], target: float | None = None, ell0: float | None = None,
-                  vocab_size: int | None = None) -> dict[str, Any]:
-    """The sweep's headline numbers and one row per trial (JSON-safe: no NaN)."""
-    if not records:
-        raise LmtuneError("the sweep has no trials to analyze; run a sweep first")
-    best = best_trial(records)
-    best_lr = best.lr if best is not None else None
-    div_lr = divergence_lr(records)
-    ratio = edge_ratio(best_lr, div_lr)
-    best_loss = best_val_loss(best) if best is not None else None
-    target_met, target_trial, target_tokens = None, None, None
-    if target is not None:
-        target_met = best_loss is not None and best_loss <= target
-        if target_met:
-            target_trial = best.trial_id
-            target_tokens = tokens_to_reach(best, target)
-    convergence = convergence_table(records)
-    rows = [trial_row(r) for r in sorted(records, key=lambda rec: (rec.lr, rec.trial_id))]
-    summary = {
-        "best_lr": best_lr,
-        "best_val_loss": best_loss,
-        "best_trial": best.trial_id if best is not None else None,
-        "best_tokens": tokens_trained(best) if best is not None else None,
-        "candidate_tokens": candidate_token_range(records),
-        "divergence_lr": div_lr,
-        "edge_ratio": ratio,
-        "edge_reading": edge_reading(ratio),
-        "lr_sensitivity": lr_sensitivity(records, ell0=ell0, vocab_size=vocab_size),
-        "initial_loss": ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records)),
-        "target": target,
-        "target_met": target_met,
-        "target_trial": target_trial,
-        "target_tokens": target_tokens,
-        "instability_threshold": UNSTABLE_THRESHOLD,
-        "convergence": convergence,
-        "status_counts": {s: sum(row["status"] == s for row in rows) for s in STATUSES if
-                          any(row["status"] == s for row in rows)},
-        "trials": rows,
-    }
-    log.info("sweep summary: best lr %s (val %s), divergence lr %s, ratio %s", best_lr, best_loss, div_lr, ratio)
-    return json_safe(summary)
 
 
 def json_safe(value: Any) -> Any:

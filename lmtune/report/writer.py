@@ -1,8 +1,9 @@
 """The edge-of-stability report of one sweep: reads it, computes the numbers, writes results/NAME/report/.
 
-lr_sweep_comparison.png, lr_vs_final_loss.png, instability.png (when a run diverged or went
-unstable), lr_sweep_analysis.md, summary.json, summary.csv, and with ``sharpness`` sharpness.png and
-sharpness.csv. Nothing else in the sweep folder is written. The command is ``python -m lmtune.analyze``.
+lr_sweep_comparison.png, lr_vs_loss.png (at equal token counts), lr_range_test.png (an edge search),
+instability.png (when a run diverged or went unstable), lr_sweep_analysis.md, summary.json,
+summary.csv, and with ``sharpness`` sharpness.png and sharpness.csv. Nothing else in the sweep folder
+is written. The command is ``python -m lmtune.analyze``.
 """
 
 from __future__ import annotations
@@ -10,25 +11,22 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
 from lmtune.report.markdown import write_markdown, write_tables
-from lmtune.report.reader import load_sweep
+from lmtune.report.reader import load_range_test, load_sweep
 from lmtune.report.sharpness import SHARPNESS_COLUMNS, sweep_sharpness, write_sharpness_csv
-from lmtune.report.stability import (
-    TrialRecord,
-    best_trial,
-    budget_tokens,
-    json_safe,
-    sweep_summary,
-    tokens_trained,
-)
+from lmtune.report.stability import TrialRecord, budget_tokens, json_safe, tokens_trained
+from lmtune.report.summary import sweep_summary
+from lmtune.sweep.edge import Budget, EdgeSettings
 from lmtune.sweep.plan import AshaBudget, asha_budget
-from lmtune.sweep.record import SweepRecord
+from lmtune.sweep.record import SweepRecord, read_edge_state
 from lmtune.sweep.spaces import SchedulerSpec
+from lmtune.training.figures import plot_range_test
 
 log = logging.getLogger(__name__)
 
@@ -50,30 +48,71 @@ def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None =
         raise LmtuneError(f"{out} exists and is not a directory; give another --out")
     out.mkdir(parents=True, exist_ok=True)
 
-    summary = sweep_summary(trials, target=target, vocab_size=vocab_size(record))
-    compute = compute_accounting(record, trials)
+    range_test = load_range_test(sweep_dir)
+    range_tokens = range_test.tokens if range_test is not None else None
+    summary = sweep_summary(trials, sweep_budget(record, trials), EdgeSettings.of_space(record.space), target=target,
+                            vocab_size=vocab_size(record), edge_state=read_edge_state(sweep_dir),
+                            range_tokens=range_tokens)
+    compute = compute_accounting(record, trials, range_tokens)
     search = search_description(record, trials)
     summary.update({"sweep": record.name or sweep_dir.name, "sweep_dir": str(sweep_dir.resolve()),
-                    "search_strategy": search, "compute": compute,
-                    "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                    "search_strategy": search, "compute": compute, "data": data_description(record),
+                    "range_test": range_summary(range_test), "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     sharp_rows = sweep_sharpness(record, trials, summary["best_trial"]) if sharpness else None
     if sharp_rows is not None:
         summary["sharpness"] = [{k: row.get(k) for k in SHARPNESS_COLUMNS} for row in sharp_rows]
+    write_figures(out, trials, summary, range_test, sharp_rows, target)
+    write_markdown(summary, trials, out / "lr_sweep_analysis.md", search, compute)
+    write_tables(json_safe(summary), out)
+    summary["report_dir"] = str(out)
+    return summary
 
+
+def write_figures(out: Path, trials: list[TrialRecord], summary: dict[str, Any], range_test,
+                  sharp_rows: list[dict[str, Any]] | None, target: float | None) -> None:
     plot_sweep_comparison(trials, out / "lr_sweep_comparison.png", target=target)
-    plot_lr_vs_loss(trials, out / "lr_vs_final_loss.png", summary)
+    plot_lr_vs_loss(out / "lr_vs_loss.png", summary)
+    if range_test is not None:
+        plot_range_test(range_test, out / "lr_range_test.png")
     if any(row["status"] in ("diverged", "unstable") for row in summary["trials"]):
-        plot_instability(trials, best_trial(trials), out / "instability.png")
+        best = next((t for t in trials if t.trial_id == summary["best_trial"]), None)
+        plot_instability(trials, best, out / "instability.png")
     if sharp_rows is not None:
         write_sharpness_csv(sharp_rows, out / "sharpness.csv")
         if sharp_rows:
             plot_sharpness(sharp_rows, out / "sharpness.png")
         else:
             log.warning("no checkpoint gave a sharpness estimate; sharpness.png not written")
-    write_markdown(summary, trials, out / "lr_sweep_analysis.md", search, compute)
-    write_tables(json_safe(summary), out)
-    summary["report_dir"] = str(out)
-    return summary
+
+
+def sweep_budget(record: SweepRecord, trials: list[TrialRecord]) -> Budget | None:
+    """The sweep's budget and comparison rungs, from sweep.json (None when it lacks a base config)."""
+    try:
+        asha = sweep_asha_budget(record, trials)
+        return Budget.of_config(record.base_config, asdict(asha) if asha else None)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def range_summary(result) -> dict[str, Any] | None:
+    if result is None:
+        return None
+    return {"steepest_lr": result.steepest_lr, "min_loss_lr": result.min_loss_lr, "blowup_lr": result.blowup_lr,
+            "stopped_because": result.stopped_because, "tokens": result.tokens, "steps": len(result.lrs)}
+
+
+def data_description(record: SweepRecord) -> str:
+    """What the trials trained on, from sweep.json (the data dir and its meta.json)."""
+    data = record.data or {}
+    meta = data.get("meta") or {}
+    where = data.get("dir") or "an unrecorded data dir"
+    parts = [f"{meta[k]:,} {label}" for k, label in (("train_tokens", "train tokens"), ("val_tokens", "val tokens"),
+                                                     ("vocab_size", "vocab"))
+             if isinstance(meta.get(k), int)]
+    sources = [str(s.get("name")) for s in meta.get("sources") or [] if isinstance(s, dict) and s.get("name")]
+    text = where + (f" ({', '.join(parts)})" if parts else "")
+    return text + (f", prepared from {', '.join(sources[:3])}" + (" and more" if len(sources) > 3 else "")
+                   if sources else "")
 
 
 def vocab_size(record: SweepRecord) -> int | None:
@@ -84,14 +123,16 @@ def vocab_size(record: SweepRecord) -> int | None:
     return None
 
 
-def compute_accounting(record: SweepRecord, trials: list[TrialRecord]) -> dict[str, Any]:
-    """Tokens trained (each trial as of its newest metrics row) against a full grid without early
-    stopping (every trial to its own budget)."""
+def compute_accounting(record: SweepRecord, trials: list[TrialRecord],
+                       range_tokens: int | None = None) -> dict[str, Any]:
+    """Tokens trained (each trial as of its newest metrics row, and an edge search's range test) against a
+    full grid without early stopping (every trial to its own budget)."""
     base_budget = budget_tokens(record.base_config)
-    spent = sum(tokens_trained(t) or 0 for t in trials)
+    spent = sum(tokens_trained(t) or 0 for t in trials) + (range_tokens or 0)
     budgets = [t.budget_tokens or base_budget for t in trials]
     full = sum(budgets) if budgets and all(b is not None for b in budgets) else None
-    compute: dict[str, Any] = {"tokens_spent": spent, "full_grid_tokens": full, "trials_started": len(trials)}
+    compute: dict[str, Any] = {"tokens_spent": spent, "full_grid_tokens": full,
+                               "trials_started": len(trials) + (range_tokens is not None)}
     if record.num_trials is not None and record.num_trials != len(trials):
         compute["trials_planned"] = record.num_trials
     walls = [t.wall_time_s for t in trials if t.wall_time_s is not None]
@@ -106,7 +147,8 @@ def search_description(record: SweepRecord, trials: list[TrialRecord]) -> str:
     strategy = space.get("description_of_search") or f"{space.get('search', 'unknown')} search"
     lines = [f"Search space `{space['name']}`: {strategy}." if space.get("name") else f"{strategy}."]
     if space.get("description"):
-        lines.append(f"({str(space['description']).strip()})")
+        lines.append(f"The space file describes itself as: \"{str(space['description']).strip()}\" "
+                     f"This sweep trained on {data_description(record)}.")
     scheduler = space.get("scheduler") or {}
     if scheduler.get("name") == "asha":
         asha = sweep_asha_budget(record, trials)

@@ -1,0 +1,168 @@
+"""Comparing learning rates like with like: every loss the report compares is taken at one token count.
+
+A trial ASHA stopped at a rung is compared with the others at the rungs it reached and nowhere
+else; "final" losses are those at the end of the budget, from trials that trained all of it; the best
+LR is the lowest mean full-budget loss over its seeds (lmtune.sweep.edge.conclude, the rule the sweep
+itself prints). Works on the report's TrialRecords, turned into the search's Runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lmtune.report.stability import TrialRecord, classify, column, tokens_trained, val_points
+from lmtune.sweep.edge import INTERRUPTED, Budget, EdgeSettings, Run, conclude, equal_token_losses
+
+# A stable run's attention logits above this are worth a warning: Wortsman et al. (2023) find
+# attention-logit growth ahead of the instabilities qk-layernorm removes (their diverging runs reach
+# 1e4 and more); healthy runs of the size lmtune trains stay in the tens to hundreds.
+LOGIT_GROWTH_WARNING = 1e3
+
+Pair = tuple[Run, TrialRecord]
+
+
+def record_runs(records: Sequence[TrialRecord], budget: Budget) -> list[Pair]:
+    """Each trial as a Run: its LR, seed, stage, how it ended (classify's diverged wins), its tokens and
+    evaluations; budgets from its own config, else the sweep's."""
+    pairs = []
+    for record in records:
+        if record.reason == INTERRUPTED:
+            continue  # its plan ran again in full in another trial, which stands for it
+        tokens, val = val_points(record)
+        budget_tokens = record.budget_tokens or budget.full_tokens
+        train = record.config.get("train") or {}
+        steps, run_steps = train.get("steps"), train.get("run_steps")
+        run_tokens = budget_tokens * run_steps // steps if run_steps and steps else budget_tokens
+        outcome = "diverged" if classify(record) == "diverged" else record.outcome
+        others = tuple(sorted((k, v) for k, v in record.params.items() if k != "lr"))
+        run = Run(record.lr, record.seed if record.seed is not None else budget.seed, record.stage, budget_tokens,
+                  run_tokens, None if outcome == "running" else outcome, tokens_trained(record) or 0,
+                  {int(t): float(v) for t, v in zip(tokens, val, strict=True)}, others)
+        pairs.append((run, record))
+    return pairs
+
+
+def equal_token_table(pairs: Sequence[Pair], rungs: Sequence[int]) -> dict[int, dict[float, list[float]]]:
+    """{tokens: {lr: [loss of each trial at that LR that reached those tokens]}} for every rung."""
+    return equal_token_losses([run for run, _ in pairs], rungs)
+
+
+def summarize_equal_tokens(table: dict[int, dict[float, list[float]]]) -> dict[str, dict[str, float]]:
+    """summary.json's equal_token_losses: {tokens: {lr: mean loss over the trials that reached it}}."""
+    return {str(tokens): {f"{lr:.4g}": float(np.mean(losses)) for lr, losses in by_lr.items()}
+            for tokens, by_lr in table.items()}
+
+
+def edge_conclusion(pairs: Sequence[Pair], budget: Budget, settings: EdgeSettings) -> dict[str, Any]:
+    return conclude([run for run, _ in pairs if run.stage != "range"], budget, settings)
+
+
+def best_record(pairs: Sequence[Pair], best_lr: float | None) -> TrialRecord | None:
+    """The trial at the best LR with the lowest full-budget loss (the one whose checkpoint to use)."""
+    finals = [(run.full_loss(), record) for run, record in pairs if run.lr == best_lr and run.full_loss() is not None]
+    return min(finals, key=lambda item: item[0])[1] if finals else None
+
+
+def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> dict[str, Any]:
+    """LR sensitivity (Wortsman et al. 2023) at the full budget: S = mean over LRs of min(l(eta), l0) - l*,
+    with l(eta) the mean full-budget loss of the trials at eta, l0 for an LR at which a trial diverged,
+    and LRs whose trials all stopped early (ASHA, probes) left out: they have no full-budget loss."""
+    if ell0 is None:
+        return {"value": None, "lrs": 0, "tokens": None}
+    per_lr: dict[float, list[float]] = {}
+    diverged = set()
+    tokens = None
+    for run, _ in pairs:
+        if run.stage == "range":
+            continue
+        if run.diverged:
+            diverged.add(run.lr)
+        elif (loss := run.full_loss()) is not None:
+            per_lr.setdefault(run.lr, []).append(loss)
+            tokens = run.budget_tokens
+    losses = {lr: ell0 if lr in diverged else float(np.mean(v)) for lr, v in per_lr.items()}
+    losses.update(dict.fromkeys(diverged, ell0))
+    if not per_lr:
+        return {"value": None, "lrs": len(losses), "tokens": tokens}
+    values = np.minimum(np.array(list(losses.values())), ell0)
+    return {"value": float(np.mean(values - values.min())), "lrs": len(losses), "tokens": tokens}
+
+
+def full_budget_convergence(pairs: Sequence[Pair], level: float | None = None) -> dict[str, Any]:
+    """Tokens each trial that trained its whole budget needed to reach one val loss ``level`` (default:
+    the worst of their final losses, so each reaches it), linearly interpolated between evaluations."""
+    full = [(run, record) for run, record in pairs if run.full_loss() is not None]
+    if level is None and full:
+        level = max(run.full_loss() for run, _ in full)
+    rows = []
+    for run, record in sorted(full, key=lambda pair: (pair[0].lr, pair[0].seed)):
+        rows.append({"trial_id": record.trial_id, "lr": run.lr, "seed": run.seed, "status": classify(record),
+                     "tokens": _tokens_to_reach(run, level) if level is not None else None})
+    return {"level": level, "rows": rows, "budget_tokens": full[0][0].budget_tokens if full else None}
+
+
+def _tokens_to_reach(run: Run, level: float) -> float | None:
+    points = sorted(run.val.items())
+    for i, (tokens, loss) in enumerate(points):
+        if loss <= level:
+            if i == 0:
+                return float(tokens)
+            (t0, v0) = points[i - 1]
+            return float(t0 + (v0 - level) / (v0 - loss) * (tokens - t0))
+    return None
+
+
+def logit_growth(pairs: Sequence[Pair], best: TrialRecord | None,
+                 threshold: float = LOGIT_GROWTH_WARNING) -> dict[str, Any]:
+    """Trials that did not diverge but whose largest attention logit exceeded ``threshold``: by LR, the
+    largest value any of its trials reached (and the best trial's, for scale)."""
+    def peak(record: TrialRecord) -> float | None:
+        values = column(record, "attn_logit_max")
+        if values is None or not np.isfinite(values).any():
+            return None
+        return float(np.nanmax(np.abs(values[np.isfinite(values)])))
+
+    grown: dict[float, float] = {}
+    for run, record in pairs:
+        value = peak(record)
+        if not run.diverged and value is not None and value > threshold:
+            grown[run.lr] = max(value, grown.get(run.lr, 0.0))
+    return {"threshold": threshold, "best": peak(best) if best is not None else None,
+            "lrs": [{"lr": lr, "attn_logit_max": value} for lr, value in sorted(grown.items())]}
+
+
+def stage_accounting(pairs: Sequence[Pair], edge_state: dict[str, Any] | None,
+                     range_tokens: int | None = None) -> list[dict[str, Any]]:
+    """Per stage: its LRs, trials, tokens trained, and why (the edge search's decisions); a grid or
+    Optuna sweep is one stage. ``range_tokens``: the range test's (not a trial record of its own)."""
+    stages: dict[str, dict[str, Any]] = {}
+    if range_tokens is not None:
+        stages["range"] = {"name": "range", "lrs": set(), "trials": 1, "tokens": range_tokens, "why": []}
+    for run, record in pairs:
+        entry = stages.setdefault(run.stage, {"name": run.stage, "lrs": set(), "trials": 0, "tokens": 0, "why": []})
+        if run.stage != "range":
+            entry["lrs"].add(run.lr)
+        entry["trials"] += 1
+        entry["tokens"] += tokens_trained(record) or 0
+    for decision in (edge_state or {}).get("decisions", []):
+        entry = stages.setdefault(decision["stage"], {"name": decision["stage"], "lrs": set(), "trials": 0,
+                                                      "tokens": 0, "why": []})
+        entry["why"].append(decision["why"])
+    order = {name: i for i, name in enumerate(("range", "coarse", "bisect", "refine", "seeds"))}
+    result = sorted(stages.values(), key=lambda e: (order.get(e["name"], -1), e["name"]))
+    return [{**e, "lrs": sorted(e["lrs"])} for e in result]
+
+
+def same_resolution_grid(pairs: Sequence[Pair], resolution: float | None, budget: Budget) -> dict[str, Any] | None:
+    """What a plain grid would cost to resolve the edge as finely: LRs from the smallest to the largest
+    tried, ``resolution`` apart (the bracket ratio reached), each trained to the full budget once."""
+    lrs = [run.lr for run, _ in pairs if run.stage != "range"]
+    if not lrs or resolution is None or resolution <= 1 or min(lrs) <= 0:
+        return None
+    points = math.ceil(math.log(max(lrs) / min(lrs)) / math.log(resolution) - 1e-9) + 1
+    return {"points": points, "ratio": resolution, "low": min(lrs), "high": max(lrs),
+            "tokens": points * budget.full_tokens}
