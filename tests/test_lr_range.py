@@ -54,10 +54,10 @@ def test_settings_that_cannot_ramp_are_refused_naming_the_key():
 
 @pytest.fixture(scope="module")
 def range_run(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """``lr_find`` on the quick model (batch 16 x 64 tokens, 100 steps from 1e-5 to 10), once."""
+    """``lr_find`` on the quick model (batch 16 x 64 tokens, 60 steps from 1e-5 to 10), once."""
     out = tmp_path_factory.mktemp("lr_find") / "range"
     argv = ["--data", str(builtin_data), "--budget", "quick", "--set", "batch_size=16", "--set", "context_length=64",
-            "--set", "device=cpu", "--set", "compile=off", "--out", str(out), "--quiet"]
+            "--set", "device=cpu", "--set", "compile=off", "--steps", "60", "--out", str(out), "--quiet"]
     from contextlib import redirect_stdout
     from io import StringIO
 
@@ -72,7 +72,7 @@ def test_the_range_test_on_the_quick_model_finds_the_blow_up_below_the_largest_l
     out, _ = range_run
     result = read_range_test(out)
     assert result is not None and result.blowup_lr is not None and result.blowup_lr < 10
-    assert len(result.lrs) < 100  # it stopped at the blow-up instead of running on
+    assert len(result.lrs) < 60  # it stopped at the blow-up instead of running on
 
 
 @pytest.mark.slow
@@ -85,7 +85,7 @@ def test_the_steepest_descent_never_lies_above_the_blow_up(range_run):
 def test_lr_find_writes_its_curve_figure_and_settings_and_prints_the_coarse_grid(range_run):
     out, printed = range_run
     assert {RANGE_CSV, RANGE_JSON, RANGE_FIGURE} <= {p.name for p in out.iterdir()}
-    assert json.loads((out / RANGE_JSON).read_text())["settings"]["steps"] == 100
+    assert json.loads((out / RANGE_JSON).read_text())["settings"]["steps"] == 60
     assert "steepest descent at lr" in printed and "coarse grid at lr" in printed
 
 
