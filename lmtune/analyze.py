@@ -29,7 +29,8 @@ def parse_target(text: str | None) -> float | None:
 def headline(summary: dict[str, Any]) -> list[str]:
     """The few lines the CLI prints."""
     counts = ", ".join(f"{n} {s}" for s, n in summary.get("status_counts", {}).items())
-    lines = [f"sweep {summary.get('sweep')}: {len(summary['trials'])} trials ({counts})"]
+    range_test = " and the LR range test" if summary.get("range_test") else ""
+    lines = [f"sweep {summary.get('sweep')}: {len(summary['trials'])} trials ({counts}){range_test}"]
     if summary.get("candidate_tokens"):
         fewest, most = summary["candidate_tokens"]
         lines.append(f"best lr {summary['best_lr']:.3g}: val loss {summary['best_val_loss']:.4f}, but not at equal "
