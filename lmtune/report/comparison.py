@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lmtune.report.stability import TrialRecord, classify, column, tokens_trained, val_points
-from lmtune.sweep.edge import INTERRUPTED, Budget, EdgeSettings, Run, conclude, equal_token_losses
+from lmtune.sweep.edge import INTERRUPTED, Budget, EdgeSettings, Run, conclude
 
 # A stable run's attention logits above this are worth a warning: Wortsman et al. (2023) find
 # attention-logit growth ahead of the instabilities qk-layernorm removes (their diverging runs reach
@@ -44,11 +44,6 @@ def record_runs(records: Sequence[TrialRecord], budget: Budget) -> list[Pair]:
                   {int(t): float(v) for t, v in zip(tokens, val, strict=True)}, others)
         pairs.append((run, record))
     return pairs
-
-
-def equal_token_table(pairs: Sequence[Pair], rungs: Sequence[int]) -> dict[int, dict[float, list[float]]]:
-    """{tokens: {lr: [loss of each trial at that LR that reached those tokens]}} for every rung."""
-    return equal_token_losses([run for run, _ in pairs], rungs)
 
 
 def summarize_equal_tokens(table: dict[int, dict[float, list[float]]]) -> dict[str, dict[str, float]]:

@@ -13,7 +13,6 @@ from lmtune.errors import LmtuneError
 from lmtune.report.comparison import (
     best_record,
     edge_conclusion,
-    equal_token_table,
     full_budget_convergence,
     full_budget_sensitivity,
     logit_growth,
@@ -37,7 +36,7 @@ from lmtune.report.stability import (
     tokens_trained,
     trial_row,
 )
-from lmtune.sweep.edge import Budget, EdgeSettings
+from lmtune.sweep.edge import Budget, EdgeSettings, equal_token_losses
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, 
                                  else None)
     ell0 = ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records))
     sensitivity = full_budget_sensitivity(pairs, ell0)
-    table = equal_token_table(pairs, budget.rungs)
+    table = equal_token_losses([run for run, _ in pairs], budget.rungs)
     rows = [trial_row(r) for r in sorted(records, key=lambda rec: (rec.lr, rec.seed or 0, rec.trial_id))]
     stages = stage_accounting(pairs, edge_state, range_tokens)
     summary.update({
