@@ -46,7 +46,8 @@ def plot_loss_curves(rows: list[dict], path: Path, title: str = "") -> Path:
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(title or "loss curves")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if train or val:  # a run that diverged before its first row has no curve to label
+        ax.legend()
     return save_figure(fig, path)
 
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
@@ -50,6 +50,13 @@ class RunEnd:
     @property
     def reason(self) -> str:
         return f"{self.detail} at step {self.diverged_step}" if self.diverged_step else self.detail
+
+
+class Progress(Protocol):
+    """What a run's summary needs of its state: a TrainState, or one member of a fused group."""
+
+    step: int
+    best_val_loss: float
 
 
 @dataclass
@@ -159,7 +166,7 @@ def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunC
     return checkpointer.save(state, config, history)
 
 
-def finish_run(out_dir: Path, config: RunConfig, state: TrainState, end: RunEnd, rows: list[Row], wall_time: float,
+def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float,
                sinks: Sequence[MetricsSink]) -> RunResult:
     """summary.json and the run's figures, then the sinks hear how it ended."""
     summary = run_summary(config, state, end, rows, wall_time)
@@ -174,7 +181,7 @@ def finish_run(out_dir: Path, config: RunConfig, state: TrainState, end: RunEnd,
     return result
 
 
-def run_summary(config: RunConfig, state: TrainState, end: RunEnd, rows: list[Row], wall_time: float) -> dict:
+def run_summary(config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float) -> dict:
     """summary.json: how the run ended, its losses, tokens and speed."""
     steps = end.diverged_step - 1 if end.diverged_step else state.step
     last_val = next((r["val_loss"] for r in reversed(rows) if r.get("val_loss") is not None), None)

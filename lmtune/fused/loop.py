@@ -1,0 +1,201 @@
+"""The fused training loop: K members of one shape, in lockstep, in one process.
+
+``train_fused(configs, out_dirs)`` is ``train()`` for a group: the members may differ in learning
+rate, its schedule's warm-up and floor, weight decay, betas, eps, gradient clipping and seed, and
+share everything else. Each member writes its own folder exactly as ``train()`` would. A member that
+diverges is frozen in the step it happens and removed from the fused tensors at the next log
+interval (its compute reclaimed); so is a member the sweep's rung rule cuts. The others go on as if
+it had never been there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from lmtune.data.batches import fixed_val_batches
+from lmtune.data.dataset import load_data
+from lmtune.errors import LmtuneError
+from lmtune.fused.batches import MemberBatches
+from lmtune.fused.members import Member, MemberMeter
+from lmtune.fused.restore import restore_members
+from lmtune.fused.state import FusedState
+from lmtune.fused.step import evaluate_members, fused_train_step
+from lmtune.training.config import RunConfig
+from lmtune.training.device import configure_backend, peak_flops, resolve_device
+from lmtune.training.loop import RunEnd, RunResult, resolve_config, save_checkpoints, training_log
+from lmtune.training.metrics import Row
+from lmtune.training.model import flops_per_token
+from lmtune.training.schedule import lr_at
+from lmtune.training.step import Runtime
+
+log = logging.getLogger(__name__)
+
+# What members of one group may differ in; everything else must be equal.
+MEMBER_KEYS = ("lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "seed")
+
+# (tokens, {member: val loss}) at an evaluation -> {member: why it stops}: the sweep's rung rule.
+RungRule = Callable[[int, dict[int, float]], dict[int, str]]
+
+
+class GroupSink(Protocol):
+    """Hears the group at each log interval (each running member's row, the checkpoints written, the
+    members that ended there) and once at the end (every member's result)."""
+
+    def write(self, rows: dict[int, Row], checkpoints: dict[int, Path], endings: dict[int, RunResult]) -> None: ...
+
+    def close(self, results: list[RunResult]) -> None: ...
+
+
+def check_fusable(configs: Sequence[RunConfig]) -> None:
+    """Refuse, in one line, members that differ in anything but MEMBER_KEYS."""
+    def shared(config: RunConfig) -> dict:
+        d = config.to_dict()
+        d["train"] = {k: v for k, v in d["train"].items() if k not in MEMBER_KEYS}
+        return d
+
+    first = shared(configs[0])
+    for config in configs[1:]:
+        other = shared(config)
+        differ = sorted(k for section in ("model", "train") for k in first[section]
+                        if first[section][k] != other[section].get(k))
+        differ += [k for k in first if k not in ("model", "train") and first[k] != other.get(k)]
+        if differ:
+            raise LmtuneError(f"fused members must differ only in {', '.join(MEMBER_KEYS)}; these differ: "
+                              f"{', '.join(differ)} (run them in separate groups, or with fuse: 1)")
+
+
+def train_fused(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, resume: bool = False,
+                group_sink: GroupSink | None = None, rung_rule: RungRule | None = None) -> list[RunResult]:
+    """Train every config as one member of a fused group, member k writing to ``out_dirs[k]``.
+
+    ``resume`` continues the members that have not ended from their newest common checkpoint.
+    Returns each member's RunResult, in the order of ``configs``.
+    """
+    if len(configs) != len(out_dirs) or not configs:
+        raise LmtuneError(f"{len(configs)} configs for {len(out_dirs)} output folders; give one folder per member")
+    configs = [resolve_config(c, Path(c.data_dir)) for c in configs]
+    check_fusable(configs)
+    return FusedRun(configs, out_dirs, group_sink, rung_rule).run(resume)
+
+
+class FusedRun:
+    def __init__(self, configs: list[RunConfig], out_dirs: Sequence[Path], group_sink: GroupSink | None,
+                 rung_rule: RungRule | None):
+        self.configs, self.t = configs, configs[0].train
+        self.group_sink, self.rung_rule = group_sink, rung_rule
+        self.device = resolve_device(self.t.device)
+        configure_backend(self.device)
+        self.members = [Member.of(i, c, d) for i, (c, d) in enumerate(zip(configs, out_dirs, strict=True))]
+        self.state = FusedState.create(configs, self.device)
+        dtype = next(self.state.model.parameters()).dtype
+        # Every member's learning rate at every step, on the device: no host-to-device copy per step.
+        self.lr_table = torch.tensor([[lr_at(s, c.train.lr, c.train.min_lr_ratio, c.train.warmup_steps,
+                                             c.train.steps) for c in configs] for s in range(self.t.stop_step)],
+                                     dtype=dtype, device=self.device)
+
+    def running(self) -> list[Member]:
+        return [self.members[m] for m in self.state.positions]
+
+    def run(self, resume: bool) -> list[RunResult]:
+        first = self.configs[0]
+        data = load_data(Path(first.data_dir), first.model.context_length, first.model.vocab_size)
+        elapsed = restore_members(self.state, self.members) if resume else 0.0
+        with contextlib.ExitStack() as cleanup:
+            for member in self.running():
+                cleanup.enter_context(training_log(member.out_dir))
+                member.open(cleanup, self.state.step)
+            self.runtime = Runtime.build(self.state.model, first, self.device)
+            log.info("fused group of %d members (%s), from step %d", len(self.state.positions),
+                     ", ".join(m.label for m in self.running()), self.state.step)
+            self.batches = cleanup.enter_context(
+                MemberBatches(data.train, self.configs, self.state.positions, self.device, self.state.step))
+            self.val_batches = fixed_val_batches(data.val, self.t.batch_size, first.model.context_length,
+                                                 self.t.eval_batches)
+            self.meter = MemberMeter(len(self.state.positions), self.device, first.tokens_per_step,
+                                     flops_per_token(first.model), peak_flops(self.device), elapsed)
+            self.train_until_done()
+        results = [m.result for m in self.members]
+        if self.group_sink is not None:
+            self.group_sink.close(results)
+        return results
+
+    def train_until_done(self) -> None:
+        try:
+            while self.state.step < self.t.stop_step and self.state.positions:
+                step = self.state.step + 1
+                x, y = self.batches.next(self.state.positions)
+                lrs = self.lr_table[step - 1].index_select(0, self.positions_index())
+                result = fused_train_step(self.state, self.runtime, x, y, lrs, self.t.grad_accum_steps)
+                self.meter.add(step, result, self.batches.last_wait_s)
+                if self.t.logs_at(step):
+                    self.log_interval(step, x)
+        except KeyboardInterrupt:
+            log.warning("interrupted: each member's newest checkpoint is kept; continue with --resume")
+            self.end({m.index: RunEnd("stopped", f"interrupted at step {self.state.step}") for m in self.running()})
+        self.end({m.index: RunEnd() for m in self.running()})
+
+    def positions_index(self) -> torch.Tensor:
+        return torch.tensor(self.state.positions, dtype=torch.long, device=self.device)
+
+    def log_interval(self, step: int, x: torch.Tensor) -> None:
+        """The interval's rows, validation, checkpoints and endings: the loop's only host syncs."""
+        endings = {self.state.positions[p]: RunEnd("diverged", "non-finite loss or gradient norm", bad)
+                   for p, bad in enumerate(self.meter.first_nonfinite_steps()) if bad is not None}
+        rows = dict(zip(self.state.positions, self.meter.take(step), strict=True))
+        lrs = [lr_at(step - 1, c.train.lr, c.train.min_lr_ratio, c.train.warmup_steps, c.train.steps)
+               for c in self.configs]
+        probes = {k: v.tolist() for k, v in self.state.model.stability_probes(x[..., :2, :]).items()}
+        vals = evaluate_members(self.runtime, self.val_batches, self.t.grad_accum_steps) \
+            if self.t.evaluates_at(step) else [None] * len(rows)
+        for position, (m, row) in enumerate(rows.items()):
+            row.update(lr=lrs[m], val_loss=vals[position], **{k: v[position] for k, v in probes.items()})
+            if row["val_loss"] is not None and not math.isfinite(row["val_loss"]) and m not in endings:
+                endings[m] = RunEnd("diverged", "non-finite validation loss", step)
+        written = {m: rows[m] for m in rows if m not in endings}
+        checkpoints = {}
+        for m, row in written.items():
+            checkpoint = self.write_member(self.members[m], row, step)
+            if checkpoint is not None:
+                checkpoints[m] = checkpoint
+        if self.rung_rule is not None and self.t.evaluates_at(step):
+            cut = self.rung_rule(step * self.configs[0].tokens_per_step, {m: r["val_loss"] for m, r in written.items()})
+            endings.update({m: RunEnd("stopped_early", why) for m, why in cut.items() if m in written})
+        results = self.end(endings)
+        if self.group_sink is not None:
+            self.group_sink.write(written, checkpoints, results)
+        best = min(written.values(), key=lambda r: r["train_loss"], default=None)
+        if best is not None:
+            log.info("step %d/%d: %d members, best train loss %.4f, %.0f tok/s per member", step, self.t.steps,
+                     len(written) - len(results), best["train_loss"], best["tokens_per_s"])
+        self.meter.restart()
+
+    def write_member(self, member: Member, row: Row, step: int) -> Path | None:
+        """A running member's row and checkpoints (best.pt, periodic), as ``train()`` writes them."""
+        member.step = step
+        member.write(row)
+        improved = row["val_loss"] is not None and row["val_loss"] < member.best_val_loss
+        if not improved and not member.config.train.checkpoints_at(step):
+            return None
+        alone = self.state.member_train_state(member.index, member.best_val_loss, member.elapsed_s)
+        written = save_checkpoints(member.checkpointer, alone, member.config, row, member.csv.rows, self.meter)
+        member.best_val_loss, member.elapsed_s = alone.best_val_loss, alone.elapsed_s
+        return written
+
+    def end(self, endings: dict[int, RunEnd]) -> dict[int, RunResult]:
+        """Finish these members (summary.json, figures) and take them out of the fused tensors."""
+        if not endings:
+            return {}
+        results = {m: self.members[m].finish(end, self.meter.elapsed_s()) for m, end in endings.items()}
+        keep = [m for m in self.state.positions if m not in endings]
+        positions = [self.state.positions.index(m) for m in keep]
+        self.state.keep(keep)
+        self.meter.keep(positions)
+        self.batches.keep(keep)
+        return results

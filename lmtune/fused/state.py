@@ -1,0 +1,95 @@
+"""The training state of a fused group: the fused model, its per-member AdamW, the step, and which of
+the group's members are still in the fused tensors.
+
+A member goes in and out as an ordinary single-model ``TrainState``: ``create`` initialises each
+member exactly as an unfused run with its seed would, ``member_train_state`` is what its checkpoint
+saves, and ``load_member`` takes a single-model checkpoint back in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lmtune.fused.model import FusedTransformerLM
+from lmtune.fused.optim import MemberAdamW, MemberHyperparameters
+from lmtune.training.config import RunConfig
+from lmtune.training.model import TransformerLM
+from lmtune.training.state import TrainState, build_optimizer, seed_everything
+
+
+def adamw_order(model: FusedTransformerLM) -> list[str]:
+    """Parameter names in the order ``build_optimizer`` lists a member's (its state dict's integer keys):
+    the matrices (ndim >= 3 with the member dimension), then the gains."""
+    named = list(model.named_parameters())
+    return [n for n, p in named if p.ndim >= 3] + [n for n, p in named if p.ndim < 3]
+
+
+@dataclass
+class FusedState:
+    model: FusedTransformerLM
+    optimizer: MemberAdamW
+    configs: list[RunConfig]
+    """Every member's config, by the member's index in the group."""
+    positions: list[int]
+    """The group index of the member at each position of the fused tensors."""
+    active: torch.Tensor
+    """(K,) device bools: false once a member's step went non-finite (its updates are masked)."""
+    step: int = 0
+
+    @classmethod
+    def create(cls, configs: Sequence[RunConfig], device: torch.device,
+               dtype: torch.dtype = torch.float32) -> FusedState:
+        """Each member initialised as ``TrainState.create`` would with its seed (one model per seed), its
+        parameters in ``dtype`` (float64 to check the fusion's arithmetic against separate runs)."""
+        by_seed: dict[int, TransformerLM] = {}
+        for config in configs:
+            seed = config.train.seed
+            if seed not in by_seed:
+                seed_everything(seed)
+                by_seed[seed] = TransformerLM(config.model).to(device=device, dtype=dtype)
+        model = FusedTransformerLM.from_members([by_seed[c.train.seed] for c in configs])
+        like = next(model.parameters())
+        optimizer = MemberAdamW(model, MemberHyperparameters.of([c.train for c in configs], like))
+        active = torch.ones(len(configs), dtype=torch.bool, device=device)
+        return cls(model, optimizer, list(configs), list(range(len(configs))), active)
+
+    @property
+    def device(self) -> torch.device:
+        return self.active.device
+
+    def keep(self, members: list[int]) -> None:
+        """Keep only these group members (in their current order) in the fused tensors."""
+        positions = [self.positions.index(m) for m in members]
+        self.model.keep(positions)
+        self.optimizer.keep(positions)
+        self.active = self.active[torch.tensor(positions, dtype=torch.long, device=self.device)]
+        self.positions = list(members)
+
+    def member_train_state(self, member: int, best_val_loss: float, elapsed_s: float) -> TrainState:
+        """The member as a single-model TrainState (model and AdamW state): what its checkpoint holds."""
+        config, position = self.configs[member], self.positions.index(member)
+        model = TransformerLM(config.model).to(device=self.device, dtype=next(self.model.parameters()).dtype)
+        model.load_state_dict(self.model.member_state_dict(position))
+        optimizer = build_optimizer(model, config, self.device)
+        params = dict(model.named_parameters())
+        steps = float(self.optimizer.steps[position])
+        for name, (m, v) in self.optimizer.member_moments(position).items():
+            optimizer.state[params[name]] = {"step": torch.tensor(steps), "exp_avg": m, "exp_avg_sq": v}
+        return TrainState(model, optimizer, self.step, best_val_loss, elapsed_s)
+
+    @torch.no_grad()
+    def load_member(self, member: int, saved: dict[str, Any]) -> None:
+        """A single-model checkpoint (``TrainState.state_dict``) into the member's slice."""
+        position = self.positions.index(member)
+        params = dict(self.model.named_parameters())
+        for name, value in saved["model"].items():
+            params[name][position].copy_(value)
+        names = adamw_order(self.model)
+        state = saved["optimizer"]["state"]
+        moments = {names[int(i)]: (s["exp_avg"], s["exp_avg_sq"]) for i, s in state.items()}
+        steps = int(float(next(iter(state.values()))["step"])) if state else 0
+        self.optimizer.load_member_moments(position, moments, steps)
