@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", help="Ray storage: a shared path or s3:// / gs:// URI (default: --results)")
     p.add_argument("--time-budget", help="sweep wall-clock budget (e.g. 4h): trials projected past it stop as too_slow")
     p.add_argument("--gpus-per-trial", type=float, help="GPU share per trial; 0.25 packs four trials per GPU")
+    p.add_argument("--fuse", type=int, metavar="K", help="train up to K LRs of a grid as one fused model per trial "
+                   "(default: the space's fuse, else 1)")
     p.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs per trial (default 1)")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: what the resources allow)")
     p.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial from its checkpoint")
@@ -58,6 +60,10 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         raise LmtuneError("--cpus-per-trial must be > 0")
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise LmtuneError("--max-concurrent must be >= 1")
+    if args.fuse is not None and args.fuse < 1:
+        raise LmtuneError("--fuse must be >= 1 (the LRs trained together in one process; 1: one per trial)")
+    if args.fuse is not None and args.resume:
+        raise LmtuneError("--fuse cannot change a sweep being resumed (its trials are already grouped); drop --fuse")
     if args.max_failures < 0:
         raise LmtuneError("--max-failures must be >= 0")
     if args.name is None and args.resume:
@@ -70,7 +76,8 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         space=args.space, name=check_name(args.name or f"{Path(args.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"),
         results=Path(args.results), data=args.data, budget=args.budget, overrides=parse_set_args(args.set),
         resume=args.resume, storage=args.storage, time_budget_s=parse_duration(args.time_budget),
-        gpus_per_trial=args.gpus_per_trial, cpus_per_trial=args.cpus_per_trial, max_concurrent=args.max_concurrent,
+        gpus_per_trial=args.gpus_per_trial, fuse=args.fuse, cpus_per_trial=args.cpus_per_trial,
+        max_concurrent=args.max_concurrent,
         max_failures=args.max_failures, address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         ship_data_mb=args.ship_data_mb, dashboard=not args.no_dashboard, dashboard_host=args.dashboard_host,
         quiet=args.quiet, wandb_project=args.wandb, command=("python -m lmtune.run", *argv),

@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 # What members of one group may differ in; everything else must be equal.
 MEMBER_KEYS = ("lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "seed")
 
-# (tokens, {member: val loss}) at an evaluation -> {member: why it stops}: the sweep's rung rule.
-RungRule = Callable[[int, dict[int, float]], dict[int, str]]
+# (step, {member: its row}) at a log interval -> {member: how it ends there}: a sweep's stopping rules.
+MemberRule = Callable[[int, dict[int, Row]], dict[int, RunEnd]]
 
 
 class GroupSink(Protocol):
@@ -72,24 +72,25 @@ def check_fusable(configs: Sequence[RunConfig]) -> None:
 
 
 def train_fused(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, resume: bool = False,
-                group_sink: GroupSink | None = None, rung_rule: RungRule | None = None) -> list[RunResult]:
+                group_sink: GroupSink | None = None, member_rule: MemberRule | None = None) -> list[RunResult]:
     """Train every config as one member of a fused group, member k writing to ``out_dirs[k]``.
 
-    ``resume`` continues the members that have not ended from their newest common checkpoint.
+    ``resume`` continues the members that have not ended from their newest common checkpoint;
+    ``member_rule`` ends members at a log interval (a sweep's divergence and rung rules).
     Returns each member's RunResult, in the order of ``configs``.
     """
     if len(configs) != len(out_dirs) or not configs:
         raise LmtuneError(f"{len(configs)} configs for {len(out_dirs)} output folders; give one folder per member")
     configs = [resolve_config(c, Path(c.data_dir)) for c in configs]
     check_fusable(configs)
-    return FusedRun(configs, out_dirs, group_sink, rung_rule).run(resume)
+    return FusedRun(configs, out_dirs, group_sink, member_rule).run(resume)
 
 
 class FusedRun:
     def __init__(self, configs: list[RunConfig], out_dirs: Sequence[Path], group_sink: GroupSink | None,
-                 rung_rule: RungRule | None):
+                 member_rule: MemberRule | None):
         self.configs, self.t = configs, configs[0].train
-        self.group_sink, self.rung_rule = group_sink, rung_rule
+        self.group_sink, self.member_rule = group_sink, member_rule
         self.device = resolve_device(self.t.device)
         configure_backend(self.device)
         self.members = [Member.of(i, c, d) for i, (c, d) in enumerate(zip(configs, out_dirs, strict=True))]
@@ -164,9 +165,8 @@ class FusedRun:
             checkpoint = self.write_member(self.members[m], row, step)
             if checkpoint is not None:
                 checkpoints[m] = checkpoint
-        if self.rung_rule is not None and self.t.evaluates_at(step):
-            cut = self.rung_rule(step * self.configs[0].tokens_per_step, {m: r["val_loss"] for m, r in written.items()})
-            endings.update({m: RunEnd("stopped_early", why) for m, why in cut.items() if m in written})
+        if self.member_rule is not None:
+            endings.update({m: end for m, end in self.member_rule(step, written).items() if m in written})
         results = self.end(endings)
         if self.group_sink is not None:
             self.group_sink.write(written, checkpoints, results)

@@ -209,9 +209,11 @@ def _valid_entries(path: Path) -> dict[str, dict[str, Any]]:
 # Trial folders
 
 
-def write_trial_file(out_dir: Path, trial_id: str, params: dict[str, Any]) -> None:
-    """trial.json: the trial a folder holds, written by the trial itself when it starts."""
-    atomic_write_json(Path(out_dir) / TRIAL_FILE, {"trial_id": trial_id, "params": params})
+def write_trial_file(out_dir: Path, trial_id: str, params: dict[str, Any], group: str | None = None) -> None:
+    """trial.json: the trial a folder holds, written by the trial itself when it starts; ``group``: the
+    fused trial it is a member of."""
+    atomic_write_json(Path(out_dir) / TRIAL_FILE, {"trial_id": trial_id, "params": params,
+                                                   **({"group": group} if group else {})})
 
 
 @dataclass
@@ -236,25 +238,27 @@ def trial_folders(sweep_dir: Path) -> list[TrialFolder]:
 
     The trial id comes from the trial's own trial.json; folders of sweeps written before lmtune wrote
     one are read from Ray's result.json and params.json instead. A folder Ray made for a trial that
-    has not started yet holds neither and is left out.
+    has not started yet holds neither and is left out, and so is a fused trial's own folder: its
+    members, each in a folder of its own, are the trials.
     """
     found = []
     for path in sorted(p for p in Path(sweep_dir).iterdir() if p.is_dir()):
         trial_id = trial_id_in(path)
-        if trial_id:
-            own = _read_json(path / TRIAL_FILE)
-            params = own.get("params") if own.get("trial_id") else _read_json(path / "params.json")
+        own = read_json_object(path / TRIAL_FILE)
+        params = own.get("params") if own.get("trial_id") else read_json_object(path / "params.json")
+        if trial_id and "members" not in own and "members" not in (params or {}):
             found.append(TrialFolder(path, trial_id, dict(params or {})))
     return found
 
 
 def trial_id_in(folder: Path) -> str | None:
     """The Tune trial id of a trial folder: its trial.json, else (older sweeps) Ray's result.json."""
-    own = _read_json(Path(folder) / TRIAL_FILE).get("trial_id")
+    own = read_json_object(Path(folder) / TRIAL_FILE).get("trial_id")
     return str(own) if own else _first_result_trial_id(Path(folder))
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object file; {} while missing, half-written or not an object."""
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -35,12 +35,14 @@ from lmtune.sweep import plan
 from lmtune.sweep.edge import ASHA_STAGES, Budget, EdgeSearch, EdgeSettings, Run, conclude
 from lmtune.sweep.record import (
     SWEEP_FILE,
+    TRIAL_FILE,
     Outcome,
     SweepRecord,
     asha_state_path,
     is_sweep_dir,
     ledger_path,
     read_edge_state,
+    read_json_object,
     read_outcomes,
     sole_writer,
 )
@@ -50,6 +52,7 @@ from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
 from lmtune.training.lr_range import RangeTestConfig
+from lmtune.training.metrics import METRICS_FILE, read_metrics_frame
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,8 @@ class SweepOptions:
     time_budget_s: float | None = None
     gpus_per_trial: float | None = None
     """None: one trial per GPU share the packing rule picks (lmtune.sweep.plan)."""
+    fuse: int | None = None
+    """LRs per fused trial; None: the space's ``fuse``."""
     cpus_per_trial: float = 1.0
     max_concurrent: int | None = None
     max_failures: int = 2
@@ -177,6 +182,11 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
         raise LmtuneError(f"results/{options.name} already exists; pass --resume to continue it or choose "
                           "another --name")
     space = load_space(options.space)
+    if options.fuse is not None:
+        space = space.fused(options.fuse, fail=lambda message: LmtuneError(f"--fuse {options.fuse}: {message}"))
+    if space.fuse > 1 and options.storage and "://" in options.storage:
+        raise LmtuneError(f"--storage {options.storage}: fused members write beside their trial's folder, which needs "
+                          "filesystem storage (a local or shared path); use fuse: 1 with URI storage")
     data_dir = (options.data or ensure_builtin_corpus()).resolve()  # trials run in their own working dirs
     base = sweep_base_config(space, options.budget or space.budget, options.overrides, data_dir)
     preflight_write_check(options.results.resolve())
@@ -233,7 +243,8 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         # still "running" there and would be resumed. Errored trials are retried (resume_errored).
         ended = frozenset(t for t, e in read_outcomes(sweep_dir).items() if e.get("outcome") != Outcome.ERROR)
         resources = {k: float(v) for k, v in record.resources_per_trial.items()}
-        trainable = build_trainable(base, resources, shipped, EdgeSettings.of_space(record.space), ended)
+        rules = {"explode_factor": (record.space.get("stopper") or {}).get("explode_factor", 1.5), "asha": record.asha}
+        trainable = build_trainable(base, resources, shipped, EdgeSettings.of_space(record.space), ended, rules)
         try:
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
@@ -335,8 +346,9 @@ def build_tuner(options: SweepOptions, space: SearchSpace, base: RunConfig, reso
         # sees "objective": the latest val loss (ln(vocab) for a diverged trial).
         search_alg = make_searcher(space, metric="objective", seed=base.train.seed)
         num_samples = space.num_samples if space.search == "optuna" else 1
+    rules = {"explode_factor": space.stopper.explode_factor, "asha": asdict(asha) if asha else None}
     return tune.Tuner(
-        build_trainable(base, resources, shipped, space.edge if edge else None),
+        build_trainable(base, resources, shipped, space.edge if edge else None, fused_rules=rules),
         param_space=tune_param_space(space),
         tune_config=tune.TuneConfig(
             search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
@@ -364,12 +376,13 @@ def edge_searcher(settings: EdgeSettings, base: RunConfig, asha: plan.AshaBudget
 
 
 def build_trainable(base: RunConfig, resources: dict[str, float], shipped: ShippedData | None,
-                    edge: EdgeSettings | None = None, ended: frozenset[str] = frozenset()):
+                    edge: EdgeSettings | None = None, ended: frozenset[str] = frozenset(),
+                    fused_rules: dict[str, Any] | None = None):
     range_test = None if edge is None else asdict(RangeTestConfig(
         min_lr=edge.range_min_lr, max_lr=edge.range_max_lr, steps=edge.range_steps,
         blowup_factor=edge.range_blowup_factor))
     trainable = tune.with_parameters(train_trial, base=base.to_dict(), shipped=shipped, ended=ended,
-                                     range_test=range_test)
+                                     range_test=range_test, fused_rules=fused_rules)
     return tune.with_resources(trainable, resources)
 
 
@@ -387,7 +400,11 @@ def ship_data(options: SweepOptions, data_dir: Path) -> ShippedData | None:
 
 
 def trial_dirname(trial) -> str:
-    params = "_".join(f"{k}={_short(v)}" for k, v in sorted(trial.config.items()))
+    config = dict(trial.config)
+    if "members" in config:  # a fused group: its LRs and the other settings its members share
+        config = {**config.pop("members"), **config}
+        config["lr"] = ",".join(_short(v) for v in config["lr"])
+    params = "_".join(f"{k}={_short(v)}" for k, v in sorted(config.items()))
     return f"{trial.trial_id}_{params}"[:120]
 
 
@@ -397,7 +414,8 @@ def _short(value: Any) -> str:
 
 def progress_reporter(space: SearchSpace) -> tune.CLIReporter:
     return tune.CLIReporter(
-        parameter_columns=["stage", "lr", "seed"] if space.search == "edge" else list(space.params),
+        parameter_columns=["stage", "lr", "seed"] if space.search == "edge" else
+        ["members"] if space.fuse > 1 else list(space.params),
         metric_columns={"tokens": "tokens", "train_loss": "train", "val_loss": "val", "tokens_per_s": "tok/s"},
         max_report_frequency=15, sort_by_metric=False,
     )
@@ -410,7 +428,7 @@ def sweep_record(options: SweepOptions, space: SearchSpace, base: RunConfig, res
         name=options.name,
         space={"name": space.name, "path": str(space.path), "description": space.description,
                "search": space.search, "sampler": space.sampler, "num_samples": space.num_samples,
-               "num_trials": space.num_trials, "params": space.params, "fixed": space.fixed,
+               "num_trials": space.num_trials, "params": space.params, "fixed": space.fixed, "fuse": space.fuse,
                "scheduler": asdict(space.scheduler), "stopper": asdict(space.stopper),
                **({"edge": asdict(space.edge)} if space.search == "edge" else {}),
                "description_of_search": space.describe_search(), "yaml": space.path.read_text()},
@@ -433,7 +451,8 @@ def sweep_result(sweep_dir: Path, results: tune.ResultGrid, record: SweepRecord)
     outcomes = read_outcomes(sweep_dir)
     counts: dict[str, int] = {}
     for entry in outcomes.values():
-        counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
+        if "members" not in entry:  # a fused group: its members are the trials
+            counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
     summary = SweepResult(sweep_dir, max(record.num_trials or 0, len(results)), dict(sorted(counts.items())))
     edge = EdgeSettings.of_space(record.space)
     search_running = edge is not None and not (read_edge_state(sweep_dir) or {}).get("finished")
@@ -456,27 +475,59 @@ def sweep_result(sweep_dir: Path, results: tune.ResultGrid, record: SweepRecord)
 
 def result_runs(results: tune.ResultGrid, outcomes: dict[str, dict[str, Any]],
                 budget: Budget) -> list[tuple[Run, Any]]:
-    """Each LR trial of a ResultGrid as an edge.Run (the range test left out), with its Result."""
+    """Each LR trial of a ResultGrid as an edge.Run (the range test left out), with its Result; a fused
+    trial's members each as a Run, with a MemberResult."""
     pairs = []
     for result in results:
         config, metrics = dict(result.config or {}), dict(result.metrics or {})
+        if "members" in config:
+            pairs += member_runs(result, outcomes, budget)
+            continue
         stage = config.get("stage", "grid")
         if stage == "range" or not isinstance(config.get("lr"), (int, float)):
             continue
         outcome = outcomes.get(metrics.get("trial_id"), {}).get("outcome") or ("error" if result.error else "ended")
-        val, tokens = {}, 0
-        frame = result.metrics_dataframe
-        if frame is not None and "tokens" in frame:
-            tokens = int(frame["tokens"].dropna().max()) if frame["tokens"].notna().any() else 0
-            if METRIC in frame:
-                for t, v in frame[["tokens", METRIC]].dropna().itertuples(index=False):
-                    if math.isfinite(v):
-                        val[int(t)] = float(v)
-        budget_tokens = int(metrics.get("total_tokens") or budget.full_tokens)
-        others = tuple(sorted((k, v) for k, v in config.items() if k not in ("lr", "seed", "stage", "run_steps")))
-        pairs.append((Run(float(config["lr"]), int(config.get("seed", budget.seed)), stage, budget_tokens,
-                          int(metrics.get("run_tokens") or budget_tokens), outcome, tokens, val, others), result))
+        pairs.append((_run(config, metrics, result.metrics_dataframe, outcome, budget), result))
     return pairs
+
+
+@dataclass(frozen=True)
+class MemberResult:
+    """A fused trial's member where a Tune Result stands for an unfused trial: its folder and config."""
+
+    path: str
+    config: dict[str, Any]
+
+
+def member_runs(result, outcomes: dict[str, dict[str, Any]], budget: Budget) -> list[tuple[Run, MemberResult]]:
+    """The members of a fused trial (their folders named in the group's trial.json) as Runs."""
+    metrics = dict(result.metrics or {})
+    group = dict(result.config["members"])
+    lrs = group.pop("lr")
+    folders = (read_json_object(Path(result.path) / TRIAL_FILE) or {}).get("members") or {}
+    pairs = []
+    for (member, name), lr in zip(folders.items(), lrs, strict=False):
+        config = {"lr": lr, **group}
+        outcome = outcomes.get(member, {}).get("outcome") or ("error" if result.error else "ended")
+        folder = Path(result.path).parent / name
+        frame = read_metrics_frame(folder / METRICS_FILE)
+        pairs.append((_run(config, metrics, frame, outcome, budget), MemberResult(str(folder), config)))
+    return pairs
+
+
+def _run(config: dict[str, Any], metrics: dict[str, Any], frame, outcome: str, budget: Budget) -> Run:
+    stage = config.get("stage", "grid")
+    val, tokens = {}, 0
+    if frame is not None and "tokens" in frame:
+        tokens = int(frame["tokens"].dropna().max()) if frame["tokens"].notna().any() else 0
+        if METRIC in frame:
+            for t, v in frame[["tokens", METRIC]].dropna().itertuples(index=False):
+                if math.isfinite(v):
+                    val[int(t)] = float(v)
+    budget_tokens = int(metrics.get("total_tokens") or budget.full_tokens)
+    others = tuple(sorted((k, v) for k, v in config.items() if k not in ("lr", "seed", "stage", "run_steps")))
+    return Run(float(config["lr"]), int(config.get("seed", budget.seed)), stage, budget_tokens,
+               int(metrics.get("run_tokens") or budget_tokens), outcome, tokens, val, others)
 
 
 def _best_at_any_tokens(summary: SweepResult, pairs: list[tuple[Run, Any]]) -> None:

@@ -20,7 +20,9 @@ Every problem is one line naming the file, the key and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from lmtune.training.config import BUDGETS, EXAMPLES, budget_config, coerce_valu
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 TOP_KEYS = {"description", "search", "sampler", "num_samples", "budget", "params", "set", "scheduler", "stopper",
-            "edge"}
+            "edge", "fuse"}
 SEARCHES = ("grid", "optuna", "edge")
 # What the edge search sets per trial itself (seed: the base seed may be set; further seeds are added).
 EDGE_OWNS = ("lr", "run_steps")
@@ -74,6 +76,8 @@ class SearchSpace:
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     stopper: StopperSpec = field(default_factory=StopperSpec)
     edge: EdgeSettings = field(default_factory=EdgeSettings)
+    fuse: int = 1
+    """LRs trained together as one fused model per trial (lmtune.fused); 1: a trial per LR."""
 
     @property
     def num_trials(self) -> int | None:
@@ -87,6 +91,16 @@ class SearchSpace:
         """The settings each trial sets for itself."""
         return list(EDGE_OWNS) if self.search == "edge" else list(self.params)
 
+    def fused(self, fuse: Any, fail: Callable[[str], Exception]) -> SearchSpace:
+        """This space with ``fuse`` LRs per trial, refused in one line (``fail``'s) where it cannot apply."""
+        if isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1:
+            raise fail(f"must be a positive integer, the LRs trained together in one process (got {shown(fuse)})")
+        if fuse > 1 and self.search != "grid":
+            raise fail(f"fusing needs search: grid (search: {self.search} suggests one trial at a time); use fuse: 1")
+        if fuse > 1 and "lr" not in self.params:
+            raise fail("fusing groups the LRs of params.lr, which this space does not sweep; use fuse: 1")
+        return dataclasses.replace(self, fuse=fuse)
+
     def describe_search(self) -> str:
         if self.search == "edge":
             e = self.edge
@@ -96,7 +110,8 @@ class SearchSpace:
                     f"{e.refine_factor:g}x of the best LR{seeds}")
         if self.search == "grid":
             dims = " x ".join(f"{k} ({len(v)} values)" for k, v in self.params.items())
-            return f"grid search over {dims}: {self.num_trials} trials"
+            fused = f", up to {self.fuse} LRs fused per process" if self.fuse > 1 else ""
+            return f"grid search over {dims}: {self.num_trials} trials{fused}"
         dims = ", ".join(f"{k} ~ {dist}{tuple(args)}" for k, (dist, args) in self.params.items())
         return f"Optuna {self.sampler.upper()} search, {self.num_samples} samples of {dims}"
 
@@ -192,6 +207,7 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
         edge=_parse_section(raw.get("edge"), "edge", EdgeSettings, EDGE_KEYS, fail),
     )
     _check_stopping(space, fail)
+    space = space.fused(raw.get("fuse", 1), fail=lambda message: fail("fuse", message))
     try:
         space.edge.validate(where=f"{path}: edge")
     except LmtuneError as err:
@@ -203,6 +219,17 @@ def parse_space(raw: Any, path: Path) -> SearchSpace:
     except LmtuneError as err:
         raise fail("params", f"{err}") from None
     return space
+
+
+def member_groups(space: SearchSpace) -> list[dict[str, Any]]:
+    """The grid cut into fused trials: each combination of the other swept settings, its LRs in groups of
+    up to ``space.fuse`` in the order listed, as {"lr": [...], other: value}."""
+    others = [name for name in space.params if name != "lr"]
+    combos = [{}]
+    for name in others:
+        combos = [{**c, name: v} for c in combos for v in space.params[name]]
+    lrs = space.params["lr"]
+    return [{"lr": lrs[i:i + space.fuse], **combo} for combo in combos for i in range(0, len(lrs), space.fuse)]
 
 
 def _one_of(raw: dict[str, Any], key: str, default: str, choices: tuple[str, ...], fail) -> str:
@@ -347,6 +374,8 @@ def tune_param_space(space: SearchSpace) -> dict[str, Any]:
 
     if space.search == "edge":
         return {}  # the edge searcher suggests every trial's config
+    if space.search == "grid" and space.fuse > 1:
+        return {"members": tune.grid_search(member_groups(space))}
     if space.search == "grid":
         return {name: tune.grid_search(values) for name, values in space.params.items()}
     result = {}

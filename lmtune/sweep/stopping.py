@@ -45,7 +45,11 @@ def format_hours(seconds: float) -> str:
 class OutcomeRecorder(Callback):
     """Writes decisions/trial_outcomes.json, and nothing else does: why each trial ended, with the step
     and tokens at that moment. The first decision about a trial stands, except that a trial retried
-    after an error (--resume retries errored trials) gets the ending of its retry."""
+    after an error (--resume retries errored trials) gets the ending of its retry.
+
+    A fused trial (lmtune.sweep.fused_trial) reports its members' endings as they happen; a decision
+    about the whole group (ASHA, the stopper, an error) is also each still-running member's. The
+    group's own entry lists its ``members``, so that counts of trials can leave it out."""
 
     def __init__(self, ledger: Path, gpus_per_trial: float = 0.0):
         self.ledger = Path(ledger)
@@ -54,7 +58,12 @@ class OutcomeRecorder(Callback):
     def decided(self, trial_id: str, outcome: Outcome, reason: str, result: dict[str, Any]) -> None:
         """A stop the stopper or ASHA just decided: written at once, so it survives a driver crash."""
         self._record(trial_id, outcome, reason, result)
+        self._record_running_members(outcome, reason, result)
         log.info("trial %s: %s", trial_id, reason)
+
+    def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info: Any) -> None:
+        for member, ending in (result.get("member_endings") or {}).items():
+            self._record(member, Outcome(ending["outcome"]), ending["reason"], ending)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
         result = trial.last_result or {}
@@ -67,6 +76,7 @@ class OutcomeRecorder(Callback):
         else:
             outcome, reason = Outcome.COMPLETED, "completed its budget"
         self._record(trial.trial_id, outcome, reason, result)
+        self._record_running_members(outcome, reason, result)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info: Any) -> None:
         message = _error_text(trial)
@@ -75,6 +85,11 @@ class OutcomeRecorder(Callback):
             reason += (f" (GPU shared by {round(1 / self.gpus_per_trial)} trials: lower trials per GPU with "
                        f"--gpus-per-trial {min(1.0, self.gpus_per_trial * 2):g})")
         self._record(trial.trial_id, Outcome.ERROR, reason, trial.last_result or {})
+        self._record_running_members(Outcome.ERROR, reason, trial.last_result or {})
+
+    def _record_running_members(self, outcome: Outcome, reason: str, result: dict[str, Any]) -> None:
+        for member in member_list(result.get("members_running")):
+            self._record(member, outcome, reason, result)
 
     def _entries(self) -> dict[str, dict[str, Any]]:
         return json.loads(self.ledger.read_text()) if self.ledger.exists() else {}
@@ -85,7 +100,15 @@ class OutcomeRecorder(Callback):
             return
         entries[trial_id] = {"outcome": str(outcome), "reason": reason, "time": time.time(),
                              "step": result.get("step"), "tokens": result.get("tokens")}
+        members = member_list(result.get("member_ids"))
+        if members and trial_id not in members:
+            entries[trial_id]["members"] = members
         atomic_write_json(self.ledger, entries)
+
+
+def member_list(ids: str | None) -> list[str]:
+    """A fused trial's comma-separated member ids as a list."""
+    return [i for i in (ids or "").split(",") if i]
 
 
 def _error_text(trial) -> str:

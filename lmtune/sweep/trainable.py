@@ -133,18 +133,25 @@ class TuneSink:
                 "in_warmup": values["step"] < self.config.train.warmup_steps, "node_id": self.node_id}
 
     def write(self, row: dict[str, Any], checkpoint: Path | None) -> None:
-        if row.get("val_loss") is not None and math.isfinite(row["val_loss"]):
-            self.latest_val = row["val_loss"]
-        metrics = self._metrics(row)
-        if checkpoint is None:
+        files = {} if checkpoint is None else {p.name: p for p in (checkpoint, checksum_path(checkpoint))}
+        self.report(row, files)
+
+    def report(self, values: dict[str, Any], files: dict[str, Path]) -> None:
+        """One Tune result; with ``files`` (name in the checkpoint -> path), a tune.Checkpoint of them."""
+        if values.get("val_loss") is not None and math.isfinite(values["val_loss"]):
+            self.latest_val = values["val_loss"]
+        metrics = self._metrics(values)
+        if not files:
             tune.report(metrics)
             return
         with tempfile.TemporaryDirectory(prefix="lmtune-ckpt-") as staging:
-            for path in (checkpoint, checksum_path(checkpoint)):
+            for name, path in files.items():
+                target = Path(staging) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
                 try:
-                    os.link(path, Path(staging) / path.name)  # no copy: Tune persists it from here
+                    os.link(path, target)  # no copy: Tune persists it from here
                 except OSError:
-                    shutil.copy2(path, Path(staging) / path.name)
+                    shutil.copy2(path, target)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(staging))
 
     def close(self, result: RunResult) -> None:
@@ -171,13 +178,15 @@ def restore_tune_checkpoint(out_dir: Path) -> None:
 
 
 def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None,
-                ended: frozenset[str] = frozenset(), range_test: dict[str, Any] | None = None) -> None:
+                ended: frozenset[str] = frozenset(), range_test: dict[str, Any] | None = None,
+                fused_rules: dict[str, Any] | None = None) -> None:
     """Ray Tune function trainable. ``params`` are the trial's own values (lr, ...; in an edge search
     also its ``stage``); ``base`` is the sweep's RunConfig as a dict (budget + --set + the space's fixed
     settings). ``ended``: ids of trials the ledger says already ended (set on --resume): Tune's
     experiment snapshot can predate that decision and resume them, and they return at once instead of
     training again. ``range_test``: the edge search's range-test settings (a RangeTestConfig as a
-    dict), for its trial of stage "range"."""
+    dict), for its trial of stage "range". A trial whose ``params`` hold ``members`` trains them as one
+    fused group (lmtune.sweep.fused_trial) under ``fused_rules`` (a MemberRules as a dict)."""
     # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
     # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
@@ -188,10 +197,17 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
         return
     out_dir = trial_output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_trial_file(out_dir, trial_id, params)
     limit_to_assigned_resources(context.get_trial_resources().required_resources)
     enable_shared_compile_cache(compile_cache_dir(out_dir))
     torch.compiler.reset()  # a reused worker: the last trial's compiled graphs guard on its own model
+    if "members" in params:
+        from lmtune.sweep.fused_trial import MemberRules, train_group_trial  # (it imports this module)
+
+        config = RunConfig.from_dict(base)
+        config.data_dir = str(trial_data_dir(config.data_dir, shipped))
+        train_group_trial(params, config, trial_id, out_dir, MemberRules(**(fused_rules or {})))
+        return
+    write_trial_file(out_dir, trial_id, params)
     stage = params.get("stage")
     overrides = {k: v for k, v in params.items() if k != "stage"}
     config = apply_overrides(RunConfig.from_dict(base), overrides, where=f"trial {trial_id}")

@@ -1,0 +1,186 @@
+"""A fused trial: one Tune trial trains a group of a grid's LRs as one fused model (lmtune.fused).
+
+Tune sees the group: ASHA ranks it by its best member, the stopper watches it as a whole, one GPU
+share runs it. Each member is a trial of its own everywhere else: a folder beside the group's
+(``<group id>-<k>_lr=...``, with trial.json, so analyze, diagnose and the report list it), an entry
+in the ledger with its own outcome and reason, and within the group the same rules end it that
+would end it alone: the stopper's divergence rule at every report, and ASHA's rung rule (keep the
+best 1/reduction_factor at each rung) among the group's members.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray import tune
+
+from lmtune.files import atomic_write_json
+from lmtune.fused.loop import train_fused
+from lmtune.sweep.edge import format_tokens
+from lmtune.sweep.record import TRIAL_FILE, Outcome, write_trial_file
+from lmtune.sweep.stopping import TrialStopper
+from lmtune.sweep.trainable import TuneSink
+from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.loop import RunEnd, RunResult
+from lmtune.training.metrics import Row
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemberRules:
+    """The sweep's stopping rules, as a group applies them to its members."""
+
+    explode_factor: float
+    asha: dict[str, Any] | None
+    """AshaBudget as a dict (max_t, grace_period, reduction_factor in tokens), or None without ASHA."""
+
+
+def member_folders(group_dir: Path, group_id: str, lrs: list[float]) -> dict[str, Path]:
+    """Member trial id -> its folder, beside the group's in the sweep folder."""
+    return {f"{group_id}-{k}": group_dir.parent / f"{group_id}-{k}_lr={lr:.3g}" for k, lr in enumerate(lrs)}
+
+
+def train_group_trial(params: dict[str, Any], base: RunConfig, group_id: str, group_dir: Path,
+                      rules: MemberRules) -> list[RunResult]:
+    """Train the group ``params["members"]`` ({"lr": [...], other swept settings}) with each member's
+    files in its own folder; Tune hears the group through GroupTuneSink."""
+    group = dict(params["members"])
+    lrs, others = list(group.pop("lr")), group
+    folders = member_folders(group_dir, group_id, lrs)
+    configs = [apply_overrides(base, {**others, "lr": lr}, where=f"trial {member}")
+               for member, lr in zip(folders, lrs, strict=True)]
+    atomic_write_json(group_dir / TRIAL_FILE, {"trial_id": group_id, "params": params,
+                                               "members": {m: f.name for m, f in folders.items()}})
+    for (member, folder), lr in zip(folders.items(), lrs, strict=True):
+        folder.mkdir(parents=True, exist_ok=True)
+        write_trial_file(folder, member, {"lr": lr, **others}, group=group_id)
+    restore_group_checkpoint(folders)
+    sink = GroupTuneSink(configs[0], list(folders))
+    return train_fused(configs, list(folders.values()), resume=True, group_sink=sink,
+                       member_rule=member_rule(configs[0], list(folders), rules))
+
+
+def member_rule(config: RunConfig, member_ids: list[str], rules: MemberRules):
+    """The group's MemberRule: the stopper's divergence rule at every row, ASHA's rung rule at evaluations."""
+    stopper = TrialStopper(recorder=None, explode_factor=rules.explode_factor)
+    rungs = GroupRungs(**rules.asha, run_tokens=config.run_tokens) if rules.asha else None
+    uniform = math.log(config.model.vocab_size)
+
+    def decide(step: int, rows: dict[int, Row]) -> dict[int, RunEnd]:
+        endings = {}
+        for m, row in rows.items():
+            seen = {**row, "uniform_loss": uniform, "in_warmup": step < config.train.warmup_steps}
+            decision = stopper.decide(member_ids[m], seen)
+            if decision is not None and decision[0] == Outcome.DIVERGED:
+                endings[m] = RunEnd("diverged", decision[1])
+        if rungs is not None:
+            vals = {m: r["val_loss"] for m, r in rows.items() if m not in endings and r["val_loss"] is not None}
+            tokens = step * config.tokens_per_step
+            endings.update({m: RunEnd("stopped_early", why) for m, why in rungs.cut(tokens, vals).items()})
+        return endings
+
+    return decide
+
+
+class GroupRungs:
+    """ASHA's rule among a group's members: at each rung (grace_period x reduction_factor^k tokens), the
+    first evaluation at or past it cuts the members worse than the best 1/reduction_factor of them, as
+    Ray's ASHA cuts a trial worse than that quantile of its rung; none is cut at the trial's last report."""
+
+    def __init__(self, max_t: int, grace_period: int, reduction_factor: float, run_tokens: int):
+        self.milestones = []
+        milestone = grace_period
+        while milestone <= max_t:
+            self.milestones.append(milestone)
+            milestone *= reduction_factor
+        self.reduction_factor, self.run_tokens = reduction_factor, run_tokens
+        self.done: set[float] = set()
+
+    def cut(self, tokens: int, vals: dict[int, float]) -> dict[int, str]:
+        if not vals or tokens >= self.run_tokens:
+            return {}
+        due = [m for m in self.milestones if m <= tokens and m not in self.done]
+        if not due:
+            return {}
+        self.done.add(due[0])
+        cutoff = float(np.nanpercentile(list(vals.values()), 100 / self.reduction_factor))
+        return {m: (f"stopped by ASHA's rung rule within its fused group at {format_tokens(tokens)} tokens (val loss "
+                    f"{v:.4g} worse than the group's cutoff {cutoff:.4g})") for m, v in vals.items() if v > cutoff}
+
+
+def ending_entry(result: RunResult) -> dict[str, Any]:
+    """A member's ending as the ledger records it."""
+    summary = result.summary
+    reason = result.end.reason or "completed its budget"
+    return {"outcome": result.status, "reason": reason, "step": summary.get("steps"), "tokens": summary.get("tokens")}
+
+
+class GroupTuneSink:
+    """The group as one Tune trial: each report is its best running member's (ASHA ranks the group by it),
+    with ``member_ids`` and ``members_running`` (comma-separated trial ids) and the ``member_endings``
+    decided since the last report,
+    which the driver's OutcomeRecorder writes to the ledger; each checkpoint holds every member's."""
+
+    def __init__(self, config: RunConfig, member_ids: list[str]):
+        self.tune_sink = TuneSink(config)
+        self.member_ids = member_ids
+        self.running = list(range(len(member_ids)))
+        self.last: Row = {"step": 0, "tokens": 0}
+
+    def write(self, rows: dict[int, Row], checkpoints: dict[int, Path], endings: dict[int, RunResult]) -> None:
+        self.running = [m for m in self.running if m not in endings]
+        values = self._group_row(rows) if rows else {k: self.last[k] for k in ("step", "tokens")}
+        values.update(self._membership(endings))
+        files = {}
+        for path in checkpoints.values():
+            for file in (path, path.with_name(path.name + ".sha256")):
+                files[f"{path.parent.parent.name}/{file.name}"] = file
+        self.tune_sink.report(values, files)
+
+    def close(self, results: list[RunResult]) -> None:
+        """The group's last report: every member's ending; ``diverged`` (for the stopper) if all diverged."""
+        self.running = [m for m, r in enumerate(results) if r is None or r.status == "stopped"]
+        values = {k: self.last[k] for k in ("step", "tokens")}
+        values.update(self._membership({m: r for m, r in enumerate(results) if r is not None}))
+        if all(r is not None and r.status == "diverged" for r in results):
+            values.update(diverged=True, diverged_because="every member of the fused group diverged")
+            self.tune_sink.latest_val = self.tune_sink.uniform_loss
+        self.tune_sink.report(values, {})
+
+    def _group_row(self, rows: dict[int, Row]) -> Row:
+        best = min(rows.values(), key=lambda r: (r["val_loss"] is None, r["val_loss"] or 0.0, r["train_loss"]))
+        vals = [r["val_loss"] for r in rows.values() if r["val_loss"] is not None]
+        self.last = best
+        return {**best, "train_loss": min(r["train_loss"] for r in rows.values()),
+                "val_loss": min(vals) if vals else None, "members_reporting": len(rows),
+                "aggregate_tokens_per_s": best["tokens_per_s"] * len(rows)}
+
+    def _membership(self, endings: dict[int, RunResult]) -> dict[str, Any]:
+        # Comma-joined: Tune's loggers take strings as they are (a list would be logged as a histogram).
+        return {"member_ids": ",".join(self.member_ids),
+                "members_running": ",".join(self.member_ids[m] for m in self.running),
+                "member_endings": {self.member_ids[m]: ending_entry(r) for m, r in endings.items()
+                                   if r.status != "stopped"}}
+
+
+def restore_group_checkpoint(folders: dict[str, Path]) -> None:
+    """Copy the members' checkpoints of the Tune checkpoint this trial restores from (a retry, or --resume
+    on another node) into their folders, where the fused loop's resume looks."""
+    restored = tune.get_checkpoint()
+    if restored is None:
+        return
+    by_name = {f.name: f for f in folders.values()}
+    with restored.as_directory() as directory:
+        for path in Path(directory).glob("*/step_*.pt*"):
+            folder = by_name.get(path.parent.name)
+            target = folder / "checkpoints" / path.name if folder else None
+            if target is not None and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)

@@ -1,0 +1,94 @@
+"""A fused sweep (``--fuse 3``) on a real local Ray cluster: the same answers as an unfused one, every
+member a trial of its own in the ledger and the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmtune.report.reader import load_sweep
+from lmtune.sweep.record import read_outcomes
+from lmtune.sweep.spaces import SPACES_DIR
+from tests.conftest import run_lmtune, start_lmtune
+
+pytestmark = pytest.mark.slow
+
+# The quick space's six LRs over a shorter schedule: enough for 1 and 3 to blow up and the rest to finish.
+SHORT = ("steps=40", "warmup_steps=10", "eval_interval=20", "checkpoint_interval=20")
+
+
+def _start_sweep(results: Path, name: str, space: str | Path, *extra: str, cpus: int = 2) -> subprocess.Popen:
+    sets = [arg for pair in SHORT for arg in ("--set", pair)]
+    return start_lmtune("run", "--space", str(space), "--name", name, "--results", str(results), "--data",
+                        str(Path(results).parent / "data"), "--no-dashboard", "--quiet", "--num-cpus", str(cpus),
+                        *sets, *extra)
+
+
+def _finished(proc: subprocess.Popen, sweep_dir: Path) -> Path:
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-4000:]
+    return sweep_dir
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory, builtin_data) -> dict[str, Path]:
+    """The quick space without ASHA, run unfused and with --fuse 3, and with ASHA with --fuse 3."""
+    root = tmp_path_factory.mktemp("fused")
+    (root / "data").symlink_to(builtin_data)
+    raw = yaml.safe_load((SPACES_DIR / "quick.yaml").read_text())
+    raw["scheduler"] = {"name": "none"}
+    space = root / "quick_no_asha.yaml"
+    space.write_text(yaml.safe_dump(raw))
+    results = root / "results"
+    # Side by side, a CPU each: the sweeps' Ray start-ups overlap.
+    started = {"unfused": _start_sweep(results, "unfused", space, cpus=1),
+               "fused": _start_sweep(results, "fused", space, "--fuse", "3", cpus=1),
+               "fused_asha": _start_sweep(results, "fused_asha", "quick", "--fuse", "3", cpus=1)}
+    return {name: _finished(proc, results / name) for name, proc in started.items()}
+
+
+def _by_lr(sweep_dir: Path) -> dict[float, tuple[str, float | None]]:
+    _, trials = load_sweep(sweep_dir)
+    out = {}
+    for trial in trials:
+        summary = json.loads((trial.checkpoint_dir.parent / "summary.json").read_text()) \
+            if (trial.checkpoint_dir.parent / "summary.json").exists() else {}
+        out[trial.lr] = (trial.outcome, summary.get("final_val_loss"))
+    return out
+
+
+def test_without_early_stopping_a_fused_sweep_ends_every_lr_as_the_unfused_one_does(sweeps):
+    unfused, fused = _by_lr(sweeps["unfused"]), _by_lr(sweeps["fused"])
+    assert sorted(unfused) == sorted(fused) and len(fused) == 6
+    assert {lr: o for lr, (o, _) in fused.items()} == {lr: o for lr, (o, _) in unfused.items()}
+    assert {o for o, _ in fused.values()} == {"completed", "diverged"}
+    for lr, (outcome, loss) in fused.items():
+        if outcome == "completed":
+            assert loss == pytest.approx(unfused[lr][1], abs=1e-3), lr
+
+
+def test_the_report_reads_a_fused_sweep_with_every_member_as_a_trial(sweeps):
+    fused = sweeps["fused"]
+    proc = run_lmtune("analyze", str(fused))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((fused / "report" / "summary.json").read_text())
+    assert summary["best_lr"] in (3e-3, 1e-2)
+    report = (fused / "report" / "lr_sweep_analysis.md").read_text()
+    assert "diverged" in report and "0.01" in report
+
+
+def test_with_asha_a_fused_sweep_records_every_members_outcome_and_reason(sweeps):
+    sweep = sweeps["fused_asha"]
+    ledger = read_outcomes(sweep)
+    groups = {t: e for t, e in ledger.items() if "members" in e}
+    members = {t: e for t, e in ledger.items() if "members" not in e}
+    assert len(groups) == 2 and len(members) == 6
+    assert sorted(m for e in groups.values() for m in e["members"]) == sorted(members)
+    assert all(e["reason"] for e in members.values())
+    assert {e["outcome"] for e in members.values()} >= {"completed", "diverged"}
+    _, trials = load_sweep(sweep)
+    assert sorted(t.trial_id for t in trials) == sorted(members)
