@@ -19,10 +19,12 @@ from lmtune.tools.throughput import (
     CONFIGS,
     bench_config,
     full_device_name,
+    fused_tokens_per_s,
     git_commit,
     run_bench,
     run_concurrency,
 )
+from lmtune.training.compile import should_compile
 from lmtune.training.config import RunConfig, parse_set_args
 from lmtune.training.device import autocast_dtype, resolve_device
 
@@ -80,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
     p.add_argument("--no-eval", action="store_true", help="skip timing the evaluation")
     p.add_argument("--concurrency", help="comma-separated K values: run K training processes at once")
+    p.add_argument("--fuse", help="comma-separated K values: one fused process of K members against K separate "
+                   "processes at once and against one alone (K runs one after another)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--record", action="store_true", help="append the JSON object to --results-file")
     p.add_argument("--results-file", type=Path, default=DEFAULT_RESULTS, help=f"default {DEFAULT_RESULTS}")
@@ -89,13 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_ks(text: str) -> list[int]:
+def _parse_ks(text: str, flag: str = "--concurrency") -> list[int]:
     try:
         ks = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         ks = []
     if not ks or min(ks) < 1:
-        raise LmtuneError(f"--concurrency {shown(text)}: give positive integers separated by commas, e.g. 1,2,4,8")
+        raise LmtuneError(f"{flag} {shown(text)}: give positive integers separated by commas, e.g. 1,2,4,7")
     return ks
 
 
@@ -117,8 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     overrides = parse_set_args(args.set)
     compile_choice = "auto" if args.compile == "both" else args.compile
     config = bench_config(args.config, args.batch_size, overrides, args.device, compile_choice)
+    if args.concurrency and args.fuse:
+        raise LmtuneError("--concurrency and --fuse measure separately; give one of them")
     if args.concurrency:
         return _main_concurrency(args, config, _command(argv))
+    if args.fuse:
+        return _main_fuse(args, config, _command(argv))
     if args.worker and args.compile == "both":
         raise LmtuneError("--compile both cannot be used with --concurrency; choose on, off or auto")
     result = run_bench(
@@ -179,6 +187,40 @@ def _main_concurrency(args: argparse.Namespace, config: RunConfig, command: str)
               f"{_fmt_bytes(row['per_process_peak_memory_bytes'])}")
     print(f"  estimated trial memory (model): {_fmt_bytes(estimate)}")
     print(f"  recommended trials per GPU: {recommended if recommended is not None else 'n/a (no CUDA device)'}")
+    return 0
+
+
+def _main_fuse(args: argparse.Namespace, config: RunConfig, command: str) -> int:
+    """Fused K members in one process against K separate processes at once and one process alone."""
+    if args.compile == "both":
+        raise LmtuneError("--compile both cannot be used with --fuse; choose on, off or auto")
+    device = resolve_device(config.train.device)
+    ks = _parse_ks(args.fuse, flag="--fuse")
+    compiled = should_compile(config, device)
+    separate = {row["k"]: row for row in run_concurrency(sorted({1, *ks}), _worker_args(args), device)}
+    alone = separate[1]["aggregate_tokens_per_s"]
+    rows = []
+    for k in ks:
+        row = fused_tokens_per_s(config, device, k, args.steps, args.repeats, args.warmup, compiled)
+        row.update(separate_aggregate_tokens_per_s=separate[k]["aggregate_tokens_per_s"],
+                   fused_vs_separate=row["fused_aggregate_tokens_per_s"] / separate[k]["aggregate_tokens_per_s"],
+                   fused_vs_one_alone=row["fused_aggregate_tokens_per_s"] / alone)
+        rows.append(row)
+    result = {"kind": "fuse", "config": args.config, "device": full_device_name(device), "torch": torch.__version__,
+              "commit": git_commit(), "batch_size": config.train.batch_size,
+              "context_length": config.model.context_length, "compiled": compiled, "steps": args.steps,
+              "repeats": args.repeats, "one_alone_tokens_per_s": alone, "fuse": rows, "command": command}
+    if args.record:
+        record(result, args.results_file)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return 0
+    print(f"lmtune bench --fuse: config {args.config}, batch {config.train.batch_size}, device {result['device']}; "
+          f"one process alone (= K runs one after another): {alone:,.0f} tokens/s")
+    for row in rows:
+        print(f"  K={row['k']}: fused {row['fused_aggregate_tokens_per_s']:,.0f} tokens/s "
+              f"({row['fused_vs_one_alone']:.2f}x one alone), {row['k']} separate processes "
+              f"{row['separate_aggregate_tokens_per_s']:,.0f} tokens/s (fused {row['fused_vs_separate']:.2f}x)")
     return 0
 
 

@@ -52,6 +52,10 @@ BAD_SPACES = [
     ("no-params", "search: grid\nbudget: quick\n", "params", r"non-empty mapping"),
     ("unknown-scheduler-key", GOOD_GRID + "scheduler: {name: asha, grace: 3}\n", "scheduler.grace",
      r"unknown key"),
+    ("fuse-zero", GOOD_GRID + "fuse: 0\n", "fuse", r"must be a positive integer"),
+    ("fuse-optuna", "search: optuna\nfuse: 3\nparams:\n  lr: {loguniform: [1.0e-4, 1.0e-2]}\n", "fuse",
+     r"fusing needs search: grid"),
+    ("fuse-without-lr", "search: grid\nfuse: 2\nparams:\n  batch_size: [8, 16]\n", "fuse", r"does not sweep"),
 ]
 
 
@@ -68,6 +72,14 @@ def test_bad_space_is_one_line_naming_file_and_key(tmp_path: Path, text: str, ke
         assert f": {key}: " in message, message  # names the key
     else:
         assert re.search(r"line \d+", message), message  # malformed YAML: names the line
+
+
+def test_a_fused_grid_cuts_each_combination_of_other_settings_into_groups_of_lrs(tmp_path: Path):
+    path = tmp_path / "g.yaml"
+    path.write_text("search: grid\nfuse: 2\nparams:\n  lr: [1.0e-3, 2.0e-3, 4.0e-3]\n  batch_size: [8, 16]\n")
+    groups = tune_param_space(load_space(str(path)))["members"]["grid_search"]
+    assert groups == [{"lr": [1e-3, 2e-3], "batch_size": 8}, {"lr": [4e-3], "batch_size": 8},
+                      {"lr": [1e-3, 2e-3], "batch_size": 16}, {"lr": [4e-3], "batch_size": 16}]
 
 
 def test_unknown_space_name_lists_the_available_ones():

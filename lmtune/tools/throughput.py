@@ -36,6 +36,8 @@ import torch
 
 from lmtune.data.batches import BatchSampler, DeviceBatches, fixed_val_batches
 from lmtune.errors import LmtuneError
+from lmtune.fused.state import FusedState
+from lmtune.fused.step import fused_train_step
 from lmtune.private_apis import sdpa_backend_name
 from lmtune.training.compile import should_compile
 from lmtune.training.config import ModelConfig, RunConfig, budget_config
@@ -213,6 +215,52 @@ class NaiveLoop:
 
     def close(self) -> None:
         pass
+
+
+class FusedLoop:
+    """K members of the config fused into one model (lmtune.fused), LRs spread 2x apart around the
+    config's: the fused loop's step as ``train_fused`` runs it, one batch shared by every member."""
+
+    def __init__(self, config: RunConfig, device: torch.device, tokens: np.ndarray, members: int, compiled: bool):
+        m, t = config.model, config.train
+        self.config, self.device, self.members = config, device, members
+        configs = []
+        for k in range(members):
+            member = RunConfig.from_dict(config.to_dict())
+            member.train.lr = t.lr * 2.0 ** (k - (members - 1) / 2)
+            configs.append(member)
+        self.state = FusedState.create(configs, device)
+        self.runtime = Runtime.build(self.state.model, config, device, compiled=compiled)
+        self.batches = DeviceBatches(BatchSampler(tokens, t.batch_size, m.context_length, t.seed), device)
+        self.lrs = torch.tensor([c.train.lr for c in configs], device=device)
+        self.wait_s = 0.0
+
+    def step(self) -> None:
+        x, y = self.batches.next()
+        self.wait_s += self.batches.last_wait_s
+        fused_train_step(self.state, self.runtime, x, y, self.lrs, self.config.train.grad_accum_steps)
+
+    def close(self) -> None:
+        self.batches.close()
+
+
+def fused_tokens_per_s(config: RunConfig, device: torch.device, members: int, steps: int, repeats: int,
+                       warmup: int, compiled: bool) -> dict[str, Any]:
+    """One fused process of ``members`` members: aggregate tokens/s (all members' tokens, median of
+    ``repeats`` timings of ``steps`` steps after ``warmup`` untimed ones) and its peak memory."""
+    tokens = random_tokens(config.model.vocab_size)
+    loop = FusedLoop(config, device, tokens, members, compiled)
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(warmup):
+            loop.step()
+        walls = sorted(time_steps(loop, steps, device)[0] for _ in range(repeats))
+    finally:
+        loop.close()
+    wall = walls[len(walls) // 2]
+    return {"k": members, "fused_aggregate_tokens_per_s": members * steps * config.tokens_per_step / wall,
+            "fused_peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
 
 
 def time_steps(loop, steps: int, device: torch.device) -> tuple[float, float]:
