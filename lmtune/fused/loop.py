@@ -121,6 +121,7 @@ class FusedRun:
                                                  self.t.eval_batches)
             self.meter = MemberMeter(len(self.state.positions), self.device, first.tokens_per_step,
                                      flops_per_token(first.model), peak_flops(self.device), elapsed)
+            self.index_positions()
             self.train_until_done()
         results = [m.result for m in self.members]
         if self.group_sink is not None:
@@ -132,7 +133,7 @@ class FusedRun:
             while self.state.step < self.t.stop_step and self.state.positions:
                 step = self.state.step + 1
                 x, y = self.batches.next(self.state.positions)
-                lrs = self.lr_table[step - 1].index_select(0, self.positions_index())
+                lrs = self.lr_table[step - 1].index_select(0, self.positions_index)
                 result = fused_train_step(self.state, self.runtime, x, y, lrs, self.t.grad_accum_steps)
                 self.meter.add(step, result, self.batches.last_wait_s)
                 if self.t.logs_at(step):
@@ -142,8 +143,9 @@ class FusedRun:
             self.end({m.index: RunEnd("stopped", f"interrupted at step {self.state.step}") for m in self.running()})
         self.end({m.index: RunEnd() for m in self.running()})
 
-    def positions_index(self) -> torch.Tensor:
-        return torch.tensor(self.state.positions, dtype=torch.long, device=self.device)
+    def index_positions(self) -> None:
+        """The running members' columns of lr_table, on the device: rebuilt only when a member leaves."""
+        self.positions_index = torch.tensor(self.state.positions, dtype=torch.long, device=self.device)
 
     def log_interval(self, step: int, x: torch.Tensor) -> None:
         """The interval's rows, validation, checkpoints and endings: the loop's only host syncs."""
@@ -198,4 +200,5 @@ class FusedRun:
         self.state.keep(keep)
         self.meter.keep(positions)
         self.batches.keep(keep)
+        self.index_positions()
         return results

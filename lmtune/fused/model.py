@@ -10,14 +10,12 @@ single-model state dict (checkpoints, ``best.pt``) and ``from_members`` stacks o
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lmtune.training.config import ModelConfig
-from lmtune.training.model import TransformerLM, apply_rope, rope_tables
+from lmtune.training.model import TransformerLM, apply_rope, causal_logits, rope_tables
 
 
 class MemberLinear(nn.Module):
@@ -88,10 +86,7 @@ class MemberAttention(nn.Module):
     def max_logit(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Each member's largest causal attention logit, shape (K,)."""
         q, key, _ = self.project(x, cos, sin)
-        scores = (q.float() @ key.float().transpose(-2, -1)) / math.sqrt(self.head_dim)
-        t = q.shape[-2]
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        return scores.masked_fill(~mask, float("-inf")).view(x.shape[0], -1).amax(1)
+        return causal_logits(q, key).view(x.shape[0], -1).amax(1)
 
 
 class MemberSwiGLU(nn.Module):

@@ -51,6 +51,14 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     return scores.softmax(dim=-1) @ v
 
 
+def causal_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Attention logits q.k/sqrt(d) in float32, the positions a causal mask hides at -inf."""
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    t = q.shape[-2]
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    return scores.masked_fill(~mask, float("-inf"))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -82,10 +90,7 @@ class Attention(nn.Module):
     def max_logit(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Largest causal attention logit q.k/sqrt(d): the quantity whose growth breaks small models."""
         q, k, _ = self.project(x, cos, sin)
-        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(self.head_dim)
-        t = q.shape[-2]
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        return scores.masked_fill(~mask, float("-inf")).amax()
+        return causal_logits(q, k).amax()
 
 
 class SwiGLU(nn.Module):
