@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
-from lmtune.report.headline import conclusion_lines
+from lmtune.report.headline import summary_lines
 from lmtune.report.reader import resolve_sweep
 from lmtune.report.writer import analyze
 
@@ -30,16 +30,8 @@ def headline(summary: dict[str, Any]) -> list[str]:
     """The few lines the CLI prints."""
     counts = ", ".join(f"{n} {s}" for s, n in summary.get("status_counts", {}).items())
     range_test = " and the LR range test" if summary.get("range_test") else ""
-    lines = [f"sweep {summary.get('sweep')}: {len(summary['trials'])} trials ({counts}){range_test}"]
-    if summary.get("candidate_tokens"):
-        fewest, most = summary["candidate_tokens"]
-        lines.append(f"best lr {summary['best_lr']:.3g}: val loss {summary['best_val_loss']:.4f}, but not at equal "
-                     f"token counts: no trial trained its whole budget ({fewest:,} to {most:,} tokens)")
-    elif summary["best_lr"] is None:
-        lines.append("best lr: none (no trial that neither diverged nor errored trained its whole budget yet)")
-    lines += conclusion_lines(summary, summary.get("compared_at_tokens"))
-    if summary["best_trial"]:
-        lines.append(f"best trial: {summary['best_trial']}")
+    lines = [f"sweep {summary.get('sweep')}: {len(summary['trials'])} trials ({counts}){range_test}",
+             *summary_lines(summary)]
     if summary.get("target") is not None:
         lines.append(f"target {summary['target']:g}: {'met' if summary.get('target_met') else 'not met'}")
     lines.append(f"report: {Path(summary['report_dir']) / 'lr_sweep_analysis.md'}")

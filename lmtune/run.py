@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
-from lmtune.report.headline import conclusion_lines
+from lmtune.report.headline import summary_lines
+from lmtune.report.writer import summarize_sweep
 from lmtune.sweep.runner import Interruptions, SweepOptions, SweepResult, run_sweep
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.training.config import BUDGETS, parse_set_args
@@ -111,6 +112,8 @@ def resume_command(options: SweepOptions) -> str:
 
 
 def print_result(result: SweepResult, options: SweepOptions) -> int:
+    """The outcome counts, then what the sweep concluded, read from its folder by the report's own reader
+    (the lines ``analyze`` prints too)."""
     counts = ", ".join(f"{n} {outcome}" for outcome, n in result.outcome_counts.items()) or "none ended"
     print(f"\n{result.planned} trials: {counts}" + (f"; {result.unfinished} did not finish" if result.unfinished
                                                      else ""))
@@ -118,18 +121,13 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
         print(f"resume it with: {resume_command(options)}")
         return 143 if result.stopped_by == "SIGTERM" else 130
-    if result.best_trial_dir is None:
+    summary = summarize_sweep(result.sweep_dir).summary
+    if summary["best_trial"] is None:
         print("no trial that neither errored nor diverged reported a finite validation loss")
         return 1
-    if result.conclusion.get("best_lr") is not None:
-        print("\n".join(conclusion_lines(result.conclusion, result.best_tokens)))
-    else:
-        fewest, most = result.candidate_tokens
-        print(f"best val loss {result.best_val_loss:.4f} (at {result.best_tokens:,} tokens); no trial trained its "
-              f"whole budget, and the candidates trained {fewest:,} to {most:,} tokens: not comparable")
-    print(f"best trial: {result.best_trial_dir.name}")
-    print(f"  config: {json.dumps(result.best_config)}")
-    print(f"  checkpoint: {result.best_trial_dir / 'checkpoints' / 'best.pt'}")
+    print("\n".join(summary_lines(summary)))
+    print(f"  config: {json.dumps(summary['best_config'])}")
+    print(f"  checkpoint: {Path(summary['best_trial_dir']) / 'checkpoints' / 'best.pt'}")
     print(f"report: python -m lmtune.analyze {result.sweep_dir}")
     return 0
 

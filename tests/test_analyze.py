@@ -15,6 +15,7 @@ from conftest import assert_refused, run_lmtune, trial_dirs
 
 from lmtune import analyze as analyze_cli
 from lmtune.errors import LmtuneError
+from lmtune.report.headline import summary_lines
 from lmtune.report.markdown import HEADINGS
 from lmtune.report.reader import load_sweep, resolve_sweep
 from lmtune.report.writer import analyze
@@ -54,7 +55,7 @@ def test_report_files_exist_and_pictures_are_real(report):
         assert (out / name).is_file(), name
     assert_real_picture(out / "lr_sweep_comparison.png")
     assert_real_picture(out / "lr_vs_loss.png")
-    # the quick space includes diverging LRs (1.0, 3.0), so the instability figure is drawn
+    # the quick space includes a diverging LR (300), so the instability figure is drawn
     assert any(row["status"] == "diverged" for row in summary["trials"])
     assert_real_picture(out / "instability.png")
     assert not list(out.glob(".*tmp*"))
@@ -90,12 +91,13 @@ def test_summary_agrees_with_the_trials_own_results(quick_sweep, report):
             assert row["best_val_loss"] == pytest.approx(val.min())
         else:
             assert row["best_val_loss"] is None
-        assert row["tokens"] == int(metrics["tokens"].max())
+        # (a run that went non-finite before its first log row has none)
+        assert row["tokens"] == (int(metrics["tokens"].max()) if metrics["tokens"].notna().any() else None)
         outcome = outcomes[trial_id]["outcome"]
         if outcome in ("diverged", "stopped_early"):
             assert row["status"] == outcome, (trial_id, row["status"], outcome)
         else:
-            assert row["status"] in (outcome, "unstable")
+            assert row["status"] in (outcome, "spiked")
         if outcome == "completed":
             own = json.loads((folder / "summary.json").read_text())
             assert row["best_val_loss"] == pytest.approx(own["best_val_loss"], rel=1e-6)
@@ -108,6 +110,16 @@ def test_summary_agrees_with_the_trials_own_results(quick_sweep, report):
     assert json.loads((out / "summary.json").read_text())["best_lr"] == summary["best_lr"]
 
 
+def test_run_printed_what_analyze_concludes(quick_sweep, report):
+    """``run`` ends by reading its sweep folder through the report's own reader: its last lines are
+    analyze's, word for word."""
+    _, summary = report
+    printed = (quick_sweep.parent / "quick.log").read_text()
+    for line in summary_lines(summary):
+        assert line in printed
+    assert f"best trial: {summary['best_trial']}" in printed
+
+
 def test_headline_numbers(report):
     _, summary = report
     # the best LR: the lowest val loss at the end of the whole budget, among trials that trained all of it
@@ -118,8 +130,8 @@ def test_headline_numbers(report):
     assert summary["best_trial"] == best["trial_id"]
     assert summary["best_val_loss"] == pytest.approx(best["final_val_loss"])
     assert summary["candidate_tokens"] is None
-    assert summary["divergence_lr"] == 1.0
-    assert summary["edge_ratio"] == pytest.approx(1.0 / summary["best_lr"])
+    assert summary["divergence_lr"] == 300.0
+    assert summary["edge_ratio"] == pytest.approx(300.0 / summary["best_lr"])
     assert summary["lr_sensitivity"] is not None and summary["lr_sensitivity"] > 0
     compute = summary["compute"]
     assert compute["tokens_spent"] == sum(r["tokens"] or 0 for r in summary["trials"])
@@ -165,9 +177,9 @@ def test_cli_on_results_root_picks_the_newest(quick_sweep, tmp_path):
     assert (new / "report" / "lr_sweep_analysis.md").is_file()
     assert not (old / "report").exists()
     out = proc.stdout
-    assert "best lr" in out and "diverged at 1" in out and "edge / best lr: " in out
+    assert "best lr" in out and "fails to recover at 300" in out and "edge / best lr: " in out
     assert str(new / "report") in out
-    assert len(out.strip().splitlines()) <= 9
+    assert len(out.strip().splitlines()) <= 11
 
 
 @pytest.mark.parametrize("kind", ["empty", "missing", "file"])
@@ -271,7 +283,8 @@ def test_a_damaged_ledger_is_set_aside_with_a_warning_and_no_ended_trial_shows_a
                                    "entries of the wrong type": '{"x": 5, "y": ["completed"]}'}[damage])
     _, records = load_sweep(sweep)
     assert "ignoring" in caplog.text and "trial outcome ledger" in caplog.text
-    assert {r.outcome for r in records} <= {"completed", "ended"}  # summary.json, else Tune's own result.json
+    # summary.json (a run that ended by itself: completed, or non-finite), else Tune's own result.json
+    assert {r.outcome for r in records} <= {"completed", "diverged", "ended"}
     assert any(r.outcome == "ended" for r in records)  # the ones the stopper and ASHA ended
     summary = analyze(sweep)
     assert summary["best_trial"] in {r.trial_id for r in records if r.outcome == "completed"}

@@ -9,43 +9,46 @@ import random
 
 import pytest
 
-from lmtune.sweep.edge import (
-    FINISHED,
-    WAIT,
+from lmtune.sweep.edge import FINISHED, WAIT, EdgeSearch, EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs
+from lmtune.sweep.runs import (
     Budget,
-    EdgeSearch,
-    EdgeSettings,
+    LrResult,
     Run,
     bisect_lrs,
     bracket,
-    coarse_lrs,
     conclude,
+    crown,
     equal_token_losses,
     full_budget_ranking,
     loss_at_tokens,
-    refine_lrs,
-    rerun_lrs,
 )
 
 # The quick_edge budget: 162 steps of 1,024 tokens, warm-up 18, ASHA rungs at 1/9, 1/3 and all of it.
 BUDGET = Budget(steps=162, warmup_steps=18, tokens_per_step=1024, seed=0, rungs=(18432, 55296, 165888))
-THRESHOLD = 0.37   # every run at lr >= THRESHOLD diverges, every run below trains
+THRESHOLD = 0.37   # every run at lr >= THRESHOLD fails to recover, every run below trains through
 OPTIMUM = 0.01     # the full-budget loss is lowest here
+WINDOW_STEPS = 122  # where the stopper's rule ends a run that stays above its initial loss
 
 
 class SimulatedSweep:
     """Trains the search's trials instantly: a val loss at every rung that falls with tokens and is
-    lowest at OPTIMUM (plus a small per-seed offset), divergence at THRESHOLD within warm-up, the
-    range test's finding given. ``cut`` (lr -> rung index) plays ASHA for coarse trials."""
+    lowest at OPTIMUM (plus a small per-seed offset), the range test's finding given. A run at lr >=
+    THRESHOLD never recovers; a run at lr >= ``rule_stops_from`` stays above its initial loss for the
+    whole recovery window, so the stopper ends it there (unless it runs without early stopping: then
+    it trains through, recovering below THRESHOLD). ``cut`` (lr -> rung index) plays ASHA for coarse
+    trials; a run continuing another starts where that one stopped."""
 
-    def __init__(self, cut: dict[float, int] | None = None):
+    def __init__(self, cut: dict[float, int] | None = None, rule_stops_from: float = THRESHOLD,
+                 seed_offset: float = 0.002, seed_thresholds: dict[int, float] | None = None):
         self.cut = cut or {}
+        self.rule_stops_from, self.seed_offset = rule_stops_from, seed_offset
+        self.seed_thresholds = seed_thresholds or {}
         self.trials: list[dict] = []
+        self.tokens: dict[str, int] = {}
 
-    @staticmethod
-    def loss(lr: float, tokens: int, seed: int) -> float:
+    def loss(self, lr: float, tokens: int, seed: int) -> float:
         early = 3.0 * math.exp(-tokens * lr ** 0.5 / 2000)  # a larger LR learns faster early on
-        return 2.0 + 0.05 * math.log(lr / OPTIMUM) ** 2 + early + 0.002 * seed
+        return 2.0 + 0.05 * math.log(lr / OPTIMUM) ** 2 + early + self.seed_offset * seed
 
     def run(self, search: EdgeSearch, trial_id: str, config: dict) -> None:
         self.trials.append({"trial_id": trial_id, **config})
@@ -53,22 +56,30 @@ class SimulatedSweep:
             search.complete(trial_id, "range_test", {"tokens": 100 * 1024, "steepest_lr": 0.012,
                                                      "min_loss_lr": 0.3, "blowup_lr": 1.9})
             return
-        lr, seed = config["lr"], config["seed"]
-        if lr >= THRESHOLD:
-            search.observe(trial_id, {"tokens": 10 * 1024})
-            search.complete(trial_id, "diverged", {"tokens": 12 * 1024})
+        lr, seed, start = config["lr"], config["seed"], self.tokens.get(config.get("continue_from"), 0)
+        if lr >= min(self.rule_stops_from, self.seed_thresholds.get(seed, THRESHOLD)):
+            self._fail_or_recover(search, trial_id, config, lr, seed)
             return
-        steps = config.get("run_steps", BUDGET.steps)
         last = self.cut.get(round(lr, 6)) if config["stage"] == "coarse" else None
-        rungs = [r for r in BUDGET.rungs if r <= steps * 1024]
+        rungs = [r for r in BUDGET.rungs if r > start]
         if last is not None:
             rungs = rungs[: last + 1]
         for tokens in rungs:
             search.observe(trial_id, {"tokens": tokens, "val_loss": self.loss(lr, tokens, seed)})
-        tokens = rungs[-1] if last is not None else steps * 1024
-        search.observe(trial_id, {"tokens": tokens})
-        outcome = "stopped_early" if last is not None else "completed" if steps == BUDGET.steps else "probed"
-        search.complete(trial_id, outcome, {"tokens": tokens})
+        self.tokens[trial_id] = rungs[-1]
+        search.complete(trial_id, "stopped_early" if last is not None else "completed", {"tokens": rungs[-1]})
+
+    def _fail_or_recover(self, search: EdgeSearch, trial_id: str, config: dict, lr: float, seed: int) -> None:
+        if config.get("early_stop", True):
+            search.observe(trial_id, {"tokens": WINDOW_STEPS * 1024})
+            search.complete(trial_id, "diverged", {"tokens": WINDOW_STEPS * 1024, "diverged_step": WINDOW_STEPS})
+        elif lr >= self.seed_thresholds.get(seed, THRESHOLD):
+            search.observe(trial_id, {"tokens": BUDGET.full_tokens})
+            search.complete(trial_id, "diverged", {"tokens": BUDGET.full_tokens, "divergence": "whole run",
+                                                   "diverged_step": WINDOW_STEPS})
+        else:  # left alone, it recovers
+            search.observe(trial_id, {"tokens": BUDGET.full_tokens, "val_loss": 5.5 + seed * self.seed_offset})
+            search.complete(trial_id, "completed", {"tokens": BUDGET.full_tokens})
 
 
 def drive(search: EdgeSearch, sweep: SimulatedSweep, max_trials: int = 200, stop_after: int | None = None) -> int:
@@ -84,8 +95,9 @@ def drive(search: EdgeSearch, sweep: SimulatedSweep, max_trials: int = 200, stop
     return count
 
 
-def finished_search(settings: EdgeSettings | None = None, cut: dict | None = None) -> tuple[EdgeSearch, SimulatedSweep]:
-    search, sweep = EdgeSearch(settings or EdgeSettings(), BUDGET), SimulatedSweep(cut)
+def finished_search(settings: EdgeSettings | None = None, sweep: SimulatedSweep | None = None) -> tuple[
+        EdgeSearch, SimulatedSweep]:
+    search, sweep = EdgeSearch(settings or EdgeSettings(), BUDGET), sweep or SimulatedSweep()
     drive(search, sweep)
     assert search.finished
     return search, sweep
@@ -93,7 +105,7 @@ def finished_search(settings: EdgeSettings | None = None, cut: dict | None = Non
 
 def test_bisection_brackets_the_known_threshold_within_the_tolerance():
     search, _ = finished_search()
-    c = conclude(search.runs.values(), BUDGET, search.settings)
+    c = search.conclusion()
     assert c["edge_lr_low"] < THRESHOLD <= c["divergence_lr"]
     assert c["bracket_ratio"] <= 1.25
 
@@ -101,36 +113,86 @@ def test_bisection_brackets_the_known_threshold_within_the_tolerance():
 @pytest.mark.parametrize("tolerance", [1.1, 1.5, 2.0])
 def test_the_bracket_meets_any_tolerance_the_user_sets(tolerance: float):
     search, _ = finished_search(EdgeSettings(tolerance=tolerance))
-    edge = bracket(search.runs.values(), BUDGET.horizon_tokens(search.settings))
+    edge = bracket(search.runs.values())
     assert edge.ratio <= tolerance and edge.stable_lr < THRESHOLD <= edge.diverged_lr
 
 
 def test_no_lr_at_or_above_the_threshold_is_ever_called_stable_or_ranked():
     search, _ = finished_search()
-    c = conclude(search.runs.values(), BUDGET, search.settings)
+    c = search.conclusion()
     assert all(row["lr"] < THRESHOLD for row in c["ranking"])
     assert c["stable_above_divergence"] == []
 
 
-def test_bisection_probes_train_only_to_the_stability_horizon():
+def test_bisection_probes_train_the_full_budget_and_only_confirmations_skip_early_stopping():
     _, sweep = finished_search()
     probes = [t for t in sweep.trials if t["stage"] == "bisect"]
-    assert probes and all(t["run_steps"] == BUDGET.horizon_steps(EdgeSettings()) == 35 for t in probes)
+    assert probes and all("run_steps" not in t and t.get("early_stop", True) for t in probes)
+    assert all(t.get("early_stop", True) == (t["stage"] != "confirm") for t in sweep.trials)
+
+
+def test_the_coarse_lrs_above_the_best_that_asha_cut_are_continued_from_their_own_runs():
+    grid = sorted(float(f"{lr:.4g}") for lr in coarse_lrs(0.012, 1.9, EdgeSettings())[0])  # the range test's
+    above = [lr for lr in grid if 0.012 < lr < THRESHOLD]
+    search, sweep = finished_search(sweep=SimulatedSweep(cut={round(lr, 6): 0 for lr in above}))
+    coarse = {t["trial_id"]: t["lr"] for t in sweep.trials if t["stage"] == "coarse"}
+    landscape = [t for t in sweep.trials if t["stage"] == "landscape"]
+    assert sorted(t["lr"] for t in landscape) == above and len(above) == 2
+    assert all(coarse[t["continue_from"]] == t["lr"] for t in landscape)
+
+
+def test_the_diverged_end_is_retrained_without_early_stopping_and_the_conclusion_says_it_is_confirmed():
+    search, sweep = finished_search()
+    c = search.conclusion()
+    confirms = [t for t in sweep.trials if t["stage"] == "confirm"]
+    assert [t["lr"] for t in confirms] == [c["divergence_lr"]] and confirms[0]["early_stop"] is False
+    assert c["edge_confirmation"]["confirmed"]
+    (end,) = c["edge_confirmation"]["diverged_end"]
+    assert end["stage"] == "confirm" and end["decided_at_tokens"] == WINDOW_STEPS * 1024
+
+
+def test_a_diverged_end_that_recovers_when_left_alone_moves_the_bracket_up():
+    """The stopper's rule ends runs from 0.2 on, but only runs from 0.37 on fail when left alone: the
+    confirmation runs show it, and the final bracket holds the true threshold, not the rule's."""
+    search, sweep = finished_search(sweep=SimulatedSweep(rule_stops_from=0.2))
+    c = search.conclusion()
+    recovered = [t["lr"] for t in sweep.trials if t["stage"] == "confirm" and t["lr"] < THRESHOLD]
+    assert recovered, "a confirmation run recovered"
+    assert c["edge_lr_low"] < THRESHOLD <= c["divergence_lr"] and c["edge_confirmation"]["confirmed"]
+
+
+def test_every_seed_trains_through_the_stable_end_and_a_seed_that_fails_earlier_moves_the_edge_down():
+    """Seed 1 fails from 0.3 on, seed 0 only from 0.37: the edge is where any seed fails."""
+    search, sweep = finished_search(sweep=SimulatedSweep(seed_thresholds={1: 0.3}))
+    c = search.conclusion()
+    assert c["edge_lr_low"] < 0.3 <= c["divergence_lr"] and c["bracket_ratio"] <= 1.25
+    through = {r.seed for r in search.runs.values() if r.lr == c["edge_lr_low"] and r.trained_through()}
+    assert through == {0, 1}
+    assert all(t["seed"] in (0, 1) for t in sweep.trials if t["stage"] == "bisect")
 
 
 def test_the_stages_run_in_order_and_the_best_lr_gets_the_further_seeds():
     search, sweep = finished_search()
     stages = [d["stage"] for d in search.decisions]
-    assert stages[:2] == ["range", "coarse"] and "refine" in stages and stages[-1] in ("seeds", "bisect")
-    c = conclude(search.runs.values(), BUDGET, search.settings)
+    assert stages[:3] == ["range", "coarse", "landscape"] and "refine" in stages and "seeds" in stages
+    c = search.conclusion()
     assert len(c["best_lr_seed_losses"]) == 3
     assert {t["seed"] for t in sweep.trials if t.get("lr") == c["best_lr"]} == {0, 1, 2}
 
 
 def test_the_best_lr_is_found_within_the_refinement_factor_of_the_true_optimum():
     search, _ = finished_search()
-    best = conclude(search.runs.values(), BUDGET, search.settings)["best_lr"]
-    assert OPTIMUM / 2 <= best <= OPTIMUM * 2
+    assert OPTIMUM / 2 <= search.conclusion()["best_lr"] <= OPTIMUM * 2
+
+
+def test_the_conclusion_gives_the_basin_the_degraded_region_and_where_training_fails():
+    search, _ = finished_search()
+    c = search.conclusion()
+    assert c["best_lr"] in c["basin"]["lrs"]
+    assert c["basin"]["high"][0] < c["basin"]["high"][1] <= c["degraded"]["low"][1]
+    assert c["degraded"]["high"] == [c["degraded"]["points"][-1]["lr"], c["divergence_lr"]]
+    assert c["degraded"]["per_doubling"] > 0
+    assert c["diverged"]["low"] == [c["edge_lr_low"], c["divergence_lr"]]
 
 
 def test_a_search_saved_and_restored_mid_bisection_finishes_the_same_without_repeating_a_trial():
@@ -170,8 +232,48 @@ def test_trials_run_out_of_order_still_reach_a_resolved_bracket():
             tid = rng.choice(sorted(running))
             sweep.run(search, tid, running.pop(tid))
     assert search.finished
-    edge = bracket(search.runs.values(), BUDGET.horizon_tokens(search.settings))
+    edge = bracket(search.runs.values())
     assert edge.ratio <= 1.25 and edge.stable_lr < THRESHOLD <= edge.diverged_lr
+
+
+# ---------------------------------------------------------------------------------------------
+# The best LR is seeded before it is crowned
+
+
+def result(lr: float, **losses_by_seed: float) -> LrResult:
+    seeds = tuple(int(k[1:]) for k in losses_by_seed)
+    return LrResult(lr, tuple(losses_by_seed.values()), (), seeds)
+
+
+def test_a_one_seed_lr_is_compared_seed_for_seed_never_one_draw_against_a_mean():
+    """quick_edge with steps=40: 0.0214 (one seed, 3.2836) was crowned over 3-seed means although
+    0.0152's own seed 0 was lower (3.2722)."""
+    ranking = [result(0.0107, s0=3.2900, s1=3.2950, s2=3.3000), result(0.0152, s0=3.2722, s1=3.2950, s2=3.3010),
+               result(0.0214, s0=3.2836)]
+    best, contenders = crown(ranking)
+    assert best.lr == 0.0152 and contenders == []
+
+
+def test_an_lr_with_fewer_seeds_that_beats_the_best_seed_for_seed_is_a_contender_not_the_best():
+    ranking = [result(0.0152, s0=3.2722, s1=3.2950, s2=3.3010), result(0.0214, s0=3.2600)]
+    best, contenders = crown(ranking)
+    assert best.lr == 0.0152 and [c.lr for c in contenders] == [0.0214]
+
+
+def test_a_contender_gets_the_best_lrs_seeds_before_the_search_ends():
+    """A refinement LR that only wins after the seeds stage is seeded too, then compared on the mean."""
+    sweep = SimulatedSweep(seed_offset=0.05)  # seeds 1 and 2 are worse: a one-seed LR looks better than a mean
+    search, _ = finished_search(sweep=sweep)
+    c = search.conclusion()
+    assert c["best_lr_contenders"] == []
+    counts = {}
+    for run in search.runs.values():
+        if run.full_loss() is not None:
+            counts.setdefault(run.lr, set()).add(run.seed)
+    assert all(len(seeds) <= len(c["best_lr_seeds"]) for seeds in counts.values())
+    assert len(c["best_lr_seeds"]) == 3
+    beaten = [r for r in full_budget_ranking(search.runs.values()) if r.lr != c["best_lr"] and len(r.losses) == 1]
+    assert all(r.losses[0] >= c["best_lr_seed_losses"][0] for r in beaten)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +281,9 @@ def test_trials_run_out_of_order_still_reach_a_resolved_bracket():
 
 
 def run(lr: float, val: dict[int, float], outcome: str = "completed", seed: int = 0, stage: str = "coarse") -> Run:
-    return Run(lr, seed, stage, BUDGET.full_tokens, BUDGET.full_tokens, outcome, max(val, default=0), val)
+    tokens = BUDGET.full_tokens if outcome in ("completed", "diverged") and stage != "coarse" or \
+        max(val, default=0) == BUDGET.full_tokens else max(val, default=0)
+    return Run(lr, seed, stage, BUDGET.full_tokens, BUDGET.full_tokens, outcome, tokens, val)
 
 
 def test_a_trial_stopped_at_a_rung_appears_only_at_the_rungs_it_reached():
@@ -201,12 +305,21 @@ def test_a_diverged_run_is_left_out_of_the_equal_token_losses():
     assert table[18432] == {}
 
 
-def test_an_lr_counts_as_stable_only_past_the_horizon():
-    horizon = BUDGET.horizon_tokens(EdgeSettings())
-    early = run(0.3, {10240: 6.0}, "stopped_early")
-    early.tokens = 10240
-    assert not early.stable(horizon)
-    assert bracket([early, run(0.5, {}, "diverged")], horizon).stable_lr is None
+def test_an_lr_counts_as_trained_through_only_with_its_whole_budget():
+    early = run(0.3, {18432: 6.0}, "stopped_early")
+    assert not early.trained_through()
+    assert bracket([early, run(0.5, {}, "diverged")]).stable_lr is None
+
+
+def test_a_confirmation_run_that_recovers_replaces_the_stopped_run_it_retrained():
+    stopped = Run(0.5, 0, "bisect", BUDGET.full_tokens, BUDGET.full_tokens, "diverged", 122 * 1024, {},
+                  divergence="rule")
+    recovered = Run(0.5, 0, "confirm", BUDGET.full_tokens, BUDGET.full_tokens, "completed", BUDGET.full_tokens,
+                    {BUDGET.full_tokens: 5.5})
+    below = run(0.3, {BUDGET.full_tokens: 4.0}, stage="bisect")
+    assert bracket([below, stopped]).diverged_lr == 0.5
+    assert bracket([below, stopped, recovered]) == bracket([below, recovered])
+    assert bracket([below, stopped, recovered]).diverged_lr is None
 
 
 def test_an_lr_where_any_seed_diverged_is_not_ranked():
@@ -216,7 +329,7 @@ def test_an_lr_where_any_seed_diverged_is_not_ranked():
 
 
 def test_geometric_bisection_cuts_the_bracket_into_equal_log_parts():
-    edge = bracket([run(0.1, {165888: 3.0}), run(0.4, {}, "diverged")], 0)
+    edge = bracket([run(0.1, {165888: 3.0}), run(0.4, {}, "diverged")])
     assert bisect_lrs(edge, 1) == pytest.approx([0.2])
     assert bisect_lrs(edge, 3) == pytest.approx([0.1 * 4 ** 0.25, 0.2, 0.1 * 4 ** 0.75])
 
@@ -239,9 +352,16 @@ def test_refinement_reruns_the_best_lrs_coarse_neighbours_that_asha_cut_since_th
     best = run(0.01, {18432: 6.13, 165888: 5.60})
     below, above = run(0.003162, {18432: 6.4}, "stopped_early"), run(0.03162, {18432: 6.0}, "stopped_early")
     runs = [best, below, above]
-    lrs = refine_lrs(full_budget_ranking(runs)[0], runs, bracket(runs, 0), EdgeSettings(), BUDGET)
+    lrs = refine_lrs(full_budget_ranking(runs)[0], runs, None, EdgeSettings(), BUDGET)
     assert 0.003162 in lrs and 0.03162 in lrs  # the same LRs exactly, so their rungs line up
     assert all(0.003 <= lr <= 0.032 for lr in lrs) and 0.01 not in lrs
+
+
+def test_refinement_leaves_out_lrs_another_stage_already_queued():
+    best = run(0.01, {18432: 6.13, 165888: 5.60})
+    above = run(0.03162, {18432: 6.0}, "stopped_early")
+    lrs = refine_lrs(full_budget_ranking([best])[0], [best, above], None, EdgeSettings(), BUDGET, queued=(0.03162,))
+    assert 0.03162 not in lrs
 
 
 def test_an_lr_above_the_best_is_never_rerun():
@@ -250,10 +370,15 @@ def test_an_lr_above_the_best_is_never_rerun():
     assert rerun_lrs(best, [cut_above, run(0.01, {18432: 4.1, 165888: 3.0})], EdgeSettings(), BUDGET) == []
 
 
+def test_the_conclusion_of_no_runs_names_nothing():
+    c = conclude([], BUDGET)
+    assert c["best_lr"] is None and c["basin"] is None and c["divergence_lr"] is None
+
+
 @pytest.mark.parametrize("key, value, fragment", [
     ("tolerance", 1.0, "edge.tolerance: must be above 1"),
     ("refine_points", 3, "edge.refine_points: must be an even number"),
-    ("horizon", 1.5, "edge.horizon: must be a fraction"),
+    ("seed_rounds", -1, "edge.seed_rounds: must be >= 0"),
     ("seeds", 0, "edge.seeds: must be at least 1"),
 ])
 def test_settings_no_search_could_use_are_refused_naming_the_key(key, value, fragment):

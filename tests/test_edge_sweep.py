@@ -6,23 +6,22 @@ agree with direct runs of the same LRs outside Ray."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
 import pytest
 from conftest import finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs
 
-from lmtune.sweep.record import read_edge_state, read_outcomes
-from lmtune.sweep.stopping import TrialStopper
-from lmtune.training.config import RunConfig
+from lmtune.report.truth import compare, read_truth, truth_conclusion
+from lmtune.sweep.record import SweepRecord, read_edge_state, read_outcomes
+from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.loop import train
 from lmtune.training.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
-# A 1-layer d_model-32 model, 60 steps of 256 tokens; ASHA rungs at 20 and 60 steps (evaluations every
-# 10 steps fall on them); probes train to the horizon: warm-up 5 + 10% of 60 = 11 steps.
+# A 1-layer d_model-32 model, 60 steps of 256 tokens; ASHA rungs at 20 and 60 steps (evaluations and
+# checkpoints every 10 steps fall on them, so a cut trial is continued from its rung).
 TINY_EDGE = """\
 description: tiny edge search for the tests
 search: edge
@@ -106,7 +105,7 @@ def test_the_decisions_made_before_the_kill_stand(resumed_edge_sweep):
     before = resumed_edge_sweep["before"]["state"]["decisions"]
     after = read_edge_state(resumed_edge_sweep["dir"])["decisions"]
     assert after[: len(before)] == before
-    assert [d["stage"] for d in after][:3] == ["range", "coarse", "bisect"]
+    assert [d["stage"] for d in after][:3] == ["range", "coarse", "landscape"]
 
 
 def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resumed_edge_sweep):
@@ -115,34 +114,24 @@ def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resum
     assert len(c["best_lr_seed_losses"]) == 2 and c["best_lr"] < c["edge_lr_low"]
 
 
-def _stopper_verdict(rows: list[dict], config: RunConfig, horizon: int) -> str | None:
-    """What the sweep's stopper says of a run's logged rows up to ``horizon`` steps."""
-    stopper = TrialStopper(recorder=None, explode_factor=1.5)
-    for row in rows:
-        if row["step"] > horizon:
-            break
-        result = {"step": row["step"], "train_loss": row["train_loss"], "grad_norm": row["grad_norm"],
-                  "in_warmup": row["step"] < config.train.warmup_steps,
-                  "uniform_loss": math.log(config.model.vocab_size)}
-        verdict = stopper.decide("direct", result)
-        if verdict is not None:
-            return verdict[0].value
-    return None
-
-
-def test_the_stability_calls_agree_with_direct_runs_of_the_bracket_lrs(resumed_edge_sweep, tmp_path):
+def test_the_bracket_agrees_with_direct_runs_trained_without_early_stopping(resumed_edge_sweep, tmp_path):
+    """The bracket's ends trained again outside Ray with nothing stopping them, each with the seeds the sweep
+    judged it on: every seed trains through the stable end, the failing seed fails to recover at the
+    diverged end (the sweep's own rule judging the whole run)."""
     sweep_dir = resumed_edge_sweep["dir"]
     c = read_edge_state(sweep_dir)["conclusion"]
+    confirmation = c["edge_confirmation"]
+    assert confirmation["confirmed"] and len(confirmation["stable_end"]) == 2  # edge_seeds
     params, dirs = trial_params(sweep_dir), trial_dirs(sweep_dir)
-    for lr, expected in ((c["edge_lr_low"], None), (c["divergence_lr"], "diverged")):
-        trial_id = next(t for t, p in params.items() if p.get("lr") == lr and p.get("seed") == 0)
+    rule = SweepRecord.read(sweep_dir).divergence_rule
+    ends = [(c["edge_lr_low"], end["seed"], "completed") for end in confirmation["stable_end"]]
+    ends += [(c["divergence_lr"], end["seed"], "diverged") for end in confirmation["diverged_end"]]
+    for lr, seed, expected in ends:
+        trial_id = next(t for t, p in params.items() if p.get("lr") == lr and p.get("seed") == seed)
         config = RunConfig.from_dict(json.loads((dirs[trial_id] / "config.json").read_text()))
-        horizon = config.train.warmup_steps + math.ceil(0.1 * config.train.steps)  # the default horizon
-        direct = tmp_path / f"direct-{lr}"
-        train(config, direct)
-        rows = read_metrics(direct / "metrics.csv")
-        assert _stopper_verdict(rows, config, horizon) == expected, (lr, rows[:4])
-        swept = read_metrics(dirs[trial_id] / "metrics.csv")
+        direct = train(config, tmp_path / f"direct-{lr}-{seed}", divergence=rule)
+        assert direct.status == expected, (lr, seed, direct.end)
+        rows, swept = read_metrics(direct.out_dir / "metrics.csv"), read_metrics(dirs[trial_id] / "metrics.csv")
         # the sweep's trial is the same run: same losses, step for step, as far as it went
         assert [r["train_loss"] for r in swept] == pytest.approx([r["train_loss"] for r in rows[: len(swept)]],
                                                                  rel=1e-5)
@@ -154,7 +143,27 @@ def test_the_report_of_the_edge_search_is_written(resumed_edge_sweep):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((sweep_dir / "report" / "summary.json").read_text())
     assert {"best_lr", "best_lr_seed_losses", "divergence_lr", "edge_lr_low", "edge_ratio", "equal_token_losses",
-            "stages"} <= set(summary)
-    assert [s["name"] for s in summary["stages"]][:3] == ["range", "coarse", "bisect"]
+            "stages", "basin", "degraded", "spiked", "edge_confirmation"} <= set(summary)
+    assert [s["name"] for s in summary["stages"]][:3] == ["range", "coarse", "landscape"]
     assert (sweep_dir / "report" / "lr_vs_loss.png").is_file()
     assert (sweep_dir / "report" / "lr_range_test.png").is_file()
+
+
+def test_the_search_agrees_with_a_small_ground_truth_grid_trained_without_early_stopping(resumed_edge_sweep,
+                                                                                         tmp_path):
+    """The benchmark's comparison (benchmarks/lr_truth.py) at test size: the tiny model's LRs 3.16x apart,
+    two seeds each, every run to its full budget with nothing stopping it."""
+    sweep_dir = resumed_edge_sweep["dir"]
+    proc = run_lmtune("analyze", str(sweep_dir), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    base = RunConfig.from_dict(SweepRecord.read(sweep_dir).base_config)
+    truth_dir = tmp_path / "truth"
+    for lr in (0.01, 0.0316, 0.1, 0.316, 1.0, 3.16, 10.0, 31.6):
+        for seed in (0, 1):
+            train(apply_overrides(base, {"lr": lr, "seed": seed}), truth_dir / f"lr={lr}_seed={seed}")
+    truth = truth_conclusion(read_truth(truth_dir))
+    checks = compare(truth, json.loads((sweep_dir / "report" / "summary.json").read_text()))
+    assert truth["divergence_lr"] is not None, "the grid reaches past the first LR that fails"
+    assert checks["best_lr_within_truth_basin_bounds"], checks
+    assert checks["edges_overlap"], checks
+    assert checks["basins_overlap"] and checks["degraded_overlap"], checks

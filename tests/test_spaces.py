@@ -56,6 +56,13 @@ BAD_SPACES = [
     ("fuse-optuna", "search: optuna\nfuse: 3\nparams:\n  lr: {loguniform: [1.0e-4, 1.0e-2]}\n", "fuse",
      r"fusing needs search: grid"),
     ("fuse-without-lr", "search: grid\nfuse: 2\nparams:\n  batch_size: [8, 16]\n", "fuse", r"does not sweep"),
+    ("retired-explode-factor", GOOD_GRID + "stopper: {explode_factor: 1.5}\n", "stopper.explode_factor",
+     r"often recover.*use stopper.recovery_window"),
+    ("retired-horizon", "search: edge\nbudget: quick\nedge: {horizon: 0.1}\n", "edge.horizon",
+     r"probes now train the full budget"),
+    ("recovery-window-above-1", GOOD_GRID + "stopper: {recovery_window: 1.5}\n", "stopper.recovery_window",
+     r"must be a fraction of the budget's steps"),
+    ("stop-factor-below-1", GOOD_GRID + "stopper: {stop_factor: 0.5}\n", "stopper.stop_factor", r"must be >= 1"),
 ]
 
 

@@ -6,7 +6,6 @@ import pytest
 
 from lmtune.errors import LmtuneError
 from lmtune.report.stability import (
-    UNSTABLE_THRESHOLD,
     TrialRecord,
     candidate_token_range,
     classify,
@@ -15,7 +14,7 @@ from lmtune.report.stability import (
     edge_reading,
     edge_reading_range,
     first_growth,
-    instability_score,
+    spikes_of,
     tokens_to_reach,
 )
 from lmtune.report.summary import sweep_summary
@@ -28,6 +27,9 @@ ROWS = 60
 STEP = 20
 TOKENS_PER_STEP = 100
 WARMUP_ROWS = 3
+VOCAB = 245  # ℓ₀ = ln 245 = 5.50, just above where the synthetic curves start (5.0)
+CONFIG = {"model": {"vocab_size": VOCAB, "context_length": TOKENS_PER_STEP},
+          "train": {"steps": ROWS * STEP, "batch_size": 1}}
 
 
 def smooth_loss(n=ROWS):
@@ -53,31 +55,17 @@ def make_record(trial_id, lr, outcome="completed", train=None, val=None, probes=
     })
     for name, values in (probes or {}).items():
         curve[name] = values
+    kwargs.setdefault("config", CONFIG)
     return TrialRecord(trial_id=trial_id, lr=lr, params={"lr": lr}, outcome=outcome, curve=curve, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
-# instability_score and classify on synthetic curves
-
-
-def test_instability_score_by_hand():
-    # No smoothing: running minimum 2, later value 3 -> a 50% rise.
-    assert instability_score([4, 3, 2, 2, 3, 3, 3], smooth=1) == pytest.approx(0.5)
-    # Window 2: smoothed = [4, 3.5, 2.5, 2, 2.5, 3, 3] -> running min 2, max rise (3 - 2)/2.
-    assert instability_score([4, 3, 2, 2, 3, 3, 3], smooth=2) == pytest.approx(0.5)
-    assert instability_score([5, 4, 3, 2, 1], smooth=1) == 0.0
-    # A rise during warm-up (before index 2) is not counted; after it the loss only falls.
-    assert instability_score([1, 2, 3, 2.5, 2], warmup_end_index=2, smooth=1) == 0.0
-    assert instability_score([1, 2, 3, 2.5, 2], warmup_end_index=0, smooth=1) == pytest.approx(2.0)
-    # Non-finite values are skipped rather than poisoning the score.
-    assert instability_score([3, 2, float("nan"), 2.2], smooth=1) == pytest.approx(0.1)
-    assert instability_score([]) == 0.0
+# classify on synthetic curves: diverged (failed to recover), spiked (came back), or the outcome
 
 
 def test_smooth_decreasing_curve_is_completed():
     rec = make_record("smooth", 1e-3)
-    assert instability_score(rec.curve["train_loss"]) == 0.0
-    assert classify(rec) == "completed"
+    assert spikes_of(rec) == [] and classify(rec) == "completed"
 
 
 def test_small_noise_stays_completed():
@@ -86,27 +74,29 @@ def test_small_noise_stays_completed():
     assert classify(make_record("noisy", 1e-3, train=train)) == "completed"
 
 
-def test_spike_of_30_percent_then_recovery_is_unstable():
+def test_a_30_percent_rise_that_comes_back_is_spiked_with_its_step_height_and_recovery():
     train = smooth_loss()
     train[30:38] *= 1.3
     rec = make_record("spiky", 3e-3, train=train)
-    assert instability_score(train) > 0.15
-    assert classify(rec) == "unstable"
-    # ASHA stopping it early does not hide the instability.
-    assert classify(make_record("spiky-asha", 3e-3, outcome="stopped_early", train=train)) == "unstable"
+    (spike,) = spikes_of(rec)
+    assert spike.step == 31 * STEP and spike.recovered_after == 8 * STEP
+    assert spike.height == pytest.approx(1.3 * smooth_loss()[30] / smooth_loss()[29])  # over the minimum before it
+    assert classify(rec) == "spiked"
+    # A run ASHA cut keeps its outcome; its spike stays in its row.
+    cut = make_record("spiky-asha", 3e-3, outcome="stopped_early", train=train)
+    assert classify(cut) == "stopped_early" and len(spikes_of(cut)) == 1
 
 
-def test_one_interval_blip_is_smoothed_away():
-    train = smooth_loss()
-    train[40] *= 1.3
-    assert instability_score(train) < UNSTABLE_THRESHOLD
-    assert classify(make_record("blip", 1e-3, train=train)) == "completed"
-
-
-def test_oscillating_curve_is_unstable():
+def test_oscillating_curve_is_spiked():
     i = np.arange(ROWS)
     train = smooth_loss() * (1 + 0.25 * np.sin(2 * np.pi * i / 12))
-    assert classify(make_record("osc", 3e-3, train=train)) == "unstable"
+    assert classify(make_record("osc", 3e-3, train=train)) == "spiked"
+
+
+def test_a_loss_far_above_its_initial_value_that_comes_back_is_spiked_not_diverged():
+    train = smooth_loss()
+    train[5:20] = 4 * math.log(VOCAB)  # four times ℓ₀ for 15 of 60 rows, then back down
+    assert classify(make_record("recovers", 1e-2, train=train)) == "spiked"
 
 
 def test_nan_loss_is_diverged_whatever_the_outcome():
@@ -124,12 +114,12 @@ def test_nan_val_loss_only_means_not_evaluated():
     assert classify(rec) == "completed"
 
 
-def test_exploding_finite_loss_is_diverged_if_stopped_as_such_else_unstable():
+def test_a_finite_loss_that_never_comes_back_below_its_initial_value_is_diverged():
     train = smooth_loss()
     train[30:] = train[30] * np.exp(np.arange(ROWS - 30) / 8.0)  # finite, far above the start
     assert train[-1] > 3 * train[0]
     assert classify(make_record("boom", 1e-2, outcome="diverged", train=train)) == "diverged"
-    assert classify(make_record("boom2", 1e-2, outcome="completed", train=train)) == "unstable"
+    assert classify(make_record("boom2", 1e-2, outcome="completed", train=train)) == "diverged"
 
 
 def test_other_outcomes_pass_through():
@@ -172,7 +162,7 @@ def sweep():
 
 def test_best_and_divergence_lr_and_edge():
     records = sweep()
-    assert [classify(r) for r in records] == ["completed", "completed", "completed", "unstable", "diverged",
+    assert [classify(r) for r in records] == ["completed", "completed", "completed", "spiked", "diverged",
                                               "diverged"]
     assert best_trial_id(records) == "t3"
     assert divergence_lr(records) == 1e-2
@@ -202,9 +192,8 @@ def test_the_best_lr_is_decided_at_the_full_budget_not_on_an_early_loss():
 
 
 def test_without_a_full_budget_trial_the_best_says_its_tokens_are_unequal():
-    budget = {"train": {"steps": ROWS * STEP, "batch_size": 1}, "model": {"context_length": TOKENS_PER_STEP}}
-    a = make_record("a", 1e-3, outcome="stopped_early", train=smooth_loss()[:20], val={9: 4.0, 19: 3.5}, config=budget)
-    b = make_record("b", 1e-4, outcome="running", train=smooth_loss()[:40], val={9: 4.2, 39: 3.0}, config=budget)
+    a = make_record("a", 1e-3, outcome="stopped_early", train=smooth_loss()[:20], val={9: 4.0, 19: 3.5})
+    b = make_record("b", 1e-4, outcome="running", train=smooth_loss()[:40], val={9: 4.2, 39: 3.0})
     summary = sweep_summary([a, b])
     assert summary["best_trial"] == "b"
     assert summary["candidate_tokens"] == list(candidate_token_range([a, b]))
@@ -263,15 +252,16 @@ def test_tokens_to_reach_interpolates_linearly():
     assert tokens_to_reach(rec, 1.0) is None
 
 
-def test_convergence_compares_only_trials_that_trained_the_full_budget():
-    table = sweep_summary(sweep())["convergence"]
-    assert table["level"] == pytest.approx(3.0)  # t1's final loss: every full-budget trial reaches it
+def test_convergence_compares_only_trials_that_trained_the_full_budget_at_the_basins_level():
+    records = sweep() + [make_record("t3b", 1e-3, val={19: 3.0, 39: 2.3, 59: 2.28})]  # a second seed of the best
+    table = sweep_summary(records)["convergence"]
+    assert table["level"] == pytest.approx(2.28)  # the basin (lr 1e-3, two seeds): its worse final loss
     by_id = {row["trial_id"]: row["tokens"] for row in table["rows"]}
-    # val_at(final): rows 19 (final + 1), 39 (best), 59 (final); t2 = 3.5 -> 2.5, crossing 3.0 halfway.
+    # val_at(final): rows 19 (final + 1), 39 (best), 59 (final); t3 = 3.25 -> 2.2 crosses 2.28 before row 39.
     t19, t39, t59 = (STEP * (i + 1) * TOKENS_PER_STEP for i in (19, 39, 59))
-    assert by_id["t1"] == pytest.approx(t39)
-    assert by_id["t2"] == pytest.approx((t19 + t39) / 2)
-    assert set(by_id) == {"t1", "t2", "t3", "t4"}  # the diverged ones never trained the whole budget
+    assert by_id["t3"] == pytest.approx(t19 + (3.25 - 2.28) / (3.25 - 2.2) * (t39 - t19))
+    assert by_id["t3b"] == pytest.approx(t59) and by_id["t1"] is None and by_id["t2"] is None
+    assert set(by_id) == {"t1", "t2", "t3", "t3b", "t4"}  # the diverged ones never trained the whole budget
     assert [row["lr"] for row in table["rows"]] == sorted(row["lr"] for row in table["rows"])
 
 
@@ -328,13 +318,14 @@ def test_sweep_summary_headline_numbers_and_rows():
     assert summary["target_met"] is True and summary["target_trial"] == "t3"
     assert summary["edge_lr_low"] == 3e-3 and summary["bracket_ratio"] == pytest.approx(1e-2 / 3e-3)
     rows = {r["trial_id"]: r for r in summary["trials"]}
-    assert rows["t4"]["status"] == "unstable" and rows["t4"]["instability_score"] > UNSTABLE_THRESHOLD
+    assert rows["t4"]["status"] == "spiked" and rows["t4"]["max_spike_height"] == pytest.approx(1.3, rel=0.05)
+    assert [s["trial_id"] for s in summary["spiked"]] == ["t4"]
     assert rows["t5"]["status"] == "diverged" and rows["t5"]["final_val_loss"] is None
     assert rows["t5"]["stop_step"] == 520 and "nan" in rows["t5"]["reason"]
     assert rows["t3"]["final_val_loss"] == pytest.approx(2.25)
     assert rows["t1"]["tokens"] == STEP * ROWS * TOKENS_PER_STEP
     assert rows["t1"]["tokens_per_s"] == pytest.approx(1000.0)
-    assert summary["status_counts"] == {"completed": 3, "unstable": 1, "diverged": 2}
+    assert summary["status_counts"] == {"completed": 3, "spiked": 1, "diverged": 2}
     assert sweep_summary(records, target=2.25)["target_met"] is True
     assert sweep_summary(records, target=2.2)["target_met"] is False  # its best 2.2 came before the end
     assert sweep_summary(records)["target_met"] is None

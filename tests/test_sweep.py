@@ -7,7 +7,6 @@ ray.cluster_utils.Cluster, or a `ray start --head` in its own session) and stopp
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -408,61 +407,66 @@ def test_wandb_gets_one_run_per_trial_with_every_tune_result(tmp_path: Path, bui
 # 7. The run's summary: the best trial never errored or diverged
 
 
-@dataclasses.dataclass
-class FakeResult:
-    """What sweep_result reads of a Tune Result."""
-
-    trial_id: str
-    rows: list[tuple[int, float]]  # (tokens, val_loss)
-    error: Exception | None = None
-    budget: int = 15000  # the trial's total_tokens
-    lr: float = 0.001
-
-    @property
-    def metrics(self) -> dict:
-        return {"trial_id": self.trial_id, "total_tokens": self.budget}
-
-    @property
-    def metrics_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame([{"tokens": t, "val_loss": v} for t, v in self.rows])
-
-    @property
-    def path(self) -> str:
-        return f"/sweep/{self.trial_id}_lr={self.lr}"
-
-    @property
-    def config(self) -> dict:
-        return {"lr": self.lr}
+# Budget of the on-disk sweeps below: 30 steps of 500 tokens (15,000), evaluations every 10 steps.
+DISK_CONFIG = RunConfig()
+DISK_CONFIG.model.vocab_size, DISK_CONFIG.model.context_length = 500, 50
+DISK_CONFIG.train.steps, DISK_CONFIG.train.batch_size = 30, 10
 
 
-def test_the_summary_never_names_an_errored_or_diverged_trial_best(tmp_path: Path):
-    from lmtune.sweep.runner import sweep_result
+def disk_sweep(root: Path, trials: dict[str, tuple[float, str, dict[int, float]]]) -> Path:
+    """A sweep folder as a sweep leaves it: sweep.json, the ledger, and per trial (id -> lr, ledger outcome,
+    {step: val loss}) its trial.json, config.json and metrics.csv (train loss falling from ln 500)."""
+    from lmtune.sweep.record import write_trial_file
+    from lmtune.training.metrics import write_metrics
 
-    ledger_path(tmp_path).parent.mkdir()
-    ledger_path(tmp_path).write_text(json.dumps({
-        "dead": {"outcome": "error", "reason": "error: The actor is dead"},
-        "nan": {"outcome": "diverged", "reason": "diverged at step 3"},
-        "full": {"outcome": "completed"}, "cut": {"outcome": "stopped_early"}}))
-    results = [FakeResult("dead", [(5000, 1.5)], error=RuntimeError("The actor is dead"), lr=0.002),
-               FakeResult("nan", [(100, 1.0)], lr=0.004),
-               FakeResult("full", [(5000, 4.0), (15000, 2.5)]), FakeResult("cut", [(5000, 3.9)], lr=0.0005)]
-    record = SweepRecord(space={"num_trials": 4}, base_config=RunConfig().to_dict())
-    summary = sweep_result(tmp_path, results, record)
-    assert summary.best_trial_dir.name.startswith("full_") and summary.best_val_loss == 2.5
-    assert summary.best_tokens == 15000 and summary.candidate_tokens is None  # compared at the full budget
-    assert summary.conclusion["best_lr"] == 0.001 and summary.conclusion["best_lr_seed_losses"] == [2.5]
-    assert summary.unfinished == 0 and summary.stopped_by is None
+    sweep_dir = root / "disk"
+    sweep_dir.mkdir()
+    SweepRecord(name="disk", space={"name": "grid", "search": "grid", "num_trials": len(trials)},
+                base_config=DISK_CONFIG.to_dict()).write(sweep_dir)
+    ledger_path(sweep_dir).parent.mkdir()
+    ledger_path(sweep_dir).write_text(json.dumps({t: {"outcome": o, "reason": o} for t, (_, o, _) in trials.items()}))
+    for trial_id, (lr, _, val) in trials.items():
+        folder = sweep_dir / f"{trial_id}_lr={lr}"
+        folder.mkdir()
+        write_trial_file(folder, trial_id, {"lr": lr})
+        config = DISK_CONFIG.to_dict()
+        config["train"]["lr"] = lr
+        (folder / "config.json").write_text(json.dumps(config))
+        write_metrics(folder / "metrics.csv", [{"step": step, "tokens": step * 500, "train_loss": 6.0 - step / 10,
+                                                "val_loss": loss} for step, loss in sorted(val.items())])
+    return sweep_dir
 
 
-def test_without_a_full_budget_trial_the_summary_says_the_tokens_differ(tmp_path: Path):
-    from lmtune.sweep.runner import sweep_result
+def run_printout(sweep_dir: Path, trials: int, capsys) -> tuple[int, str]:
+    from lmtune.run import print_result
+    from lmtune.sweep.runner import SweepOptions, SweepResult
 
-    ledger_path(tmp_path).parent.mkdir()
-    ledger_path(tmp_path).write_text(json.dumps({"a": {"outcome": "stopped_early"}, "b": {"outcome": "stopped_early"}}))
-    results = [FakeResult("a", [(5000, 4.0), (10000, 2.5)], budget=20000),
-               FakeResult("b", [(5000, 3.9)], budget=20000, lr=0.01)]
-    record = SweepRecord(space={"num_trials": 2}, base_config=RunConfig().to_dict())
-    summary = sweep_result(tmp_path, results, record)
-    assert summary.best_trial_dir.name.startswith("a_") and summary.best_val_loss == 2.5
-    assert summary.best_tokens == 10000 and summary.candidate_tokens == (5000, 10000)
-    assert summary.conclusion["best_lr"] is None
+    outcomes = read_outcomes(sweep_dir)
+    counts = {o: sum(e["outcome"] == o for e in outcomes.values()) for o in {e["outcome"] for e in outcomes.values()}}
+    code = print_result(SweepResult(sweep_dir, trials, counts), SweepOptions(space="grid", name="disk"))
+    return code, capsys.readouterr().out
+
+
+def test_run_never_names_an_errored_or_diverged_trial_best_and_agrees_with_analyze(tmp_path: Path, capsys):
+    from lmtune.report.writer import analyze
+
+    sweep_dir = disk_sweep(tmp_path, {
+        "dead": (0.002, "error", {10: 1.5}), "nan": (0.004, "diverged", {10: 1.0}),
+        "full": (0.001, "completed", {10: 4.0, 30: 2.5}), "cut": (0.0005, "stopped_early", {10: 3.9})})
+    code, out = run_printout(sweep_dir, 4, capsys)
+    summary = analyze(sweep_dir, out_dir=tmp_path / "report")
+    assert code == 0 and summary["best_trial"] == "full" and summary["best_lr"] == 0.001
+    assert "best trial: full" in out and "best lr 0.001: val loss 2.5000 (one seed) at 15,000 tokens" in out
+    assert json.loads((tmp_path / "report" / "summary.json").read_text())["best_trial"] == "full"
+
+
+def test_without_a_full_budget_trial_run_and_analyze_say_the_tokens_differ(tmp_path: Path, capsys):
+    from lmtune.report.writer import analyze
+
+    sweep_dir = disk_sweep(tmp_path, {"a": (0.001, "stopped_early", {10: 4.0, 20: 2.5}),
+                                      "b": (0.01, "stopped_early", {10: 3.9})})
+    code, out = run_printout(sweep_dir, 2, capsys)
+    summary = analyze(sweep_dir, out_dir=tmp_path / "report")
+    assert code == 0 and summary["best_trial"] == "a" and summary["candidate_tokens"] == [5000, 10000]
+    assert "not at equal token counts: no trial trained its whole budget (5,000 to 10,000 tokens)" in out
+    assert "best trial: a" in out

@@ -29,6 +29,7 @@ from lmtune.fused.state import FusedState
 from lmtune.fused.step import evaluate_members, fused_train_step
 from lmtune.training.config import RunConfig
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
+from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import RunEnd, RunResult, resolve_config, save_checkpoints, training_log
 from lmtune.training.metrics import Row
 from lmtune.training.model import flops_per_token
@@ -72,25 +73,27 @@ def check_fusable(configs: Sequence[RunConfig]) -> None:
 
 
 def train_fused(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, resume: bool = False,
-                group_sink: GroupSink | None = None, member_rule: MemberRule | None = None) -> list[RunResult]:
+                group_sink: GroupSink | None = None, member_rule: MemberRule | None = None,
+                divergence: DivergenceRule = DEFAULT_RULE) -> list[RunResult]:
     """Train every config as one member of a fused group, member k writing to ``out_dirs[k]``.
 
     ``resume`` continues the members that have not ended from their newest common checkpoint;
-    ``member_rule`` ends members at a log interval (a sweep's divergence and rung rules).
+    ``member_rule`` ends members at a log interval (a sweep's divergence and rung rules); ``divergence``
+    judges each member's loss as ``train()`` judges a run's.
     Returns each member's RunResult, in the order of ``configs``.
     """
     if len(configs) != len(out_dirs) or not configs:
         raise LmtuneError(f"{len(configs)} configs for {len(out_dirs)} output folders; give one folder per member")
     configs = [resolve_config(c, Path(c.data_dir)) for c in configs]
     check_fusable(configs)
-    return FusedRun(configs, out_dirs, group_sink, member_rule).run(resume)
+    return FusedRun(configs, out_dirs, group_sink, member_rule, divergence).run(resume)
 
 
 class FusedRun:
     def __init__(self, configs: list[RunConfig], out_dirs: Sequence[Path], group_sink: GroupSink | None,
-                 member_rule: MemberRule | None):
+                 member_rule: MemberRule | None, divergence: DivergenceRule):
         self.configs, self.t = configs, configs[0].train
-        self.group_sink, self.member_rule = group_sink, member_rule
+        self.group_sink, self.member_rule, self.divergence = group_sink, member_rule, divergence
         self.device = resolve_device(self.t.device)
         configure_backend(self.device)
         self.members = [Member.of(i, c, d) for i, (c, d) in enumerate(zip(configs, out_dirs, strict=True))]
@@ -111,7 +114,7 @@ class FusedRun:
         with contextlib.ExitStack() as cleanup:
             for member in self.running():
                 cleanup.enter_context(training_log(member.out_dir))
-                member.open(cleanup, self.state.step)
+                member.open(cleanup, self.state.step, self.divergence)
             self.runtime = Runtime.build(self.state.model, first, self.device)
             log.info("fused group of %d members (%s), from step %d", len(self.state.positions),
                      ", ".join(m.label for m in self.running()), self.state.step)
@@ -149,7 +152,7 @@ class FusedRun:
 
     def log_interval(self, step: int, x: torch.Tensor) -> None:
         """The interval's rows, validation, checkpoints and endings: the loop's only host syncs."""
-        endings = {self.state.positions[p]: RunEnd("diverged", "non-finite loss or gradient norm", bad)
+        endings = {self.state.positions[p]: RunEnd.non_finite("loss or gradient norm", bad)
                    for p, bad in enumerate(self.meter.first_nonfinite_steps()) if bad is not None}
         rows = dict(zip(self.state.positions, self.meter.take(step), strict=True))
         lrs = [lr_at(step - 1, c.train.lr, c.train.min_lr_ratio, c.train.warmup_steps, c.train.steps)
@@ -160,8 +163,10 @@ class FusedRun:
         for position, (m, row) in enumerate(rows.items()):
             row.update(lr=lrs[m], val_loss=vals[position], **{k: v[position] for k, v in probes.items()})
             if row["val_loss"] is not None and not math.isfinite(row["val_loss"]) and m not in endings:
-                endings[m] = RunEnd("diverged", "non-finite validation loss", step)
+                endings[m] = RunEnd.non_finite("validation loss", step)
         written = {m: rows[m] for m in rows if m not in endings}
+        for m, row in written.items():
+            self.members[m].judge(row)
         checkpoints = {}
         for m, row in written.items():
             checkpoint = self.write_member(self.members[m], row, step)

@@ -18,7 +18,8 @@ from lmtune.files import atomic_write_text
 from lmtune.fused.step import MemberStepResult
 from lmtune.training.checkpoint import Checkpointer
 from lmtune.training.config import RunConfig
-from lmtune.training.loop import RunEnd, RunResult, finish_run
+from lmtune.training.divergence import DivergenceRule, LossWatch
+from lmtune.training.loop import RunEnd, RunResult, finish_run, loss_watch
 from lmtune.training.metrics import CsvSink, Row, TensorBoardSink
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class Member:
     elapsed_s: float = 0.0
     csv: CsvSink | None = None
     tensorboard: TensorBoardSink | None = None
+    watch: LossWatch | None = None
+    """Its loss judged as an unfused run's (lmtune.training.divergence)."""
     result: RunResult | None = None
     """How it ended, once it has."""
     rows: list[Row] = field(default_factory=list)
@@ -53,10 +56,16 @@ class Member:
     def label(self) -> str:
         return f"lr {self.config.train.lr:.3g}"
 
-    def open(self, stack: contextlib.ExitStack, resume_step: int) -> None:
+    def open(self, stack: contextlib.ExitStack, resume_step: int, rule: DivergenceRule) -> None:
         atomic_write_text(self.out_dir / "config.json", self.config.to_json())
         self.csv = stack.enter_context(CsvSink(self.out_dir, resume_step=resume_step))
         self.tensorboard = stack.enter_context(TensorBoardSink(self.out_dir, resume_step=resume_step))
+        self.watch = loss_watch(self.config, rule, self.csv.rows)
+
+    def judge(self, row: Row) -> None:
+        """The row's train loss through the member's LossWatch (its spike and divergence fields added)."""
+        self.watch.see(row["step"], row["train_loss"])
+        row.update(self.watch.row_fields())
 
     def write(self, row: Row) -> None:
         for sink in (self.csv, self.tensorboard):
@@ -64,7 +73,7 @@ class Member:
 
     def finish(self, end: RunEnd, wall_time_s: float) -> RunResult:
         """summary.json and figures, as an unfused run of this config ending so would write them."""
-        self.result = finish_run(self.out_dir, self.config, self, end, self.csv.rows, wall_time_s, ())
+        self.result = finish_run(self.out_dir, self.config, self, end, self.csv.rows, wall_time_s, (), self.watch)
         log.info("member %s (%s) ended: %s %s", self.index, self.label, end.status, end.reason)
         return self.result
 

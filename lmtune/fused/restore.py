@@ -31,7 +31,8 @@ def ended_result(member: Member) -> RunResult | None:
         return None
     if not isinstance(summary, dict) or summary.get("status") not in ENDED:
         return None
-    end = RunEnd(summary["status"], summary.get("reason") or "", summary.get("diverged_step"))
+    end = RunEnd(summary["status"], summary.get("reason") or "", summary.get("diverged_step"),
+                 summary.get("diverged_how"))
     return RunResult(summary["status"], summary, member.out_dir, end=end)
 
 

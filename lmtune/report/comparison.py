@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from lmtune.report.stability import TrialRecord, classify, column, tokens_trained, val_points
-from lmtune.sweep.edge import INTERRUPTED, Budget, EdgeSettings, Run, conclude
+from lmtune.report.stability import (
+    TrialRecord,
+    classify,
+    column,
+    has_nonfinite_loss,
+    judgement,
+    spikes_of,
+    tokens_spent,
+    tokens_trained,
+    val_points,
+)
+from lmtune.sweep.edge import INTERRUPTED, STAGES
+from lmtune.sweep.runs import Budget, Run, conclude, effective_runs
+from lmtune.training.divergence import BY_RULE, NON_FINITE, WHOLE_RUN
 
 # A stable run's attention logits above this are worth a warning: Wortsman et al. (2023) find
 # attention-logit growth ahead of the instabilities qk-layernorm removes (their diverging runs reach
@@ -26,8 +39,9 @@ Pair = tuple[Run, TrialRecord]
 
 
 def record_runs(records: Sequence[TrialRecord], budget: Budget) -> list[Pair]:
-    """Each trial as a Run: its LR, seed, stage, how it ended (classify's diverged wins), its tokens and
-    evaluations; budgets from its own config, else the sweep's."""
+    """Each trial as a Run: its LR, seed, stage, how it ended (classify's diverged wins, with where and how
+    its divergence was established), its tokens, evaluations and spikes; budgets from its own config, else
+    the sweep's."""
     pairs = []
     for record in records:
         if record.reason == INTERRUPTED:
@@ -41,9 +55,31 @@ def record_runs(records: Sequence[TrialRecord], budget: Budget) -> list[Pair]:
         others = tuple(sorted((k, v) for k, v in record.params.items() if k != "lr"))
         run = Run(record.lr, record.seed if record.seed is not None else budget.seed, record.stage, budget_tokens,
                   run_tokens, None if outcome == "running" else outcome, tokens_trained(record) or 0,
-                  {int(t): float(v) for t, v in zip(tokens, val, strict=True)}, others)
+                  {int(t): float(v) for t, v in zip(tokens, val, strict=True)}, others,
+                  spikes=[asdict(spike) for spike in spikes_of(record)], trial_id=record.trial_id,
+                  continue_from=record.continue_from)
+        if run.diverged:
+            run.divergence, run.diverged_tokens = divergence_of(record, run, budget_tokens // max(steps or 1, 1))
         pairs.append((run, record))
     return pairs
+
+
+def divergence_of(record: TrialRecord, run: Run, tokens_per_step: int) -> tuple[str, int]:
+    """How a diverged trial's divergence was established, and at how many tokens: a non-finite value;
+    its whole budget seen; or the stopper's rule (it stopped above ℓ₀ for the whole recovery window)."""
+    watch = judgement(record)
+    step = watch.verdict.step if watch is not None and watch.verdict.diverged else record.stop_step
+    if has_nonfinite_loss(record) or "non-finite" in record.reason:
+        how = NON_FINITE
+    else:
+        how = WHOLE_RUN if run.full else BY_RULE
+    return how, (step * tokens_per_step if step else run.tokens)
+
+
+def standing_pairs(pairs: Sequence[Pair]) -> list[Pair]:
+    """The pairs whose run stands (lmtune.sweep.runs.effective_runs): each run of the sweep counted once."""
+    standing = {id(run) for run in effective_runs(run for run, _ in pairs)}
+    return [(run, record) for run, record in pairs if id(run) in standing]
 
 
 def summarize_equal_tokens(table: dict[int, dict[float, list[float]]]) -> dict[str, dict[str, float]]:
@@ -52,8 +88,8 @@ def summarize_equal_tokens(table: dict[int, dict[float, list[float]]]) -> dict[s
             for tokens, by_lr in table.items()}
 
 
-def edge_conclusion(pairs: Sequence[Pair], budget: Budget, settings: EdgeSettings) -> dict[str, Any]:
-    return conclude([run for run, _ in pairs if run.stage != "range"], budget, settings)
+def edge_conclusion(pairs: Sequence[Pair], budget: Budget) -> dict[str, Any]:
+    return conclude([run for run, _ in pairs], budget)
 
 
 def best_record(pairs: Sequence[Pair], best_lr: float | None) -> TrialRecord | None:
@@ -87,12 +123,13 @@ def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> dict[s
     return {"value": float(np.mean(values - values.min())), "lrs": len(losses), "tokens": tokens}
 
 
-def full_budget_convergence(pairs: Sequence[Pair], level: float | None = None) -> dict[str, Any]:
-    """Tokens each trial that trained its whole budget needed to reach one val loss ``level`` (default:
-    the worst of their final losses, so each reaches it), linearly interpolated between evaluations."""
+def full_budget_convergence(pairs: Sequence[Pair], basin: Sequence[float] | None = None) -> dict[str, Any]:
+    """Tokens each trial that trained its whole budget needed to reach one val loss, linearly interpolated
+    between evaluations: the worst final loss of the basin's runs (so each of them reaches it, and the
+    others show how far they are), or of all such trials when there is no basin."""
     full = [(run, record) for run, record in pairs if run.full_loss() is not None]
-    if level is None and full:
-        level = max(run.full_loss() for run, _ in full)
+    reference = [run.full_loss() for run, _ in full if not basin or run.lr in basin]
+    level = max(reference) if reference else None
     rows = []
     for run, record in sorted(full, key=lambda pair: (pair[0].lr, pair[0].seed)):
         rows.append({"trial_id": record.trial_id, "lr": run.lr, "seed": run.seed, "status": classify(record),
@@ -142,12 +179,12 @@ def stage_accounting(pairs: Sequence[Pair], edge_state: dict[str, Any] | None,
         if run.stage != "range":
             entry["lrs"].add(run.lr)
         entry["trials"] += 1
-        entry["tokens"] += tokens_trained(record) or 0
+        entry["tokens"] += tokens_spent(record)
     for decision in (edge_state or {}).get("decisions", []):
         entry = stages.setdefault(decision["stage"], {"name": decision["stage"], "lrs": set(), "trials": 0,
                                                       "tokens": 0, "why": []})
         entry["why"].append(decision["why"])
-    order = {name: i for i, name in enumerate(("range", "coarse", "bisect", "refine", "seeds"))}
+    order = {name: i for i, name in enumerate(STAGES)}
     result = sorted(stages.values(), key=lambda e: (order.get(e["name"], -1), e["name"]))
     return [{**e, "lrs": sorted(e["lrs"])} for e in result]
 

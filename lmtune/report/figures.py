@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
-from lmtune.sweep.edge import format_tokens  # noqa: E402
+from lmtune.sweep.runs import format_tokens  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,8 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
 def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
     """Val loss against LR at equal token counts: one curve per rung (each trial's loss interpolated at
     exactly that many tokens; a trial appears only at the rungs it reached), seeds as dots with their
-    range at the full budget, diverged LRs as red x at the top, the edge bracket and the best LR's
-    interval shaded."""
+    range at the full budget, diverged LRs as red x at the top; the three regions shaded (basin green,
+    degraded orange, diverged red), each boundary drawn across the interval it is known to lie in."""
     table = {int(t): {float(lr): losses for lr, losses in by_lr.items()}
              for t, by_lr in summary["equal_token_trials"].items()}
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
@@ -174,17 +174,30 @@ def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
 
 
 def _shade_edge_and_best(ax, summary: dict[str, Any]) -> None:
-    low, high = summary.get("edge_lr_low"), summary.get("divergence_lr")
-    if high is not None:
-        ax.axvspan(low or high / 1.05, high, color="red", alpha=0.12,
-                   label=f"edge: stable {_lr(low)}, diverged {_lr(high)}")
+    """The regions as bands: solid where the region is known to hold, hatched where its boundary lies."""
+    basin, degraded, diverged = summary.get("basin"), summary.get("degraded"), summary.get("diverged")
+    if basin:
+        _band(ax, basin["low"][1], basin["high"][0], basin["low"], basin["high"], "tab:green",
+              f"basin: {_lr(basin['lrs'][0])}–{_lr(basin['lrs'][-1])} (within 2 SE of the best)")
+    if degraded:
+        _band(ax, degraded["low"][1], degraded["high"][0], None, degraded["high"], "tab:orange",
+              f"degraded: {degraded['per_doubling']:+.2f} nats per doubling of the LR")
+    if diverged and diverged["low"][1] is not None:
+        low, high = diverged["low"]
+        right = ax.get_xlim()[1] if ax.get_xlim()[1] > high else high * 1.5
+        ax.axvspan(high, right, color="red", alpha=0.12, label=f"diverged: from {_lr(low)}–{_lr(high)} up")
+        if low is not None:
+            ax.axvspan(low, high, color="red", alpha=0.06, hatch="//", linewidth=0)
     best = summary.get("best_lr")
     if best is not None:
         ax.axvline(best, color="tab:green", linestyle=":", linewidth=1.5, label=f"best lr {best:.3g}")
-        below, above = summary.get("best_lr_interval") or (None, None)
-        if below is not None or above is not None:
-            ax.axvspan(below or best, above or best, color="tab:green", alpha=0.08,
-                       label=f"best LR lies in ({_lr(below)}, {_lr(above)})")
+
+
+def _band(ax, start: float, end: float, low_gap, high_gap, color: str, label: str) -> None:
+    ax.axvspan(start, end if end > start else start * 1.02, color=color, alpha=0.12, label=label)
+    for gap in (low_gap, high_gap):
+        if gap and gap[0] is not None and gap[1] is not None:
+            ax.axvspan(gap[0], gap[1], color=color, alpha=0.05, hatch="//", linewidth=0)
 
 
 def _lr(value: float | None) -> str:
@@ -193,7 +206,7 @@ def _lr(value: float | None) -> str:
 
 def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | None, path: Path) -> Path:
     """Gradient norm, attention-logit max and output-logit max over tokens (log y) for the broken runs."""
-    broken = [r for r in records if classify(r) in ("diverged", "unstable")]
+    broken = [r for r in records if classify(r) in ("diverged", "spiked")]
     shown = ([best_record] if best_record is not None else []) + [r for r in broken if r is not best_record]
     norm, cmap = _lr_colors(records)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -220,7 +233,7 @@ def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | 
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         axes[0].legend(fontsize=7)
-    fig.suptitle("stability probes: diverged and unstable runs beside the best run")
+    fig.suptitle("stability probes: diverged and spiked runs beside the best run")
     return save_figure(fig, path)
 
 

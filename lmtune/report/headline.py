@@ -7,6 +7,22 @@ from __future__ import annotations
 from typing import Any
 
 
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """What both CLIs print of a sweep's summary (summary.json's keys): its best LR with its spread and
+    interval, the regions above it, the edge and the ratio, and the best trial."""
+    lines = []
+    if summary.get("candidate_tokens"):
+        fewest, most = summary["candidate_tokens"]
+        lines.append(f"best lr {summary['best_lr']:.3g}: val loss {summary['best_val_loss']:.4f}, but not at equal "
+                     f"token counts: no trial trained its whole budget ({fewest:,} to {most:,} tokens)")
+    elif summary.get("best_lr") is None:
+        lines.append("best lr: none (no trial that neither diverged nor errored trained its whole budget yet)")
+    lines += conclusion_lines(summary, summary.get("compared_at_tokens"))
+    if summary.get("best_trial"):
+        lines.append(f"best trial: {summary['best_trial']}")
+    return lines
+
+
 def conclusion_lines(c: dict[str, Any], tokens: int | None) -> list[str]:
     losses = c.get("best_lr_seed_losses") or []
     lines = []
@@ -15,16 +31,43 @@ def conclusion_lines(c: dict[str, Any], tokens: int | None) -> list[str]:
         at = f" at {tokens:,} tokens (the full budget)" if tokens else ""
         lines.append(f"best lr {c['best_lr']:.3g}: val loss {c['best_lr_mean_loss']:.4f}{spread}{at}")
         lines.append("  " + interval_line(*c["best_lr_interval"]))
+        for contender in c.get("best_lr_contenders") or []:
+            lines.append(f"  lr {contender['lr']:.3g} beat it on the seeds they share but has only "
+                         f"{len(contender['losses'])}: not crowned (more seeds would settle it)")
+    lines += region_lines(c)
     if c.get("divergence_lr") is None:
         lines.append("edge: no LR diverged; training breaks above the largest LR tried")
         return lines
-    stable = f"stable up to {c['edge_lr_low']:.3g}, " if c.get("edge_lr_low") else "no LR below it proven stable, "
+    stable = (f"trains through its budget up to {c['edge_lr_low']:.3g}, " if c.get("edge_lr_low")
+              else "no LR below it trained its whole budget, ")
     width = f" (bracket {c['bracket_ratio']:.2f} wide)" if c.get("bracket_ratio") else ""
-    lines.append(f"edge: {stable}diverged at {c['divergence_lr']:.3g}{width}")
+    confirmed = (c.get("edge_confirmation") or {}).get("confirmed")
+    how = "; confirmed by training without early stopping" if confirmed else "; not yet confirmed by training"
+    lines.append(f"edge: {stable}fails to recover at {c['divergence_lr']:.3g}{width}{how}")
     if c.get("edge_ratio") is not None:
         reading = f": {c['edge_range_reading']}" if c.get("edge_range_reading") else ""
         lines.append(f"  edge / best lr: {ratio_range_text(*c['edge_ratio_range'])}{reading}")
     return lines
+
+
+def region_lines(c: dict[str, Any]) -> list[str]:
+    """The basin and the degraded region, one line each."""
+    lines = []
+    basin, degraded = c.get("basin"), c.get("degraded")
+    if basin:
+        low, high = basin["low"], basin["high"]
+        lines.append(f"basin (within 2 SE of the best): lr {basin['lrs'][0]:.3g} to {basin['lrs'][-1]:.3g}; it ends "
+                     f"below between {_g(low[0])} and {_g(low[1])}, above between {_g(high[0])} and {_g(high[1])}")
+    if degraded:
+        worst = degraded["points"][-1]
+        lines.append(f"degraded: {degraded['per_doubling']:+.2f} nats per doubling of the LR above the basin "
+                     f"({degraded['per_doubling_range'][0]:+.2f} to {degraded['per_doubling_range'][1]:+.2f}); "
+                     f"{worst['excess']:+.2f} nats at {worst['ratio_to_best']:.3g}x the best LR")
+    return lines
+
+
+def _g(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"
 
 
 def interval_line(low: float | None, high: float | None) -> str:

@@ -16,24 +16,26 @@ from lmtune.report.headline import interval_line, ratio_range_text
 from lmtune.report.stability import (
     AT_EDGE_BAND,
     CONSERVATIVE_ABOVE,
-    DEFAULT_SMOOTH,
     NEAR_EDGE_BELOW,
-    UNSTABLE_THRESHOLD,
     TrialRecord,
     first_growth,
 )
+from lmtune.sweep.edge import STAGES
+from lmtune.sweep.runs import SIGNIFICANCE_SE
+from lmtune.training.divergence import Spike, describe_spikes
 
 log = logging.getLogger(__name__)
 
 HEADINGS = (
     "## Trials",
     "## Best learning rate",
+    "## Above the best LR: basin, degraded, diverged",
     "## Edge of stability",
     "## Loss against LR at equal token counts",
     "## Convergence speed",
     "## LR sensitivity",
     "## Target",
-    "## How the unstable runs broke",
+    "## How the diverged and spiked runs broke",
     "## Search strategy and compute",
     "## Definitions",
 )
@@ -95,7 +97,8 @@ def write_markdown(summary: dict[str, Any], records: Sequence[TrialRecord], path
                    search_description: str, compute: dict[str, Any]) -> Path:
     """lr_sweep_analysis.md: the report's text, one section per heading in HEADINGS (and the range test's)."""
     sections = [
-        _overview(summary), _trials(summary), _best_lr(summary), _edge(summary), _equal_tokens(summary),
+        _overview(summary), _trials(summary), _best_lr(summary), _landscape(summary), _edge(summary),
+        _equal_tokens(summary),
         _convergence(summary), _sensitivity(summary), _target(summary), _how_runs_broke(summary, records),
         _search_and_compute(summary, search_description, compute), _range_test(summary), _definitions(summary),
     ]
@@ -111,7 +114,7 @@ def _overview(summary: dict[str, Any]) -> list[str]:
     figures = ["lr_sweep_comparison.png", "lr_vs_loss.png"]
     if summary.get("range_test"):
         figures.append("lr_range_test.png")
-    if any(r["status"] in ("diverged", "unstable") for r in rows):
+    if any(r["status"] in ("diverged", "spiked") for r in rows):
         figures.append("instability.png")
     if summary.get("sharpness"):
         figures.append("sharpness.png")
@@ -137,11 +140,9 @@ def _trials(summary: dict[str, Any]) -> list[str]:
             "stopped earlier).", "", *_table(header, table_rows), ""]
 
 
-_STAGE_ORDER = {"range": 0, "coarse": 1, "bisect": 2, "refine": 3, "seeds": 4, "grid": 5}
-
-
 def _trial_order(row: dict[str, Any]) -> tuple:
-    return _STAGE_ORDER.get(row.get("stage"), 9), row["lr"], row.get("seed") or 0
+    stage = row.get("stage")
+    return (STAGES.index(stage) if stage in STAGES else len(STAGES)), row["lr"], row.get("seed") or 0
 
 
 def _best_lr(summary: dict[str, Any]) -> list[str]:
@@ -162,15 +163,15 @@ def _best_lr(summary: dict[str, Any]) -> list[str]:
     below, above = summary["best_lr_interval"]
     sigma = summary.get("seed_spread")
     noise = (f"a mean full-budget loss more than 2 standard errors above the best's (run-to-run standard "
-             f"deviation {sigma:.4f}, pooled over the LRs with several seeds)" if sigma is not None else
+             f"deviation {sigma:.4f}, {_pooled(summary)})" if sigma is not None else
              "any higher full-budget loss (no LR has several seeds, so the run-to-run noise is unknown and "
              "this interval is only as fine as the LRs tried)")
     lines += [f"Best LR **{summary['best_lr']:.3g}**: val loss **{summary['best_val_loss']:.4f}**{spread} at "
               f"{_tokens(summary['compared_at_tokens'])} tokens, the whole budget. Only LRs whose every trial "
               "trained the whole budget without diverging compete, on their mean over seeds; the checkpoint to use "
               f"is trial `{summary['best_trial']}`'s.", "",
-              f"{_capital(interval_line(below, above))}. \"Clearly worse\": {noise}.",
-              "", *_ranking_table(summary), ""]
+              f"{_capital(interval_line(below, above))}. \"Clearly worse\": {noise}.", "",
+              *_contenders(summary)]
     return lines
 
 
@@ -178,41 +179,147 @@ def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _ranking_table(summary: dict[str, Any]) -> list[str]:
-    ranking = summary.get("ranking") or []
-    if len(ranking) < 2:
+def _contenders(summary: dict[str, Any]) -> list[str]:
+    contenders = summary.get("best_lr_contenders") or []
+    if not contenders:
         return []
-    best = ranking[0]["mean"]
+    return [", ".join(f"lr {c['lr']:.3g} ({len(c['losses'])} seed{'s' * (len(c['losses']) > 1)})" for c in contenders)
+            + " beat the best on the seeds they share but did not get as many seeds, so none is crowned over it: "
+              "more seeds would settle it.", ""]
+
+
+def _landscape(summary: dict[str, Any]) -> list[str]:
+    lines = ["## Above the best LR: basin, degraded, diverged", ""]
+    basin, degraded = summary.get("basin"), summary.get("degraded")
+    if basin is None:
+        return lines + ["No LR trained its whole budget without diverging, so the loss cannot be compared across "
+                        "LRs at the full budget.", ""]
+    sigma = basin.get("seed_spread")
+    noise = (f"within {SIGNIFICANCE_SE:g} standard errors of the best's mean (run-to-run standard deviation "
+             f"{sigma:.4f}, {_pooled(summary)})" if sigma is not None else
+             "no worse than the best's (no LR has several seeds: the run-to-run noise is unknown, so the basin is "
+             "only as wide as the LRs tried and it says nothing about how flat the optimum is)")
+    lines += [f"- **Basin** (full-budget loss {noise}): lr {', '.join(_lr(v) for v in basin['lrs'])}. Its lower end "
+              f"lies {_between(*basin['low'])}, its upper end {_between(*basin['high'])}."]
+    if degraded:
+        slope_lo, slope_hi = degraded["per_doubling_range"]
+        worst = degraded["points"][-1]
+        single = all(p["seeds"] == 1 for p in degraded["points"])
+        lines += [f"- **Degraded** (trains through its budget without diverging, loss clearly worse): from the basin's "
+                  f"upper end to the edge, lr {_lr(degraded['points'][0]['lr'])} … {_lr(worst['lr'])}"
+                  + (" (one seed each: every point is uncertain by at least the run-to-run spread above)" if single
+                     else "") + ". The loss "
+                  f"rises by **{degraded['per_doubling']:+.2f} nats per doubling of the LR** on average over this "
+                  f"range ({slope_lo:+.2f} to {slope_hi:+.2f} between neighbouring LRs); at "
+                  f"{worst['ratio_to_best']:.3g}× the best LR it is {worst['excess']:+.3f} nats above the best "
+                  f"({worst['loss']:.4f})."]
+    else:
+        lines += ["- **Degraded**: no LR between the basin and the edge trained its whole budget, so how fast the loss "
+                  "degrades above the basin is not measured."]
+    region = summary.get("diverged")
+    lines += [f"- **Diverged**: from the edge up; it begins {_between(*region['low'])} (see below)." if region else
+              "- **Diverged**: no LR tried diverged."]
+    table = _landscape_table(summary)
+    return lines + ["", *table, ""] if table else lines + [""]
+
+
+def _pooled(summary: dict[str, Any]) -> str:
+    lrs = (summary.get("basin") or {}).get("spread_lrs") or []
+    return f"pooled over the seeds of lr {', '.join(_lr(v) for v in sorted(lrs))}" if lrs else "pooled over seeds"
+
+
+def _between(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"between {low:.3g} and {high:.3g}"
+    if low is not None:
+        return f"above {low:.3g} (no LR tried beyond it)"
+    if high is not None:
+        return f"below {high:.3g} (no LR tried beyond it)"
+    return "where no LR was tried"
+
+
+def _landscape_table(summary: dict[str, Any]) -> list[str]:
+    ranking = sorted(summary.get("ranking") or [], key=lambda r: r["lr"])
+    if len(ranking) < 2 or summary.get("best_lr") is None:
+        return []
+    best, basin = summary["best_lr"], set((summary.get("basin") or {}).get("lrs") or [])
+    best_mean = next(r["mean"] for r in ranking if r["lr"] == best)
     rows = []
     for r in ranking:
         n = len(r["losses"])
         sd = (sum((v - r["mean"]) ** 2 for v in r["losses"]) / (n - 1)) ** 0.5 if n > 1 else None
-        rows.append([f"{r['lr']:.4g}", str(n), f"{r['mean']:.4f}", _fmt(sd, 3), f"{r['mean'] - best:+.4f}"])
-    return ["Full-budget val loss by LR (LRs with a diverged trial are left out):", "",
-            *_table(["lr", "seeds", "mean val loss", "sd", "vs best"], rows)]
+        region = "best" if r["lr"] == best else "basin" if r["lr"] in basin else \
+            "degraded" if r["lr"] > best else "below the basin"
+        rows.append([f"{r['lr']:.4g}", f"{r['lr'] / best:.3g}", str(n), f"{r['mean']:.4f}", _fmt(sd, 3),
+                     f"{r['mean'] - best_mean:+.4f}", region])
+    for lr in sorted({row["lr"] for row in summary["trials"] if row["status"] == "diverged"}):
+        rows.append([f"{lr:.4g}", f"{lr / best:.3g}", "—", "—", "—", "—", "diverged"])
+    rows.sort(key=lambda row: float(row[0]))
+    return ["Full-budget val loss by LR (the mean over seeds; LRs with a diverged run are marked, not ranked):", "",
+            *_table(["lr", "× best", "seeds", "mean val loss", "sd", "vs best", "region"], rows)]
 
 
 def _edge(summary: dict[str, Any]) -> list[str]:
     lines = ["## Edge of stability", ""]
-    horizon = _tokens(summary.get("horizon_tokens"))
     if summary["divergence_lr"] is None:
-        lines += [f"No trial diverged: the edge of stability lies above the largest LR tried"
-                  f" ({_lr(summary.get('edge_lr_low'))} trained past the stability horizon, {horizon} tokens). Extend "
-                  "the range upward to locate it.", ""]
+        lines += [f"No run diverged (none went non-finite or stayed above its initial loss for the recovery "
+                  f"window): training fails above the largest LR tried ({_lr(summary.get('edge_lr_low'))} trained "
+                  "its whole budget). Extend the range upward to locate it.", ""]
     else:
         low = summary.get("edge_lr_low")
-        stable = (f"**{low:.3g}**, the largest LR that trained past the stability horizon ({horizon} tokens) "
-                  "without diverging" if low is not None else "an LR not yet located (no LR below it trained past "
-                  f"the stability horizon, {horizon} tokens)")
-        ratio = f": a bracket **{summary['bracket_ratio']:.2f}** wide" if summary.get("bracket_ratio") else ""
-        lines += [f"Training breaks between {stable}, and **{summary['divergence_lr']:.3g}**, the smallest LR at "
-                  f"which a trial diverged{ratio}."]
+        stable = (f"**{low:.3g}**, the largest LR that trained its whole budget without diverging" if low is not None
+                  else "an LR not yet located (no LR below it trained its whole budget)")
+        ratio = (f": a bracket **{summary['bracket_ratio']:.2f}** wide (the search's resolution, not a property of "
+                 "training)" if summary.get("bracket_ratio") else "")
+        lines += [f"Training fails between {stable}, and **{summary['divergence_lr']:.3g}**, the smallest LR at "
+                  f"which a run diverged{ratio}.", "", *_confirmation(summary), *_seed_dependence(summary)]
         if summary.get("stable_above_divergence"):
             lines += ["", "Not monotone: " + ", ".join(f"{v:.3g}" for v in summary["stable_above_divergence"])
-                      + " trained stably above the smallest diverged LR (another seed or chance decided)."]
+                      + " trained through their budget above the smallest diverged LR (another seed or chance "
+                        "decided)."]
         lines += ["", *_edge_ratio(summary)]
-    lines += ["", *_logit_growth(summary), *_edge_rule()]
+    lines += ["", *_spiked(summary), *_logit_growth(summary), *_edge_rule()]
     return lines
+
+
+def _confirmation(summary: dict[str, Any]) -> list[str]:
+    confirmation = summary.get("edge_confirmation") or {}
+    ends = confirmation.get("diverged_end") or []
+    if not ends:
+        return []
+    decided = confirmation.get("decided_at_tokens")
+    text = (f"The edge was decided at {_tokens(decided)} tokens (where the diverged end's run was judged). "
+            if decided else "")
+    how = "; ".join(f"seed {e['seed']}: {e['how']} ({e['stage']}, {_tokens(e['tokens'])} tokens)" for e in ends)
+    text += f"Diverged end, lr {summary['divergence_lr']:.3g}: {how}."
+    if summary.get("edge_lr_low") is not None and confirmation.get("stable_end"):
+        text += (f" Stable end, lr {summary['edge_lr_low']:.3g}: trained its whole budget "
+                 f"({_tokens(confirmation['stable_end'][0]['tokens'])} tokens) without diverging.")
+    if not confirmation.get("confirmed"):
+        text += " **Not confirmed by training**: a run that only the stopper's rule judged has not been retrained."
+    return [text]
+
+
+def _seed_dependence(summary: dict[str, Any]) -> list[str]:
+    mixed = summary.get("seed_dependent") or []
+    if not mixed:
+        return []
+    return ["", "**The edge moves with the seed**: " + "; ".join(
+        f"at lr {m['lr']:.3g} seed{'s' * (len(m['seeds_through']) > 1)} {', '.join(map(str, m['seeds_through']))} "
+        f"trained through, seed{'s' * (len(m['seeds_diverged']) > 1)} {', '.join(map(str, m['seeds_diverged']))} "
+        "did not" for m in mixed) + ". The bracket is where any seed fails; a single run near it can go either way."]
+
+
+def _spiked(summary: dict[str, Any]) -> list[str]:
+    spiked = summary.get("spiked") or []
+    if not spiked:
+        return []
+    lines = ["Spiked, not diverged (the loss rose far above its running minimum and came back below its initial "
+             "loss):", ""]
+    for run in sorted(spiked, key=lambda r: (r["lr"], r.get("seed") or 0)):
+        lines.append(f"- lr {run['lr']:.3g}" + (f" seed {run['seed']}" if run.get("seed") is not None else "")
+                     + ": " + describe_spikes([Spike(**s) for s in run["spikes"]]))
+    return lines + [""]
 
 
 def _edge_ratio(summary: dict[str, Any]) -> list[str]:
@@ -286,8 +393,9 @@ def _convergence(summary: dict[str, Any]) -> list[str]:
                 ""]
     lines = ["## Convergence speed", "",
              f"Tokens each trial that trained its whole budget ({_tokens(conv.get('budget_tokens'))} tokens) needed to "
-             f"reach val loss {conv['level']:.4f} (the worst of their final losses, so each reaches it; linear "
-             "interpolation between evaluations). Trials stopped earlier are left out: they cannot be compared.", ""]
+             f"reach val loss {conv['level']:.4f} (the worst final loss among the basin's runs, so each of them "
+             "reaches it; linear interpolation between evaluations). Trials stopped earlier are left out: they cannot "
+             "be compared.", ""]
     lines += _table(["trial", "lr", "seed", "status", "tokens to reach"],
                     [[c["trial_id"], f"{c['lr']:.4g}", _fmt(c["seed"]), c["status"],
                       _tokens(c["tokens"]) if c["tokens"] is not None else "never"] for c in conv["rows"]])
@@ -324,10 +432,10 @@ def _how_runs_broke(summary: dict[str, Any], records: Sequence[TrialRecord]) -> 
     by_id = {r.trial_id: r for r in records}
     best_record = by_id.get(summary.get("best_trial"))
     broken = [by_id[r["trial_id"]] for r in summary["trials"]
-              if r["status"] in ("diverged", "unstable") and r["trial_id"] in by_id]
+              if r["status"] in ("diverged", "spiked") and r["trial_id"] in by_id]
     if not broken:
-        return ["## How the unstable runs broke", "", "No run diverged or went unstable.", ""]
-    return ["## How the unstable runs broke", "",
+        return ["## How the diverged and spiked runs broke", "", "No run diverged or spiked.", ""]
+    return ["## How the diverged and spiked runs broke", "",
             "Which stability probe first exceeded 2× the best trial's value at the same step (attention-logit "
             "growth is what qk-layernorm fixes, output-logit divergence what z-loss fixes; Wortsman et al. 2023):",
             "", *[f"- {first_growth(r, best_record)}" for r in broken], ""]
@@ -373,29 +481,36 @@ def _range_test(summary: dict[str, Any]) -> list[str]:
 
 
 def _definitions(summary: dict[str, Any]) -> list[str]:
+    rule = summary.get("divergence_rule") or {}
+    window, threshold = rule.get("recovery_window"), rule.get("spike_threshold")
     return ["## Definitions", "",
-            f"- **Instability score**: the train loss is smoothed with a trailing moving average over "
-            f"{DEFAULT_SMOOTH} log intervals; after warm-up (from the first row at the peak LR) the score is the "
-            "largest rise of the smoothed loss above its running minimum, relative to that minimum: "
-            "max_t (s_t − min_{u≤t} s_u) / min_{u≤t} s_u. A run that trained to the end (or until ASHA stopped it) "
-            f"is **unstable** when the score exceeds {UNSTABLE_THRESHOLD:g} (a {100 * UNSTABLE_THRESHOLD:.0f}% "
-            "rise).",
-            "- **Diverged**: the sweep stopped the run as diverged, or a train loss was NaN/inf.",
-            f"- **Stable**: a trial trained past the stability horizon ({_tokens(summary.get('horizon_tokens'))} "
-            "tokens: the end of warm-up plus a fraction of the budget, the edge search's `horizon`, 0.1 unless set) "
-            "without diverging, and no trial at its LR diverged.",
+            f"- **ℓ₀**: the loss at initialisation, ln(vocab) = {_fmt(summary.get('initial_loss'))} (a fresh model "
+            "predicts near-uniformly).",
+            f"- **Diverged**: the run's loss went non-finite, or went above ℓ₀ and did not come back below it within "
+            f"the recovery window ({_fmt(window)} of the budget's steps), or its budget ended with the loss above ℓ₀. "
+            "The stopper ends a run early only on that evidence (a non-finite value, or the loss above ℓ₀ for the "
+            "whole window); a run it ended at the bracket's edge is retrained without early stopping to confirm it.",
+            f"- **Spiked**: not diverged, and the train loss (averaged over a log interval) rose more than "
+            f"{100 * (threshold or 0):.0f}% above its running minimum (ℓ₀ included) at least once; each spike is "
+            "given with its step, its height over the running minimum before it, and the steps until the loss was "
+            "back within that margin.",
             "- **Equal token counts**: losses compared at one token count, each interpolated linearly between a "
-            "trial's evaluations; the best LR is decided at the whole budget, on the mean over its seeds.",
+            "trial's evaluations; the best LR is decided at the whole budget, on the mean over its seeds, and only "
+            "an LR with as many seeds as any other can be crowned (one that beats it seed for seed with fewer seeds "
+            "is a contender, given the seeds before the crown is settled).",
+            f"- **Basin**: the LRs whose mean full-budget loss is within {SIGNIFICANCE_SE:g} standard errors of the "
+            "best's. **Degraded**: above the basin, trained through without diverging, clearly worse. Each region's "
+            "ends lie between two LRs tried: that interval is its uncertainty.",
             "- **LR sensitivity** (Wortsman et al. 2023): S = (1/|H|) Σ_{η∈H} [min(ℓ(η), ℓ₀) − ℓ*], where H is the "
             "set of LRs with a full-budget loss or a divergence, ℓ(η) the mean full-budget val loss at η (ℓ₀ if a "
-            "trial diverged), ℓ* = min_η ℓ(η) and ℓ₀ the loss at initialization.",
-            "- **Edge ratio**: smallest diverging LR / best LR; its range: largest stable LR / the best LR's upper "
-            "bound, to smallest diverging LR / its lower bound.",
+            "trial diverged), ℓ* = min_η ℓ(η).",
+            "- **Edge ratio**: smallest diverging LR / best LR; its range: largest LR trained through / the best LR's "
+            "upper bound, to smallest diverging LR / its lower bound.",
             ""]
 
 
 CSV_COLUMNS = ["trial_id", "lr", "status", "final_val_loss", "best_val_loss", "tokens", "wall_time_s",
-               "tokens_per_s", "instability_score", "stop_step", "reason"]
+               "tokens_per_s", "max_spike_height", "stop_step", "reason"]
 
 
 def write_tables(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:

@@ -15,6 +15,7 @@ from typing import Any
 from lmtune.errors import LmtuneError
 from lmtune.report.stability import OUTCOMES, TrialRecord
 from lmtune.sweep.record import (
+    BOOKKEEPING_PARAMS,
     SWEEP_FILE,
     SweepRecord,
     TrialFolder,
@@ -24,6 +25,7 @@ from lmtune.sweep.record import (
     trial_folders,
     tune_ended,
 )
+from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lr_range import RangeTestResult, read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics_frame
 
@@ -68,7 +70,7 @@ def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
     # Trials an edge search planned again after a driver restart (Ray never recorded them): ended.
     interrupted = (read_edge_state(sweep_dir) or {}).get("interrupted") or {}
     ledger.update({t: {"outcome": "ended", "reason": why} for t, why in interrupted.items() if t not in ledger})
-    trials = [t for t in (trial_record(folder, ledger.get(folder.trial_id) or {})
+    trials = [t for t in (trial_record(folder, ledger.get(folder.trial_id) or {}, record.divergence_rule)
                           for folder in trial_folders(sweep_dir) if folder.params.get("stage") != "range")
               if t is not None]
     log.info("loaded %d trials from %s", len(trials), sweep_dir)
@@ -83,7 +85,8 @@ def load_range_test(sweep_dir: Path) -> RangeTestResult | None:
     return None
 
 
-def trial_record(folder: TrialFolder, entry: dict[str, Any]) -> TrialRecord | None:
+def trial_record(folder: TrialFolder, entry: dict[str, Any],
+                 rule: DivergenceRule = DEFAULT_RULE) -> TrialRecord | None:
     config, summary = folder.read_json("config.json"), folder.read_json("summary.json")
     lr = _positive(folder.params.get("lr")) or _positive((config.get("train") or {}).get("lr"))
     if lr is None:
@@ -102,10 +105,11 @@ def trial_record(folder: TrialFolder, entry: dict[str, Any]) -> TrialRecord | No
     step = entry.get("step")
     return TrialRecord(
         trial_id=folder.trial_id, lr=lr, params={"lr": lr, **{k: v for k, v in folder.params.items()
-                                                            if k not in ("lr", "stage", "seed", "run_steps")}},
+                                                            if k != "lr" and k not in BOOKKEEPING_PARAMS}},
         outcome=outcome, reason=str(reason), stop_step=int(step) if _positive(step) else None, curve=curve,
         wall_time_s=wall, checkpoint_dir=folder.path / "checkpoints", config=config,
-        stage=str(folder.params.get("stage") or "grid"), seed=_whole(folder.params.get("seed")),
+        stage=str(folder.params.get("stage") or "grid"), seed=_whole(folder.params.get("seed")), rule=rule,
+        continued_from_tokens=folder.continued_from_tokens, continue_from=folder.params.get("continue_from"),
     )
 
 

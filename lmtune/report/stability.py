@@ -3,7 +3,8 @@
 Everything here works on an in-memory list of :class:`TrialRecord` (one per trial of a sweep, its
 metrics.csv rows as a DataFrame), so the report can be computed and tested without Ray Tune or disk.
 Literature behind the numbers: Cohen et al. 2021 and 2022 (the edge of stability), Wortsman et al. 2023
-(small-scale proxies for Transformer training instabilities, LR sensitivity).
+(small-scale proxies for Transformer training instabilities, LR sensitivity). Whether a run diverged or
+only spiked is lmtune.training.divergence's judgement, with the sweep's own rule.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +21,13 @@ import pandas as pd
 
 from lmtune.errors import LmtuneError
 from lmtune.sweep.record import Outcome
+from lmtune.training.divergence import DivergenceRule, LossWatch, Spike, judge
 
 log = logging.getLogger(__name__)
 
 # Beyond the ledger's outcomes: "running", and "ended" for a trial Tune ended whose reason the ledger lacks.
 OUTCOMES = (*(str(o) for o in Outcome), "running", "ended")
-STATUSES = ("completed", "probed", "unstable", "diverged", "stopped_early", "too_slow", "error", "ended", "running")
-
-# A 10% rise of the smoothed train loss above its running minimum. Healthy runs of the size lmtune
-# trains stay within ~2% (the loss averaged over a log interval is smooth and only falls after
-# warm-up), while the loss spikes of too-high LRs show up as rises of 20% and more: 10% separates the
-# two with a margin on both sides.
-UNSTABLE_THRESHOLD = 0.10
-DEFAULT_SMOOTH = 5
+STATUSES = ("completed", "probed", "spiked", "diverged", "stopped_early", "too_slow", "error", "ended", "running")
 
 # Edge-ratio readings (divergence LR / best LR), the rule of thumb LR-sweep users apply: > 4
 # conservative, < 2 near the edge, ~1 at the edge. "~1" is taken as [0.8, 1.25] (one grid step of a
@@ -67,6 +62,10 @@ class TrialRecord:
     config: dict[str, Any] = field(default_factory=dict)  # the trial's RunConfig as a dict (config.json)
     stage: str = "grid"  # an edge search's stage (coarse, bisect, refine, seeds); "grid" for other searches
     seed: int | None = None  # the trial's seed when the search set one
+    rule: DivergenceRule = field(default_factory=DivergenceRule)  # the sweep's divergence rule
+    continued_from_tokens: int = 0  # a run continued from another: tokens its copied first rows stand for
+    continue_from: str | None = None  # ... and that run's trial id
+    _judged: Any = field(default=None, repr=False, compare=False)  # judgement()'s answer, once computed
 
     @property
     def budget_tokens(self) -> int | None:
@@ -122,6 +121,11 @@ def final_val_loss(record: TrialRecord) -> float | None:
     return float(val[-1]) if val.size else None
 
 
+def tokens_spent(record: TrialRecord) -> int:
+    """Tokens this trial itself trained (a continued run's copied first rows were trained by another)."""
+    return max((tokens_trained(record) or 0) - record.continued_from_tokens, 0)
+
+
 def tokens_trained(record: TrialRecord) -> int | None:
     tokens = column(record, "tokens")
     if tokens is None or not np.isfinite(tokens).any():
@@ -141,43 +145,36 @@ def warmup_end_index(record: TrialRecord) -> int:
 # Per-trial status
 
 
-def instability_score(train_loss: Sequence[float], warmup_end_index: int = 0, smooth: int = DEFAULT_SMOOTH) -> float:
-    """Largest relative rise of the smoothed train loss above its running minimum after warm-up.
-
-    Definition: s_t is the trailing moving average of the finite train losses over the last
-    ``smooth`` log rows (fewer at the start); m_t = min(s_u for warmup_end_index <= u <= t) is its
-    running minimum from the end of warm-up on; the score is
-
-        max over t >= warmup_end_index of (s_t - m_t) / |m_t|
-
-    i.e. 0.3 means the (smoothed) loss climbed back 30% above the best value it had reached. It is 0
-    for a loss that never rises. Smoothing makes a single-row blip count ``1/smooth`` of its height
-    (a 30% one-row spike scores 0.06 with smooth=5), so only rises lasting several log intervals score
-    high. Non-finite losses are skipped (divergence is judged separately, see :func:`classify`).
-    """
-    values = np.asarray(train_loss, dtype=np.float64)
-    finite = np.isfinite(values)
-    # Map the warm-up boundary onto the finite-only series.
-    start = int(finite[: max(warmup_end_index, 0)].sum())
-    values = values[finite]
-    if values.size == 0 or start >= values.size:
-        return 0.0
-    window = max(int(smooth), 1)
-    cumsum = np.concatenate(([0.0], np.cumsum(values)))
-    idx = np.arange(1, values.size + 1)
-    lo = np.maximum(idx - window, 0)
-    smoothed = (cumsum[idx] - cumsum[lo]) / (idx - lo)
-    tail = smoothed[start:]
-    running_min = np.minimum.accumulate(tail)
-    denom = np.maximum(np.abs(running_min), 1e-12)
-    return float(np.max((tail - running_min) / denom))
+def initial_loss_of(record: TrialRecord) -> float | None:
+    """ℓ₀ of the trial: ln vocab (the loss of the uniform guess a fresh model starts at), from its config."""
+    vocab = (record.config.get("model") or {}).get("vocab_size")
+    return math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
 
 
-def trial_instability(record: TrialRecord) -> float | None:
-    train = column(record, "train_loss")
-    if train is None:
+def judgement(record: TrialRecord) -> LossWatch | None:
+    """The trial's train losses judged by the sweep's divergence rule (lmtune.training.divergence): its
+    spikes, and whether it diverged; None without a config (no ℓ₀) or without logged losses."""
+    if record._judged is None:
+        record._judged = _judge(record) or False
+    return record._judged or None
+
+
+def _judge(record: TrialRecord) -> LossWatch | None:
+    ell0, steps = initial_loss_of(record), (record.config.get("train") or {}).get("steps")
+    step, train = column(record, "step"), column(record, "train_loss")
+    if ell0 is None or not steps or step is None or train is None:
         return None
-    return instability_score(train, warmup_end_index(record))
+    rows = [(int(s), float(v)) for s, v in zip(step, train, strict=True) if math.isfinite(s)]
+    finished = record.outcome in ("completed", "probed", "diverged", "stopped_early", "too_slow", "error", "ended")
+    trained = tokens_trained(record)
+    tokens_per_step = (budget_tokens(record.config) or 0) // int(steps) if steps else 0
+    steps_trained = trained // tokens_per_step if trained and tokens_per_step else 0
+    return judge(rows, ell0, int(steps), steps_trained, record.rule, ended=finished)
+
+
+def spikes_of(record: TrialRecord) -> list[Spike]:
+    watch = judgement(record)
+    return watch.all_spikes() if watch is not None else []
 
 
 def has_nonfinite_loss(record: TrialRecord) -> bool:
@@ -188,20 +185,24 @@ def has_nonfinite_loss(record: TrialRecord) -> bool:
     return val is not None and bool(np.isinf(val).any())
 
 
-def classify(record: TrialRecord, threshold: float = UNSTABLE_THRESHOLD) -> str:
-    """Final status: diverged > unstable > the sweep's outcome (see module constants for thresholds).
+def classify(record: TrialRecord) -> str:
+    """Final status: diverged > spiked > the sweep's outcome.
 
-    diverged: the sweep ended it as diverged, or a loss went non-finite. unstable: not diverged, the
-    run trained to the end, to its stability horizon, or until ASHA stopped it, and its
-    instability_score exceeds ``threshold``. Otherwise the outcome stands (completed, probed,
-    stopped_early, too_slow, error, running).
+    diverged: the sweep ended it as diverged (the stopper's divergence rule, a non-finite value, or its
+    whole loss judged at its end), a loss went non-finite, or a run that trained its whole budget is
+    judged diverged by the sweep's rule (it did not come back below ℓ₀ within the recovery window, or
+    ended above it). spiked: trained what it was asked to without diverging, and its loss rose more than the
+    rule's spike threshold above its running minimum at least once (lmtune.training.divergence.Spike); a
+    run cut early keeps its outcome (its spikes are in its row). Otherwise the outcome stands (completed,
+    probed, stopped_early, too_slow, error, running).
     """
     if record.outcome == "diverged" or has_nonfinite_loss(record):
         return "diverged"
-    if record.outcome in ("completed", "stopped_early", "probed"):
-        score = trial_instability(record)
-        if score is not None and score > threshold:
-            return "unstable"
+    watch = judgement(record)
+    if watch is not None and record.outcome == "completed" and watch.verdict.diverged:
+        return "diverged"
+    if watch is not None and record.outcome in ("completed", "probed") and watch.all_spikes():
+        return "spiked"
     return record.outcome
 
 
@@ -366,6 +367,7 @@ def _clean(value: Any) -> Any:
 
 def trial_row(record: TrialRecord) -> dict[str, Any]:
     status = classify(record)
+    spikes = spikes_of(record)
     tokens = tokens_trained(record)
     speed = column(record, "tokens_per_s")
     if speed is not None and np.isfinite(speed).any():
@@ -391,7 +393,8 @@ def trial_row(record: TrialRecord) -> dict[str, Any]:
         "tokens_per_s": _clean(tokens_per_s),
         "reason": record.reason,
         "stop_step": record.stop_step,
-        "instability_score": _clean(trial_instability(record)),
+        "spikes": [asdict(spike) for spike in spikes],
+        "max_spike_height": _clean(max((spike.height for spike in spikes), default=None)),
     }
 
 

@@ -1,12 +1,14 @@
-"""The report's numbers (summary.json): the best LR at equal tokens with its spread over seeds, the edge
-bracket and the ratio as a range, equal-token losses per rung, sensitivity, convergence, target, the
-stages of the search, and one row per trial. JSON-safe (no NaN)."""
+"""The report's numbers (summary.json): the best LR at equal tokens with its spread over seeds, the
+landscape above it (basin, degraded, diverged), the edge bracket and how it was confirmed, the ratio as a
+range, the runs that spiked, equal-token losses per rung, sensitivity, convergence, target, the stages of
+the search, and one row per trial. JSON-safe (no NaN)."""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from lmtune.errors import LmtuneError
@@ -19,11 +21,11 @@ from lmtune.report.comparison import (
     record_runs,
     same_resolution_grid,
     stage_accounting,
+    standing_pairs,
     summarize_equal_tokens,
 )
 from lmtune.report.stability import (
     STATUSES,
-    UNSTABLE_THRESHOLD,
     TrialRecord,
     best_candidates,
     best_val_loss,
@@ -36,24 +38,23 @@ from lmtune.report.stability import (
     tokens_trained,
     trial_row,
 )
-from lmtune.sweep.edge import Budget, EdgeSettings, equal_token_losses
+from lmtune.sweep.runs import Budget, equal_token_losses
 
 log = logging.getLogger(__name__)
 
 
-def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, settings: EdgeSettings | None = None,
-                  target: float | None = None, ell0: float | None = None, vocab_size: int | None = None,
-                  edge_state: dict[str, Any] | None = None, range_tokens: int | None = None) -> dict[str, Any]:
+def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, target: float | None = None,
+                  ell0: float | None = None, vocab_size: int | None = None, edge_state: dict[str, Any] | None = None,
+                  range_tokens: int | None = None) -> dict[str, Any]:
     """The sweep's headline numbers and one row per trial. ``budget``: the sweep's (steps, warm-up,
-    tokens per step, rungs); without it, one rung at the largest trial budget. ``settings``: the edge
-    search's (its stability horizon), defaults for other searches."""
+    tokens per step, rungs); without it, one rung at the largest trial budget."""
     if not records:
         raise LmtuneError("the sweep has no trials to analyze; run a sweep first")
     budget = budget or budget_from_records(records)
-    settings = settings or EdgeSettings()
     pairs = record_runs(records, budget)
-    conclusion = edge_conclusion(pairs, budget, settings)
-    best = best_record(pairs, conclusion["best_lr"])
+    standing = standing_pairs(pairs)  # a run continued by another, or retrained, counts once
+    conclusion = edge_conclusion(pairs, budget)
+    best = best_record(standing, conclusion["best_lr"])
     summary: dict[str, Any] = {**conclusion, "compared_at_tokens": budget.full_tokens, "candidate_tokens": None}
     if best is not None:
         summary.update(best_val_loss=conclusion["best_lr_mean_loss"], best_tokens=budget.full_tokens)
@@ -66,8 +67,8 @@ def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, 
         summary["edge_ratio"] = (conclusion["divergence_lr"] / best.lr if best and conclusion["divergence_lr"]
                                  else None)
     ell0 = ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records))
-    sensitivity = full_budget_sensitivity(pairs, ell0)
-    table = equal_token_losses([run for run, _ in pairs], budget.rungs)
+    sensitivity = full_budget_sensitivity(standing, ell0)
+    table = equal_token_losses([run for run, _ in standing], budget.rungs)
     rows = [trial_row(r) for r in sorted(records, key=lambda rec: (rec.lr, rec.seed or 0, rec.trial_id))]
     stages = stage_accounting(pairs, edge_state, range_tokens)
     summary.update({
@@ -78,13 +79,14 @@ def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, 
         "equal_token_trials": {str(t): {f"{lr:.4g}": losses for lr, losses in by_lr.items()}
                                for t, by_lr in table.items()},
         "rungs": list(budget.rungs),
-        "horizon_tokens": budget.horizon_tokens(settings),
+        "spiked": [{"trial_id": record.trial_id, "lr": run.lr, "seed": run.seed, "spikes": run.spikes}
+                   for run, record in standing if run.spikes and not run.diverged],
+        "divergence_rule": asdict(records[0].rule),
         "lr_sensitivity": sensitivity["value"], "lr_sensitivity_lrs": sensitivity["lrs"],
         "lr_sensitivity_tokens": sensitivity["tokens"], "initial_loss": ell0,
         **target_summary(best, summary["best_val_loss"], target),
-        "instability_threshold": UNSTABLE_THRESHOLD,
-        "convergence": full_budget_convergence(pairs),
-        "logit_growth": logit_growth(pairs, best),
+        "convergence": full_budget_convergence(standing, (conclusion.get("basin") or {}).get("lrs")),
+        "logit_growth": logit_growth(standing, best),
         "stages": [{"name": s["name"], "lrs": s["lrs"], "tokens": s["tokens"], "trials": s["trials"],
                     "why": s["why"]} for s in stages],
         "same_resolution_grid": same_resolution_grid(pairs, conclusion["bracket_ratio"], budget),

@@ -1,7 +1,7 @@
 """The edge-of-stability report of one sweep: reads it, computes the numbers, writes results/NAME/report/.
 
 lr_sweep_comparison.png, lr_vs_loss.png (at equal token counts), lr_range_test.png (an edge search),
-instability.png (when a run diverged or went unstable), lr_sweep_analysis.md, summary.json,
+instability.png (when a run diverged or spiked), lr_sweep_analysis.md, summary.json,
 summary.csv, and with ``sharpness`` sharpness.png and sharpness.csv. Nothing else in the sweep folder
 is written. The command is ``python -m lmtune.analyze``.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +20,34 @@ from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpn
 from lmtune.report.markdown import write_markdown, write_tables
 from lmtune.report.reader import load_range_test, load_sweep
 from lmtune.report.sharpness import SHARPNESS_COLUMNS, sweep_sharpness, write_sharpness_csv
-from lmtune.report.stability import TrialRecord, budget_tokens, json_safe, tokens_trained
+from lmtune.report.stability import TrialRecord, budget_tokens, json_safe, tokens_spent
 from lmtune.report.summary import sweep_summary
-from lmtune.sweep.edge import Budget, EdgeSettings
 from lmtune.sweep.plan import AshaBudget, asha_budget
 from lmtune.sweep.record import SweepRecord, read_edge_state
+from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import SchedulerSpec
+from lmtune.training.divergence import DivergenceRule
 from lmtune.training.figures import plot_range_test
+from lmtune.training.lr_range import RangeTestResult
 
 log = logging.getLogger(__name__)
 
 REPORT_DIR = "report"
 
 
-def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
-            sharpness: bool = False) -> dict[str, Any]:
-    """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
+@dataclass
+class SweepReport:
+    """A sweep read from its folder and summarized: what ``analyze`` writes and ``run`` prints."""
+
+    record: SweepRecord
+    trials: list[TrialRecord]
+    summary: dict[str, Any]
+    """summary.json's content."""
+    range_test: RangeTestResult | None
+
+
+def summarize_sweep(sweep_dir: Path, target: float | None = None) -> SweepReport:
+    """Read a sweep folder (finished or running) and compute its summary, writing nothing."""
     sweep_dir = Path(sweep_dir)
     if target is not None and not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
         raise LmtuneError(f"--target must be a positive loss in nats/token (got {target!r})")
@@ -43,26 +55,35 @@ def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None =
     if not trials:
         raise LmtuneError(f"{sweep_dir} has no trials yet (no trial folders); wait until the sweep has started "
                           "trials, then run the report again")
+    range_test = load_range_test(sweep_dir)
+    range_tokens = range_test.tokens if range_test is not None else None
+    summary = sweep_summary(trials, sweep_budget(record, trials), target=target, vocab_size=vocab_size(record),
+                            edge_state=read_edge_state(sweep_dir), range_tokens=range_tokens)
+    best = next((t for t in trials if t.trial_id == summary["best_trial"]), None)
+    summary.update({"sweep": record.name or sweep_dir.name, "sweep_dir": str(sweep_dir.resolve()),
+                    "best_trial_dir": str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None,
+                    "best_config": best.params if best else None,
+                    "search_strategy": search_description(record, trials),
+                    "compute": compute_accounting(record, trials, range_tokens), "data": data_description(record),
+                    "range_test": range_summary(range_test), "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    return SweepReport(record, trials, summary, range_test)
+
+
+def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
+            sharpness: bool = False) -> dict[str, Any]:
+    """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
+    sweep_dir = Path(sweep_dir)
+    report = summarize_sweep(sweep_dir, target)
     out = Path(out_dir) if out_dir is not None else sweep_dir / REPORT_DIR
     if out.exists() and not out.is_dir():
         raise LmtuneError(f"{out} exists and is not a directory; give another --out")
     out.mkdir(parents=True, exist_ok=True)
-
-    range_test = load_range_test(sweep_dir)
-    range_tokens = range_test.tokens if range_test is not None else None
-    summary = sweep_summary(trials, sweep_budget(record, trials), EdgeSettings.of_space(record.space), target=target,
-                            vocab_size=vocab_size(record), edge_state=read_edge_state(sweep_dir),
-                            range_tokens=range_tokens)
-    compute = compute_accounting(record, trials, range_tokens)
-    search = search_description(record, trials)
-    summary.update({"sweep": record.name or sweep_dir.name, "sweep_dir": str(sweep_dir.resolve()),
-                    "search_strategy": search, "compute": compute, "data": data_description(record),
-                    "range_test": range_summary(range_test), "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    sharp_rows = sweep_sharpness(record, trials, summary["best_trial"]) if sharpness else None
+    summary, trials = report.summary, report.trials
+    sharp_rows = sweep_sharpness(report.record, trials, summary["best_trial"]) if sharpness else None
     if sharp_rows is not None:
         summary["sharpness"] = [{k: row.get(k) for k in SHARPNESS_COLUMNS} for row in sharp_rows]
-    write_figures(out, trials, summary, range_test, sharp_rows, target)
-    write_markdown(summary, trials, out / "lr_sweep_analysis.md", search, compute)
+    write_figures(out, trials, summary, report.range_test, sharp_rows, target)
+    write_markdown(summary, trials, out / "lr_sweep_analysis.md", summary["search_strategy"], summary["compute"])
     write_tables(json_safe(summary), out)
     summary["report_dir"] = str(out)
     return summary
@@ -74,7 +95,7 @@ def write_figures(out: Path, trials: list[TrialRecord], summary: dict[str, Any],
     plot_lr_vs_loss(out / "lr_vs_loss.png", summary)
     if range_test is not None:
         plot_range_test(range_test, out / "lr_range_test.png")
-    if any(row["status"] in ("diverged", "unstable") for row in summary["trials"]):
+    if any(row["status"] in ("diverged", "spiked") for row in summary["trials"]):
         best = next((t for t in trials if t.trial_id == summary["best_trial"]), None)
         plot_instability(trials, best, out / "instability.png")
     if sharp_rows is not None:
@@ -128,7 +149,7 @@ def compute_accounting(record: SweepRecord, trials: list[TrialRecord],
     """Tokens trained (each trial as of its newest metrics row, and an edge search's range test) against a
     full grid without early stopping (every trial to its own budget)."""
     base_budget = budget_tokens(record.base_config)
-    spent = sum(tokens_trained(t) or 0 for t in trials) + (range_tokens or 0)
+    spent = sum(tokens_spent(t) for t in trials) + (range_tokens or 0)
     budgets = [t.budget_tokens or base_budget for t in trials]
     full = sum(budgets) if budgets and all(b is not None for b in budgets) else None
     compute: dict[str, Any] = {"tokens_spent": spent, "full_grid_tokens": full,
@@ -161,9 +182,12 @@ def search_description(record: SweepRecord, trials: list[TrialRecord]) -> str:
         lines.append("Early stopping: none (every trial trains to its budget unless it diverges).")
     stopper = space.get("stopper") or {}
     if stopper:
-        text = (f"Stopper: a trial is diverged at a non-finite train loss or gradient norm, or after warm-up "
-                f"at a train loss above {float(stopper.get('explode_factor', 1.5)):g}× its loss at initialisation "
-                f"(ln vocab, or its first reported loss if lower)")
+        rule = trials[0].rule if trials else DivergenceRule()
+        text = (f"Stopper: a trial is diverged at a non-finite train loss or gradient norm, or once its train loss "
+                f"stayed above its loss at initialisation (ℓ₀ = ln vocab) for {rule.recovery_window:g} of its "
+                "budget's steps (the recovery window) without coming back; only then does the stopper end it "
+                "early" + (f" (at {rule.stop_factor:g} × ℓ₀)" if rule.stop_factor != 1 else "")
+                + ". A run that rose far above its running minimum and came back is spiked, not diverged")
         floor = float(stopper.get("min_tokens_per_s") or 0)
         if floor > 0:
             text += f"; too slow under {floor:,.0f} tokens/s"

@@ -78,6 +78,10 @@ class EdgeSearcher(Searcher):
             return
         if "steepest_lr" not in result and (found := read_range_test(folder.path)) is not None:
             result.update(steepest_lr=found.steepest_lr, min_loss_lr=found.min_loss_lr, blowup_lr=found.blowup_lr)
+        summary = folder.read_json("summary.json")
+        if summary.get("status") == "diverged":  # where and how, when Tune's last result lacks it
+            result.setdefault("diverged_step", summary.get("diverged_step"))
+            result.setdefault("divergence", summary.get("diverged_how"))
         metrics = folder.path / METRICS_FILE
         if metrics.exists():
             for row in read_metrics(metrics):

@@ -11,7 +11,6 @@ best 1/reduction_factor at each rung) among the group's members.
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +21,11 @@ from ray import tune
 
 from lmtune.files import atomic_write_json
 from lmtune.fused.loop import train_fused
-from lmtune.sweep.edge import format_tokens
-from lmtune.sweep.record import TRIAL_FILE, Outcome, write_trial_file
-from lmtune.sweep.stopping import TrialStopper
+from lmtune.sweep.record import TRIAL_FILE, write_trial_file
+from lmtune.sweep.runs import format_tokens
 from lmtune.sweep.trainable import TuneSink
 from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.divergence import BY_RULE, DivergenceRule
 from lmtune.training.loop import RunEnd, RunResult
 from lmtune.training.metrics import Row
 
@@ -35,9 +34,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class MemberRules:
-    """The sweep's stopping rules, as a group applies them to its members."""
+    """The sweep's stopping rules, as a group applies them to its members (the divergence rule itself
+    is the trial's DivergenceRule, which each member's LossWatch applies)."""
 
-    explode_factor: float
     asha: dict[str, Any] | None
     """AshaBudget as a dict (max_t, grace_period, reduction_factor in tokens), or None without ASHA."""
 
@@ -48,7 +47,7 @@ def member_folders(group_dir: Path, group_id: str, lrs: list[float]) -> dict[str
 
 
 def train_group_trial(params: dict[str, Any], base: RunConfig, group_id: str, group_dir: Path,
-                      rules: MemberRules) -> list[RunResult]:
+                      rules: MemberRules, divergence: DivergenceRule) -> list[RunResult]:
     """Train the group ``params["members"]`` ({"lr": [...], other swept settings}) with each member's
     files in its own folder; Tune hears the group through GroupTuneSink."""
     group = dict(params["members"])
@@ -64,22 +63,20 @@ def train_group_trial(params: dict[str, Any], base: RunConfig, group_id: str, gr
     restore_group_checkpoint(folders)
     sink = GroupTuneSink(configs[0], list(folders))
     return train_fused(configs, list(folders.values()), resume=True, group_sink=sink,
-                       member_rule=member_rule(configs[0], list(folders), rules))
+                       member_rule=member_rule(configs[0], rules), divergence=divergence)
 
 
-def member_rule(config: RunConfig, member_ids: list[str], rules: MemberRules):
-    """The group's MemberRule: the stopper's divergence rule at every row, ASHA's rung rule at evaluations."""
-    stopper = TrialStopper(recorder=None, explode_factor=rules.explode_factor)
+def member_rule(config: RunConfig, rules: MemberRules):
+    """The group's MemberRule: the stopper's divergence rule at every row (the member's LossWatch fired:
+    above its initial loss for the whole recovery window), ASHA's rung rule at evaluations."""
     rungs = GroupRungs(**rules.asha, run_tokens=config.run_tokens) if rules.asha else None
-    uniform = math.log(config.model.vocab_size)
 
     def decide(step: int, rows: dict[int, Row]) -> dict[int, RunEnd]:
-        endings = {}
-        for m, row in rows.items():
-            seen = {**row, "uniform_loss": uniform, "in_warmup": step < config.train.warmup_steps}
-            decision = stopper.decide(member_ids[m], seen)
-            if decision is not None and decision[0] == Outcome.DIVERGED:
-                endings[m] = RunEnd("diverged", decision[1])
+        # (At its last row a member ends by itself and its whole loss is judged, as an unfused trial's is.)
+        last = step >= config.train.stop_step
+        endings = {m: RunEnd("diverged", f"diverged at step {row['diverged_step']}: {row['divergence_reason']}",
+                             row["diverged_step"], BY_RULE)
+                   for m, row in rows.items() if row.get("divergence_stop") and not last}
         if rungs is not None:
             vals = {m: r["val_loss"] for m, r in rows.items() if m not in endings and r["val_loss"] is not None}
             tokens = step * config.tokens_per_step

@@ -29,6 +29,7 @@ from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_json
+from lmtune.training.divergence import DivergenceRule
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +40,19 @@ ASHA_STATE_NAME = "asha_state.json"
 EDGE_STATE_NAME = "edge_search.json"
 TRIAL_FILE = "trial.json"
 LOCK_FILE = ".lmtune.lock"
+# Trial parameters a search sets that are not training fields (the trainable strips them) ...
+SEARCH_ONLY_PARAMS = ("stage", "continue_from", "early_stop")
+# ... and every parameter that says how a search ran a trial, not which hyperparameters it compares.
+BOOKKEEPING_PARAMS = (*SEARCH_ONLY_PARAMS, "seed", "run_steps")
 
 
 class Outcome(StrEnum):
     """Why a trial ended, as the ledger records it."""
 
     COMPLETED = "completed"  # trained its whole budget
-    PROBED = "probed"  # an edge-search stability probe: trained to its horizon (run_steps) without diverging
+    PROBED = "probed"  # trained the run_steps it was asked for (less than its budget) without diverging
     RANGE_TEST = "range_test"  # the edge search's LR range test ended (it stops itself at the blow-up)
-    DIVERGED = "diverged"  # non-finite, or its loss exploded (the stopper)
+    DIVERGED = "diverged"  # non-finite, or failed to recover below its initial loss (lmtune.training.divergence)
     STOPPED_EARLY = "stopped_early"  # cut by ASHA at a rung
     TOO_SLOW = "too_slow"  # projected past the time budget, or under the throughput floor (the stopper)
     ERROR = "error"  # raised, and ran out of retries
@@ -80,6 +85,15 @@ class SweepRecord:
     def num_trials(self) -> int | None:
         value = self.space.get("num_trials")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def divergence_rule(self) -> DivergenceRule:
+        """The divergence rule the space's stopper section set (the defaults for a sweep from before it had one)."""
+        stopper = self.space.get("stopper") or {}
+        try:
+            return DivergenceRule(**{k: v for k, v in stopper.items() if k in DivergenceRule.__dataclass_fields__})
+        except TypeError:
+            return DivergenceRule()
 
     def write(self, sweep_dir: Path) -> None:
         atomic_write_json(Path(sweep_dir) / SWEEP_FILE, dataclasses.asdict(self))
@@ -209,11 +223,14 @@ def _valid_entries(path: Path) -> dict[str, dict[str, Any]]:
 # Trial folders
 
 
-def write_trial_file(out_dir: Path, trial_id: str, params: dict[str, Any], group: str | None = None) -> None:
+def write_trial_file(out_dir: Path, trial_id: str, params: dict[str, Any], group: str | None = None,
+                     continued_from_tokens: int | None = None) -> None:
     """trial.json: the trial a folder holds, written by the trial itself when it starts; ``group``: the
-    fused trial it is a member of."""
-    atomic_write_json(Path(out_dir) / TRIAL_FILE, {"trial_id": trial_id, "params": params,
-                                                   **({"group": group} if group else {})})
+    fused trial it is a member of; ``continued_from_tokens``: where the run it continues had stopped (its
+    first rows are that run's, copied, and not trained again)."""
+    atomic_write_json(Path(out_dir) / TRIAL_FILE, {
+        "trial_id": trial_id, "params": params, **({"group": group} if group else {}),
+        **({"continued_from_tokens": continued_from_tokens} if continued_from_tokens else {})})
 
 
 @dataclass
@@ -223,6 +240,8 @@ class TrialFolder:
     path: Path
     trial_id: str
     params: dict[str, Any]
+    continued_from_tokens: int = 0
+    """A continued run: the tokens its first rows (copied from the run it continues) stand for."""
 
     def read_json(self, name: str) -> dict[str, Any]:
         """One of the trial's JSON files (config.json, summary.json); {} while missing or half-written."""
@@ -247,7 +266,7 @@ def trial_folders(sweep_dir: Path) -> list[TrialFolder]:
         own = read_json_object(path / TRIAL_FILE)
         params = own.get("params") if own.get("trial_id") else read_json_object(path / "params.json")
         if trial_id and "members" not in own and "members" not in (params or {}):
-            found.append(TrialFolder(path, trial_id, dict(params or {})))
+            found.append(TrialFolder(path, trial_id, dict(params or {}), int(own.get("continued_from_tokens") or 0)))
     return found
 
 

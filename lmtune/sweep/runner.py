@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import platform
 import shutil
@@ -32,27 +31,26 @@ from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError
 from lmtune.private_apis import keep_local_ray_on_loopback, wandb_logger_callback
 from lmtune.sweep import plan
-from lmtune.sweep.edge import ASHA_STAGES, Budget, EdgeSearch, EdgeSettings, Run, conclude
+from lmtune.sweep.edge import ASHA_STAGES, EdgeSearch, EdgeSettings
 from lmtune.sweep.record import (
     SWEEP_FILE,
-    TRIAL_FILE,
     Outcome,
     SweepRecord,
     asha_state_path,
     is_sweep_dir,
     ledger_path,
     read_edge_state,
-    read_json_object,
     read_outcomes,
     sole_writer,
 )
+from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import SearchSpace, load_space, make_searcher, tune_param_space
 from lmtune.sweep.stopping import OutcomeRecorder, PersistentASHA, TrialStopper
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
+from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import resolve_config
 from lmtune.training.lr_range import RangeTestConfig
-from lmtune.training.metrics import METRICS_FILE, read_metrics_frame
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +107,7 @@ class SweepOptions:
 
 @dataclass
 class SweepResult:
-    """How a sweep ended: its trials' outcomes (the ledger), whether a signal stopped it first, what it
-    concluded (lmtune.sweep.edge.conclude: the best LR at the full budget, the edge bracket, the
-    ratio), and its best trial. Without any trial that trained its whole budget, the best trial is the
-    one with the lowest val loss at any token count, and ``candidate_tokens`` says how unequal."""
+    """How a sweep ended: its trials' outcomes (the ledger) and whether a signal stopped it first."""
 
     sweep_dir: Path
     planned: int
@@ -120,14 +115,6 @@ class SweepResult:
     outcome_counts: dict[str, int]
     stopped_by: str | None = None
     """SIGINT or SIGTERM when a signal ended the sweep before every trial (and the search) finished."""
-    conclusion: dict[str, Any] = field(default_factory=dict)
-    best_trial_dir: Path | None = None
-    best_config: dict[str, Any] | None = None
-    best_val_loss: float | None = None
-    best_tokens: int | None = None
-    """Tokens at which the best trial's val loss was taken."""
-    candidate_tokens: tuple[int, int] | None = None
-    """(fewest, most) tokens the candidates trained, when the best trial is chosen at unequal token counts."""
 
     @property
     def unfinished(self) -> int:
@@ -243,8 +230,8 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         # still "running" there and would be resumed. Errored trials are retried (resume_errored).
         ended = frozenset(t for t, e in read_outcomes(sweep_dir).items() if e.get("outcome") != Outcome.ERROR)
         resources = {k: float(v) for k, v in record.resources_per_trial.items()}
-        rules = {"explode_factor": (record.space.get("stopper") or {}).get("explode_factor", 1.5), "asha": record.asha}
-        trainable = build_trainable(base, resources, shipped, EdgeSettings.of_space(record.space), ended, rules)
+        trainable = build_trainable(base, resources, shipped, EdgeSettings.of_space(record.space), ended,
+                                    {"asha": record.asha}, record.divergence_rule)
         try:
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
@@ -333,7 +320,7 @@ def build_tuner(options: SweepOptions, space: SearchSpace, base: RunConfig, reso
     scheduler = None if asha is None else PersistentASHA(
         recorder, asha_state_path(sweep_dir), time_attr="tokens", metric=METRIC, mode=MODE, max_t=asha.max_t,
         grace_period=asha.grace_period, reduction_factor=asha.reduction_factor, stages=ASHA_STAGES if edge else None)
-    stopper = TrialStopper(recorder, explode_factor=space.stopper.explode_factor, time_budget_s=options.time_budget_s,
+    stopper = TrialStopper(recorder, time_budget_s=options.time_budget_s,
                            min_tokens_per_s=space.stopper.min_tokens_per_s,
                            slow_grace_reports=space.stopper.slow_grace_reports)
     callbacks: list[tune.Callback] = [recorder]
@@ -346,9 +333,10 @@ def build_tuner(options: SweepOptions, space: SearchSpace, base: RunConfig, reso
         # sees "objective": the latest val loss (ln(vocab) for a diverged trial).
         search_alg = make_searcher(space, metric="objective", seed=base.train.seed)
         num_samples = space.num_samples if space.search == "optuna" else 1
-    rules = {"explode_factor": space.stopper.explode_factor, "asha": asdict(asha) if asha else None}
+    rules = {"asha": asdict(asha) if asha else None}
     return tune.Tuner(
-        build_trainable(base, resources, shipped, space.edge if edge else None, fused_rules=rules),
+        build_trainable(base, resources, shipped, space.edge if edge else None, fused_rules=rules,
+                        divergence=space.stopper.rule),
         param_space=tune_param_space(space),
         tune_config=tune.TuneConfig(
             search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
@@ -377,12 +365,12 @@ def edge_searcher(settings: EdgeSettings, base: RunConfig, asha: plan.AshaBudget
 
 def build_trainable(base: RunConfig, resources: dict[str, float], shipped: ShippedData | None,
                     edge: EdgeSettings | None = None, ended: frozenset[str] = frozenset(),
-                    fused_rules: dict[str, Any] | None = None):
+                    fused_rules: dict[str, Any] | None = None, divergence: DivergenceRule = DEFAULT_RULE):
     range_test = None if edge is None else asdict(RangeTestConfig(
         min_lr=edge.range_min_lr, max_lr=edge.range_max_lr, steps=edge.range_steps,
         blowup_factor=edge.range_blowup_factor))
     trainable = tune.with_parameters(train_trial, base=base.to_dict(), shipped=shipped, ended=ended,
-                                     range_test=range_test, fused_rules=fused_rules)
+                                     range_test=range_test, fused_rules=fused_rules, divergence=asdict(divergence))
     return tune.with_resources(trainable, resources)
 
 
@@ -445,9 +433,9 @@ def sweep_record(options: SweepOptions, space: SearchSpace, base: RunConfig, res
 
 
 def sweep_result(sweep_dir: Path, results: tune.ResultGrid, record: SweepRecord) -> SweepResult:
-    """The ledger's counts, whether a signal stopped the sweep, what it concluded, and the best trial: the
-    lowest full-budget val loss (its LR's mean over seeds decides) of a trial that neither errored nor
-    diverged: the report's rule."""
+    """The ledger's counts and whether a signal stopped the sweep first. What the sweep concluded is read
+    from its folder by the report's own reader (lmtune.report.writer.summarize_sweep), so that ``run``
+    and ``analyze`` can never name different best trials."""
     outcomes = read_outcomes(sweep_dir)
     counts: dict[str, int] = {}
     for entry in outcomes.values():
@@ -458,87 +446,4 @@ def sweep_result(sweep_dir: Path, results: tune.ResultGrid, record: SweepRecord)
     search_running = edge is not None and not (read_edge_state(sweep_dir) or {}).get("finished")
     if summary.unfinished or search_running:
         summary.stopped_by = "SIGTERM" if Interruptions.sigterm else "SIGINT"
-    budget = Budget.of_config(record.base_config, record.asha)
-    pairs = result_runs(results, outcomes, budget)
-    summary.conclusion = conclude([run for run, _ in pairs], budget, edge or EdgeSettings())
-    best_lr = summary.conclusion["best_lr"]
-    finals = [(run.full_loss(), run, result) for run, result in pairs
-              if run.lr == best_lr and run.full_loss() is not None]
-    if finals:
-        loss, run, best = min(finals, key=lambda item: item[0])
-        summary.best_trial_dir, summary.best_config = Path(best.path), best.config
-        summary.best_val_loss, summary.best_tokens = loss, run.budget_tokens
-    else:
-        _best_at_any_tokens(summary, pairs)
     return summary
-
-
-def result_runs(results: tune.ResultGrid, outcomes: dict[str, dict[str, Any]],
-                budget: Budget) -> list[tuple[Run, Any]]:
-    """Each LR trial of a ResultGrid as an edge.Run (the range test left out), with its Result; a fused
-    trial's members each as a Run, with a MemberResult."""
-    pairs = []
-    for result in results:
-        config, metrics = dict(result.config or {}), dict(result.metrics or {})
-        if "members" in config:
-            pairs += member_runs(result, outcomes, budget)
-            continue
-        stage = config.get("stage", "grid")
-        if stage == "range" or not isinstance(config.get("lr"), (int, float)):
-            continue
-        outcome = outcomes.get(metrics.get("trial_id"), {}).get("outcome") or ("error" if result.error else "ended")
-        pairs.append((_run(config, metrics, result.metrics_dataframe, outcome, budget), result))
-    return pairs
-
-
-@dataclass(frozen=True)
-class MemberResult:
-    """A fused trial's member where a Tune Result stands for an unfused trial: its folder and config."""
-
-    path: str
-    config: dict[str, Any]
-
-
-def member_runs(result, outcomes: dict[str, dict[str, Any]], budget: Budget) -> list[tuple[Run, MemberResult]]:
-    """The members of a fused trial (their folders named in the group's trial.json) as Runs."""
-    metrics = dict(result.metrics or {})
-    group = dict(result.config["members"])
-    lrs = group.pop("lr")
-    folders = (read_json_object(Path(result.path) / TRIAL_FILE) or {}).get("members") or {}
-    pairs = []
-    for (member, name), lr in zip(folders.items(), lrs, strict=False):
-        config = {"lr": lr, **group}
-        outcome = outcomes.get(member, {}).get("outcome") or ("error" if result.error else "ended")
-        folder = Path(result.path).parent / name
-        frame = read_metrics_frame(folder / METRICS_FILE)
-        pairs.append((_run(config, metrics, frame, outcome, budget), MemberResult(str(folder), config)))
-    return pairs
-
-
-def _run(config: dict[str, Any], metrics: dict[str, Any], frame, outcome: str, budget: Budget) -> Run:
-    stage = config.get("stage", "grid")
-    val, tokens = {}, 0
-    if frame is not None and "tokens" in frame:
-        tokens = int(frame["tokens"].dropna().max()) if frame["tokens"].notna().any() else 0
-        if METRIC in frame:
-            for t, v in frame[["tokens", METRIC]].dropna().itertuples(index=False):
-                if math.isfinite(v):
-                    val[int(t)] = float(v)
-    budget_tokens = int(metrics.get("total_tokens") or budget.full_tokens)
-    others = tuple(sorted((k, v) for k, v in config.items() if k not in ("lr", "seed", "stage", "run_steps")))
-    return Run(float(config["lr"]), int(config.get("seed", budget.seed)), stage, budget_tokens,
-               int(metrics.get("run_tokens") or budget_tokens), outcome, tokens, val, others)
-
-
-def _best_at_any_tokens(summary: SweepResult, pairs: list[tuple[Run, Any]]) -> None:
-    """No trial trained its whole budget: the lowest val loss of any trial that neither errored nor
-    diverged, with the range of tokens the candidates trained (they are not comparable)."""
-    candidates = [(min(run.val.values()), run, result) for run, result in pairs
-                  if run.val and run.outcome not in (Outcome.ERROR, Outcome.DIVERGED)]
-    if not candidates:
-        return
-    loss, run, best = min(candidates, key=lambda item: item[0])
-    summary.best_trial_dir, summary.best_config = Path(best.path), best.config
-    summary.best_val_loss = loss
-    summary.best_tokens = min(t for t, v in run.val.items() if v == loss)
-    summary.candidate_tokens = (min(r.tokens for _, r, _ in candidates), max(r.tokens for _, r, _ in candidates))

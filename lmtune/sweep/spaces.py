@@ -12,7 +12,7 @@ A space is YAML data (read with ``yaml.safe_load``, never executed)::
       # lr: {loguniform: [1.0e-4, 1.0e-2]}   optuna: loguniform | uniform | randint | choice
     set: {eval_interval: 250}    # fixed overrides of any model/training field
     scheduler: {name: asha, grace_period: 0.111, reduction_factor: 3}   # or {name: none}
-    stopper: {explode_factor: 1.5, min_tokens_per_s: 0}
+    stopper: {recovery_window: 1.0, min_tokens_per_s: 0}   # divergence: lmtune.training.divergence
     edge: {tolerance: 1.25, seeds: 3}   # search: edge only (lmtune.sweep.edge.EdgeSettings); it has no params
 
 Every problem is one line naming the file, the key and the fix.
@@ -30,8 +30,9 @@ from typing import Any
 import yaml
 
 from lmtune.errors import LmtuneError, shown
-from lmtune.sweep.edge import EdgeSettings
+from lmtune.sweep.edge import RETIRED_KEYS, EdgeSettings
 from lmtune.training.config import BUDGETS, EXAMPLES, budget_config, coerce_value, field_names, field_type
+from lmtune.training.divergence import DivergenceRule
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 TOP_KEYS = {"description", "search", "sampler", "num_samples", "budget", "params", "set", "scheduler", "stopper",
@@ -43,8 +44,15 @@ SAMPLERS = ("tpe", "random", "cmaes")
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
 SCHEDULER_KEYS = {"name", "grace_period", "reduction_factor", "max_t"}
 SCHEDULERS = ("asha", "none")
-STOPPER_KEYS = {"explode_factor", "min_tokens_per_s", "slow_grace_reports"}
+STOPPER_KEYS = {"recovery_window", "stop_factor", "spike_threshold", "min_tokens_per_s", "slow_grace_reports"}
 EDGE_KEYS = set(EdgeSettings.__dataclass_fields__)
+# Keys earlier versions had, and what replaced them.
+RETIRED = {
+    "stopper.explode_factor": "a loss above a multiple of its initial value no longer ends a run (such runs often "
+                              "recover); divergence is failure to recover: use stopper.recovery_window (a fraction "
+                              "of the budget; default 1: a run fails when its budget ends above its initial loss)",
+    **{f"edge.{key}": why for key, why in RETIRED_KEYS.items()},
+}
 
 
 @dataclass
@@ -57,9 +65,20 @@ class SchedulerSpec:
 
 @dataclass
 class StopperSpec:
-    explode_factor: float = 1.5  # loss above initial loss x this, after warm-up -> diverged
-    min_tokens_per_s: float = 0.0  # throughput floor -> too_slow (0 disables)
-    slow_grace_reports: int = 2  # reports ignored by the throughput checks (start-up, compilation)
+    recovery_window: float = DivergenceRule.recovery_window
+    """Diverged: above the initial loss for this fraction of the budget's steps (lmtune.training.divergence)."""
+    stop_factor: float = DivergenceRule.stop_factor
+    """The stopper ends a run early when its loss stayed above the initial loss x this for the whole window."""
+    spike_threshold: float = DivergenceRule.spike_threshold
+    """A spike: the loss more than this fraction above its running minimum."""
+    min_tokens_per_s: float = 0.0
+    """Throughput floor -> too_slow (0 disables)."""
+    slow_grace_reports: int = 2
+    """Reports ignored by the throughput checks (start-up, compilation)."""
+
+    @property
+    def rule(self) -> DivergenceRule:
+        return DivergenceRule(self.recovery_window, self.stop_factor, self.spike_threshold)
 
 
 @dataclass
@@ -104,10 +123,12 @@ class SearchSpace:
     def describe_search(self) -> str:
         if self.search == "edge":
             e = self.edge
-            seeds = f", then {e.seeds} seeds of the best {e.seed_lrs} LRs" if e.seeds > 1 else ""
+            seeds = (f", then {e.seeds} seeds of the best {e.seed_lrs} LRs (and of any LR that beats the best seed "
+                     "for seed)") if e.seeds > 1 else ""
             return (f"edge search: an LR range test, a coarse grid {e.coarse_ratio:g}x apart under early stopping, "
-                    f"bisection of the edge to a bracket ratio <= {e.tolerance:g}, refinement within "
-                    f"{e.refine_factor:g}x of the best LR{seeds}")
+                    "the coarse LRs above the best continued to the full budget, bisection of where training fails "
+                    f"(full-budget probes) to a bracket ratio <= {e.tolerance:g} with a rule-judged diverged end "
+                    f"retrained without early stopping, refinement within {e.refine_factor:g}x of the best LR{seeds}")
         if self.search == "grid":
             dims = " x ".join(f"{k} ({len(v)} values)" for k, v in self.params.items())
             fused = f", up to {self.fuse} LRs fused per process" if self.fuse > 1 else ""
@@ -272,8 +293,11 @@ def _check_stopping(space: SearchSpace, fail) -> None:
         raise fail("scheduler.reduction_factor", "must be > 1 (e.g. 3)")
     if not 0 < space.scheduler.grace_period:
         raise fail("scheduler.grace_period", "must be > 0 (a fraction of the budget, or tokens)")
-    if space.stopper.explode_factor <= 1:
-        raise fail("stopper.explode_factor", "must be > 1 (e.g. 1.5: stop when loss exceeds 1.5x its initial value)")
+    try:
+        space.stopper.rule.validate()
+    except LmtuneError as err:
+        key, _, message = str(err).partition(": ")
+        raise fail(key, message) from None
 
 
 def _coerce(name: str, value: Any, key: str, fail) -> Any:
@@ -334,9 +358,12 @@ def _parse_section(raw: Any, name: str, cls, keys: set[str], fail):
         return cls()
     if not isinstance(raw, dict):
         raise fail(name, f"must be a mapping with keys {', '.join(sorted(keys))}")
-    unknown = set(raw) - keys
+    unknown = sorted(set(raw) - keys)
+    for key in unknown:
+        if f"{name}.{key}" in RETIRED:
+            raise fail(f"{name}.{key}", RETIRED[f"{name}.{key}"])
     if unknown:
-        raise fail(f"{name}.{sorted(unknown)[0]}", f"unknown key; valid keys: {', '.join(sorted(keys))}")
+        raise fail(f"{name}.{unknown[0]}", f"unknown key; valid keys: {', '.join(sorted(keys))}")
     values = {}
     defaults = cls()
     for key, value in raw.items():

@@ -2,9 +2,11 @@
 
 - ``TrialStopper`` ends diverged and too-slow trials (ASHA alone never stops a NaN trial: NaN is not
   below any cutoff). diverged: a non-finite train loss or gradient norm, a divergence the training
-  loop reported, or (after warm-up) a train loss above ``explode_factor`` x the loss at
-  initialisation (ln vocab, or the first report if lower); too_slow: measured tokens/s projecting a
-  finish beyond the sweep's deadline, or under a floor.
+  loop reported at its end (its whole loss judged), or the divergence rule firing on the trial's own
+  LossWatch (lmtune.training.divergence: the loss stayed above its initial value for the whole recovery
+  window: evidence that it will not recover); too_slow: measured tokens/s projecting a finish beyond the
+  sweep's deadline, or under a floor. A trial that reports ``no_early_stop`` (an edge search's
+  confirmation run) is never ended by the divergence rule.
 - ``PersistentASHA`` is Tune's ASHA, with its rung records kept across driver restarts.
 - ``OutcomeRecorder`` is the only writer of the ledger (decisions/trial_outcomes.json): the two
   above hand it their decisions the moment they make them, and Tune tells it of completions and errors.
@@ -24,8 +26,8 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
 from lmtune.files import atomic_write_json
 from lmtune.private_apis import asha_rungs, asha_stopped_count, restore_asha_rungs
-from lmtune.sweep.edge import format_tokens
 from lmtune.sweep.record import Outcome
+from lmtune.sweep.runs import format_tokens
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,16 @@ class OutcomeRecorder(Callback):
         result = trial.last_result or {}
         if result.get("range_test"):
             outcome, reason = Outcome.RANGE_TEST, result.get("range_summary") or "LR range test ended"
+        elif result.get("diverged"):  # its own last result said so (Tune may hand it over already done)
+            step = result.get("diverged_step") or result.get("step")
+            outcome, reason = Outcome.DIVERGED, f"diverged at step {step}, {result.get('diverged_because')}"
         elif result.get("run_tokens", math.inf) < result.get("total_tokens", 0):
             outcome = Outcome.PROBED
-            horizon = format_tokens(result["run_tokens"])
-            reason = f"trained to its stability horizon ({horizon} tokens) without diverging"
+            reason = f"trained the {format_tokens(result['run_tokens'])} tokens it was asked to without diverging"
         else:
             outcome, reason = Outcome.COMPLETED, "completed its budget"
+        if result.get("spike_text"):
+            reason += f"; {result['spike_text']}"
         self._record(trial.trial_id, outcome, reason, result)
         self._record_running_members(outcome, reason, result)
 
@@ -128,15 +134,13 @@ def _error_text(trial) -> str:
 class TrialStopper(Stopper):
     """Stops diverged and too-slow trials; each decision, with its reason, goes to the recorder."""
 
-    def __init__(self, recorder: OutcomeRecorder, explode_factor: float = 1.5, time_budget_s: float | None = None,
-                 min_tokens_per_s: float = 0.0, slow_grace_reports: int = 2):
+    def __init__(self, recorder: OutcomeRecorder, time_budget_s: float | None = None, min_tokens_per_s: float = 0.0,
+                 slow_grace_reports: int = 2):
         self.recorder = recorder
-        self.explode_factor = explode_factor
         self.time_budget_s = time_budget_s
         self.min_tokens_per_s = min_tokens_per_s
         self.slow_grace_reports = slow_grace_reports
         self.started = time.time()
-        self._initial_loss: dict[str, float] = {}
         self._reports: dict[str, int] = {}
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
@@ -159,20 +163,18 @@ class TrialStopper(Stopper):
         loss = result.get("train_loss")
         grad_norm = result.get("grad_norm")
         if result.get("diverged"):
-            # The training loop's own finding (its run ended as diverged): it says what went non-finite.
+            # The training loop's own finding at its end: what went non-finite, or its whole loss judged.
             because = result.get("diverged_because") or f"loss {_fmt(loss)}"
-            return Outcome.DIVERGED, f"diverged at step {step}, {because}"
+            return Outcome.DIVERGED, f"diverged at step {result.get('diverged_step') or step}, {because}"
         for name, value in (("loss", loss), ("gradient norm", grad_norm)):
             if value is not None and not math.isfinite(value):
                 return Outcome.DIVERGED, f"diverged at step {step}, {name} {_fmt(value)}"
-        if loss is not None:
-            # The reference is the loss at initialisation: ln(vocab) for a well-initialised LM, or the
-            # first report if lower (a high LR can already have blown up within the first interval).
-            first = min(loss, result.get("uniform_loss", loss))
-            initial = self._initial_loss.setdefault(trial_id, first)
-            if not result.get("in_warmup", False) and loss > self.explode_factor * initial:
-                return Outcome.DIVERGED, (f"diverged at step {step}, loss {loss:.3g} exploded above "
-                                    f"{self.explode_factor:g} x initial {initial:.3g}")
+        last = result.get("tokens", 0) >= result.get("run_tokens", result.get("total_tokens", math.inf))
+        if result.get("divergence_stop") and not result.get("no_early_stop") and not last:
+            # The trial's LossWatch: above its initial loss for the whole recovery window. (At its last
+            # report a trial ends by itself and reports its own judgement.)
+            step = result.get("diverged_step")
+            return Outcome.DIVERGED, f"diverged at step {step}: {result.get('divergence_reason')}"
         return self._too_slow(trial_id, result)
 
     def _too_slow(self, trial_id: str, result: dict[str, Any]) -> tuple[Outcome, str] | None:

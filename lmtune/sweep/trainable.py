@@ -24,12 +24,14 @@ from ray import tune
 from lmtune.data.dataset import read_meta
 from lmtune.files import atomic_write_text
 from lmtune.private_apis import trial_storage_dir
-from lmtune.sweep.record import is_sweep_dir, write_trial_file
-from lmtune.training.checkpoint import checksum_path
+from lmtune.sweep.record import SEARCH_ONLY_PARAMS, is_sweep_dir, trial_folders, write_trial_file
+from lmtune.training.checkpoint import PERIODIC, checksum_path, load_latest, periodic_checkpoints
 from lmtune.training.compile import enable_shared_compile_cache
 from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.divergence import DivergenceRule
 from lmtune.training.loop import RunResult, train
 from lmtune.training.lr_range import RangeTestConfig, lr_range_test
+from lmtune.training.metrics import METRICS_FILE, read_metrics, write_metrics
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +117,14 @@ def compile_cache_dir(out_dir: Path) -> Path:
 
 
 class TuneSink:
-    """A run's rows as Tune results, each with the checkpoint written at it; a run that diverged ends
-    with one more result saying so, which the sweep's stopper turns into the trial's outcome."""
+    """A run's rows as Tune results, each with the checkpoint written at it; the run ends with one more
+    result saying how its loss was judged (its spikes; and a divergence, which the sweep's stopper turns
+    into the trial's outcome). ``early_stop`` False marks every result ``no_early_stop`` (the stopper's
+    divergence rule then leaves the trial alone: an edge search's confirmation run)."""
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, early_stop: bool = True):
         self.config = config
+        self.early_stop = early_stop
         # What a diverged trial is worth to a searcher: the loss of a uniform guess.
         self.uniform_loss = math.log(config.model.vocab_size)
         self.latest_val = self.uniform_loss
@@ -130,7 +135,8 @@ class TuneSink:
                 "total_tokens": self.config.total_tokens, "run_tokens": self.config.run_tokens,
                 "uniform_loss": self.uniform_loss,
                 # The last warm-up step runs at the peak LR: judged like the rest (ASHA may cut there).
-                "in_warmup": values["step"] < self.config.train.warmup_steps, "node_id": self.node_id}
+                "in_warmup": values["step"] < self.config.train.warmup_steps, "node_id": self.node_id,
+                **({} if self.early_stop else {"no_early_stop": True})}
 
     def write(self, row: dict[str, Any], checkpoint: Path | None) -> None:
         files = {} if checkpoint is None else {p.name: p for p in (checkpoint, checksum_path(checkpoint))}
@@ -155,12 +161,16 @@ class TuneSink:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(staging))
 
     def close(self, result: RunResult) -> None:
+        """A run that diverged ends with one more result saying where and how (the stopper's, and the
+        ledger's, reason); any other run's last row was its last result."""
         if result.status != "diverged":
             return
         step = result.end.diverged_step
         self.latest_val = self.uniform_loss
-        tune.report(self._metrics({"step": step, "tokens": step * self.config.tokens_per_step, "diverged": True,
-                                   "diverged_because": result.end.detail}))
+        tune.report(self._metrics({"step": result.summary["steps"], "tokens": result.summary["tokens"],
+                                   "diverged": True, "diverged_because": result.end.detail, "diverged_step": step,
+                                   "diverged_tokens": step * self.config.tokens_per_step,
+                                   "divergence": result.end.divergence}))
 
 
 def restore_tune_checkpoint(out_dir: Path) -> None:
@@ -179,14 +189,16 @@ def restore_tune_checkpoint(out_dir: Path) -> None:
 
 def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None,
                 ended: frozenset[str] = frozenset(), range_test: dict[str, Any] | None = None,
-                fused_rules: dict[str, Any] | None = None) -> None:
+                fused_rules: dict[str, Any] | None = None, divergence: dict[str, Any] | None = None) -> None:
     """Ray Tune function trainable. ``params`` are the trial's own values (lr, ...; in an edge search
     also its ``stage``); ``base`` is the sweep's RunConfig as a dict (budget + --set + the space's fixed
     settings). ``ended``: ids of trials the ledger says already ended (set on --resume): Tune's
     experiment snapshot can predate that decision and resume them, and they return at once instead of
     training again. ``range_test``: the edge search's range-test settings (a RangeTestConfig as a
     dict), for its trial of stage "range". A trial whose ``params`` hold ``members`` trains them as one
-    fused group (lmtune.sweep.fused_trial) under ``fused_rules`` (a MemberRules as a dict)."""
+    fused group (lmtune.sweep.fused_trial) under ``fused_rules`` (a MemberRules as a dict). ``divergence``:
+    the sweep's DivergenceRule as a dict. An edge search's ``continue_from`` (a trial id) starts the run from
+    that trial's newest checkpoint; ``early_stop`` False runs it without the stopper's divergence rule."""
     # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
     # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
@@ -200,23 +212,53 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
     limit_to_assigned_resources(context.get_trial_resources().required_resources)
     enable_shared_compile_cache(compile_cache_dir(out_dir))
     torch.compiler.reset()  # a reused worker: the last trial's compiled graphs guard on its own model
+    rule = DivergenceRule(**(divergence or {}))
     if "members" in params:
         from lmtune.sweep.fused_trial import MemberRules, train_group_trial  # (it imports this module)
 
         config = RunConfig.from_dict(base)
         config.data_dir = str(trial_data_dir(config.data_dir, shipped))
-        train_group_trial(params, config, trial_id, out_dir, MemberRules(**(fused_rules or {})))
+        train_group_trial(params, config, trial_id, out_dir, MemberRules(**(fused_rules or {})), rule)
         return
     write_trial_file(out_dir, trial_id, params)
     stage = params.get("stage")
-    overrides = {k: v for k, v in params.items() if k != "stage"}
+    overrides = {k: v for k, v in params.items() if k not in SEARCH_ONLY_PARAMS}
     config = apply_overrides(RunConfig.from_dict(base), overrides, where=f"trial {trial_id}")
     config.data_dir = str(trial_data_dir(config.data_dir, shipped))
     if stage == "range":
         run_range_test(config, RangeTestConfig(**(range_test or {})), out_dir)
         return
     restore_tune_checkpoint(out_dir)
-    train(config, out_dir, resume=True, sinks=[TuneSink(config)], before_step=injected_fault(config, out_dir))
+    if params.get("continue_from"):
+        step = continue_run(out_dir.parent, str(params["continue_from"]), out_dir)
+        if step:
+            write_trial_file(out_dir, trial_id, params, continued_from_tokens=step * config.tokens_per_step)
+    sink = TuneSink(config, early_stop=params.get("early_stop", True))
+    train(config, out_dir, resume=True, sinks=[sink], before_step=injected_fault(config, out_dir), divergence=rule)
+
+
+def continue_run(sweep_dir: Path, source_id: str, out_dir: Path) -> int | None:
+    """Start ``out_dir``'s run where trial ``source_id`` (cut by ASHA) stopped: its newest verified checkpoint
+    and its metrics.csv rows up to it, copied (never moved: the cut trial keeps its own files). Returns the
+    step it continues from (None: nothing copied). A run that already has checkpoints of its own (a retry,
+    a resume) is left to continue from those."""
+    if periodic_checkpoints(out_dir / "checkpoints"):
+        return None
+    source = next((f.path for f in trial_folders(sweep_dir) if f.trial_id == source_id), None)
+    newest = load_latest(source / "checkpoints") if source is not None else None
+    if newest is None:
+        log.warning("trial %s has no usable checkpoint to continue from; training from the start", source_id)
+        return None
+    _, checkpoint = newest
+    target = out_dir / "checkpoints"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in (checkpoint, checksum_path(checkpoint)):
+        shutil.copy2(path, target / path.name)
+    step = int(PERIODIC.match(checkpoint.name).group(1))
+    rows = [row for row in read_metrics(source / METRICS_FILE) if row["step"] <= step]
+    write_metrics(out_dir / METRICS_FILE, rows)
+    log.info("continuing trial %s's run from its step-%d checkpoint", source_id, step)
+    return step
 
 
 def run_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path) -> None:

@@ -56,7 +56,7 @@ class TrainConfig:
     """Optimizer steps in the run (the schedule's length)."""
     run_steps: int = 0
     """Stop after this many steps (0: all of ``steps``). The schedule still spans ``steps``, so such a run
-    is the first part of the full one: the edge search's stability probes train only to their horizon."""
+    is the first part of the full one (a run cut short on purpose, e.g. to compare at an earlier token count)."""
     batch_size: int = 32
     """Sequences per optimizer step (the effective batch, whatever grad_accum_steps is)."""
     grad_accum_steps: int = 1

@@ -24,6 +24,7 @@ from lmtune.files import atomic_write_json, atomic_write_text
 from lmtune.training.checkpoint import Checkpointer
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
+from lmtune.training.divergence import DEFAULT_RULE, NON_FINITE, WHOLE_RUN, DivergenceRule, LossWatch
 from lmtune.training.evaluate import evaluate
 from lmtune.training.figures import write_run_figures
 from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, TensorBoardSink
@@ -40,16 +41,24 @@ StepHook = Callable[[int, nn.Module], None]
 
 @dataclass
 class RunEnd:
-    """How a run ended: completed, diverged (at its first bad step, and what went non-finite) or stopped."""
+    """How a run ended: completed, diverged (where, and how it was established) or stopped."""
 
     status: str = "completed"
     detail: str = ""
     """What ended it early, e.g. "non-finite loss"; empty for a completed run."""
     diverged_step: int | None = None
+    divergence: str | None = None
+    """How a divergence was established (lmtune.training.divergence: NON_FINITE, BY_RULE, WHOLE_RUN)."""
 
     @property
     def reason(self) -> str:
-        return f"{self.detail} at step {self.diverged_step}" if self.diverged_step else self.detail
+        if self.divergence == NON_FINITE and self.diverged_step:
+            return f"{self.detail} at step {self.diverged_step}"
+        return self.detail
+
+    @classmethod
+    def non_finite(cls, what: str, step: int) -> RunEnd:
+        return cls("diverged", f"non-finite {what}", step, NON_FINITE)
 
 
 class Progress(Protocol):
@@ -71,12 +80,15 @@ class RunResult:
 
 
 def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from: Path | None = None,
-          sinks: Sequence[MetricsSink] = (), before_step: StepHook | None = None) -> RunResult:
+          sinks: Sequence[MetricsSink] = (), before_step: StepHook | None = None,
+          divergence: DivergenceRule = DEFAULT_RULE) -> RunResult:
     """Train one model as ``config`` says, writing everything to ``out_dir``.
 
     ``resume`` continues from the newest verified checkpoint in out_dir/checkpoints (a fresh start if
     there is none); ``resume_from`` names a checkpoint file. ``sinks`` receive every metrics row after
     metrics.csv and TensorBoard do, and the summary at the end (a sweep's Tune report, W&B).
+    ``divergence`` judges the run's loss (spikes, failure to recover); the loop itself only ever ends a
+    run at a non-finite value: stopping on the judgement is a sweep's decision.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +115,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         val_batches = fixed_val_batches(data.val, t.batch_size, config.model.context_length, t.eval_batches)
         meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config.model), peak_flops(device),
                               elapsed_before_s=state.elapsed_s)
+        watch = loss_watch(config, divergence, csv_sink.rows)
         end = RunEnd()
         try:
             while state.step < t.stop_step:
@@ -113,22 +126,23 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
                 lr = lr_at(step - 1, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
                 result = train_step(state, runtime, x, y, lr, t)
                 if not result.applied:
-                    what = "loss" if not math.isfinite(result.loss.item()) else "gradient norm"
-                    end = RunEnd("diverged", f"non-finite {what}", step)
+                    end = RunEnd.non_finite("loss" if not math.isfinite(result.loss.item()) else "gradient norm", step)
                     break
                 meter.add(step, result, batches.last_wait_s)
                 if not t.logs_at(step):
                     continue
                 # ---- a log interval: the loop's only host syncs ----
                 if (bad_step := meter.first_nonfinite_step()) is not None:
-                    end = RunEnd("diverged", "non-finite loss or gradient norm", bad_step)
+                    end = RunEnd.non_finite("loss or gradient norm", bad_step)
                     break
                 row = {**meter.take(step), "lr": lr, "val_loss": None}
                 if t.evaluates_at(step):
                     row["val_loss"] = evaluate(runtime, val_batches, t.grad_accum_steps)
                     if not math.isfinite(row["val_loss"]):
-                        end = RunEnd("diverged", "non-finite validation loss", step)
+                        end = RunEnd.non_finite("validation loss", step)
                         break
+                watch.see(step, row["train_loss"])
+                row.update(watch.row_fields())
                 row.update(state.model.stability_probes(x[:2]))
                 for sink in (csv_sink, tensorboard):  # before the checkpoint, which a resume keeps its rows to
                     sink.write(row, None)
@@ -140,7 +154,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         except KeyboardInterrupt:
             end = RunEnd("stopped", f"interrupted at step {state.step}")
             log.warning("interrupted: the newest checkpoint is kept; continue with --resume")
-        return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks)
+        return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks, watch)
 
 
 def resolve_config(config: RunConfig, data_dir: Path) -> RunConfig:
@@ -151,6 +165,26 @@ def resolve_config(config: RunConfig, data_dir: Path) -> RunConfig:
         config.model.vocab_size = meta.vocab_size
     config.data_dir = str(data_dir)
     return config
+
+
+def loss_watch(config: RunConfig, rule: DivergenceRule, history: Sequence[Row]) -> LossWatch:
+    """The run's LossWatch (ℓ₀: ln vocab, the loss of the uniform guess a fresh model starts at), caught up
+    on the rows a resumed run kept."""
+    watch = LossWatch(math.log(config.model.vocab_size), config.train.steps, rule)
+    for row in history:
+        if row.get("train_loss") is not None:
+            watch.see(row["step"], row["train_loss"])
+    return watch
+
+
+def judged_end(end: RunEnd, watch: LossWatch | None, steps: int) -> RunEnd:
+    """How a run that ended by itself ends once its whole loss is judged: diverged when its loss did not
+    come back below ℓ₀ within the recovery window, or its budget ended above ℓ₀ (a stopped or cut run
+    is left as it is: it did not show its whole trajectory)."""
+    if watch is None or end.status != "completed":
+        return end
+    verdict = watch.finish(steps)
+    return RunEnd("diverged", verdict.reason, verdict.step, WHOLE_RUN) if verdict.diverged else end
 
 
 def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunConfig, row: Row,
@@ -167,9 +201,12 @@ def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunC
 
 
 def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float,
-               sinks: Sequence[MetricsSink]) -> RunResult:
+               sinks: Sequence[MetricsSink], watch: LossWatch | None = None) -> RunResult:
     """summary.json and the run's figures, then the sinks hear how it ended."""
+    end = judged_end(end, watch, state.step)
     summary = run_summary(config, state, end, rows, wall_time)
+    if watch is not None:
+        summary["divergence"] = watch.record()
     atomic_write_json(out_dir / "summary.json", summary)
     write_run_figures(out_dir, rows, config)
     if end.status == "diverged":
@@ -183,7 +220,7 @@ def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, r
 
 def run_summary(config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float) -> dict:
     """summary.json: how the run ended, its losses, tokens and speed."""
-    steps = end.diverged_step - 1 if end.diverged_step else state.step
+    steps = end.diverged_step - 1 if end.divergence == NON_FINITE else state.step
     last_val = next((r["val_loss"] for r in reversed(rows) if r.get("val_loss") is not None), None)
     counts = count_parameters(config.model)
     tokens = steps * config.tokens_per_step
@@ -192,10 +229,13 @@ def run_summary(config: RunConfig, state: Progress, end: RunEnd, rows: list[Row]
         "best_val_loss": state.best_val_loss if math.isfinite(state.best_val_loss) else None,
         # final: at the end of the whole schedule (a run stopped at run_steps has none)
         "final_val_loss": last_val if end.status == "completed" and steps == config.train.steps else None,
+        # the val loss where the budget ended, whatever the run's status (a diverged run that trained through)
+        "end_val_loss": last_val if steps == config.train.steps else None,
         "last_val_loss": last_val, "steps": steps, "run_steps": config.train.stop_step, "tokens": tokens,
         "wall_time_s": wall_time,
         "tokens_per_s": tokens / wall_time if wall_time > 0 else None,
-        "diverged_step": end.diverged_step, "budget": config.budget, "lr": config.train.lr,
+        "diverged_step": end.diverged_step, "diverged_how": end.divergence, "budget": config.budget,
+        "lr": config.train.lr,
         "params_non_embedding": counts["non_embedding"], "flops_per_token": flops_per_token(config.model),
     }
 

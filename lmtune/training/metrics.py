@@ -27,9 +27,9 @@ METRICS_FILE = "metrics.csv"
 METRIC_COLUMNS = [
     "step", "tokens", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
     "data_wait_s", "compute_s", "peak_memory_bytes", "attn_logit_max", "output_logit_max",
-    "output_logz_mean", "elapsed_s",
+    "output_logz_mean", "elapsed_s", "loss_over_min", "above_init_steps",
 ]
-INT_COLUMNS = ("step", "tokens", "peak_memory_bytes")
+INT_COLUMNS = ("step", "tokens", "peak_memory_bytes", "above_init_steps")
 
 Row = dict[str, Any]
 
@@ -55,11 +55,7 @@ class CsvSink:
         self.path = Path(out_dir) / METRICS_FILE
         old = read_metrics(self.path) if resume_step and self.path.exists() else []
         self.rows: list[Row] = [row for row in old if row["step"] <= resume_step]
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(self.rows)
-        atomic_write_text(self.path, buffer.getvalue())
+        write_metrics(self.path, self.rows)
         self._file = open(self.path, "a", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
 
@@ -76,6 +72,15 @@ class CsvSink:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def write_metrics(path: Path, rows: list[Row]) -> None:
+    """A whole metrics.csv of these rows, written atomically."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(Path(path), buffer.getvalue())
 
 
 def read_metrics(path: Path) -> list[Row]:

@@ -1,0 +1,133 @@
+"""A search checked against the truth: a dense grid of LRs, several seeds each, every run trained to the
+full budget with nothing stopping it early (benchmarks/lr_truth.py trains one).
+
+The truth about failure needs no window: a run of the grid fails when it ends its budget with the loss above
+ℓ₀ or goes non-finite. Its best LR, basin and degraded region are lmtune's own analysis
+(lmtune.sweep.runs.conclude) applied to those runs. ``compare`` then asks of a sweep's summary the three
+questions a careful reader would: is the search's best LR in the truth's basin, does its bracket hold the
+truth's first LR that fails, and do its basin and degraded region overlap the truth's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmtune.sweep.runs import Budget, Run, conclude
+from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
+from lmtune.training.metrics import METRICS_FILE, read_metrics
+
+
+@dataclass
+class TruthRun:
+    """One run of the grid: what its loss did over its whole budget."""
+
+    lr: float
+    seed: int
+    steps: int
+    tokens_per_step: int
+    ell0: float
+    val: dict[int, float]
+    """Val loss by tokens."""
+    end_val: float | None
+    """Its val loss at the end of the budget (None: it went non-finite before)."""
+    failed: bool
+    """It went non-finite, or its budget ended with the loss above ℓ₀."""
+    non_finite: bool
+    longest_above: int
+    """The most steps its loss spent above ℓ₀ in one stretch."""
+    rule_stops_at: int | None
+    """Where the stopper's rule (with the rule given to ``read_truth``) would have ended it."""
+    spikes: list[str] = field(default_factory=list)
+
+
+def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthRun]:
+    """Every finished run under ``folder`` (one run folder per LR and seed, as lmtune.training.loop writes)."""
+    runs = []
+    for run_dir in sorted(p for p in Path(folder).iterdir() if (p / "summary.json").exists()):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        config = json.loads((run_dir / "config.json").read_text())
+        rows = read_metrics(run_dir / METRICS_FILE)
+        ell0, steps = math.log(config["model"]["vocab_size"]), config["train"]["steps"]
+        non_finite = summary["status"] == "diverged" and "non-finite" in (summary.get("reason") or "")
+        last = rows[-1]["train_loss"] if rows else math.nan
+        watch = judge([(r["step"], r["train_loss"]) for r in rows], ell0, steps, steps, rule)
+        val = {int(r["tokens"]): r["val_loss"] for r in rows if r.get("val_loss") is not None}
+        full = rows and rows[-1]["step"] == steps and not non_finite
+        runs.append(TruthRun(
+            config["train"]["lr"], config["train"]["seed"], steps,
+            config["train"]["batch_size"] * config["model"]["context_length"], ell0, val,
+            rows[-1].get("val_loss") if full else None,
+            non_finite or not (math.isfinite(last) and last <= ell0), non_finite, longest_above(rows, ell0),
+            watch.verdict.step if watch.verdict.stop and not non_finite else None,
+            [s.describe() for s in watch.all_spikes()]))
+    return sorted(runs, key=lambda r: (r.lr, r.seed))
+
+
+def longest_above(rows: list[dict[str, Any]], ell0: float) -> int:
+    """The most steps the loss spent above ℓ₀ in one stretch (from its last row at or below it, step 0
+    counting as at ℓ₀), to where it came back or where the run ended."""
+    longest, below = 0, 0
+    for row in rows:
+        if row["train_loss"] <= ell0:
+            below = row["step"]
+        longest = max(longest, row["step"] - below)
+    return longest
+
+
+def truth_conclusion(runs: list[TruthRun]) -> dict[str, Any]:
+    """lmtune's analysis of the grid (nothing stopped its runs): best LR, basin, degraded region, and the
+    first LR at which a run failed (``divergence_lr``), all at the full budget."""
+    first = runs[0]
+    full = first.steps * first.tokens_per_step
+    as_runs = [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
+                   divergence=WHOLE_RUN) for r in runs]
+    return conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,)))
+
+
+def _overlap(a: tuple[float | None, float | None], b: tuple[float | None, float | None]) -> bool:
+    """Two LR intervals (None: open on that side) share a point."""
+    low = max(x for x in (a[0], b[0], 0.0) if x is not None)
+    high = min(x for x in (a[1], b[1], math.inf) if x is not None)
+    return low <= high
+
+
+def region_span(region: dict[str, Any] | None) -> tuple[float | None, float | None]:
+    """The widest an LR region can be: from its lower boundary's low end to its upper boundary's high end."""
+    if not region:
+        return None, None
+    return region["low"][0], region["high"][1]
+
+
+def compare(truth: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
+    """The three checks of a search's summary (summary.json keys) against the truth's conclusion."""
+    t_basin, s_basin = truth.get("basin"), search.get("basin")
+    best = search.get("best_lr")
+    # Within the LRs the truth found in its basin (the basin's boundaries lie beyond them, between grid LRs).
+    in_basin = bool(t_basin and best is not None and t_basin["lrs"][0] <= best <= t_basin["lrs"][-1])
+    first_fail = truth.get("divergence_lr")
+    low, high = search.get("edge_lr_low"), search.get("divergence_lr")
+    bracket_holds = first_fail is not None and high is not None and (low is None or low < first_fail) \
+        and first_fail <= high
+    return {
+        "best_lr_in_truth_basin": in_basin,
+        # ... or at least not outside it: within the bounds of the truth's basin (between the grid LRs its
+        # boundaries lie between), which is all a coarse grid can tell
+        "best_lr_within_truth_basin_bounds": bool(t_basin and best is not None
+                                                  and _overlap((best, best), region_span(t_basin))),
+        "truth_basin": region_span(t_basin), "search_best_lr": best,
+        "bracket_holds_first_failing_lr": bracket_holds,
+        "truth_first_failing_lr": first_fail, "truth_last_lr_through": truth.get("edge_lr_low"),
+        "search_bracket": (low, high),
+        # the two brackets can hold the same edge: (truth's last LR through, first failing] meets the search's
+        "edges_overlap": first_fail is not None and high is not None
+        and _overlap((truth.get("edge_lr_low"), first_fail), (low, high)),
+        "basins_overlap": bool(t_basin and s_basin and _overlap(region_span(t_basin), region_span(s_basin))),
+        "degraded_overlap": bool(truth.get("degraded") and search.get("degraded")
+                                 and _overlap(region_span(truth["degraded"]), region_span(search["degraded"]))),
+        "truth_degraded": region_span(truth.get("degraded")), "search_degraded": region_span(search.get("degraded")),
+        "search_basin": region_span(s_basin),
+    }
