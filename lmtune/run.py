@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
-from lmtune.report.headline import summary_lines
-from lmtune.report.writer import summarize_sweep
 from lmtune.sweep.runner import Interruptions, SweepOptions, SweepResult, run_sweep
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.training.config import BUDGETS, parse_set_args
@@ -121,6 +119,9 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
         print(f"resume it with: {resume_command(options)}")
         return 143 if result.stopped_by == "SIGTERM" else 130
+    from lmtune.report.headline import summary_lines
+    from lmtune.report.writer import summarize_sweep  # (the report's imports: only once there is one)
+
     summary = summarize_sweep(result.sweep_dir).summary
     if summary["best_trial"] is None:
         print("no trial that neither errored nor diverged reported a finite validation loss")

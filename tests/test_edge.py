@@ -191,7 +191,11 @@ def test_the_conclusion_gives_the_basin_the_degraded_region_and_where_training_f
     assert c["best_lr"] in c["basin"]["lrs"]
     assert c["basin"]["high"][0] < c["basin"]["high"][1] <= c["degraded"]["low"][1]
     assert c["degraded"]["high"] == [c["degraded"]["points"][-1]["lr"], c["divergence_lr"]]
-    assert c["degraded"]["per_doubling"] > 0
+    assert c["degraded"]["per_doubling"] > 0 and c["degraded"]["per_doubling_se"] is not None
+    excess = c["degraded"]["excess_at"]  # the simulated loss: 0.05 ln(lr / optimum)^2 above the best
+    assert set(excess) >= {"4", "10"} and excess["4"] < excess["10"]
+    assert excess["10"] == pytest.approx(0.05 * math.log(10 * c["best_lr"] / OPTIMUM) ** 2
+                                         - 0.05 * math.log(c["best_lr"] / OPTIMUM) ** 2, abs=0.05)
     assert c["diverged"]["low"] == [c["edge_lr_low"], c["divergence_lr"]]
 
 

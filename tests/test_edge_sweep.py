@@ -30,7 +30,7 @@ set: {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2, "context_length": 
       "steps": 60, "log_interval": 5, "eval_interval": 10, "eval_batches": 1, "checkpoint_interval": 10,
       "warmup_steps": 5, "device": "cpu", "compile": "off"}
 scheduler: {name: asha, grace_period: 0.33333333, reduction_factor: 3}
-edge: {range_steps: 30, seeds: 2, refine_points: 2, tolerance: 1.25}
+edge: {range_steps: 30, seeds: 2, refine_points: 0, tolerance: 2.0}
 """
 
 
@@ -110,7 +110,7 @@ def test_the_decisions_made_before_the_kill_stand(resumed_edge_sweep):
 
 def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resumed_edge_sweep):
     c = read_edge_state(resumed_edge_sweep["dir"])["conclusion"]
-    assert c["bracket_ratio"] <= 1.25 and c["edge_lr_low"] < c["divergence_lr"]
+    assert c["bracket_ratio"] <= 2.0 and c["edge_lr_low"] < c["divergence_lr"]
     assert len(c["best_lr_seed_losses"]) == 2 and c["best_lr"] < c["edge_lr_low"]
 
 
@@ -158,9 +158,11 @@ def test_the_search_agrees_with_a_small_ground_truth_grid_trained_without_early_
     assert proc.returncode == 0, proc.stderr[-2000:]
     base = RunConfig.from_dict(SweepRecord.read(sweep_dir).base_config)
     truth_dir = tmp_path / "truth"
-    for lr in (0.01, 0.0316, 0.1, 0.316, 1.0, 3.16, 10.0, 31.6):
+    for lr in (0.01, 0.0316, 0.1, 0.316, 1.0, 3.16, 10.0):
         for seed in (0, 1):
-            train(apply_overrides(base, {"lr": lr, "seed": seed}), truth_dir / f"lr={lr}_seed={seed}")
+            # (no checkpoint but the last: the truth only needs each run's losses)
+            config = apply_overrides(base, {"lr": lr, "seed": seed, "checkpoint_interval": base.train.steps})
+            train(config, truth_dir / f"lr={lr}_seed={seed}")
     truth = truth_conclusion(read_truth(truth_dir))
     checks = compare(truth, json.loads((sweep_dir / "report" / "summary.json").read_text()))
     assert truth["divergence_lr"] is not None, "the grid reaches past the first LR that fails"

@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
+from lmtune.report.headline import per_doubling  # noqa: E402
 from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
 from lmtune.sweep.runs import format_tokens  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
@@ -138,10 +139,13 @@ def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
     colors = plt.get_cmap("viridis")
     rungs = sorted(table)
     values = [v for by_lr in table.values() for losses in by_lr.values() for v in losses]
+    final_values = [v for losses in (table[rungs[-1]] if rungs else {}).values() for v in losses]
     start = summary.get("initial_loss")
-    top = max(values) if values else (start or 1.0)
+    # The full budget's curve and ℓ₀ set the scale: an early rung's loss far above ℓ₀ goes off the top.
+    top = max([*final_values, *([start] if start else [])] or values or [1.0])
     bottom = min(values) if values else top - 1.0
     top_edge = top + 0.08 * max(top - bottom, 1e-3)
+    clipped = any(v > top_edge for v in values)
     for i, tokens in enumerate(rungs):
         by_lr = table[tokens]
         if not by_lr:
@@ -162,12 +166,15 @@ def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
     if diverged:
         ax.plot(diverged, [top_edge] * len(diverged), "x", color="red", markersize=10, markeredgewidth=2.2,
                 label="diverged", clip_on=False)
+    if start:
+        ax.axhline(start, color="gray", linestyle="--", linewidth=1, label=f"ℓ₀ = ln vocab = {start:.2f}")
     _shade_edge_and_best(ax, summary)
     ax.set_xscale("log")
     ax.set_ylim(bottom - 0.05 * max(top - bottom, 1e-3), top_edge + 0.05 * max(top - bottom, 1e-3))
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("val loss (nats/token)")
-    ax.set_title("val loss against LR at equal token counts (one curve per ASHA rung)")
+    ax.set_title("val loss against LR at equal token counts (one curve per ASHA rung)"
+                 + ("\nearly-rung losses far above ℓ₀ run off the top" if clipped else ""), fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path)
@@ -181,7 +188,7 @@ def _shade_edge_and_best(ax, summary: dict[str, Any]) -> None:
               f"basin: {_lr(basin['lrs'][0])}–{_lr(basin['lrs'][-1])} (within 2 SE of the best)")
     if degraded:
         _band(ax, degraded["low"][1], degraded["high"][0], None, degraded["high"], "tab:orange",
-              f"degraded: {degraded['per_doubling']:+.2f} nats per doubling of the LR")
+              f"degraded: {per_doubling(degraded)}")
     if diverged and diverged["low"][1] is not None:
         low, high = diverged["low"]
         right = ax.get_xlim()[1] if ax.get_xlim()[1] > high else high * 1.5

@@ -59,11 +59,16 @@ def region_lines(c: dict[str, Any]) -> list[str]:
         lines.append(f"basin (within 2 SE of the best): lr {basin['lrs'][0]:.3g} to {basin['lrs'][-1]:.3g}; it ends "
                      f"below between {_g(low[0])} and {_g(low[1])}, above between {_g(high[0])} and {_g(high[1])}")
     if degraded:
-        worst = degraded["points"][-1]
-        lines.append(f"degraded: {degraded['per_doubling']:+.2f} nats per doubling of the LR above the basin "
-                     f"({degraded['per_doubling_range'][0]:+.2f} to {degraded['per_doubling_range'][1]:+.2f}); "
-                     f"{worst['excess']:+.2f} nats at {worst['ratio_to_best']:.3g}x the best LR")
+        at = ", ".join(f"{excess:+.2f} at {factor}x" for factor, excess in degraded["excess_at"].items())
+        lines.append(f"degraded: loss over the best's {at} the best LR (nats); {per_doubling(degraded)} above the "
+                     "basin")
     return lines
+
+
+def per_doubling(degraded: dict[str, Any]) -> str:
+    """"+0.55 ± 0.08 nats per doubling of the LR" (the mean rate of the degraded region)."""
+    error = f" ± {degraded['per_doubling_se']:.2f}" if degraded.get("per_doubling_se") is not None else ""
+    return f"{degraded['per_doubling']:+.2f}{error} nats per doubling of the LR"
 
 
 def _g(value: float | None) -> str:

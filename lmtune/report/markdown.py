@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.files import atomic_write_text
-from lmtune.report.headline import interval_line, ratio_range_text
+from lmtune.report.headline import interval_line, per_doubling, ratio_range_text
 from lmtune.report.stability import (
     AT_EDGE_BAND,
     CONSERVATIVE_ABOVE,
@@ -202,17 +202,16 @@ def _landscape(summary: dict[str, Any]) -> list[str]:
     lines += [f"- **Basin** (full-budget loss {noise}): lr {', '.join(_lr(v) for v in basin['lrs'])}. Its lower end "
               f"lies {_between(*basin['low'])}, its upper end {_between(*basin['high'])}."]
     if degraded:
-        slope_lo, slope_hi = degraded["per_doubling_range"]
         worst = degraded["points"][-1]
+        at = ", ".join(f"**{excess:+.2f}** at {factor}×" for factor, excess in degraded["excess_at"].items())
         single = all(p["seeds"] == 1 for p in degraded["points"])
         lines += [f"- **Degraded** (trains through its budget without diverging, loss clearly worse): from the basin's "
                   f"upper end to the edge, lr {_lr(degraded['points'][0]['lr'])} … {_lr(worst['lr'])}"
                   + (" (one seed each: every point is uncertain by at least the run-to-run spread above)" if single
-                     else "") + ". The loss "
-                  f"rises by **{degraded['per_doubling']:+.2f} nats per doubling of the LR** on average over this "
-                  f"range ({slope_lo:+.2f} to {slope_hi:+.2f} between neighbouring LRs); at "
-                  f"{worst['ratio_to_best']:.3g}× the best LR it is {worst['excess']:+.3f} nats above the best "
-                  f"({worst['loss']:.4f})."]
+                     else "") + f". The full-budget loss over the best's: {at} the best LR (nats, interpolated "
+                  f"in log LR between the LRs tried); on average {per_doubling(degraded)} (least squares; the "
+                  f"curve is not a straight line), and {worst['excess']:+.3f} nats at {worst['ratio_to_best']:.3g}× "
+                  "the best LR, the last LR before the edge."]
     else:
         lines += ["- **Degraded**: no LR between the basin and the edge trained its whole budget, so how fast the loss "
                   "degrades above the basin is not measured."]

@@ -438,17 +438,43 @@ def landscape(ranking: list[LrResult], edge: Bracket) -> dict[str, Any]:
     return {"basin": basin, "degraded": _degraded(line[hi:], best, edge), "diverged": _diverged_region(edge)}
 
 
+# How much worse the loss is at these multiples of the best LR (the report's answer to "how fast does it degrade").
+DEGRADED_AT = (2, 4, 10, 30, 100, 300)
+
+
 def _degraded(above: list[LrResult], best: LrResult, edge: Bracket) -> dict[str, Any] | None:
-    """The LRs above the basin's last one (``above[0]``) that trained through, below the edge."""
+    """The LRs above the basin's last one (``above[0]``) that trained through, below the edge: each one's
+    loss over the best's, that excess at round multiples of the best LR (interpolated in log LR between
+    the LRs tried, never beyond them), and the least-squares slope of loss against log2 LR with its
+    standard error (a mean rate: the curve is rarely a straight line)."""
     top = [r for r in above if edge.diverged_lr is None or r.lr < edge.diverged_lr]
     if len(top) < 2:
         return None
     points = [{"lr": r.lr, "ratio_to_best": r.lr / best.lr, "loss": r.mean, "excess": r.mean - best.mean,
                "seeds": len(r.losses)} for r in top[1:]]
-    slopes = [(b.mean - a.mean) / math.log2(b.lr / a.lr) for a, b in zip(top, top[1:], strict=False)]
-    overall = (top[-1].mean - top[0].mean) / math.log2(top[-1].lr / top[0].lr)
+    xs, ys = [math.log2(r.lr / best.lr) for r in top], [r.mean - best.mean for r in top]
+    at = {str(f): _interpolate(xs, ys, math.log2(f)) for f in DEGRADED_AT if xs[0] <= math.log2(f) <= xs[-1]}
+    slope, error = _slope(xs, ys)
     return {"low": [top[0].lr, top[1].lr], "high": [top[-1].lr, edge.diverged_lr], "points": points,
-            "per_doubling": overall, "per_doubling_range": [min(slopes), max(slopes)]}
+            "excess_at": at, "per_doubling": slope, "per_doubling_se": error}
+
+
+def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def _slope(xs: list[float], ys: list[float]) -> tuple[float, float | None]:
+    """Least-squares slope of ys on xs and its standard error (None with fewer than 3 points)."""
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    if n < 3:
+        return slope, None
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return slope, math.sqrt(residual / (n - 2) / sxx)
 
 
 def _diverged_region(edge: Bracket) -> dict[str, Any] | None:
