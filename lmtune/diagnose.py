@@ -32,7 +32,8 @@ def print_environment(device: torch.device) -> bool:
     if device.type == "cuda":
         env = environment.cuda_environment(device)
         print(f"CUDA: {env['cuda']}, driver {env['driver']}, compute capability {env['capability']}")
-        print(f"bf16: {'supported' if env['bf16'] else 'NOT supported (training falls back to float32)'}")
+        emulated = " (only emulated: bf16 would run slowly and uncompiled)" if env["bf16_emulated"] else ""
+        print(f"bf16: {'native' if env['bf16'] else 'NOT native' + emulated + '; lmtune trains in float32 here'}")
         print(f"TF32: {'supported' if env['tf32'] else 'not supported'}"
               + (f", enabled for matmuls: {env['tf32_enabled']}" if env["tf32"] else ""))
     else:

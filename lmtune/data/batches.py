@@ -8,6 +8,7 @@ import logging
 import queue
 import threading
 import time
+import types
 
 import numpy as np
 import torch
@@ -50,15 +51,18 @@ class BatchSampler:
 
 class DeviceBatches:
     """Yields (x, y) on `device` for steps start_step, start_step+1, ...; the next batch is built
-    on a background thread (one or two ahead) while the current step runs; CPU tensors are pinned
-    (when device is CUDA) and copied with non_blocking=True."""
+    on a background thread (one or two ahead) while the current step runs. On CUDA the thread pins it
+    and copies it on a side stream (non_blocking), and the consumer's stream waits for that copy; on any
+    other non-CPU device (MPS) the consumer copies it when it takes it."""
 
-    def __init__(self, sampler: BatchSampler, device: torch.device, start_step: int = 0, prefetch: int = 2):
+    def __init__(self, sampler: BatchSampler, device: torch.device, start_step: int = 0, prefetch: int = 2,
+                 cuda: types.ModuleType = torch.cuda):
         self.sampler = sampler
         self.device = torch.device(device)
         self.last_wait_s = 0.0
+        self.cuda = cuda  # (a stand-in in the tests that check the order of the CUDA calls)
         self._cuda = self.device.type == "cuda"
-        self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+        self._stream = cuda.Stream(device=self.device) if self._cuda else None
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._work, args=(start_step,), name="lmtune-batches", daemon=True)
@@ -71,10 +75,10 @@ class DeviceBatches:
                 event = None
                 if self._cuda:
                     # A side stream lets the host-to-device copy overlap the step running on the main stream.
-                    with torch.cuda.stream(self._stream):
+                    with self.cuda.stream(self._stream):
                         x = x.pin_memory().to(self.device, non_blocking=True)
                         y = y.pin_memory().to(self.device, non_blocking=True)
-                        event = torch.cuda.Event()
+                        event = self.cuda.Event()
                         event.record(self._stream)
                 if not self._put((x, y, event)):
                     return
@@ -101,11 +105,13 @@ class DeviceBatches:
             raise item
         x, y, event = item
         if event is not None:
-            stream = torch.cuda.current_stream(self.device)
+            stream = self.cuda.current_stream(self.device)
             stream.wait_event(event)
             # The tensors were allocated on the side stream; tell the allocator they are used here.
             x.record_stream(stream)
             y.record_stream(stream)
+        elif x.device != self.device:  # MPS (or any other device): copied here, on the consumer's thread
+            x, y = x.to(self.device), y.to(self.device)
         return x, y
 
     __next__ = next

@@ -26,7 +26,8 @@ from lmtune.fused.batches import MemberBatches
 from lmtune.fused.members import Member, MemberMeter
 from lmtune.fused.restore import restore_members
 from lmtune.fused.state import FusedState
-from lmtune.fused.step import evaluate_members, fused_train_step
+from lmtune.fused.step import compile_update, evaluate_members, fused_train_step
+from lmtune.training.compile import compile_backend
 from lmtune.training.config import RunConfig
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
@@ -105,7 +106,8 @@ class FusedRun:
                                      dtype=dtype, device=self.device)
 
     def running(self) -> list[Member]:
-        return [self.members[m] for m in self.state.positions]
+        """The members still training (a compiled group keeps ended ones in its tensors for a while)."""
+        return [self.members[m] for m in self.state.positions if self.members[m].result is None]
 
     def run(self, resume: bool) -> list[RunResult]:
         first = self.configs[0]
@@ -115,7 +117,13 @@ class FusedRun:
             for member in self.running():
                 cleanup.enter_context(training_log(member.out_dir))
                 member.open(cleanup, self.state.step, self.divergence)
-            self.runtime = Runtime.build(self.state.model, first, self.device)
+            micro = (first.train.batch_size // first.train.grad_accum_steps, first.model.context_length)
+            per_member = len({c.train.seed for c in self.configs}) > 1  # a batch per member: (K, B, T)
+            self.runtime = Runtime.build(self.state.model, first, self.device,
+                                         train_shape=(len(self.state.positions), *micro) if per_member else micro,
+                                         eval_shape=micro)
+            if self.runtime.compiled:
+                compile_update(self.state, compile_backend(first, self.device))
             log.info("fused group of %d members (%s), from step %d", len(self.state.positions),
                      ", ".join(m.label for m in self.running()), self.state.step)
             self.batches = cleanup.enter_context(
@@ -123,7 +131,8 @@ class FusedRun:
             self.val_batches = fixed_val_batches(data.val, self.t.batch_size, first.model.context_length,
                                                  self.t.eval_batches)
             self.meter = MemberMeter(len(self.state.positions), self.device, first.tokens_per_step,
-                                     flops_per_token(first.model), peak_flops(self.device), elapsed)
+                                     flops_per_token(first.model),
+                                     peak_flops(self.device, self.runtime.amp_dtype or torch.float32), elapsed)
             self.index_positions()
             self.train_until_done()
         results = [m.result for m in self.members]
@@ -133,7 +142,7 @@ class FusedRun:
 
     def train_until_done(self) -> None:
         try:
-            while self.state.step < self.t.stop_step and self.state.positions:
+            while self.state.step < self.t.stop_step and self.running():
                 step = self.state.step + 1
                 x, y = self.batches.next(self.state.positions)
                 lrs = self.lr_table[step - 1].index_select(0, self.positions_index)
@@ -152,15 +161,18 @@ class FusedRun:
 
     def log_interval(self, step: int, x: torch.Tensor) -> None:
         """The interval's rows, validation, checkpoints and endings: the loop's only host syncs."""
+        live = {m.index for m in self.running()}
         endings = {self.state.positions[p]: RunEnd.non_finite("loss or gradient norm", bad)
-                   for p, bad in enumerate(self.meter.first_nonfinite_steps()) if bad is not None}
-        rows = dict(zip(self.state.positions, self.meter.take(step), strict=True))
+                   for p, bad in enumerate(self.meter.first_nonfinite_steps())
+                   if bad is not None and self.state.positions[p] in live}
+        rows = {m: row for m, row in zip(self.state.positions, self.meter.take(step), strict=True) if m in live}
         lrs = [lr_at(step - 1, c.train.lr, c.train.min_lr_ratio, c.train.warmup_steps, c.train.steps)
                for c in self.configs]
         probes = {k: v.tolist() for k, v in self.state.model.stability_probes(x[..., :2, :]).items()}
         vals = evaluate_members(self.runtime, self.val_batches, self.t.grad_accum_steps) \
             if self.t.evaluates_at(step) else [None] * len(rows)
-        for position, (m, row) in enumerate(rows.items()):
+        for m, row in rows.items():
+            position = self.state.positions.index(m)
             row.update(lr=lrs[m], val_loss=vals[position], **{k: v[position] for k, v in probes.items()})
             if row["val_loss"] is not None and not math.isfinite(row["val_loss"]) and m not in endings:
                 endings[m] = RunEnd.non_finite("validation loss", step)
@@ -196,14 +208,20 @@ class FusedRun:
         return written
 
     def end(self, endings: dict[int, RunEnd]) -> dict[int, RunResult]:
-        """Finish these members (summary.json, figures) and take them out of the fused tensors."""
+        """Finish these members (summary.json, figures) and freeze them. Eager, they leave the fused tensors at
+        once (their compute reclaimed); compiled, only once half the tensors' members have ended, since each
+        new member count compiles new graphs: a group of K recompiles at most log2(K) times."""
         if not endings:
             return {}
-        results = {m: self.members[m].finish(end, self.meter.elapsed_s()) for m, end in endings.items()}
-        keep = [m for m in self.state.positions if m not in endings]
-        positions = [self.state.positions.index(m) for m in keep]
-        self.state.keep(keep)
+        results = {m: self.members[m].finish(end, self.meter.elapsed_s(), self.runtime) for m, end in endings.items()}
+        for m in endings:
+            self.state.freeze(m)
+        live = [m.index for m in self.running()]
+        if live and self.runtime.compiled and len(live) > len(self.state.positions) // 2:
+            return results
+        positions = [self.state.positions.index(m) for m in live]
+        self.state.keep(live)
         self.meter.keep(positions)
-        self.batches.keep(keep)
+        self.batches.keep(live)
         self.index_positions()
         return results

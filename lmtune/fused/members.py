@@ -18,6 +18,7 @@ from lmtune.files import atomic_write_text
 from lmtune.fused.step import MemberStepResult
 from lmtune.training.checkpoint import Checkpointer
 from lmtune.training.config import RunConfig
+from lmtune.training.device import peak_memory_bytes, reset_peak_memory, synchronize
 from lmtune.training.divergence import DivergenceRule, LossWatch
 from lmtune.training.loop import RunEnd, RunResult, finish_run, loss_watch
 from lmtune.training.metrics import CsvSink, Row, TensorBoardSink
@@ -71,9 +72,10 @@ class Member:
         for sink in (self.csv, self.tensorboard):
             sink.write(row, None)
 
-    def finish(self, end: RunEnd, wall_time_s: float) -> RunResult:
+    def finish(self, end: RunEnd, wall_time_s: float, runtime=None) -> RunResult:
         """summary.json and figures, as an unfused run of this config ending so would write them."""
-        self.result = finish_run(self.out_dir, self.config, self, end, self.csv.rows, wall_time_s, (), self.watch)
+        self.result = finish_run(self.out_dir, self.config, self, end, self.csv.rows, wall_time_s, (), self.watch,
+                                 runtime)
         log.info("member %s (%s) ended: %s %s", self.index, self.label, end.status, end.reason)
         return self.result
 
@@ -90,8 +92,7 @@ class MemberMeter:
         self.grad_norm = torch.zeros(members, device=device)
         self.first_bad = torch.full((members,), -1, dtype=torch.long, device=device)
         self.steps, self.wait_s = 0, 0.0
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak_memory(device)
         self.restart()
 
     def restart(self) -> None:
@@ -119,15 +120,14 @@ class MemberMeter:
 
     def take(self, step: int) -> list[Row]:
         """Each position's row at ``step``. A member's tokens/s is its own (the group's aggregate over K)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
         wall = time.perf_counter() - self.interval_start
         tokens_per_s = self.steps * self.tokens_per_step / wall
         common = {
             "step": step, "tokens": step * self.tokens_per_step, "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else None,
             "data_wait_s": self.wait_s / self.steps, "compute_s": (wall - self.wait_s) / self.steps,
-            "peak_memory_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+            "peak_memory_bytes": peak_memory_bytes(self.device),
             "elapsed_s": self.elapsed_s(),
         }
         losses, norms = (self.loss_sum / self.steps).tolist(), self.grad_norm.tolist()

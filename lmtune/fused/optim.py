@@ -63,9 +63,10 @@ class MemberAdamW:
 
     @torch.no_grad()
     def step(self, lrs: torch.Tensor, active: torch.Tensor) -> None:
-        """One update at learning rates ``lrs`` (K,) for the members where ``active`` (K,) is true."""
+        """One update at learning rates ``lrs`` (K,) for the members where ``active`` (K,) is true. Every
+        tensor is updated in place (a compiled step then writes into the same memory every time)."""
         h = self.hyper
-        self.steps = torch.where(active, self.steps + 1, self.steps)
+        self.steps.copy_(torch.where(active, self.steps + 1, self.steps))
         step_size = lrs / (1 - h.beta1 ** self.steps)
         bias_correction2_sqrt = (1 - h.beta2 ** self.steps).sqrt()
         for name, p in self.named:
@@ -79,8 +80,8 @@ class MemberAdamW:
             denom = v.sqrt() / _per_member(bias_correction2_sqrt, p) + _per_member(h.eps, p)
             updated = p * (1 - decay) - _per_member(step_size, p) * m / denom
             p.copy_(torch.where(on, updated, p))
-            self.exp_avg[name] = torch.where(on, m, self.exp_avg[name])
-            self.exp_avg_sq[name] = torch.where(on, v, self.exp_avg_sq[name])
+            self.exp_avg[name].copy_(torch.where(on, m, self.exp_avg[name]))
+            self.exp_avg_sq[name].copy_(torch.where(on, v, self.exp_avg_sq[name]))
 
     def zero_grad(self) -> None:
         for _, p in self.named:

@@ -8,7 +8,7 @@ saves, and ``load_member`` takes a single-model checkpoint back in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,8 @@ class FusedState:
     active: torch.Tensor
     """(K,) device bools: false once a member's step went non-finite (its updates are masked)."""
     step: int = 0
+    compiled_update: Callable | None = None
+    """The clipping and AdamW update, compiled (lmtune.fused.step.compile_update), or None: eager."""
 
     @classmethod
     def create(cls, configs: Sequence[RunConfig], device: torch.device,
@@ -60,6 +62,10 @@ class FusedState:
     @property
     def device(self) -> torch.device:
         return self.active.device
+
+    def freeze(self, member: int) -> None:
+        """The member's updates are masked from now on (it ended; its slot may stay in the tensors)."""
+        self.active[self.positions.index(member)] = False
 
     def keep(self, members: list[int]) -> None:
         """Keep only these group members (in their current order) in the fused tensors."""

@@ -35,15 +35,32 @@ def fused_train_step(state: FusedState, runtime: Runtime, x: torch.Tensor, y: to
             losses = runtime.forward(xs, ys)
         # Summed over members: each member's gradient is its own loss's (no operation mixes members).
         (losses.sum() / micro_batches).backward()
-        total = losses.detach() if total is None else total + losses.detach()
+        # A copy: a CUDA graph's replay for the next micro-batch overwrites its output (see forward_backward).
+        total = losses.detach().clone() if total is None else total + losses.detach()
     loss = total / micro_batches
+    update = state.compiled_update or clip_and_update
+    norms, finite = update(state, loss, lrs.to(loss.dtype))
+    state.optimizer.zero_grad()
+    state.step += 1
+    return MemberStepResult(loss, norms, finite)
+
+
+@torch.no_grad()
+def clip_and_update(state: FusedState, loss: torch.Tensor, lrs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip each member's gradients, freeze a member whose loss or gradient norm is not finite, and apply
+    AdamW: about 15 elementwise operations per parameter and member. Eager that is hundreds of small kernels
+    a step on a GPU; ``compile_update`` fuses them."""
     norms = clip_member_gradients(state.model, state.optimizer.hyper.grad_clip)
     finite = torch.isfinite(loss) & torch.isfinite(norms)
     state.active &= finite
     state.optimizer.step(lrs.to(norms.dtype), state.active)
-    state.optimizer.zero_grad()
-    state.step += 1
-    return MemberStepResult(loss, norms, finite)
+    return norms, finite
+
+
+def compile_update(state: FusedState, backend) -> None:
+    """Run ``clip_and_update`` compiled with ``backend`` from now on (the learning rates are a tensor, so a
+    new LR never recompiles it: pytorch#107076)."""
+    state.compiled_update = torch.compile(clip_and_update, backend=backend)
 
 
 @torch.no_grad()

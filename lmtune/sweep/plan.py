@@ -4,9 +4,11 @@ and ASHA's budget in tokens. ``run`` plans with these; ``analyze`` reads the sam
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
+from lmtune.errors import LmtuneError
 from lmtune.sweep.spaces import SchedulerSpec, SearchSpace
 from lmtune.training.config import ModelConfig, RunConfig
 from lmtune.training.model import count_parameters
@@ -43,28 +45,56 @@ def asha_budget(spec: SchedulerSpec, largest_trial_tokens: int) -> AshaBudget:
     return AshaBudget(max_t, max(1, min(grace, max_t)), spec.reduction_factor)
 
 
+def largest_value(space: SearchSpace, name: str, current: int) -> int:
+    """The largest value the space gives setting ``name`` (``current``: the base config's, when it does not
+    vary it)."""
+    spec = space.params.get(name)
+    if spec is None:
+        return current
+    values = spec if space.search == "grid" else (spec[1] if spec[0] == "choice" else [spec[1][1]])
+    return max(int(v) for v in values)
+
+
 def max_trial_tokens(space: SearchSpace, base: RunConfig) -> int:
     """The largest token budget any trial of the space can have (batch/context/steps may vary)."""
-    def largest(name: str, current: int) -> int:
-        spec = space.params.get(name)
-        if spec is None:
-            return current
-        values = spec if space.search == "grid" else (spec[1] if spec[0] == "choice" else [spec[1][1]])
-        return max(int(v) for v in values)
+    return (largest_value(space, "batch_size", base.train.batch_size)
+            * largest_value(space, "context_length", base.model.context_length)
+            * largest_value(space, "steps", base.train.steps))
 
-    return (largest("batch_size", base.train.batch_size) * largest("context_length", base.model.context_length)
-            * largest("steps", base.train.steps))
+
+def largest_trial(space: SearchSpace, base: RunConfig) -> RunConfig:
+    """The base config with the largest batch and context any trial of the space can have: the one that
+    needs the most memory."""
+    largest = dataclasses.replace(base, model=dataclasses.replace(base.model), train=dataclasses.replace(base.train))
+    largest.train.batch_size = largest_value(space, "batch_size", base.train.batch_size)
+    largest.model.context_length = largest_value(space, "context_length", base.model.context_length)
+    return largest
+
+
+def trial_memory_bytes(config: RunConfig, members: int = 1) -> int:
+    """Device memory of one trial of ``config`` (bf16 activations): a fused trial holds ``members`` models,
+    their optimizer states and their activations."""
+    micro_batch = max(1, config.train.batch_size // config.train.grad_accum_steps)
+    return members * estimate_trial_memory_bytes(config.model, micro_batch, amp=True)
 
 
 def trial_resources(base: RunConfig, cpus_per_trial: float, gpus_per_trial: float | None,
-                    cluster_gpus: float, gpu_memory_bytes: int | None) -> dict[str, float]:
-    """CPUs and GPU share per trial: as asked, else (on a cluster with GPUs) 1 / the packing rule's K."""
+                    cluster_gpus: float, gpu_memory_bytes: int | None, members: int = 1) -> dict[str, float]:
+    """CPUs and GPU share per trial: as asked, else (on a cluster with GPUs) 1 / the packing rule's K for
+    a trial of ``base`` (the space's largest: ``largest_trial``) training ``members`` fused models. A trial
+    that does not fit one whole GPU is refused, in one line."""
     if gpus_per_trial is None:
         gpus_per_trial = 0.0
         if cluster_gpus > 0:
-            need = estimate_trial_memory_bytes(base.model, base.train.batch_size // base.train.grad_accum_steps,
-                                               amp=True)
-            gpus_per_trial = 1.0 / recommend_trials_per_gpu(need, gpu_memory_bytes or ASSUMED_GPU_BYTES)
+            need = trial_memory_bytes(base, members)
+            gpu_bytes = gpu_memory_bytes or ASSUMED_GPU_BYTES
+            if need + CUDA_CONTEXT_BYTES > (1 - MEMORY_HEADROOM) * gpu_bytes:
+                models = f"{members} fused model{'s' * (members > 1)}"
+                raise LmtuneError(
+                    f"one trial needs about {need / 2**30:.1f} GiB ({models} at batch {base.train.batch_size}), more "
+                    f"than the {gpu_bytes / 2**30:.0f} GiB GPU holds; lower --fuse, or split each batch with --set "
+                    "grad_accum_steps=N")
+            gpus_per_trial = 1.0 / recommend_trials_per_gpu(need, gpu_bytes)
     return {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
 
 

@@ -180,8 +180,8 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     with sole_writer(sweep_dir, new=True), ray_session(options, echo):
         cluster = ray.cluster_resources()
         gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-        resources = plan.trial_resources(base, options.cpus_per_trial, options.gpus_per_trial,
-                                         cluster.get("GPU", 0), gpu_bytes)
+        resources = plan.trial_resources(plan.largest_trial(space, base), options.cpus_per_trial,
+                                         options.gpus_per_trial, cluster.get("GPU", 0), gpu_bytes, members=space.fuse)
         max_concurrent = plan.max_concurrent_trials(options.max_concurrent, cluster.get("CPU", 1), resources["cpu"])
         asha = plan.asha_budget(space.scheduler, plan.max_trial_tokens(space, base)) \
             if space.scheduler.name == "asha" else None

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import tempfile
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,14 +86,19 @@ def trial_data_dir(data_dir: str, shipped: ShippedData | None) -> Path:
     return path
 
 
-def limit_to_assigned_resources(resources: dict[str, float]) -> None:
-    """Use the CPUs and the GPU share Ray assigned (Ray sets CUDA_VISIBLE_DEVICES itself)."""
+def limit_to_assigned_resources(resources: dict[str, float], cuda: types.ModuleType = torch.cuda) -> None:
+    """Use the CPUs and the GPU share Ray assigned. Ray sets CUDA_VISIBLE_DEVICES for a trial given GPUs,
+    but Ray 2.60 leaves it alone for one given none (ray-project/ray#54868): such a trial would see every GPU of
+    its node, and torch's device "auto" would train on one with no memory cap. It is hidden here, before
+    anything initialises CUDA. (``cuda``: a stand-in in the tests.)"""
     cpus = resources.get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))
     gpu = resources.get("GPU", 0)
-    if 0 < gpu < 1 and torch.cuda.is_available():
+    if gpu <= 0:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif gpu < 1 and cuda.is_available():
         # A fractional trial must not grow into its neighbours' memory on the same GPU.
-        torch.cuda.set_per_process_memory_fraction(gpu, 0)
+        cuda.set_per_process_memory_fraction(gpu, 0)
 
 
 def trial_output_dir() -> Path:

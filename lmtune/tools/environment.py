@@ -9,10 +9,13 @@ import logging
 import os
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from lmtune.training.device import configure_backend
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +91,16 @@ def _nvml_handle(device: torch.device):
     return pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
 
 
-def cuda_environment(device: torch.device) -> dict[str, Any]:
-    props = torch.cuda.get_device_properties(device)
+def cuda_environment(device: torch.device, cuda: types.ModuleType = torch.cuda) -> dict[str, Any]:
+    """What the GPU offers, and what a run of lmtune turns on (its backend settings applied first, as
+    ``train`` applies them). (``cuda``: a stand-in in the tests.)"""
+    configure_backend(device)
+    props = cuda.get_device_properties(device)
     info: dict[str, Any] = {
         "cuda": torch.version.cuda, "capability": f"{props.major}.{props.minor}",
-        "bf16": torch.cuda.is_bf16_supported(),
+        # Native bf16 only: is_bf16_supported() also counts the emulated bf16 of older GPUs.
+        "bf16": cuda.is_bf16_supported(including_emulation=False),
+        "bf16_emulated": cuda.is_bf16_supported() and not cuda.is_bf16_supported(including_emulation=False),
         # TF32 tensor cores exist from Ampere (compute capability 8.0) on.
         "tf32": props.major >= 8, "tf32_enabled": torch.backends.cuda.matmul.allow_tf32,
         "driver": None,

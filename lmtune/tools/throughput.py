@@ -413,9 +413,10 @@ def bench_result(config: RunConfig, config_name: str, device: torch.device, timi
     m, t = config.model, config.train
     per_repeat = steps * config.tokens_per_step
     flops_tok = flops_per_token(m)
-    peak, peak_source = peak_flops(device), "data-sheet dense bf16"
+    dtype = primary.runtime.amp_dtype or torch.float32
+    peak = peak_flops(device, dtype)
+    peak_source = f"data-sheet dense {'bf16' if dtype == torch.bfloat16 else 'float32'}"
     if peak is None:
-        dtype = primary.runtime.amp_dtype or torch.float32
         peak = measured_matmul_peak(device, dtype)
         peak_source = f"measured {str(dtype).removeprefix('torch.')} matmul on this device (no data-sheet figure)"
     tokens_per_s = timings.rate(best, per_repeat)

@@ -1,5 +1,11 @@
-"""torch.compile for the training step: whether to compile, compiling with a loud fall-back, and
-one Inductor cache shared by every trial of a sweep.
+"""torch.compile for the training step: whether to compile, with which backend, compiling for real before
+the first step (with a loud fall-back to eager), and one Inductor cache shared by every trial of a sweep.
+
+``torch.compile`` compiles lazily, at the first call of the compiled module, and AOTAutograd compiles the
+backward at the first backward: a missing Triton or C compiler surfaces there, not in ``torch.compile``.
+``warm_up`` makes those first calls (a forward and backward in training mode, a forward in evaluation
+mode, on batches of the run's shapes) before training starts, so a failure falls back to eager once,
+with one warning, instead of failing every step of every trial.
 
 Each trial of a sweep compiles the same model shape. Inductor can reuse the FX graphs, the
 AOTAutograd graphs and the autotuning results of an earlier compile, but only if every trial process
@@ -8,9 +14,11 @@ looks in the same directory and the caches are switched on before the first ``to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,17 +45,52 @@ def should_compile(config: RunConfig, device: torch.device) -> bool:
     return flops_per_token(config.model) >= CPU_COMPILE_MIN_FLOPS_PER_TOKEN
 
 
-def compile_model(model: nn.Module, device: torch.device, mode: str = "default") -> nn.Module:
-    """torch.compile with a log line saying so; a failure falls back to eager with a visible warning."""
-    backend = "aot_eager" if device.type == "mps" else "inductor"
-    try:
-        compiled = torch.compile(model, backend=backend, mode=None if mode == "default" else mode)
-        log.info("torch.compile active (backend=%s%s)", backend, "" if mode == "default" else f", mode={mode}")
-        return compiled
+def compile_backend(config: RunConfig, device: torch.device) -> str | Callable:
+    """The config's ``compile_backend``; "auto": aot_eager on MPS (Inductor does not target it), else inductor."""
+    choice = config.train.compile_backend
+    if choice != "auto":
+        return choice
+    return "aot_eager" if device.type == "mps" else "inductor"
+
+
+def compile_model(model: nn.Module, backend: str | Callable, mode: str = "default") -> nn.Module:
+    """torch.compile of ``model`` (nothing is compiled until its first call: see ``warm_up``)."""
+    return torch.compile(model, backend=backend, mode=None if mode == "default" else mode)
+
+
+def warm_up(forward: nn.Module, model: nn.Module, train_x: torch.Tensor, eval_x: torch.Tensor,
+            autocast: contextlib.AbstractContextManager) -> BaseException | None:
+    """Run the compiled ``forward`` once as training does (forward and backward) and once as evaluation
+    does (eval mode, no grad), on zero tokens of the run's shapes: every graph the run needs compiles
+    here. Returns the error if compiling failed (None when it worked). The model is left as it was: no
+    gradient kept, training mode on."""
+    try:  # (inputs and targets distinct tensors, as in training: Dynamo guards on their aliasing too)
+        with autocast:
+            loss = forward(train_x, train_x.clone())
+        loss.sum().backward()
+        forward.train(False)
+        with torch.no_grad(), autocast:
+            forward(eval_x, eval_x.clone())
     except Exception as err:  # noqa: BLE001 - any compile failure must degrade, loudly, to eager
-        log.warning("torch.compile FAILED (%s): training in eager mode, expect lower throughput", err)
-        print(f"WARNING: torch.compile failed ({err}); running eager (slower)", file=sys.stderr)
-        return model
+        return err
+    finally:
+        forward.train(True)
+        for param in model.parameters():
+            param.grad = None
+    return None
+
+
+def compile_failed(backend: str | Callable, err: BaseException) -> None:
+    """Say once, in the log and on stderr, that compiling failed and the run trains eager."""
+    root = err
+    # torch wraps the backend's own error (BackendCompilerFailed keeps it as inner_exception)
+    while (inner := root.__cause__ or getattr(root, "inner_exception", None)) is not None:
+        root = inner
+    text = str(root).strip()
+    why = f"{type(root).__name__}: {text.splitlines()[0][:300]}" if text else type(root).__name__
+    log.warning("torch.compile (backend %s) FAILED at its first call (%s): training in eager mode, expect lower "
+                "throughput", getattr(backend, "__name__", backend), why)
+    print(f"WARNING: torch.compile failed ({why}); running eager (slower)", file=sys.stderr)
 
 
 def compile_cache_env(directory: Path) -> dict[str, str]:

@@ -87,6 +87,10 @@ class TrainConfig:
     """auto | cpu | cuda | cuda:N | mps."""
     compile: str = "auto"
     """auto | on | off ("auto": on for CUDA/MPS; on CPU the choice measured faster for the model's size)."""
+    compile_backend: str = "auto"
+    """torch.compile's backend: auto (inductor; aot_eager on MPS) or any of torch.compiler.list_backends()."""
+    compile_mode: str = "default"
+    """torch.compile's mode: default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs."""
     precision: str = "auto"
     """auto | fp32 | bf16 ("auto": bf16 autocast on CUDA, fp32 elsewhere)."""
 
@@ -168,6 +172,7 @@ TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 CHOICES = {
     "device": None,  # validated by the device module (cuda:N etc.)
     "compile": ("auto", "on", "off"),
+    "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "precision": ("auto", "fp32", "bf16"),
 }
 
@@ -294,3 +299,9 @@ def validate(config: RunConfig, where: str = "config") -> None:
         if choices is not None:
             need(getattr(t, name) in choices,
                  f"{name} must be one of {', '.join(choices)} (got {shown(getattr(t, name))})")
+    if t.compile_backend != "auto":
+        import torch
+
+        backends = torch.compiler.list_backends(exclude_tags=())
+        need(t.compile_backend in backends, f"compile_backend {shown(t.compile_backend)} is not a torch.compile "
+             f"backend; use auto or one of {', '.join(b for b in backends if 'TESTING' not in b)}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from lmtune.data.batches import BatchSampler, DeviceBatches, fixed_val_batches
@@ -113,7 +114,8 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed)
         batches = cleanup.enter_context(DeviceBatches(sampler, device, start_step=state.step))
         val_batches = fixed_val_batches(data.val, t.batch_size, config.model.context_length, t.eval_batches)
-        meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config.model), peak_flops(device),
+        meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config.model),
+                              peak_flops(device, runtime.amp_dtype or torch.float32),
                               elapsed_before_s=state.elapsed_s)
         watch = loss_watch(config, divergence, csv_sink.rows)
         end = RunEnd()
@@ -154,7 +156,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         except KeyboardInterrupt:
             end = RunEnd("stopped", f"interrupted at step {state.step}")
             log.warning("interrupted: the newest checkpoint is kept; continue with --resume")
-        return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks, watch)
+        return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks, watch, runtime)
 
 
 def resolve_config(config: RunConfig, data_dir: Path) -> RunConfig:
@@ -201,12 +203,15 @@ def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunC
 
 
 def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float,
-               sinks: Sequence[MetricsSink], watch: LossWatch | None = None) -> RunResult:
+               sinks: Sequence[MetricsSink], watch: LossWatch | None = None,
+               runtime: Runtime | None = None) -> RunResult:
     """summary.json and the run's figures, then the sinks hear how it ended."""
     end = judged_end(end, watch, state.step)
     summary = run_summary(config, state, end, rows, wall_time)
     if watch is not None:
         summary["divergence"] = watch.record()
+    if runtime is not None:  # how it ran: compiled or eager (a failed compile falls back), in which precision
+        summary.update(compiled=runtime.compiled, precision=str(runtime.amp_dtype or torch.float32).split(".")[-1])
     atomic_write_json(out_dir / "summary.json", summary)
     write_run_figures(out_dir, rows, config)
     if end.status == "diverged":

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from lmtune.files import atomic_write_text
+from lmtune.training.device import peak_memory_bytes, reset_peak_memory, synchronize
 from lmtune.training.step import StepResult
 
 log = logging.getLogger(__name__)
@@ -185,8 +186,7 @@ class IntervalMeter:
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
         self.grad_norm = torch.zeros((), device=device)
         self.steps, self.wait_s = 0, 0.0
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak_memory(device)
         self.restart()
 
     def restart(self) -> None:
@@ -212,8 +212,7 @@ class IntervalMeter:
 
     def take(self, step: int) -> Row:
         """The interval's numbers for the row at ``step``; the interval's sums start again from zero."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)  # the queued steps finish before the clock is read (CUDA, MPS)
         wall = time.perf_counter() - self.interval_start
         tokens_per_s = self.steps * self.tokens_per_step / wall
         row = {
@@ -222,7 +221,7 @@ class IntervalMeter:
             "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else None,
             "data_wait_s": self.wait_s / self.steps, "compute_s": (wall - self.wait_s) / self.steps,
-            "peak_memory_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+            "peak_memory_bytes": peak_memory_bytes(self.device),
             "elapsed_s": self.elapsed_s(),
         }
         self.loss_sum.zero_()

@@ -34,12 +34,15 @@ def rope_tables(head_dim: int, context_length: int, theta: float) -> tuple[torch
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :h], x[..., h:]) of x (..., T, head_dim) by position-dependent angles."""
+    """Rotate pairs (x[..., :h], x[..., h:]) of x (..., T, head_dim) by position-dependent angles, in at
+    least float32 whatever x's dtype (as torchtitan does): in bf16, cos and sin of the far positions keep
+    only 8 bits, and the rotation's error grows with the position."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos = cos[: x.shape[-2]].to(x.dtype)
-    sin = sin[: x.shape[-2]].to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    x1, x2 = wide[..., :half], wide[..., half:]
+    cos = cos[: x.shape[-2]].to(wide.dtype)
+    sin = sin[: x.shape[-2]].to(wide.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

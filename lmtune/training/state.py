@@ -52,14 +52,16 @@ class TrainState:
         restore_rng_state(saved["rng"], device)
 
 
-def build_optimizer(model: nn.Module, config: RunConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on RMSNorm gains); fused kernels on CUDA."""
+def build_optimizer(model: nn.Module, config: RunConfig, device: torch.device,
+                    fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on RMSNorm gains); fused kernels (one launch for every
+    parameter, no host sync) on CUDA, or wherever ``fused`` asks; else torch's foreach implementation."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     t = config.train
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=device.type == "cuda",
+        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=device.type == "cuda" if fused is None else fused,
     )
 
 

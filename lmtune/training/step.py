@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lmtune.training.compile import compile_model, should_compile
+from lmtune.training.compile import compile_backend, compile_failed, compile_model, should_compile, warm_up
 from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.device import autocast_dtype
 from lmtune.training.state import TrainState
@@ -32,28 +32,47 @@ class Runtime:
     amp_dtype: torch.dtype | None
     """bf16 under autocast, or None for float32."""
     compiled: bool
-    """Whether ``forward`` is compiled (a failed compile falls back to eager: False)."""
+    """Whether ``forward`` is compiled (a compile that failed at its first call falls back to eager: False)."""
+    sync_is_free: bool | None = None
+    """Whether a host sync costs nothing, so a bad step is caught before it is applied: on CPU (None: by the
+    device). False runs the GPU path, where the check waits for the next log interval."""
+
+    def __post_init__(self) -> None:
+        if self.sync_is_free is None:
+            object.__setattr__(self, "sync_is_free", self.device.type == "cpu")
 
     @classmethod
-    def build(cls, model: nn.Module, config: RunConfig, device: torch.device, compile_mode: str = "default",
-              compiled: bool | None = None) -> Runtime:
-        """Compile as ``should_compile`` says (or as ``compiled`` forces), with the config's precision."""
+    def build(cls, model: nn.Module, config: RunConfig, device: torch.device, compile_mode: str | None = None,
+              compiled: bool | None = None, train_shape: tuple[int, ...] | None = None,
+              eval_shape: tuple[int, ...] | None = None) -> Runtime:
+        """Compile as ``should_compile`` says (or as ``compiled`` forces), with the config's backend, mode and
+        precision, and run the first calls at once (``warm_up``) on inputs of ``train_shape`` and
+        ``eval_shape`` (default: a micro-batch of the config's): a compile that fails there falls back to
+        eager, said once."""
+        amp = autocast_dtype(config, device)
         if compiled is None:
             compiled = should_compile(config, device)
-        forward = compile_model(model, device, compile_mode) if compiled else model
         if not compiled:
             why = "CPU default for small models: eager measured faster" if config.train.compile == "auto" \
                 else "compile=off"
             log.info("torch.compile off (%s)", why)
-        return cls(device, forward, autocast_dtype(config, device), compiled=forward is not model)
+            return cls(device, model, amp, compiled=False)
+        backend, mode = compile_backend(config, device), compile_mode or config.train.compile_mode
+        forward = compile_model(model, backend, mode)
+        micro = (config.train.batch_size // config.train.grad_accum_steps, config.model.context_length)
+        train_x = torch.zeros(train_shape or micro, dtype=torch.long, device=device)
+        eval_x = torch.zeros(eval_shape or micro, dtype=torch.long, device=device)
+        runtime = cls(device, forward, amp, compiled=True)
+        failure = warm_up(forward, model, train_x, eval_x, runtime.autocast())
+        if failure is not None:
+            compile_failed(backend, failure)
+            return cls(device, model, amp, compiled=False)
+        log.info("torch.compile active (backend=%s%s), compiled before the first step",
+                 getattr(backend, "__name__", backend), "" if mode == "default" else f", mode={mode}")
+        return runtime
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
-
-    @property
-    def sync_is_free(self) -> bool:
-        """On CPU a host sync costs nothing, so a bad step is caught before it is applied."""
-        return self.device.type == "cpu"
 
 
 @dataclass
@@ -99,7 +118,9 @@ def forward_backward(runtime: Runtime, x: torch.Tensor, y: torch.Tensor, micro_b
         with runtime.autocast():
             loss = runtime.forward(xs, ys)
         (loss / micro_batches).backward()
-        total = loss.detach() if total is None else total + loss.detach()
+        # A copy: under CUDA graphs (compile modes reduce-overhead, max-autotune) the forward's output lives
+        # in the graph's static memory, which the next micro-batch's replay overwrites.
+        total = loss.detach().clone() if total is None else total + loss.detach()
     return total / micro_batches
 
 
