@@ -4,6 +4,7 @@ or with ``--concurrency 1,2,4`` several training processes at once and the trial
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -14,6 +15,7 @@ import torch
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.plan import estimate_trial_memory_bytes, recommend_trials_per_gpu
+from lmtune.tools.projection import DEVICES, project, projection_table
 from lmtune.tools.throughput import (
     COMPILE_MODES,
     CONFIGS,
@@ -84,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", help="comma-separated K values: run K training processes at once")
     p.add_argument("--fuse", help="comma-separated K values: one fused process of K members against K separate "
                    "processes at once and against one alone (K runs one after another)")
+    p.add_argument("--project", metavar="DEVICE", help="no timing: an ESTIMATE of what DEVICE (h100, a100, 4090, "
+                   "m3max or all) should do with --config, from the model's FLOPs and memory traffic per token")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--record", action="store_true", help="append the JSON object to --results-file")
     p.add_argument("--results-file", type=Path, default=DEFAULT_RESULTS, help=f"default {DEFAULT_RESULTS}")
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = parse_set_args(args.set)
     compile_choice = "auto" if args.compile == "both" else args.compile
     config = bench_config(args.config, args.batch_size, overrides, args.device, compile_choice)
+    if args.project:
+        return _main_project(args, config)
     if args.concurrency and args.fuse:
         raise LmtuneError("--concurrency and --fuse measure separately; give one of them")
     if args.concurrency:
@@ -141,6 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, sort_keys=True) if args.json else format_result(result))
     if args.record and not args.json:
         print(f"recorded to {args.results_file}")
+    return 0
+
+
+def _main_project(args: argparse.Namespace, config: RunConfig) -> int:
+    choice = args.project.lower()
+    if choice != "all" and choice not in DEVICES:
+        raise LmtuneError(f"--project {shown(args.project)}: choose one of {', '.join(DEVICES)} or all")
+    devices = list(DEVICES) if choice == "all" else [choice]
+    if args.json:
+        print(json.dumps([dataclasses.asdict(project(config, d)) for d in devices], sort_keys=True))
+    else:
+        print("\n".join(projection_table(config, devices)))
     return 0
 
 

@@ -150,14 +150,3 @@ def test_load_data_reads_a_real_prepared_dir(tmp_path):
     out = prepare.prepare_text([src], tmp_path / "p", vocab_size=500)
     td = dataset.load_data(out, 32, vocab_size=500)
     assert td.train.shape[0] == td.meta.train_tokens and td.meta.eot_id == 0
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_device_batches_on_cuda_match_the_cpu_batches():
-    tokens = np.arange(5000, dtype=np.uint16)
-    sampler = batches.BatchSampler(tokens, 4, 16, seed=3)
-    with batches.DeviceBatches(sampler, torch.device("cuda"), start_step=2) as prefetched:
-        for step in range(2, 8):
-            x, y = prefetched.next()
-            assert x.is_cuda and torch.equal(x.cpu(), sampler.batch(step)[0])
-            assert torch.equal(y.cpu(), sampler.batch(step)[1])

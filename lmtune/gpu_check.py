@@ -1,0 +1,139 @@
+"""``python -m lmtune.gpu_check`` (``bash scripts/gpu_check.sh``): measure what lmtune does on this machine's
+GPU and write it all into one JSON file to attach to a bug report.
+
+On a CUDA GPU, in order: the CUDA-marked tests, ``diagnose``, ``bench`` with the default and the
+low-resource configs (``--record``: appended to benchmarks/results.jsonl too), ``bench --concurrency
+1,2,4``, ``bench --fuse 1,2,4,7`` and a shortened ``lr_grid`` sweep. Without one, each step that needs
+CUDA is skipped with its reason, and the others run as a smoke test on a tiny model (what CI runs): the
+file then says so, and none of its figures is a GPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmtune.errors import LmtuneError, cli_entry
+from lmtune.training.device import device_name, resolve_device
+
+# The CPU smoke test's model and schedule: every step in seconds.
+TINY = ["--set", "d_model=32", "--set", "d_ff=64", "--set", "n_layers=1", "--set", "n_heads=2",
+        "--set", "context_length=32"]
+SMOKE_BENCH = ["--config", "quick", "--batch-size", "4", "--steps", "2", "--repeats", "1", "--warmup", "1",
+               "--no-naive", "--no-eval", "--json", *TINY]
+
+
+@dataclass
+class Step:
+    name: str
+    command: list[str]
+    needs_cuda: bool = False
+    timeout_s: float = 3600.0
+    json_output: bool = True
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+def plan(cuda: bool, work: Path) -> list[Step]:
+    """The steps, for a CUDA GPU or (without one) as the CPU smoke test."""
+    py = [sys.executable, "-m"]
+    if cuda:
+        bench = [*py, "lmtune.bench", "--json", "--record"]
+        return [
+            Step("cuda tests", [*py, "pytest", "-q", "-m", "cuda", "tests"], needs_cuda=True, json_output=False),
+            Step("diagnose", [*py, "lmtune.diagnose"], json_output=False),
+            Step("bench default", [*bench, "--config", "default"]),
+            Step("bench low-resource", [*bench, "--config", "low-resource"]),
+            Step("bench concurrency", [*py, "lmtune.bench", "--json", "--config", "default", "--concurrency", "1,2,4"]),
+            Step("bench fuse", [*py, "lmtune.bench", "--json", "--config", "default", "--fuse", "1,2,4,7"]),
+            Step("lr_grid sweep, 500 steps", [*py, "lmtune.run", "--space", "lr_grid", "--set", "steps=500",
+                                              "--set", "eval_interval=100", "--name", "gpu-check",
+                                              "--results", str(work), "--quiet", "--no-dashboard"],
+                 json_output=False),
+        ]
+    return [
+        Step("cuda tests", [*py, "pytest", "-q", "-m", "cuda", "tests"], needs_cuda=True, json_output=False),
+        Step("diagnose", [*py, "lmtune.diagnose", "--config", "quick", "--steps", "2", "--repeats", "1"],
+             json_output=False),
+        Step("bench (CPU smoke: a tiny model)", [*py, "lmtune.bench", *SMOKE_BENCH]),
+        Step("bench concurrency (CPU smoke)", [*py, "lmtune.bench", *SMOKE_BENCH, "--concurrency", "1,2"]),
+        Step("bench fuse (CPU smoke)", [*py, "lmtune.bench", *SMOKE_BENCH, "--fuse", "1,2"]),
+        Step("sweep (CPU smoke: quick, 10 steps)", [
+            *py, "lmtune.run", "--space", "quick", "--set", "steps=10", "--set", "eval_interval=5", "--set",
+            "checkpoint_interval=5", "--set", "warmup_steps=2", *TINY, "--name", "gpu-check", "--results", str(work),
+            "--quiet", "--no-dashboard", "--num-cpus", "2"], json_output=False),
+    ]
+
+
+def run_step(step: Step, cuda: bool) -> None:
+    """Run one step (or say why not) and keep what it printed: its JSON, else the last lines."""
+    step.result = {"command": shlex.join(step.command)}
+    if step.needs_cuda and not cuda:
+        step.result.update(ran=False, skipped="needs a CUDA GPU: none here")
+        return
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(step.command, capture_output=True, text=True, timeout=step.timeout_s)
+    except subprocess.TimeoutExpired:
+        step.result.update(ran=True, ok=False, seconds=step.timeout_s, error=f"timed out after {step.timeout_s:.0f} s")
+        return
+    step.result.update(ran=True, ok=proc.returncode == 0, returncode=proc.returncode,
+                       seconds=round(time.perf_counter() - started, 1))
+    output = proc.stdout.strip()
+    if step.json_output and proc.returncode == 0:
+        try:
+            step.result["output"] = json.loads(output.splitlines()[-1])
+            return
+        except (ValueError, IndexError):
+            pass
+    step.result["output_tail"] = (output + "\n" + proc.stderr.strip()).strip().splitlines()[-40:]
+
+
+def machine() -> dict[str, Any]:
+    device = resolve_device("auto")
+    return {"device": device_name(device), "device_type": device.type, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmtune.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="the JSON file (default: gpu_check-HOST-TIME.json)")
+    args = parser.parse_args(argv)
+    out = args.out or Path(f"gpu_check-{platform.node()}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    if out.exists():
+        raise LmtuneError(f"{out} already exists; give another --out")
+    cuda = torch.cuda.is_available()
+    report = {"machine": machine(), "gpu": cuda, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "note": "measured on a CUDA GPU" if cuda else
+              "no CUDA GPU here: a smoke test of the CPU paths on a tiny model; no figure is a GPU's"}
+    with tempfile.TemporaryDirectory(prefix="lmtune-gpu-check-") as work:
+        steps = plan(cuda, Path(work))
+        for step in steps:
+            print(f"{step.name}: ", end="", flush=True)
+            run_step(step, cuda)
+            r = step.result
+            print(r.get("skipped") or ("ok" if r["ok"] else f"FAILED (exit {r.get('returncode')})")
+                  + (f", {r['seconds']} s" if "seconds" in r else ""), flush=True)
+    report["steps"] = [{"name": s.name, **s.result} for s in steps]
+    out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    failed = [s.name for s in steps if s.result.get("ran") and not s.result.get("ok")]
+    print(f"wrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""``bash scripts/gpu_check.sh`` on a machine without a GPU (CI's): every step that needs CUDA says so, the
+rest run as a smoke test on a tiny model, and the one JSON file a user would attach holds it all."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("gpu_check") / "report.json"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {**json.loads(out.read_text()), "printed": proc.stdout}
+
+
+def _step(report: dict, prefix: str) -> dict:
+    return next(s for s in report["steps"] if s["name"].startswith(prefix))
+
+
+def test_without_a_gpu_the_report_says_so_and_skips_what_needs_one(report):
+    assert report["gpu"] is False and "no figure is a GPU's" in report["note"]
+    cuda = _step(report, "cuda tests")
+    assert cuda["ran"] is False and cuda["skipped"] == "needs a CUDA GPU: none here"
+    assert "cuda tests: needs a CUDA GPU: none here" in report["printed"]
+
+
+def test_every_other_step_ran_and_its_figures_are_in_the_report(report):
+    ran = [s for s in report["steps"] if s["ran"]]
+    assert len(ran) == 5 and all(s["ok"] for s in ran)
+    bench = _step(report, "bench (CPU smoke")["output"]
+    assert math.isfinite(bench["tokens_per_s"]) and bench["tokens_per_s"] > 0
+    concurrency = _step(report, "bench concurrency")["output"]["concurrency"]
+    assert [row["k"] for row in concurrency] == [1, 2]
+    for row in concurrency:
+        assert row["aggregate_tokens_per_s"] > 0 and len(row["per_process_tokens_per_s"]) == row["k"]
+        assert row["per_process_peak_memory_bytes"] > 0
+    assert _step(report, "bench fuse")["output"]["kind"] == "fuse"
+    assert any("best trial" in line for line in _step(report, "sweep")["output_tail"])
+    assert any(line.startswith("torch.compile:") for line in _step(report, "diagnose")["output_tail"])
