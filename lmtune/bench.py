@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
-from lmtune.sweep.plan import estimate_trial_memory_bytes, recommend_trials_per_gpu
+from lmtune.sweep.placement import estimate_trial_memory_bytes, recommend_trials_per_gpu
 from lmtune.tools.projection import DEVICES, project, projection_table
 from lmtune.tools.throughput import (
     COMPILE_MODES,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
-from lmtune.sweep.edge import EdgeSettings, coarse_lrs
+from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs
 from lmtune.training.config import BUDGETS, budget_config, parse_set_args
 from lmtune.training.lr_range import RANGE_FIGURE, RangeTestConfig, lr_range_test
 

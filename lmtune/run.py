@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
-from lmtune.sweep.runner import Interruptions, SweepOptions, SweepResult, run_sweep
+from lmtune.sweep.options import SweepOptions
+from lmtune.sweep.runner import SweepResult, run_sweep
+from lmtune.sweep.session import Interruptions
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.training.config import BUDGETS, parse_set_args
 

@@ -3,6 +3,7 @@ a real quick sweep, and the helpers that start, wait for and kill processes and 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,10 +24,16 @@ from lmtune.training.config import RunConfig, budget_config
 # Single-threaded CPU math is also deterministic run to run, which the resume tests rely on.
 torch.set_num_threads(1)
 
-TINY = dict(
-    d_model=32, d_ff=64, n_layers=2, n_heads=2, context_length=32, batch_size=8, steps=30, warmup_steps=5,
-    log_interval=5, eval_interval=10, eval_batches=2, checkpoint_interval=10, device="cpu", compile="off",
-)
+# The tests' tiny model and run, defined here once: every test file starts from these and says what it changes.
+TINY_MODEL = dict(d_model=32, d_ff=64, n_layers=2, n_heads=2, context_length=32)
+TINY = dict(**TINY_MODEL, batch_size=8, steps=30, warmup_steps=5, log_interval=5, eval_interval=10, eval_batches=2,
+            checkpoint_interval=10, device="cpu", compile="off")
+# A sweep's tiny trial (~1 s of compute): one layer and one evaluation batch, as sweeps run many trials.
+TINY_TRIAL = {**TINY, "n_layers": 1, "eval_batches": 1}
+# The benchmarks' tiny model: one layer, a context of 16 and a vocabulary of 256.
+BENCH_MODEL = {**TINY_MODEL, "n_layers": 1, "context_length": 16, "vocab_size": 256}
+# ASHA as the tests' grids use it: rungs at a fifth of the budget and then every doubling.
+TEST_ASHA = {"name": "asha", "grace_period": 0.2, "reduction_factor": 2}
 # Environment of the processes the tests start: one thread each on the 2 shared cores.
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -84,14 +91,18 @@ def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, **p
                             **{"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, **popen})
 
 
-def wait_until(condition: Callable[[], bool], proc: subprocess.Popen | None, timeout: float, what: str,
-               poll_s: float = 0.01) -> None:
-    """Poll ``condition`` until it holds; fail if ``proc`` ends first or ``timeout`` seconds pass."""
+def wait_until(condition: Callable[[], object], proc: subprocess.Popen | None, timeout: float, what: str,
+               poll_s: float = 0.01, required: bool = True) -> bool:
+    """Poll ``condition`` until it holds; fail if ``proc`` ends first. After ``timeout`` seconds: fail, or
+    return False when not ``required`` (the caller goes on without it)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert proc is None or proc.poll() is None, f"the process ended before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        if time.monotonic() >= deadline:
+            assert not required, f"no {what} within {timeout:.0f} s"
+            return False
         time.sleep(poll_s)
+    return True
 
 
 def sigkill(proc: subprocess.Popen) -> None:
@@ -144,7 +155,33 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Files and refusals
+# Settings, spaces, files and refusals
+
+
+def set_args(settings: dict) -> list[str]:
+    """``settings`` as the CLI's --set key=value pairs."""
+    return [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+
+
+def write_grid_space(path: Path, lrs: list[float], scheduler: dict | None = None, **settings) -> Path:
+    """A grid space over ``lrs`` on the tiny trial (TINY_TRIAL with ``settings`` on top); without ASHA unless
+    a ``scheduler`` is given (e.g. TEST_ASHA)."""
+    path.write_text(
+        "description: a tiny grid for the tests\nsearch: grid\nbudget: quick\n"
+        f"params:\n  lr: {json.dumps([float(lr) for lr in lrs])}\n"
+        f"set: {json.dumps({**TINY_TRIAL, **settings})}\n"
+        f"scheduler: {json.dumps(scheduler or {'name': 'none'})}\n")
+    return path
+
+
+def assert_real_picture(path: Path) -> None:
+    """A PNG of a real figure: at least 400 x 300 pixels, and not blank (a blank image has a pixel
+    standard deviation of 0; curves, text, markers and a colorbar put it far above)."""
+    import matplotlib.image as mpimg
+
+    image = mpimg.imread(path)
+    assert image.shape[0] > 300 and image.shape[1] > 400, image.shape
+    assert image[..., :3].std() > 0.05
 
 
 def trial_dirs(sweep_dir: Path) -> dict[str, Path]:

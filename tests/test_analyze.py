@@ -6,12 +6,12 @@ import math
 import os
 import shutil
 import time
+from pathlib import Path
 
-import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import assert_refused, run_lmtune, trial_dirs
+from conftest import assert_real_picture, assert_refused, run_lmtune, trial_dirs
 
 from lmtune import analyze as analyze_cli
 from lmtune.errors import LmtuneError
@@ -20,15 +20,9 @@ from lmtune.report.markdown import HEADINGS
 from lmtune.report.reader import load_sweep, resolve_sweep
 from lmtune.report.writer import analyze
 from lmtune.sweep.record import TRIAL_FILE, ledger_path, read_outcomes
+from lmtune.training.metrics import METRICS_FILE, read_metrics
 
 FILES = ("lr_sweep_comparison.png", "lr_vs_loss.png", "lr_sweep_analysis.md", "summary.json", "summary.csv")
-
-
-def assert_real_picture(path):
-    image = mpimg.imread(path)
-    assert image.shape[0] > 300 and image.shape[1] > 400, image.shape
-    # A blank image has std 0; curves, text, markers and a colorbar put it far above.
-    assert image[..., :3].std() > 0.05
 
 
 def copy_sweep(src, dst, checkpoints=False):
@@ -140,13 +134,23 @@ def test_headline_numbers(report):
     assert compute["tokens_spent"] < compute["full_grid_tokens"]
 
 
-def test_target(quick_sweep, tmp_path):
-    summary = analyze(quick_sweep, out_dir=tmp_path / "met", target=100.0)
-    assert summary["target_met"] is True and summary["target_trial"] == summary["best_trial"]
-    summary = analyze(quick_sweep, out_dir=tmp_path / "unmet", target=0.01)
-    assert summary["target_met"] is False
+def test_a_target_is_met_exactly_when_the_best_lr_reaches_it_and_says_after_how_many_tokens(quick_sweep, tmp_path):
+    best = analyze(quick_sweep, out_dir=tmp_path / "plain")["best_val_loss"]
+    # Just above the best LR's loss: met, by its best trial, between the two evaluations that straddle it.
+    met = analyze(quick_sweep, out_dir=tmp_path / "met", target=best + 0.01)
+    assert met["target_met"] is True and met["target_trial"] == met["best_trial"]
+    evaluations = [(r["tokens"], r["val_loss"]) for r in read_metrics(Path(met["best_trial_dir"]) / METRICS_FILE)
+                   if r["val_loss"] is not None]
+    first = next(i for i, (_, loss) in enumerate(evaluations) if loss <= best + 0.01)
+    assert evaluations[max(0, first - 1)][0] <= met["target_tokens"] <= evaluations[first][0]
+    # Just below it: not met, and the report says so.
+    unmet = analyze(quick_sweep, out_dir=tmp_path / "unmet", target=best - 0.01)
+    assert unmet["target_met"] is False and unmet["target_tokens"] is None
     assert "not met" in (tmp_path / "unmet" / "lr_sweep_analysis.md").read_text()
-    with pytest.raises(LmtuneError):
+
+
+def test_a_target_that_is_no_loss_is_refused(quick_sweep, tmp_path):
+    with pytest.raises(LmtuneError, match="--target must be a positive loss"):
         analyze(quick_sweep, out_dir=tmp_path / "bad", target=-1.0)
 
 

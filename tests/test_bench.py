@@ -6,16 +6,17 @@ import json
 import math
 
 import pytest
+from conftest import BENCH_MODEL, set_args
 
 from lmtune import bench
 from lmtune.errors import LmtuneError
-from lmtune.sweep import plan
+from lmtune.sweep import placement
 from lmtune.tools import throughput
 from lmtune.training.config import ModelConfig
 
+# The benchmarks' tiny model timed for 2 steps of 2 sequences.
 TINY = ["--config", "quick", "--batch-size", "2", "--steps", "2", "--repeats", "2", "--warmup", "1",
-        "--device", "cpu", "--set", "d_model=32", "--set", "d_ff=64", "--set", "n_heads=2",
-        "--set", "context_length=16", "--set", "vocab_size=256", "--set", "n_layers=1"]
+        "--device", "cpu", *set_args(BENCH_MODEL)]
 
 
 def _json_out(capsys) -> dict:
@@ -63,9 +64,10 @@ def test_bench_rejects_bad_input(capsys):
 
 def test_estimate_trial_memory_grows_with_batch_and_amp_saves():
     cfg = ModelConfig()
-    small, large = plan.estimate_trial_memory_bytes(cfg, 8, True), plan.estimate_trial_memory_bytes(cfg, 128, True)
+    small = placement.estimate_trial_memory_bytes(cfg, 8, True)
+    large = placement.estimate_trial_memory_bytes(cfg, 128, True)
     assert 0 < small < large
-    assert plan.estimate_trial_memory_bytes(cfg, 128, False) > large
+    assert placement.estimate_trial_memory_bytes(cfg, 128, False) > large
     # 17.6M + 5.1M embedding params x 16 bytes of weights, grads and Adam moments at the least.
     assert small > 16 * 22e6
 
@@ -73,14 +75,14 @@ def test_estimate_trial_memory_grows_with_batch_and_amp_saves():
 def test_recommend_trials_per_gpu():
     gib = 2**30
     # Memory-bound estimate, capped without measurements.
-    assert plan.recommend_trials_per_gpu(2 * gib, 80 * gib, None) == plan.UNMEASURED_MAX_TRIALS
-    assert plan.recommend_trials_per_gpu(30 * gib, 80 * gib, None) == 2
-    assert plan.recommend_trials_per_gpu(100 * gib, 80 * gib, None) == 1
+    assert placement.recommend_trials_per_gpu(2 * gib, 80 * gib, None) == placement.UNMEASURED_MAX_TRIALS
+    assert placement.recommend_trials_per_gpu(30 * gib, 80 * gib, None) == 2
+    assert placement.recommend_trials_per_gpu(100 * gib, 80 * gib, None) == 1
     # Best aggregate that fits; a bigger K must gain more than 5%.
     measured = {1: 100.0, 2: 180.0, 4: 300.0, 8: 310.0}
-    assert plan.recommend_trials_per_gpu(2 * gib, 80 * gib, measured) == 4
-    assert plan.recommend_trials_per_gpu(20 * gib, 80 * gib, measured) == 2
-    assert plan.recommend_trials_per_gpu(2 * gib, 80 * gib, {1: 100.0, 2: 99.0}) == 1
+    assert placement.recommend_trials_per_gpu(2 * gib, 80 * gib, measured) == 4
+    assert placement.recommend_trials_per_gpu(20 * gib, 80 * gib, measured) == 2
+    assert placement.recommend_trials_per_gpu(2 * gib, 80 * gib, {1: 100.0, 2: 99.0}) == 1
 
 
 def test_shared_compile_cache_sets_env(tmp_path, monkeypatch):

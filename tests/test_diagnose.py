@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from conftest import BENCH_MODEL
 
 from lmtune import diagnose
 from lmtune.sweep.record import read_outcomes
@@ -22,8 +23,7 @@ def test_diagnose_environment_on_cpu(capsys, monkeypatch):
     real = throughput.bench_config
 
     def tiny_config(name, batch_size=None, overrides=None, device="auto", compile_choice="auto"):
-        overrides = {**(overrides or {}), "d_model": 32, "d_ff": 64, "n_heads": 2, "n_layers": 1,
-                     "context_length": 16, "vocab_size": 256}
+        overrides = {**(overrides or {}), **BENCH_MODEL}
         return real(name, batch_size, overrides, device, compile_choice)
 
     monkeypatch.setattr(throughput, "bench_config", tiny_config)

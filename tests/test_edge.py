@@ -9,7 +9,6 @@ import random
 
 import pytest
 
-from lmtune.sweep.edge import FINISHED, WAIT, EdgeSearch, EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs
 from lmtune.sweep.runs import (
     Budget,
     LrResult,
@@ -22,6 +21,8 @@ from lmtune.sweep.runs import (
     full_budget_ranking,
     loss_at_tokens,
 )
+from lmtune.sweep.strategies.edge.search import FINISHED, WAIT, EdgeSearch
+from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs
 
 # The quick_edge budget: 162 steps of 1,024 tokens, warm-up 18, ASHA rungs at 1/9, 1/3 and all of it.
 BUDGET = Budget(steps=162, warmup_steps=18, tokens_per_step=1024, seed=0, rungs=(18432, 55296, 165888))
@@ -173,7 +174,7 @@ def test_every_seed_trains_through_the_stable_end_and_a_seed_that_fails_earlier_
 
 def test_the_stages_run_in_order_and_the_best_lr_gets_the_further_seeds():
     search, sweep = finished_search()
-    stages = [d["stage"] for d in search.decisions]
+    stages = [d.stage for d in search.decisions]
     assert stages[:3] == ["range", "coarse", "landscape"] and "refine" in stages and "seeds" in stages
     c = search.conclusion()
     assert len(c["best_lr_seed_losses"]) == 3
@@ -202,7 +203,7 @@ def test_the_conclusion_gives_the_basin_the_degraded_region_and_where_training_f
 def test_a_search_saved_and_restored_mid_bisection_finishes_the_same_without_repeating_a_trial():
     whole, whole_sweep = finished_search()
     search, sweep = EdgeSearch(EdgeSettings(), BUDGET), SimulatedSweep()
-    while not any(d["stage"] == "bisect" for d in search.decisions):
+    while not any(d.stage == "bisect" for d in search.decisions):
         drive(search, sweep, stop_after=len(search.runs) + 1)
     restored = EdgeSearch.from_json(json.loads(json.dumps(search.to_json())))
     drive(restored, sweep)

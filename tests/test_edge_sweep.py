@@ -6,11 +6,10 @@ agree with direct runs of the same LRs outside Ray."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-from conftest import finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs
+from conftest import TINY_TRIAL, finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs, wait_until
 
 from lmtune.report.truth import compare, read_truth, truth_conclusion
 from lmtune.sweep.record import SweepRecord, read_edge_state, read_outcomes
@@ -20,17 +19,15 @@ from lmtune.training.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
-# A 1-layer d_model-32 model, 60 steps of 256 tokens; ASHA rungs at 20 and 60 steps (evaluations and
-# checkpoints every 10 steps fall on them, so a cut trial is continued from its rung).
-TINY_EDGE = """\
+# The tiny trial over 60 steps of 256 tokens; ASHA rungs at 20 and 60 steps (evaluations and checkpoints
+# every 10 steps fall on them, so a cut trial is continued from its rung).
+TINY_EDGE = f"""\
 description: tiny edge search for the tests
 search: edge
 budget: quick
-set: {"d_model": 32, "d_ff": 64, "n_layers": 1, "n_heads": 2, "context_length": 32, "batch_size": 8,
-      "steps": 60, "log_interval": 5, "eval_interval": 10, "eval_batches": 1, "checkpoint_interval": 10,
-      "warmup_steps": 5, "device": "cpu", "compile": "off"}
-scheduler: {name: asha, grace_period: 0.33333333, reduction_factor: 3}
-edge: {range_steps: 30, seeds: 2, refine_points: 0, tolerance: 2.0}
+set: {json.dumps({**TINY_TRIAL, "steps": 60})}
+scheduler: {{name: asha, grace_period: 0.33333333, reduction_factor: 3}}
+edge: {{range_steps: 30, seeds: 2, refine_points: 0, tolerance: 2.0}}
 """
 
 
@@ -59,11 +56,7 @@ def resumed_edge_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFact
     sweep_dir = tmp / "results" / "edge"
     proc = start_lmtune("run", *args)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not bisecting(sweep_dir):
-            assert proc.poll() is None, f"the sweep ended before bisecting:\n{proc.stdout.read()[-4000:]}"
-            time.sleep(0.1)
-        assert bisecting(sweep_dir), "no bisection within 300 s"
+        wait_until(lambda: bisecting(sweep_dir), proc, 300, "bisection", poll_s=0.1)
         kill_session(proc.pid)
     finally:
         kill_session(proc.pid)

@@ -28,6 +28,8 @@ import pytest
 import ray
 import torch
 from conftest import (
+    TEST_ASHA,
+    TINY_TRIAL,
     assert_one_line_error,
     assert_refused,
     finish,
@@ -39,13 +41,14 @@ from conftest import (
     start_lmtune,
     trial_dirs,
     wait_until,
+    write_grid_space,
 )
 
 from lmtune import run as run_cli
 from lmtune import train as train_cli
 from lmtune.errors import LmtuneError
 from lmtune.report.reader import load_sweep
-from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes, sole_writer
+from lmtune.sweep.record import asha_state_path, read_outcomes, sole_writer
 from lmtune.sweep.runner import preflight_write_check
 from lmtune.training import checkpoint as ckpt
 from lmtune.training.loop import train
@@ -53,23 +56,17 @@ from lmtune.training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 TERMINAL = {"completed", "stopped_early", "diverged", "too_slow", "error"}
-# The sweep tests' tiny trial: ~1 s of compute, a checkpoint every 10 steps.
-TINY_SWEEP_SET = dict(d_model=32, d_ff=64, n_layers=1, n_heads=2, context_length=32, batch_size=8, steps=60,
-                      log_interval=5, eval_interval=10, eval_batches=1, checkpoint_interval=10, warmup_steps=5,
-                      device="cpu", compile="off")
+# A fault test's trial: the tiny trial over 60 steps (unless a test says otherwise).
+STEPS = 60
 
 
 def note(message: str) -> None:
     print(f"FAULTS: {message}", flush=True)
 
 
-def write_grid(path: Path, lrs: list[float], scheduler: str = "asha", **overrides) -> Path:
-    settings = {**TINY_SWEEP_SET, **overrides}
-    sched = ("{name: asha, grace_period: 0.2, reduction_factor: 2}" if scheduler == "asha" else "{name: none}")
-    path.write_text("description: fault-test grid\nsearch: grid\nbudget: quick\n"
-                    f"params:\n  lr: [{', '.join(repr(float(v)) for v in lrs)}]\n"
-                    f"set: {json.dumps(settings)}\nscheduler: {sched}\n")
-    return path
+def write_grid(path: Path, lrs: list[float], asha: bool = True, **settings) -> Path:
+    """The tests' tiny grid over ``lrs``: STEPS steps, under the tests' ASHA unless ``asha`` is False."""
+    return write_grid_space(path, lrs, TEST_ASHA if asha else None, **{"steps": STEPS, **settings})
 
 
 def start_sweep(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -124,10 +121,10 @@ def test_sigkill_at_random_moments_of_checkpoint_writes_never_loads_a_partial_on
             # Wait for this process's first new checkpoint (so each round makes progress).
             wait_until(new_checkpoint, proc, 180, "new checkpoint", poll_s=0.005)
             if round_index % 2 == 0:  # kill the moment a write is in flight (or when none came in 10 s)
-                deadline = time.monotonic() + 10
-                while not list(cdir.glob(f".step_*.tmp-{proc.pid}")) and time.monotonic() < deadline:
-                    assert proc.poll() is None, "run finished before it could be killed"
-                    time.sleep(0.001)
+                def writing(pattern=f".step_*.tmp-{proc.pid}") -> bool:
+                    return bool(list(cdir.glob(pattern)))
+
+                wait_until(writing, proc, 10, "checkpoint write", poll_s=0.001, required=False)
             else:
                 time.sleep(rng.uniform(0.0, 1.5))
             sigkill(proc)
@@ -238,27 +235,25 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
             "--max-concurrent", "2", "--num-cpus", "2", "--no-dashboard", "--quiet"]
     started = time.monotonic()
     proc = start_sweep(*args)
-    state = None
+
+    def decided_and_running() -> bool:
+        """A moment with a decided trial and a checkpointed running one."""
+        if not sweep_dir.exists():
+            return False
+        ledger = read_outcomes(sweep_dir)
+        running = [d for t, d in trial_dirs(sweep_dir).items() if t not in ledger and has_checkpoint(d)]
+        stopped = [e for e in ledger.values() if e["outcome"] == "stopped_early"]
+        return bool(running and ledger and (stopped or len(ledger) >= len(lrs) - 2))
+
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"sweep ended before the kill:\n{proc.stdout.read()[-4000:]}"
-            if sweep_dir.exists():
-                ledger = read_outcomes(sweep_dir)
-                running = [d for t, d in trial_dirs(sweep_dir).items() if t not in ledger and has_checkpoint(d)]
-                stopped = [e for e in ledger.values() if e["outcome"] == "stopped_early"]
-                if running and ledger and (stopped or len(ledger) >= len(lrs) - 2):
-                    state = (ledger, running)
-                    break
-            time.sleep(0.1)
-        assert state is not None, "no moment with a finished trial and a checkpointed running one"
+        wait_until(decided_and_running, proc, 600, "moment with a finished trial and a checkpointed running one",
+                   poll_s=0.1)
         killed = kill_session(proc.pid)
     finally:
         kill_session(proc.pid)
         proc.stdout.close()
     kill_at = time.monotonic() - started
     assert not session_pids(proc.pid)
-    ledger_before, _ = state
     ledger_before = read_outcomes(sweep_dir)  # the newest decisions written before the processes died
     asha_before = json.loads(asha_state_path(sweep_dir).read_text()) if asha_state_path(sweep_dir).exists() else None
     dirs_before = trial_dirs(sweep_dir)
@@ -294,7 +289,7 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
                     assert trial_id in rung_a["recorded"] and _same(rung_a["recorded"][trial_id], value)
 
     # Tokens: nothing lost beyond one checkpoint interval per interrupted trial.
-    interval, log_interval = TINY_SWEEP_SET["checkpoint_interval"], TINY_SWEEP_SET["log_interval"]
+    interval, log_interval = TINY_TRIAL["checkpoint_interval"], TINY_TRIAL["log_interval"]
     final_steps, redone = 0, {}
     for trial_id, trial_dir in dirs.items():
         steps = [r["step"] for r in read_metrics(trial_dir / "metrics.csv")]
@@ -304,7 +299,7 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
     interrupted = {t: r for t, r in redone.items() if r is not None}
     assert interrupted, "no trial was interrupted mid-run"
     assert all(0 <= r <= interval for r in interrupted.values()), interrupted
-    tokens_per_step = TINY_SWEEP_SET["batch_size"] * TINY_SWEEP_SET["context_length"]
+    tokens_per_step = TINY_TRIAL["batch_size"] * TINY_TRIAL["context_length"]
     total = (final_steps + sum(interrupted.values())) * tokens_per_step
     bound = (final_steps + interval * len(interrupted)) * tokens_per_step
     assert total <= bound
@@ -341,7 +336,7 @@ def test_two_runs_with_one_name_cannot_both_create_the_sweep(tmp_path):
 
 @pytest.mark.slow
 def test_resume_while_the_sweep_runs_is_refused_and_the_running_sweep_is_untouched(builtin_data, tmp_path):
-    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3], scheduler="none", steps=400)
+    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3], asha=False, steps=400)
     results = tmp_path / "results"
     args = ["--space", str(space), "--name", "live", "--results", str(results), "--data", str(builtin_data),
             "--num-cpus", "2", "--no-dashboard", "--quiet"]
@@ -360,7 +355,7 @@ def test_resume_while_the_sweep_runs_is_refused_and_the_running_sweep_is_untouch
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c to the process group", "SIGTERM to the driver"])
 def test_a_stopped_sweep_says_so_names_its_resume_command_and_exits_non_zero(builtin_data, tmp_path, how):
-    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3, 1e-4], scheduler="none", steps=400)
+    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3, 1e-4], asha=False, steps=400)
     results = tmp_path / "results"
     proc = start_sweep("--space", str(space), "--name", "stop", "--results", str(results), "--data",
                        str(builtin_data), "--num-cpus", "2", "--no-dashboard", "--quiet")
@@ -422,7 +417,7 @@ def oom_sweep(builtin_data, tmp_path_factory) -> dict:
     """3 trials on 1 logical GPU, 2 per GPU; the lr=1e-3 trial raises a CUDA OOM at step 15 on every
     attempt; --max-failures 2. The dashboard is on (default host), to check what it binds to."""
     tmp = tmp_path_factory.mktemp("oom")
-    space = write_grid(tmp / "grid.yaml", [3e-3, 1e-3, 1e-4], scheduler="none", steps=30)
+    space = write_grid(tmp / "grid.yaml", [3e-3, 1e-3, 1e-4], asha=False, steps=30)
     results = tmp / "results"
     started = time.monotonic()
     proc = start_sweep("--space", str(space), "--name", "oom", "--results", str(results), "--data", str(builtin_data),
@@ -430,8 +425,8 @@ def oom_sweep(builtin_data, tmp_path_factory) -> dict:
                        "--quiet", env={"LMTUNE_FAULT_RAISE_AT_STEP": "15", "LMTUNE_FAULT_MESSAGE": OOM,
                                        "LMTUNE_FAULT_ALWAYS": "1", "LMTUNE_FAULT_LR": "0.001"})
     dashboard_cmdlines: set[str] = set()
-    deadline = time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:
+
+    def ended_while_watching_dashboards() -> bool:
         for pid in session_pids(proc.pid):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -439,8 +434,10 @@ def oom_sweep(builtin_data, tmp_path_factory) -> dict:
                 continue
             if "dashboard/dashboard.py" in cmd:
                 dashboard_cmdlines.add(cmd)
-        time.sleep(0.5)
-    out = finish(proc, max(1, deadline - time.monotonic()))
+        return proc.poll() is not None
+
+    wait_until(ended_while_watching_dashboards, None, 600, "end of the sweep", poll_s=0.5, required=False)
+    out = finish(proc, 60)
     return {"out": out, "rc": proc.returncode, "dir": results / "oom", "dashboard": dashboard_cmdlines,
             "seconds": time.monotonic() - started}
 
@@ -794,7 +791,7 @@ def _loopback(address: str) -> bool:
 
 @pytest.mark.slow
 def test_a_local_sweep_listens_on_loopback_only(builtin_data, tmp_path):
-    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3], scheduler="none", steps=400)
+    space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3], asha=False, steps=400)
     results = tmp_path / "results"
     proc = start_sweep("--space", str(space), "--name", "net", "--results", str(results), "--data",
                        str(builtin_data), "--num-cpus", "2", "--quiet")  # the dashboard on, at its default host
@@ -829,10 +826,10 @@ def test_fifty_quick_trials_at_full_concurrency_all_end_and_the_report_reads_the
     sweep_dir = results / "fifty"
     ledger = read_outcomes(sweep_dir)
     dirs = trial_dirs(sweep_dir)
+    # (read_outcomes parses the ledger whole: after 50 concurrent writes, a torn one would leave no entries.)
     assert len(dirs) == 50 and set(ledger) == set(dirs), (len(dirs), len(ledger))
     assert all(e["outcome"] in TERMINAL for e in ledger.values())
     assert all((d / "metrics.csv").is_file() for d in dirs.values())
-    assert isinstance(json.loads(ledger_path(sweep_dir).read_text()), dict)  # whole, after 50 concurrent writes
     counts: dict[str, int] = {}
     for entry in ledger.values():
         counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1

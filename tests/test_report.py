@@ -1,10 +1,10 @@
 import csv
 import json
 
-import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import assert_real_picture
 
 from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
 from lmtune.report.markdown import HEADINGS, write_markdown, write_tables
@@ -60,13 +60,6 @@ def sweep():
             probes={"attn": grow[:16]}),
         rec("lr3e-2", 3e-2, "diverged", boom, reason="diverged at step 300, loss 1e9", stop_step=300),
     ]
-
-
-def assert_real_picture(path):
-    image = mpimg.imread(path)
-    assert image.shape[0] > 200 and image.shape[1] > 300
-    # A blank image has std 0; a plot with curves, text and a colorbar is far from it.
-    assert image[..., :3].std() > 0.05
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ the shipped spaces, --list-spaces, and the Optuna space (bounds, log-uniformity,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -12,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
-from conftest import assert_refused, run_lmtune
+from conftest import TINY_TRIAL, assert_refused, run_lmtune
 
 from lmtune import run as run_cli
 from lmtune.errors import LmtuneError
-from lmtune.sweep.spaces import available_spaces, load_space, make_searcher, tune_param_space
+from lmtune.sweep.spaces import available_spaces, load_space
+from lmtune.sweep.strategies.optuna_search import Distribution
 
 GOOD_GRID = """\
 description: a valid grid
@@ -84,7 +86,8 @@ def test_bad_space_is_one_line_naming_file_and_key(tmp_path: Path, text: str, ke
 def test_a_fused_grid_cuts_each_combination_of_other_settings_into_groups_of_lrs(tmp_path: Path):
     path = tmp_path / "g.yaml"
     path.write_text("search: grid\nfuse: 2\nparams:\n  lr: [1.0e-3, 2.0e-3, 4.0e-3]\n  batch_size: [8, 16]\n")
-    groups = tune_param_space(load_space(str(path)))["members"]["grid_search"]
+    space = load_space(str(path))
+    groups = space.strategy.param_space(space.fuse)["members"]["grid_search"]
     assert groups == [{"lr": [1e-3, 2e-3], "batch_size": 8}, {"lr": [4e-3], "batch_size": 8},
                       {"lr": [1e-3, 2e-3], "batch_size": 16}, {"lr": [4e-3], "batch_size": 16}]
 
@@ -121,14 +124,14 @@ def test_shipped_spaces_load():
         assert space.num_trials is None if space.search == "edge" else space.num_trials >= 1
     grid = load_space("lr_grid")
     assert grid.search == "grid"
-    assert grid.params["lr"] == [1e-4, 3e-4, 6e-4, 1e-3, 3e-3, 6e-3, 1e-2]
+    assert grid.strategy.params["lr"] == [1e-4, 3e-4, 6e-4, 1e-3, 3e-3, 6e-3, 1e-2]
     optuna_space = load_space("lr_optuna")
-    assert optuna_space.search == "optuna" and optuna_space.sampler == "tpe"
-    assert optuna_space.params["lr"] == ("loguniform", [1e-4, 1e-2])
+    assert optuna_space.search == "optuna" and optuna_space.strategy.sampler == "tpe"
+    assert optuna_space.strategy.params["lr"] == Distribution("loguniform", (1e-4, 1e-2))
     batch = load_space("lr_batch")
-    assert set(batch.params) == {"lr", "batch_size"} and batch.num_trials == 9
+    assert set(batch.strategy.params) == {"lr", "batch_size"} and batch.num_trials == 9
     quick = load_space("quick")
-    assert quick.budget == "quick" and max(quick.params["lr"]) >= 1.0  # includes diverging LRs
+    assert quick.budget == "quick" and max(quick.strategy.params["lr"]) >= 1.0  # includes diverging LRs
 
 
 def test_list_spaces_prints_each_with_its_description(capsys):
@@ -150,7 +153,7 @@ def test_optuna_space_param_space_and_searcher_sample_loguniform():
     from ray import tune
 
     space = load_space("lr_optuna")
-    param_space = tune_param_space(space)
+    param_space = space.strategy.param_space(space.fuse)
     domain = param_space["lr"]
     assert isinstance(domain, tune.search.sample.Float)
     assert (domain.lower, domain.upper) == (1e-4, 1e-2)
@@ -165,37 +168,36 @@ def test_optuna_space_param_space_and_searcher_sample_loguniform():
     n = 2000
     check_log_uniform(np.array(domain.sample(size=n, random_state=np.random.default_rng(0))), n)
 
-    searcher = make_searcher(space, metric="objective", seed=123)
+    searcher = space.strategy.optuna_searcher(metric="objective", seed=123)
     assert searcher.set_search_properties(None, None, param_space)
     n_opt = 400
     samples = [searcher.suggest(f"t{i}") for i in range(n_opt)]
     check_log_uniform(np.array([s["lr"] for s in samples]), n_opt)
 
 
-def test_optuna_sampler_choices_build():
+def test_optuna_sampler_choices_build(tmp_path: Path):
     for sampler in ("tpe", "random", "cmaes"):
-        space = load_space("lr_optuna")
-        space.sampler = sampler
-        searcher = make_searcher(space)
+        strategy = dataclasses.replace(load_space("lr_optuna").strategy, sampler=sampler)
+        searcher = strategy.optuna_searcher()
         assert type(searcher).__name__ == "OptunaSearch" and searcher._sampler.__class__.__name__.lower().startswith(
             {"tpe": "tpe", "random": "random", "cmaes": "cmaes"}[sampler])
-    assert make_searcher(load_space("lr_grid")) is None
+    assert load_space("lr_grid").strategy.searcher(None, tmp_path) == (None, 1)  # Tune's own grid
 
 
 @pytest.mark.slow
 def test_optuna_sweep_end_to_end_respects_count_and_bounds(tmp_path: Path, builtin_data: Path):
     space = tmp_path / "tiny_optuna.yaml"
-    space.write_text(textwrap.dedent("""\
+    settings = {**TINY_TRIAL, "batch_size": 4, "steps": 20, "warmup_steps": 2}
+    space.write_text(textwrap.dedent(f"""\
         description: tiny Optuna sweep for the tests
         search: optuna
         sampler: tpe
         num_samples: 4
         budget: quick
         params:
-          lr: {loguniform: [1.0e-4, 1.0e-2]}
-        set: {d_model: 32, d_ff: 64, n_layers: 1, n_heads: 2, context_length: 32, batch_size: 4, steps: 20,
-              log_interval: 5, eval_interval: 10, eval_batches: 1, checkpoint_interval: 10, warmup_steps: 2}
-        scheduler: {name: none}
+          lr: {{loguniform: [1.0e-4, 1.0e-2]}}
+        set: {json.dumps(settings)}
+        scheduler: {{name: none}}
         """))
     results = tmp_path / "results"
     proc = run_lmtune("run", "--space", str(space), "--name", "opt", "--results", str(results), "--data",

@@ -18,42 +18,26 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import kill_session, read_wandb_runs, run_lmtune, trial_dirs
+from conftest import TINY_TRIAL, kill_session, read_wandb_runs, run_lmtune, trial_dirs, wait_until, write_grid_space
 
 from lmtune.sweep.record import SweepRecord, asha_state_path, ledger_path, read_outcomes
 from lmtune.training.config import RunConfig
 
-TINY_SET = dict(d_model=32, d_ff=64, n_layers=1, n_heads=2, context_length=32, batch_size=4, log_interval=5,
-                eval_interval=10, eval_batches=1, checkpoint_interval=10, warmup_steps=2)
+# The sweep tests' trials: the tiny trial at batch 4 with a 2-step warm-up.
+SWEEP_TRIAL = {"batch_size": 4, "warmup_steps": 2}
 TERMINAL = {"completed", "diverged", "stopped_early", "too_slow"}
-
-
-def tiny_grid(path: Path, lrs: list[float], steps: int, **extra) -> Path:
-    """A grid space on the tiny model, no ASHA (so every trial runs its budget)."""
-    settings = {**TINY_SET, "steps": steps, **extra}
-    path.write_text(textwrap.dedent(f"""\
-        description: tiny grid for the sweep tests
-        search: grid
-        budget: quick
-        params:
-          lr: {json.dumps(lrs)}
-        set: {json.dumps(settings)}
-        scheduler: {{name: none}}
-        """))
-    return path
 
 
 def run_tiny_sweep(tmp_path: Path, name: str, data: Path, lrs: list[float], steps: int, *flags: str,
                    env: dict[str, str] | None = None) -> tuple[Path, str]:
-    """A tiny grid (tiny_grid) run to the end by python -m lmtune.run; (its sweep folder, its stdout)."""
-    space = tiny_grid(tmp_path / f"{name}.yaml", lrs, steps)
+    """A tiny grid without ASHA run to the end by python -m lmtune.run; (its sweep folder, its stdout)."""
+    space = write_grid_space(tmp_path / f"{name}.yaml", lrs, steps=steps, **SWEEP_TRIAL)
     results = tmp_path / "results"
     proc = run_lmtune("run", "--space", str(space), "--name", name, "--results", str(results), "--data", str(data),
                       "--quiet", *flags, env=env, timeout=300)
@@ -192,7 +176,7 @@ def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path: Path, builtin_da
         assert csv_steps == sorted(set(csv_steps)), csv_steps  # strictly increasing, no repeats
         assert csv_steps[-1] == steps
         gaps = [b - a for a, b in zip([0, *csv_steps], csv_steps, strict=False)]
-        assert max(gaps) <= TINY_SET["log_interval"], csv_steps
+        assert max(gaps) <= TINY_TRIAL["log_interval"], csv_steps
         tune_steps = [r["step"] for r in result_rows(trial)]
         assert tune_steps == sorted(set(tune_steps)) and tune_steps[-1] == steps, tune_steps
 
@@ -276,7 +260,7 @@ def _stop_session(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=45)
+            proc.wait(timeout=5)  # a clean stop, if it is quick (a full drain takes half a minute)
         except subprocess.TimeoutExpired:
             pass
     kill_session(proc.pid)
@@ -305,25 +289,26 @@ def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
         start_new_session=True)
     job_id = None
     try:
-        deadline = time.time() + 120
-        while True:
+        answer: dict = {}
+
+        def dashboard_answers() -> bool:
             request = urllib.request.Request(f"{api}/api/version",
                                              headers={"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
             try:
-                version = json.loads(urllib.request.urlopen(request, timeout=5).read())
-                break
-            except OSError as err:
-                assert head.poll() is None, f"ray start exited: {head_log.read_text()[-3000:]}"
-                assert time.time() < deadline, f"dashboard not up at {api}: {err}; {head_log.read_text()[-3000:]}"
-                time.sleep(1)
-        assert version.get("ray_version")
+                answer.update(json.loads(urllib.request.urlopen(request, timeout=5).read()))
+            except OSError:
+                return False
+            return True
+
+        wait_until(dashboard_answers, head, 120, f"dashboard at {api}", poll_s=0.5)
+        assert answer.get("ray_version")
         # Bound to 127.0.0.1 only: not reachable on the machine's other addresses.
         other = socket.gethostbyname(socket.gethostname())
         if not other.startswith("127."):
             with pytest.raises(OSError), socket.create_connection((other, dashboard_port), timeout=2):
                 pass
 
-        space = tiny_grid(tmp_path / "job.yaml", [1e-3, 3e-3], 20)
+        space = write_grid_space(tmp_path / "job.yaml", [1e-3, 3e-3], steps=20, **SWEEP_TRIAL)
         results = tmp_path / "results"
         repo = Path(__file__).resolve().parent.parent
         job_id = f"lmtune_test_{os.getpid()}_{int(time.time())}"
@@ -439,7 +424,8 @@ def disk_sweep(root: Path, trials: dict[str, tuple[float, str, dict[int, float]]
 
 def run_printout(sweep_dir: Path, trials: int, capsys) -> tuple[int, str]:
     from lmtune.run import print_result
-    from lmtune.sweep.runner import SweepOptions, SweepResult
+    from lmtune.sweep.options import SweepOptions
+    from lmtune.sweep.runner import SweepResult
 
     outcomes = read_outcomes(sweep_dir)
     counts = {o: sum(e["outcome"] == o for e in outcomes.values()) for o in {e["outcome"] for e in outcomes.values()}}

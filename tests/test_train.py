@@ -13,7 +13,7 @@ import subprocess
 import matplotlib.image
 import pytest
 import torch
-from conftest import assert_refused, read_wandb_runs, run_lmtune, sigkill, snapshot, start_lmtune, wait_until
+from conftest import TINY, assert_refused, read_wandb_runs, run_lmtune, sigkill, snapshot, start_lmtune, wait_until
 
 from lmtune.data.batches import BatchSampler, fixed_val_batches
 from lmtune.data.dataset import load_data, read_meta, unigram_entropy
@@ -31,8 +31,9 @@ from lmtune.training.step import Runtime, train_step
 # Columns that measure time or memory, so they differ between otherwise identical runs.
 TIMING_COLUMNS = {"tokens_per_s", "mfu", "data_wait_s", "compute_s", "peak_memory_bytes", "elapsed_s"}
 PROBE_COLUMNS = ["attn_logit_max", "output_logit_max", "output_logz_mean"]
-TINY_SETS = ["d_model=32", "d_ff=64", "n_layers=2", "n_heads=2", "context_length=32", "batch_size=8",
-             "warmup_steps=5", "eval_batches=2", "device=cpu", "compile=off"]
+# The tiny run's settings as --set pairs, but for the intervals and steps each test sets.
+TINY_SETS = [f"{k}={v}" for k, v in TINY.items()
+             if k not in ("steps", "log_interval", "eval_interval", "checkpoint_interval")]
 
 
 def _sets(*pairs: str) -> list[str]:

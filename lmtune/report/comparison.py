@@ -2,7 +2,7 @@
 
 A trial ASHA stopped at a rung is compared with the others at the rungs it reached and nowhere
 else; "final" losses are those at the end of the budget, from trials that trained all of it; the best
-LR is the lowest mean full-budget loss over its seeds (lmtune.sweep.edge.conclude, the rule the sweep
+LR is the lowest mean full-budget loss over its seeds (lmtune.sweep.runs.conclude, the rule the sweep
 itself prints). Works on the report's TrialRecords, turned into the search's Runs.
 """
 
@@ -26,8 +26,7 @@ from lmtune.report.stability import (
     tokens_trained,
     val_points,
 )
-from lmtune.sweep.edge import INTERRUPTED, STAGES
-from lmtune.sweep.runs import Budget, Run, conclude, effective_runs
+from lmtune.sweep.runs import INTERRUPTED, Budget, Run, conclude, effective_runs
 from lmtune.training.divergence import BY_RULE, NON_FINITE, WHOLE_RUN
 
 # A stable run's attention logits above this are worth a warning: Wortsman et al. (2023) find
@@ -184,8 +183,10 @@ def stage_accounting(pairs: Sequence[Pair], edge_state: dict[str, Any] | None,
         entry = stages.setdefault(decision["stage"], {"name": decision["stage"], "lrs": set(), "trials": 0,
                                                       "tokens": 0, "why": []})
         entry["why"].append(decision["why"])
-    order = {name: i for i, name in enumerate(STAGES)}
-    result = sorted(stages.values(), key=lambda e: (order.get(e["name"], -1), e["name"]))
+    # In the order the search decided them (the range test first), then any it did not record a decision for.
+    decided = ["range"] + [d["stage"] for d in (edge_state or {}).get("decisions", [])]
+    order = {name: decided.index(name) for name in decided}
+    result = sorted(stages.values(), key=lambda e: (order.get(e["name"], len(order)), e["name"]))
     return [{**e, "lrs": sorted(e["lrs"])} for e in result]
 
 

@@ -1,6 +1,6 @@
 """The few lines both CLIs print about what a sweep concluded (``run`` at its end, ``analyze`` after its
 report): the best LR with its spread and interval, the edge bracket, and their ratio as a range. Takes
-the keys of lmtune.sweep.edge.conclude (which summary.json also carries)."""
+the keys of lmtune.sweep.runs.conclude (which summary.json also carries)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,6 @@ from lmtune.report.stability import (
     TrialRecord,
     first_growth,
 )
-from lmtune.sweep.edge import STAGES
 from lmtune.sweep.runs import SIGNIFICANCE_SE
 from lmtune.training.divergence import Spike, describe_spikes
 
@@ -130,7 +129,7 @@ def _trials(summary: dict[str, Any]) -> list[str]:
     header = [*(["stage"] if staged else []), "trial", "lr", *(["seed"] if seeded else []), *extra, "status",
               "final val", "best val", "tokens", "wall time", "tokens/s", "stop reason", "stop step"]
     table_rows = []
-    for r in sorted(summary["trials"], key=_trial_order):
+    for r in sorted(summary["trials"], key=_trial_order([s["name"] for s in summary.get("stages") or []])):
         wall = f"{r['wall_time_s']:.0f} s" if r["wall_time_s"] is not None else "—"
         table_rows.append([*([r.get("stage") or "—"] if staged else []), r["trial_id"], f"{r['lr']:.4g}",
                            *([_fmt(r.get("seed"))] if seeded else []), *[_fmt(r["params"].get(k)) for k in extra],
@@ -140,9 +139,13 @@ def _trials(summary: dict[str, Any]) -> list[str]:
             "stopped earlier).", "", *_table(header, table_rows), ""]
 
 
-def _trial_order(row: dict[str, Any]) -> tuple:
-    stage = row.get("stage")
-    return (STAGES.index(stage) if stage in STAGES else len(STAGES)), row["lr"], row.get("seed") or 0
+def _trial_order(stages: list[str]):
+    """Trials by stage (in the order the search ran them), then LR and seed."""
+    def key(row: dict[str, Any]) -> tuple:
+        stage = row.get("stage")
+        return (stages.index(stage) if stage in stages else len(stages)), row["lr"], row.get("seed") or 0
+
+    return key
 
 
 def _best_lr(summary: dict[str, Any]) -> list[str]:

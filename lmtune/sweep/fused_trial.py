@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,10 @@ from ray import tune
 
 from lmtune.files import atomic_write_json
 from lmtune.fused.loop import train_fused
+from lmtune.sweep.plan import AshaBudget
 from lmtune.sweep.record import TRIAL_FILE, write_trial_file
+from lmtune.sweep.reporting import TuneSink
 from lmtune.sweep.runs import format_tokens
-from lmtune.sweep.trainable import TuneSink
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.divergence import BY_RULE, DivergenceRule
 from lmtune.training.loop import RunEnd, RunResult
@@ -32,22 +32,13 @@ from lmtune.training.metrics import Row
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class MemberRules:
-    """The sweep's stopping rules, as a group applies them to its members (the divergence rule itself
-    is the trial's DivergenceRule, which each member's LossWatch applies)."""
-
-    asha: dict[str, Any] | None
-    """AshaBudget as a dict (max_t, grace_period, reduction_factor in tokens), or None without ASHA."""
-
-
 def member_folders(group_dir: Path, group_id: str, lrs: list[float]) -> dict[str, Path]:
     """Member trial id -> its folder, beside the group's in the sweep folder."""
     return {f"{group_id}-{k}": group_dir.parent / f"{group_id}-{k}_lr={lr:.3g}" for k, lr in enumerate(lrs)}
 
 
 def train_group_trial(params: dict[str, Any], base: RunConfig, group_id: str, group_dir: Path,
-                      rules: MemberRules, divergence: DivergenceRule) -> list[RunResult]:
+                      asha: AshaBudget | None, divergence: DivergenceRule) -> list[RunResult]:
     """Train the group ``params["members"]`` ({"lr": [...], other swept settings}) with each member's
     files in its own folder; Tune hears the group through GroupTuneSink."""
     group = dict(params["members"])
@@ -63,13 +54,13 @@ def train_group_trial(params: dict[str, Any], base: RunConfig, group_id: str, gr
     restore_group_checkpoint(folders)
     sink = GroupTuneSink(configs[0], list(folders))
     return train_fused(configs, list(folders.values()), resume=True, group_sink=sink,
-                       member_rule=member_rule(configs[0], rules), divergence=divergence)
+                       member_rule=member_rule(configs[0], asha), divergence=divergence)
 
 
-def member_rule(config: RunConfig, rules: MemberRules):
+def member_rule(config: RunConfig, asha: AshaBudget | None):
     """The group's MemberRule: the stopper's divergence rule at every row (the member's LossWatch fired:
     above its initial loss for the whole recovery window), ASHA's rung rule at evaluations."""
-    rungs = GroupRungs(**rules.asha, run_tokens=config.run_tokens) if rules.asha else None
+    rungs = GroupRungs(asha, run_tokens=config.run_tokens) if asha else None
 
     def decide(step: int, rows: dict[int, Row]) -> dict[int, RunEnd]:
         # (At its last row a member ends by itself and its whole loss is judged, as an unfused trial's is.)
@@ -91,13 +82,13 @@ class GroupRungs:
     first evaluation at or past it cuts the members worse than the best 1/reduction_factor of them, as
     Ray's ASHA cuts a trial worse than that quantile of its rung; none is cut at the trial's last report."""
 
-    def __init__(self, max_t: int, grace_period: int, reduction_factor: float, run_tokens: int):
+    def __init__(self, asha: AshaBudget, run_tokens: int):
         self.milestones = []
-        milestone = grace_period
-        while milestone <= max_t:
+        milestone = asha.grace_period
+        while milestone <= asha.max_t:
             self.milestones.append(milestone)
-            milestone *= reduction_factor
-        self.reduction_factor, self.run_tokens = reduction_factor, run_tokens
+            milestone *= asha.reduction_factor
+        self.reduction_factor, self.run_tokens = asha.reduction_factor, run_tokens
         self.done: set[float] = set()
 
     def cut(self, tokens: int, vals: dict[int, float]) -> dict[int, str]:

@@ -1,30 +1,24 @@
-"""How a sweep is laid out on the machines it has: resources per trial, how many trials share a GPU,
-and ASHA's budget in tokens. ``run`` plans with these; ``analyze`` reads the same rules back.
+"""The plan of a sweep: everything a sweep's trials and its resume need to know, typed, frozen, and
+written whole to sweep.json (``to_json``) and read back whole (``from_json``) on --resume.
+
+    SweepPlan
+      space   the search space as validated: its strategy and that strategy's settings, the fixed settings,
+              the scheduler, the stopper (and its divergence rule), the LRs fused per trial
+      base    the RunConfig every trial starts from (budget + fixed settings + --set)
+      asha    ASHA's rungs in tokens (None without ASHA)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from lmtune.errors import LmtuneError
+from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import SchedulerSpec, SearchSpace
-from lmtune.training.config import ModelConfig, RunConfig
-from lmtune.training.model import count_parameters
-
-log = logging.getLogger(__name__)
-
-# Per-process CUDA context, cuBLAS workspace and allocator slack that torch's allocator does not count.
-CUDA_CONTEXT_BYTES = 600 * 2**20
-# Share of GPU memory left free when packing trials: allocator fragmentation and eval-time spikes.
-MEMORY_HEADROOM = 0.10
-# A higher K must beat the best smaller K by this much to be worth its slower individual trials.
-PACKING_MIN_GAIN = 0.05
-# Without measurements, pack at most this many trials per GPU (time-slicing gains flatten out).
-UNMEASURED_MAX_TRIALS = 4
-# A GPU of this size is assumed when the driver sees none (a cluster of GPU workers and a CPU head).
-ASSUMED_GPU_BYTES = 80 * 2**30
+from lmtune.training.config import RunConfig
+from lmtune.training.divergence import DivergenceRule
 
 
 @dataclass(frozen=True)
@@ -45,101 +39,61 @@ def asha_budget(spec: SchedulerSpec, largest_trial_tokens: int) -> AshaBudget:
     return AshaBudget(max_t, max(1, min(grace, max_t)), spec.reduction_factor)
 
 
-def largest_value(space: SearchSpace, name: str, current: int) -> int:
-    """The largest value the space gives setting ``name`` (``current``: the base config's, when it does not
-    vary it)."""
-    spec = space.params.get(name)
-    if spec is None:
-        return current
-    values = spec if space.search == "grid" else (spec[1] if spec[0] == "choice" else [spec[1][1]])
-    return max(int(v) for v in values)
+@dataclass(frozen=True)
+class SweepPlan:
+    space: SearchSpace
+    base: RunConfig
+    """The config every trial starts from; each trial applies its own swept settings to a copy."""
+    asha: AshaBudget | None = None
 
+    @classmethod
+    def create(cls, space: SearchSpace, base: RunConfig) -> SweepPlan:
+        """The plan, with ASHA's budget computed from the largest trial the space can have."""
+        plan = cls(space, base)
+        if space.scheduler.name != "asha":
+            return plan
+        return dataclasses.replace(plan, asha=asha_budget(space.scheduler, plan.max_trial_tokens()))
 
-def max_trial_tokens(space: SearchSpace, base: RunConfig) -> int:
-    """The largest token budget any trial of the space can have (batch/context/steps may vary)."""
-    return (largest_value(space, "batch_size", base.train.batch_size)
-            * largest_value(space, "context_length", base.model.context_length)
-            * largest_value(space, "steps", base.train.steps))
+    def budget(self) -> Budget:
+        """Every trial's budget as the searchers and the report see it: steps, tokens per step, seed, ASHA's rungs."""
+        return Budget.of_config(self.base.to_dict(), asdict(self.asha) if self.asha else None)
 
+    @property
+    def divergence_rule(self) -> DivergenceRule:
+        return self.space.stopper.rule
 
-def largest_trial(space: SearchSpace, base: RunConfig) -> RunConfig:
-    """The base config with the largest batch and context any trial of the space can have: the one that
-    needs the most memory."""
-    largest = dataclasses.replace(base, model=dataclasses.replace(base.model), train=dataclasses.replace(base.train))
-    largest.train.batch_size = largest_value(space, "batch_size", base.train.batch_size)
-    largest.model.context_length = largest_value(space, "context_length", base.model.context_length)
-    return largest
+    def largest_value(self, name: str, current: int) -> int:
+        """The largest value trials give setting ``name`` (``current``: the base config's, when none sets it)."""
+        return max([int(v) for v in self.space.strategy.values_of(name)], default=current)
 
+    def max_trial_tokens(self) -> int:
+        """The largest token budget any trial can have (batch/context/steps may vary)."""
+        base = self.base
+        return (self.largest_value("batch_size", base.train.batch_size)
+                * self.largest_value("context_length", base.model.context_length)
+                * self.largest_value("steps", base.train.steps))
 
-def trial_memory_bytes(config: RunConfig, members: int = 1) -> int:
-    """Device memory of one trial of ``config`` (bf16 activations): a fused trial holds ``members`` models,
-    their optimizer states and their activations."""
-    micro_batch = max(1, config.train.batch_size // config.train.grad_accum_steps)
-    return members * estimate_trial_memory_bytes(config.model, micro_batch, amp=True)
+    def largest_trial(self) -> RunConfig:
+        """The base config with the largest batch and context any trial can have: the one that needs the
+        most memory."""
+        base = self.base
+        largest = dataclasses.replace(base, model=dataclasses.replace(base.model),
+                                      train=dataclasses.replace(base.train))
+        largest.train.batch_size = self.largest_value("batch_size", base.train.batch_size)
+        largest.model.context_length = self.largest_value("context_length", base.model.context_length)
+        return largest
 
+    def to_json(self) -> dict[str, Any]:
+        """sweep.json's keys for the plan: ``space``, ``budget``, ``base_config`` and ``asha``."""
+        return {"space": self.space.to_json(), "budget": self.base.budget, "base_config": self.base.to_dict(),
+                "asha": asdict(self.asha) if self.asha else None}
 
-def trial_resources(base: RunConfig, cpus_per_trial: float, gpus_per_trial: float | None,
-                    cluster_gpus: float, gpu_memory_bytes: int | None, members: int = 1) -> dict[str, float]:
-    """CPUs and GPU share per trial: as asked, else (on a cluster with GPUs) 1 / the packing rule's K for
-    a trial of ``base`` (the space's largest: ``largest_trial``) training ``members`` fused models. A trial
-    that does not fit one whole GPU is refused, in one line."""
-    if gpus_per_trial is None:
-        gpus_per_trial = 0.0
-        if cluster_gpus > 0:
-            need = trial_memory_bytes(base, members)
-            gpu_bytes = gpu_memory_bytes or ASSUMED_GPU_BYTES
-            if need + CUDA_CONTEXT_BYTES > (1 - MEMORY_HEADROOM) * gpu_bytes:
-                models = f"{members} fused model{'s' * (members > 1)}"
-                raise LmtuneError(
-                    f"one trial needs about {need / 2**30:.1f} GiB ({models} at batch {base.train.batch_size}), more "
-                    f"than the {gpu_bytes / 2**30:.0f} GiB GPU holds; lower --fuse, or split each batch with --set "
-                    "grad_accum_steps=N")
-            gpus_per_trial = 1.0 / recommend_trials_per_gpu(need, gpu_bytes)
-    return {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
-
-
-def max_concurrent_trials(asked: int | None, cluster_cpus: float, cpus_per_trial: float) -> int:
-    return asked or max(1, int(cluster_cpus // cpus_per_trial))
-
-
-def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp: bool) -> int:
-    """Device memory of one training trial with ``batch_size`` sequences per forward pass (a micro-batch),
-    without the CUDA context.
-
-    Persistent: float32 parameters, gradients and AdamW's two moments = 16 bytes per parameter.
-    Activations kept for backward, per token and layer: about 10 d_model-sized tensors (norm inputs,
-    q/k/v before and after RoPE, attention output, residuals) and 4 d_ff-sized ones (gate, up, SiLU,
-    product), at 2 bytes under bf16 autocast, 4 without; attention itself adds nothing with a fused
-    SDPA kernel. The output layer keeps the logits (2 or 4 bytes) plus the float32 copy the loss
-    computes in and its gradient (8 bytes) per vocabulary entry. Plus 20% for allocator fragmentation.
-    """
-    m = model_config
-    params = count_parameters(m)["total"]
-    act_bytes = 2 if amp else 4
-    tokens = batch_size * m.context_length
-    per_token = m.n_layers * (10 * m.d_model + 4 * m.d_ff) * act_bytes + m.vocab_size * (act_bytes + 8)
-    return int(1.2 * (16 * params + tokens * per_token))
-
-
-def recommend_trials_per_gpu(memory_per_trial_bytes: int, gpu_memory_bytes: int,
-                             measured: dict[int, float] | None = None) -> int:
-    """Trials to run at once on one GPU.
-
-    Memory bound: K trials fit when K * (trial memory + CUDA context) <= 90% of the GPU. With
-    ``measured`` (K -> aggregate tokens/s from ``python -m lmtune.bench --concurrency``), take the K
-    that fits with the highest aggregate, except that a larger K must beat the best smaller one by 5%:
-    more trials at once make each trial slower, which delays ASHA's early decisions for little gain.
-    Without measurements, the memory bound capped at 4.
-    """
-    per_trial = memory_per_trial_bytes + CUDA_CONTEXT_BYTES
-    fits = max(1, int((1 - MEMORY_HEADROOM) * gpu_memory_bytes // per_trial))
-    if not measured:
-        return min(fits, UNMEASURED_MAX_TRIALS)
-    candidates = sorted(k for k in measured if 1 <= k <= fits)
-    if not candidates:
-        return 1
-    choice = candidates[0]
-    for k in candidates[1:]:
-        if measured[k] > (1 + PACKING_MIN_GAIN) * measured[choice]:
-            choice = k
-    return choice
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SweepPlan:
+        """The plan a sweep.json holds; LmtuneError when it holds none this version can use."""
+        try:
+            return cls(SearchSpace.from_json(data["space"]), RunConfig.from_dict(data["base_config"]),
+                       AshaBudget(**data["asha"]) if data.get("asha") else None)
+        except (KeyError, TypeError, ValueError) as err:
+            raise LmtuneError(f"no usable sweep plan ({type(err).__name__}: {err}); it was not written by "
+                              "python -m lmtune.run, or was edited: restore it") from None

@@ -25,6 +25,9 @@ SIGNIFICANCE_SE = 2.0
 # optimum. Far above it runs differ much more from seed to seed (measured on the built-in corpus, seed
 # standard deviations of 0.01-0.06 within 4x of the best LR, 0.2-0.3 at 10x), which would widen the basin.
 SPREAD_WITHIN = 4.0
+# The reason recorded for a trial a search planned again after a driver restart (the ledger never got it).
+INTERRUPTED = ("interrupted: the sweep's driver stopped while it ran, before Ray recorded the trial; the search "
+               "ran its plan again in another trial")
 
 
 @dataclass(frozen=True)

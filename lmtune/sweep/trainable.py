@@ -7,6 +7,7 @@ every checkpoint interval; a restarted trial (retry or --resume) continues from 
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -18,19 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 from ray import tune
 
 from lmtune.data.dataset import read_meta
 from lmtune.files import atomic_write_text
 from lmtune.private_apis import trial_storage_dir
+from lmtune.sweep.fused_trial import train_group_trial
+from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SEARCH_ONLY_PARAMS, is_sweep_dir, trial_folders, write_trial_file
+from lmtune.sweep.reporting import TuneSink, restore_tune_checkpoint
 from lmtune.training.checkpoint import PERIODIC, checksum_path, load_latest, periodic_checkpoints
 from lmtune.training.compile import enable_shared_compile_cache
 from lmtune.training.config import RunConfig, apply_overrides
-from lmtune.training.divergence import DivergenceRule
-from lmtune.training.loop import RunResult, train
+from lmtune.training.loop import train
 from lmtune.training.lr_range import RangeTestConfig, lr_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics, write_metrics
 
@@ -122,89 +124,15 @@ def compile_cache_dir(out_dir: Path) -> Path:
     return Path(os.environ.get("LMTUNE_COMPILE_CACHE", Path.home() / ".cache" / "lmtune" / "inductor"))
 
 
-class TuneSink:
-    """A run's rows as Tune results, each with the checkpoint written at it; the run ends with one more
-    result saying how its loss was judged (its spikes; and a divergence, which the sweep's stopper turns
-    into the trial's outcome). ``early_stop`` False marks every result ``no_early_stop`` (the stopper's
-    divergence rule then leaves the trial alone: an edge search's confirmation run)."""
-
-    def __init__(self, config: RunConfig, early_stop: bool = True):
-        self.config = config
-        self.early_stop = early_stop
-        # What a diverged trial is worth to a searcher: the loss of a uniform guess.
-        self.uniform_loss = math.log(config.model.vocab_size)
-        self.latest_val = self.uniform_loss
-        self.node_id = ray.get_runtime_context().get_node_id()  # node_ip is shared by raylets on one host
-
-    def _metrics(self, values: dict[str, Any]) -> dict[str, Any]:
-        return {**{k: v for k, v in values.items() if v is not None}, "objective": self.latest_val,
-                "total_tokens": self.config.total_tokens, "run_tokens": self.config.run_tokens,
-                "uniform_loss": self.uniform_loss,
-                # The last warm-up step runs at the peak LR: judged like the rest (ASHA may cut there).
-                "in_warmup": values["step"] < self.config.train.warmup_steps, "node_id": self.node_id,
-                **({} if self.early_stop else {"no_early_stop": True})}
-
-    def write(self, row: dict[str, Any], checkpoint: Path | None) -> None:
-        files = {} if checkpoint is None else {p.name: p for p in (checkpoint, checksum_path(checkpoint))}
-        self.report(row, files)
-
-    def report(self, values: dict[str, Any], files: dict[str, Path]) -> None:
-        """One Tune result; with ``files`` (name in the checkpoint -> path), a tune.Checkpoint of them."""
-        if values.get("val_loss") is not None and math.isfinite(values["val_loss"]):
-            self.latest_val = values["val_loss"]
-        metrics = self._metrics(values)
-        if not files:
-            tune.report(metrics)
-            return
-        with tempfile.TemporaryDirectory(prefix="lmtune-ckpt-") as staging:
-            for name, path in files.items():
-                target = Path(staging) / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(path, target)  # no copy: Tune persists it from here
-                except OSError:
-                    shutil.copy2(path, target)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(staging))
-
-    def close(self, result: RunResult) -> None:
-        """A run that diverged ends with one more result saying where and how (the stopper's, and the
-        ledger's, reason); any other run's last row was its last result."""
-        if result.status != "diverged":
-            return
-        step = result.end.diverged_step
-        self.latest_val = self.uniform_loss
-        tune.report(self._metrics({"step": result.summary["steps"], "tokens": result.summary["tokens"],
-                                   "diverged": True, "diverged_because": result.end.detail, "diverged_step": step,
-                                   "diverged_tokens": step * self.config.tokens_per_step,
-                                   "divergence": result.end.divergence}))
-
-
-def restore_tune_checkpoint(out_dir: Path) -> None:
-    """Copy the checkpoint Tune restores this trial from (a retry, or --resume on a new node) into the
-    run's checkpoints folder, where the loop's resume looks."""
-    restored = tune.get_checkpoint()
-    if restored is None:
-        return
-    with restored.as_directory() as directory:
-        for path in Path(directory).glob("step_*.pt*"):
-            target = out_dir / "checkpoints" / path.name
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, target)
-
-
-def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedData | None = None,
-                ended: frozenset[str] = frozenset(), range_test: dict[str, Any] | None = None,
-                fused_rules: dict[str, Any] | None = None, divergence: dict[str, Any] | None = None) -> None:
-    """Ray Tune function trainable. ``params`` are the trial's own values (lr, ...; in an edge search
-    also its ``stage``); ``base`` is the sweep's RunConfig as a dict (budget + --set + the space's fixed
-    settings). ``ended``: ids of trials the ledger says already ended (set on --resume): Tune's
-    experiment snapshot can predate that decision and resume them, and they return at once instead of
-    training again. ``range_test``: the edge search's range-test settings (a RangeTestConfig as a
-    dict), for its trial of stage "range". A trial whose ``params`` hold ``members`` trains them as one
-    fused group (lmtune.sweep.fused_trial) under ``fused_rules`` (a MemberRules as a dict). ``divergence``:
-    the sweep's DivergenceRule as a dict. An edge search's ``continue_from`` (a trial id) starts the run from
-    that trial's newest checkpoint; ``early_stop`` False runs it without the stopper's divergence rule."""
+def train_trial(params: dict[str, Any], plan: SweepPlan, shipped: ShippedData | None = None,
+                ended: frozenset[str] = frozenset()) -> None:
+    """Ray Tune function trainable. ``params`` are the trial's own values (lr, ...; a search that stages its
+    trials adds ``stage``); ``plan`` is the sweep's, whole (its base config, stopper and strategy). ``ended``:
+    ids of trials the ledger says already ended (set on --resume): Tune's experiment snapshot can predate that
+    decision and resume them, and they return at once instead of training again. A trial whose ``params``
+    hold ``members`` trains them as one fused group (lmtune.sweep.fused_trial); a trial of stage "range" runs
+    the strategy's LR range test. An edge search's ``continue_from`` (a trial id) starts the run from that
+    trial's newest checkpoint; ``early_stop`` False runs it without the stopper's divergence rule."""
     # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
     # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
@@ -218,21 +146,17 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
     limit_to_assigned_resources(context.get_trial_resources().required_resources)
     enable_shared_compile_cache(compile_cache_dir(out_dir))
     torch.compiler.reset()  # a reused worker: the last trial's compiled graphs guard on its own model
-    rule = DivergenceRule(**(divergence or {}))
+    base = copy.deepcopy(plan.base)  # (a reused worker keeps the plan: each trial gets its own copy)
+    base.data_dir = str(trial_data_dir(base.data_dir, shipped))
     if "members" in params:
-        from lmtune.sweep.fused_trial import MemberRules, train_group_trial  # (it imports this module)
-
-        config = RunConfig.from_dict(base)
-        config.data_dir = str(trial_data_dir(config.data_dir, shipped))
-        train_group_trial(params, config, trial_id, out_dir, MemberRules(**(fused_rules or {})), rule)
+        train_group_trial(params, base, trial_id, out_dir, plan.asha, plan.divergence_rule)
         return
     write_trial_file(out_dir, trial_id, params)
-    stage = params.get("stage")
     overrides = {k: v for k, v in params.items() if k not in SEARCH_ONLY_PARAMS}
-    config = apply_overrides(RunConfig.from_dict(base), overrides, where=f"trial {trial_id}")
-    config.data_dir = str(trial_data_dir(config.data_dir, shipped))
-    if stage == "range":
-        run_range_test(config, RangeTestConfig(**(range_test or {})), out_dir)
+    config = apply_overrides(base, overrides, where=f"trial {trial_id}")
+    range_test = plan.space.strategy.range_test()
+    if params.get("stage") == "range" and range_test is not None:
+        run_range_test(config, range_test, out_dir)
         return
     restore_tune_checkpoint(out_dir)
     if params.get("continue_from"):
@@ -240,7 +164,8 @@ def train_trial(params: dict[str, Any], base: dict[str, Any], shipped: ShippedDa
         if step:
             write_trial_file(out_dir, trial_id, params, continued_from_tokens=step * config.tokens_per_step)
     sink = TuneSink(config, early_stop=params.get("early_stop", True))
-    train(config, out_dir, resume=True, sinks=[sink], before_step=injected_fault(config, out_dir), divergence=rule)
+    train(config, out_dir, resume=True, sinks=[sink], before_step=injected_fault(config, out_dir),
+          divergence=plan.divergence_rule)
 
 
 def continue_run(sweep_dir: Path, source_id: str, out_dir: Path) -> int | None:

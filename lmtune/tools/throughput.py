@@ -9,7 +9,7 @@ un-fused AdamW and a ``loss.item()`` per step. Both are timed in the same proces
 interleaved, after warm-up (and compilation), synchronized on CUDA; the median over repeats is reported.
 
 ``run_concurrency`` instead runs K worker processes at once (as fractional-GPU trials do) and
-measures aggregate tokens/s and per-process memory for each K; lmtune.sweep.plan turns such
+measures aggregate tokens/s and per-process memory for each K; lmtune.sweep.placement turns such
 measurements into the sweep's packing.
 """
 

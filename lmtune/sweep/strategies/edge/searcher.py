@@ -1,5 +1,5 @@
 """The edge search as a Ray Tune Searcher: Tune asks it for trials and tells it their results; the
-decisions are lmtune.sweep.edge's ``EdgeSearch``.
+decisions are lmtune.sweep.strategies.edge.search's ``EdgeSearch``.
 
 Concurrency is the searcher's own (it returns True from ``set_max_concurrency``): it knows which
 trials run. Its state goes into Tune's experiment snapshot (``save``/``restore``, taken together with
@@ -19,8 +19,9 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from lmtune.files import atomic_write_json
-from lmtune.sweep.edge import FINISHED, INTERRUPTED, WAIT, EdgeSearch
 from lmtune.sweep.record import edge_state_path, read_edge_state, read_outcomes, trial_folders
+from lmtune.sweep.runs import INTERRUPTED
+from lmtune.sweep.strategies.edge.search import FINISHED, WAIT, EdgeSearch
 from lmtune.training.lr_range import read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
@@ -41,7 +42,7 @@ class EdgeSearcher(Searcher):
         decided = len(self.search.decisions)
         answer = self.search.suggest(trial_id)
         for decision in self.search.decisions[decided:]:
-            log.info("edge search, %s: %s", decision["stage"], decision["why"])
+            log.info("edge search, %s: %s", decision.stage, decision.why)
         if answer == WAIT:
             if len(self.search.decisions) != decided:
                 self._mirror()

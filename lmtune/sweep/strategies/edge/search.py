@@ -1,6 +1,7 @@
 """The edge search (``search: edge``): which LR is best for the budget, how the loss degrades above it,
 and where training fails, decided step by step from what the sweep has trained. Ray-free: the Tune
-Searcher that drives it is lmtune.sweep.edge_searcher; what the runs show is lmtune.sweep.runs.
+Searcher that drives it is lmtune.sweep.strategies.edge.searcher; what the runs show is lmtune.sweep.runs;
+its settings and what each stage picks are lmtune.sweep.strategies.edge.settings.
 
 The stages, in one sweep:
 
@@ -34,7 +35,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lmtune.errors import LmtuneError
 from lmtune.sweep.runs import (
     SAME_LR,
     Budget,
@@ -44,12 +44,11 @@ from lmtune.sweep.runs import (
     bracket,
     conclude,
     crown,
-    crowned_ranking,
     effective_runs,
-    format_tokens,
     full_budget_ranking,
     needs_confirmation,
 )
+from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
 STAGES = ("range", "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
@@ -58,173 +57,30 @@ NO_EARLY_STOP_STAGES = frozenset({"confirm"})  # the stopper's divergence rule l
 WAIT, FINISHED = "wait", "finished"
 # Bisection rounds before the search gives up on a bracket that keeps moving (noise near the edge).
 MAX_BISECT_ROUNDS = 12
-# The reason recorded for a trial that was planned again after a driver restart (EdgeSearch.requeue).
-INTERRUPTED = ("interrupted: the sweep's driver stopped while it ran, before Ray recorded the trial; the search "
-               "ran its plan again in another trial")
-# Keys of the edge: section that earlier versions had (a space naming one is told what replaced it).
-RETIRED_KEYS = {"horizon": "probes now train the full budget: divergence is failure to recover within the "
-                           "stopper's recovery_window; remove it"}
-
-
-@dataclass(frozen=True)
-class EdgeSettings:
-    """The ``edge:`` section of a space with ``search: edge``."""
-
-    range_min_lr: float = 1e-5
-    """The range test's first LR."""
-    range_max_lr: float = 10.0
-    """The range test's last LR, if the loss has not blown up before."""
-    range_steps: int = 100
-    """Steps of the range test (the LR is multiplied by the same factor at each)."""
-    range_blowup_factor: float = 1.5
-    """The range test stops when its smoothed loss exceeds this x its lowest value."""
-    coarse_below: float = 10.0
-    """The coarse grid starts this factor below the range test's steepest-descent LR."""
-    coarse_above: float = 1.0
-    """... and ends at the first LR at or above the blow-up LR x this."""
-    coarse_ratio: float = 3.16
-    """Neighbouring coarse LRs differ by this factor (3.16: two per decade)."""
-    tolerance: float = 1.25
-    """Bisection ends when smallest diverged LR / largest LR trained through <= this."""
-    edge_seeds: int = 2
-    """Seeds each bisection probe trains, and that must all train through at the bracket's stable end: the
-    edge is where any seed fails (it moves from seed to seed; one seed would hide that)."""
-    bisect_points: int = 1
-    """Probes per bisection round (1: halve the bracket in log-LR; k: cut it into k + 1 parts)."""
-    refine_factor: float = 2.0
-    """Refinement LRs lie within best / refine_factor .. best x refine_factor."""
-    refine_points: int = 4
-    """Refinement LRs (log-spaced, half below and half above the best)."""
-    rerun_margin: float = 0.05
-    """An LR below the best that ASHA cut is re-run to the full budget when its val loss at its last
-    rung was within this fraction of that rung's best."""
-    seeds: int = 3
-    """Runs per LR for the best LRs, the first seed included."""
-    seed_lrs: int = 2
-    """How many of the best LRs get the further seeds."""
-    seed_rounds: int = 3
-    """Further rounds of seeds for LRs that beat the crowned best seed for seed (each round: the seeds
-    the best has, for every such LR)."""
-    max_extensions: int = 3
-    """When no LR diverged (or every LR did), probes this many times further out, coarse_ratio^2 apart."""
-
-    def validate(self, where: str = "edge") -> None:
-        """Raise LmtuneError (one line naming the key) for settings no search could use."""
-        checks = [
-            ("range_min_lr", self.range_min_lr > 0, "must be > 0, e.g. 1e-5"),
-            ("range_max_lr", self.range_max_lr > self.range_min_lr,
-             f"must be above range_min_lr ({self.range_min_lr:g})"),
-            ("range_steps", self.range_steps >= 10, "must be at least 10"),
-            ("range_blowup_factor", self.range_blowup_factor > 1, "must be above 1, e.g. 1.5"),
-            ("coarse_below", self.coarse_below >= 1, "must be >= 1 (a factor below the steepest descent)"),
-            ("coarse_above", self.coarse_above > 0, "must be > 0 (a factor on the blow-up LR)"),
-            ("coarse_ratio", self.coarse_ratio > 1, "must be above 1, e.g. 3.16"),
-            ("tolerance", 1 < self.tolerance <= self.coarse_ratio,
-             f"must be above 1 and at most coarse_ratio ({self.coarse_ratio:g}), e.g. 1.25"),
-            ("bisect_points", self.bisect_points >= 1, "must be at least 1"),
-            ("edge_seeds", self.edge_seeds >= 1, "must be at least 1"),
-            ("refine_factor", self.refine_factor > 1, "must be above 1, e.g. 2"),
-            ("refine_points", self.refine_points >= 0 and self.refine_points % 2 == 0,
-             "must be an even number >= 0 (half below the best, half above)"),
-            ("rerun_margin", self.rerun_margin >= 0, "must be >= 0 (a fraction, e.g. 0.05)"),
-            ("seeds", self.seeds >= 1, "must be at least 1 (1: no further seeds)"),
-            ("seed_lrs", self.seed_lrs >= 1, "must be at least 1"),
-            ("seed_rounds", self.seed_rounds >= 0, "must be >= 0"),
-            ("max_extensions", self.max_extensions >= 0, "must be >= 0"),
-        ]
-        for key, ok, message in checks:
-            if not ok:
-                raise LmtuneError(f"{where}.{key}: {message} (got {getattr(self, key)!r})")
-
-    @classmethod
-    def of_space(cls, space: dict[str, Any]) -> EdgeSettings | None:
-        """The settings sweep.json recorded for a search: edge (None for other searches)."""
-        if space.get("search") != "edge":
-            return None
-        return cls(**{k: v for k, v in (space.get("edge") or {}).items() if k in cls.__dataclass_fields__})
-
-
-# ---------------------------------------------------------------------------------------------
-# The stages' choices
-
-
-def coarse_lrs(steepest_lr: float | None, blowup_lr: float | None, settings: EdgeSettings) -> tuple[list[float], str]:
-    """The coarse grid (most promising first) and why: from steepest / coarse_below up to the first LR
-    at or above blowup x coarse_above, coarse_ratio apart. A range test without a steepest descent or a
-    blow-up falls back to its own LR bounds on that side."""
-    low = (steepest_lr or settings.range_min_lr * settings.coarse_below) / settings.coarse_below
-    high = (blowup_lr or settings.range_max_lr) * settings.coarse_above
-    count = max(2, math.ceil(math.log(high / low) / math.log(settings.coarse_ratio) - 1e-9) + 1)
-    lrs = [low * settings.coarse_ratio ** k for k in range(count)]
-    centre = steepest_lr or math.sqrt(low * high)
-    lrs.sort(key=lambda lr: (abs(math.log(lr / centre)), lr))
-    why = (f"{count} LRs a factor {settings.coarse_ratio:g} apart from {low:.3g} (the range test's steepest descent "
-           f"{_g(steepest_lr)} / {settings.coarse_below:g}) up to {lrs and max(lrs):.3g} (at or above its blow-up "
-           f"{_g(blowup_lr)} x {settings.coarse_above:g}); nearest the steepest descent first, so that ASHA's early "
-           "rungs hold good results to cut the others against")
-    return lrs, why
-
-
-def refine_lrs(best: LrResult, runs: list[Run], edge_lr: float | None, settings: EdgeSettings,
-               budget: Budget, queued: tuple[float, ...] = ()) -> list[float]:
-    """refine_points LRs log-spaced within best / refine_factor .. best x refine_factor, and the coarse
-    grid's neighbours of the best (best / coarse_ratio, best x coarse_ratio: they bound where the best
-    LR can lie, and ASHA may have cut them early), leaving out LRs at or above a known divergence and
-    LRs that already have (or will have: ``queued``) a full-budget run at the first seed."""
-    half = settings.refine_points // 2
-    candidates = [best.lr * settings.refine_factor ** (k / half) for k in range(-half, half + 1) if k] if half else []
-    candidates += [best.lr / settings.coarse_ratio, best.lr * settings.coarse_ratio]
-    tried = sorted({r.lr for r in runs})
-    covered = [r.lr for r in runs if _full_budget_at_first_seed(r, budget.seed)] + list(queued)
-    chosen: list[float] = []
-    for lr in sorted(_snap(lr, tried) for lr in candidates):
-        if edge_lr is not None and lr >= edge_lr:
-            continue
-        if not any(max(lr, other) / min(lr, other) < SAME_LR for other in covered + chosen):
-            chosen.append(lr)
-    return chosen
-
-
-def _snap(lr: float, tried: list[float]) -> float:
-    """An LR already tried within SAME_LR of ``lr`` (so a re-run shares its LR exactly), else ``lr``."""
-    return next((other for other in tried if max(lr, other) / min(lr, other) < SAME_LR), lr)
-
-
-def _full_budget_at_first_seed(run: Run, seed: int) -> bool:
-    """A first-seed run that trained, or will train, the whole budget (a coarse one only if ASHA let it)."""
-    if run.seed != seed or run.diverged:
-        return False
-    return run.full if run.stage == "coarse" else run.run_tokens >= run.budget_tokens
-
-
-def rerun_lrs(best: LrResult, runs: list[Run], settings: EdgeSettings, budget: Budget) -> list[tuple[float, str]]:
-    """Coarse LRs below the best that ASHA cut while within rerun_margin of their last rung's leader:
-    (lr, why) each, to be trained to the full budget."""
-    chosen = []
-    for run in runs:
-        if run.stage != "coarse" or run.outcome != "stopped_early" or run.lr >= best.lr:
-            continue
-        rung = max((r for r in budget.rungs if run.loss_at(r) is not None), default=None)
-        if rung is None:
-            continue
-        leader = min(loss for other in runs if (loss := None if other.diverged else other.loss_at(rung)) is not None)
-        mine = run.loss_at(rung)
-        if mine <= leader * (1 + settings.rerun_margin):
-            chosen.append((run.lr, f"ASHA cut lr {run.lr:.3g} at {format_tokens(rung)} tokens with val {mine:.4f}, "
-                                   f"within {100 * (mine / leader - 1):.1f}% of that rung's best {leader:.4f}"))
-    return chosen
-
-
-def seed_lrs(ranking: list[LrResult], settings: EdgeSettings) -> list[LrResult]:
-    return crowned_ranking(ranking)[: settings.seed_lrs] if settings.seeds > 1 else []
-
-
-def _g(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3g}"
 
 
 # ---------------------------------------------------------------------------------------------
 # The search, stage by stage
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A stage's plan: the LRs it asked for, and why."""
+
+    stage: str
+    lrs: list[float]
+    why: str
+
+
+@dataclass(frozen=True)
+class RangeFinding:
+    """What the range test found (its LRs None where its curve showed none), how it ended and its tokens."""
+
+    steepest_lr: float | None
+    min_loss_lr: float | None
+    blowup_lr: float | None
+    outcome: str
+    tokens: int
 
 
 @dataclass
@@ -257,16 +113,16 @@ class Planned:
 class EdgeSearch:
     """The edge search's state and decisions: which trial to run next, given what has been seen.
 
-    Ray-free and deterministic: the Tune Searcher (lmtune.sweep.edge_searcher) feeds it results and
+    Ray-free and deterministic: the Tune Searcher (lmtune.sweep.strategies.edge.searcher) feeds it results and
     asks it for trials; a test can drive it the same way without Ray. Its whole state is JSON."""
 
     def __init__(self, settings: EdgeSettings, budget: Budget, max_pending: int = 1):
         self.settings, self.budget, self.max_pending = settings, budget, max_pending
         self.runs: dict[str, Run] = {}
-        self.plans: dict[str, dict[str, Any]] = {}  # trial id -> the Planned it got, as JSON
+        self.plans: dict[str, Planned] = {}  # trial id -> the Planned it got
         self.queue: list[Planned] = []
-        self.decisions: list[dict[str, Any]] = []  # {stage, lrs, why}, in the order decided
-        self.range: dict[str, Any] | None = None  # the range test's finding, once it ended
+        self.decisions: list[Decision] = []  # in the order decided
+        self.range: RangeFinding | None = None  # the range test's finding, once it ended
         self.bisect_rounds = 0
         self.extensions = 0
         self.seed_rounds = 0
@@ -288,7 +144,7 @@ class EdgeSearch:
         planned = self.queue.pop(0)
         self.runs[trial_id] = Run(planned.lr or 0.0, planned.seed, planned.stage, self.budget.full_tokens,
                                   self.budget.full_tokens, trial_id=trial_id, continue_from=planned.continue_from)
-        self.plans[trial_id] = asdict(planned)
+        self.plans[trial_id] = planned
         return planned.config()
 
     def observe(self, trial_id: str, result: dict[str, Any]) -> None:
@@ -319,8 +175,8 @@ class EdgeSearch:
             run.diverged_tokens = result.get("diverged_tokens") or (
                 int(step) * self.budget.tokens_per_step if isinstance(step, (int, float)) else run.tokens)
         if run.stage == "range":
-            found = {k: result.get(k) for k in ("steepest_lr", "min_loss_lr", "blowup_lr")}
-            self.range = {**found, "outcome": outcome, "tokens": run.tokens}
+            self.range = RangeFinding(result.get("steepest_lr"), result.get("min_loss_lr"), result.get("blowup_lr"),
+                                      outcome, run.tokens)
 
     def requeue(self, trial_id: str, why: str) -> None:
         """A trial that can never report (its driver died before Tune's snapshot knew of it): forget its
@@ -328,13 +184,13 @@ class EdgeSearch:
         self.runs.pop(trial_id, None)
         plan = self.plans.pop(trial_id, None)
         if plan is not None:
-            self.queue.insert(0, Planned.from_json(plan))
+            self.queue.insert(0, plan)
         self.interrupted[trial_id] = why
 
     # -- deciding ----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        started = {d["stage"] for d in self.decisions}
+        started = {d.stage for d in self.decisions}
         if "range" not in started:
             s = self.settings
             self._plan("range", [Planned("range", None, self.budget.seed)],
@@ -345,9 +201,8 @@ class EdgeSearch:
         if self.range is None:
             return
         if "coarse" not in started:
-            steepest, blowup = self.range.get("steepest_lr"), self.range.get("blowup_lr")
-            lrs, why = coarse_lrs(steepest, blowup, self.settings)
-            if self.range.get("outcome") == "error":
+            lrs, why = coarse_lrs(self.range.steepest_lr, self.range.blowup_lr, self.settings)
+            if self.range.outcome == "error":
                 why = "the range test failed, so its LR bounds are used: " + why
             self._plan("coarse", [Planned("coarse", lr, self.budget.seed) for lr in lrs], why)
             return
@@ -373,7 +228,7 @@ class EdgeSearch:
             if p.lr is not None:  # 4 significant digits: readable, and seeds of one LR share it exactly
                 p.lr = float(f"{p.lr:.4g}")
         self.queue = planned + self.queue if first else self.queue + planned
-        self.decisions.append({"stage": stage, "lrs": [p.lr for p in planned if p.lr is not None], "why": why})
+        self.decisions.append(Decision(stage, [p.lr for p in planned if p.lr is not None], why))
 
     def _busy(self, stage: str | None = None) -> bool:
         """A trial of ``stage`` (of any, if None) is queued or running."""
@@ -450,7 +305,7 @@ class EdgeSearch:
                     for p in pending if p.lr != edge.stable_lr]
             self._plan("confirm", pending, "; ".join(why), first=True)
             return
-        if not any(d["stage"] == "bisect" for d in self.decisions):
+        if not any(d.stage == "bisect" for d in self.decisions):
             why += (f" (probes train the full budget with {self.settings.edge_seeds} seeds each; the stopper ends "
                     "one early only if it cannot recover)")
         seeds = [self.budget.seed + k for k in range(self.settings.edge_seeds)]
@@ -518,8 +373,9 @@ class EdgeSearch:
     def to_json(self) -> dict[str, Any]:
         return {
             "settings": asdict(self.settings), "budget": asdict(self.budget), "max_pending": self.max_pending,
-            "runs": {tid: run.to_json() for tid, run in self.runs.items()}, "plans": self.plans,
-            "queue": [asdict(p) for p in self.queue], "decisions": self.decisions, "range": self.range,
+            "runs": {tid: run.to_json() for tid, run in self.runs.items()},
+            "plans": {tid: asdict(p) for tid, p in self.plans.items()}, "queue": [asdict(p) for p in self.queue],
+            "decisions": [asdict(d) for d in self.decisions], "range": asdict(self.range) if self.range else None,
             "bisect_rounds": self.bisect_rounds, "extensions": self.extensions, "seed_rounds": self.seed_rounds,
             "finished": self.finished, "interrupted": self.interrupted, "conclusion": self.conclusion(),
         }
@@ -531,10 +387,10 @@ class EdgeSearch:
         search = cls(EdgeSettings(**settings), Budget(**{**budget, "rungs": tuple(budget["rungs"])}),
                      data.get("max_pending", 1))
         search.runs = {tid: Run.from_json(run) for tid, run in data["runs"].items()}
-        search.plans = data["plans"]
+        search.plans = {tid: Planned.from_json(p) for tid, p in data["plans"].items()}
         search.queue = [Planned.from_json(p) for p in data["queue"]]
-        search.decisions = data["decisions"]
-        search.range = data["range"]
+        search.decisions = [Decision(**d) for d in data["decisions"]]
+        search.range = RangeFinding(**data["range"]) if data.get("range") else None
         search.bisect_rounds, search.extensions = data["bisect_rounds"], data["extensions"]
         search.seed_rounds = data.get("seed_rounds", 0)
         search.finished = data["finished"]

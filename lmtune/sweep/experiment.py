@@ -1,0 +1,163 @@
+"""Building a sweep's Ray Tune experiment from its plan: the plan itself (space, base config, ASHA's budget),
+where its trials run, the trainable, the Tuner with its scheduler, stopper, searcher and callbacks, and the
+sweep's record (sweep.json)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import optuna
+import ray
+import torch
+from ray import tune
+
+from lmtune import __version__
+from lmtune.data.dataset import load_data, read_meta
+from lmtune.data.prepare import ensure_builtin_corpus
+from lmtune.errors import LmtuneError
+from lmtune.private_apis import wandb_logger_callback
+from lmtune.sweep.options import SweepOptions
+from lmtune.sweep.placement import Placement, place_trials
+from lmtune.sweep.plan import SweepPlan
+from lmtune.sweep.record import SweepRecord, asha_state_path, ledger_path
+from lmtune.sweep.spaces import SearchSpace, load_space
+from lmtune.sweep.stopping import OutcomeRecorder, PersistentASHA, TrialStopper
+from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
+from lmtune.training.config import RunConfig, budget_config
+from lmtune.training.loop import resolve_config
+
+log = logging.getLogger(__name__)
+
+METRIC, MODE = "val_loss", "min"
+
+
+def plan_sweep(options: SweepOptions) -> SweepPlan:
+    """The sweep's plan from its options: the space (with --fuse), and the base config on the data (the
+    built-in corpus, prepared on first use, unless --data), every problem refused before Ray starts."""
+    space = load_space(options.space)
+    if options.fuse is not None:
+        space = space.fused(options.fuse, fail=lambda message: LmtuneError(f"--fuse {options.fuse}: {message}"))
+    if space.fuse > 1 and options.storage and "://" in options.storage:
+        raise LmtuneError(f"--storage {options.storage}: fused members write beside their trial's folder, which needs "
+                          "filesystem storage (a local or shared path); use fuse: 1 with URI storage")
+    data_dir = (options.data or ensure_builtin_corpus()).resolve()  # trials run in their own working dirs
+    plan = SweepPlan.create(space, base_config(space, options.budget or space.budget, options.overrides, data_dir))
+    longest = plan.largest_value("context_length", plan.base.model.context_length)
+    load_data(data_dir, longest, plan.base.model.vocab_size)  # every bad-data case fails here, before Ray starts
+    return plan
+
+
+def base_config(space: SearchSpace, budget: str, overrides: dict[str, Any], data_dir: Path) -> RunConfig:
+    """The config every trial starts from: budget, the space's fixed settings, then --set."""
+    swept = sorted(set(overrides) & set(space.swept))
+    if swept:  # each trial's own value would replace it, while sweep.json recorded it
+        raise LmtuneError(f"--set {', '.join(swept)}: the space sweeps {', '.join(swept)} "
+                          f"({space.strategy.owns_why()})")
+    return resolve_config(budget_config(budget, {**space.fixed, **overrides}, data_dir=str(data_dir)), data_dir)
+
+
+def place_on_cluster(options: SweepOptions, plan: SweepPlan) -> Placement:
+    """Resources per trial and trials at once, on the cluster Ray reports (inside a Ray session)."""
+    cluster = ray.cluster_resources()
+    gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    return place_trials(plan.largest_trial(), plan.space.fuse, options.cpus_per_trial, options.gpus_per_trial,
+                        options.max_concurrent, cluster.get("CPU", 1), cluster.get("GPU", 0), gpu_bytes)
+
+
+def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
+                shipped: ShippedData | None) -> tune.Tuner:
+    sweep_dir, space, asha = options.sweep_dir, plan.space, plan.asha
+    recorder = OutcomeRecorder(ledger_path(sweep_dir), gpus_per_trial=placement.gpu)
+    scheduler = None if asha is None else PersistentASHA(
+        recorder, asha_state_path(sweep_dir), time_attr="tokens", metric=METRIC, mode=MODE, max_t=asha.max_t,
+        grace_period=asha.grace_period, reduction_factor=asha.reduction_factor,
+        stages=space.strategy.asha_stages())
+    stopper = TrialStopper(recorder, time_budget_s=options.time_budget_s,
+                           min_tokens_per_s=space.stopper.min_tokens_per_s,
+                           slow_grace_reports=space.stopper.slow_grace_reports)
+    callbacks: list[tune.Callback] = [recorder]
+    if options.wandb_project:
+        callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
+    search_alg, num_samples = space.strategy.searcher(plan.budget(), sweep_dir)
+    return tune.Tuner(
+        build_trainable(plan, placement.resources, shipped),
+        param_space=space.strategy.param_space(space.fuse),
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
+            max_concurrent_trials=placement.max_concurrent, trial_dirname_creator=trial_dirname,
+            # A finished trial's worker process runs the next trial: no process start and imports per
+            # trial (seconds each, more than a short trial's training on a CPU).
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=options.name, storage_path=options.storage_path, stop=stopper,
+            failure_config=tune.FailureConfig(max_failures=options.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            # Trials write straight into a filesystem storage path; URI storage needs Ray's sync.
+            sync_config=tune.SyncConfig(sync_artifacts="://" in options.storage_path),
+            callbacks=callbacks, progress_reporter=progress_reporter(space), verbose=0 if options.quiet else 1,
+        ),
+    )
+
+
+def build_trainable(plan: SweepPlan, resources: dict[str, float], shipped: ShippedData | None,
+                    ended: frozenset[str] = frozenset()):
+    """The function trainable with the whole plan (and, on --resume, the trials the ledger says ended)."""
+    trainable = tune.with_parameters(train_trial, plan=plan, shipped=shipped, ended=ended)
+    return tune.with_resources(trainable, resources)
+
+
+def ship_data(options: SweepOptions, data_dir: Path) -> ShippedData | None:
+    """On a cluster, put the prepared data in Ray's object store once (up to --ship-data-mb) so a
+    node without it still runs its trials; on one machine the files are read in place."""
+    if not options.address:
+        return None
+    size = sum((data_dir / name).stat().st_size for name in DATA_FILES if (data_dir / name).exists())
+    if size > options.ship_data_mb * 2**20:
+        log.warning("data is %.0f MiB > --ship-data-mb %d: every node must have it at %s", size / 2**20,
+                    options.ship_data_mb, data_dir)
+        return None
+    return ShippedData.from_dir(data_dir)
+
+
+def trial_dirname(trial) -> str:
+    config = dict(trial.config)
+    if "members" in config:  # a fused group: its LRs and the other settings its members share
+        config = {**config.pop("members"), **config}
+        config["lr"] = ",".join(_short(v) for v in config["lr"])
+    params = "_".join(f"{k}={_short(v)}" for k, v in sorted(config.items()))
+    return f"{trial.trial_id}_{params}"[:120]
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def progress_reporter(space: SearchSpace) -> tune.CLIReporter:
+    return tune.CLIReporter(
+        parameter_columns=space.strategy.progress_columns(space.fuse),
+        metric_columns={"tokens": "tokens", "train_loss": "train", "val_loss": "val", "tokens_per_s": "tok/s"},
+        max_report_frequency=15, sort_by_metric=False,
+    )
+
+
+def sweep_record(options: SweepOptions, plan: SweepPlan, placement: Placement) -> SweepRecord:
+    data_dir = Path(plan.base.data_dir)
+    return SweepRecord(
+        name=options.name, **plan.to_json(),
+        data={"dir": str(data_dir.resolve()), "meta": asdict(read_meta(data_dir))},
+        versions={"lmtune": __version__, "torch": torch.__version__, "ray": ray.__version__,
+                  "optuna": optuna.__version__, "python": platform.python_version()},
+        hardware={"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                  "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]},
+        resources_per_trial=placement.resources, max_concurrent=placement.max_concurrent,
+        time_budget_s=options.time_budget_s, address=options.address,
+        start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=list(options.command) or sys.argv,
+    )

@@ -1,0 +1,53 @@
+"""What ``python -m lmtune.run`` was asked to do (lmtune/run.py parses its options into ``SweepOptions``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """What ``python -m lmtune.run`` was asked to do, checked once by the CLI."""
+
+    space: str
+    """A space name in search_spaces/ or a YAML path."""
+    name: str
+    """The sweep's folder under ``results``."""
+    results: Path = Path("results")
+    data: Path | None = None
+    """A prepared data dir; None: the built-in corpus."""
+    budget: str | None = None
+    """Overrides the space's budget."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """--set key=value pairs (checked against the config's fields)."""
+    resume: bool = False
+    storage: str | None = None
+    """Ray storage: a shared path or an s3:// / gs:// URI; None: ``results``."""
+    time_budget_s: float | None = None
+    gpus_per_trial: float | None = None
+    """None: one trial per GPU share the packing rule picks (lmtune.sweep.placement)."""
+    fuse: int | None = None
+    """LRs per fused trial; None: the space's ``fuse``."""
+    cpus_per_trial: float = 1.0
+    max_concurrent: int | None = None
+    max_failures: int = 2
+    address: str | None = None
+    """A Ray cluster to join (auto or HOST:PORT); None: a local Ray instance of this process."""
+    num_cpus: int | None = None
+    num_gpus: float | None = None
+    ship_data_mb: int = 2048
+    dashboard: bool = True
+    dashboard_host: str = "127.0.0.1"
+    quiet: bool = False
+    wandb_project: str | None = None
+    command: tuple[str, ...] = ()
+
+    @property
+    def sweep_dir(self) -> Path:
+        return self.results.resolve() / self.name
+
+    @property
+    def storage_path(self) -> str:
+        return self.storage or str(self.results.resolve())

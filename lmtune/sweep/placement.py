@@ -1,0 +1,124 @@
+"""Where a sweep's trials run: the CPUs and GPU share of each, how many trials share one GPU (from their
+memory, and from ``python -m lmtune.bench --concurrency`` measurements when given).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from lmtune.errors import LmtuneError
+from lmtune.training.config import ModelConfig, RunConfig
+from lmtune.training.model import count_parameters
+
+log = logging.getLogger(__name__)
+
+# Per-process CUDA context, cuBLAS workspace and allocator slack that torch's allocator does not count.
+CUDA_CONTEXT_BYTES = 600 * 2**20
+# Share of GPU memory left free when packing trials: allocator fragmentation and eval-time spikes.
+MEMORY_HEADROOM = 0.10
+# A higher K must beat the best smaller K by this much to be worth its slower individual trials.
+PACKING_MIN_GAIN = 0.05
+# Without measurements, pack at most this many trials per GPU (time-slicing gains flatten out).
+UNMEASURED_MAX_TRIALS = 4
+# A GPU of this size is assumed when the driver sees none (a cluster of GPU workers and a CPU head).
+ASSUMED_GPU_BYTES = 80 * 2**30
+
+
+def trial_memory_bytes(config: RunConfig, members: int = 1) -> int:
+    """Device memory of one trial of ``config`` (bf16 activations): a fused trial holds ``members`` models,
+    their optimizer states and their activations."""
+    micro_batch = max(1, config.train.batch_size // config.train.grad_accum_steps)
+    return members * estimate_trial_memory_bytes(config.model, micro_batch, amp=True)
+
+
+def trial_resources(base: RunConfig, cpus_per_trial: float, gpus_per_trial: float | None,
+                    cluster_gpus: float, gpu_memory_bytes: int | None, members: int = 1) -> dict[str, float]:
+    """CPUs and GPU share per trial: as asked, else (on a cluster with GPUs) 1 / the packing rule's K for
+    a trial of ``base`` (the space's largest: ``SweepPlan.largest_trial``) training ``members`` fused models.
+    A trial
+    that does not fit one whole GPU is refused, in one line."""
+    if gpus_per_trial is None:
+        gpus_per_trial = 0.0
+        if cluster_gpus > 0:
+            need = trial_memory_bytes(base, members)
+            gpu_bytes = gpu_memory_bytes or ASSUMED_GPU_BYTES
+            if need + CUDA_CONTEXT_BYTES > (1 - MEMORY_HEADROOM) * gpu_bytes:
+                models = f"{members} fused model{'s' * (members > 1)}"
+                raise LmtuneError(
+                    f"one trial needs about {need / 2**30:.1f} GiB ({models} at batch {base.train.batch_size}), more "
+                    f"than the {gpu_bytes / 2**30:.0f} GiB GPU holds; lower --fuse, or split each batch with --set "
+                    "grad_accum_steps=N")
+            gpus_per_trial = 1.0 / recommend_trials_per_gpu(need, gpu_bytes)
+    return {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
+
+
+def max_concurrent_trials(asked: int | None, cluster_cpus: float, cpus_per_trial: float) -> int:
+    return asked or max(1, int(cluster_cpus // cpus_per_trial))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a sweep's trials run: each trial's resources, and how many run at once."""
+
+    cpu: float
+    gpu: float
+    """The GPU share of one trial (0: none; 0.25: four trials share a GPU)."""
+    max_concurrent: int
+
+    @property
+    def resources(self) -> dict[str, float]:
+        return {"cpu": self.cpu, "gpu": self.gpu}
+
+
+def place_trials(largest: RunConfig, members: int, cpus_per_trial: float, gpus_per_trial: float | None,
+                 max_concurrent: int | None, cluster_cpus: float, cluster_gpus: float,
+                 gpu_memory_bytes: int | None) -> Placement:
+    """The placement of trials as large as ``largest`` (``members`` fused models each) on a cluster of
+    ``cluster_cpus`` CPUs and ``cluster_gpus`` GPUs of ``gpu_memory_bytes`` each (None: unknown here)."""
+    resources = trial_resources(largest, cpus_per_trial, gpus_per_trial, cluster_gpus, gpu_memory_bytes, members)
+    return Placement(resources["cpu"], resources["gpu"],
+                     max_concurrent_trials(max_concurrent, cluster_cpus, resources["cpu"]))
+
+
+def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp: bool) -> int:
+    """Device memory of one training trial with ``batch_size`` sequences per forward pass (a micro-batch),
+    without the CUDA context.
+
+    Persistent: float32 parameters, gradients and AdamW's two moments = 16 bytes per parameter.
+    Activations kept for backward, per token and layer: about 10 d_model-sized tensors (norm inputs,
+    q/k/v before and after RoPE, attention output, residuals) and 4 d_ff-sized ones (gate, up, SiLU,
+    product), at 2 bytes under bf16 autocast, 4 without; attention itself adds nothing with a fused
+    SDPA kernel. The output layer keeps the logits (2 or 4 bytes) plus the float32 copy the loss
+    computes in and its gradient (8 bytes) per vocabulary entry. Plus 20% for allocator fragmentation.
+    """
+    m = model_config
+    params = count_parameters(m)["total"]
+    act_bytes = 2 if amp else 4
+    tokens = batch_size * m.context_length
+    per_token = m.n_layers * (10 * m.d_model + 4 * m.d_ff) * act_bytes + m.vocab_size * (act_bytes + 8)
+    return int(1.2 * (16 * params + tokens * per_token))
+
+
+def recommend_trials_per_gpu(memory_per_trial_bytes: int, gpu_memory_bytes: int,
+                             measured: dict[int, float] | None = None) -> int:
+    """Trials to run at once on one GPU.
+
+    Memory bound: K trials fit when K * (trial memory + CUDA context) <= 90% of the GPU. With
+    ``measured`` (K -> aggregate tokens/s from ``python -m lmtune.bench --concurrency``), take the K
+    that fits with the highest aggregate, except that a larger K must beat the best smaller one by 5%:
+    more trials at once make each trial slower, which delays ASHA's early decisions for little gain.
+    Without measurements, the memory bound capped at 4.
+    """
+    per_trial = memory_per_trial_bytes + CUDA_CONTEXT_BYTES
+    fits = max(1, int((1 - MEMORY_HEADROOM) * gpu_memory_bytes // per_trial))
+    if not measured:
+        return min(fits, UNMEASURED_MAX_TRIALS)
+    candidates = sorted(k for k in measured if 1 <= k <= fits)
+    if not candidates:
+        return 1
+    choice = candidates[0]
+    for k in candidates[1:]:
+        if measured[k] > (1 + PACKING_MIN_GAIN) * measured[choice]:
+            choice = k
+    return choice

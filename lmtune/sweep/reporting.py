@@ -1,0 +1,89 @@
+"""A run as Ray Tune sees it: its rows as Tune results with its checkpoints (``TuneSink``), and the checkpoint
+Tune restores a trial from copied back to where the run's own resume looks."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+
+from lmtune.training.checkpoint import checksum_path
+from lmtune.training.config import RunConfig
+from lmtune.training.loop import RunResult
+
+
+class TuneSink:
+    """A run's rows as Tune results, each with the checkpoint written at it; the run ends with one more
+    result saying how its loss was judged (its spikes; and a divergence, which the sweep's stopper turns
+    into the trial's outcome). ``early_stop`` False marks every result ``no_early_stop`` (the stopper's
+    divergence rule then leaves the trial alone: an edge search's confirmation run)."""
+
+    def __init__(self, config: RunConfig, early_stop: bool = True):
+        self.config = config
+        self.early_stop = early_stop
+        # What a diverged trial is worth to a searcher: the loss of a uniform guess.
+        self.uniform_loss = math.log(config.model.vocab_size)
+        self.latest_val = self.uniform_loss
+        self.node_id = ray.get_runtime_context().get_node_id()  # node_ip is shared by raylets on one host
+
+    def _metrics(self, values: dict[str, Any]) -> dict[str, Any]:
+        return {**{k: v for k, v in values.items() if v is not None}, "objective": self.latest_val,
+                "total_tokens": self.config.total_tokens, "run_tokens": self.config.run_tokens,
+                "uniform_loss": self.uniform_loss,
+                # The last warm-up step runs at the peak LR: judged like the rest (ASHA may cut there).
+                "in_warmup": values["step"] < self.config.train.warmup_steps, "node_id": self.node_id,
+                **({} if self.early_stop else {"no_early_stop": True})}
+
+    def write(self, row: dict[str, Any], checkpoint: Path | None) -> None:
+        files = {} if checkpoint is None else {p.name: p for p in (checkpoint, checksum_path(checkpoint))}
+        self.report(row, files)
+
+    def report(self, values: dict[str, Any], files: dict[str, Path]) -> None:
+        """One Tune result; with ``files`` (name in the checkpoint -> path), a tune.Checkpoint of them."""
+        if values.get("val_loss") is not None and math.isfinite(values["val_loss"]):
+            self.latest_val = values["val_loss"]
+        metrics = self._metrics(values)
+        if not files:
+            tune.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="lmtune-ckpt-") as staging:
+            for name, path in files.items():
+                target = Path(staging) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(path, target)  # no copy: Tune persists it from here
+                except OSError:
+                    shutil.copy2(path, target)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(staging))
+
+    def close(self, result: RunResult) -> None:
+        """A run that diverged ends with one more result saying where and how (the stopper's, and the
+        ledger's, reason); any other run's last row was its last result."""
+        if result.status != "diverged":
+            return
+        step = result.end.diverged_step
+        self.latest_val = self.uniform_loss
+        tune.report(self._metrics({"step": result.summary["steps"], "tokens": result.summary["tokens"],
+                                   "diverged": True, "diverged_because": result.end.detail, "diverged_step": step,
+                                   "diverged_tokens": step * self.config.tokens_per_step,
+                                   "divergence": result.end.divergence}))
+
+
+def restore_tune_checkpoint(out_dir: Path) -> None:
+    """Copy the checkpoint Tune restores this trial from (a retry, or --resume on a new node) into the
+    run's checkpoints folder, where the loop's resume looks."""
+    restored = tune.get_checkpoint()
+    if restored is None:
+        return
+    with restored.as_directory() as directory:
+        for path in Path(directory).glob("step_*.pt*"):
+            target = out_dir / "checkpoints" / path.name
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)

@@ -1,0 +1,177 @@
+"""What every search strategy provides: the ``SearchStrategy`` protocol, and the helpers strategies share
+to read their part of a space file.
+
+A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, edge). It reads its own
+keys of the file, says which settings each trial sets, how many trials it plans, and builds what Ray Tune
+runs: the param space and the searcher. Everything else about a sweep (budget, fixed settings, scheduler,
+stopper, placement) is the same for every strategy (lmtune.sweep.spaces, lmtune.sweep.plan). A new
+strategy is one module here plus its line in ``lmtune.sweep.strategies.STRATEGIES``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from lmtune.errors import LmtuneError, shown
+from lmtune.training.config import EXAMPLES, coerce_value, field_names, field_type
+
+if TYPE_CHECKING:
+    from ray.tune.search import Searcher
+
+    from lmtune.sweep.runs import Budget
+    from lmtune.training.lr_range import RangeTestConfig
+
+Fail = Callable[[str, str], LmtuneError]
+"""fail(key, message): the one-line error naming the space file and the key."""
+
+
+class SearchStrategy(Protocol):
+    """How a sweep chooses its trials. Frozen and JSON-round-trippable: it travels inside the SweepPlan to
+    every trial and back from sweep.json on --resume."""
+
+    name: ClassVar[str]
+    """Its ``search:`` value."""
+    keys: ClassVar[frozenset[str]]
+    """The top-level keys of a space file it reads (besides those every space has)."""
+    stage_column: ClassVar[bool]
+    """Whether its trials carry a ``stage`` (the progress table shows it)."""
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], fail: Fail) -> SearchStrategy:
+        """Its settings from the space file's top-level mapping, every problem a ``fail`` naming the key."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SearchStrategy:
+        """Back from ``to_json`` (the space's entry in sweep.json)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Its keys of the space's JSON (the same keys as its YAML)."""
+
+    def swept(self) -> list[str]:
+        """The settings each trial sets for itself (a fixed setting or --set may not name them)."""
+
+    def owns_why(self) -> str:
+        """Why a fixed setting of one of ``swept()`` is refused, and what to do instead."""
+
+    def num_trials(self) -> int | None:
+        """Trials it will run (None: it decides as it goes)."""
+
+    def values_of(self, name: str) -> list[Any]:
+        """Every value, or the extremes, that trials may give setting ``name`` ([] if it does not set it):
+        for checking that each makes a valid config, and for the largest trial's memory and tokens."""
+
+    def corner_samples(self) -> list[dict[str, Any]]:
+        """Trial settings at the corners of what it sweeps: enough to catch a shape conflict early."""
+
+    def fused_refusal(self, fuse: int) -> str | None:
+        """Why ``fuse`` LRs per trial cannot apply (None: they can)."""
+
+    def describe(self, fuse: int) -> str:
+        """One sentence for the run's first line and the report."""
+
+    def param_space(self, fuse: int) -> dict[str, Any]:
+        """Ray Tune's param_space."""
+
+    def searcher(self, budget: Budget, sweep_dir: Path) -> tuple[Searcher | None, int]:
+        """Ray Tune's search_alg (None: Tune's own grid/random generation) and num_samples (-1: until the
+        searcher says it has finished), for trials of ``budget`` (its seed the base config's)."""
+
+    def progress_columns(self, fuse: int) -> list[str]:
+        """The trial settings the progress table shows."""
+
+    def asha_stages(self) -> frozenset[str] | None:
+        """The stages whose trials ASHA may cut (None: every trial)."""
+
+    def range_test(self) -> RangeTestConfig | None:
+        """The LR range test settings of a trial of stage "range" (None: it runs none)."""
+
+    def finished(self, sweep_dir: Path) -> bool:
+        """Whether the search itself has ended (a searcher that decides as it goes may not have, when its
+        trials all have)."""
+
+
+class StrategyDefaults:
+    """Answers most strategies share; a strategy overrides what differs."""
+
+    stage_column: ClassVar[bool] = False
+
+    def owns_why(self) -> str:
+        return "also listed under params; keep it in one place"
+
+    def fused_refusal(self, fuse: int) -> str | None:
+        if fuse > 1:
+            return f"fusing needs search: grid (search: {self.name} suggests one trial at a time); use fuse: 1"
+        return None
+
+    def asha_stages(self) -> frozenset[str] | None:
+        return None
+
+    def range_test(self) -> RangeTestConfig | None:
+        return None
+
+    def finished(self, sweep_dir: Path) -> bool:
+        return True
+
+
+def params_section(raw: dict[str, Any], fail: Fail) -> dict[str, Any]:
+    """The space's ``params:`` mapping, each name a known setting."""
+    params = raw.get("params")
+    if not isinstance(params, dict) or not params:
+        raise fail("params", "must be a non-empty mapping of setting -> values, e.g. lr: [1.0e-4, 1.0e-3]")
+    for name in params:
+        if name not in field_names():
+            raise fail(f"params.{name}", f"unknown setting; valid settings: {', '.join(field_names())}")
+    return params
+
+
+def coerce_setting(name: str, value: Any, key: str, fail: Fail) -> Any:
+    """``value`` as setting ``name``'s type, refused in one line naming ``key`` when it is not one."""
+    try:
+        coerced = coerce_value(name, value, where=key)
+    except LmtuneError:
+        kind = field_type(name)
+        raise fail(key, f"{shown(value)} is not a valid {kind.__name__}; give {EXAMPLES[kind]}") from None
+    if name == "lr" and not (math.isfinite(coerced) and coerced > 0):
+        raise fail(key, f"learning rates must be positive and finite (got {shown(value)})")
+    if name == "batch_size" and coerced < 1:
+        raise fail(key, f"batch_size must be >= 1 (got {shown(value)})")
+    return coerced
+
+
+def grid_corners(values: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the given values per setting."""
+    samples: list[dict[str, Any]] = [{}]
+    for name, options in values.items():
+        samples = [{**s, name: v} for s in samples for v in options]
+    return samples
+
+
+def settings_section(raw: Any, name: str, cls: type, fail: Fail, retired: dict[str, str] | None = None):
+    """A section of numbers (and strings) such as ``scheduler:``, ``stopper:`` or ``edge:`` as the dataclass
+    ``cls``: unknown keys refused (a retired one told what replaced it), each value of its field's type."""
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise fail(name, f"must be a mapping with keys {', '.join(sorted(cls.__dataclass_fields__))}")
+    unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
+    for key in unknown:
+        if key in (retired or {}):
+            raise fail(f"{name}.{key}", retired[key])
+    if unknown:
+        raise fail(f"{name}.{unknown[0]}", f"unknown key; valid keys: {', '.join(sorted(cls.__dataclass_fields__))}")
+    values = {}
+    defaults = cls()
+    for key, value in raw.items():
+        default = getattr(defaults, key)
+        if isinstance(default, str):
+            if not isinstance(value, str):
+                raise fail(f"{name}.{key}", "must be a string")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise fail(f"{name}.{key}", f"must be a finite number (got {shown(value)})")
+        elif isinstance(default, int) and not float(value).is_integer():
+            raise fail(f"{name}.{key}", f"must be a whole number (got {shown(value)})")
+        values[key] = type(default)(value)
+    return cls(**values)

@@ -1,0 +1,90 @@
+"""``search: edge``: the LR search that decides as it goes where the best LR is, how the loss degrades above
+it and where training fails (the stages: lmtune.sweep.strategies.edge.search)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lmtune.sweep.record import read_edge_state
+from lmtune.sweep.strategies.base import Fail, StrategyDefaults, settings_section
+from lmtune.sweep.strategies.edge.search import ASHA_STAGES, EdgeSearch
+from lmtune.sweep.strategies.edge.settings import RETIRED_KEYS, EdgeSettings
+from lmtune.training.lr_range import RangeTestConfig
+
+# What the edge search sets per trial itself (seed: the base seed may be set; further seeds are added).
+EDGE_OWNS = ("lr", "run_steps")
+
+
+@dataclass(frozen=True)
+class EdgeStrategy(StrategyDefaults):
+    settings: EdgeSettings
+
+    name: ClassVar[str] = "edge"
+    keys: ClassVar[frozenset[str]] = frozenset({"edge", "params"})  # params: to say it has none
+    stage_column: ClassVar[bool] = True
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], fail: Fail) -> EdgeStrategy:
+        if raw.get("params"):
+            raise fail("params", "search: edge chooses the learning rates itself; remove params (tune it with "
+                                 "the edge: section)")
+        settings = settings_section(raw.get("edge"), "edge", EdgeSettings, fail, retired=RETIRED_KEYS)
+        for key, message in settings.problems():
+            raise fail(f"edge.{key}", message)
+        return cls(settings)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EdgeStrategy:
+        known = EdgeSettings.__dataclass_fields__
+        return cls(EdgeSettings(**{k: v for k, v in (data.get("edge") or {}).items() if k in known}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"edge": asdict(self.settings)}
+
+    def swept(self) -> list[str]:
+        return list(EDGE_OWNS)
+
+    def owns_why(self) -> str:
+        return "the edge search sets it per trial; remove it"
+
+    def num_trials(self) -> None:
+        return None
+
+    def values_of(self, name: str) -> list[Any]:
+        return []
+
+    def corner_samples(self) -> list[dict[str, Any]]:
+        return [{}]
+
+    def describe(self, fuse: int) -> str:
+        e = self.settings
+        seeds = (f", then {e.seeds} seeds of the best {e.seed_lrs} LRs (and of any LR that beats the best seed "
+                 "for seed)") if e.seeds > 1 else ""
+        return (f"edge search: an LR range test, a coarse grid {e.coarse_ratio:g}x apart under early stopping, "
+                "the coarse LRs above the best continued to the full budget, bisection of where training fails "
+                f"(full-budget probes) to a bracket ratio <= {e.tolerance:g} with a rule-judged diverged end "
+                f"retrained without early stopping, refinement within {e.refine_factor:g}x of the best LR{seeds}")
+
+    def param_space(self, fuse: int) -> dict[str, Any]:
+        return {}  # the searcher suggests every trial's config
+
+    def searcher(self, budget, sweep_dir: Path):
+        from lmtune.sweep.strategies.edge.searcher import EdgeSearcher
+
+        return EdgeSearcher(EdgeSearch(self.settings, budget), sweep_dir), -1  # until it says it has finished
+
+    def progress_columns(self, fuse: int) -> list[str]:
+        return ["stage", "lr", "seed"]
+
+    def asha_stages(self) -> frozenset[str]:
+        return ASHA_STAGES
+
+    def range_test(self) -> RangeTestConfig:
+        s = self.settings
+        return RangeTestConfig(min_lr=s.range_min_lr, max_lr=s.range_max_lr, steps=s.range_steps,
+                               blowup_factor=s.range_blowup_factor)
+
+    def finished(self, sweep_dir: Path) -> bool:
+        return bool((read_edge_state(sweep_dir) or {}).get("finished"))

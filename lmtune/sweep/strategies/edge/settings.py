@@ -1,0 +1,168 @@
+"""The edge search's settings (the ``edge:`` section of a space) and what each of its stages picks: the
+coarse grid around the range test's findings, the LRs refined around the best, the cut LRs re-run, the
+LRs given more seeds. Ray-free and stateless; lmtune.sweep.strategies.edge.search decides when."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lmtune.errors import LmtuneError
+from lmtune.sweep.runs import SAME_LR, Budget, LrResult, Run, crowned_ranking, format_tokens
+
+# Keys of the edge: section that earlier versions had (a space naming one is told what replaced it).
+RETIRED_KEYS = {"horizon": "probes now train the full budget: divergence is failure to recover within the "
+                           "stopper's recovery_window; remove it"}
+
+
+@dataclass(frozen=True)
+class EdgeSettings:
+    """The ``edge:`` section of a space with ``search: edge``."""
+
+    range_min_lr: float = 1e-5
+    """The range test's first LR."""
+    range_max_lr: float = 10.0
+    """The range test's last LR, if the loss has not blown up before."""
+    range_steps: int = 100
+    """Steps of the range test (the LR is multiplied by the same factor at each)."""
+    range_blowup_factor: float = 1.5
+    """The range test stops when its smoothed loss exceeds this x its lowest value."""
+    coarse_below: float = 10.0
+    """The coarse grid starts this factor below the range test's steepest-descent LR."""
+    coarse_above: float = 1.0
+    """... and ends at the first LR at or above the blow-up LR x this."""
+    coarse_ratio: float = 3.16
+    """Neighbouring coarse LRs differ by this factor (3.16: two per decade)."""
+    tolerance: float = 1.25
+    """Bisection ends when smallest diverged LR / largest LR trained through <= this."""
+    edge_seeds: int = 2
+    """Seeds each bisection probe trains, and that must all train through at the bracket's stable end: the
+    edge is where any seed fails (it moves from seed to seed; one seed would hide that)."""
+    bisect_points: int = 1
+    """Probes per bisection round (1: halve the bracket in log-LR; k: cut it into k + 1 parts)."""
+    refine_factor: float = 2.0
+    """Refinement LRs lie within best / refine_factor .. best x refine_factor."""
+    refine_points: int = 4
+    """Refinement LRs (log-spaced, half below and half above the best)."""
+    rerun_margin: float = 0.05
+    """An LR below the best that ASHA cut is re-run to the full budget when its val loss at its last
+    rung was within this fraction of that rung's best."""
+    seeds: int = 3
+    """Runs per LR for the best LRs, the first seed included."""
+    seed_lrs: int = 2
+    """How many of the best LRs get the further seeds."""
+    seed_rounds: int = 3
+    """Further rounds of seeds for LRs that beat the crowned best seed for seed (each round: the seeds
+    the best has, for every such LR)."""
+    max_extensions: int = 3
+    """When no LR diverged (or every LR did), probes this many times further out, coarse_ratio^2 apart."""
+
+    def validate(self, where: str = "edge") -> None:
+        """Raise LmtuneError (one line naming the key) for settings no search could use."""
+        for key, message in self.problems():
+            raise LmtuneError(f"{where}.{key}: {message}")
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, what is wrong and the fix) for each setting no search could use."""
+        checks = [
+            ("range_min_lr", self.range_min_lr > 0, "must be > 0, e.g. 1e-5"),
+            ("range_max_lr", self.range_max_lr > self.range_min_lr,
+             f"must be above range_min_lr ({self.range_min_lr:g})"),
+            ("range_steps", self.range_steps >= 10, "must be at least 10"),
+            ("range_blowup_factor", self.range_blowup_factor > 1, "must be above 1, e.g. 1.5"),
+            ("coarse_below", self.coarse_below >= 1, "must be >= 1 (a factor below the steepest descent)"),
+            ("coarse_above", self.coarse_above > 0, "must be > 0 (a factor on the blow-up LR)"),
+            ("coarse_ratio", self.coarse_ratio > 1, "must be above 1, e.g. 3.16"),
+            ("tolerance", 1 < self.tolerance <= self.coarse_ratio,
+             f"must be above 1 and at most coarse_ratio ({self.coarse_ratio:g}), e.g. 1.25"),
+            ("bisect_points", self.bisect_points >= 1, "must be at least 1"),
+            ("edge_seeds", self.edge_seeds >= 1, "must be at least 1"),
+            ("refine_factor", self.refine_factor > 1, "must be above 1, e.g. 2"),
+            ("refine_points", self.refine_points >= 0 and self.refine_points % 2 == 0,
+             "must be an even number >= 0 (half below the best, half above)"),
+            ("rerun_margin", self.rerun_margin >= 0, "must be >= 0 (a fraction, e.g. 0.05)"),
+            ("seeds", self.seeds >= 1, "must be at least 1 (1: no further seeds)"),
+            ("seed_lrs", self.seed_lrs >= 1, "must be at least 1"),
+            ("seed_rounds", self.seed_rounds >= 0, "must be >= 0"),
+            ("max_extensions", self.max_extensions >= 0, "must be >= 0"),
+        ]
+        return [(key, f"{message} (got {getattr(self, key)!r})") for key, ok, message in checks if not ok]
+
+
+# ---------------------------------------------------------------------------------------------
+# The stages' choices
+
+
+def coarse_lrs(steepest_lr: float | None, blowup_lr: float | None, settings: EdgeSettings) -> tuple[list[float], str]:
+    """The coarse grid (most promising first) and why: from steepest / coarse_below up to the first LR
+    at or above blowup x coarse_above, coarse_ratio apart. A range test without a steepest descent or a
+    blow-up falls back to its own LR bounds on that side."""
+    low = (steepest_lr or settings.range_min_lr * settings.coarse_below) / settings.coarse_below
+    high = (blowup_lr or settings.range_max_lr) * settings.coarse_above
+    count = max(2, math.ceil(math.log(high / low) / math.log(settings.coarse_ratio) - 1e-9) + 1)
+    lrs = [low * settings.coarse_ratio ** k for k in range(count)]
+    centre = steepest_lr or math.sqrt(low * high)
+    lrs.sort(key=lambda lr: (abs(math.log(lr / centre)), lr))
+    why = (f"{count} LRs a factor {settings.coarse_ratio:g} apart from {low:.3g} (the range test's steepest descent "
+           f"{_g(steepest_lr)} / {settings.coarse_below:g}) up to {lrs and max(lrs):.3g} (at or above its blow-up "
+           f"{_g(blowup_lr)} x {settings.coarse_above:g}); nearest the steepest descent first, so that ASHA's early "
+           "rungs hold good results to cut the others against")
+    return lrs, why
+
+
+def refine_lrs(best: LrResult, runs: list[Run], edge_lr: float | None, settings: EdgeSettings,
+               budget: Budget, queued: tuple[float, ...] = ()) -> list[float]:
+    """refine_points LRs log-spaced within best / refine_factor .. best x refine_factor, and the coarse
+    grid's neighbours of the best (best / coarse_ratio, best x coarse_ratio: they bound where the best
+    LR can lie, and ASHA may have cut them early), leaving out LRs at or above a known divergence and
+    LRs that already have (or will have: ``queued``) a full-budget run at the first seed."""
+    half = settings.refine_points // 2
+    candidates = [best.lr * settings.refine_factor ** (k / half) for k in range(-half, half + 1) if k] if half else []
+    candidates += [best.lr / settings.coarse_ratio, best.lr * settings.coarse_ratio]
+    tried = sorted({r.lr for r in runs})
+    covered = [r.lr for r in runs if _full_budget_at_first_seed(r, budget.seed)] + list(queued)
+    chosen: list[float] = []
+    for lr in sorted(_snap(lr, tried) for lr in candidates):
+        if edge_lr is not None and lr >= edge_lr:
+            continue
+        if not any(max(lr, other) / min(lr, other) < SAME_LR for other in covered + chosen):
+            chosen.append(lr)
+    return chosen
+
+
+def _snap(lr: float, tried: list[float]) -> float:
+    """An LR already tried within SAME_LR of ``lr`` (so a re-run shares its LR exactly), else ``lr``."""
+    return next((other for other in tried if max(lr, other) / min(lr, other) < SAME_LR), lr)
+
+
+def _full_budget_at_first_seed(run: Run, seed: int) -> bool:
+    """A first-seed run that trained, or will train, the whole budget (a coarse one only if ASHA let it)."""
+    if run.seed != seed or run.diverged:
+        return False
+    return run.full if run.stage == "coarse" else run.run_tokens >= run.budget_tokens
+
+
+def rerun_lrs(best: LrResult, runs: list[Run], settings: EdgeSettings, budget: Budget) -> list[tuple[float, str]]:
+    """Coarse LRs below the best that ASHA cut while within rerun_margin of their last rung's leader:
+    (lr, why) each, to be trained to the full budget."""
+    chosen = []
+    for run in runs:
+        if run.stage != "coarse" or run.outcome != "stopped_early" or run.lr >= best.lr:
+            continue
+        rung = max((r for r in budget.rungs if run.loss_at(r) is not None), default=None)
+        if rung is None:
+            continue
+        leader = min(loss for other in runs if (loss := None if other.diverged else other.loss_at(rung)) is not None)
+        mine = run.loss_at(rung)
+        if mine <= leader * (1 + settings.rerun_margin):
+            chosen.append((run.lr, f"ASHA cut lr {run.lr:.3g} at {format_tokens(rung)} tokens with val {mine:.4f}, "
+                                   f"within {100 * (mine / leader - 1):.1f}% of that rung's best {leader:.4f}"))
+    return chosen
+
+
+def seed_lrs(ranking: list[LrResult], settings: EdgeSettings) -> list[LrResult]:
+    return crowned_ranking(ranking)[: settings.seed_lrs] if settings.seeds > 1 else []
+
+
+def _g(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g}"

@@ -1,0 +1,89 @@
+"""``search: grid``: every combination of the listed values, one trial each (or, fused, each combination
+of the other settings with its LRs in groups of ``fuse``: lmtune.fused)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lmtune.sweep.strategies.base import Fail, StrategyDefaults, coerce_setting, grid_corners, params_section
+
+
+@dataclass(frozen=True)
+class GridSearch(StrategyDefaults):
+    params: dict[str, list[Any]]
+    """Setting -> its values, in the order listed."""
+
+    name: ClassVar[str] = "grid"
+    keys: ClassVar[frozenset[str]] = frozenset({"params"})
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], fail: Fail) -> GridSearch:
+        params = {}
+        for name, spec in params_section(raw, fail).items():
+            key = f"params.{name}"
+            if isinstance(spec, dict):
+                raise fail(key, "search: grid takes a list of values; distributions are for search: optuna")
+            values = spec if isinstance(spec, list) else [spec]
+            if not values:
+                raise fail(key, "empty grid; list at least one value")
+            coerced = [coerce_setting(name, v, key, fail) for v in values]
+            repeated = sorted({v for v in coerced if coerced.count(v) > 1}, key=str)
+            if repeated:  # [1e-3, 0.001] would run the same trial twice
+                raise fail(key, f"{', '.join(map(str, repeated))} listed more than once; list each value once")
+            params[name] = coerced
+        return cls(params)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GridSearch:
+        return cls({name: list(values) for name, values in data["params"].items()})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"params": self.params}
+
+    def swept(self) -> list[str]:
+        return list(self.params)
+
+    def num_trials(self) -> int:
+        return math.prod(len(values) for values in self.params.values())
+
+    def values_of(self, name: str) -> list[Any]:
+        return list(self.params.get(name, []))
+
+    def corner_samples(self) -> list[dict[str, Any]]:
+        def ends(values: list[Any]) -> list[Any]:
+            return [min(values), max(values)] if all(isinstance(v, (int, float)) for v in values) else values[:1]
+
+        return grid_corners({name: ends(values) for name, values in self.params.items()})
+
+    def fused_refusal(self, fuse: int) -> str | None:
+        if fuse > 1 and "lr" not in self.params:
+            return "fusing groups the LRs of params.lr, which this space does not sweep; use fuse: 1"
+        return None
+
+    def member_groups(self, fuse: int) -> list[dict[str, Any]]:
+        """The grid cut into fused trials: each combination of the other swept settings, its LRs in groups of
+        up to ``fuse`` in the order listed, as {"lr": [...], other: value}."""
+        others = grid_corners({name: values for name, values in self.params.items() if name != "lr"})
+        lrs = self.params["lr"]
+        return [{"lr": lrs[i:i + fuse], **combo} for combo in others for i in range(0, len(lrs), fuse)]
+
+    def describe(self, fuse: int) -> str:
+        dims = " x ".join(f"{k} ({len(v)} values)" for k, v in self.params.items())
+        fused = f", up to {fuse} LRs fused per process" if fuse > 1 else ""
+        return f"grid search over {dims}: {self.num_trials()} trials{fused}"
+
+    def param_space(self, fuse: int) -> dict[str, Any]:
+        from ray import tune
+
+        if fuse > 1:
+            return {"members": tune.grid_search(self.member_groups(fuse))}
+        return {name: tune.grid_search(values) for name, values in self.params.items()}
+
+    def searcher(self, budget, sweep_dir: Path) -> tuple[None, int]:
+        return None, 1  # Tune's own grid generation: every combination once
+
+    def progress_columns(self, fuse: int) -> list[str]:
+        return ["members"] if fuse > 1 else list(self.params)

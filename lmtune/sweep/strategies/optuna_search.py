@@ -1,0 +1,134 @@
+"""``search: optuna``: ``num_samples`` trials whose settings Optuna's sampler draws from the distributions
+of ``params`` (Ray Tune's OptunaSearch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lmtune.errors import shown
+from lmtune.sweep.strategies.base import Fail, StrategyDefaults, coerce_setting, grid_corners, params_section
+from lmtune.training.config import field_type
+
+SAMPLERS = ("tpe", "random", "cmaes")
+DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
+
+
+@dataclass(frozen=True)
+class Distribution:
+    kind: str
+    """loguniform | uniform | randint | choice"""
+    args: tuple[Any, ...]
+    """(low, high), both included for randint; or the choices."""
+
+    def ends(self) -> list[Any]:
+        return [self.args[0]] if self.kind == "choice" else list(self.args)
+
+    def largest(self) -> Any:
+        return max(self.args)
+
+    def tune_domain(self):
+        from ray import tune
+
+        if self.kind == "loguniform":
+            return tune.loguniform(*self.args)
+        if self.kind == "uniform":
+            return tune.uniform(*self.args)
+        if self.kind == "randint":
+            return tune.randint(self.args[0], self.args[1] + 1)  # inclusive upper bound, as written
+        return tune.choice(list(self.args))
+
+
+@dataclass(frozen=True)
+class OptunaSearch(StrategyDefaults):
+    params: dict[str, Distribution]
+    sampler: str = "tpe"
+    num_samples: int = 10
+
+    name: ClassVar[str] = "optuna"
+    keys: ClassVar[frozenset[str]] = frozenset({"params", "sampler", "num_samples"})
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], fail: Fail) -> OptunaSearch:
+        params = {name: _distribution(name, spec, f"params.{name}", fail)
+                  for name, spec in params_section(raw, fail).items()}
+        sampler = raw.get("sampler", "tpe")
+        if sampler not in SAMPLERS:
+            raise fail("sampler", f"unknown sampler '{sampler}'; use one of {', '.join(SAMPLERS)}")
+        num_samples = raw.get("num_samples", 10)
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise fail("num_samples", f"must be a positive integer (got {shown(num_samples)})")
+        return cls(params, sampler, num_samples)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> OptunaSearch:
+        params = {name: Distribution(kind, tuple(args)) for name, (kind, args) in data["params"].items()}
+        return cls(params, data.get("sampler", "tpe"), int(data.get("num_samples", 10)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"params": {name: [d.kind, list(d.args)] for name, d in self.params.items()},
+                "sampler": self.sampler, "num_samples": self.num_samples}
+
+    def swept(self) -> list[str]:
+        return list(self.params)
+
+    def num_trials(self) -> int:
+        return self.num_samples
+
+    def values_of(self, name: str) -> list[Any]:
+        return list(self.params[name].args) if name in self.params else []
+
+    def corner_samples(self) -> list[dict[str, Any]]:
+        return grid_corners({name: d.ends() for name, d in self.params.items()})
+
+    def describe(self, fuse: int) -> str:
+        dims = ", ".join(f"{k} ~ {d.kind}{d.args}" for k, d in self.params.items())
+        return f"Optuna {self.sampler.upper()} search, {self.num_samples} samples of {dims}"
+
+    def param_space(self, fuse: int) -> dict[str, Any]:
+        return {name: d.tune_domain() for name, d in self.params.items()}
+
+    def searcher(self, budget, sweep_dir: Path):
+        # OptunaSearch reads its metric from every result; val_loss comes every eval_interval only, so it
+        # sees "objective": the latest val loss (ln(vocab) for a diverged trial).
+        return self.optuna_searcher(metric="objective", seed=budget.seed), self.num_samples
+
+    def optuna_searcher(self, metric: str = "val_loss", mode: str = "min", seed: int = 0):
+        """Tune's OptunaSearch with this space's sampler."""
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch as TuneOptunaSearch
+
+        sampler = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+                   "cmaes": optuna.samplers.CmaEsSampler}[self.sampler](seed=seed)
+        return TuneOptunaSearch(metric=metric, mode=mode, sampler=sampler)
+
+    def progress_columns(self, fuse: int) -> list[str]:
+        return list(self.params)
+
+
+def _distribution(name: str, spec: Any, key: str, fail: Fail) -> Distribution:
+    if isinstance(spec, list):
+        if not spec:
+            raise fail(key, "empty choice list; list at least one value")
+        return Distribution("choice", tuple(coerce_setting(name, v, key, fail) for v in spec))
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise fail(key, f"expected one distribution, e.g. {{loguniform: [1.0e-4, 1.0e-2]}}; use one of "
+                        f"{', '.join(DISTRIBUTIONS)}")
+    (kind, args), = spec.items()
+    if kind not in DISTRIBUTIONS:
+        raise fail(key, f"unknown distribution '{kind}'; use one of {', '.join(DISTRIBUTIONS)}")
+    if kind == "choice":
+        if not isinstance(args, list) or not args:
+            raise fail(key, "choice needs a non-empty list of values")
+        return Distribution(kind, tuple(coerce_setting(name, v, key, fail) for v in args))
+    if not isinstance(args, list) or len(args) != 2:
+        raise fail(key, f"{kind} needs [low, high]")
+    low, high = (coerce_setting(name, v, key, fail) for v in args)
+    if not low < high:
+        raise fail(key, f"bounds in the wrong order ({low} >= {high}); write [low, high] with low < high")
+    if kind == "loguniform" and low <= 0:
+        raise fail(key, "loguniform bounds must be > 0")
+    if kind == "randint" and field_type(name) is not int:
+        raise fail(key, "randint is for integer settings; use uniform or loguniform")
+    return Distribution(kind, (low, high))
