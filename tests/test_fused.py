@@ -72,8 +72,13 @@ def _close(a: float, b: float, rel: float = 1e-9) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
 
 
-def test_three_fused_members_in_float64_train_exactly_as_three_separate_runs_with_clipping(make_tiny_config):
-    configs = _configs(make_tiny_config)
+# The model options that act on more than a matmul: per-head q/k RMSNorm and the z-loss on the logits.
+MODEL_OPTIONS = [pytest.param({}, id="plain"), pytest.param({"qk_norm": True, "z_loss": 1e-3}, id="qk_norm+z_loss")]
+
+
+@pytest.mark.parametrize("options", MODEL_OPTIONS)
+def test_three_fused_members_in_float64_train_exactly_as_three_separate_runs_with_clipping(make_tiny_config, options):
+    configs = _configs(make_tiny_config, **options)
     batches = _batches(configs[0], 20)
     separate = _separate_runs(configs, batches)
     state, losses, norms = _fused_run(configs, batches)
@@ -85,6 +90,20 @@ def test_three_fused_members_in_float64_train_exactly_as_three_separate_runs_wit
         for name, weight in alone_weights.items():
             scale = weight.abs().max().item()
             assert (fused_weights[name] - weight).abs().max().item() <= 1e-9 * scale, (k, name)
+
+
+@pytest.mark.parametrize("options", MODEL_OPTIONS)
+def test_each_members_stability_probes_are_its_own_models(make_tiny_config, options):
+    # A seed each, so that the members' weights, and probes, differ.
+    configs = [resolve_config(c, Path(c.data_dir)) for c in
+               (make_tiny_config(lr=lr, seed=seed, **options) for seed, lr in enumerate(LRS))]
+    state = FusedState.create(configs, torch.device("cpu"), dtype=torch.float64)
+    x, _ = _batches(configs[0], 1)[0]
+    fused = state.model.stability_probes(x)
+    for k, config in enumerate(configs):
+        alone = TrainState.create(config, torch.device("cpu")).model.double()
+        for name, value in alone.stability_probes(x).items():
+            assert _close(fused[name][k].item(), value), (k, name)
 
 
 def _train_group(make_tiny_config, root: Path, lrs, **overrides):

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from lmtune.data.batches import BatchSampler, DeviceBatches
-from lmtune.sweep import plan
+from lmtune.sweep import placement
+from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import load_space
 from lmtune.sweep.trainable import limit_to_assigned_resources
 from lmtune.training.config import budget_config
@@ -168,28 +169,28 @@ def test_a_fractional_trial_is_capped_at_its_share_of_the_gpu_and_a_whole_one_is
 
 def _space_base(name: str, fuse: int):
     space = load_space(name).fused(fuse, fail=ValueError)
-    return space, plan.largest_trial(space, budget_config(space.budget, space.fixed))
+    return space, SweepPlan.create(space, budget_config(space.budget, space.fixed)).largest_trial()
 
 
 @pytest.mark.parametrize("gpu_gib, share", [(24, 1.0), (80, 0.25)])
 def test_packing_counts_every_member_of_a_fused_trial(gpu_gib, share):
     """lr_grid with fuse: 7 needs about 14.6 GiB a trial: one per 24 GiB card (not four capped at 6 GiB)."""
     _, base = _space_base("lr_grid", 7)
-    assert plan.trial_memory_bytes(base, 7) / 2**30 == pytest.approx(14.6, abs=0.1)
-    assert plan.trial_resources(base, 1, None, 1, gpu_gib * 2**30, members=7)["gpu"] == share
+    assert placement.trial_memory_bytes(base, 7) / 2**30 == pytest.approx(14.6, abs=0.1)
+    assert placement.trial_resources(base, 1, None, 1, gpu_gib * 2**30, members=7)["gpu"] == share
 
 
 def test_a_fused_trial_that_cannot_fit_one_gpu_is_refused_in_one_line():
     base = budget_config("full", {})  # batch 128: about 50 GiB with 7 members
     with pytest.raises(Exception, match=r"one trial needs about 50\.0 GiB .*lower --fuse") as info:
-        plan.trial_resources(base, 1, None, 1, 40 * 2**30, members=7)
+        placement.trial_resources(base, 1, None, 1, 40 * 2**30, members=7)
     assert "\n" not in str(info.value)
 
 
 def test_packing_sizes_a_grid_over_batch_sizes_for_its_largest_batch():
     space, base = _space_base("lr_batch", 1)
-    assert base.train.batch_size == 64 == max(space.params["batch_size"])
-    assert plan.trial_memory_bytes(base) > plan.trial_memory_bytes(budget_config(space.budget, space.fixed))
+    assert base.train.batch_size == 64 == max(space.strategy.params["batch_size"])
+    assert placement.trial_memory_bytes(base) > placement.trial_memory_bytes(budget_config(space.budget, space.fixed))
 
 
 

@@ -2,11 +2,13 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_MODEL
 
 from lmtune.training.config import ModelConfig
 from lmtune.training.model import TransformerLM, apply_rope, count_parameters, flops_per_token, rope_tables
 
-SMALL = ModelConfig(vocab_size=97, context_length=16, d_model=32, d_ff=64, n_layers=2, n_heads=4)
+# The tiny model with 4 heads, a context of 16 and a vocabulary of 97.
+SMALL = ModelConfig(**{**TINY_MODEL, "vocab_size": 97, "context_length": 16, "n_heads": 4})
 
 
 def small_model(**changes) -> TransformerLM:

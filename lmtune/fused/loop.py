@@ -23,7 +23,7 @@ from lmtune.data.batches import fixed_val_batches
 from lmtune.data.dataset import load_data
 from lmtune.errors import LmtuneError
 from lmtune.fused.batches import MemberBatches
-from lmtune.fused.members import Member, MemberMeter
+from lmtune.fused.members import Member
 from lmtune.fused.restore import restore_members
 from lmtune.fused.state import FusedState
 from lmtune.fused.step import compile_update, evaluate_members, fused_train_step
@@ -32,7 +32,7 @@ from lmtune.training.config import RunConfig
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import RunEnd, RunResult, resolve_config, save_checkpoints, training_log
-from lmtune.training.metrics import Row
+from lmtune.training.metrics import IntervalMeter, Row
 from lmtune.training.model import flops_per_token
 from lmtune.training.schedule import lr_at
 from lmtune.training.step import Runtime
@@ -130,9 +130,9 @@ class FusedRun:
                 MemberBatches(data.train, self.configs, self.state.positions, self.device, self.state.step))
             self.val_batches = fixed_val_batches(data.val, self.t.batch_size, first.model.context_length,
                                                  self.t.eval_batches)
-            self.meter = MemberMeter(len(self.state.positions), self.device, first.tokens_per_step,
-                                     flops_per_token(first.model),
-                                     peak_flops(self.device, self.runtime.amp_dtype or torch.float32), elapsed)
+            self.meter = IntervalMeter(self.device, first.tokens_per_step, flops_per_token(first.model),
+                                       peak_flops(self.device, self.runtime.amp_dtype or torch.float32), elapsed,
+                                       members=len(self.state.positions))
             self.index_positions()
             self.train_until_done()
         results = [m.result for m in self.members]
@@ -165,7 +165,7 @@ class FusedRun:
         endings = {self.state.positions[p]: RunEnd.non_finite("loss or gradient norm", bad)
                    for p, bad in enumerate(self.meter.first_nonfinite_steps())
                    if bad is not None and self.state.positions[p] in live}
-        rows = {m: row for m, row in zip(self.state.positions, self.meter.take(step), strict=True) if m in live}
+        rows = {m: row for m, row in zip(self.state.positions, self.meter.take_each(step), strict=True) if m in live}
         lrs = [lr_at(step - 1, c.train.lr, c.train.min_lr_ratio, c.train.warmup_steps, c.train.steps)
                for c in self.configs]
         probes = {k: v.tolist() for k, v in self.state.model.stability_probes(x[..., :2, :]).items()}

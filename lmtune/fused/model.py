@@ -1,200 +1,89 @@
-"""K Transformer LMs of the same shape trained as one (horizontal fusion, HFTA: Wang et al., MLSys 2021).
+"""K Transformer LMs of one shape trained as one (horizontal fusion, HFTA: Wang et al., MLSys 2021).
 
-Every weight of ``TransformerLM`` gets a leading member dimension: linear layers become batched
-matmuls over the members, embeddings and RMSNorm gains are per member, and attention folds the
-members into SDPA's batch dimension. One forward and backward serves all members; the loss is one
-value per member, and since no operation mixes members, the gradient of their sum is each member's
-own gradient. The module tree mirrors ``TransformerLM``'s, so ``member_state_dict(k)`` is an ordinary
-single-model state dict (checkpoints, ``best.pt``) and ``from_members`` stacks ordinary models.
+The model is lmtune.training.model's ``TransformerLM`` itself, not a copy of it: every parameter is held
+once per member, stacked along a new first dimension, and TransformerLM's own forward runs for all members
+at once under ``torch.func.vmap``, ``functional_call`` handing it each member's slice. Under vmap the
+linear layers become batched matmuls, the embedding one lookup and attention one SDPA call over the
+members' batches (CUDA's flash, memory-efficient and cuDNN kernels have vmap rules; CPU's flash kernel
+runs per member). No operation mixes members, so the gradient of their summed losses is each member's own.
+
+The parameters keep TransformerLM's names, so ``member_state_dict(k)`` is an ordinary single-model state
+dict (checkpoints, ``best.pt``).
 """
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
 
-from lmtune.training.config import ModelConfig
-from lmtune.training.model import TransformerLM, apply_rope, causal_logits, rope_tables
+from lmtune.training.model import TransformerLM
 
-
-class MemberLinear(nn.Module):
-    """``members`` bias-free linear layers: x (K, ..., in) -> (K, ..., out) as one batched matmul."""
-
-    def __init__(self, members: int, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(members, out_features, in_features))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k, *middle, d = x.shape
-        y = torch.bmm(x.reshape(k, -1, d), self.weight.transpose(1, 2))
-        return y.view(k, *middle, self.weight.shape[1])
-
-
-class MemberRMSNorm(nn.Module):
-    """RMSNorm with a gain per member: x (K, ..., d)."""
-
-    def __init__(self, members: int, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(members, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gain = self.weight.view(self.weight.shape[0], *([1] * (x.dim() - 2)), self.weight.shape[1])
-        return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * gain
-
-
-class MemberEmbedding(nn.Module):
-    """A token embedding per member, looked up as one table with each member's rows offset."""
-
-    def __init__(self, members: int, vocab_size: int, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(members, vocab_size, dim))
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        k, vocab, dim = self.weight.shape
-        offsets = torch.arange(k, device=idx.device).view(k, *([1] * (idx.dim() - 1))) * vocab
-        return F.embedding(idx + offsets, self.weight.view(k * vocab, dim))
-
-
-class MemberAttention(nn.Module):
-    def __init__(self, members: int, cfg: ModelConfig):
-        super().__init__()
-        self.n_heads = cfg.n_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
-        self.qkv = MemberLinear(members, cfg.d_model, 3 * cfg.d_model)
-        self.out = MemberLinear(members, cfg.d_model, cfg.d_model)
-        self.q_norm = MemberRMSNorm(members, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = MemberRMSNorm(members, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q, k, v of shape (K * B, heads, T, head_dim): the members folded into the batch."""
-        k, b, t, _ = x.shape
-        q, key, v = self.qkv(x).view(k, b, t, 3, self.n_heads, self.head_dim).permute(3, 0, 1, 4, 2, 5)
-        if self.q_norm is not None:
-            q, key = self.q_norm(q), self.k_norm(key)
-        q, key, v = (z.reshape(k * b, self.n_heads, t, self.head_dim) for z in (q, key, v))
-        return apply_rope(q, cos, sin), apply_rope(key, cos, sin), v
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        k, b, t, d = x.shape
-        q, key, v = self.project(x, cos, sin)
-        y = F.scaled_dot_product_attention(q, key, v, is_causal=True)
-        return self.out(y.view(k, b, self.n_heads, t, self.head_dim).transpose(2, 3).reshape(k, b, t, d))
-
-    @torch.no_grad()
-    def max_logit(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Each member's largest causal attention logit, shape (K,)."""
-        q, key, _ = self.project(x, cos, sin)
-        return causal_logits(q, key).view(x.shape[0], -1).amax(1)
-
-
-class MemberSwiGLU(nn.Module):
-    def __init__(self, members: int, d_model: int, d_ff: int):
-        super().__init__()
-        self.gate = MemberLinear(members, d_model, d_ff)
-        self.up = MemberLinear(members, d_model, d_ff)
-        self.down = MemberLinear(members, d_ff, d_model)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
-class MemberBlock(nn.Module):
-    def __init__(self, members: int, cfg: ModelConfig):
-        super().__init__()
-        self.attn_norm = MemberRMSNorm(members, cfg.d_model, cfg.norm_eps)
-        self.attn = MemberAttention(members, cfg)
-        self.ffn_norm = MemberRMSNorm(members, cfg.d_model, cfg.norm_eps)
-        self.ffn = MemberSwiGLU(members, cfg.d_model, cfg.d_ff)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.ffn(self.ffn_norm(x))
+# CPU's flash attention has no vmap rule, so vmap runs it once per member and warns at every call; on the
+# quick model with 4 members that measured no slower than one SDPA call over the folded batch.
+warnings.filterwarnings("ignore", message=r".*batching rule for aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
 class FusedTransformerLM(nn.Module):
-    """``members`` TransformerLMs of one shape: ``forward(idx, targets)`` returns each member's mean loss.
+    """``members`` TransformerLMs of one shape: ``forward(idx, targets)`` returns each member's mean loss (K,).
 
     ``idx`` is (B, T) when every member sees the same batch (common random numbers) or (K, B, T) for a
-    batch per member; the logits are (K, B, T, vocab).
+    batch per member.
     """
 
-    def __init__(self, members: int, cfg: ModelConfig):
+    def __init__(self, models: list[TransformerLM]):
+        """The fused model whose member k is ``models[k]`` (one config, device and dtype), copied."""
         super().__init__()
-        self.cfg = cfg
-        self.embed = MemberEmbedding(members, cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(MemberBlock(members, cfg) for _ in range(cfg.n_layers))
-        self.final_norm = MemberRMSNorm(members, cfg.d_model, cfg.norm_eps)
-        self.lm_head = MemberLinear(members, cfg.d_model, cfg.vocab_size)
-        cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.context_length, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.cfg = models[0].cfg
+        self.stacked = copy.deepcopy(models[0])
+        """A TransformerLM whose every parameter has the members on its first dimension."""
+        stacked, _ = stack_module_state(models)
+        for name, value in stacked.items():
+            owner, _, attr = name.rpartition(".")
+            setattr(self.stacked.get_submodule(owner), attr, nn.Parameter(value.detach().clone()))
 
     @property
     def members(self) -> int:
-        return self.embed.weight.shape[0]
-
-    @classmethod
-    def from_members(cls, models: list[TransformerLM]) -> FusedTransformerLM:
-        """The fused model whose member k is ``models[k]`` (same config, device and dtype)."""
-        first = models[0]
-        fused = cls(len(models), first.cfg)
-        states = [m.state_dict() for m in models]
-        stacked = {name: torch.stack([s[name] for s in states]) for name in states[0]}
-        param = next(first.parameters())
-        fused.to(device=param.device, dtype=param.dtype)
-        fused.load_state_dict(stacked)
-        return fused
+        return self.stacked.embed.weight.shape[0]
 
     def member_state_dict(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's weights as a TransformerLM state dict (copies, so they outlive a later ``keep``)."""
-        return {name: value[k].detach().clone() for name, value in self.state_dict().items()}
+        return {name: value[k].detach().clone() for name, value in self.stacked.state_dict().items()}
 
     @torch.no_grad()
     def keep(self, positions: list[int]) -> None:
         """Keep only the members at ``positions`` (in that order): the others' compute is reclaimed."""
-        index = torch.tensor(positions, dtype=torch.long, device=self.rope_cos.device)
-        for param in self.parameters():
+        index = torch.tensor(positions, dtype=torch.long, device=self.stacked.rope_cos.device)
+        for param in self.stacked.parameters():
             param.data = param.data.index_select(0, index)
             param.grad = None
 
-    def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
-        if idx.dim() == 2:  # one batch for every member
-            idx = idx.unsqueeze(0).expand(self.members, *idx.shape)
-        return self.embed(idx)
-
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(idx)
-        for block in self.blocks:
-            x = block(x, self.rope_cos, self.rope_sin)
-        logits = self.lm_head(self.final_norm(x))
-        if targets.dim() == 2:
-            targets = targets.unsqueeze(0).expand(self.members, *targets.shape)
-        return member_losses(logits, targets, self.cfg.z_loss)
+        batch_dim = None if idx.dim() == 2 else 0
+        return vmap(self._member_loss, in_dims=(0, batch_dim, batch_dim))(
+            dict(self.stacked.named_parameters()), idx, targets)
+
+    def _member_loss(self, params: dict[str, torch.Tensor], idx: torch.Tensor, targets: torch.Tensor):
+        return functional_call(self.stacked, params, (idx, targets))
 
     @torch.no_grad()
     def stability_probes(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per member (tensors of shape (K,)): largest attention logit over layers and output-logit size."""
-        x = self.embed_tokens(idx)
-        attn_max = torch.full((self.members,), float("-inf"), device=idx.device)
-        for block in self.blocks:
-            attn_max = torch.maximum(attn_max, block.attn.max_logit(block.attn_norm(x), self.rope_cos, self.rope_sin))
-            x = block(x, self.rope_cos, self.rope_sin)
-        logits = self.lm_head(self.final_norm(x)).float().view(self.members, -1, self.cfg.vocab_size)
-        return {
-            "attn_logit_max": attn_max,
-            "output_logit_max": logits.abs().amax(dim=(1, 2)),
-            "output_logz_mean": logits.logsumexp(-1).mean(1),
-        }
+        """TransformerLM's probes per member (tensors of shape (K,))."""
+        probes = _Probes(self.stacked)
+        params = {f"model.{name}": p for name, p in self.stacked.named_parameters()}
+        batch_dim = None if idx.dim() == 2 else 0
+        return vmap(lambda p, x: functional_call(probes, p, (x,)), in_dims=(0, batch_dim))(params, idx)
 
 
-def member_losses(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) -> torch.Tensor:
-    """Each member's mean cross-entropy (+ z-loss), shape (K,), in at least float32 (as ``lm_loss``)."""
-    members, vocab = logits.shape[0], logits.shape[-1]
-    flat = logits.reshape(-1, vocab)
-    flat = flat.to(torch.promote_types(flat.dtype, torch.float32))
-    loss = F.cross_entropy(flat, targets.reshape(-1), reduction="none").view(members, -1).mean(1)
-    if z_loss > 0:
-        loss = loss + z_loss * flat.logsumexp(-1).square().view(members, -1).mean(1)
-    return loss
+class _Probes(nn.Module):
+    """TransformerLM.probe_tensors as a forward (functional_call calls forward)."""
+
+    def __init__(self, model: TransformerLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.model.probe_tensors(idx)

@@ -24,7 +24,7 @@ from lmtune.training.state import TrainState, build_optimizer, seed_everything
 def adamw_order(model: FusedTransformerLM) -> list[str]:
     """Parameter names in the order ``build_optimizer`` lists a member's (its state dict's integer keys):
     the matrices (ndim >= 3 with the member dimension), then the gains."""
-    named = list(model.named_parameters())
+    named = list(model.stacked.named_parameters())
     return [n for n, p in named if p.ndim >= 3] + [n for n, p in named if p.ndim < 3]
 
 
@@ -53,9 +53,9 @@ class FusedState:
             if seed not in by_seed:
                 seed_everything(seed)
                 by_seed[seed] = TransformerLM(config.model).to(device=device, dtype=dtype)
-        model = FusedTransformerLM.from_members([by_seed[c.train.seed] for c in configs])
+        model = FusedTransformerLM([by_seed[c.train.seed] for c in configs])
         like = next(model.parameters())
-        optimizer = MemberAdamW(model, MemberHyperparameters.of([c.train for c in configs], like))
+        optimizer = MemberAdamW(model.stacked, MemberHyperparameters.of([c.train for c in configs], like))
         active = torch.ones(len(configs), dtype=torch.bool, device=device)
         return cls(model, optimizer, list(configs), list(range(len(configs))), active)
 
@@ -91,7 +91,7 @@ class FusedState:
     def load_member(self, member: int, saved: dict[str, Any]) -> None:
         """A single-model checkpoint (``TrainState.state_dict``) into the member's slice."""
         position = self.positions.index(member)
-        params = dict(self.model.named_parameters())
+        params = dict(self.model.stacked.named_parameters())
         for name, value in saved["model"].items():
             params[name][position].copy_(value)
         names = adamw_order(self.model)

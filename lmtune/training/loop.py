@@ -23,7 +23,7 @@ from lmtune.data.batches import BatchSampler, DeviceBatches, fixed_val_batches
 from lmtune.data.dataset import load_data, read_meta
 from lmtune.files import atomic_write_json, atomic_write_text
 from lmtune.training.checkpoint import Checkpointer
-from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.config import RunConfig, TrainConfig, apply_overrides
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, NON_FINITE, WHOLE_RUN, DivergenceRule, LossWatch
 from lmtune.training.evaluate import evaluate
@@ -134,18 +134,9 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
                 if not t.logs_at(step):
                     continue
                 # ---- a log interval: the loop's only host syncs ----
-                if (bad_step := meter.first_nonfinite_step()) is not None:
-                    end = RunEnd.non_finite("loss or gradient norm", bad_step)
+                row, end = interval_row(step, lr, x, state, runtime, meter, val_batches, watch, t)
+                if row is None:
                     break
-                row = {**meter.take(step), "lr": lr, "val_loss": None}
-                if t.evaluates_at(step):
-                    row["val_loss"] = evaluate(runtime, val_batches, t.grad_accum_steps)
-                    if not math.isfinite(row["val_loss"]):
-                        end = RunEnd.non_finite("validation loss", step)
-                        break
-                watch.see(step, row["train_loss"])
-                row.update(watch.row_fields())
-                row.update(state.model.stability_probes(x[:2]))
                 for sink in (csv_sink, tensorboard):  # before the checkpoint, which a resume keeps its rows to
                     sink.write(row, None)
                 written = save_checkpoints(checkpointer, state, config, row, csv_sink.rows, meter)
@@ -157,6 +148,23 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
             end = RunEnd("stopped", f"interrupted at step {state.step}")
             log.warning("interrupted: the newest checkpoint is kept; continue with --resume")
         return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks, watch, runtime)
+
+
+def interval_row(step: int, lr: float, x: torch.Tensor, state: TrainState, runtime: Runtime, meter: IntervalMeter,
+                 val_batches, watch: LossWatch, t: TrainConfig) -> tuple[Row | None, RunEnd]:
+    """The row of a log interval (its evaluation, the loss judged, the stability probes on ``x``), or None and
+    how the run ended when a loss or gradient norm went non-finite."""
+    if (bad_step := meter.first_nonfinite_step()) is not None:
+        return None, RunEnd.non_finite("loss or gradient norm", bad_step)
+    row = {**meter.take(step), "lr": lr, "val_loss": None}
+    if t.evaluates_at(step):
+        row["val_loss"] = evaluate(runtime, val_batches, t.grad_accum_steps)
+        if not math.isfinite(row["val_loss"]):
+            return None, RunEnd.non_finite("validation loss", step)
+    watch.see(step, row["train_loss"])
+    row.update(watch.row_fields())
+    row.update(state.model.stability_probes(x[:2]))
+    return row, RunEnd()
 
 
 def resolve_config(config: RunConfig, data_dir: Path) -> RunConfig:

@@ -20,7 +20,6 @@ import torch
 
 from lmtune.files import atomic_write_text
 from lmtune.training.device import peak_memory_bytes, reset_peak_memory, synchronize
-from lmtune.training.step import StepResult
 
 log = logging.getLogger(__name__)
 
@@ -172,19 +171,20 @@ class TensorBoardSink:
 
 class IntervalMeter:
     """Accumulates the steps between two rows on the device (no host sync per step) and turns them into
-    a row's numbers: mean train loss, tokens/s, MFU, data wait and compute time per step."""
+    a row's numbers: mean train loss, tokens/s, MFU, data wait and compute time per step. With ``members``,
+    a fused group's: losses and gradient norms of shape (members,), a row per member (``take_each``)."""
 
     def __init__(self, device: torch.device, tokens_per_step: int, flops_per_token: float,
-                 peak_flops: float | None, elapsed_before_s: float = 0.0):
+                 peak_flops: float | None, elapsed_before_s: float = 0.0, members: int | None = None):
         self.device = device
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
-        self.elapsed_before_s = elapsed_before_s
-        self.run_start = time.perf_counter()
-        self.loss_sum = torch.zeros((), device=device)
-        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
-        self.grad_norm = torch.zeros((), device=device)
+        self.run_start = time.perf_counter() - elapsed_before_s
+        shape = () if members is None else (members,)
+        self.loss_sum = torch.zeros(shape, device=device)
+        self.first_bad = torch.full(shape, -1, dtype=torch.long, device=device)
+        self.grad_norm = torch.zeros(shape, device=device)
         self.steps, self.wait_s = 0, 0.0
         reset_peak_memory(device)
         self.restart()
@@ -193,9 +193,10 @@ class IntervalMeter:
         """The next interval's clock starts now (evaluation and checkpoints are not counted in it)."""
         self.interval_start = time.perf_counter()
 
-    def add(self, step: int, result: StepResult, wait_s: float) -> None:
+    def add(self, step: int, result, wait_s: float) -> None:
+        """One step's result (a StepResult, or a fused group's with a value per member)."""
         self.loss_sum += result.loss.float()
-        self.grad_norm = result.grad_norm
+        self.grad_norm = result.grad_norm.float()
         bad = ~result.finite & (self.first_bad < 0)
         self.first_bad = torch.where(bad, torch.full_like(self.first_bad, step), self.first_bad)
         self.steps += 1
@@ -206,24 +207,39 @@ class IntervalMeter:
         step = int(self.first_bad.item())
         return step if step >= 0 else None
 
+    def first_nonfinite_steps(self) -> list[int | None]:
+        """Per member, ``first_nonfinite_step`` (one host sync)."""
+        return [s if s >= 0 else None for s in self.first_bad.tolist()]
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep the members at ``positions`` (a fused group shrinking)."""
+        index = torch.tensor(positions, dtype=torch.long, device=self.device)
+        self.loss_sum, self.grad_norm, self.first_bad = (
+            t.index_select(0, index) for t in (self.loss_sum, self.grad_norm, self.first_bad))
+
     def elapsed_s(self) -> float:
         """Wall time of the run, earlier processes of a resumed run included."""
-        return self.elapsed_before_s + time.perf_counter() - self.run_start
+        return time.perf_counter() - self.run_start
 
     def take(self, step: int) -> Row:
         """The interval's numbers for the row at ``step``; the interval's sums start again from zero."""
+        return self.take_each(step)[0]
+
+    def take_each(self, step: int) -> list[Row]:
+        """A row per member at ``step`` (one row without members). A member's tokens/s is its own: the
+        group's aggregate over the members."""
         synchronize(self.device)  # the queued steps finish before the clock is read (CUDA, MPS)
         wall = time.perf_counter() - self.interval_start
         tokens_per_s = self.steps * self.tokens_per_step / wall
-        row = {
-            "step": step, "tokens": step * self.tokens_per_step,
-            "train_loss": (self.loss_sum / self.steps).item(), "grad_norm": float(self.grad_norm),
-            "tokens_per_s": tokens_per_s,
+        common = {
+            "step": step, "tokens": step * self.tokens_per_step, "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else None,
             "data_wait_s": self.wait_s / self.steps, "compute_s": (wall - self.wait_s) / self.steps,
             "peak_memory_bytes": peak_memory_bytes(self.device),
             "elapsed_s": self.elapsed_s(),
         }
+        losses = (self.loss_sum / self.steps).reshape(-1).tolist()
+        norms = self.grad_norm.reshape(-1).tolist()
         self.loss_sum.zero_()
         self.steps, self.wait_s = 0, 0.0
-        return row
+        return [{**common, "train_loss": loss, "grad_norm": norm} for loss, norm in zip(losses, norms, strict=True)]

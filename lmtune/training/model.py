@@ -164,6 +164,11 @@ class TransformerLM(nn.Module):
     @torch.no_grad()
     def stability_probes(self, idx: torch.Tensor) -> dict[str, float]:
         """Largest attention logit over layers and output-logit size, for the instability diagnostics."""
+        return {name: value.item() for name, value in self.probe_tensors(idx).items()}
+
+    @torch.no_grad()
+    def probe_tensors(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``stability_probes`` as 0-d tensors on the device (no host sync: a fused model takes them per member)."""
         x = self.embed(idx)
         attn_max = torch.tensor(float("-inf"), device=idx.device)
         for block in self.blocks:
@@ -171,9 +176,9 @@ class TransformerLM(nn.Module):
             x = block(x, self.rope_cos, self.rope_sin)
         logits = self.lm_head(self.final_norm(x)).float()
         return {
-            "attn_logit_max": attn_max.item(),
-            "output_logit_max": logits.abs().amax().item(),
-            "output_logz_mean": logits.logsumexp(-1).mean().item(),
+            "attn_logit_max": attn_max,
+            "output_logit_max": logits.abs().amax(),
+            "output_logz_mean": logits.logsumexp(-1).mean(),
         }
 
 
