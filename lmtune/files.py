@@ -1,14 +1,44 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half of either.
+"""Atomic file writes (a reader sees the old file or the whole new one, never half of either) and the lock
+that keeps a folder to one writer.
 
 Every file lmtune writes (checkpoints, metrics, the sweep's records, the report) goes through here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+LOCK_FILE = ".lmtune.lock"
+
+
+@contextlib.contextmanager
+def writer_lock(folder: Path, refusal: Callable[[str], str]) -> Iterator[None]:
+    """This process alone writes ``folder`` while the block runs: an exclusive ``flock`` on
+    folder/.lmtune.lock, which the OS releases when the process ends however it ends (a SIGKILLed writer
+    leaves no stale lock). A second writer gets ``LmtuneError(refusal(holder's pid))``."""
+    import fcntl  # POSIX only, as Ray's local clusters are
+
+    from lmtune.errors import LmtuneError
+
+    handle = open(Path(folder) / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the whole block
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise LmtuneError(refusal(handle.read().strip() or "unknown")) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.input:
         if args.out is None:
             raise LmtuneError("--out is required with --input; pass --out DIR")
-        out = prepare_text(args.input, args.out, vocab_size=args.vocab_size or 10000,
+        out = prepare_text(args.input, args.out, vocab_size=10000 if args.vocab_size is None else args.vocab_size,
                            val_fraction=args.val_fraction, force=args.force)
     elif args.tokens:
         if args.out is None:
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         out = prepare_tokens(args.tokens, args.out, vocab_size=args.vocab_size,
                              val_fraction=args.val_fraction, force=args.force, dtype=args.dtype)
     else:
+        if args.vocab_size is not None or args.dtype is not None:
+            raise LmtuneError("--vocab-size and --dtype apply to --input or --tokens; the built-in corpus has its "
+                              "own (drop them, or pass --input FILE)")
         out = ensure_builtin_corpus(args.out or Path("data/builtin"))
     meta = json.loads((out / "meta.json").read_text())
     print(f"prepared {out}: train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens, "

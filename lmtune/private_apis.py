@@ -60,6 +60,76 @@ def keep_local_ray_on_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def ray_processes_in_one_group() -> None:
+    """Start the local Ray instance's processes (GCS, raylet, dashboard, and through the raylet every worker
+    and agent) in one process group of their own, whose id ``ray_process_group()`` gives once one started.
+
+    Why: ``kill -TERM -PGID`` (systemd, ``docker stop``, Slurm, a terminal hang-up) reaches every process of
+    the group the driver runs in, and Ray 2.60 starts its processes in that group on Linux (only on
+    Windows does its ``ConsolePopen`` give them a group of their own). Ray's GCS then dies with the driver's
+    group, and the driver, which was about to stop Tune and save the experiment, waits 60 s to reconnect
+    and exits 1. In a group of their own they receive only what the driver sends them (``ray.shutdown``),
+    and :func:`lmtune.sweep.session.ray_session` can end the whole group when the driver dies.
+    Why private: ``ray._private.services.ConsolePopen`` is what ``start_ray_process`` spawns with, and no
+    ``ray.init`` option sets the group. Public API to move to: none in Ray 2.60 (no Ray issue tracks it).
+    """
+    if sys.platform == "win32":
+        return None
+    from ray._private import services
+
+    if getattr(services.ConsolePopen, "_lmtune_grouped", False):
+        return
+    original = services.ConsolePopen
+
+    class GroupedPopen(original):  # type: ignore[misc, valid-type]
+        _lmtune_grouped = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # The first process leads a new group; the rest join it (same session, so setpgid is allowed).
+            group = _RAY_GROUP[0]
+            kwargs["process_group"] = 0 if group is None or not _group_alive(group) else group
+            super().__init__(*args, **kwargs)
+            if kwargs["process_group"] == 0:
+                _RAY_GROUP[0] = self.pid
+
+    services.ConsolePopen = GroupedPopen
+
+
+def stop_printing_worker_output() -> None:
+    """Stop echoing Ray workers' stdout/stderr in this driver (their log files under Ray's session folder
+    keep everything).
+
+    Why: once a sweep has ended, ``ray.shutdown`` SIGTERMs the idle trial workers, and Ray 2.60's worker
+    SIGTERM handler raises SystemExit wherever the worker is; when that is inside a weakref callback of
+    interpreter shutdown, the worker prints "Exception ignored ... Traceback ... SystemExit: 1", which the
+    driver echoes after the sweep's own last line (seen about one sweep in two on 2 CPUs). Why private: the
+    echo is the ``ray_print_logs`` handler ``ray.init(log_to_driver=True)`` adds to
+    ``ray._private.worker.global_worker_stdstream_dispatcher``, and only ``ray.shutdown`` removes it, after
+    the workers are gone. Public API to move to: none in Ray 2.60 (``log_to_driver`` is fixed at ``init``).
+    """
+    from ray._private import worker
+
+    worker.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+
+
+def ray_process_group() -> int | None:
+    """The process group of the local Ray instance's processes (None before any started, or on Windows)."""
+    return _RAY_GROUP[0]
+
+
+_RAY_GROUP: list[int | None] = [None]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a reused id now owned by someone else
+        return False
+
+
 # ---------------------------------------------------------------------------------------------
 # Ray Tune: ASHA's rung records, saved as JSON
 

@@ -9,6 +9,8 @@ import argparse
 import json
 import logging
 import re
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lmtune.run", description="Run a hyperparameter sweep on Ray Tune.")
-    p.add_argument("--space", default="lr_grid", help="search space: a name in search_spaces/ or a YAML path")
+    p.add_argument("--space", help="search space: a name in search_spaces/ or a YAML path (default: lr_grid)")
     p.add_argument("--list-spaces", action="store_true", help="list the shipped search spaces and exit")
     p.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
     p.add_argument("--budget", choices=list(BUDGETS), help="override the space's budget")
@@ -63,8 +65,8 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         raise LmtuneError("--max-concurrent must be >= 1")
     if args.fuse is not None and args.fuse < 1:
         raise LmtuneError("--fuse must be >= 1 (the LRs trained together in one process; 1: one per trial)")
-    if args.fuse is not None and args.resume:
-        raise LmtuneError("--fuse cannot change a sweep being resumed (its trials are already grouped); drop --fuse")
+    if args.resume:
+        refuse_resume_changes(args)
     if args.max_failures < 0:
         raise LmtuneError("--max-failures must be >= 0")
     if args.name is None and args.resume:
@@ -73,8 +75,9 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         from lmtune.training.wandb_sink import import_wandb
 
         import_wandb()
+    space = args.space or (None if args.resume else "lr_grid")  # a resume reads its space from sweep.json
     return SweepOptions(
-        space=args.space, name=check_name(args.name or f"{Path(args.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"),
+        space=space, name=check_name(args.name or f"{Path(space or '').stem}-{time.strftime('%Y%m%d-%H%M%S')}"),
         results=Path(args.results), data=args.data, budget=args.budget, overrides=parse_set_args(args.set),
         resume=args.resume, storage=args.storage, time_budget_s=parse_duration(args.time_budget),
         gpus_per_trial=args.gpus_per_trial, fuse=args.fuse, cpus_per_trial=args.cpus_per_trial,
@@ -83,6 +86,24 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         ship_data_mb=args.ship_data_mb, dashboard=not args.no_dashboard, dashboard_host=args.dashboard_host,
         quiet=args.quiet, wandb_project=args.wandb, command=("python -m lmtune.run", *argv),
     )
+
+
+# What a resumed sweep keeps from its start (sweep.json and Ray's experiment state): flags that would change it.
+# (--space and --data may be given if they name the sweep's own: lmtune.sweep.runner checks them.)
+RESUME_FIXED = {"budget": "--budget", "set": "--set",
+                "time_budget": "--time-budget", "gpus_per_trial": "--gpus-per-trial", "fuse": "--fuse",
+                "cpus_per_trial": "--cpus-per-trial", "max_concurrent": "--max-concurrent",
+                "max_failures": "--max-failures", "wandb": "--wandb"}
+
+
+def refuse_resume_changes(args: argparse.Namespace) -> None:
+    """A resumed sweep runs as it started; refuse, naming them, the flags it could not honour."""
+    defaults = build_parser()
+    given = [flag for dest, flag in RESUME_FIXED.items() if getattr(args, dest) != defaults.get_default(dest)]
+    if given:
+        raise LmtuneError(f"--resume continues the sweep as it started (its budget, settings and resources are in "
+                          f"sweep.json); {', '.join(given)} cannot change it: drop "
+                          f"{'it' if len(given) == 1 else 'them'}, or start a new sweep with another --name")
 
 
 def check_name(name: str) -> str:
@@ -103,35 +124,40 @@ def parse_duration(text: str | None) -> float | None:
 
 
 def resume_command(options: SweepOptions) -> str:
-    flags = [f"--name {options.name}", "--resume"]
+    """The command that continues this sweep, quoted so it can be pasted into a shell."""
+    words = ["python", "-m", "lmtune.run", "--name", options.name, "--resume"]
     if options.results != Path("results"):
-        flags.append(f"--results {options.results}")
-    flags += [f"--{flag} {value}" for flag, value in (("storage", options.storage), ("address", options.address))
-              if value]
-    return "python -m lmtune.run " + " ".join(flags)
+        words += ["--results", str(options.results)]
+    for flag, value in (("--storage", options.storage), ("--address", options.address)):
+        if value:
+            words += [flag, value]
+    return shlex.join(words)
 
 
 def print_result(result: SweepResult, options: SweepOptions) -> int:
-    """The outcome counts, then what the sweep concluded, read from its folder by the report's own reader
-    (the lines ``analyze`` prints too)."""
-    counts = ", ".join(f"{n} {outcome}" for outcome, n in result.outcome_counts.items()) or "none ended"
-    print(f"\n{result.planned} trials: {counts}" + (f"; {result.unfinished} did not finish" if result.unfinished
-                                                     else ""))
-    if result.stopped_by:
-        print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
-        print(f"resume it with: {resume_command(options)}")
-        return 143 if result.stopped_by == "SIGTERM" else 130
+    """The trials and their outcomes, then what the sweep concluded, read from its folder by the report's own
+    reader (the lines ``analyze`` prints too, so the two never count differently)."""
     from lmtune.report.headline import summary_lines
     from lmtune.report.writer import summarize_sweep  # (the report's imports: only once there is one)
 
-    summary = summarize_sweep(result.sweep_dir).summary
-    if summary["best_trial"] is None:
+    try:
+        summary = summarize_sweep(result.sweep_dir).summary
+    except LmtuneError:  # stopped before any trial wrote anything the report can read
+        summary = None
+    rows = summary["trials"] if summary else []
+    counts = ", ".join(f"{n} {s}" for s, n in (summary or {}).get("status_counts", {}).items()) or "none ended"
+    print(f"\n{len(rows)} trials: {counts}" + (f"; {result.unfinished} did not finish" if result.unfinished else ""))
+    if result.stopped_by:
+        print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
+        print(f"resume it with: {resume_command(options)}")
+        return 128 + int(getattr(signal, result.stopped_by))
+    if summary is None or summary["best_trial"] is None:
         print("no trial that neither errored nor diverged reported a finite validation loss")
         return 1
     print("\n".join(summary_lines(summary)))
     print(f"  config: {json.dumps(summary['best_config'])}")
     print(f"  checkpoint: {Path(summary['best_trial_dir']) / 'checkpoints' / 'best.pt'}")
-    print(f"report: python -m lmtune.analyze {result.sweep_dir}")
+    print(f"report: {shlex.join(['python', '-m', 'lmtune.analyze', str(result.sweep_dir)])}")
     return 0
 
 
@@ -148,10 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Interruptions.caught():
             return print_result(run_sweep(options), options)
-    except KeyboardInterrupt:  # before Tune ran (during set-up): nothing of the sweep has trained yet
-        print(f"interrupted before the sweep started ({'SIGTERM' if Interruptions.sigterm else 'SIGINT'})",
-              file=sys.stderr)
-        return 143 if Interruptions.sigterm else 130
+    except KeyboardInterrupt:
+        if Interruptions.tuning:  # a second Ctrl-C skipped Tune's last snapshot: trials' checkpoints remain
+            print(f"\nsweep interrupted ({Interruptions.name()}, then again before Tune finished stopping): "
+                  "unfinished trials keep their newest checkpoint")
+            print(f"resume it with: {resume_command(options)}")
+        else:  # during set-up: nothing of the sweep has trained yet
+            print(f"interrupted before the sweep started ({Interruptions.name()})", file=sys.stderr)
+        return Interruptions.exit_code()
 
 
 if __name__ == "__main__":

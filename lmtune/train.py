@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
+from lmtune.files import LOCK_FILE
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config, parse_set_args
 from lmtune.training.loop import train
 
@@ -40,7 +41,7 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
     out = args.out or Path("results") / f"train-{args.budget}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and not (out / "config.json").exists():
         raise LmtuneError(f"--resume: {out} holds no training run (no config.json); drop --resume to start one")
-    if not args.resume and out.exists() and any(out.iterdir()):
+    if not args.resume and out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise LmtuneError(f"{out} already holds files; pass --resume to continue it or choose another --out")
     if args.resume:
         saved = RunConfig.from_dict(json.loads((out / "config.json").read_text()))

@@ -255,3 +255,47 @@ def read_wandb_runs(folder: Path) -> list[dict]:
                                       for i in config.update})
         runs.append(run)
     return runs
+
+
+# ---------------------------------------------------------------------------------------------
+# A sweep folder written by hand (no Ray): what run and analyze read
+
+DISK_CONFIG = RunConfig()
+DISK_CONFIG.model.vocab_size, DISK_CONFIG.model.context_length = 500, 50
+DISK_CONFIG.train.steps, DISK_CONFIG.train.batch_size = 30, 10
+
+
+def disk_sweep(root: Path, trials: dict[str, tuple[float, str, dict[int, float]]]) -> Path:
+    """A sweep folder as a sweep leaves it: sweep.json, the ledger, and per trial (id -> lr, ledger outcome,
+    {step: val loss}) its trial.json, config.json and metrics.csv (train loss falling from ln 500)."""
+    from lmtune.sweep.record import SweepRecord, ledger_path, write_trial_file
+    from lmtune.training.metrics import write_metrics
+
+    sweep_dir = root / "disk"
+    sweep_dir.mkdir()
+    SweepRecord(name="disk", space={"name": "grid", "search": "grid", "num_trials": len(trials)},
+                base_config=DISK_CONFIG.to_dict()).write(sweep_dir)
+    ledger_path(sweep_dir).parent.mkdir()
+    ledger_path(sweep_dir).write_text(json.dumps({t: {"outcome": o, "reason": o} for t, (_, o, _) in trials.items()}))
+    for trial_id, (lr, _, val) in trials.items():
+        folder = sweep_dir / f"{trial_id}_lr={lr}"
+        folder.mkdir()
+        write_trial_file(folder, trial_id, {"lr": lr})
+        config = DISK_CONFIG.to_dict()
+        config["train"]["lr"] = lr
+        (folder / "config.json").write_text(json.dumps(config))
+        write_metrics(folder / "metrics.csv", [{"step": step, "tokens": step * 500, "train_loss": 6.0 - step / 10,
+                                                "val_loss": loss} for step, loss in sorted(val.items())])
+    return sweep_dir
+
+
+def run_printout(sweep_dir: Path, trials: int, capsys) -> tuple[int, str]:
+    from lmtune.run import print_result
+    from lmtune.sweep.options import SweepOptions
+    from lmtune.sweep.record import read_outcomes
+    from lmtune.sweep.runner import SweepResult
+
+    outcomes = read_outcomes(sweep_dir)
+    counts = {o: sum(e["outcome"] == o for e in outcomes.values()) for o in {e["outcome"] for e in outcomes.values()}}
+    code = print_result(SweepResult(sweep_dir, trials, counts), SweepOptions(space="grid", name="disk"))
+    return code, capsys.readouterr().out

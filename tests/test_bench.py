@@ -13,6 +13,7 @@ from lmtune.errors import LmtuneError
 from lmtune.sweep import placement
 from lmtune.tools import throughput
 from lmtune.training.config import ModelConfig
+from lmtune.training.memory import estimate_trial_memory_bytes
 
 # The benchmarks' tiny model timed for 2 steps of 2 sequences.
 TINY = ["--config", "quick", "--batch-size", "2", "--steps", "2", "--repeats", "2", "--warmup", "1",
@@ -64,10 +65,10 @@ def test_bench_rejects_bad_input(capsys):
 
 def test_estimate_trial_memory_grows_with_batch_and_amp_saves():
     cfg = ModelConfig()
-    small = placement.estimate_trial_memory_bytes(cfg, 8, True)
-    large = placement.estimate_trial_memory_bytes(cfg, 128, True)
+    small = estimate_trial_memory_bytes(cfg, 8, True)
+    large = estimate_trial_memory_bytes(cfg, 128, True)
     assert 0 < small < large
-    assert placement.estimate_trial_memory_bytes(cfg, 128, False) > large
+    assert estimate_trial_memory_bytes(cfg, 128, False) > large
     # 17.6M + 5.1M embedding params x 16 bytes of weights, grads and Adam moments at the least.
     assert small > 16 * 22e6
 

@@ -6,8 +6,11 @@ agree with direct runs of the same LRs outside Ray."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import TINY_TRIAL, finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs, wait_until
 
@@ -48,13 +51,25 @@ def trial_params(sweep_dir: Path) -> dict[str, dict]:
     return {tid: json.loads((d / "trial.json").read_text())["params"] for tid, d in trial_dirs(sweep_dir).items()}
 
 
+def coarse_started(sweep_dir: Path) -> bool:
+    state = read_edge_state(sweep_dir) if sweep_dir.exists() else None
+    return bool(state) and any(run["stage"] == "coarse" for run in state["runs"].values())
+
+
 @pytest.fixture(scope="module")
 def resumed_edge_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The tiny edge sweep, SIGKILLed once bisection has begun, then run again with --resume."""
+    """The tiny edge sweep stopped with Ctrl-C as its coarse trials start and resumed, then SIGKILLed once
+    bisection has begun, then run again with --resume."""
     tmp = tmp_path_factory.mktemp("edge")
     args = sweep_args(tmp, builtin_data)
+    resume_args = [*args[:6], "--resume", *args[6:]]
     sweep_dir = tmp / "results" / "edge"
     proc = start_lmtune("run", *args)
+    wait_until(lambda: coarse_started(sweep_dir), proc, 300, "the coarse trials", poll_s=0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out = finish(proc, 120)
+    assert proc.returncode == 130 and "resume it with" in out, out[-3000:]
+    proc = start_lmtune("run", *resume_args)
     try:
         wait_until(lambda: bisecting(sweep_dir), proc, 300, "bisection", poll_s=0.1)
         kill_session(proc.pid)
@@ -65,7 +80,7 @@ def resumed_edge_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFact
     before = {"ledger": read_outcomes(sweep_dir), "state": read_edge_state(sweep_dir),
               "metrics": {t: (d / "metrics.csv").read_bytes() for t, d in trial_dirs(sweep_dir).items()
                           if (d / "metrics.csv").exists()}}
-    resumed = start_lmtune("run", *args[:6], "--resume", *args[6:])
+    resumed = start_lmtune("run", *resume_args)
     out = finish(resumed, 600)
     assert resumed.returncode == 0, out[-4000:]
     return {"dir": sweep_dir, "before": before, "out": out, "data": builtin_data}
@@ -99,6 +114,26 @@ def test_the_decisions_made_before_the_kill_stand(resumed_edge_sweep):
     after = read_edge_state(resumed_edge_sweep["dir"])["decisions"]
     assert after[: len(before)] == before
     assert [d["stage"] for d in after][:3] == ["range", "coarse", "landscape"]
+
+
+def test_asha_cut_the_coarse_trials_an_uninterrupted_search_would_have_cut(resumed_edge_sweep):
+    # Replays Tune's ASHA rule over the coarse trials' own rung losses in the order the search planned them
+    # (each judged against the ones before it), and compares with what the interrupted, resumed sweep did.
+    sweep_dir = resumed_edge_sweep["dir"]
+    state, ledger = read_edge_state(sweep_dir), read_outcomes(sweep_dir)
+    asha = SweepRecord.read(sweep_dir).asha
+    planned = next(d["lrs"] for d in state["decisions"] if d["stage"] == "coarse")
+    trial_of = {run["lr"]: tid for tid, run in state["runs"].items() if run["stage"] == "coarse"}
+    rung, quantile = asha["grace_period"], (1 - 1 / asha["reduction_factor"]) * 100
+    rung_losses, expected = [], set()
+    for lr in planned:
+        rows = read_metrics(trial_dirs(sweep_dir)[trial_of[lr]] / "metrics.csv")
+        loss = next(r["val_loss"] for r in rows if r.get("val_loss") is not None and r["tokens"] >= rung)
+        if rung_losses and -loss < np.nanpercentile([-v for v in rung_losses], quantile):
+            expected.add(trial_of[lr])
+        rung_losses.append(loss)
+    cut = {trial_of[lr] for lr in planned if ledger[trial_of[lr]]["outcome"] == "stopped_early"}
+    assert cut == expected and len(planned) >= 4
 
 
 def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resumed_edge_sweep):

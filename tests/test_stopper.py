@@ -240,7 +240,7 @@ def test_asha_state_survives_a_restart(tmp_path: Path):
     original = make_asha(tmp_path)
     for tid, loss in (("a", 3.0), ("b", 3.1), ("c", 3.2), ("d", 3.3)):
         report(original, tid, 100, loss, add=True)
-    for tid, loss in (("a", 2.5), ("b", 2.6)):
+    for tid, loss in (("a", 2.5), ("b", 2.6), ("c", 3.0), ("d", 3.1)):
         report(original, tid, 300, loss)
     saved = json.loads(asha_state_path(tmp_path).read_text())
 
@@ -254,10 +254,47 @@ def test_asha_state_survives_a_restart(tmp_path: Path):
     for asha in (original, restarted):
         assert report(asha, "new-poor", 120, 4.0, add=True) == TrialScheduler.STOP
         assert report(asha, "new-good", 120, 2.9, add=True) == TrialScheduler.CONTINUE
-        assert report(asha, "new-good", 310, 2.8) == TrialScheduler.STOP  # worse than a and b at 300
+        assert report(asha, "new-good", 310, 2.8) == TrialScheduler.STOP  # worse than a and b at 300 (of 4)
         report(asha, "new-best", 100, 2.0, add=True)
         assert report(asha, "new-best", 300, 2.0) == TrialScheduler.CONTINUE
     assert read_outcomes(tmp_path)["new-poor"]["outcome"] == "stopped_early"
+
+
+RUNG_LOSSES = {"t0": 3.5, "t1": 3.1, "t2": 3.9, "t3": 3.0, "t4": 3.6, "t5": 3.2, "t6": 3.05}
+
+
+def _stopped_by_arrival(sweep_dir: Path, arrival: list[str]) -> set[str]:
+    """Add t0..t6 in the sweep's order, let them reach the first rung in ``arrival`` order, then report once
+    more each (in the sweep's order); the trials ASHA stopped."""
+    asha = make_asha(sweep_dir)
+    for tid in RUNG_LOSSES:
+        asha.on_trial_add(None, FakeTrial(tid))
+    stopped = {tid for tid in arrival if report(asha, tid, 100, RUNG_LOSSES[tid]) == TrialScheduler.STOP}
+    return stopped | {tid for tid in RUNG_LOSSES if tid not in stopped
+                      and report(asha, tid, 150, RUNG_LOSSES[tid] - 0.1) == TrialScheduler.STOP}
+
+
+def test_asha_cuts_the_same_trials_whatever_order_their_results_arrive_in(tmp_path: Path):
+    # (Tune's ASHA alone cut {t2, t4} in the sweep's order and {t0, t2, t4, t5} in the reverse one.)
+    in_order = _stopped_by_arrival(tmp_path / "a", list(RUNG_LOSSES))
+    reversed_ = _stopped_by_arrival(tmp_path / "b", list(reversed(RUNG_LOSSES)))
+    shuffled = _stopped_by_arrival(tmp_path / "c", ["t3", "t6", "t0", "t5", "t2", "t1", "t4"])
+    assert in_order == reversed_ == shuffled and in_order
+
+
+def test_a_held_trial_is_judged_once_the_trials_before_it_reach_the_rung_even_across_a_restart(tmp_path: Path):
+    first = make_asha(tmp_path)
+    for tid in ("a", "b", "late"):
+        first.on_trial_add(None, FakeTrial(tid))
+    assert report(first, "late", 120, 9.0) == TrialScheduler.CONTINUE  # held: a and b have not reached 100
+    restarted = make_asha(tmp_path)  # the driver restarts; late resumes from a checkpoint past the rung
+    for tid in ("a", "b", "late"):  # Tuner.restore adds every restored trial again
+        restarted.on_trial_add(None, FakeTrial(tid))
+    report(restarted, "a", 100, 3.0)
+    report(restarted, "b", 100, 3.1)
+    assert report(restarted, "late", 200, 8.0) == TrialScheduler.STOP  # judged at 100 tokens, with 9.0
+    entry = read_outcomes(tmp_path)["late"]
+    assert entry["tokens"] == 120 and entry["reason"].startswith("stopped by ASHA at 120 tokens (val loss 9")
 
 
 def test_a_fresh_sweep_dir_starts_with_empty_rungs(tmp_path: Path):

@@ -24,10 +24,19 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_TRIAL, kill_session, read_wandb_runs, run_lmtune, trial_dirs, wait_until, write_grid_space
+from conftest import (
+    TINY_TRIAL,
+    disk_sweep,
+    kill_session,
+    read_wandb_runs,
+    run_lmtune,
+    run_printout,
+    trial_dirs,
+    wait_until,
+    write_grid_space,
+)
 
-from lmtune.sweep.record import SweepRecord, asha_state_path, ledger_path, read_outcomes
-from lmtune.training.config import RunConfig
+from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes
 
 # The sweep tests' trials: the tiny trial at batch 4 with a 2-step warm-up.
 SWEEP_TRIAL = {"batch_size": 4, "warmup_steps": 2}
@@ -393,46 +402,6 @@ def test_wandb_gets_one_run_per_trial_with_every_tune_result(tmp_path: Path, bui
 
 
 # Budget of the on-disk sweeps below: 30 steps of 500 tokens (15,000), evaluations every 10 steps.
-DISK_CONFIG = RunConfig()
-DISK_CONFIG.model.vocab_size, DISK_CONFIG.model.context_length = 500, 50
-DISK_CONFIG.train.steps, DISK_CONFIG.train.batch_size = 30, 10
-
-
-def disk_sweep(root: Path, trials: dict[str, tuple[float, str, dict[int, float]]]) -> Path:
-    """A sweep folder as a sweep leaves it: sweep.json, the ledger, and per trial (id -> lr, ledger outcome,
-    {step: val loss}) its trial.json, config.json and metrics.csv (train loss falling from ln 500)."""
-    from lmtune.sweep.record import write_trial_file
-    from lmtune.training.metrics import write_metrics
-
-    sweep_dir = root / "disk"
-    sweep_dir.mkdir()
-    SweepRecord(name="disk", space={"name": "grid", "search": "grid", "num_trials": len(trials)},
-                base_config=DISK_CONFIG.to_dict()).write(sweep_dir)
-    ledger_path(sweep_dir).parent.mkdir()
-    ledger_path(sweep_dir).write_text(json.dumps({t: {"outcome": o, "reason": o} for t, (_, o, _) in trials.items()}))
-    for trial_id, (lr, _, val) in trials.items():
-        folder = sweep_dir / f"{trial_id}_lr={lr}"
-        folder.mkdir()
-        write_trial_file(folder, trial_id, {"lr": lr})
-        config = DISK_CONFIG.to_dict()
-        config["train"]["lr"] = lr
-        (folder / "config.json").write_text(json.dumps(config))
-        write_metrics(folder / "metrics.csv", [{"step": step, "tokens": step * 500, "train_loss": 6.0 - step / 10,
-                                                "val_loss": loss} for step, loss in sorted(val.items())])
-    return sweep_dir
-
-
-def run_printout(sweep_dir: Path, trials: int, capsys) -> tuple[int, str]:
-    from lmtune.run import print_result
-    from lmtune.sweep.options import SweepOptions
-    from lmtune.sweep.runner import SweepResult
-
-    outcomes = read_outcomes(sweep_dir)
-    counts = {o: sum(e["outcome"] == o for e in outcomes.values()) for o in {e["outcome"] for e in outcomes.values()}}
-    code = print_result(SweepResult(sweep_dir, trials, counts), SweepOptions(space="grid", name="disk"))
-    return code, capsys.readouterr().out
-
-
 def test_run_never_names_an_errored_or_diverged_trial_best_and_agrees_with_analyze(tmp_path: Path, capsys):
     from lmtune.report.writer import analyze
 

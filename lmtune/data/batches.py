@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 class BatchSampler:
     """Random windows: start positions uniform over every valid start [0, N - context - 1]."""
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, seed: int):
+    def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, seed: int,
+                 vocab_size: int | None = None):
         if tokens.shape[0] < context_length + 1:
             raise LmtuneError(f"{tokens.shape[0]} tokens is fewer than context_length + 1 = {context_length + 1}; "
                               "use a smaller context_length (--set context_length=...) or more data")
@@ -29,6 +30,7 @@ class BatchSampler:
         self.batch_size = batch_size
         self.context_length = context_length
         self.seed = seed
+        self.vocab_size = vocab_size  # ids at or above it are refused (an edited meta.json), not an IndexError
         self._offsets = np.arange(context_length + 1, dtype=np.int64)
         # Largest start is N - context - 1, so the target of the last input (index start + context) exists.
         self._num_starts = tokens.shape[0] - context_length
@@ -43,6 +45,10 @@ class BatchSampler:
         """CPU int64 (B, T) inputs and the targets shifted by one, from a single gather."""
         idx = self.starts(step)[:, None] + self._offsets
         windows = self.tokens[idx].astype(np.int64)
+        if self.vocab_size is not None and (top := int(windows.max())) >= self.vocab_size:
+            raise LmtuneError(f"the training data holds token id {top} (batch of step {step}), outside the "
+                              f"model's vocab_size {self.vocab_size}: meta.json understates the ids; "
+                              "re-prepare the data dir with python -m lmtune.prepare --force")
         # Contiguous copies, so callers can .view() the tensors freely.
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))

@@ -91,6 +91,10 @@ def load_data(data_dir: Path, context_length: int, vocab_size: int | None = None
             f"{data_dir} holds token ids up to {meta.max_token_id} but the model vocab_size is {vocab_size}; "
             f"set vocab_size >= {meta.max_token_id + 1} or re-prepare with a smaller --vocab-size"
         )
+    if meta.max_token_id >= meta.vocab_size:
+        raise LmtuneError(f"{data_dir / 'meta.json'} says vocab_size {meta.vocab_size} but max_token_id "
+                          f"{meta.max_token_id}: it was edited or damaged; re-prepare with python -m lmtune.prepare "
+                          "--force")
     for split, n in (("train", meta.train_tokens), ("val", meta.val_tokens)):
         if n < context_length + 1:
             raise LmtuneError(
@@ -99,7 +103,33 @@ def load_data(data_dir: Path, context_length: int, vocab_size: int | None = None
             )
     train = np.memmap(data_dir / "train.bin", dtype=meta.dtype, mode="r")
     val = np.memmap(data_dir / "val.bin", dtype=meta.dtype, mode="r")
+    for split, tokens in (("val", val), ("train", train)):
+        _check_ids(data_dir / f"{split}.bin", tokens, meta, whole=split == "val")
     return TokenData(dir=data_dir, meta=meta, train=train, val=val)
+
+
+# How much of train.bin load_data reads to check its ids against meta.json: this many slices of
+# SAMPLE_SLICE tokens spread evenly over the file (4M tokens, a few ms per 100M-token file). The val split is
+# read whole; a train id the sample misses is caught by the batch sampler when a batch first holds it.
+SAMPLE_SLICES, SAMPLE_SLICE = 64, 1 << 16
+
+
+def _check_ids(path: Path, tokens: np.ndarray, meta: DataMeta, whole: bool) -> None:
+    """Refuse a token file holding an id above the max_token_id meta.json records (an edited meta.json or
+    swapped files): read whole, or sampled at SAMPLE_SLICES places."""
+    n = tokens.shape[0]
+    if whole or n <= SAMPLE_SLICES * SAMPLE_SLICE:
+        starts = range(0, n, 1 << 24)
+        width = 1 << 24
+    else:
+        starts = (np.arange(SAMPLE_SLICES, dtype=np.int64) * (n - SAMPLE_SLICE) // (SAMPLE_SLICES - 1)).tolist()
+        width = SAMPLE_SLICE
+    for start in starts:
+        top = int(np.asarray(tokens[start : start + width]).max())
+        if top > meta.max_token_id:
+            raise LmtuneError(f"{path} holds token id {top} but meta.json says the largest is {meta.max_token_id} "
+                              f"(vocab_size {meta.vocab_size}): the files and meta.json do not belong together; "
+                              "re-prepare with python -m lmtune.prepare --force")
 
 
 def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:

@@ -50,6 +50,14 @@ from lmtune.errors import LmtuneError
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
+# The longest pre-tokenised word BPE trains on (in bytes, as the byte-level alphabet counts them): longer
+# runs without whitespace are cut into pieces this long, which keeps training time linear in the input.
+MAX_PIECE_BYTES = 256
+# The largest --vocab-size: beyond any model lmtune trains, and the tokenizer library allocates per entry
+# up front (--vocab-size 1000000000 asks it for 70 GB).
+MAX_VOCAB_SIZE = 1 << 20
+# Token files are uint16 or uint32: an id must fit 32 bits.
+MAX_TOKEN_ID = 2**32 - 1
 EOT = "<|endoftext|>"
 # The built-in corpus has only a few thousand distinct words; a 10k BPE would spend most merges on
 # whole phrases (memorisation rather than language) and make the embedding/softmax slow on CPU.
@@ -257,11 +265,16 @@ def _top_up_val(d: Path, dtype: np.dtype, eot_id: int | None, n_train: int, need
 
 
 def _train_tokenizer(inputs: list[Path], vocab_size: int, val_fraction: float, chunk_bytes: int, progress: bool):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    # add_prefix_space=False so that a document cut into pieces encodes exactly like the whole.
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # add_prefix_space=False so that a document cut into pieces encodes exactly like the whole. The split
+    # after it bounds a pre-tokenised word (a run of letters with no space) at MAX_PIECE_BYTES: BPE training
+    # time grows with the square of a word's length, so text without whitespace would otherwise take hours.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+        pre_tokenizers.Split(Regex(f".{{1,{MAX_PIECE_BYTES}}}"), behavior="isolated"),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -270,10 +283,12 @@ def _train_tokenizer(inputs: list[Path], vocab_size: int, val_fraction: float, c
         show_progress=progress,
     )
     stats = {"docs": 0, "val_docs": 0, "min_u": (2.0, -1), "max_u": (-1.0, -1)}
+    read = _ReadProgress(sum(p.stat().st_size for p in inputs))
 
     def texts() -> Iterator[str]:
         for p in inputs:
             for text, ends in iter_pieces(p, chunk_bytes):
+                read.add(len(text))
                 if ends:
                     # Count documents here so the encoding pass can guarantee a non-empty val and
                     # train split without holding anything per document.
@@ -288,6 +303,21 @@ def _train_tokenizer(inputs: list[Path], vocab_size: int, val_fraction: float, c
 
     tok.train_from_iterator(texts(), trainer=trainer)
     return tok, stats
+
+
+class _ReadProgress:
+    """Logs every tenth of a large input the tokenizer trainer has read (its own bar needs a terminal)."""
+
+    def __init__(self, total_bytes: int):
+        self.total, self.seen, self.next = total_bytes, 0, total_bytes / 10
+        self.enabled = total_bytes > 16 * CHUNK_BYTES
+
+    def add(self, chars: int) -> None:
+        self.seen += chars  # characters, not bytes: close enough for a progress line
+        if self.enabled and self.seen >= self.next:
+            log.info("training the tokenizer: read %d%% of %.0f MB", min(100, 100 * self.seen // self.total),
+                     self.total / 2**20)
+            self.next += self.total / 10
 
 
 def prepare_text(
@@ -305,8 +335,9 @@ def prepare_text(
     _check_inputs(inputs)
     _check_out(out, force)
     _check_val_fraction(val_fraction)
-    if vocab_size < 257 + 1:
-        raise LmtuneError(f"--vocab-size {vocab_size} is too small for byte-level BPE; use at least 258")
+    if not 258 <= vocab_size <= MAX_VOCAB_SIZE:
+        raise LmtuneError(f"--vocab-size {vocab_size} is outside what byte-level BPE can train here; "
+                          f"use 258 (the 256 bytes, <|endoftext|> and a merge) to {MAX_VOCAB_SIZE:,}")
     t0 = time.perf_counter()
     progress = _show_progress(sum(p.stat().st_size for p in inputs))
     tok, stats = _train_tokenizer(inputs, vocab_size, val_fraction, chunk_bytes, progress)
@@ -466,6 +497,11 @@ def prepare_tokens(
         hi = int(part.max()) if hi is None else max(hi, int(part.max()))
     if lo < 0:
         raise LmtuneError(f"{path} contains negative token id {lo}; token ids must be >= 0 (wrong --dtype?)")
+    if hi > MAX_TOKEN_ID:
+        raise LmtuneError(f"{path} contains token id {hi}, which does not fit the 32-bit token files lmtune "
+                          f"writes (largest {MAX_TOKEN_ID}); remap the ids to a dense range first")
+    if vocab_size is not None and not 1 <= vocab_size <= MAX_TOKEN_ID + 1:
+        raise LmtuneError(f"--vocab-size {vocab_size} must be between 1 and 2**32 (ids are stored in 32 bits)")
     if vocab_size is None:
         vocab_size = hi + 1
     elif hi >= vocab_size:

@@ -20,7 +20,8 @@ class MemberBatches:
         seeds = {configs[m].train.seed for m in members}
 
         def stream(seed: int) -> DeviceBatches:
-            sampler = BatchSampler(tokens, first.train.batch_size, first.model.context_length, seed)
+            sampler = BatchSampler(tokens, first.train.batch_size, first.model.context_length, seed,
+                                   first.model.vocab_size)
             return DeviceBatches(sampler, device, start_step=start_step)
 
         self.shared = stream(seeds.pop()) if len(seeds) == 1 else None

@@ -32,6 +32,7 @@ from lmtune.training.config import RunConfig
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import RunEnd, RunResult, resolve_config, save_checkpoints, training_log
+from lmtune.training.memory import check_fits
 from lmtune.training.metrics import IntervalMeter, Row
 from lmtune.training.model import flops_per_token
 from lmtune.training.schedule import lr_at
@@ -96,6 +97,7 @@ class FusedRun:
         self.configs, self.t = configs, configs[0].train
         self.group_sink, self.member_rule, self.divergence = group_sink, member_rule, divergence
         self.device = resolve_device(self.t.device)
+        check_fits(configs[0], self.device, members=len(configs))
         configure_backend(self.device)
         self.members = [Member.of(i, c, d) for i, (c, d) in enumerate(zip(configs, out_dirs, strict=True))]
         self.state = FusedState.create(configs, self.device)

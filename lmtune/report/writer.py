@@ -8,6 +8,7 @@ is written. The command is ``python -m lmtune.analyze``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.errors import LmtuneError
+from lmtune.files import atomic_write_text
 from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
 from lmtune.report.markdown import write_markdown, write_tables
 from lmtune.report.reader import load_range_test, load_sweep
@@ -73,11 +75,11 @@ def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None =
             sharpness: bool = False) -> dict[str, Any]:
     """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
     sweep_dir = Path(sweep_dir)
-    report = summarize_sweep(sweep_dir, target)
     out = Path(out_dir) if out_dir is not None else sweep_dir / REPORT_DIR
-    if out.exists() and not out.is_dir():
-        raise LmtuneError(f"{out} exists and is not a directory; give another --out")
+    check_report_dir(out, sweep_dir)
+    report = summarize_sweep(sweep_dir, target)
     out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(sweep_dir.resolve())}) + "\n")
     summary, trials = report.summary, report.trials
     sharp_rows = sweep_sharpness(report.record, trials, summary["best_trial"]) if sharpness else None
     if sharp_rows is not None:
@@ -87,6 +89,27 @@ def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None =
     write_tables(json_safe(summary), out)
     summary["report_dir"] = str(out)
     return summary
+
+
+# Written into every report folder: a later analyze replaces only a folder that holds this sweep's report.
+REPORT_MARKER = ".lmtune-report"
+
+
+def check_report_dir(out: Path, sweep_dir: Path) -> None:
+    """Refuse a report folder whose files analyze would overwrite: anything but a missing or empty folder,
+    the sweep's own report/ folder, or one holding an earlier report of this same sweep."""
+    if out.exists() and not out.is_dir():
+        raise LmtuneError(f"{out} exists and is not a directory; give another --out")
+    if not out.is_dir() or not any(out.iterdir()) or out.resolve() == (sweep_dir / REPORT_DIR).resolve():
+        return
+    try:
+        owner = json.loads((out / REPORT_MARKER).read_text()).get("sweep")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    if owner != str(sweep_dir.resolve()):
+        whose = f"the report of another sweep ({owner})" if owner else "files analyze did not write"
+        raise LmtuneError(f"--out {out} already holds {whose}, which the report would overwrite; "
+                          "give an empty or new folder")
 
 
 def write_figures(out: Path, trials: list[TrialRecord], summary: dict[str, Any], range_test,

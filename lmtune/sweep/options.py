@@ -11,8 +11,8 @@ from typing import Any
 class SweepOptions:
     """What ``python -m lmtune.run`` was asked to do, checked once by the CLI."""
 
-    space: str
-    """A space name in search_spaces/ or a YAML path."""
+    space: str | None
+    """A space name in search_spaces/ or a YAML path (None on --resume: the sweep's own)."""
     name: str
     """The sweep's folder under ``results``."""
     results: Path = Path("results")

@@ -8,8 +8,8 @@ import logging
 from dataclasses import dataclass
 
 from lmtune.errors import LmtuneError
-from lmtune.training.config import ModelConfig, RunConfig
-from lmtune.training.model import count_parameters
+from lmtune.training.config import RunConfig
+from lmtune.training.memory import estimate_trial_memory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -79,25 +79,6 @@ def place_trials(largest: RunConfig, members: int, cpus_per_trial: float, gpus_p
     resources = trial_resources(largest, cpus_per_trial, gpus_per_trial, cluster_gpus, gpu_memory_bytes, members)
     return Placement(resources["cpu"], resources["gpu"],
                      max_concurrent_trials(max_concurrent, cluster_cpus, resources["cpu"]))
-
-
-def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp: bool) -> int:
-    """Device memory of one training trial with ``batch_size`` sequences per forward pass (a micro-batch),
-    without the CUDA context.
-
-    Persistent: float32 parameters, gradients and AdamW's two moments = 16 bytes per parameter.
-    Activations kept for backward, per token and layer: about 10 d_model-sized tensors (norm inputs,
-    q/k/v before and after RoPE, attention output, residuals) and 4 d_ff-sized ones (gate, up, SiLU,
-    product), at 2 bytes under bf16 autocast, 4 without; attention itself adds nothing with a fused
-    SDPA kernel. The output layer keeps the logits (2 or 4 bytes) plus the float32 copy the loss
-    computes in and its gradient (8 bytes) per vocabulary entry. Plus 20% for allocator fragmentation.
-    """
-    m = model_config
-    params = count_parameters(m)["total"]
-    act_bytes = 2 if amp else 4
-    tokens = batch_size * m.context_length
-    per_token = m.n_layers * (10 * m.d_model + 4 * m.d_ff) * act_bytes + m.vocab_size * (act_bytes + 8)
-    return int(1.2 * (16 * params + tokens * per_token))
 
 
 def recommend_trials_per_gpu(memory_per_trial_bytes: int, gpu_memory_bytes: int,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_json
+from lmtune.files import atomic_write_json, writer_lock
 from lmtune.training.divergence import DivergenceRule
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ LEDGER_NAME = "trial_outcomes.json"
 ASHA_STATE_NAME = "asha_state.json"
 EDGE_STATE_NAME = "edge_search.json"
 TRIAL_FILE = "trial.json"
-LOCK_FILE = ".lmtune.lock"
 # Trial parameters a search sets that are not training fields (the trainable strips them) ...
 SEARCH_ONLY_PARAMS = ("stage", "continue_from", "early_stop")
 # ... and every parameter that says how a search ran a trial, not which hyperparameters it compares.
@@ -130,8 +129,6 @@ def sole_writer(sweep_dir: Path, *, new: bool) -> Iterator[None]:
     folder first, refused when it exists (also when a run with the same --name made it a moment ago);
     a new folder the run leaves without sweep.json (it failed before it started) is removed again.
     """
-    import fcntl  # POSIX only, as Ray's local clusters are
-
     sweep_dir = Path(sweep_dir)
     if new:
         try:
@@ -139,22 +136,11 @@ def sole_writer(sweep_dir: Path, *, new: bool) -> Iterator[None]:
         except FileExistsError:
             raise LmtuneError(f"results/{sweep_dir.name} already exists; pass --resume to continue it or choose "
                               "another --name") from None
-    handle = open(sweep_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the whole block
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise LmtuneError(f"{sweep_dir} is being written by another lmtune run (pid {holder}); wait for it to "
-                              "end, or stop it, before you run or resume this sweep") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        yield
+        with writer_lock(sweep_dir, lambda pid: f"{sweep_dir} is being written by another lmtune run (pid {pid}); "
+                                                "wait for it to end, or stop it, before you run or resume this sweep"):
+            yield
     finally:
-        handle.close()  # releases the lock
         if new and not is_sweep_dir(sweep_dir):
             shutil.rmtree(sweep_dir, ignore_errors=True)
 

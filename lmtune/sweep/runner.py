@@ -22,6 +22,7 @@ from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SWEEP_FILE, Outcome, SweepRecord, is_sweep_dir, read_outcomes, sole_writer
 from lmtune.sweep.session import Echo, Interruptions, ray_session
+from lmtune.sweep.spaces import load_space
 
 MIN_FREE_BYTES = 200 * 2**20
 
@@ -61,6 +62,7 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
              f"tokens/trial); {placement.cpu:g} CPU + {placement.gpu:g} GPU per trial, up to "
              f"{placement.max_concurrent} at once")
         tuner = build_tuner(options, plan, placement, shipped)
+        Interruptions.tuning = True
         return sweep_result(sweep_dir, tuner.fit(), plan)
 
 
@@ -75,6 +77,7 @@ def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     if not is_sweep_dir(sweep_dir):
         raise LmtuneError(f"--resume: {sweep_dir} is not an lmtune sweep (no {SWEEP_FILE}); "
                           "give the --name of a sweep")
+    check_resume_inputs(options, SweepRecord.read(sweep_dir))  # before the lock: a refusal writes nothing
     preflight_write_check(sweep_dir)
     with sole_writer(sweep_dir, new=False):
         return _resume_held_sweep(options, sweep_dir, echo)
@@ -106,7 +109,20 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         except (ModuleNotFoundError, AttributeError) as err:  # unpickling names this lmtune does not have
             raise LmtuneError(f"--resume: {sweep_dir.name} was started by an earlier lmtune whose Ray state this "
                               f"version cannot load ({err}); analyze it as it is, or start a new sweep") from None
+        Interruptions.tuning = True
         return sweep_result(sweep_dir, tuner.fit(), plan)
+
+
+def check_resume_inputs(options: SweepOptions, record: SweepRecord) -> None:
+    """--space and --data on a resume must name what the sweep ran on: it continues with those."""
+    ran = record.space.get("yaml")
+    if options.space is not None and ran is not None and load_space(options.space).source != ran:
+        raise LmtuneError(f"--resume: --space {options.space} is not the space {record.name} ran "
+                          f"({record.space.get('name')}, as saved in its sweep.json); drop --space")
+    ran_on = record.data.get("dir")
+    if options.data is not None and ran_on and Path(options.data).resolve() != Path(ran_on):
+        raise LmtuneError(f"--resume: --data {options.data} is not the data {record.name} ran on ({ran_on}); "
+                          "drop --data")
 
 
 def sweep_result(sweep_dir: Path, results: tune.ResultGrid, plan: SweepPlan) -> SweepResult:
@@ -115,9 +131,11 @@ def sweep_result(sweep_dir: Path, results: tune.ResultGrid, plan: SweepPlan) -> 
     for entry in read_outcomes(sweep_dir).values():
         if "members" not in entry:  # a fused group: its members are the trials
             counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
-    summary = SweepResult(sweep_dir, max(plan.space.num_trials or 0, len(results)), dict(sorted(counts.items())))
+    # A search counts the trials it started: the ledger's, which include a probe an interruption made it rerun.
+    started = max(plan.space.num_trials or 0, len(results), sum(counts.values()))
+    summary = SweepResult(sweep_dir, started, dict(sorted(counts.items())))
     if summary.unfinished or not plan.space.strategy.finished(sweep_dir):
-        summary.stopped_by = "SIGTERM" if Interruptions.sigterm else "SIGINT"
+        summary.stopped_by = Interruptions.name()
     return summary
 
 

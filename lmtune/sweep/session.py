@@ -7,42 +7,63 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
 
-from lmtune.private_apis import keep_local_ray_on_loopback
+from lmtune.private_apis import (
+    keep_local_ray_on_loopback,
+    ray_process_group,
+    ray_processes_in_one_group,
+    stop_printing_worker_output,
+)
 from lmtune.sweep.options import SweepOptions
 
 Echo = Callable[[str], None]
 
 
 class Interruptions:
-    """SIGTERM (a job scheduler, ``timeout``) stops a sweep the way Ctrl-C does: it is turned into
-    SIGINT, which Tune answers by saving the experiment and stopping the trials (its checkpoints
-    kept for --resume), instead of Ray's core killing the driver with a stack dump."""
+    """SIGTERM (a job scheduler, ``timeout``, ``docker stop``) and SIGHUP (a closed terminal) stop a sweep the
+    way Ctrl-C does: each is turned into SIGINT, which Tune answers by saving the experiment and stopping
+    the trials (their checkpoints kept for --resume), instead of Ray's core killing the driver with a
+    stack dump. ``by`` names the signal that stopped the sweep, ``tuning`` whether Tune had started."""
 
-    sigterm = False
+    by: str | None = None
+    tuning = False
+    HANDLED = (signal.SIGTERM, signal.SIGHUP)
 
     @classmethod
     @contextlib.contextmanager
     def caught(cls) -> Iterator[None]:
-        """SIGTERM handled so while the block runs (the previous handler back afterwards)."""
-        cls.sigterm = False
-        previous = signal.signal(signal.SIGTERM, cls._on_sigterm)
+        """SIGTERM and SIGHUP handled so while the block runs (the previous handlers back afterwards)."""
+        cls.by, cls.tuning = None, False
+        previous = {signum: signal.signal(signum, cls._on_signal) for signum in cls.HANDLED}
         try:
             yield
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     @classmethod
     def install(cls) -> None:
-        signal.signal(signal.SIGTERM, cls._on_sigterm)
+        for signum in cls.HANDLED:
+            signal.signal(signum, cls._on_signal)
 
     @classmethod
-    def _on_sigterm(cls, signum: int, frame: Any) -> None:
-        cls.sigterm = True
+    def name(cls) -> str:
+        return cls.by or "SIGINT"
+
+    @classmethod
+    def exit_code(cls) -> int:
+        """128 + the signal's number, as a shell reports a process the signal killed."""
+        return 128 + int(getattr(signal, cls.name()))
+
+    @classmethod
+    def _on_signal(cls, signum: int, frame: Any) -> None:
+        cls.by = signal.Signals(signum).name
         signal.raise_signal(signal.SIGINT)
 
 
@@ -64,6 +85,7 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
         # without an address would join that one, and refuse num_cpus/num_gpus). It serves nothing
         # beyond this machine: every listener on loopback (SECURITY.md).
         keep_local_ray_on_loopback()
+        ray_processes_in_one_group()
         kwargs.update(address="local", num_cpus=options.num_cpus, num_gpus=options.num_gpus,
                       include_dashboard=options.dashboard)
         if options.dashboard:
@@ -72,6 +94,7 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
     Interruptions.install()  # again: Ray's core installed its own SIGTERM handler in ray.init
     hint_filter = _WithoutRaysRestoreHint()
     logging.getLogger("ray.tune.tune").addFilter(hint_filter)
+    reaper = None if options.address else RayReaper.start()
     try:
         if url:
             echo(f"Ray dashboard: {url}" if "://" in url else f"Ray dashboard: http://{url}")
@@ -85,4 +108,44 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
         yield
     finally:
         logging.getLogger("ray.tune.tune").removeFilter(hint_filter)
+        stop_printing_worker_output()  # the sweep has said its last line: workers dying say nothing after it
         ray.shutdown()
+        if reaper is not None:
+            reaper.release()
+
+
+# The reaper: blocks reading its stdin (a pipe only the driver holds) and, when the pipe closes without the
+# word "done" (the driver was killed), kills the Ray instance's process group. It ignores the signals that
+# end the driver, so a group SIGTERM or a hang-up does not end it first.
+_REAPER = """
+import os, signal, sys
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+if sys.stdin.buffer.read() != b"done":
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class RayReaper:
+    """Ends the local Ray instance's processes when the driver dies without shutting Ray down (``kill -9``):
+    Ray's GCS and raylet die with the driver (they are started to), but its dashboard and runtime-env agents
+    poll for the raylet and kept listening for about two minutes. A released reaper exits doing nothing."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+
+    @classmethod
+    def start(cls) -> RayReaper | None:
+        group = ray_process_group()
+        if group is None:
+            return None
+        return cls(subprocess.Popen([sys.executable, "-c", _REAPER, str(group)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+
+    def release(self) -> None:
+        """Ray was shut down: tell the reaper to leave the (now empty) group alone."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            self.process.communicate(b"done", timeout=10)

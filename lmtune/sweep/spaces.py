@@ -148,6 +148,10 @@ def available_spaces(directory: Path = SPACES_DIR) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
 
 
+# The largest space file read: spaces are a few hundred bytes, and YAML parsing is slow and memory-hungry.
+MAX_SPACE_BYTES = 1 << 20
+
+
 def resolve_space_path(name_or_path: str, directory: Path = SPACES_DIR) -> Path:
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
@@ -164,6 +168,9 @@ def resolve_space_path(name_or_path: str, directory: Path = SPACES_DIR) -> Path:
 
 def load_space(name_or_path: str, directory: Path = SPACES_DIR) -> SearchSpace:
     path = resolve_space_path(name_or_path, directory)
+    if (size := path.stat().st_size) > MAX_SPACE_BYTES:
+        raise LmtuneError(f"{path} is {size:,} bytes; a search space is at most {MAX_SPACE_BYTES:,} (a grid of "
+                          "10,000 values fits in far less): list fewer values, or use search: optuna or edge")
     text = path.read_text()
     loader = _DataOnlyLoader(text)
     try:

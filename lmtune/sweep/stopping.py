@@ -208,8 +208,17 @@ def _fmt(value: Any) -> str:
 
 class PersistentASHA(AsyncHyperBandScheduler):
     """Tune's ASHA on ``metric`` against ``time_attr``, with its rung records saved after every decision
-    and reloaded after ``Tuner.restore`` (which does not restore scheduler state, ray#30838), and each
-    early stop handed to the recorder with its reason.
+    and reloaded after ``Tuner.restore`` (which does not restore scheduler state, ray#30838), each early
+    stop handed to the recorder with its reason, and its decisions independent of the order results arrive.
+
+    Order: Tune's ASHA judges a trial at a rung against the trials that reached the rung before it, so
+    which trial is cut depends on timing: two trials a few milliseconds apart, or a resumed sweep whose
+    restored trials restart in a different order (an edge search interrupted as its coarse trials began
+    let an LR complete that the uninterrupted run cut). Here each trial's result at a rung is held until
+    every trial added before it has reached that rung or ended, then given to Tune's ASHA: a trial is
+    judged against exactly the trials before it in the sweep's own order, whatever the timing. A held
+    trial keeps training meanwhile; one that finishes while held finishes (its rung values still count
+    for the trials after it).
 
     ``stages``: in an edge search, the stages whose trials ASHA may cut (the coarse grid); the others
     (range test, stability probes, refinement, seeds) run to their end. None: every trial."""
@@ -223,28 +232,59 @@ class PersistentASHA(AsyncHyperBandScheduler):
         self.time_attr = time_attr  # (the metric is Tune's own public ``metric`` property)
         self.stages = stages
         self.loaded = False
+        self.order: list[str] = []  # judged trials in the order they were added
+        self.ended: set[str] = set()
+        self.held: dict[str, list[dict[str, Any]]] = {}  # trial -> its rung results not yet judged
 
     def _ensure_loaded(self) -> None:
         if self.loaded:
             return
         self.loaded = True
         if self.state_path.exists():
-            restore_asha_rungs(self, json.loads(self.state_path.read_text()))
+            state = json.loads(self.state_path.read_text())
+            restore_asha_rungs(self, state)
+            self.order = list(state.get("order", []))
+            self.ended = set(state.get("ended", []))
+            self.held = {t: list(r) for t, r in state.get("held", {}).items()}
             log.info("ASHA state restored from %s (%d trials stopped before)", self.state_path,
                      asha_stopped_count(self))
+
+    def _save(self) -> None:
+        atomic_write_json(self.state_path, {**asha_rungs(self), "order": self.order, "ended": sorted(self.ended),
+                                            "held": self.held})
 
     def on_trial_add(self, tune_controller, trial) -> None:
         self._ensure_loaded()
         super().on_trial_add(tune_controller, trial)
+        if not self._exempt(trial) and trial.trial_id not in self.order:
+            self.order.append(trial.trial_id)
+            self._save()  # at once: a resume re-adds the restored trials in an order of Tune's own
 
     def _exempt(self, trial) -> bool:
-        return self.stages is not None and trial.config.get("stage") not in self.stages
+        config = getattr(trial, "config", None) or {}
+        return self.stages is not None and config.get("stage") not in self.stages
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        self._ensure_loaded()
         if self._exempt(trial):  # its losses must not enter the rungs the coarse trials are cut against
             super().on_trial_remove(tune_controller, trial)
             return
+        self._release_held(tune_controller, trial)
+        self.ended.add(trial.trial_id)
         super().on_trial_complete(tune_controller, trial, result)
+        self._save()
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        self._ensure_loaded()
+        self.ended.add(trial.trial_id)
+        super().on_trial_remove(tune_controller, trial)
+        self._save()
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        self._ensure_loaded()
+        self.ended.add(trial.trial_id)
+        super().on_trial_error(tune_controller, trial)
+        self._save()
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         self._ensure_loaded()
@@ -255,11 +295,56 @@ class PersistentASHA(AsyncHyperBandScheduler):
             # The trial's last report: it finishes by itself and writes its summary; stopping it
             # here would only kill it mid-write.
             return TrialScheduler.CONTINUE
-        action = super().on_trial_result(tune_controller, trial, result)
-        if action == TrialScheduler.STOP:
-            reason = (f"stopped by ASHA at {format_tokens(tokens)} tokens (val loss {_fmt(result.get(self.metric))} "
-                      "worse than its rung's cutoff)")
-            self.recorder.decided(trial.trial_id, Outcome.STOPPED_EARLY, reason, result)
-        if self.metric in result:
-            atomic_write_json(self.state_path, asha_rungs(self))
+        self._hold(trial.trial_id, result)
+        action = TrialScheduler.CONTINUE
+        for held in self._ready(trial.trial_id):
+            action = super().on_trial_result(tune_controller, trial, held)
+            if action == TrialScheduler.STOP:
+                reason = (f"stopped by ASHA at {format_tokens(held[self.time_attr])} tokens (val loss "
+                          f"{_fmt(held.get(self.metric))} worse than its rung's cutoff)")
+                # (the members a fused group stops are those running now, not at the rung)
+                members = {k: result[k] for k in ("member_ids", "members_running") if k in result}
+                self.recorder.decided(trial.trial_id, Outcome.STOPPED_EARLY, reason, {**held, **members})
+                self.held.pop(trial.trial_id, None)
+                self.ended.add(trial.trial_id)
+                break
+        self._save()
         return action
+
+    def _milestones(self) -> list[float]:
+        return sorted(rung["milestone"] for rung in asha_rungs(self)["brackets"][0])
+
+    def _recorded(self, milestone: float) -> dict[str, float]:
+        return next(r["recorded"] for r in asha_rungs(self)["brackets"][0] if r["milestone"] == milestone)
+
+    def _hold(self, trial_id: str, result: dict[str, Any]) -> None:
+        """Keep the result at the highest rung it reached (as Tune's ASHA would record it) that the trial has
+        neither reached before nor been judged at."""
+        if self.metric not in result:
+            return
+        held = self.held.setdefault(trial_id, [])
+        passed = [m for m in self._milestones() if result[self.time_attr] >= m]
+        done = {self._rung_of(r) for r in held} | {m for m in passed if trial_id in self._recorded(m)}
+        if passed and passed[-1] not in done and (not done or passed[-1] > max(done)):
+            keys = (self.time_attr, self.metric, "step", "run_tokens", "total_tokens")
+            held.append({k: result[k] for k in keys if k in result})
+
+    def _rung_of(self, result: dict[str, Any]) -> float:
+        return max(m for m in self._milestones() if result[self.time_attr] >= m)
+
+    def _ready(self, trial_id: str):
+        """The trial's held results, oldest first, while every trial before it has reached that rung or ended."""
+        held = self.held.get(trial_id, [])
+        before = self.order[:self.order.index(trial_id)] if trial_id in self.order else []
+        while held:
+            recorded = self._recorded(self._rung_of(held[0]))
+            if any(other not in recorded and other not in self.ended for other in before):
+                return
+            yield held.pop(0)
+
+    def _release_held(self, tune_controller, trial) -> None:
+        """A trial that ended while held: its rung values enter the rungs (up to where ASHA would have cut
+        it), so the trials after it are judged as if it had been judged in order."""
+        for held in self.held.pop(trial.trial_id, []):
+            if super().on_trial_result(tune_controller, trial, held) == TrialScheduler.STOP:
+                break

@@ -264,6 +264,13 @@ def budget_config(budget: str, overrides: dict[str, Any] | None = None, data_dir
     return apply_overrides(base, merged, where="--set" if overrides else f"budget '{budget}'")
 
 
+# The largest LR a run accepts: far above any that trains (quick_edge's range test ends at 300, and tests
+# drive runs to divergence at 1e5), far below float32's limit (3.4e38), near which AdamW's update overflows.
+MAX_LR = 1e6
+# Seeds seed numpy's and torch's generators; numpy's legacy seeding takes [0, 2**32 - 1].
+MAX_SEED = 2**32 - 1
+
+
 def validate(config: RunConfig, where: str = "config") -> None:
     """Raise LmtuneError (one line) for values no training run could use."""
     m, t = config.model, config.train
@@ -279,7 +286,9 @@ def validate(config: RunConfig, where: str = "config") -> None:
     need(math.isfinite(m.rope_theta) and m.rope_theta > 0, "rope_theta must be a positive number")
     need(math.isfinite(m.norm_eps) and m.norm_eps > 0, f"norm_eps must be a positive number (got {m.norm_eps})")
     need(math.isfinite(m.z_loss) and m.z_loss >= 0, "z_loss must be >= 0")
-    need(math.isfinite(t.lr) and t.lr > 0, f"lr must be a positive finite number (got {t.lr})")
+    need(math.isfinite(t.lr) and 0 < t.lr <= MAX_LR,
+         f"lr must be a positive finite number at most {MAX_LR:g} (got {t.lr}); nothing trains there")
+    need(0 <= t.seed <= MAX_SEED, f"seed must be an integer in [0, 2**32 - 1] (got {t.seed})")
     need(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
     need(t.batch_size > 0, f"batch_size must be a positive integer (got {t.batch_size})")
     need(t.grad_accum_steps > 0, f"grad_accum_steps must be a positive integer (got {t.grad_accum_steps})")

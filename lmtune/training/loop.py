@@ -21,13 +21,14 @@ from torch import nn
 
 from lmtune.data.batches import BatchSampler, DeviceBatches, fixed_val_batches
 from lmtune.data.dataset import load_data, read_meta
-from lmtune.files import atomic_write_json, atomic_write_text
+from lmtune.files import atomic_write_json, atomic_write_text, writer_lock
 from lmtune.training.checkpoint import Checkpointer
 from lmtune.training.config import RunConfig, TrainConfig, apply_overrides
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, NON_FINITE, WHOLE_RUN, DivergenceRule, LossWatch
 from lmtune.training.evaluate import evaluate
 from lmtune.training.figures import write_run_figures
+from lmtune.training.memory import check_fits
 from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, TensorBoardSink
 from lmtune.training.model import count_parameters, flops_per_token
 from lmtune.training.schedule import lr_at
@@ -92,18 +93,20 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
     run at a non-finite value: stopping on the judgement is a sweep's decision.
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     config = resolve_config(config, Path(config.data_dir))
     t = config.train
     data = load_data(Path(config.data_dir), config.model.context_length, config.model.vocab_size)
     device = resolve_device(t.device)
-    configure_backend(device)
-    state = TrainState.create(config, device)
-    checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints)
-    resumed_from = checkpointer.restore(state, path=resume_from, latest=resume)
-    atomic_write_text(out_dir / "config.json", config.to_json())
-
+    check_fits(config, device)
+    out_dir.mkdir(parents=True, exist_ok=True)  # only now: refused inputs leave no empty run folder behind
     with contextlib.ExitStack() as cleanup:
+        cleanup.enter_context(writer_lock(out_dir, lambda pid: f"{out_dir} is being written by another lmtune "
+                                          f"training run (pid {pid}); wait for it to end, or choose another --out"))
+        configure_backend(device)
+        state = TrainState.create(config, device)
+        checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints)
+        resumed_from = checkpointer.restore(state, path=resume_from, latest=resume)
+        atomic_write_text(out_dir / "config.json", config.to_json())
         cleanup.enter_context(training_log(out_dir))  # first, so it records the resume and everything after
         csv_sink = cleanup.enter_context(CsvSink(out_dir, resume_step=state.step))
         tensorboard = cleanup.enter_context(TensorBoardSink(out_dir, resume_step=state.step))
@@ -111,7 +114,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
             log.info("resuming from %s (step %d)", resumed_from, state.step)
         runtime = Runtime.build(state.model, config, device)
         log_run_start(config, device)
-        sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed)
+        sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed, config.model.vocab_size)
         batches = cleanup.enter_context(DeviceBatches(sampler, device, start_step=state.step))
         val_batches = fixed_val_batches(data.val, t.batch_size, config.model.context_length, t.eval_batches)
         meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config.model),

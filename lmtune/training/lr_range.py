@@ -32,6 +32,8 @@ from lmtune.files import atomic_write_json, atomic_write_text
 from lmtune.training.config import RunConfig
 from lmtune.training.device import configure_backend, resolve_device
 from lmtune.training.figures import plot_range_test
+from lmtune.training.loop import resolve_config
+from lmtune.training.memory import check_fits
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, train_step
 
@@ -176,14 +178,16 @@ def lr_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path, r
     ``report`` receives a row every ``report_every`` steps and the last one (a sweep's Tune report)."""
     settings.validate()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    config = resolve_config(config, Path(config.data_dir))  # the data's vocabulary, as train uses
     t = config.train
     data = load_data(Path(config.data_dir), config.model.context_length, config.model.vocab_size)
     device = resolve_device(t.device)
+    check_fits(config, device)
+    out_dir.mkdir(parents=True, exist_ok=True)
     configure_backend(device)
     state = TrainState.create(config, device)
     runtime = Runtime.build(state.model, config, device)
-    sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed)
+    sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed, config.model.vocab_size)
     result = RangeTestResult()
     with DeviceBatches(sampler, device) as batches:
         for index in range(settings.steps):

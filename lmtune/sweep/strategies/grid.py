@@ -10,6 +10,10 @@ from typing import Any, ClassVar
 
 from lmtune.sweep.strategies.base import Fail, StrategyDefaults, coerce_setting, grid_corners, params_section
 
+# The most trials a grid may ask for: far beyond what a sweep can run (a quick trial takes ~10 s on 2 cores),
+# and small enough that parsing and Tune's bookkeeping stay instant.
+MAX_GRID_TRIALS = 10_000
+
 
 @dataclass(frozen=True)
 class GridSearch(StrategyDefaults):
@@ -29,11 +33,19 @@ class GridSearch(StrategyDefaults):
             values = spec if isinstance(spec, list) else [spec]
             if not values:
                 raise fail(key, "empty grid; list at least one value")
+            if len(values) > MAX_GRID_TRIALS:
+                raise fail(key, f"{len(values):,} values; a grid runs at most {MAX_GRID_TRIALS:,} trials: "
+                                "use search: optuna or edge to cover a range that finely")
             coerced = [coerce_setting(name, v, key, fail) for v in values]
-            repeated = sorted({v for v in coerced if coerced.count(v) > 1}, key=str)
+            seen: set[Any] = set()
+            repeated = sorted({v for v in coerced if v in seen or seen.add(v)}, key=str)
             if repeated:  # [1e-3, 0.001] would run the same trial twice
                 raise fail(key, f"{', '.join(map(str, repeated))} listed more than once; list each value once")
             params[name] = coerced
+        trials = math.prod(len(values) for values in params.values())
+        if trials > MAX_GRID_TRIALS:
+            raise fail("params", f"the grid has {trials:,} combinations; a grid runs at most {MAX_GRID_TRIALS:,} "
+                                 "trials: list fewer values")
         return cls(params)
 
     @classmethod

@@ -1,0 +1,65 @@
+"""How much memory a run needs, and whether the machine has it: checked before a model is built, so an
+absurd --set d_model=100000 is one line, not a 120 GB allocation."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from lmtune.errors import LmtuneError
+from lmtune.training.config import ModelConfig, RunConfig
+from lmtune.training.model import count_parameters
+
+
+def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp: bool) -> int:
+    """Device memory of one training trial with ``batch_size`` sequences per forward pass (a micro-batch),
+    without the CUDA context.
+
+    Persistent: float32 parameters, gradients and AdamW's two moments = 16 bytes per parameter.
+    Activations kept for backward, per token and layer: about 10 d_model-sized tensors (norm inputs,
+    q/k/v before and after RoPE, attention output, residuals) and 4 d_ff-sized ones (gate, up, SiLU,
+    product), at 2 bytes under bf16 autocast, 4 without; attention itself adds nothing with a fused
+    SDPA kernel. The output layer keeps the logits (2 or 4 bytes) plus the float32 copy the loss
+    computes in and its gradient (8 bytes) per vocabulary entry. Plus 20% for allocator fragmentation.
+    """
+    m = model_config
+    params = count_parameters(m)["total"]
+    act_bytes = 2 if amp else 4
+    tokens = batch_size * m.context_length
+    per_token = m.n_layers * (10 * m.d_model + 4 * m.d_ff) * act_bytes + m.vocab_size * (act_bytes + 8)
+    return int(1.2 * (16 * params + tokens * per_token))
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    """Memory a run on ``device`` can use: a CUDA GPU's total, MPS's recommended working set, the host's
+    available RAM (MemAvailable, else physical RAM) for the CPU; None where it cannot be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "mps":
+        return int(torch.mps.recommended_max_memory())
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(config: RunConfig, device: torch.device, members: int = 1, where: str = "config") -> None:
+    """Refuse, in one line, a run (or a fused group of ``members``) whose estimated memory exceeds what
+    ``device`` has: the estimate is the one the sweep's packing uses, without bf16 on the CPU."""
+    micro_batch = max(1, config.train.batch_size // config.train.grad_accum_steps)
+    need = members * estimate_trial_memory_bytes(config.model, micro_batch, amp=device.type != "cpu")
+    have = available_memory_bytes(device)
+    if have is not None and need > have:
+        group = f"{members} fused models" if members > 1 else "the model"
+        raise LmtuneError(f"{where}: {group} ({count_parameters(config.model)['total'] * members:,} parameters, "
+                          f"batch {micro_batch} x {config.model.context_length}) needs about {need / 2**30:.1f} GiB, "
+                          f"more than the {have / 2**30:.1f} GiB this {device.type} has free; use a smaller "
+                          "d_model, n_layers, vocab_size, batch_size or context_length")
