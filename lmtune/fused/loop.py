@@ -35,7 +35,7 @@ from lmtune.training.loop import RunEnd, RunResult, resolve_config, save_checkpo
 from lmtune.training.memory import check_fits
 from lmtune.training.metrics import IntervalMeter, Row
 from lmtune.training.model import flops_per_token
-from lmtune.training.schedule import lr_at
+from lmtune.training.schedule import scheduled_lr
 from lmtune.training.step import Runtime
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,7 @@ class FusedRun:
         self.state = FusedState.create(configs, self.device)
         dtype = next(self.state.model.parameters()).dtype
         # Every member's learning rate at every step, on the device: no host-to-device copy per step.
-        self.lr_table = torch.tensor([[lr_at(s, c.train.lr, c.train.min_lr_ratio, c.train.warmup_steps,
-                                             c.train.steps) for c in configs] for s in range(self.t.stop_step)],
+        self.lr_table = torch.tensor([[scheduled_lr(s, c.train) for c in configs] for s in range(self.t.stop_step)],
                                      dtype=dtype, device=self.device)
 
     def running(self) -> list[Member]:
@@ -168,7 +167,7 @@ class FusedRun:
                    for p, bad in enumerate(self.meter.first_nonfinite_steps())
                    if bad is not None and self.state.positions[p] in live}
         rows = {m: row for m, row in zip(self.state.positions, self.meter.take_each(step), strict=True) if m in live}
-        lrs = [lr_at(step - 1, c.train.lr, c.train.min_lr_ratio, c.train.warmup_steps, c.train.steps)
+        lrs = [scheduled_lr(step - 1, c.train)
                for c in self.configs]
         probes = {k: v.tolist() for k, v in self.state.model.stability_probes(x[..., :2, :]).items()}
         vals = evaluate_members(self.runtime, self.val_batches, self.t.grad_accum_steps) \

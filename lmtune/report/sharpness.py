@@ -27,9 +27,9 @@ from lmtune.files import atomic_write_text
 from lmtune.report.stability import TrialRecord, classify
 from lmtune.sweep.record import SweepRecord
 from lmtune.training.checkpoint import load_checkpoint, periodic_checkpoints
-from lmtune.training.config import ModelConfig
+from lmtune.training.config import ModelConfig, TrainConfig
 from lmtune.training.model import TransformerLM
-from lmtune.training.schedule import lr_at
+from lmtune.training.schedule import scheduled_lr
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,8 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any
     if lr is None and state.get("config"):
         t = state["config"]["train"]
         # Step k was taken with the schedule's value at 0-based index k - 1.
-        lr = lr_at(max(state["step"] - 1, 0), t["lr"], t["min_lr_ratio"], t["warmup_steps"], t["steps"])
+        t = TrainConfig(**{k: v for k, v in t.items() if k in TrainConfig.__dataclass_fields__})
+        lr = scheduled_lr(max(state["step"] - 1, 0), t)
     lr = float(lr) if lr is not None else None
 
     sharp = hessian_top_eigenvalue(loss_fn, params, iters=iters, tol=tol, seed=seed, largest=largest)

@@ -45,7 +45,7 @@ from lmtune.training.device import configure_backend, device_name, peak_flops, r
 from lmtune.training.evaluate import evaluate
 from lmtune.training.metrics import IntervalMeter
 from lmtune.training.model import TransformerLM, count_parameters, flops_per_token
-from lmtune.training.schedule import lr_at
+from lmtune.training.schedule import scheduled_lr
 from lmtune.training.state import TrainState, seed_everything
 from lmtune.training.step import Runtime, train_step
 
@@ -165,7 +165,7 @@ class OptimizedLoop:
         t = self.config.train
         x, y = self.batches.next()
         self.wait_s += self.batches.last_wait_s
-        lr = lr_at(self.state.step, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
+        lr = scheduled_lr(self.state.step, t)
         self.meter.add(self.state.step + 1, train_step(self.state, self.runtime, x, y, lr, t), 0.0)
 
     def close(self) -> None:

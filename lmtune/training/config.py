@@ -49,7 +49,13 @@ class TrainConfig:
     lr: float = 1e-3
     """Peak learning rate (alpha_max), reached at the end of warm-up."""
     min_lr_ratio: float = 0.1
-    """The cosine decay ends at lr * min_lr_ratio on the last step."""
+    """The schedule's decay ends at lr * min_lr_ratio on the last step."""
+    schedule: str = "cosine"
+    """cosine | wsd (warmup-stable-decay: the peak LR until a cooldown over the last cooldown_fraction)."""
+    cooldown_fraction: float = 0.2
+    """WSD only: the share of the steps the cooldown takes (0 < f <= 1)."""
+    cooldown_shape: str = "1-sqrt"
+    """WSD only: the cooldown's shape: 1-sqrt | linear | cosine."""
     warmup_steps: int = 200
     """Steps of linear warm-up from 0 to lr."""
     steps: int = 5000
@@ -174,6 +180,8 @@ CHOICES = {
     "compile": ("auto", "on", "off"),
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "precision": ("auto", "fp32", "bf16"),
+    "schedule": ("cosine", "wsd"),
+    "cooldown_shape": ("1-sqrt", "linear", "cosine"),
 }
 
 
@@ -297,6 +305,14 @@ def validate(config: RunConfig, where: str = "config") -> None:
          "pick a grad_accum_steps that divides it")
     need(t.steps > 0, f"steps must be a positive integer (got {t.steps})")
     need(0 <= t.warmup_steps <= t.steps, f"warmup_steps must be in [0, steps={t.steps}] (got {t.warmup_steps})")
+    need(math.isfinite(t.cooldown_fraction) and 0 < t.cooldown_fraction <= 1,
+         f"cooldown_fraction must be in (0, 1] (got {t.cooldown_fraction})")
+    if t.schedule == "wsd":
+        from lmtune.training.schedule import cooldown_steps
+
+        cooldown = cooldown_steps(t)
+        need(t.warmup_steps + cooldown <= t.steps, f"warmup_steps ({t.warmup_steps}) and the WSD cooldown "
+             f"({cooldown} steps) do not fit in {t.steps} steps; lower warmup_steps or cooldown_fraction")
     need(0 <= t.run_steps <= t.steps, f"run_steps must be in [0, steps={t.steps}] (0: all steps; got {t.run_steps})")
     need(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "weight_decay must be >= 0")
     need(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "beta1 and beta2 must be in [0, 1)")

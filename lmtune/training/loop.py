@@ -31,7 +31,7 @@ from lmtune.training.figures import write_run_figures
 from lmtune.training.memory import check_fits
 from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, TensorBoardSink
 from lmtune.training.model import count_parameters, flops_per_token
-from lmtune.training.schedule import lr_at
+from lmtune.training.schedule import scheduled_lr
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, train_step
 
@@ -128,7 +128,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
                 if before_step is not None:
                     before_step(step, state.model)
                 x, y = batches.next()
-                lr = lr_at(step - 1, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
+                lr = scheduled_lr(step - 1, t)
                 result = train_step(state, runtime, x, y, lr, t)
                 if not result.applied:
                     end = RunEnd.non_finite("loss" if not math.isfinite(result.loss.item()) else "gradient norm", step)

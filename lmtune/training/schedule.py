@@ -1,8 +1,20 @@
-"""Cosine learning-rate schedule with linear warm-up, as used to train LLaMA (Touvron et al. 2023)."""
+"""Learning-rate schedules: cosine with linear warm-up, as used to train LLaMA (Touvron et al. 2023), and
+warmup-stable-decay (WSD: Hu et al. 2024, MiniCPM; Hägele et al. 2024), whose constant stable phase lets a run
+of one length fork a cooldown at any shorter budget from a checkpoint taken before that budget's cooldown."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lmtune.training.config import TrainConfig
+
+SCHEDULES = ("cosine", "wsd")
+# How a WSD cooldown falls from the peak to the floor, as a function of its progress p in (0, 1]:
+# 1 - sqrt(p) (Hägele et al. 2024 found it better than linear at equal length), linear, or a half cosine.
+COOLDOWN_SHAPES = {"1-sqrt": lambda p: 1.0 - math.sqrt(p), "linear": lambda p: 1.0 - p,
+                   "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p))}
 
 
 def cosine_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, cosine_steps: int) -> float:
@@ -19,5 +31,36 @@ def cosine_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, cosine
 
 
 def lr_at(step: int, lr: float, min_lr_ratio: float, warmup_steps: int, total_steps: int) -> float:
-    """The schedule of a run of ``total_steps`` optimizer steps (0-based step index; the last is total-1)."""
+    """The cosine schedule of a run of ``total_steps`` optimizer steps (0-based step index; the last is total-1)."""
     return cosine_lr(step, lr, lr * min_lr_ratio, warmup_steps, max(total_steps - 1, warmup_steps))
+
+
+def wsd_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_steps: int, cooldown_steps: int,
+           shape: str = "1-sqrt") -> float:
+    """Linear warm-up to max_lr, max_lr until the cooldown, then ``shape`` down to min_lr at the last step
+    (0-based index total_steps - 1). The first cooldown_steps - 1 ... 0 steps before the end decay."""
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps
+    last_stable = total_steps - 1 - cooldown_steps
+    if step <= last_stable:
+        return max_lr
+    progress = min(1.0, (step - last_stable) / cooldown_steps)
+    return min_lr + (max_lr - min_lr) * COOLDOWN_SHAPES[shape](progress)
+
+
+def cooldown_steps(t: TrainConfig) -> int:
+    """Steps of a WSD run's cooldown: cooldown_fraction of its steps, at least one."""
+    return max(1, round(t.cooldown_fraction * t.steps))
+
+
+def stable_until(t: TrainConfig) -> int:
+    """The last 0-based step a WSD run trains at its peak LR: a run of the same LR and seed, warm-up and
+    batch but more steps is identical up to here, so its checkpoint at or before it starts this run's cooldown."""
+    return t.steps - 1 - cooldown_steps(t)
+
+
+def scheduled_lr(step: int, t: TrainConfig) -> float:
+    """The LR at 0-based ``step`` of the run ``t`` configures, by its schedule."""
+    if t.schedule == "wsd":
+        return wsd_lr(step, t.lr, t.lr * t.min_lr_ratio, t.warmup_steps, t.steps, cooldown_steps(t), t.cooldown_shape)
+    return lr_at(step, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
