@@ -14,7 +14,7 @@ from lmtune.errors import LmtuneError
 from lmtune.training.checkpoint import load_checkpoint
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult, resolve_config, train
-from lmtune.training.metrics import write_metrics
+from lmtune.training.metrics import METRICS_FILE, write_metrics
 from lmtune.training.schedule import stable_until
 
 # What may differ between a run and the longer run it forks from: the budget and its bookkeeping. Anything
@@ -36,7 +36,7 @@ def fork_cooldown(parent_checkpoint: Path, config: RunConfig, out_dir: Path, **t
     if out_dir.exists() and any(out_dir.iterdir()):
         raise LmtuneError(f"{out_dir} already holds files; fork into a new folder")
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_metrics(out_dir / "metrics.csv", [row for row in saved.get("history", []) if row["step"] <= step])
+    write_metrics(out_dir / METRICS_FILE, [row for row in saved.get("history", []) if row["step"] <= step])
     return train(config, out_dir, resume_from=Path(parent_checkpoint), **train_kwargs)
 
 
