@@ -30,7 +30,7 @@ from lmtune.tools.throughput import (
 from lmtune.training.compile import should_compile
 from lmtune.training.config import RunConfig, parse_set_args
 from lmtune.training.device import autocast_dtype, resolve_device
-from lmtune.training.memory import available_memory_bytes, check_fits, estimate_trial_memory_bytes
+from lmtune.training.memory import available_memory_bytes, check_fits, run_memory_bytes
 
 DEFAULT_RESULTS = Path("benchmarks/results.jsonl")
 
@@ -123,9 +123,7 @@ def check_ks(ks: list[int], config: RunConfig, device: torch.device, flag: str) 
     if max(ks) > WORKERS_PER_CORE * cores:
         raise LmtuneError(f"{flag}: K={max(ks)} would start {max(ks)} worker processes on {cores} CPU cores; use "
                           f"K <= {WORKERS_PER_CORE * cores} ({WORKERS_PER_CORE} per core)")
-    micro = max(1, config.train.batch_size // config.train.grad_accum_steps)
-    per_worker = WORKER_PROCESS_BYTES + (0 if device.type != "cpu" else
-                                         estimate_trial_memory_bytes(config.model, micro, amp=False))
+    per_worker = WORKER_PROCESS_BYTES + (0 if device.type != "cpu" else run_memory_bytes(config, amp=False))
     host = available_memory_bytes(torch.device("cpu"))
     if host is not None and max(ks) * per_worker > host:
         fits = max(1, host // per_worker)
@@ -209,7 +207,7 @@ def _main_concurrency(args: argparse.Namespace, config: RunConfig, command: str)
     check_ks(ks, config, device, "--concurrency")
     rows = run_concurrency(ks, _worker_args(args), device)
     amp = autocast_dtype(config, device) is not None
-    estimate = estimate_trial_memory_bytes(config.model, config.train.batch_size // config.train.grad_accum_steps, amp)
+    estimate = run_memory_bytes(config, amp)
     recommended = None
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory

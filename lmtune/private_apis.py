@@ -74,7 +74,7 @@ def ray_processes_in_one_group() -> None:
     ``ray.init`` option sets the group. Public API to move to: none in Ray 2.60 (no Ray issue tracks it).
     """
     if sys.platform == "win32":
-        return None
+        return
     from ray._private import services
 
     if getattr(services.ConsolePopen, "_lmtune_grouped", False):
@@ -124,9 +124,7 @@ def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a reused id now owned by someone else
+    except (ProcessLookupError, PermissionError):  # gone, or a reused id now owned by someone else
         return False
 
 

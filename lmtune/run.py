@@ -10,7 +10,6 @@ import json
 import logging
 import re
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.runner import SweepResult, run_sweep
-from lmtune.sweep.session import Interruptions
+from lmtune.sweep.session import Interruptions, signal_exit_code
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.training.config import BUDGETS, parse_set_args
 
@@ -150,7 +149,7 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
     if result.stopped_by:
         print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
         print(f"resume it with: {resume_command(options)}")
-        return 128 + int(getattr(signal, result.stopped_by))
+        return signal_exit_code(result.stopped_by)
     if summary is None or summary["best_trial"] is None:
         print("no trial that neither errored nor diverged reported a finite validation loss")
         return 1

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from lmtune.errors import LmtuneError
 from lmtune.training.config import RunConfig
-from lmtune.training.memory import estimate_trial_memory_bytes
+from lmtune.training.memory import run_memory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,7 @@ ASSUMED_GPU_BYTES = 80 * 2**30
 def trial_memory_bytes(config: RunConfig, members: int = 1) -> int:
     """Device memory of one trial of ``config`` (bf16 activations): a fused trial holds ``members`` models,
     their optimizer states and their activations."""
-    micro_batch = max(1, config.train.batch_size // config.train.grad_accum_steps)
-    return members * estimate_trial_memory_bytes(config.model, micro_batch, amp=True)
+    return run_memory_bytes(config, amp=True, members=members)
 
 
 def trial_resources(base: RunConfig, cpus_per_trial: float, gpus_per_trial: float | None,

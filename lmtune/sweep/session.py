@@ -25,6 +25,11 @@ from lmtune.sweep.options import SweepOptions
 Echo = Callable[[str], None]
 
 
+def signal_exit_code(name: str) -> int:
+    """128 + the signal's number (SIGINT 130, SIGTERM 143, SIGHUP 129), as a shell reports a process it killed."""
+    return 128 + int(getattr(signal, name))
+
+
 class Interruptions:
     """SIGTERM (a job scheduler, ``timeout``, ``docker stop``) and SIGHUP (a closed terminal) stop a sweep the
     way Ctrl-C does: each is turned into SIGINT, which Tune answers by saving the experiment and stopping
@@ -58,8 +63,7 @@ class Interruptions:
 
     @classmethod
     def exit_code(cls) -> int:
-        """128 + the signal's number, as a shell reports a process the signal killed."""
-        return 128 + int(getattr(signal, cls.name()))
+        return signal_exit_code(cls.name())
 
     @classmethod
     def _on_signal(cls, signum: int, frame: Any) -> None:

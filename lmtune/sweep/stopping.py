@@ -296,8 +296,9 @@ class PersistentASHA(AsyncHyperBandScheduler):
             # here would only kill it mid-write.
             return TrialScheduler.CONTINUE
         self._hold(trial.trial_id, result)
-        action = TrialScheduler.CONTINUE
+        action, judged = TrialScheduler.CONTINUE, False
         for held in self._ready(trial.trial_id):
+            judged = True
             action = super().on_trial_result(tune_controller, trial, held)
             if action == TrialScheduler.STOP:
                 reason = (f"stopped by ASHA at {format_tokens(held[self.time_attr])} tokens (val loss "
@@ -308,7 +309,8 @@ class PersistentASHA(AsyncHyperBandScheduler):
                 self.held.pop(trial.trial_id, None)
                 self.ended.add(trial.trial_id)
                 break
-        self._save()
+        if judged or self.metric in result:  # else nothing was held or judged: the saved state stands
+            self._save()
         return action
 
     def _milestones(self) -> list[float]:

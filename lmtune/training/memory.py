@@ -51,15 +51,25 @@ def available_memory_bytes(device: torch.device) -> int | None:
         return None
 
 
+def micro_batch(config: RunConfig) -> int:
+    """Sequences per forward pass: the step's batch split into grad_accum_steps micro-batches."""
+    return max(1, config.train.batch_size // config.train.grad_accum_steps)
+
+
+def run_memory_bytes(config: RunConfig, amp: bool, members: int = 1) -> int:
+    """Device memory of one run of ``config`` (a fused group: ``members`` models, their optimizer states and
+    activations), with bf16 activations when ``amp``."""
+    return members * estimate_trial_memory_bytes(config.model, micro_batch(config), amp)
+
+
 def check_fits(config: RunConfig, device: torch.device, members: int = 1, where: str = "config") -> None:
     """Refuse, in one line, a run (or a fused group of ``members``) whose estimated memory exceeds what
     ``device`` has: the estimate is the one the sweep's packing uses, without bf16 on the CPU."""
-    micro_batch = max(1, config.train.batch_size // config.train.grad_accum_steps)
-    need = members * estimate_trial_memory_bytes(config.model, micro_batch, amp=device.type != "cpu")
+    need = run_memory_bytes(config, amp=device.type != "cpu", members=members)
     have = available_memory_bytes(device)
     if have is not None and need > have:
         group = f"{members} fused models" if members > 1 else "the model"
         raise LmtuneError(f"{where}: {group} ({count_parameters(config.model)['total'] * members:,} parameters, "
-                          f"batch {micro_batch} x {config.model.context_length}) needs about {need / 2**30:.1f} GiB, "
-                          f"more than the {have / 2**30:.1f} GiB this {device.type} has free; use a smaller "
-                          "d_model, n_layers, vocab_size, batch_size or context_length")
+                          f"batch {micro_batch(config)} x {config.model.context_length}) needs about "
+                          f"{need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this {device.type} has "
+                          "free; use a smaller d_model, n_layers, vocab_size, batch_size or context_length")
