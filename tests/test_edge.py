@@ -21,7 +21,8 @@ from lmtune.sweep.runs import (
     full_budget_ranking,
     loss_at_tokens,
 )
-from lmtune.sweep.strategies.edge.search import FINISHED, WAIT, EdgeSearch
+from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs
 
 # The quick_edge budget: 162 steps of 1,024 tokens, warm-up 18, ASHA rungs at 1/9, 1/3 and all of it.

@@ -49,8 +49,9 @@ class SweepPlan:
     @classmethod
     def create(cls, space: SearchSpace, base: RunConfig) -> SweepPlan:
         """The plan, with ASHA's budget computed from the largest trial the space can have."""
+        space.strategy.check_base(base)
         plan = cls(space, base)
-        if space.scheduler.name != "asha":
+        if space.scheduler.name != "asha" or space.strategy.asha_stages() == frozenset():
             return plan
         return dataclasses.replace(plan, asha=asha_budget(space.scheduler, plan.max_trial_tokens()))
 

@@ -38,6 +38,7 @@ DECISIONS_DIR = "decisions"
 LEDGER_NAME = "trial_outcomes.json"
 ASHA_STATE_NAME = "asha_state.json"
 EDGE_STATE_NAME = "edge_search.json"
+HORIZON_STATE_NAME = "horizon_search.json"
 TRIAL_FILE = "trial.json"
 # Trial parameters a search sets that are not training fields (the trainable strips them) ...
 SEARCH_ONLY_PARAMS = ("stage", "continue_from", "early_stop")
@@ -161,9 +162,22 @@ def edge_state_path(sweep_dir: Path) -> Path:
     return decisions_dir(sweep_dir) / EDGE_STATE_NAME
 
 
+def horizon_state_path(sweep_dir: Path) -> Path:
+    return decisions_dir(sweep_dir) / HORIZON_STATE_NAME
+
+
 def read_edge_state(sweep_dir: Path) -> dict[str, Any] | None:
     """decisions/edge_search.json (the edge search's state), or None: absent, or unreadable (warned)."""
-    path = edge_state_path(sweep_dir)
+    return read_search_state(edge_state_path(sweep_dir))
+
+
+def read_horizon_state(sweep_dir: Path) -> dict[str, Any] | None:
+    """decisions/horizon_search.json (the horizon search's state), or None: absent, or unreadable (warned)."""
+    return read_search_state(horizon_state_path(sweep_dir))
+
+
+def read_search_state(path: Path) -> dict[str, Any] | None:
+    """A searcher's mirrored state, or None: absent, or unreadable (warned)."""
     if not path.exists():
         return None
     try:

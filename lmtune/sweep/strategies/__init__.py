@@ -6,8 +6,10 @@ from __future__ import annotations
 from lmtune.sweep.strategies.base import SearchStrategy
 from lmtune.sweep.strategies.edge import EdgeStrategy
 from lmtune.sweep.strategies.grid import GridSearch
+from lmtune.sweep.strategies.horizon import HorizonStrategy
 from lmtune.sweep.strategies.optuna_search import OptunaSearch
 
-STRATEGIES: dict[str, type[SearchStrategy]] = {s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy)}
+STRATEGIES: dict[str, type[SearchStrategy]] = {
+    s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy)}
 
-__all__ = ["STRATEGIES", "EdgeStrategy", "GridSearch", "OptunaSearch", "SearchStrategy"]
+__all__ = ["STRATEGIES", "EdgeStrategy", "GridSearch", "HorizonStrategy", "OptunaSearch", "SearchStrategy"]

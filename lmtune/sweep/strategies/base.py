@@ -22,7 +22,11 @@ if TYPE_CHECKING:
     from ray.tune.search import Searcher
 
     from lmtune.sweep.runs import Budget
+    from lmtune.training.config import RunConfig
     from lmtune.training.lr_range import RangeTestConfig
+
+# What a search that decides as it goes answers suggest() with when it has no trial to give.
+WAIT, FINISHED = "wait", "finished"
 
 Fail = Callable[[str, str], LmtuneError]
 """fail(key, message): the one-line error naming the space file and the key."""
@@ -69,6 +73,10 @@ class SearchStrategy(Protocol):
     def fused_refusal(self, fuse: int) -> str | None:
         """Why ``fuse`` LRs per trial cannot apply (None: they can)."""
 
+    def check_base(self, base: RunConfig) -> None:
+        """Raise LmtuneError (one line naming the problem and the fix) when the sweep's base config (budget,
+        fixed settings, --set) cannot serve this strategy."""
+
     def describe(self, fuse: int) -> str:
         """One sentence for the run's first line and the report."""
 
@@ -83,7 +91,7 @@ class SearchStrategy(Protocol):
         """The trial settings the progress table shows."""
 
     def asha_stages(self) -> frozenset[str] | None:
-        """The stages whose trials ASHA may cut (None: every trial)."""
+        """The stages whose trials ASHA may cut (None: every trial; empty: none, and the sweep runs no ASHA)."""
 
     def range_test(self) -> RangeTestConfig | None:
         """The LR range test settings of a trial of stage "range" (None: it runs none)."""
@@ -107,6 +115,9 @@ class StrategyDefaults:
         return None
 
     def asha_stages(self) -> frozenset[str] | None:
+        return None
+
+    def check_base(self, base: RunConfig) -> None:
         return None
 
     def range_test(self) -> RangeTestConfig | None:

@@ -71,7 +71,7 @@ class EdgeStrategy(StrategyDefaults):
         return {}  # the searcher suggests every trial's config
 
     def searcher(self, budget, sweep_dir: Path):
-        from lmtune.sweep.strategies.edge.searcher import EdgeSearcher
+        from lmtune.sweep.strategies.searcher import EdgeSearcher
 
         return EdgeSearcher(EdgeSearch(self.settings, budget), sweep_dir), -1  # until it says it has finished
 

@@ -1,6 +1,6 @@
 """The edge search (``search: edge``): which LR is best for the budget, how the loss degrades above it,
 and where training fails, decided step by step from what the sweep has trained. Ray-free: the Tune
-Searcher that drives it is lmtune.sweep.strategies.edge.searcher; what the runs show is lmtune.sweep.runs;
+Searcher that drives it is lmtune.sweep.strategies.searcher; what the runs show is lmtune.sweep.runs;
 its settings and what each stage picks are lmtune.sweep.strategies.edge.settings.
 
 The stages, in one sweep:
@@ -48,13 +48,13 @@ from lmtune.sweep.runs import (
     full_budget_ranking,
     needs_confirmation,
 )
+from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
 STAGES = ("range", "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
 ASHA_STAGES = frozenset({"coarse"})  # the only stage ASHA may cut
 NO_EARLY_STOP_STAGES = frozenset({"confirm"})  # the stopper's divergence rule leaves these alone
-WAIT, FINISHED = "wait", "finished"
 # Bisection rounds before the search gives up on a bracket that keeps moving (noise near the edge).
 MAX_BISECT_ROUNDS = 12
 
@@ -113,7 +113,7 @@ class Planned:
 class EdgeSearch:
     """The edge search's state and decisions: which trial to run next, given what has been seen.
 
-    Ray-free and deterministic: the Tune Searcher (lmtune.sweep.strategies.edge.searcher) feeds it results and
+    Ray-free and deterministic: the Tune Searcher (lmtune.sweep.strategies.searcher) feeds it results and
     asks it for trials; a test can drive it the same way without Ray. Its whole state is JSON."""
 
     def __init__(self, settings: EdgeSettings, budget: Budget, max_pending: int = 1):

@@ -1,1 +1,96 @@
-"""The horizon search (issue 23, in progress): the best LR across token horizons."""
+"""``search: horizon``: the best LR at the budget the user will train at, predicted from the best LR at
+smaller budgets (a power law in the token horizon) and confirmed at that budget (the stages:
+lmtune.sweep.strategies.horizon.search; the fit: lmtune.sweep.strategies.horizon.fit)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lmtune.sweep.record import read_horizon_state
+from lmtune.sweep.strategies.base import Fail, StrategyDefaults, settings_section
+from lmtune.sweep.strategies.horizon.search import HorizonSearch
+from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+from lmtune.training.config import RunConfig, apply_overrides
+
+# What the horizon search sets per trial itself (seed: the base seed may be set; further seeds are added;
+# steps: the space's steps are the target budget, and each trial sets its own budget).
+HORIZON_OWNS = ("lr", "run_steps")
+
+
+@dataclass(frozen=True)
+class HorizonStrategy(StrategyDefaults):
+    settings: HorizonSettings
+
+    name: ClassVar[str] = "horizon"
+    keys: ClassVar[frozenset[str]] = frozenset({"horizon", "params"})  # params: to say it has none
+    stage_column: ClassVar[bool] = True
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], fail: Fail) -> HorizonStrategy:
+        if raw.get("params"):
+            raise fail("params", "search: horizon chooses the learning rates itself; remove params (tune it with "
+                                 "the horizon: section)")
+        scheduler = raw.get("scheduler")
+        if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none":
+            raise fail("scheduler.name", "search: horizon trains every run to its whole budget (LRs are compared "
+                                         "only there); set scheduler: {name: none} or remove scheduler")
+        settings = settings_section(raw.get("horizon"), "horizon", HorizonSettings, fail)
+        for key, message in settings.problems():
+            raise fail(f"horizon.{key}", message)
+        return cls(settings)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HorizonStrategy:
+        known = HorizonSettings.__dataclass_fields__
+        return cls(HorizonSettings(**{k: v for k, v in (data.get("horizon") or {}).items() if k in known}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"horizon": asdict(self.settings)}
+
+    def swept(self) -> list[str]:
+        return list(HORIZON_OWNS)
+
+    def owns_why(self) -> str:
+        return "the horizon search sets it per trial; remove it"
+
+    def num_trials(self) -> None:
+        return None
+
+    def values_of(self, name: str) -> list[Any]:
+        return []
+
+    def corner_samples(self) -> list[dict[str, Any]]:
+        return [{}]
+
+    def check_base(self, base: RunConfig) -> None:
+        self.settings.check_target(base.train.steps, base.train.warmup_steps)
+        for steps in self.settings.budget_steps(base.train.steps):  # e.g. a WSD cooldown must fit each budget
+            apply_overrides(base, {"steps": steps}, where=f"horizon: the {steps}-step budget")
+
+    def describe(self, fuse: int) -> str:
+        s = self.settings
+        edge = (f", up to {s.edge_probes} probes per budget for where training fails" if s.edge_probes else "")
+        return (f"horizon search: the best LR at {s.budgets} budgets ({s.largest_fraction:g} of the target and "
+                f"{s.budget_ratio:g}x apart below it), each a grid {s.ratio:g}x apart trained to its whole budget "
+                f"with {s.seeds} seeds of the best and its neighbours{edge}; ln LR* fitted against ln tokens and "
+                f"the predicted LR confirmed at the target with {s.confirm_ratio:g}x either side")
+
+    def param_space(self, fuse: int) -> dict[str, Any]:
+        return {}  # the searcher suggests every trial's config
+
+    def searcher(self, budget, sweep_dir: Path):
+        from lmtune.sweep.strategies.searcher import HorizonSearcher
+
+        return HorizonSearcher(HorizonSearch(self.settings, budget), sweep_dir), -1  # until it says it has finished
+
+    def progress_columns(self, fuse: int) -> list[str]:
+        return ["stage", "steps", "lr", "seed"]
+
+    def asha_stages(self) -> frozenset[str]:
+        return frozenset()  # every run trains its whole budget
+
+    def finished(self, sweep_dir: Path) -> bool:
+        return bool((read_horizon_state(sweep_dir) or {}).get("finished"))
+

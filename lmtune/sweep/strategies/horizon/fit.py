@@ -56,6 +56,13 @@ class HorizonFit:
                 "predicted_lr": self.predicted_lr, "predicted_lr_interval": list(self.predicted_lr_interval),
                 "best_lrs": {str(k): v for k, v in self.best_lrs.items()}}
 
+    @classmethod
+    def from_json(cls, data: dict) -> HorizonFit:
+        pairs = ("beta_interval", "intercept_interval", "predicted_lr_interval")
+        return cls(**{**{k: v for k, v in data.items() if k in cls.__dataclass_fields__},
+                      **{k: tuple(data[k]) for k in pairs},
+                      "best_lrs": {int(k): float(v) for k, v in data["best_lrs"].items()}})
+
 
 def fit_horizon(budgets: Sequence[BudgetLosses], target_tokens: int, resamples: int = 2000,
                 seed: int = 0) -> HorizonFit:

@@ -1,11 +1,12 @@
-"""The edge search as a Ray Tune Searcher: Tune asks it for trials and tells it their results; the
-decisions are lmtune.sweep.strategies.edge.search's ``EdgeSearch``.
+"""A search that decides as it goes (the edge search, the horizon search) as a Ray Tune Searcher: Tune asks it
+for trials and tells it their results; the decisions are the Ray-free search's (``EdgeSearch``,
+``HorizonSearch``: suggest, observe, complete, requeue, to_json/from_json).
 
 Concurrency is the searcher's own (it returns True from ``set_max_concurrency``): it knows which
 trials run. Its state goes into Tune's experiment snapshot (``save``/``restore``, taken together with
 the trials' states, so a resumed sweep continues the same search) and, after every decision, into
-decisions/edge_search.json, which the run summary and the report read. How a trial ended comes from
-the sweep's ledger, whose writer has recorded every stop before Tune tells the searcher.
+decisions/ (edge_search.json, horizon_search.json), which the run summary and the report read. How a trial
+ended comes from the sweep's ledger, whose writer has recorded every stop before Tune tells the searcher.
 """
 
 from __future__ import annotations
@@ -19,20 +20,36 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from lmtune.files import atomic_write_json
-from lmtune.sweep.record import edge_state_path, read_edge_state, read_outcomes, trial_folders
+from lmtune.sweep.record import (
+    edge_state_path,
+    horizon_state_path,
+    read_outcomes,
+    read_search_state,
+    trial_folders,
+)
 from lmtune.sweep.runs import INTERRUPTED
-from lmtune.sweep.strategies.edge.search import FINISHED, WAIT, EdgeSearch
+from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.edge.search import EdgeSearch
+from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.training.lr_range import read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
 log = logging.getLogger(__name__)
 
 
-class EdgeSearcher(Searcher):
-    def __init__(self, search: EdgeSearch, sweep_dir: Path, metric: str = "val_loss", mode: str = "min"):
+class DecidingSearcher(Searcher):
+    """Tune's side of a deciding search; a subclass names the search class, its label and its state file."""
+
+    search_class: type
+    label: str
+
+    def __init__(self, search, sweep_dir: Path, metric: str = "val_loss", mode: str = "min"):
         super().__init__(metric=metric, mode=mode)
         self.search = search
         self.sweep_dir = Path(sweep_dir)
+
+    def state_path(self) -> Path:
+        return edge_state_path(self.sweep_dir)
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:
         self.search.max_pending = max_concurrent
@@ -42,7 +59,7 @@ class EdgeSearcher(Searcher):
         decided = len(self.search.decisions)
         answer = self.search.suggest(trial_id)
         for decision in self.search.decisions[decided:]:
-            log.info("edge search, %s: %s", decision.stage, decision.why)
+            log.info("%s, %s: %s", self.label, decision.stage, decision.why)
         if answer == WAIT:
             if len(self.search.decisions) != decided:
                 self._mirror()
@@ -89,22 +106,22 @@ class EdgeSearcher(Searcher):
                 self.search.observe(trial_id, {"tokens": row["tokens"], "val_loss": row.get("val_loss")})
 
     def _mirror(self) -> None:
-        atomic_write_json(edge_state_path(self.sweep_dir), self.search.to_json())
+        atomic_write_json(self.state_path(), self.search.to_json())
 
     def save(self, checkpoint_path: str) -> None:
         atomic_write_json(Path(checkpoint_path), self.search.to_json())
 
     def restore(self, checkpoint_path: str) -> None:
-        """Continue from the newest state: decisions/edge_search.json, written at every decision, is
+        """Continue from the newest state: its file in decisions/, written at every decision, is
         newer than Tune's snapshot (``checkpoint_path``) whenever trials started after that snapshot.
         Tune's restored trial list lacks those, so they would be planned again; instead each one that
         ended is taken with its ledger outcome, and each one that was still running is planned anew."""
-        snapshot = EdgeSearch.from_json(json.loads(Path(checkpoint_path).read_text()))
-        latest = read_edge_state(self.sweep_dir)
+        snapshot = self.search_class.from_json(json.loads(Path(checkpoint_path).read_text()))
+        latest = read_search_state(self.state_path())
         if latest is None or not set(snapshot.runs) <= set(latest.get("runs", {})):
             self.search = snapshot  # no mirror, or not this search's: Tune's own state
             return
-        self.search = EdgeSearch.from_json(latest)
+        self.search = self.search_class.from_json(latest)
         ledger = read_outcomes(self.sweep_dir)
         for trial_id, run in list(self.search.runs.items()):
             if run.done or trial_id in snapshot.runs:
@@ -114,9 +131,22 @@ class EdgeSearcher(Searcher):
                 result: dict[str, Any] = {}
                 self._backfill(trial_id, result)
                 self.search.complete(trial_id, str(outcome), result)
-                log.info("edge search: trial %s ended (%s) after Tune's last snapshot; its result is kept",
-                         trial_id, outcome)
+                log.info("%s: trial %s ended (%s) after Tune's last snapshot; its result is kept",
+                         self.label, trial_id, outcome)
             else:
                 self.search.requeue(trial_id, INTERRUPTED)
-                log.info("edge search: trial %s was running when the driver stopped; planned again", trial_id)
+                log.info("%s: trial %s was running when the driver stopped; planned again", self.label, trial_id)
         self._mirror()
+
+
+class EdgeSearcher(DecidingSearcher):
+    search_class = EdgeSearch
+    label = "edge search"
+
+
+class HorizonSearcher(DecidingSearcher):
+    search_class = HorizonSearch
+    label = "horizon search"
+
+    def state_path(self) -> Path:
+        return horizon_state_path(self.sweep_dir)

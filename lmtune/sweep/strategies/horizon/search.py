@@ -1,0 +1,374 @@
+"""The horizon search (``search: horizon``): the best LR at the budget the user will train at (the target,
+D), predicted from the best LR at budgets they can afford and confirmed at D. Ray-free: the Tune Searcher
+that drives it is lmtune.sweep.strategies.horizon.searcher; the fit is lmtune.sweep.strategies.horizon.fit.
+
+Every run trains its whole budget with its own schedule (the cosine decays over that budget), and nothing
+but a non-finite loss (or a run stuck above its initial loss for the stopper's recovery window) ends one
+early: LRs are compared only at a budget's full token count. The stages, per budget, smallest first:
+
+1. **grid**: LRs ``ratio`` apart: for the smallest budget from lr_min to lr_max, for each larger one around
+   the best LR of the budget below it (LR* falls as the budget grows, so more of the grid lies below).
+2. **extend**: one LR further out while the best LR lies at the grid's end.
+3. **seeds**: the best LR and its two neighbours get ``seeds`` runs each; an LR with fewer seeds that beats
+   the crowned best seed for seed gets them too before the budget's best LR is settled (lmtune.sweep.runs.crown).
+4. **edge**: probes above the highest LR that trained through, for where training fails at this budget.
+
+Budget k+1's grid starts once budget k's grid is settled, so budgets overlap. When every budget's best LR is
+settled: **fit** ln LR* = a - beta ln D with its bootstrap interval, and **target** (the confirmation): the
+predicted LR and it divided and multiplied by ``confirm_ratio``, at the target budget. The search ends when
+all have ended.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lmtune.errors import LmtuneError
+from lmtune.sweep.runs import SAME_LR, Budget, Run, bracket, conclude, crown, effective_runs, full_budget_ranking
+from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.horizon.fit import BudgetLosses, HorizonFit, fit_horizon
+from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+
+STAGES = ("grid", "extend", "seeds", "edge", "target")  # target: the confirmation runs at the target budget
+SETTLING = ("grid", "extend", "seeds")  # the stages that decide a budget's best LR
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A stage's plan at one budget: the LRs it asked for, and why."""
+
+    stage: str
+    steps: int
+    lrs: list[float]
+    why: str
+
+
+@dataclass
+class Planned:
+    """A trial the search asks for: its stage, budget (steps), LR and seed, and why."""
+
+    stage: str
+    steps: int
+    lr: float
+    seed: int
+    why: str = ""
+
+    def config(self) -> dict[str, Any]:
+        """The trial's Tune config: the budget is its ``steps`` (its schedule decays over them)."""
+        return {"stage": self.stage, "steps": self.steps, "lr": self.lr, "seed": self.seed}
+
+
+class HorizonSearch:
+    """The horizon search's state and decisions. Deterministic and JSON-serializable: the Tune Searcher feeds
+    it results and asks it for trials; a test can drive it the same way without Ray."""
+
+    def __init__(self, settings: HorizonSettings, budget: Budget, max_pending: int = 1):
+        self.settings, self.budget, self.max_pending = settings, budget, max_pending
+        self.runs: dict[str, Run] = {}
+        self.plans: dict[str, Planned] = {}
+        self.queue: list[Planned] = []
+        self.decisions: list[Decision] = []
+        self.seed_rounds: dict[int, int] = {}  # budget steps -> further seed rounds given
+        self.fit: HorizonFit | None = None
+        self.fit_problem: str | None = None
+        self.finished = False
+        self.interrupted: dict[str, str] = {}
+
+    @property
+    def budgets(self) -> list[int]:
+        """The searched budgets in steps, smallest first."""
+        return self.settings.budget_steps(self.budget.steps)
+
+    # -- what Tune asks and tells ------------------------------------------------------------
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str:
+        """The next trial's config, WAIT (nothing to start now) or FINISHED."""
+        if self.finished:
+            return FINISHED
+        if sum(not r.done for r in self.runs.values()) >= self.max_pending:
+            return WAIT
+        self._decide()  # every suggest: budgets overlap (each stage is planned once, so this is safe)
+        if not self.queue:
+            return FINISHED if self.finished else WAIT
+        # Edge probes only when nothing on the way to the prediction waits: they do not feed the fit.
+        planned = next((p for p in self.queue if p.stage != "edge"), self.queue[0])
+        self.queue.remove(planned)
+        tokens = planned.steps * self.budget.tokens_per_step
+        self.runs[trial_id] = Run(planned.lr, planned.seed, planned.stage, tokens, tokens, trial_id=trial_id)
+        self.plans[trial_id] = planned
+        return planned.config()
+
+    def observe(self, trial_id: str, result: dict[str, Any]) -> None:
+        """A result the trial reported: its tokens and, at an evaluation, its val loss."""
+        run = self.runs.get(trial_id)
+        tokens = result.get("tokens")
+        if run is None or not isinstance(tokens, (int, float)) or not math.isfinite(tokens):
+            return
+        run.tokens = max(run.tokens, int(tokens))
+        loss = result.get("val_loss")
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            run.val[int(tokens)] = float(loss)
+
+    def complete(self, trial_id: str, outcome: str, result: dict[str, Any] | None = None) -> None:
+        """The trial ended with ``outcome`` (the ledger's word for it)."""
+        run = self.runs.get(trial_id)
+        if run is None:
+            return
+        result = result or {}
+        self.observe(trial_id, result)
+        run.outcome = outcome
+        if run.diverged:
+            run.divergence = result.get("divergence")
+            step = result.get("diverged_step")
+            run.diverged_tokens = int(step) * self.budget.tokens_per_step if isinstance(step, (int, float)) \
+                else run.tokens
+
+    def requeue(self, trial_id: str, why: str) -> None:
+        """A trial that can never report (its driver died before Tune's snapshot knew of it): plan it again."""
+        self.runs.pop(trial_id, None)
+        plan = self.plans.pop(trial_id, None)
+        if plan is not None:
+            self.queue.insert(0, plan)
+        self.interrupted[trial_id] = why
+
+    # -- what the runs show ------------------------------------------------------------------
+
+    def runs_at(self, steps: int) -> list[Run]:
+        tokens = steps * self.budget.tokens_per_step
+        return effective_runs(r for r in self.runs.values() if r.budget_tokens == tokens)
+
+    def budget_of(self, steps: int) -> Budget:
+        tokens = steps * self.budget.tokens_per_step
+        return Budget(steps, self.budget.warmup_steps, self.budget.tokens_per_step, self.budget.seed, (tokens,))
+
+    def budget_losses(self, steps: int) -> BudgetLosses:
+        ranking = full_budget_ranking(self.runs_at(steps))
+        return BudgetLosses(steps * self.budget.tokens_per_step, {r.lr: list(r.losses) for r in ranking})
+
+    # -- deciding ----------------------------------------------------------------------------
+
+    def _decide(self) -> None:
+        budgets = self.budgets
+        for i, steps in enumerate(budgets):
+            if not self._planned("grid", steps):
+                if i == 0:
+                    self._first_grid(steps)
+                elif self._grid_settled(budgets[i - 1]):
+                    self._next_grid(budgets[i - 1], steps)
+                continue
+            if self._busy(steps, "grid", "extend"):
+                continue
+            if not self._grid_settled(steps):
+                self._extend(steps)
+            elif not self._planned("seeds", steps):
+                self._seeds(steps)
+            elif not self._busy(steps, "seeds"):
+                self._reseed(steps)
+            self._edge(steps)
+        if not self._planned("target", self.budget.steps) and all(self._settled(s) for s in budgets):
+            self._confirm()
+        if self._planned("target", self.budget.steps) and not self.queue and not self._busy():
+            self.finished = True
+
+    def _plan(self, stage: str, steps: int, planned: list[Planned], why: str) -> None:
+        for p in planned:
+            p.why = why
+            p.lr = float(f"{p.lr:.4g}")  # readable, and seeds of one LR share it exactly
+        self.queue += planned
+        self.decisions.append(Decision(stage, steps, [p.lr for p in planned], why))
+
+    def _planned(self, stage: str, steps: int) -> bool:
+        return any(d.stage == stage and d.steps == steps for d in self.decisions)
+
+    def _busy(self, steps: int | None = None, *stages: str) -> bool:
+        """A trial at budget ``steps`` (any, if None) of one of ``stages`` (any, if none) is queued or running."""
+        def matches(stage: str, at: int) -> bool:
+            return (steps is None or at == steps) and (not stages or stage in stages)
+
+        running = [(self.plans[tid].stage, self.plans[tid].steps) for tid, r in self.runs.items()
+                   if not r.done and tid in self.plans]
+        return any(matches(p.stage, p.steps) for p in self.queue) or any(matches(*s) for s in running)
+
+    def _tried(self, steps: int) -> list[float]:
+        return sorted({p.lr for p in [*self.plans.values(), *self.queue] if p.steps == steps})
+
+    def _best(self, steps: int):
+        return crown(full_budget_ranking(self.runs_at(steps)))
+
+    def _grid_settled(self, steps: int) -> bool:
+        """Its grid (and extensions) ran, and its best LR is not at an end that may still be extended."""
+        if not self._planned("grid", steps) or self._busy(steps, "grid", "extend"):
+            return False
+        return self._extension(steps) is None
+
+    def _settled(self, steps: int) -> bool:
+        """Its best LR is decided: grid, extensions and seeds ran, and no LR with fewer seeds contends."""
+        return (self._grid_settled(steps) and self._planned("seeds", steps) and not self._busy(steps, *SETTLING)
+                and not self._contenders(steps))
+
+    def _first_grid(self, steps: int) -> None:
+        s = self.settings
+        lrs = s.first_grid()
+        self._plan("grid", steps, [Planned("grid", steps, lr, self.budget.seed) for lr in lrs],
+                   f"{len(lrs)} LRs {s.ratio:g}x apart from {s.lr_min:g} to {lrs[-1]:.3g} at the smallest budget")
+
+    def _next_grid(self, smaller: int, steps: int) -> None:
+        best, _ = self._best(smaller)
+        if best is None:
+            lrs = self.settings.first_grid()
+            self._plan("grid", steps, [Planned("grid", steps, lr, self.budget.seed) for lr in lrs],
+                       f"no LR trained the {smaller}-step budget through: the smallest budget's grid again")
+            return
+        lrs = self.settings.grid_around(best.lr)
+        self._plan("grid", steps, [Planned("grid", steps, lr, self.budget.seed) for lr in lrs],
+                   f"{len(lrs)} LRs {self.settings.ratio:g}x apart around the {smaller}-step budget's best "
+                   f"({best.lr:.3g}), {self.settings.below} below and {self.settings.above} above it: the best LR "
+                   "falls as the budget grows")
+
+    def _extension(self, steps: int) -> float | None:
+        """The LR beyond the grid's end when the best lies there and extensions remain (None otherwise)."""
+        best, _ = self._best(steps)
+        lrs = self._tried(steps)
+        extended = sum(d.stage == "extend" and d.steps == steps for d in self.decisions)
+        if best is None or extended >= self.settings.max_extensions or len(lrs) < 2:
+            return None
+        if _same(best.lr, lrs[0]):
+            return lrs[0] / self.settings.ratio
+        failed = {r.lr for r in self.runs_at(steps) if r.diverged}
+        if _same(best.lr, lrs[-1]) and not failed:
+            return lrs[-1] * self.settings.ratio
+        return None
+
+    def _extend(self, steps: int) -> None:
+        lr = self._extension(steps)
+        if lr is None:
+            return
+        self._plan("extend", steps, [Planned("extend", steps, lr, self.budget.seed)],
+                   f"the best LR lies at the grid's end: one more LR, {lr:.3g}")
+
+    def _neighbours(self, steps: int, lr: float) -> list[float]:
+        """``lr`` and the next lower and higher LRs that trained this budget through."""
+        lrs = sorted(r.lr for r in full_budget_ranking(self.runs_at(steps)))
+        i = next(k for k, x in enumerate(lrs) if _same(x, lr))
+        return lrs[max(0, i - 1): i + 2]
+
+    def _seeds(self, steps: int) -> None:
+        best, _ = self._best(steps)
+        seeds = [self.budget.seed + k for k in range(1, self.settings.seeds)]
+        if best is None or not seeds:
+            why = "one seed per LR (seeds: 1)" if not seeds else "no LR trained this budget through"
+            self._plan("seeds", steps, [], why)
+            return
+        lrs = self._neighbours(steps, best.lr)
+        self._plan("seeds", steps, [Planned("seeds", steps, lr, s) for lr in lrs for s in seeds],
+                   f"the best LR ({best.lr:.3g}) and its neighbours again with seeds {', '.join(map(str, seeds))}: "
+                   "the best is chosen on the mean, and the seed spread is the fit's uncertainty")
+
+    def _contenders(self, steps: int):
+        if self.settings.seeds == 1 or self.seed_rounds.get(steps, 0) >= self.settings.seed_rounds:
+            return []
+        return self._best(steps)[1]
+
+    def _reseed(self, steps: int) -> None:
+        contenders = self._contenders(steps)
+        if not contenders:
+            return
+        best, _ = self._best(steps)
+        self.seed_rounds[steps] = self.seed_rounds.get(steps, 0) + 1
+        planned = [Planned("seeds", steps, r.lr, s) for r in contenders for s in best.seeds if s not in r.seeds]
+        self._plan("seeds", steps, planned,
+                   ", ".join(f"lr {r.lr:.3g}" for r in contenders) + f" beat the best ({best.lr:.3g}) on the seeds "
+                   "they share: given its seeds before the budget's best LR is settled")
+
+    def _edge(self, steps: int) -> None:
+        """The next probe for where training fails at this budget, once its grid is settled. The edge moves
+        little from one budget to the next, so the smaller budget's bracket is probed first."""
+        if self._edge_done(steps) or self._busy(steps, "edge") or not self._grid_settled(steps):
+            return
+        i = self.budgets.index(steps)
+        if i > 0 and not self._edge_done(self.budgets[i - 1]):
+            return  # its bracket is the best first guess of this one's
+        edge = bracket(self.runs_at(steps))
+        if edge.diverged_lr is None:
+            lr = next((x for x in self._smaller_bracket(steps) if x > edge.stable_lr * SAME_LR), None)
+            why = f"every LR up to {edge.stable_lr:.3g} trained through: "
+            why += (f"{lr:.3g}, an end of the smaller budget's bracket" if lr is not None
+                    else f"a probe {self.settings.edge_ratio:g}x above")
+            lr = lr or edge.stable_lr * self.settings.edge_ratio
+        else:
+            lr = math.sqrt(edge.stable_lr * edge.diverged_lr)
+            why = f"bracket [{edge.stable_lr:.3g}, {edge.diverged_lr:.3g}] {edge.ratio:.2f} wide: its midpoint"
+        self._plan("edge", steps, [Planned("edge", steps, lr, self.budget.seed)], why)
+
+    def _edge_done(self, steps: int) -> bool:
+        """No further edge probe at this budget: its bracket is resolved, or it cannot be, or probes ran out."""
+        probes = sum(d.stage == "edge" and d.steps == steps for d in self.decisions)
+        edge = bracket(self.runs_at(steps))
+        return (probes >= self.settings.edge_probes or edge.stable_lr is None
+                or edge.resolved(self.settings.edge_tolerance)) and not self._busy(steps, "edge")
+
+    def _smaller_bracket(self, steps: int) -> list[float]:
+        """The next smaller budget's edge bracket (its ends that are known), low end first."""
+        i = self.budgets.index(steps)
+        if i == 0:
+            return []
+        edge = bracket(self.runs_at(self.budgets[i - 1]))
+        return [lr for lr in (edge.stable_lr, edge.diverged_lr) if lr is not None]
+
+    def _confirm(self) -> None:
+        target = self.budget.steps
+        try:
+            self.fit = fit_horizon([self.budget_losses(s) for s in self.budgets],
+                                   target * self.budget.tokens_per_step, self.settings.resamples, self.budget.seed)
+        except LmtuneError as err:
+            self.fit_problem = str(err)
+            self._plan("target", target, [], f"no fit: {err}")
+            return
+        lrs = self.settings.confirmation_lrs(self.fit.predicted_lr)
+        low, high = self.fit.predicted_lr_interval
+        seeds = [self.budget.seed + k for k in range(self.settings.confirm_seeds)]
+        self._plan("target", target, [Planned("target", target, lr, s) for lr in lrs for s in seeds],
+                   f"the fit predicts {self.fit.predicted_lr:.3g} (90% interval {low:.3g}-{high:.3g}, beta "
+                   f"{self.fit.beta:.2f}) at the {target}-step target: it and {self.settings.confirm_ratio:g}x either "
+                   f"side, trained at the target with {len(seeds)} seed{'s' * (len(seeds) > 1)}")
+
+    # -- state -------------------------------------------------------------------------------
+
+    def conclusion(self) -> dict[str, Any]:
+        """Per budget, what its runs show (best LR, seeds, edge), the fit and the confirmation."""
+        per_budget = {str(s): conclude(self.runs_at(s), self.budget_of(s)) for s in [*self.budgets, self.budget.steps]}
+        return {"budgets": per_budget, "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "settings": asdict(self.settings), "budget": asdict(self.budget), "max_pending": self.max_pending,
+            "runs": {tid: run.to_json() for tid, run in self.runs.items()},
+            "plans": {tid: asdict(p) for tid, p in self.plans.items()}, "queue": [asdict(p) for p in self.queue],
+            "decisions": [asdict(d) for d in self.decisions],
+            "seed_rounds": {str(k): v for k, v in self.seed_rounds.items()},
+            "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem,
+            "finished": self.finished, "interrupted": self.interrupted, "conclusion": self.conclusion(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HorizonSearch:
+        budget = data["budget"]
+        settings = {k: v for k, v in data["settings"].items() if k in HorizonSettings.__dataclass_fields__}
+        search = cls(HorizonSettings(**settings), Budget(**{**budget, "rungs": tuple(budget["rungs"])}),
+                     data.get("max_pending", 1))
+        search.runs = {tid: Run.from_json(run) for tid, run in data["runs"].items()}
+        search.plans = {tid: Planned(**p) for tid, p in data["plans"].items()}
+        search.queue = [Planned(**p) for p in data["queue"]]
+        search.decisions = [Decision(**d) for d in data["decisions"]]
+        search.seed_rounds = {int(k): int(v) for k, v in (data.get("seed_rounds") or {}).items()}
+        search.fit = HorizonFit.from_json(data["fit"]) if data.get("fit") else None
+        search.fit_problem = data.get("fit_problem")
+        search.finished = data["finished"]
+        search.interrupted = dict(data.get("interrupted") or {})
+        return search
+
+
+def _same(a: float, b: float) -> bool:
+    return max(a, b) / min(a, b) < SAME_LR

@@ -1,0 +1,178 @@
+"""The horizon search, Ray-free: driven by a simulated sweep whose best LR falls as a known power of the
+budget, it searches the budgets it should, settles each budget's best LR on seeds, fits the law, confirms
+the prediction at the target, finds each budget's edge, and its whole state survives a JSON round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lmtune.sweep.runs import Budget
+from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.horizon.search import HorizonSearch
+from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+
+TOKENS_PER_STEP = 1024
+TARGET = Budget(steps=648, warmup_steps=18, tokens_per_step=TOKENS_PER_STEP, seed=0, rungs=(648 * TOKENS_PER_STEP,))
+BETA = 0.5                       # the simulated best LR falls as tokens^-0.5 ...
+LR_AT_TARGET = 0.005             # ... and is this at the target budget
+SETTINGS = HorizonSettings(lr_min=0.002, lr_max=0.1, ratio=1.5, seeds=2, edge_probes=5, edge_ratio=4.0,
+                           edge_tolerance=2.0, resamples=400)
+
+
+def best_lr(steps: int) -> float:
+    return LR_AT_TARGET * (steps / TARGET.steps) ** -BETA
+
+
+def edge_lr(steps: int) -> float:
+    return 40 * best_lr(steps)  # training fails from 40x the budget's best LR
+
+
+class SimulatedSweep:
+    """Trains each trial instantly: its val loss at the end of its budget is a parabola in ln LR around the
+    budget's best LR (plus a small per-seed offset); at or above the budget's edge it goes non-finite."""
+
+    def __init__(self, seed_offset: float = 0.002):
+        self.seed_offset = seed_offset
+        self.trials: list[dict] = []
+
+    def run(self, search: HorizonSearch, trial_id: str, config: dict) -> None:
+        self.trials.append({"trial_id": trial_id, **config})
+        steps, lr, seed = config["steps"], config["lr"], config["seed"]
+        tokens = steps * TOKENS_PER_STEP
+        if lr >= edge_lr(steps):
+            search.complete(trial_id, "diverged", {"tokens": tokens // 4, "diverged_step": steps // 4,
+                                                   "divergence": "non-finite"})
+            return
+        loss = 2.0 + 0.05 * math.log(lr / best_lr(steps)) ** 2 + self.seed_offset * seed
+        search.observe(trial_id, {"tokens": tokens, "val_loss": loss})
+        search.complete(trial_id, "completed", {"tokens": tokens})
+
+
+def drive(search: HorizonSearch, sweep: SimulatedSweep, max_trials: int = 300, round_trip: bool = False) -> int:
+    """Ask for trials and run them until the search has finished; ``round_trip``: the search goes through
+    its JSON between every two trials, as a resumed sweep's would."""
+    count = len(search.runs)
+    while count < max_trials:
+        config = search.suggest(f"t{count:03d}")
+        if config == FINISHED:
+            return count
+        assert config != WAIT, "a search with no trial running must always have something to do"
+        sweep.run(search, f"t{count:03d}", config)
+        count += 1
+        if round_trip:
+            search = HorizonSearch.from_json(json.loads(json.dumps(search.to_json())))
+    raise AssertionError("the search did not finish")
+
+
+@pytest.fixture(scope="module")
+def finished():
+    search, sweep = HorizonSearch(SETTINGS, TARGET), SimulatedSweep()
+    drive(search, sweep)
+    return search, sweep
+
+
+def test_it_searches_the_target_over_16_8_and_4_by_default(finished):
+    search, sweep = finished
+    assert search.budgets == [40, 81, 162]
+    assert {t["steps"] for t in sweep.trials} == {40, 81, 162, 648}
+
+
+def test_each_budgets_best_lr_is_the_grid_lr_nearest_the_true_one_on_every_seed(finished):
+    search, _ = finished
+    for steps in search.budgets:
+        c = search.conclusion()["budgets"][str(steps)]
+        tried = sorted({r.lr for r in search.runs_at(steps) if not r.diverged})
+        nearest = min(tried, key=lambda lr: abs(math.log(lr / best_lr(steps))))
+        assert c["best_lr"] == nearest
+        assert c["best_lr_seeds"] == [0, 1]
+
+
+def test_the_fit_recovers_the_power_and_its_interval_holds_the_true_lr_at_the_target(finished):
+    search, _ = finished
+    fit = search.fit
+    assert fit.beta_interval[0] <= BETA <= fit.beta_interval[1]
+    low, high = fit.predicted_lr_interval
+    assert low <= LR_AT_TARGET <= high
+    assert abs(math.log(fit.predicted_lr / LR_AT_TARGET)) < math.log(1.5)
+
+
+def test_the_confirmation_trains_the_prediction_and_either_side_at_the_target_budget(finished):
+    search, sweep = finished
+    confirm = [t for t in sweep.trials if t["stage"] == "target"]
+    lrs = sorted(t["lr"] for t in confirm)
+    predicted = search.fit.predicted_lr
+    assert {t["steps"] for t in confirm} == {648}
+    assert [round(lr / predicted, 2) for lr in lrs] == [0.5, 1.0, 2.0]
+
+
+def test_confirmation_waits_until_every_budgets_best_lr_is_settled(finished):
+    _, sweep = finished
+    first_confirm = next(i for i, t in enumerate(sweep.trials) if t["stage"] == "target")
+    settling = [i for i, t in enumerate(sweep.trials) if t["stage"] in ("grid", "extend", "seeds")]
+    assert max(settling) < first_confirm
+
+
+def test_each_budgets_edge_is_bracketed_around_where_training_fails(finished):
+    search, _ = finished
+    for steps in search.budgets:
+        c = search.conclusion()["budgets"][str(steps)]
+        assert c["edge_lr_low"] < edge_lr(steps) <= c["divergence_lr"]
+        assert c["bracket_ratio"] <= SETTINGS.edge_tolerance
+
+
+def test_a_larger_budgets_grid_lies_around_the_smaller_budgets_best():
+    search, sweep = HorizonSearch(SETTINGS, TARGET), SimulatedSweep()
+    drive(search, sweep)
+    first = search.conclusion()["budgets"]["40"]["best_lr"]
+    grid = sorted(t["lr"] for t in sweep.trials if t["stage"] == "grid" and t["steps"] == 81)
+    assert [round(lr / first, 3) for lr in grid] == [round(1.5 ** k, 3) for k in (-2, -1, 0, 1)]
+
+
+def test_a_best_lr_at_the_grids_end_extends_the_grid():
+    settings = HorizonSettings(lr_min=0.03, lr_max=0.1, ratio=1.5, seeds=1, edge_probes=0, resamples=200)
+    search, sweep = HorizonSearch(settings, TARGET), SimulatedSweep()
+    drive(search, sweep)
+    extended = sorted(t["lr"] for t in sweep.trials if t["stage"] == "extend" and t["steps"] == 40)
+    assert extended and max(extended) < 0.03  # the true best at 40 steps is 0.02: the grid grew down to it
+
+
+def test_the_state_survives_a_json_round_trip_between_any_two_trials():
+    plain, resumed = HorizonSearch(SETTINGS, TARGET), HorizonSearch(SETTINGS, TARGET)
+    plain_sweep, resumed_sweep = SimulatedSweep(), SimulatedSweep()
+    drive(plain, plain_sweep)
+    drive(resumed, resumed_sweep, round_trip=True)
+    assert [t for t in resumed_sweep.trials] == [t for t in plain_sweep.trials]
+
+
+def test_a_trial_that_never_reported_is_planned_again_first():
+    search = HorizonSearch(SETTINGS, TARGET)
+    first = search.suggest("a")
+    search.requeue("a", "interrupted")
+    assert search.suggest("b") == first
+    assert search.interrupted == {"a": "interrupted"}
+
+
+def test_it_waits_while_as_many_trials_run_as_it_may_start():
+    search = HorizonSearch(SETTINGS, TARGET, max_pending=2)
+    assert search.suggest("a") != WAIT and search.suggest("b") != WAIT
+    assert search.suggest("c") == WAIT
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("largest_fraction", 1.0, "between 0 and 1"),
+    ("budgets", 1, "at least 2"),
+    ("lr_max", 1e-5, "above lr_min"),
+    ("edge_tolerance", 8.0, "at most edge_ratio"),
+    ("confirm_seeds", 0, "at least 1"),
+])
+def test_a_setting_no_search_could_use_is_named_with_its_fix(key, value, words):
+    problems = dict(HorizonSettings(**{key: value}).problems())
+    assert words in problems[key]
+
+
+def test_a_target_whose_smallest_budget_cannot_hold_the_warm_up_is_refused_in_one_line():
+    with pytest.raises(Exception, match=r"smallest budget, 10 steps .* does not outlast the 18 warm-up steps"):
+        HorizonSettings().check_target(160, 18)
