@@ -115,10 +115,15 @@ def print_table(args: argparse.Namespace) -> None:
 
 
 def print_comparison(args: argparse.Namespace) -> None:
-    from lmtune.report.truth import compare, read_truth, truth_conclusion
+    from lmtune.report.truth import compare, compare_horizon, read_truth, truth_conclusion
 
-    truth = truth_conclusion(read_truth(args.truth))
+    runs = read_truth(args.truth)
+    truth = truth_conclusion(runs)
     summary = json.loads((args.sweep / "report" / "summary.json").read_text())
+    if "predicted_lr" in summary:  # a horizon search: its prediction against the truth at its target budget
+        tokens = sum(r.steps * r.tokens_per_step for r in runs)
+        print(json.dumps(compare_horizon(truth, summary, tokens), indent=1))
+        return
     print(json.dumps(compare(truth, summary), indent=1))
 
 

@@ -166,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.WARNING)
     if args.list_spaces:
-        for name in available_spaces():
-            print(f"{name:12s} {load_space(name).description}")
+        names = available_spaces()
+        width = max(map(len, names), default=0)
+        for name in names:
+            print(f"{name:{width}s}  {load_space(name).description}")
         return 0
     options = sweep_options(args, argv)
     try:

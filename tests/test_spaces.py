@@ -17,8 +17,10 @@ from conftest import TINY_TRIAL, assert_refused, run_lmtune
 
 from lmtune import run as run_cli
 from lmtune.errors import LmtuneError
+from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.sweep.strategies.optuna_search import Distribution
+from lmtune.training.config import budget_config
 
 GOOD_GRID = """\
 description: a valid grid
@@ -65,6 +67,11 @@ BAD_SPACES = [
     ("recovery-window-above-1", GOOD_GRID + "stopper: {recovery_window: 1.5}\n", "stopper.recovery_window",
      r"must be a fraction of the budget's steps"),
     ("stop-factor-below-1", GOOD_GRID + "stopper: {stop_factor: 0.5}\n", "stopper.stop_factor", r"must be >= 1"),
+    ("horizon-with-params", "search: horizon\nparams:\n  lr: [1.0e-3]\n", "params", r"chooses the learning rates"),
+    ("horizon-with-asha", "search: horizon\nscheduler: {name: asha}\n", "scheduler.name",
+     r"trains every run to its whole budget"),
+    ("horizon-one-budget", "search: horizon\nhorizon: {budgets: 1}\n", "horizon.budgets", r"at least 2"),
+    ("horizon-unknown-key", "search: horizon\nhorizon: {target: 1000}\n", "horizon.target", r"unknown key"),
 ]
 
 
@@ -120,8 +127,8 @@ def test_shipped_spaces_load():
     for name in names:
         space = load_space(name)
         assert space.description and "\n" not in space.description
-        # an edge search decides its trials as it goes
-        assert space.num_trials is None if space.search == "edge" else space.num_trials >= 1
+        # an edge or horizon search decides its trials as it goes
+        assert space.num_trials is None if space.search in ("edge", "horizon") else space.num_trials >= 1
     grid = load_space("lr_grid")
     assert grid.search == "grid"
     assert grid.strategy.params["lr"] == [1e-4, 3e-4, 6e-4, 1e-3, 3e-3, 6e-3, 1e-2]
@@ -132,6 +139,24 @@ def test_shipped_spaces_load():
     assert set(batch.strategy.params) == {"lr", "batch_size"} and batch.num_trials == 9
     quick = load_space("quick")
     assert quick.budget == "quick" and max(quick.strategy.params["lr"]) >= 1.0  # includes diverging LRs
+
+
+@pytest.mark.parametrize("name", ["quick_horizon", "lr_horizon"])
+def test_the_shipped_horizon_spaces_plan_budgets_below_their_target_that_outlast_the_warm_up(name: str):
+    space = load_space(name)
+    base = budget_config(space.budget, space.fixed)
+    plan = SweepPlan.create(space, base)  # check_base passes
+    budgets = space.strategy.settings.budget_steps(base.train.steps)
+    assert plan.asha is None and len(budgets) == 3 and max(budgets) <= base.train.steps / 4
+    assert min(budgets) > base.train.warmup_steps
+
+
+def test_a_horizon_target_too_short_for_its_budgets_is_refused_in_one_line():
+    space = load_space("quick_horizon")
+    base = budget_config(space.budget, {**space.fixed, "steps": 100})
+    with pytest.raises(LmtuneError, match=r"the smallest budget, 6 steps .* give a larger steps") as info:
+        SweepPlan.create(space, base)
+    assert "\n" not in str(info.value)
 
 
 def test_list_spaces_prints_each_with_its_description(capsys):

@@ -180,6 +180,68 @@ def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
     return save_figure(fig, path)
 
 
+def plot_horizon(path: Path, summary: dict[str, Any]) -> Path:
+    """A horizon search: left, val loss against LR at each budget's full token count (seeds as dots, the
+    budget's first failing LR as an x); right, each budget's best LR against its tokens with the interval it
+    lies in, the fitted power law, the prediction at the target with its 90% interval, and the target runs'
+    best."""
+    budgets = summary["budgets"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    colors = plt.get_cmap("viridis")
+    for i, b in enumerate(budgets):
+        color = "black" if i == len(budgets) - 1 else colors(0.85 * i / max(len(budgets) - 2, 1))
+        rows = sorted(b["ranking"] or [], key=lambda r: r["lr"])
+        what = "target" if i == len(budgets) - 1 else "searched"
+        if rows:
+            left.plot([r["lr"] for r in rows], [r["mean"] for r in rows], "o-", color=color, markersize=4,
+                      label=f"{b['steps']} steps, {format_tokens(b['tokens'])} tokens ({what})")
+            for r in rows:
+                if len(r["losses"]) > 1:
+                    left.plot([r["lr"]] * len(r["losses"]), r["losses"], ".", color=color, alpha=0.6)
+        if b.get("divergence_lr") and rows:
+            left.plot([b["divergence_lr"]], [max(r["mean"] for r in rows)], "x", color=color, markersize=9,
+                      markeredgewidth=2)
+    left.set_xscale("log")
+    left.set_xlabel("peak learning rate")
+    left.set_ylabel("val loss at the budget's end (nats/token)")
+    left.set_title("loss against LR, each budget at its own full token count\n(x: the budget's first LR that "
+                   "failed, drawn at its curve's top)", fontsize=10)
+    left.grid(alpha=0.3, which="both")
+    left.legend(fontsize=7)
+    _plot_fit(right, summary)
+    return save_figure(fig, path)
+
+
+def _plot_fit(ax, summary: dict[str, Any]) -> None:
+    searched = [b for b in summary["budgets"][:-1] if b.get("best_lr")]
+    for b in searched:
+        low, high = b.get("best_lr_interval") or (None, None)
+        lo, hi = (low or b["best_lr"]), (high or b["best_lr"])
+        ax.errorbar([b["tokens"]], [b["best_lr"]], yerr=[[b["best_lr"] - lo], [hi - b["best_lr"]]], fmt="o",
+                    color="tab:blue", capsize=4)
+    ax.plot([], [], "o", color="tab:blue", label="best LR of a searched budget (bar: where it may lie)")
+    fit, target = summary.get("horizon_fit"), summary["target_tokens"]
+    if fit is not None and searched:
+        xs = np.geomspace(min(b["tokens"] for b in searched), target, 50)
+        ax.plot(xs, np.exp(fit["intercept"]) * xs ** -fit["beta"], "-", color="tab:blue", alpha=0.7,
+                label=f"fit: LR* ∝ tokens^-{fit['beta']:.2f}")
+        low, high = summary["predicted_lr_interval"]
+        ax.errorbar([target], [summary["predicted_lr"]], yerr=[[summary["predicted_lr"] - low],
+                                                                [high - summary["predicted_lr"]]],
+                    fmt="s", color="tab:orange", capsize=5, label="predicted at the target (90% interval)")
+    confirmed = summary.get("confirmed") or {}
+    if confirmed.get("best_lr"):
+        ax.plot([target], [confirmed["best_lr"]], "*", color="black", markersize=13,
+                label="best of the target runs")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens (the budget)")
+    ax.set_ylabel("best learning rate")
+    ax.set_title("the best LR against the token horizon", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+
+
 def _shade_edge_and_best(ax, summary: dict[str, Any]) -> None:
     """The regions as bands: solid where the region is known to hold, hatched where its boundary lies."""
     basin, degraded, diverged = summary.get("basin"), summary.get("degraded"), summary.get("diverged")

@@ -10,7 +10,10 @@ from typing import Any
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """What both CLIs print of a sweep's summary (summary.json's keys): its best LR with its spread and
     interval, the regions above it, the edge and the ratio, and the best trial."""
-    lines = []
+    lines = horizon_lines(summary) if "predicted_lr" in summary else []
+    if lines:
+        at = "the target" if summary.get("compared_at_tokens") == summary.get("target_tokens") else "the largest"
+        lines.append(f"at {at} budget's {summary.get('compared_at_tokens') or 0:,} tokens:")
     if summary.get("candidate_tokens"):
         fewest, most = summary["candidate_tokens"]
         lines.append(f"best lr {summary['best_lr']:.3g}: val loss {summary['best_val_loss']:.4f}, but not at equal "
@@ -20,6 +23,42 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines += conclusion_lines(summary, summary.get("compared_at_tokens"))
     if summary.get("best_trial"):
         lines.append(f"best trial: {summary['best_trial']}")
+    return lines
+
+
+def horizon_lines(summary: dict[str, Any]) -> list[str]:
+    """A horizon search: each budget's best LR, the fit, the prediction at the target and what the target's
+    runs showed."""
+    lines = []
+    for b in summary["budgets"][:-1]:
+        if b.get("best_lr") is None:
+            lines.append(f"{b['steps']} steps ({b['tokens']:,} tokens): no LR trained it through yet")
+            continue
+        losses = b.get("best_lr_seed_losses") or []
+        spread = f" ± {b['best_lr_spread']:.4f} ({len(losses)} seeds)" if len(losses) > 1 else " (one seed)"
+        edge = (f"; edge between {_g(b['edge_lr_low'])} (trained through) and {_g(b['divergence_lr'])} (failed)"
+                if b.get("divergence_lr") else "; no LR tried failed")
+        lines.append(f"{b['steps']} steps ({b['tokens']:,} tokens): best lr {b['best_lr']:.3g}, val "
+                     f"{b['best_lr_mean_loss']:.4f}{spread}{edge}")
+    fit = summary.get("horizon_fit")
+    if fit is None:
+        lines.append(f"no fit: {summary.get('fit_problem') or 'too few budgets have a best LR'}")
+        return lines
+    low, high = fit["beta_interval"]
+    lines.append(f"fit: best lr ∝ tokens^-beta, beta {fit['beta']:.2f} (90% interval {low:.2f} to {high:.2f}, from the "
+                 "seeds and the grid's spacing)")
+    low, high = summary["predicted_lr_interval"]
+    lines.append(f"predicted best lr at {summary['target_tokens']:,} tokens (the target): "
+                 f"{summary['predicted_lr']:.3g} (90% interval {low:.3g} to {high:.3g})")
+    confirmed = summary.get("confirmed") or {}
+    if confirmed.get("losses"):
+        runs = ", ".join(f"{r['lr']:.3g}: {r['mean']:.4f}" for r in confirmed["losses"])
+        lines.append(f"target runs: {runs}")
+        if confirmed.get("predicted_excess") is not None:
+            se = (f" ± {confirmed['predicted_excess_se']:.4f} (SE, from {confirmed['se_from']})"
+                  if confirmed.get("predicted_excess_se") else "")
+            lines.append(f"  the predicted lr is {confirmed['predicted_excess']:.4f} nats{se} above the best of them "
+                         f"({confirmed['best_lr']:.3g}, {confirmed['best_over_predicted']:.2g}x the prediction)")
     return lines
 
 

@@ -96,7 +96,7 @@ def write_markdown(summary: dict[str, Any], records: Sequence[TrialRecord], path
                    search_description: str, compute: dict[str, Any]) -> Path:
     """lr_sweep_analysis.md: the report's text, one section per heading in HEADINGS (and the range test's)."""
     sections = [
-        _overview(summary), _trials(summary), _best_lr(summary), _landscape(summary), _edge(summary),
+        _overview(summary), _horizon(summary), _trials(summary), _best_lr(summary), _landscape(summary), _edge(summary),
         _equal_tokens(summary),
         _convergence(summary), _sensitivity(summary), _target(summary), _how_runs_broke(summary, records),
         _search_and_compute(summary, search_description, compute), _range_test(summary), _definitions(summary),
@@ -117,9 +117,71 @@ def _overview(summary: dict[str, Any]) -> list[str]:
         figures.append("instability.png")
     if summary.get("sharpness"):
         figures.append("sharpness.png")
+    if "predicted_lr" in summary:
+        figures.insert(0, "horizon.png")
     data = f" Data: {summary['data']}." if summary.get("data") else ""
     return ["# Learning-rate sweep: analysis", "",
             f"{len(rows)} trials ({counts}).{data} Figures: {', '.join(f'`{f}`' for f in figures)}.", ""]
+
+
+def _horizon(summary: dict[str, Any]) -> list[str]:
+    """A horizon search: each budget's best LR and edge, the fit, the prediction and the target runs."""
+    if "predicted_lr" not in summary:
+        return []
+    target = summary["target_tokens"]
+    lines = ["## The best LR at the target budget, predicted across token horizons", "",
+             f"Target: {target:,} tokens. Each budget's LRs are compared at that budget's full token count (its "
+             "cosine decays over it); the best LR is crowned on the mean over as many seeds as the LRs it beats; "
+             "'may lie in' is between the nearest LRs clearly worse (2 standard errors); the edge is the bracket "
+             "between the largest LR that trained through and the smallest that failed to recover.", ""]
+    rows = []
+    for b in summary["budgets"]:
+        losses = b.get("best_lr_seed_losses") or []
+        spread = f" ± {b['best_lr_spread']:.4f}" if len(losses) > 1 else ""
+        low, high = b.get("best_lr_interval") or (None, None)
+        edge = (f"{_lr(b.get('edge_lr_low'), '?')} – {_lr(b['divergence_lr'])}" if b.get("divergence_lr")
+                else f"none failed (≤ {_lr(b.get('edge_lr_low'), '?')})")
+        rows.append([f"{b['steps']:,}" + (" (target)" if b["tokens"] == target else ""), _tokens(b["tokens"]),
+                     str(b["trials"]), _lr(b.get("best_lr")),
+                     f"{_fmt(b.get('best_lr_mean_loss'))}{spread} ({len(losses)})" if losses else "—",
+                     f"{_lr(low, '?')} – {_lr(high, '?')}", edge])
+    lines += _table(["steps", "tokens", "trials", "best lr", "val loss ± sd (seeds)", "best lr may lie in",
+                     "edge (trains through – fails)"], rows)
+    fit = summary.get("horizon_fit")
+    if fit is None:
+        return [*lines, "", f"No fit: {summary.get('fit_problem') or 'fewer than two budgets have a best LR'}.", ""]
+    (blo, bhi), (plo, phi) = fit["beta_interval"], summary["predicted_lr_interval"]
+    lines += ["", f"**Fit**: ln LR* = a − β ln D through the {fit['budgets_fitted']} searched budgets' best LRs: "
+              f"β = {fit['beta']:.3f} (90% interval {blo:.3f} to {bhi:.3f}), a = {fit['intercept']:.3f} "
+              f"(90% interval {fit['intercept_interval'][0]:.3f} to {fit['intercept_interval'][1]:.3f}). The "
+              "intervals are a bootstrap: each resample draws every LR's seeds with replacement and places the best "
+              "LR anywhere within half a grid step of the grid point it won (the grid's resolution).", "",
+              f"**Predicted best LR at the target**: {summary['predicted_lr']:.3g} (90% interval {plo:.3g} to "
+              f"{phi:.3g}): an extrapolation {target / max(b['tokens'] for b in summary['budgets'][:-1]):.0f}x beyond "
+              "the largest searched budget, which assumes the power law holds that far.", ""]
+    return lines + _confirmed(summary)
+
+
+def _confirmed(summary: dict[str, Any]) -> list[str]:
+    confirmed = summary.get("confirmed") or {}
+    if not confirmed.get("losses"):
+        return ["**Confirmation**: no run at the target budget has finished yet.", ""]
+    predicted = summary["predicted_lr"]
+    rows = [[_lr(r["lr"]), f"{r['lr'] / predicted:.2g}x", ", ".join(f"{v:.4f}" for v in r["losses"]),
+             _fmt(r["mean"])] for r in confirmed["losses"]]
+    lines = ["**Confirmation** at the target budget:", "",
+             *_table(["lr", "of the prediction", "val loss per seed", "mean"], rows), ""]
+    if confirmed.get("predicted_excess") is None:
+        return [*lines, "The predicted LR itself has no finished run at the target budget.", ""]
+    se = confirmed.get("predicted_excess_se")
+    significance = ("" if not se else f" ± {se:.4f} (standard error of the difference, from {confirmed['se_from']})"
+                    + ("; within 2 standard errors: the target runs do not tell the prediction from their best"
+                       if confirmed["predicted_excess"] <= 2 * se else "; more than 2 standard errors"))
+    best = confirmed["best_lr"]
+    lines.append(f"The lowest target loss is at {best:.3g} ({confirmed['best_over_predicted']:.2g}x the prediction); "
+                 f"the predicted LR's loss is {confirmed['predicted_excess']:.4f} nats above it{significance}. Three "
+                 "LRs a factor apart bound the best only to within that factor.")
+    return [*lines, ""]
 
 
 def _trials(summary: dict[str, Any]) -> list[str]:

@@ -69,7 +69,7 @@ def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, 
     ell0 = ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records))
     sensitivity = full_budget_sensitivity(standing, ell0)
     table = equal_token_losses([run for run, _ in standing], budget.rungs)
-    rows = [trial_row(r) for r in sorted(records, key=lambda rec: (rec.lr, rec.seed or 0, rec.trial_id))]
+    rows, counts = trial_table(records)
     stages = stage_accounting(pairs, edge_state, range_tokens)
     summary.update({
         "best_trial": best.trial_id if best is not None else None,
@@ -90,13 +90,19 @@ def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, 
         "stages": [{"name": s["name"], "lrs": s["lrs"], "tokens": s["tokens"], "trials": s["trials"],
                     "why": s["why"]} for s in stages],
         "same_resolution_grid": same_resolution_grid(pairs, conclusion["bracket_ratio"], budget),
-        "status_counts": {s: sum(row["status"] == s for row in rows) for s in STATUSES
-                          if any(row["status"] == s for row in rows)},
+        "status_counts": counts,
         "trials": rows,
     })
     log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", summary["best_lr"], summary["best_val_loss"],
              summary["edge_lr_low"], summary["divergence_lr"])
     return json_safe(summary)
+
+
+def trial_table(records: Sequence[TrialRecord]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """One row per trial (by LR, seed, id) and how many trials have each status."""
+    rows = [trial_row(r) for r in sorted(records, key=lambda rec: (rec.lr, rec.seed or 0, rec.trial_id))]
+    counts = {s: sum(row["status"] == s for row in rows) for s in STATUSES if any(row["status"] == s for row in rows)}
+    return rows, counts
 
 
 def budget_from_records(records: Sequence[TrialRecord]) -> Budget:

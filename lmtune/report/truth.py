@@ -88,6 +88,36 @@ def truth_conclusion(runs: list[TruthRun]) -> dict[str, Any]:
     return conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,)))
 
 
+def compare_horizon(truth: dict[str, Any], search: dict[str, Any], truth_tokens: int) -> dict[str, Any]:
+    """A horizon search's prediction (summary.json keys) against the truth at its target budget: whether the
+    predicted LR lies in the truth's basin (its loss, read off the truth's curve between grid LRs in log LR,
+    within 2 standard errors of the truth's best mean), where it lies against the truth's best LR, and the
+    tokens the search trained against the truth's."""
+    predicted, best = search.get("predicted_lr"), truth.get("best_lr")
+    ranking = sorted(truth.get("ranking") or [], key=lambda r: r["lr"])
+    excess = two_se = None
+    if predicted is not None and ranking and ranking[0]["lr"] <= predicted <= ranking[-1]["lr"]:
+        xs, ys = [math.log(r["lr"]) for r in ranking], [r["mean"] for r in ranking]
+        k = max(i for i, x in enumerate(xs) if x <= math.log(predicted))
+        k = min(k, len(xs) - 2)
+        t = (math.log(predicted) - xs[k]) / (xs[k + 1] - xs[k])
+        excess = ys[k] + t * (ys[k + 1] - ys[k]) - truth["best_lr_mean_loss"]
+        sigma, n = truth.get("seed_spread"), len(truth.get("best_lr_seed_losses") or [])
+        two_se = 2 * sigma * math.sqrt(2 / n) if sigma is not None and n else None
+    low, high = search.get("predicted_lr_interval") or (None, None)
+    spent = (search.get("compute") or {}).get("tokens_spent")
+    return {
+        "predicted_lr": predicted, "predicted_lr_interval": [low, high], "truth_best_lr": best,
+        "truth_basin": region_span(truth.get("basin")),
+        "predicted_over_truth_best": predicted / best if predicted and best else None,
+        "predicted_excess_in_truth": excess, "truth_two_standard_errors": two_se,
+        "predicted_lr_in_truth_basin": excess is not None and two_se is not None and excess <= two_se,
+        "interval_holds_truth_best": bool(low and high and best and low <= best <= high),
+        "search_tokens": spent, "truth_tokens": truth_tokens,
+        "search_over_truth_tokens": spent / truth_tokens if spent and truth_tokens else None,
+    }
+
+
 def _overlap(a: tuple[float | None, float | None], b: tuple[float | None, float | None]) -> bool:
     """Two LR intervals (None: open on that side) share a point."""
     low = max(x for x in (a[0], b[0], 0.0) if x is not None)

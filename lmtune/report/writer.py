@@ -18,16 +18,18 @@ from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_text
-from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
+from lmtune.report.figures import plot_horizon, plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
+from lmtune.report.horizon import horizon_settings, horizon_summary, records_at
 from lmtune.report.markdown import write_markdown, write_tables
 from lmtune.report.reader import load_range_test, load_sweep
 from lmtune.report.sharpness import SHARPNESS_COLUMNS, sweep_sharpness, write_sharpness_csv
 from lmtune.report.stability import TrialRecord, budget_tokens, json_safe, tokens_spent
-from lmtune.report.summary import sweep_summary
+from lmtune.report.summary import sweep_summary, trial_table
 from lmtune.sweep.plan import AshaBudget, asha_budget
 from lmtune.sweep.record import SweepRecord, read_edge_state
 from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import SchedulerSpec
+from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 from lmtune.training.divergence import DivergenceRule
 from lmtune.training.figures import plot_range_test
 from lmtune.training.lr_range import RangeTestResult
@@ -59,8 +61,12 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None) -> SweepReport
                           "trials, then run the report again")
     range_test = load_range_test(sweep_dir)
     range_tokens = range_test.tokens if range_test is not None else None
-    summary = sweep_summary(trials, sweep_budget(record, trials), target=target, vocab_size=vocab_size(record),
-                            edge_state=read_edge_state(sweep_dir), range_tokens=range_tokens)
+    horizon = horizon_settings(record.space)
+    if horizon is not None:
+        summary = horizon_sweep_summary(record, trials, horizon, target)
+    else:
+        summary = sweep_summary(trials, sweep_budget(record, trials), target=target, vocab_size=vocab_size(record),
+                                edge_state=read_edge_state(sweep_dir), range_tokens=range_tokens)
     best = next((t for t in trials if t.trial_id == summary["best_trial"]), None)
     summary.update({"sweep": record.name or sweep_dir.name, "sweep_dir": str(sweep_dir.resolve()),
                     "best_trial_dir": str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None,
@@ -116,6 +122,8 @@ def write_figures(out: Path, trials: list[TrialRecord], summary: dict[str, Any],
                   sharp_rows: list[dict[str, Any]] | None, target: float | None) -> None:
     plot_sweep_comparison(trials, out / "lr_sweep_comparison.png", target=target)
     plot_lr_vs_loss(out / "lr_vs_loss.png", summary)
+    if "predicted_lr" in summary:
+        plot_horizon(out / "horizon.png", summary)
     if range_test is not None:
         plot_range_test(range_test, out / "lr_range_test.png")
     if any(row["status"] in ("diverged", "spiked") for row in summary["trials"]):
@@ -127,6 +135,21 @@ def write_figures(out: Path, trials: list[TrialRecord], summary: dict[str, Any],
             plot_sharpness(sharp_rows, out / "sharpness.png")
         else:
             log.warning("no checkpoint gave a sharpness estimate; sharpness.png not written")
+
+
+def horizon_sweep_summary(record: SweepRecord, trials: list[TrialRecord], settings: HorizonSettings,
+                          target: float | None) -> dict[str, Any]:
+    """A horizon search's summary: the usual one of the target budget's runs (the largest budget with runs,
+    while none has trained at the target yet), every trial's row, and the horizon keys (lmtune.report.horizon)."""
+    base = Budget.of_config(record.base_config, None)
+    budget_steps = [base.steps, *reversed(settings.budget_steps(base.steps))]
+    steps = next((s for s in budget_steps if records_at(trials, s, base)), base.steps)
+    at = Budget(steps, base.warmup_steps, base.tokens_per_step, base.seed, (steps * base.tokens_per_step,))
+    summary = sweep_summary(records_at(trials, steps, base) or trials, at, target=target,
+                            vocab_size=vocab_size(record))
+    rows, counts = trial_table(trials)
+    return json_safe({**summary, "trials": rows, "status_counts": counts,
+                      **horizon_summary(trials, settings, base)})
 
 
 def sweep_budget(record: SweepRecord, trials: list[TrialRecord]) -> Budget | None:

@@ -1,0 +1,94 @@
+"""The horizon search as a user runs it: real Ray Tune on a local cluster, real training of a tiny model at
+two budgets below a target, the fit, the confirmation at the target, the report; and the benchmark's check at
+test size: the predicted LR against a grid trained at the target with nothing stopping it (the truth)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TRIAL, run_lmtune, trial_dirs
+
+from lmtune.report.truth import compare_horizon, read_truth, truth_conclusion
+from lmtune.sweep.record import SweepRecord, read_horizon_state
+from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.loop import train
+
+pytestmark = pytest.mark.slow
+
+# Target 96 steps of 256 tokens; searched budgets 12 and 24 steps (1/8 and 1/4 of it).
+TINY_HORIZON = f"""\
+description: tiny horizon search for the tests
+search: horizon
+budget: quick
+set: {json.dumps({**TINY_TRIAL, "steps": 96, "warmup_steps": 4, "eval_interval": 12, "checkpoint_interval": 96})}
+scheduler: {{name: none}}
+horizon: {{budgets: 2, lr_min: 0.01, lr_max: 0.04, ratio: 2, below: 1, above: 1, max_extensions: 2, seeds: 2,
+           edge_probes: 1, edge_ratio: 8, edge_tolerance: 8, confirm_seeds: 1, resamples: 500}}
+"""
+
+
+@pytest.fixture(scope="module")
+def horizon_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("horizon")
+    (tmp / "tiny_horizon.yaml").write_text(TINY_HORIZON)
+    run = run_lmtune("run", "--space", str(tmp / "tiny_horizon.yaml"), "--name", "horizon", "--results",
+                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "2", "--no-dashboard",
+                     "--quiet", timeout=600)
+    sweep_dir = tmp / "results" / "horizon"
+    analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)
+    summary = json.loads((sweep_dir / "report" / "summary.json").read_text()) if analyze.returncode == 0 else {}
+    return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
+
+
+def test_the_search_finishes_and_every_trial_trains_its_own_budget_through(horizon_sweep):
+    assert horizon_sweep["run"].returncode == 0, horizon_sweep["run"].stderr[-3000:]
+    state = read_horizon_state(horizon_sweep["dir"])
+    assert state["finished"]
+    steps = {}
+    for trial_id, folder in trial_dirs(horizon_sweep["dir"]).items():
+        config = json.loads((folder / "config.json").read_text())
+        steps[trial_id] = config["train"]["steps"]
+        assert config["train"]["steps"] == state["plans"][trial_id]["steps"]
+    assert set(steps.values()) == {12, 24, 96}
+
+
+def test_the_report_gives_the_fit_the_prediction_and_the_target_runs(horizon_sweep):
+    assert horizon_sweep["analyze"].returncode == 0, horizon_sweep["analyze"].stderr[-3000:]
+    s = horizon_sweep["summary"]
+    assert [b["steps"] for b in s["budgets"]] == [12, 24, 96]
+    assert all(len(b["best_lr_seeds"]) == 2 for b in s["budgets"][:-1])
+    low, high = s["predicted_lr_interval"]
+    assert low <= s["predicted_lr"] <= high
+    assert set(s["horizon_fit"]) >= {"beta", "beta_interval", "intercept", "intercept_interval"}
+    confirmed = sorted(r["lr"] for r in s["confirmed"]["losses"])
+    assert [round(lr / s["predicted_lr"], 2) for lr in confirmed] == [0.5, 1.0, 2.0]
+    assert (horizon_sweep["dir"] / "report" / "horizon.png").stat().st_size > 10_000
+
+
+def test_run_and_analyze_print_the_same_prediction(horizon_sweep):
+    predicted = f"predicted best lr at {horizon_sweep['summary']['target_tokens']:,} tokens (the target): " \
+                f"{horizon_sweep['summary']['predicted_lr']:.3g}"
+    assert predicted in horizon_sweep["run"].stdout
+    assert predicted in horizon_sweep["analyze"].stdout
+
+
+def test_the_search_state_and_the_report_fit_the_same_line(horizon_sweep):
+    state = read_horizon_state(horizon_sweep["dir"])
+    assert state["fit"]["predicted_lr"] == pytest.approx(horizon_sweep["summary"]["predicted_lr"], rel=1e-9)
+
+
+def test_the_prediction_agrees_with_a_small_ground_truth_grid_at_the_target(horizon_sweep, tmp_path):
+    """The benchmark's check at test size: LRs 2x apart, one seed, each trained to the target budget with
+    nothing stopping it; the predicted LR's loss on that curve within 2 standard errors of its best (the
+    spread from the sweep's own seeds: one seed per truth LR gives none)."""
+    base = RunConfig.from_dict(SweepRecord.read(horizon_sweep["dir"]).base_config)
+    truth_dir = tmp_path / "truth"
+    for lr in (0.005, 0.01, 0.02, 0.04, 0.08, 0.16):
+        train(apply_overrides(base, {"lr": lr, "seed": 0}), truth_dir / f"lr={lr}_seed=0")
+    runs = read_truth(truth_dir)
+    truth = truth_conclusion(runs)
+    truth["seed_spread"] = max(b["seed_spread"] or 0 for b in horizon_sweep["summary"]["budgets"][:-1])
+    check = compare_horizon(truth, horizon_sweep["summary"], sum(r.steps * r.tokens_per_step for r in runs))
+    assert check["predicted_lr_in_truth_basin"], check
