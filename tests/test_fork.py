@@ -1,12 +1,13 @@
-"""A shorter WSD budget forked from a longer run's checkpoint trains exactly as the shorter run from scratch."""
+"""A WSD budget forked from another budget's run trains exactly as the same budget from scratch: a shorter one
+from a longer run's checkpoint, a longer one from a shorter run's stable.pt."""
 
 from __future__ import annotations
 
 import pytest
 
 from lmtune.errors import LmtuneError
-from lmtune.training.checkpoint import periodic_path
-from lmtune.training.fork import fork_cooldown
+from lmtune.training.checkpoint import STABLE_NAME, periodic_path
+from lmtune.training.fork import fork_run
 from lmtune.training.loop import train
 from lmtune.training.metrics import read_metrics
 
@@ -31,19 +32,33 @@ def long_run(make_tiny_config, tmp_path_factory):
 def test_a_forked_cooldown_ends_bit_for_bit_as_the_shorter_run_from_scratch(long_run, make_tiny_config, tmp_path):
     short = make_tiny_config(**WSD, steps=40)  # cooldown: steps 32..40
     scratch = train(short, tmp_path / "scratch")
-    forked = fork_cooldown(periodic_path(long_run / "checkpoints", 30), short, tmp_path / "forked")
+    forked = fork_run(periodic_path(long_run / "checkpoints", 30), short, tmp_path / "forked")
     assert forked.status == scratch.status == "completed"
     assert learning(tmp_path / "forked") == learning(tmp_path / "scratch")
     assert forked.summary["final_val_loss"] == scratch.summary["final_val_loss"]
 
 
+def test_a_longer_run_continued_from_a_shorter_runs_stable_end_is_the_longer_run_from_scratch(
+        long_run, make_tiny_config, tmp_path):
+    short = train(make_tiny_config(**WSD, steps=40), tmp_path / "short")
+    stable = tmp_path / "short" / "checkpoints" / STABLE_NAME
+    assert short.status == "completed" and stable.is_file()  # at step 32, where its cooldown begins
+    longer = fork_run(stable, make_tiny_config(**WSD, steps=60), tmp_path / "longer")
+    forked, scratch = learning(tmp_path / "longer"), learning(long_run)
+    # Every evaluation is the same; so is every row from step 40 on (the row at 35 averages the train loss over
+    # steps 33-35 in the continued run, whose copied history has a row at 32, and over 31-35 from scratch).
+    assert [r for r in forked if r["val_loss"] is not None] == [r for r in scratch if r["val_loss"] is not None]
+    assert [r for r in forked if r["step"] >= 40] == [r for r in scratch if r["step"] >= 40]
+    assert longer.summary["final_val_loss"] == scratch[-1]["val_loss"]
+
+
 def test_a_fork_from_inside_the_shorter_runs_cooldown_is_refused(long_run, make_tiny_config, tmp_path):
-    with pytest.raises(LmtuneError, match="after step 32, where the shorter run's cooldown"):
-        fork_cooldown(periodic_path(long_run / "checkpoints", 40), make_tiny_config(**WSD, steps=40), tmp_path / "f")
+    with pytest.raises(LmtuneError, match="after step 32, where the shorter run's cooldown begins"):
+        fork_run(periodic_path(long_run / "checkpoints", 40), make_tiny_config(**WSD, steps=40), tmp_path / "f")
     assert not (tmp_path / "f").exists()
 
 
 def test_a_fork_of_another_lr_is_refused(long_run, make_tiny_config, tmp_path):
     with pytest.raises(LmtuneError, match="differ in lr"):
-        fork_cooldown(periodic_path(long_run / "checkpoints", 20), make_tiny_config(**WSD, steps=40, lr=0.5),
+        fork_run(periodic_path(long_run / "checkpoints", 20), make_tiny_config(**WSD, steps=40, lr=0.5),
                       tmp_path / "f")

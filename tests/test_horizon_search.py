@@ -4,6 +4,7 @@ the prediction at the target, finds each budget's edge, and its whole state surv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -105,7 +106,7 @@ def test_the_confirmation_trains_the_prediction_and_either_side_at_the_target_bu
     lrs = sorted(t["lr"] for t in confirm)
     predicted = search.fit.predicted_lr
     assert {t["steps"] for t in confirm} == {648}
-    assert [round(lr / predicted, 2) for lr in lrs] == [0.5, 1.0, 2.0]
+    assert [lr / predicted for lr in lrs] == pytest.approx([0.5, 1.0, 2.0], rel=0.02)  # (snapped to a tried LR)
 
 
 def test_confirmation_waits_until_every_budgets_best_lr_is_settled(finished):
@@ -128,7 +129,7 @@ def test_a_larger_budgets_grid_lies_around_the_smaller_budgets_best():
     drive(search, sweep)
     first = search.conclusion()["budgets"]["40"]["best_lr"]
     grid = sorted(t["lr"] for t in sweep.trials if t["stage"] == "grid" and t["steps"] == 81)
-    assert [round(lr / first, 3) for lr in grid] == [round(1.5 ** k, 3) for k in (-2, -1, 0, 1)]
+    assert [lr / first for lr in grid] == pytest.approx([1.5 ** k for k in (-2, -1, 0, 1)], rel=0.02)
 
 
 def test_a_best_lr_at_the_grids_end_extends_the_grid():
@@ -176,3 +177,29 @@ def test_a_setting_no_search_could_use_is_named_with_its_fix(key, value, words):
 def test_a_target_whose_smallest_budget_cannot_hold_the_warm_up_is_refused_in_one_line():
     with pytest.raises(Exception, match=r"smallest budget, 10 steps .* does not outlast the 18 warm-up steps"):
         HorizonSettings().check_target(160, 18)
+
+
+def test_under_wsd_a_larger_budgets_run_continues_the_same_lr_and_seeds_run_at_the_smaller_budget():
+    search = HorizonSearch(SETTINGS, dataclasses.replace(TARGET, schedule="wsd"))
+    sweep = SimulatedSweep()
+    drive(search, sweep)
+    trials = {t["trial_id"]: t for t in sweep.trials}
+    forked = [t for t in sweep.trials if "fork_from" in t]
+    assert forked
+    for t in forked:
+        source = trials[t["fork_from"]]
+        assert (source["lr"], source["seed"]) == (t["lr"], t["seed"]) and source["steps"] < t["steps"]
+        assert source["lr"] < edge_lr(source["steps"])  # never a run that failed
+    # every run that could continue a smaller budget's run of its LR and seed does (from the largest)
+    for t in sweep.trials:
+        smaller = [s for s in sweep.trials[: sweep.trials.index(t)]
+                   if (s["lr"], s["seed"]) == (t["lr"], t["seed"]) and s["steps"] < t["steps"]
+                   and s["lr"] < edge_lr(s["steps"])]
+        assert t.get("fork_from") == (max(smaller, key=lambda s: s["steps"])["trial_id"] if smaller else None)
+
+
+def test_under_cosine_no_run_continues_another():
+    _, sweep = HorizonSearch(SETTINGS, TARGET), SimulatedSweep()
+    search = HorizonSearch(SETTINGS, TARGET)
+    drive(search, sweep)
+    assert not any("fork_from" in t for t in sweep.trials)

@@ -1,6 +1,8 @@
 """The horizon search as a user runs it: real Ray Tune on a local cluster, real training of a tiny model at
-two budgets below a target, the fit, the confirmation at the target, the report; and the benchmark's check at
-test size: the predicted LR against a grid trained at the target with nothing stopping it (the truth)."""
+two budgets below a target under a warmup-stable-decay schedule (so a larger budget's run continues the same
+LR and seed's smaller one), the fit, the confirmation at the target, the report; and the benchmark's check at
+test size: the predicted LR against a grid trained at the target from scratch with nothing stopping it (the
+truth), which also shows each continued target run ended exactly as from scratch."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ TINY_HORIZON = f"""\
 description: tiny horizon search for the tests
 search: horizon
 budget: quick
-set: {json.dumps({**TINY_TRIAL, "steps": 96, "warmup_steps": 4, "eval_interval": 12, "checkpoint_interval": 96})}
+set: {json.dumps({**TINY_TRIAL, "steps": 96, "warmup_steps": 4, "eval_interval": 12, "checkpoint_interval": 96,
+                         "schedule": "wsd"})}
 scheduler: {{name: none}}
 horizon: {{budgets: 2, lr_min: 0.01, lr_max: 0.04, ratio: 2, below: 1, above: 1, max_extensions: 2, seeds: 2,
            edge_probes: 1, edge_ratio: 8, edge_tolerance: 8, confirm_seeds: 1, resamples: 500}}
@@ -63,7 +66,7 @@ def test_the_report_gives_the_fit_the_prediction_and_the_target_runs(horizon_swe
     assert low <= s["predicted_lr"] <= high
     assert set(s["horizon_fit"]) >= {"beta", "beta_interval", "intercept", "intercept_interval"}
     confirmed = sorted(r["lr"] for r in s["confirmed"]["losses"])
-    assert [round(lr / s["predicted_lr"], 2) for lr in confirmed] == [0.5, 1.0, 2.0]
+    assert [lr / s["predicted_lr"] for lr in confirmed] == pytest.approx([0.5, 1.0, 2.0], rel=0.02)
     assert (horizon_sweep["dir"] / "report" / "horizon.png").stat().st_size > 10_000
 
 
@@ -79,16 +82,39 @@ def test_the_search_state_and_the_report_fit_the_same_line(horizon_sweep):
     assert state["fit"]["predicted_lr"] == pytest.approx(horizon_sweep["summary"]["predicted_lr"], rel=1e-9)
 
 
-def test_the_prediction_agrees_with_a_small_ground_truth_grid_at_the_target(horizon_sweep, tmp_path):
-    """The benchmark's check at test size: LRs 2x apart, one seed, each trained to the target budget with
-    nothing stopping it; the predicted LR's loss on that curve within 2 standard errors of its best (the
-    spread from the sweep's own seeds: one seed per truth LR gives none)."""
+def test_larger_budgets_continued_smaller_ones_and_trained_fewer_tokens_than_their_budgets(horizon_sweep):
+    trials = [json.loads((d / "trial.json").read_text()) for d in trial_dirs(horizon_sweep["dir"]).values()]
+    forked = [t for t in trials if t["params"].get("fork_from")]
+    assert forked and all(t["continued_from_tokens"] > 0 for t in forked)
+    compute = horizon_sweep["summary"]["compute"]
+    assert compute["tokens_spent"] < compute["full_grid_tokens"]
+
+
+@pytest.fixture(scope="module")
+def truth(horizon_sweep, tmp_path_factory) -> dict:
+    """LRs 2x apart and the target runs' own LRs, one seed, each trained to the target budget from scratch with
+    nothing stopping it."""
     base = RunConfig.from_dict(SweepRecord.read(horizon_sweep["dir"]).base_config)
-    truth_dir = tmp_path / "truth"
-    for lr in (0.005, 0.01, 0.02, 0.04, 0.08, 0.16):
+    truth_dir = tmp_path_factory.mktemp("truth")
+    targets = [r["lr"] for r in horizon_sweep["summary"]["confirmed"]["losses"]]
+    for lr in sorted({0.005, 0.01, 0.02, 0.04, 0.08, 0.16, *targets}):
         train(apply_overrides(base, {"lr": lr, "seed": 0}), truth_dir / f"lr={lr}_seed=0")
-    runs = read_truth(truth_dir)
-    truth = truth_conclusion(runs)
-    truth["seed_spread"] = max(b["seed_spread"] or 0 for b in horizon_sweep["summary"]["budgets"][:-1])
-    check = compare_horizon(truth, horizon_sweep["summary"], sum(r.steps * r.tokens_per_step for r in runs))
+    return {"runs": read_truth(truth_dir), "targets": targets}
+
+
+def test_a_target_run_continued_from_a_smaller_budget_ends_exactly_as_from_scratch(horizon_sweep, truth):
+    trials = [json.loads((d / "trial.json").read_text())["params"] for d in trial_dirs(horizon_sweep["dir"]).values()]
+    assert any(p.get("fork_from") for p in trials if p["stage"] == "target")
+    scratch = {r.lr: r.end_val for r in truth["runs"]}
+    for row in horizon_sweep["summary"]["confirmed"]["losses"]:
+        assert row["losses"] == [scratch[row["lr"]]], row
+
+
+def test_the_prediction_agrees_with_a_small_ground_truth_grid_at_the_target(horizon_sweep, truth):
+    """The benchmark's check at test size: the predicted LR's loss on the truth's curve within 2 standard
+    errors of its best (the spread from the sweep's own seeds: one seed per truth LR gives none)."""
+    runs = truth["runs"]
+    conclusion = truth_conclusion(runs)
+    conclusion["seed_spread"] = max(b["seed_spread"] or 0 for b in horizon_sweep["summary"]["budgets"][:-1])
+    check = compare_horizon(conclusion, horizon_sweep["summary"], sum(r.steps * r.tokens_per_step for r in runs))
     assert check["predicted_lr_in_truth_basin"], check

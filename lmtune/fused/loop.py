@@ -201,7 +201,8 @@ class FusedRun:
         member.step = step
         member.write(row)
         improved = row["val_loss"] is not None and row["val_loss"] < member.best_val_loss
-        if not improved and not member.config.train.checkpoints_at(step):
+        t = member.config.train
+        if not improved and not t.checkpoints_at(step) and step != t.fork_step:
             return None
         alone = self.state.member_train_state(member.index, member.best_val_loss, member.elapsed_s)
         written = save_checkpoints(member.checkpointer, alone, member.config, row, member.csv.rows, self.meter)

@@ -15,7 +15,7 @@ from typing import Any
 from lmtune.errors import LmtuneError
 from lmtune.report.comparison import record_runs
 from lmtune.report.stability import TrialRecord
-from lmtune.sweep.runs import Budget, Run, conclude, effective_runs
+from lmtune.sweep.runs import SAME_LR, Budget, Run, conclude, effective_runs
 from lmtune.sweep.strategies.horizon.fit import BudgetLosses, fit_horizon
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
@@ -88,7 +88,7 @@ def confirmation(target: dict[str, Any], predicted_lr: float | None, searched_sp
     if predicted_lr is None or not rows:
         return result
     predicted = min(rows, key=lambda r: abs(math.log(r["lr"] / predicted_lr)))
-    if abs(math.log(predicted["lr"] / predicted_lr)) > math.log(1.02):
+    if abs(math.log(predicted["lr"] / predicted_lr)) > math.log(SAME_LR):
         return result  # the prediction itself was not trained at the target
     best = min(rows, key=lambda r: r["mean"])
     result["best_over_predicted"] = best["lr"] / predicted_lr

@@ -41,7 +41,7 @@ EDGE_STATE_NAME = "edge_search.json"
 HORIZON_STATE_NAME = "horizon_search.json"
 TRIAL_FILE = "trial.json"
 # Trial parameters a search sets that are not training fields (the trainable strips them) ...
-SEARCH_ONLY_PARAMS = ("stage", "continue_from", "early_stop")
+SEARCH_ONLY_PARAMS = ("stage", "continue_from", "fork_from", "early_stop")
 # ... and every parameter that says how a search ran a trial, not which hyperparameters it compares.
 BOOKKEEPING_PARAMS = (*SEARCH_ONLY_PARAMS, "seed", "run_steps")
 

@@ -41,6 +41,8 @@ class Budget:
     """The base seed: seed 0 of the search; further seeds are seed + 1, seed + 2, ..."""
     rungs: tuple[int, ...]
     """Token counts at which LRs are compared (ASHA's rungs), the last one the full budget."""
+    schedule: str = "cosine"
+    """The LR schedule (cosine | wsd): under WSD a run of one budget can continue another's (lmtune.training.fork)."""
 
     @classmethod
     def of_config(cls, config: dict[str, Any], asha: dict[str, Any] | None) -> Budget:
@@ -49,7 +51,7 @@ class Budget:
         tokens_per_step = int(train["batch_size"]) * int(model["context_length"])
         steps = int(train["steps"])
         return cls(steps, int(train.get("warmup_steps", 0)), tokens_per_step, int(train.get("seed", 0)),
-                   comparison_rungs(steps * tokens_per_step, asha))
+                   comparison_rungs(steps * tokens_per_step, asha), str(train.get("schedule", "cosine")))
 
     @property
     def full_tokens(self) -> int:

@@ -23,15 +23,25 @@ import torch
 from ray import tune
 
 from lmtune.data.dataset import read_meta
+from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_text
 from lmtune.private_apis import trial_storage_dir
 from lmtune.sweep.fused_trial import train_group_trial
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SEARCH_ONLY_PARAMS, is_sweep_dir, trial_folders, write_trial_file
 from lmtune.sweep.reporting import TuneSink, restore_tune_checkpoint
-from lmtune.training.checkpoint import PERIODIC, checksum_path, load_latest, periodic_checkpoints
+from lmtune.training.checkpoint import (
+    PERIODIC,
+    STABLE_NAME,
+    checksum_path,
+    load_checkpoint,
+    load_latest,
+    periodic_checkpoints,
+    periodic_path,
+)
 from lmtune.training.compile import enable_shared_compile_cache
 from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.fork import check_forkable
 from lmtune.training.loop import train
 from lmtune.training.lr_range import RangeTestConfig, lr_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics, write_metrics
@@ -132,7 +142,8 @@ def train_trial(params: dict[str, Any], plan: SweepPlan, shipped: ShippedData | 
     decision and resume them, and they return at once instead of training again. A trial whose ``params``
     hold ``members`` trains them as one fused group (lmtune.sweep.fused_trial); a trial of stage "range" runs
     the strategy's LR range test. An edge search's ``continue_from`` (a trial id) starts the run from that
-    trial's newest checkpoint; ``early_stop`` False runs it without the stopper's divergence rule."""
+    trial's newest checkpoint; a horizon search's ``fork_from`` (a trial id, under WSD) starts it from that trial's
+stable.pt; ``early_stop`` False runs it without the stopper's divergence rule."""
     # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
     # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
@@ -159,8 +170,9 @@ def train_trial(params: dict[str, Any], plan: SweepPlan, shipped: ShippedData | 
         run_range_test(config, range_test, out_dir)
         return
     restore_tune_checkpoint(out_dir)
-    if params.get("continue_from"):
-        step = continue_run(out_dir.parent, str(params["continue_from"]), out_dir)
+    source = params.get("continue_from") or params.get("fork_from")
+    if source:
+        step = continue_run(out_dir.parent, str(source), out_dir, fork=config if params.get("fork_from") else None)
         if step:
             write_trial_file(out_dir, trial_id, params, continued_from_tokens=step * config.tokens_per_step)
     sink = TuneSink(config, early_stop=params.get("early_stop", True))
@@ -168,28 +180,44 @@ def train_trial(params: dict[str, Any], plan: SweepPlan, shipped: ShippedData | 
           divergence=plan.divergence_rule)
 
 
-def continue_run(sweep_dir: Path, source_id: str, out_dir: Path) -> int | None:
-    """Start ``out_dir``'s run where trial ``source_id`` (cut by ASHA) stopped: its newest verified checkpoint
-    and its metrics.csv rows up to it, copied (never moved: the cut trial keeps its own files). Returns the
-    step it continues from (None: nothing copied). A run that already has checkpoints of its own (a retry,
-    a resume) is left to continue from those."""
+def continue_run(sweep_dir: Path, source_id: str, out_dir: Path, fork: RunConfig | None = None) -> int | None:
+    """Start ``out_dir``'s run where trial ``source_id`` stopped: from its newest verified checkpoint (a run ASHA
+    cut), or with ``fork`` (this run's config, a WSD run of another budget) from its stable.pt, where its stable
+    phase ended; its metrics.csv rows up to there are copied too (never moved: the source keeps its files).
+    Returns the step it continues from (None: nothing copied, it trains from the start). A run that already has
+    checkpoints of its own (a retry, a resume) is left to continue from those."""
     if periodic_checkpoints(out_dir / "checkpoints"):
         return None
     source = next((f.path for f in trial_folders(sweep_dir) if f.trial_id == source_id), None)
-    newest = load_latest(source / "checkpoints") if source is not None else None
-    if newest is None:
+    found = source_checkpoint(source, fork) if source is not None else None
+    if found is None:
         log.warning("trial %s has no usable checkpoint to continue from; training from the start", source_id)
         return None
-    _, checkpoint = newest
+    step, checkpoint = found
     target = out_dir / "checkpoints"
     target.mkdir(parents=True, exist_ok=True)
-    for path in (checkpoint, checksum_path(checkpoint)):
-        shutil.copy2(path, target / path.name)
-    step = int(PERIODIC.match(checkpoint.name).group(1))
+    shutil.copy2(checkpoint, periodic_path(target, step))
+    shutil.copy2(checksum_path(checkpoint), checksum_path(periodic_path(target, step)))
     rows = [row for row in read_metrics(source / METRICS_FILE) if row["step"] <= step]
     write_metrics(out_dir / METRICS_FILE, rows)
-    log.info("continuing trial %s's run from its step-%d checkpoint", source_id, step)
+    log.info("continuing trial %s's run from its step-%d checkpoint%s", source_id, step, " (a fork)" if fork else "")
     return step
+
+
+def source_checkpoint(source: Path, fork: RunConfig | None) -> tuple[int, Path] | None:
+    """(step, file) of the checkpoint to continue from: the newest periodic one, or for a fork stable.pt when
+    this run trained from it is the same run as from scratch (lmtune.training.fork.check_forkable)."""
+    if fork is None:
+        newest = load_latest(source / "checkpoints")
+        return (int(PERIODIC.match(newest[1].name).group(1)), newest[1]) if newest else None
+    path = source / "checkpoints" / STABLE_NAME
+    try:
+        saved = load_checkpoint(path)
+        check_forkable(RunConfig.from_dict(saved["config"]), fork, int(saved["step"]), path)
+    except (OSError, ValueError, KeyError, LmtuneError) as err:
+        log.warning("not forking from %s (%s)", path, err)
+        return None
+    return int(saved["step"]), path
 
 
 def run_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path) -> None:

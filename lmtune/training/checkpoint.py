@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 PERIODIC = re.compile(r"^step_(\d{8})\.pt$")
 BEST_NAME = "best.pt"
+# A WSD run's state where its stable phase ends (TrainConfig.fork_step): a longer budget continues from it.
+STABLE_NAME = "stable.pt"
 
 
 def checksum_path(path: Path) -> Path:
@@ -101,10 +103,14 @@ class Checkpointer:
             state.load_state_dict(saved)
         return path
 
-    def save(self, state: TrainState, config: RunConfig, history: list[dict[str, Any]]) -> Path:
-        """A periodic checkpoint at ``state.step`` (everything a resume needs), then rotation."""
+    def save(self, state: TrainState, config: RunConfig, history: list[dict[str, Any]],
+             stable: bool = False) -> Path:
+        """A periodic checkpoint at ``state.step`` (everything a resume needs), then rotation; ``stable``:
+        stable.pt instead, which rotation leaves alone."""
         saved = {**state.state_dict(), "sampler": {"seed": config.train.seed, "next_step": state.step},
                  "history": [dict(row) for row in history], "config": config.to_dict()}
+        if stable:
+            return save_checkpoint(saved, self.directory / STABLE_NAME)
         path = save_checkpoint(saved, periodic_path(self.directory, state.step))
         rotate(self.directory, self.keep)
         return path

@@ -102,7 +102,16 @@ class TrainConfig:
 
     def logs_at(self, step: int) -> bool:
         """A metrics row at this (1-based) step: every log_interval, and wherever it evaluates or checkpoints."""
-        return step % self.log_interval == 0 or self.evaluates_at(step) or self.checkpoints_at(step)
+        return (step % self.log_interval == 0 or self.evaluates_at(step) or self.checkpoints_at(step)
+                or step == self.fork_step)
+
+    @property
+    def fork_step(self) -> int | None:
+        """A WSD run's last step at its peak LR (1-based: the state after it): a longer run of the same LR and
+        seed is identical up to here, so it can continue from this run's checkpoint there (stable.pt)."""
+        from lmtune.training.schedule import stable_until  # (the schedule module reads this config)
+
+        return stable_until(self) + 1 if self.schedule == "wsd" else None
 
     @property
     def stop_step(self) -> int:

@@ -1,8 +1,9 @@
-"""A shorter budget from a longer run: under a warmup-stable-decay schedule two runs of one LR, seed, warm-up,
-batch and model train identically until the shorter one's cooldown begins, so the shorter run can start
-from the longer run's checkpoint at (or before) that step and train only its cooldown.
+"""One budget from another's run: under a warmup-stable-decay schedule two runs of one LR, seed, warm-up,
+batch and model train identically until the shorter one's cooldown begins, so either can start from the
+other's checkpoint at (or before) that step: a shorter run trains only its cooldown from a longer run's
+checkpoint, and a longer run continues from a shorter run's stable.pt (the state where its stable phase ends).
 
-    fork_cooldown(parent_checkpoint, config, out_dir)  # config: the shorter run (schedule: wsd)
+    fork_run(parent_checkpoint, config, out_dir)  # config: the run to train (schedule: wsd)
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ MAY_DIFFER = {"steps", "run_steps", "cooldown_fraction", "log_interval", "eval_i
               "keep_checkpoints", "cooldown_shape", "device", "compile", "compile_backend", "compile_mode"}
 
 
-def fork_cooldown(parent_checkpoint: Path, config: RunConfig, out_dir: Path, **train_kwargs) -> RunResult:
-    """Train ``config`` (a WSD run) from ``parent_checkpoint`` of a longer WSD run, writing a whole run into
+def fork_run(parent_checkpoint: Path, config: RunConfig, out_dir: Path, **train_kwargs) -> RunResult:
+    """Train ``config`` (a WSD run) from ``parent_checkpoint`` of another WSD run, writing a whole run into
     ``out_dir``: the parent's metrics rows up to the fork, then this run's own. Refused, in one line, when
     the two runs would not have trained identically up to the checkpoint."""
     saved = load_checkpoint(Path(parent_checkpoint))
@@ -41,6 +42,8 @@ def fork_cooldown(parent_checkpoint: Path, config: RunConfig, out_dir: Path, **t
 
 
 def check_forkable(parent: RunConfig, child: RunConfig, step: int, where: Path) -> None:
+    """One line when ``child`` trained from ``parent``'s checkpoint at ``step`` would not be the run ``child``
+    trains from scratch."""
     t, p = child.train, parent.train
     if t.schedule != "wsd" or p.schedule != "wsd":
         raise LmtuneError(f"{where}: only warmup-stable-decay runs fork (schedule: wsd on both runs)")
@@ -51,7 +54,5 @@ def check_forkable(parent: RunConfig, child: RunConfig, step: int, where: Path) 
         raise LmtuneError(f"{where}: the runs differ in {what}; a fork shares everything but the budget")
     last = min(stable_until(p), stable_until(t))
     if step - 1 > last:  # step k's update used the LR of 0-based index k - 1
-        raise LmtuneError(f"{where} is at step {step}, after step {last + 1}, where the shorter run's cooldown (or "
-                          "the longer run's) begins; fork from an earlier checkpoint")
-    if t.steps > p.steps:
-        raise LmtuneError(f"{where}: a run forks from a longer run ({p.steps} steps < {t.steps})")
+        raise LmtuneError(f"{where} is at step {step}, after step {last + 1}, where the shorter run's cooldown "
+                          "begins; fork from an earlier checkpoint")

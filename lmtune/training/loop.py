@@ -202,11 +202,15 @@ def judged_end(end: RunEnd, watch: LossWatch | None, steps: int) -> RunEnd:
 
 def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunConfig, row: Row,
                      history: list[Row], meter: IntervalMeter) -> Path | None:
-    """best.pt when the validation loss improved; a periodic checkpoint when one is due (returned)."""
+    """best.pt when the validation loss improved; stable.pt at a WSD run's fork step; a periodic checkpoint when
+    one is due (returned)."""
     val_loss = row["val_loss"]
     if val_loss is not None and val_loss < state.best_val_loss:
         state.best_val_loss = val_loss
         checkpointer.save_best(state, config, val_loss)
+    if state.step == config.train.fork_step:
+        state.elapsed_s = meter.elapsed_s()
+        checkpointer.save(state, config, history, stable=True)
     if not config.train.checkpoints_at(state.step):
         return None
     state.elapsed_s = meter.elapsed_s()

@@ -54,10 +54,16 @@ class Planned:
     lr: float
     seed: int
     why: str = ""
+    fork_from: str | None = None
+    """Under WSD: the trial id of this LR and seed's run at a smaller budget, whose stable phase this run
+    continues from where it ended (the same run as from scratch: lmtune.training.fork)."""
 
     def config(self) -> dict[str, Any]:
         """The trial's Tune config: the budget is its ``steps`` (its schedule decays over them)."""
-        return {"stage": self.stage, "steps": self.steps, "lr": self.lr, "seed": self.seed}
+        config: dict[str, Any] = {"stage": self.stage, "steps": self.steps, "lr": self.lr, "seed": self.seed}
+        if self.fork_from:
+            config["fork_from"] = self.fork_from
+        return config
 
 
 class HorizonSearch:
@@ -95,6 +101,7 @@ class HorizonSearch:
         # Edge probes only when nothing on the way to the prediction waits: they do not feed the fit.
         planned = next((p for p in self.queue if p.stage != "edge"), self.queue[0])
         self.queue.remove(planned)
+        planned.fork_from = self._fork_source(planned)
         tokens = planned.steps * self.budget.tokens_per_step
         self.runs[trial_id] = Run(planned.lr, planned.seed, planned.stage, tokens, tokens, trial_id=trial_id)
         self.plans[trial_id] = planned
@@ -124,6 +131,17 @@ class HorizonSearch:
             step = result.get("diverged_step")
             run.diverged_tokens = int(step) * self.budget.tokens_per_step if isinstance(step, (int, float)) \
                 else run.tokens
+
+    def _fork_source(self, planned: Planned) -> str | None:
+        """Under WSD, the trial id of the same LR and seed's run at the largest smaller budget that trained it
+        through: this run continues it from where its stable phase ended instead of training those steps again."""
+        if self.budget.schedule != "wsd":
+            return None
+        tokens = planned.steps * self.budget.tokens_per_step
+        sources = [(r.budget_tokens, tid) for tid, r in self.runs.items()
+                   if r.seed == planned.seed and _same(r.lr, planned.lr) and r.budget_tokens < tokens
+                   and r.trained_through()]
+        return max(sources)[1] if sources else None
 
     def requeue(self, trial_id: str, why: str) -> None:
         """A trial that can never report (its driver died before Tune's snapshot knew of it): plan it again."""
@@ -173,9 +191,11 @@ class HorizonSearch:
             self.finished = True
 
     def _plan(self, stage: str, steps: int, planned: list[Planned], why: str) -> None:
+        known = {p.lr for p in [*self.plans.values(), *self.queue]}
         for p in planned:
             p.why = why
-            p.lr = float(f"{p.lr:.4g}")  # readable, and seeds of one LR share it exactly
+            # readable, and one LR is one number at every budget and seed (so a run can continue another's)
+            p.lr = next((lr for lr in known if _same(lr, p.lr)), float(f"{p.lr:.4g}"))
         self.queue += planned
         self.decisions.append(Decision(stage, steps, [p.lr for p in planned], why))
 
