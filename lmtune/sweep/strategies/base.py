@@ -127,6 +127,25 @@ class StrategyDefaults:
         return True
 
 
+class DecidingDefaults(StrategyDefaults):
+    """Answers a strategy whose searcher decides every trial as it goes (edge, horizon) shares: no param space
+    for Tune to generate, no trial count known in advance, nothing swept for a config check to try."""
+
+    stage_column: ClassVar[bool] = True
+
+    def num_trials(self) -> None:
+        return None
+
+    def values_of(self, name: str) -> list[Any]:
+        return []
+
+    def corner_samples(self) -> list[dict[str, Any]]:
+        return [{}]
+
+    def param_space(self, fuse: int) -> dict[str, Any]:
+        return {}  # the searcher suggests every trial's config
+
+
 def params_section(raw: dict[str, Any], fail: Fail) -> dict[str, Any]:
     """The space's ``params:`` mapping, each name a known setting."""
     params = raw.get("params")

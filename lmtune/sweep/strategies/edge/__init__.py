@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lmtune.sweep.record import read_edge_state
-from lmtune.sweep.strategies.base import Fail, StrategyDefaults, settings_section
+from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
 from lmtune.sweep.strategies.edge.search import ASHA_STAGES, EdgeSearch
 from lmtune.sweep.strategies.edge.settings import RETIRED_KEYS, EdgeSettings
 from lmtune.training.lr_range import RangeTestConfig
@@ -18,12 +18,11 @@ EDGE_OWNS = ("lr", "run_steps")
 
 
 @dataclass(frozen=True)
-class EdgeStrategy(StrategyDefaults):
+class EdgeStrategy(DecidingDefaults):
     settings: EdgeSettings
 
     name: ClassVar[str] = "edge"
     keys: ClassVar[frozenset[str]] = frozenset({"edge", "params"})  # params: to say it has none
-    stage_column: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, raw: dict[str, Any], fail: Fail) -> EdgeStrategy:
@@ -49,15 +48,6 @@ class EdgeStrategy(StrategyDefaults):
     def owns_why(self) -> str:
         return "the edge search sets it per trial; remove it"
 
-    def num_trials(self) -> None:
-        return None
-
-    def values_of(self, name: str) -> list[Any]:
-        return []
-
-    def corner_samples(self) -> list[dict[str, Any]]:
-        return [{}]
-
     def describe(self, fuse: int) -> str:
         e = self.settings
         seeds = (f", then {e.seeds} seeds of the best {e.seed_lrs} LRs (and of any LR that beats the best seed "
@@ -66,9 +56,6 @@ class EdgeStrategy(StrategyDefaults):
                 "the coarse LRs above the best continued to the full budget, bisection of where training fails "
                 f"(full-budget probes) to a bracket ratio <= {e.tolerance:g} with a rule-judged diverged end "
                 f"retrained without early stopping, refinement within {e.refine_factor:g}x of the best LR{seeds}")
-
-    def param_space(self, fuse: int) -> dict[str, Any]:
-        return {}  # the searcher suggests every trial's config
 
     def searcher(self, budget, sweep_dir: Path):
         from lmtune.sweep.strategies.searcher import EdgeSearcher

@@ -31,7 +31,6 @@ done, the crown is settled and the bracket is resolved and confirmed (or cannot 
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -49,8 +48,8 @@ from lmtune.sweep.runs import (
     needs_confirmation,
 )
 from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
-from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
 STAGES = ("range", "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
 ASHA_STAGES = frozenset({"coarse"})  # the only stage ASHA may cut
@@ -94,10 +93,6 @@ class Planned:
     continue_from: str | None = None
     """The trial id of an ASHA-cut run this one continues from its newest checkpoint."""
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Planned:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
     def config(self) -> dict[str, Any]:
         """The trial's Tune config: its stage, LR and seed (and the trial it continues)."""
         config: dict[str, Any] = {"stage": self.stage, "seed": self.seed}
@@ -110,24 +105,22 @@ class Planned:
         return config
 
 
-class EdgeSearch:
+class EdgeSearch(DecidingSearch):
     """The edge search's state and decisions: which trial to run next, given what has been seen.
 
     Ray-free and deterministic: the Tune Searcher (lmtune.sweep.strategies.searcher) feeds it results and
     asks it for trials; a test can drive it the same way without Ray. Its whole state is JSON."""
 
+    settings_class = EdgeSettings
+    planned_class = Planned
+    decision_class = Decision
+
     def __init__(self, settings: EdgeSettings, budget: Budget, max_pending: int = 1):
-        self.settings, self.budget, self.max_pending = settings, budget, max_pending
-        self.runs: dict[str, Run] = {}
-        self.plans: dict[str, Planned] = {}  # trial id -> the Planned it got
-        self.queue: list[Planned] = []
-        self.decisions: list[Decision] = []  # in the order decided
+        super().__init__(settings, budget, max_pending)
         self.range: RangeFinding | None = None  # the range test's finding, once it ended
         self.bisect_rounds = 0
         self.extensions = 0
         self.seed_rounds = 0
-        self.finished = False
-        self.interrupted: dict[str, str] = {}  # trial id -> why its plan was run again in another trial
 
     # -- what Tune asks and tells ------------------------------------------------------------
 
@@ -147,45 +140,15 @@ class EdgeSearch:
         self.plans[trial_id] = planned
         return planned.config()
 
-    def observe(self, trial_id: str, result: dict[str, Any]) -> None:
-        """A result the trial reported: its tokens and, at an evaluation, its val loss."""
-        run = self.runs.get(trial_id)
-        if run is None:
-            return
-        tokens = result.get("tokens")
-        if isinstance(tokens, (int, float)) and math.isfinite(tokens):
-            run.tokens = max(run.tokens, int(tokens))
-            loss = result.get("val_loss")
-            if isinstance(loss, (int, float)) and math.isfinite(loss):
-                run.val[int(tokens)] = float(loss)
-
-    def complete(self, trial_id: str, outcome: str, result: dict[str, Any] | None = None) -> None:
-        """The trial ended with ``outcome`` (the ledger's word for it). ``result`` may say how a divergence
-        was established (``divergence``, ``diverged_tokens``); for the range test it carries its finding
-        (steepest_lr, min_loss_lr, blowup_lr)."""
-        run = self.runs.get(trial_id)
-        if run is None:
-            return
+    def complete(self, trial_id: str, outcome: str, result: dict[str, Any] | None = None) -> Run | None:
+        """As every deciding search's; for the range test ``result`` carries its finding (steepest_lr,
+        min_loss_lr, blowup_lr)."""
+        run = super().complete(trial_id, outcome, result)
         result = result or {}
-        self.observe(trial_id, result)
-        run.outcome = outcome
-        if run.diverged:
-            run.divergence = result.get("divergence") or (WHOLE_RUN if run.full else BY_RULE)
-            step = result.get("diverged_step")
-            run.diverged_tokens = result.get("diverged_tokens") or (
-                int(step) * self.budget.tokens_per_step if isinstance(step, (int, float)) else run.tokens)
-        if run.stage == "range":
+        if run is not None and run.stage == "range":
             self.range = RangeFinding(result.get("steepest_lr"), result.get("min_loss_lr"), result.get("blowup_lr"),
                                       outcome, run.tokens)
-
-    def requeue(self, trial_id: str, why: str) -> None:
-        """A trial that can never report (its driver died before Tune's snapshot knew of it): forget its
-        run and plan it again, first."""
-        self.runs.pop(trial_id, None)
-        plan = self.plans.pop(trial_id, None)
-        if plan is not None:
-            self.queue.insert(0, plan)
-        self.interrupted[trial_id] = why
+        return run
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -371,28 +334,10 @@ class EdgeSearch:
         return conclude(effective_runs(self._lr_runs()), self.budget)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "settings": asdict(self.settings), "budget": asdict(self.budget), "max_pending": self.max_pending,
-            "runs": {tid: run.to_json() for tid, run in self.runs.items()},
-            "plans": {tid: asdict(p) for tid, p in self.plans.items()}, "queue": [asdict(p) for p in self.queue],
-            "decisions": [asdict(d) for d in self.decisions], "range": asdict(self.range) if self.range else None,
-            "bisect_rounds": self.bisect_rounds, "extensions": self.extensions, "seed_rounds": self.seed_rounds,
-            "finished": self.finished, "interrupted": self.interrupted, "conclusion": self.conclusion(),
-        }
+        return {**super().to_json(), "range": asdict(self.range) if self.range else None,
+                "bisect_rounds": self.bisect_rounds, "extensions": self.extensions, "seed_rounds": self.seed_rounds}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EdgeSearch:
-        budget = data["budget"]
-        settings = {k: v for k, v in data["settings"].items() if k in EdgeSettings.__dataclass_fields__}
-        search = cls(EdgeSettings(**settings), Budget(**{**budget, "rungs": tuple(budget["rungs"])}),
-                     data.get("max_pending", 1))
-        search.runs = {tid: Run.from_json(run) for tid, run in data["runs"].items()}
-        search.plans = {tid: Planned.from_json(p) for tid, p in data["plans"].items()}
-        search.queue = [Planned.from_json(p) for p in data["queue"]]
-        search.decisions = [Decision(**d) for d in data["decisions"]]
-        search.range = RangeFinding(**data["range"]) if data.get("range") else None
-        search.bisect_rounds, search.extensions = data["bisect_rounds"], data["extensions"]
-        search.seed_rounds = data.get("seed_rounds", 0)
-        search.finished = data["finished"]
-        search.interrupted = dict(data.get("interrupted") or {})
-        return search
+    def _restore(self, data: dict[str, Any]) -> None:
+        self.range = RangeFinding(**data["range"]) if data.get("range") else None
+        self.bisect_rounds, self.extensions = data["bisect_rounds"], data["extensions"]
+        self.seed_rounds = data.get("seed_rounds", 0)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lmtune.sweep.record import read_horizon_state
-from lmtune.sweep.strategies.base import Fail, StrategyDefaults, settings_section
+from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 from lmtune.training.config import RunConfig, apply_overrides
@@ -20,12 +20,11 @@ HORIZON_OWNS = ("lr", "run_steps")
 
 
 @dataclass(frozen=True)
-class HorizonStrategy(StrategyDefaults):
+class HorizonStrategy(DecidingDefaults):
     settings: HorizonSettings
 
     name: ClassVar[str] = "horizon"
     keys: ClassVar[frozenset[str]] = frozenset({"horizon", "params"})  # params: to say it has none
-    stage_column: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, raw: dict[str, Any], fail: Fail) -> HorizonStrategy:
@@ -55,15 +54,6 @@ class HorizonStrategy(StrategyDefaults):
     def owns_why(self) -> str:
         return "the horizon search sets it per trial; remove it"
 
-    def num_trials(self) -> None:
-        return None
-
-    def values_of(self, name: str) -> list[Any]:
-        return []
-
-    def corner_samples(self) -> list[dict[str, Any]]:
-        return [{}]
-
     def check_base(self, base: RunConfig) -> None:
         self.settings.check_target(base.train.steps, base.train.warmup_steps)
         for steps in self.settings.budget_steps(base.train.steps):  # e.g. a WSD cooldown must fit each budget
@@ -76,9 +66,6 @@ class HorizonStrategy(StrategyDefaults):
                 f"{s.budget_ratio:g}x apart below it), each a grid {s.ratio:g}x apart trained to its whole budget "
                 f"with {s.seeds} seeds of the best and its neighbours{edge}; ln LR* fitted against ln tokens and "
                 f"the predicted LR confirmed at the target with {s.confirm_ratio:g}x either side")
-
-    def param_space(self, fuse: int) -> dict[str, Any]:
-        return {}  # the searcher suggests every trial's config
 
     def searcher(self, budget, sweep_dir: Path):
         from lmtune.sweep.strategies.searcher import HorizonSearcher

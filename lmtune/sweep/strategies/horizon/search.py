@@ -22,12 +22,13 @@ all have ended.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.sweep.runs import SAME_LR, Budget, Run, bracket, conclude, crown, effective_runs, full_budget_ranking
 from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.horizon.fit import BudgetLosses, HorizonFit, fit_horizon
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
@@ -66,21 +67,19 @@ class Planned:
         return config
 
 
-class HorizonSearch:
+class HorizonSearch(DecidingSearch):
     """The horizon search's state and decisions. Deterministic and JSON-serializable: the Tune Searcher feeds
     it results and asks it for trials; a test can drive it the same way without Ray."""
 
+    settings_class = HorizonSettings
+    planned_class = Planned
+    decision_class = Decision
+
     def __init__(self, settings: HorizonSettings, budget: Budget, max_pending: int = 1):
-        self.settings, self.budget, self.max_pending = settings, budget, max_pending
-        self.runs: dict[str, Run] = {}
-        self.plans: dict[str, Planned] = {}
-        self.queue: list[Planned] = []
-        self.decisions: list[Decision] = []
+        super().__init__(settings, budget, max_pending)
         self.seed_rounds: dict[int, int] = {}  # budget steps -> further seed rounds given
         self.fit: HorizonFit | None = None
         self.fit_problem: str | None = None
-        self.finished = False
-        self.interrupted: dict[str, str] = {}
 
     @property
     def budgets(self) -> list[int]:
@@ -107,31 +106,6 @@ class HorizonSearch:
         self.plans[trial_id] = planned
         return planned.config()
 
-    def observe(self, trial_id: str, result: dict[str, Any]) -> None:
-        """A result the trial reported: its tokens and, at an evaluation, its val loss."""
-        run = self.runs.get(trial_id)
-        tokens = result.get("tokens")
-        if run is None or not isinstance(tokens, (int, float)) or not math.isfinite(tokens):
-            return
-        run.tokens = max(run.tokens, int(tokens))
-        loss = result.get("val_loss")
-        if isinstance(loss, (int, float)) and math.isfinite(loss):
-            run.val[int(tokens)] = float(loss)
-
-    def complete(self, trial_id: str, outcome: str, result: dict[str, Any] | None = None) -> None:
-        """The trial ended with ``outcome`` (the ledger's word for it)."""
-        run = self.runs.get(trial_id)
-        if run is None:
-            return
-        result = result or {}
-        self.observe(trial_id, result)
-        run.outcome = outcome
-        if run.diverged:
-            run.divergence = result.get("divergence")
-            step = result.get("diverged_step")
-            run.diverged_tokens = int(step) * self.budget.tokens_per_step if isinstance(step, (int, float)) \
-                else run.tokens
-
     def _fork_source(self, planned: Planned) -> str | None:
         """Under WSD, the trial id of the same LR and seed's run at the largest smaller budget that trained it
         through: this run continues it from where its stable phase ended instead of training those steps again."""
@@ -142,14 +116,6 @@ class HorizonSearch:
                    if r.seed == planned.seed and _same(r.lr, planned.lr) and r.budget_tokens < tokens
                    and r.trained_through()]
         return max(sources)[1] if sources else None
-
-    def requeue(self, trial_id: str, why: str) -> None:
-        """A trial that can never report (its driver died before Tune's snapshot knew of it): plan it again."""
-        self.runs.pop(trial_id, None)
-        plan = self.plans.pop(trial_id, None)
-        if plan is not None:
-            self.queue.insert(0, plan)
-        self.interrupted[trial_id] = why
 
     # -- what the runs show ------------------------------------------------------------------
 
@@ -362,32 +328,13 @@ class HorizonSearch:
         return {"budgets": per_budget, "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "settings": asdict(self.settings), "budget": asdict(self.budget), "max_pending": self.max_pending,
-            "runs": {tid: run.to_json() for tid, run in self.runs.items()},
-            "plans": {tid: asdict(p) for tid, p in self.plans.items()}, "queue": [asdict(p) for p in self.queue],
-            "decisions": [asdict(d) for d in self.decisions],
-            "seed_rounds": {str(k): v for k, v in self.seed_rounds.items()},
-            "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem,
-            "finished": self.finished, "interrupted": self.interrupted, "conclusion": self.conclusion(),
-        }
+        return {**super().to_json(), "seed_rounds": {str(k): v for k, v in self.seed_rounds.items()},
+                "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> HorizonSearch:
-        budget = data["budget"]
-        settings = {k: v for k, v in data["settings"].items() if k in HorizonSettings.__dataclass_fields__}
-        search = cls(HorizonSettings(**settings), Budget(**{**budget, "rungs": tuple(budget["rungs"])}),
-                     data.get("max_pending", 1))
-        search.runs = {tid: Run.from_json(run) for tid, run in data["runs"].items()}
-        search.plans = {tid: Planned(**p) for tid, p in data["plans"].items()}
-        search.queue = [Planned(**p) for p in data["queue"]]
-        search.decisions = [Decision(**d) for d in data["decisions"]]
-        search.seed_rounds = {int(k): int(v) for k, v in (data.get("seed_rounds") or {}).items()}
-        search.fit = HorizonFit.from_json(data["fit"]) if data.get("fit") else None
-        search.fit_problem = data.get("fit_problem")
-        search.finished = data["finished"]
-        search.interrupted = dict(data.get("interrupted") or {})
-        return search
+    def _restore(self, data: dict[str, Any]) -> None:
+        self.seed_rounds = {int(k): int(v) for k, v in (data.get("seed_rounds") or {}).items()}
+        self.fit = HorizonFit.from_json(data["fit"]) if data.get("fit") else None
+        self.fit_problem = data.get("fit_problem")
 
 
 def _same(a: float, b: float) -> bool:

@@ -1,0 +1,100 @@
+"""What the searches that decide as they go (edge, horizon) share, Ray-free: the runs they have started, the plan
+each trial got, the queue, their decisions; taking Tune's results in; planning again a trial that can never
+report; and the JSON of that state. Each search adds its own stages (``_decide``) and state."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any, ClassVar
+
+from lmtune.sweep.runs import Budget, Run
+from lmtune.training.divergence import BY_RULE, WHOLE_RUN
+
+
+class DecidingSearch:
+    """The state every deciding search keeps. A subclass sets ``settings_class``, ``planned_class`` and
+    ``decision_class`` and adds its own keys to ``to_json`` / ``_restore``."""
+
+    settings_class: ClassVar[type]
+    planned_class: ClassVar[type]
+    decision_class: ClassVar[type]
+
+    def __init__(self, settings, budget: Budget, max_pending: int = 1):
+        self.settings, self.budget, self.max_pending = settings, budget, max_pending
+        self.runs: dict[str, Run] = {}
+        self.plans: dict[str, Any] = {}  # trial id -> the plan it got
+        self.queue: list[Any] = []
+        self.decisions: list[Any] = []  # in the order decided
+        self.finished = False
+        self.interrupted: dict[str, str] = {}  # trial id -> why its plan was run again in another trial
+
+    def observe(self, trial_id: str, result: dict[str, Any]) -> None:
+        """A result the trial reported: its tokens and, at an evaluation, its val loss."""
+        run = self.runs.get(trial_id)
+        tokens = result.get("tokens")
+        if run is None or not isinstance(tokens, (int, float)) or not math.isfinite(tokens):
+            return
+        run.tokens = max(run.tokens, int(tokens))
+        loss = result.get("val_loss")
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            run.val[int(tokens)] = float(loss)
+
+    def complete(self, trial_id: str, outcome: str, result: dict[str, Any] | None = None) -> Run | None:
+        """The trial ended with ``outcome`` (the ledger's word for it); ``result`` may say how a divergence was
+        established (``divergence``, ``diverged_tokens``, ``diverged_step``). Returns its run (None: not ours)."""
+        run = self.runs.get(trial_id)
+        if run is None:
+            return None
+        result = result or {}
+        self.observe(trial_id, result)
+        run.outcome = outcome
+        if run.diverged:
+            run.divergence = result.get("divergence") or (WHOLE_RUN if run.full else BY_RULE)
+            step = result.get("diverged_step")
+            run.diverged_tokens = result.get("diverged_tokens") or (
+                int(step) * self.budget.tokens_per_step if isinstance(step, (int, float)) else run.tokens)
+        return run
+
+    def requeue(self, trial_id: str, why: str) -> None:
+        """A trial that can never report (its driver died before Tune's snapshot knew of it): forget its run
+        and plan it again, first."""
+        self.runs.pop(trial_id, None)
+        plan = self.plans.pop(trial_id, None)
+        if plan is not None:
+            self.queue.insert(0, plan)
+        self.interrupted[trial_id] = why
+
+    def conclusion(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "settings": asdict(self.settings), "budget": asdict(self.budget), "max_pending": self.max_pending,
+            "runs": {tid: run.to_json() for tid, run in self.runs.items()},
+            "plans": {tid: asdict(p) for tid, p in self.plans.items()}, "queue": [asdict(p) for p in self.queue],
+            "decisions": [asdict(d) for d in self.decisions], "finished": self.finished,
+            "interrupted": self.interrupted, "conclusion": self.conclusion(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]):
+        budget = data["budget"]
+        known = cls.settings_class.__dataclass_fields__
+        search = cls(cls.settings_class(**{k: v for k, v in data["settings"].items() if k in known}),
+                     Budget(**{**budget, "rungs": tuple(budget["rungs"])}), data.get("max_pending", 1))
+        search.runs = {tid: Run.from_json(run) for tid, run in data["runs"].items()}
+        search.plans = {tid: _plan(cls.planned_class, p) for tid, p in data["plans"].items()}
+        search.queue = [_plan(cls.planned_class, p) for p in data["queue"]]
+        search.decisions = [cls.decision_class(**d) for d in data["decisions"]]
+        search.finished = data["finished"]
+        search.interrupted = dict(data.get("interrupted") or {})
+        search._restore(data)
+        return search
+
+    def _restore(self, data: dict[str, Any]) -> None:
+        """The subclass's own keys of ``to_json``."""
+
+
+def _plan(planned_class: type, data: dict[str, Any]):
+    return planned_class(**{k: v for k, v in data.items() if k in planned_class.__dataclass_fields__})
