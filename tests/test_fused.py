@@ -14,10 +14,10 @@ from lmtune.errors import LmtuneError
 from lmtune.fused.loop import train_fused
 from lmtune.fused.state import FusedState
 from lmtune.fused.step import fused_train_step
-from lmtune.training.checkpoint import load_checkpoint
+from lmtune.training.checkpoint import STABLE_NAME, load_checkpoint
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.metrics import METRICS_FILE, read_metrics
-from lmtune.training.schedule import lr_at
+from lmtune.training.schedule import lr_at, scheduled_lr
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, train_step
 
@@ -162,3 +162,17 @@ def test_members_that_differ_in_more_than_their_optimizer_settings_are_refused(m
     configs = [make_tiny_config(lr=1e-3), make_tiny_config(lr=1e-2, batch_size=4)]
     with pytest.raises(LmtuneError, match="batch_size"):
         train_fused(configs, [tmp_path / "a", tmp_path / "b"])
+
+
+def test_fused_members_under_wsd_follow_their_own_schedule_and_keep_their_stable_phases_end(make_tiny_config,
+                                                                                              tmp_path):
+    configs = _configs(make_tiny_config, lrs=(3e-3, 1e-2), schedule="wsd", cooldown_fraction=0.25)
+    dirs = [tmp_path / f"m{k}" for k in range(len(configs))]
+    results = train_fused(configs, dirs)
+    for config, out, result in zip(configs, dirs, results, strict=True):
+        t = config.train
+        assert result.status == "completed"
+        rows = read_metrics(out / METRICS_FILE)
+        assert [r["lr"] for r in rows] == pytest.approx([scheduled_lr(r["step"] - 1, t) for r in rows], rel=1e-6)
+        assert any(r["step"] == t.fork_step for r in rows)
+        assert load_checkpoint(out / "checkpoints" / STABLE_NAME)["step"] == t.fork_step
