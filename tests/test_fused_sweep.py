@@ -76,7 +76,7 @@ def test_without_early_stopping_a_fused_sweep_ends_every_lr_as_the_unfused_one_d
     assert {fused[CHAOTIC][0], unfused[CHAOTIC][0]} <= {"completed", "diverged"}
     assert fused[300.0][0] == "diverged" and {o for o, _ in fused.values()} >= {"completed", "diverged"}
     for lr, (outcome, loss) in fused.items():
-        if outcome == "completed":
+        if outcome == "completed" and lr != CHAOTIC:  # (at CHAOTIC both may complete, far apart)
             assert loss == pytest.approx(unfused[lr][1], abs=1e-3), lr
 
 

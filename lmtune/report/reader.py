@@ -21,6 +21,7 @@ from lmtune.sweep.record import (
     TrialFolder,
     is_sweep_dir,
     read_edge_state,
+    read_horizon_state,
     read_outcomes,
     trial_folders,
     tune_ended,
@@ -60,15 +61,16 @@ def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
 
     A trial's outcome is the ledger's (decisions/trial_outcomes.json); without an entry, its own
     summary.json status (it ended by itself, the driver has not recorded it yet); else ``ended`` for one
-    an edge search planned again after a driver restart, and ``running`` for the rest.
+    an edge or horizon search planned again after a driver restart, and ``running`` for the rest.
     """
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise LmtuneError(f"{sweep_dir} does not exist; {USAGE_HINT}")
     record = SweepRecord.read(sweep_dir)
     ledger = read_outcomes(sweep_dir)
-    # Trials an edge search planned again after a driver restart (Ray never recorded them): ended.
-    interrupted = (read_edge_state(sweep_dir) or {}).get("interrupted") or {}
+    # Trials a deciding search planned again after a driver restart (Ray never recorded them): ended.
+    interrupted = {**((read_edge_state(sweep_dir) or {}).get("interrupted") or {}),
+                   **((read_horizon_state(sweep_dir) or {}).get("interrupted") or {})}
     ledger.update({t: {"outcome": "ended", "reason": why} for t, why in interrupted.items() if t not in ledger})
     trials = [t for t in (trial_record(folder, ledger.get(folder.trial_id) or {}, record.divergence_rule)
                           for folder in trial_folders(sweep_dir) if folder.params.get("stage") != "range")
