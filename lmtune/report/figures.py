@@ -16,7 +16,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import EngFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, NullFormatter  # noqa: E402
 
 from lmtune.report.headline import per_doubling  # noqa: E402
 from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
@@ -186,7 +186,7 @@ def plot_horizon(path: Path, summary: dict[str, Any]) -> Path:
     lies in, the fitted power law, the prediction at the target with its 90% interval, and the target runs'
     best."""
     budgets = summary["budgets"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5), gridspec_kw={"wspace": 0.3})
     colors = plt.get_cmap("viridis")
     for i, b in enumerate(budgets):
         color = "black" if i == len(budgets) - 1 else colors(0.85 * i / max(len(budgets) - 2, 1))
@@ -235,6 +235,9 @@ def _plot_fit(ax, summary: dict[str, Any]) -> None:
                 label="best of the target runs")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks([b["tokens"] for b in searched] + [target])  # the budgets themselves, labelled
+    ax.xaxis.set_major_formatter(EngFormatter(places=0))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("tokens (the budget)")
     ax.set_ylabel("best learning rate")
     ax.set_title("the best LR against the token horizon", fontsize=10)
