@@ -299,3 +299,24 @@ def run_printout(sweep_dir: Path, trials: int, capsys) -> tuple[int, str]:
     counts = {o: sum(e["outcome"] == o for e in outcomes.values()) for o in {e["outcome"] for e in outcomes.values()}}
     code = print_result(SweepResult(sweep_dir, trials, counts), SweepOptions(space="grid", name="disk"))
     return code, capsys.readouterr().out
+
+
+def drive_search(search, sweep, max_trials: int, stop_after: int | None = None,
+                 round_trip: Callable | None = None) -> tuple[int, object]:
+    """Drive a Ray-free deciding search (edge, horizon) with a simulated sweep: ask for a trial, run it, until the
+    search says it has finished, ``stop_after`` trials ran, or ``max_trials``. ``round_trip``: the search is
+    rebuilt by it between every two trials (e.g. through its JSON, as a resumed sweep's would be). Returns the
+    trials run and the search."""
+    from lmtune.sweep.strategies.base import FINISHED, WAIT
+
+    count = len(search.runs)
+    while count < max_trials and (stop_after is None or count < stop_after):
+        config = search.suggest(f"t{count:03d}")
+        if config == FINISHED:
+            break
+        assert config != WAIT, "a search with no trial running must always have something to do"
+        sweep.run(search, f"t{count:03d}", config)
+        count += 1
+        if round_trip is not None:
+            search = round_trip(search)
+    return count, search

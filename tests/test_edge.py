@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from conftest import drive_search
 
 from lmtune.sweep.runs import (
     Budget,
@@ -86,15 +87,7 @@ class SimulatedSweep:
 
 def drive(search: EdgeSearch, sweep: SimulatedSweep, max_trials: int = 200, stop_after: int | None = None) -> int:
     """Ask for trials and run them until the search is finished (or ``stop_after`` trials ran)."""
-    count = len(search.runs)
-    while count < max_trials and (stop_after is None or count < stop_after):
-        config = search.suggest(f"t{count:03d}")
-        if config == FINISHED:
-            return count
-        assert config != WAIT, "a search with no trial running must always have something to do"
-        sweep.run(search, f"t{count:03d}", config)
-        count += 1
-    return count
+    return drive_search(search, sweep, max_trials, stop_after)[0]
 
 
 def finished_search(settings: EdgeSettings | None = None, sweep: SimulatedSweep | None = None) -> tuple[

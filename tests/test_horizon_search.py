@@ -9,9 +9,10 @@ import json
 import math
 
 import pytest
+from conftest import drive_search
 
 from lmtune.sweep.runs import Budget
-from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.base import WAIT
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
@@ -55,17 +56,12 @@ class SimulatedSweep:
 def drive(search: HorizonSearch, sweep: SimulatedSweep, max_trials: int = 300, round_trip: bool = False) -> int:
     """Ask for trials and run them until the search has finished; ``round_trip``: the search goes through
     its JSON between every two trials, as a resumed sweep's would."""
-    count = len(search.runs)
-    while count < max_trials:
-        config = search.suggest(f"t{count:03d}")
-        if config == FINISHED:
-            return count
-        assert config != WAIT, "a search with no trial running must always have something to do"
-        sweep.run(search, f"t{count:03d}", config)
-        count += 1
-        if round_trip:
-            search = HorizonSearch.from_json(json.loads(json.dumps(search.to_json())))
-    raise AssertionError("the search did not finish")
+    def through_json(s: HorizonSearch) -> HorizonSearch:
+        return HorizonSearch.from_json(json.loads(json.dumps(s.to_json())))
+
+    count, search = drive_search(search, sweep, max_trials, round_trip=through_json if round_trip else None)
+    assert search.finished, "the search did not finish"
+    return count
 
 
 @pytest.fixture(scope="module")

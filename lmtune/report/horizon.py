@@ -12,11 +12,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lmtune.errors import LmtuneError
 from lmtune.report.comparison import record_runs
 from lmtune.report.stability import TrialRecord
-from lmtune.sweep.runs import SAME_LR, Budget, Run, conclude, effective_runs
-from lmtune.sweep.strategies.horizon.fit import BudgetLosses, fit_horizon
+from lmtune.sweep.runs import SAME_LR, Budget, Run, conclude
+from lmtune.sweep.strategies.horizon import HorizonStrategy
+from lmtune.sweep.strategies.horizon.search import fit_budgets, runs_at
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
 # The per-budget keys of lmtune.sweep.runs.conclude the report carries for each budget.
@@ -27,10 +27,7 @@ BUDGET_KEYS = ("best_lr", "best_lr_mean_loss", "best_lr_spread", "best_lr_seeds"
 
 def horizon_settings(space: dict[str, Any]) -> HorizonSettings | None:
     """The horizon search's settings from sweep.json's space (None: not a horizon search)."""
-    if space.get("search") != "horizon":
-        return None
-    known = HorizonSettings.__dataclass_fields__
-    return HorizonSettings(**{k: v for k, v in (space.get("horizon") or {}).items() if k in known})
+    return HorizonStrategy.from_json(space).settings if space.get("search") == HorizonStrategy.name else None
 
 
 def records_at(records: Sequence[TrialRecord], steps: int, target: Budget) -> list[TrialRecord]:
@@ -46,19 +43,13 @@ def horizon_summary(records: Sequence[TrialRecord], settings: HorizonSettings, t
     runs = [run for run, _ in record_runs(records, target)]
     budgets = [*settings.budget_steps(target.steps), target.steps]
     per_budget = [budget_entry(runs, steps, target) for steps in budgets]
-    searched = [BudgetLosses(b["tokens"], {row["lr"]: row["losses"] for row in b["ranking"]})
-                for b in per_budget[:-1] if b["ranking"]]
+    fit, problem = fit_budgets(runs, settings, target)
     summary: dict[str, Any] = {"budgets": per_budget, "target_tokens": target.full_tokens, "horizon_fit": None,
-                               "predicted_lr": None, "predicted_lr_interval": None, "fit_problem": None}
-    try:
-        fit = fit_horizon(searched, target.full_tokens, settings.resamples, target.seed)
-    except LmtuneError as err:
-        summary["fit_problem"] = str(err)
-        fit = None
+                               "predicted_lr": None, "predicted_lr_interval": None, "fit_problem": problem}
     if fit is not None:
         summary.update(horizon_fit={"beta": fit.beta, "beta_interval": list(fit.beta_interval),
                                     "intercept": fit.intercept, "intercept_interval": list(fit.intercept_interval),
-                                    "budgets_fitted": len(searched), "best_lrs": fit.to_json()["best_lrs"]},
+                                    "budgets_fitted": len(fit.best_lrs), "best_lrs": fit.to_json()["best_lrs"]},
                        predicted_lr=fit.predicted_lr, predicted_lr_interval=list(fit.predicted_lr_interval))
     summary["confirmed"] = confirmation(per_budget[-1], fit.predicted_lr if fit else None,
                                         largest_budget_spread(per_budget[:-1]))
@@ -67,12 +58,10 @@ def horizon_summary(records: Sequence[TrialRecord], settings: HorizonSettings, t
 
 def budget_entry(runs: Sequence[Run], steps: int, target: Budget) -> dict[str, Any]:
     """One budget's conclusion (lmtune.sweep.runs.conclude at its full token count) and its trial count."""
-    tokens = steps * target.tokens_per_step
-    at = effective_runs(r for r in runs if r.budget_tokens == tokens)
-    budget = Budget(steps, target.warmup_steps, target.tokens_per_step, target.seed, (tokens,))
-    c = conclude(at, budget)
-    return {"steps": steps, "tokens": tokens, "fraction": steps / target.steps, "trials": len(at),
-            **{k: c.get(k) for k in BUDGET_KEYS}}
+    at = runs_at(runs, steps, target)
+    c = conclude(at, target.at_steps(steps))
+    return {"steps": steps, "tokens": steps * target.tokens_per_step, "fraction": steps / target.steps,
+            "trials": len(at), **{k: c.get(k) for k in BUDGET_KEYS}}
 
 
 def confirmation(target: dict[str, Any], predicted_lr: float | None, searched_spread: float | None) -> dict[str, Any]:

@@ -144,8 +144,7 @@ def horizon_sweep_summary(record: SweepRecord, trials: list[TrialRecord], settin
     base = Budget.of_config(record.base_config, None)
     budget_steps = [base.steps, *reversed(settings.budget_steps(base.steps))]
     steps = next((s for s in budget_steps if records_at(trials, s, base)), base.steps)
-    at = Budget(steps, base.warmup_steps, base.tokens_per_step, base.seed, (steps * base.tokens_per_step,))
-    summary = sweep_summary(records_at(trials, steps, base) or trials, at, target=target,
+    summary = sweep_summary(records_at(trials, steps, base) or trials, base.at_steps(steps), target=target,
                             vocab_size=vocab_size(record))
     rows, counts = trial_table(trials)
     return json_safe({**summary, "trials": rows, "status_counts": counts,

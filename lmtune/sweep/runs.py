@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from lmtune.training.divergence import NON_FINITE
@@ -56,6 +56,10 @@ class Budget:
     @property
     def full_tokens(self) -> int:
         return self.steps * self.tokens_per_step
+
+    def at_steps(self, steps: int) -> Budget:
+        """The same runs over ``steps`` steps, compared at their full token count only."""
+        return replace(self, steps=steps, rungs=(steps * self.tokens_per_step,))
 
 
 def comparison_rungs(full_tokens: int, asha: dict[str, Any] | None) -> tuple[int, ...]:

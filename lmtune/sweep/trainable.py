@@ -142,8 +142,8 @@ def train_trial(params: dict[str, Any], plan: SweepPlan, shipped: ShippedData | 
     decision and resume them, and they return at once instead of training again. A trial whose ``params``
     hold ``members`` trains them as one fused group (lmtune.sweep.fused_trial); a trial of stage "range" runs
     the strategy's LR range test. An edge search's ``continue_from`` (a trial id) starts the run from that
-    trial's newest checkpoint; a horizon search's ``fork_from`` (a trial id, under WSD) starts it from that trial's
-stable.pt; ``early_stop`` False runs it without the stopper's divergence rule."""
+    trial's newest checkpoint; a horizon search's ``fork_from`` (a trial id, under WSD) starts it from that
+    trial's stable.pt; ``early_stop`` False runs it without the stopper's divergence rule."""
     # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
     # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
     logging.getLogger("ray.train").setLevel(logging.WARNING)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
 
 
 @dataclass
@@ -109,8 +110,6 @@ class TrainConfig:
     def fork_step(self) -> int | None:
         """A WSD run's last step at its peak LR (1-based: the state after it): a longer run of the same LR and
         seed is identical up to here, so it can continue from this run's checkpoint there (stable.pt)."""
-        from lmtune.training.schedule import stable_until  # (the schedule module reads this config)
-
         return stable_until(self) + 1 if self.schedule == "wsd" else None
 
     @property
@@ -189,8 +188,8 @@ CHOICES = {
     "compile": ("auto", "on", "off"),
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "precision": ("auto", "fp32", "bf16"),
-    "schedule": ("cosine", "wsd"),
-    "cooldown_shape": ("1-sqrt", "linear", "cosine"),
+    "schedule": SCHEDULES,
+    "cooldown_shape": tuple(COOLDOWN_SHAPES),
 }
 
 
@@ -317,8 +316,6 @@ def validate(config: RunConfig, where: str = "config") -> None:
     need(math.isfinite(t.cooldown_fraction) and 0 < t.cooldown_fraction <= 1,
          f"cooldown_fraction must be in (0, 1] (got {t.cooldown_fraction})")
     if t.schedule == "wsd":
-        from lmtune.training.schedule import cooldown_steps
-
         cooldown = cooldown_steps(t)
         need(t.warmup_steps + cooldown <= t.steps, f"warmup_steps ({t.warmup_steps}) and the WSD cooldown "
              f"({cooldown} steps) do not fit in {t.steps} steps; lower warmup_steps or cooldown_fraction")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -128,10 +129,41 @@ class StrategyDefaults:
 
 
 class DecidingDefaults(StrategyDefaults):
-    """Answers a strategy whose searcher decides every trial as it goes (edge, horizon) shares: no param space
-    for Tune to generate, no trial count known in advance, nothing swept for a config check to try."""
+    """What a strategy whose searcher decides every trial as it goes (edge, horizon) shares: its settings are the
+    space's section named after it (a dataclass, ``settings_class``), it takes no ``params``, it sets ``owns``
+    per trial itself, no param space for Tune to generate, no trial count known in advance, nothing swept for a
+    config check to try."""
 
     stage_column: ClassVar[bool] = True
+    settings_class: ClassVar[type]
+    owns: ClassVar[tuple[str, ...]]
+    """The settings it sets per trial itself (a fixed setting or --set may not name them)."""
+    retired_keys: ClassVar[dict[str, str]] = {}
+    """Keys its section once had -> what replaced them."""
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], fail: Fail):
+        if raw.get("params"):
+            raise fail("params", f"search: {cls.name} chooses the learning rates itself; remove params (tune it "
+                                 f"with the {cls.name}: section)")
+        settings = settings_section(raw.get(cls.name), cls.name, cls.settings_class, fail, retired=cls.retired_keys)
+        for key, message in settings.problems():
+            raise fail(f"{cls.name}.{key}", message)
+        return cls(settings)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]):
+        known = cls.settings_class.__dataclass_fields__
+        return cls(cls.settings_class(**{k: v for k, v in (data.get(cls.name) or {}).items() if k in known}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {self.name: asdict(self.settings)}
+
+    def swept(self) -> list[str]:
+        return list(self.owns)
+
+    def owns_why(self) -> str:
+        return f"the {self.name} search sets it per trial; remove it"
 
     def num_trials(self) -> None:
         return None

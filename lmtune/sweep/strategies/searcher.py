@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ class DecidingSearcher(Searcher):
 
     search_class: type
     label: str
+    state_file: Callable[[Path], Path]
+    """Where in the sweep folder its state is mirrored (lmtune.sweep.record)."""
 
     def __init__(self, search, sweep_dir: Path, metric: str = "val_loss", mode: str = "min"):
         super().__init__(metric=metric, mode=mode)
@@ -49,7 +52,7 @@ class DecidingSearcher(Searcher):
         self.sweep_dir = Path(sweep_dir)
 
     def state_path(self) -> Path:
-        return edge_state_path(self.sweep_dir)
+        return self.state_file(self.sweep_dir)
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:
         self.search.max_pending = max_concurrent
@@ -142,11 +145,10 @@ class DecidingSearcher(Searcher):
 class EdgeSearcher(DecidingSearcher):
     search_class = EdgeSearch
     label = "edge search"
+    state_file = staticmethod(edge_state_path)
 
 
 class HorizonSearcher(DecidingSearcher):
     search_class = HorizonSearch
     label = "horizon search"
-
-    def state_path(self) -> Path:
-        return horizon_state_path(self.sweep_dir)
+    state_file = staticmethod(horizon_state_path)

@@ -3,12 +3,12 @@ it and where training fails (the stages: lmtune.sweep.strategies.edge.search).""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from lmtune.sweep.record import read_edge_state
-from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
+from lmtune.sweep.strategies.base import DecidingDefaults
 from lmtune.sweep.strategies.edge.search import ASHA_STAGES, EdgeSearch
 from lmtune.sweep.strategies.edge.settings import RETIRED_KEYS, EdgeSettings
 from lmtune.training.lr_range import RangeTestConfig
@@ -23,30 +23,10 @@ class EdgeStrategy(DecidingDefaults):
 
     name: ClassVar[str] = "edge"
     keys: ClassVar[frozenset[str]] = frozenset({"edge", "params"})  # params: to say it has none
+    settings_class: ClassVar[type] = EdgeSettings
+    owns: ClassVar[tuple[str, ...]] = EDGE_OWNS
+    retired_keys: ClassVar[dict[str, str]] = RETIRED_KEYS
 
-    @classmethod
-    def parse(cls, raw: dict[str, Any], fail: Fail) -> EdgeStrategy:
-        if raw.get("params"):
-            raise fail("params", "search: edge chooses the learning rates itself; remove params (tune it with "
-                                 "the edge: section)")
-        settings = settings_section(raw.get("edge"), "edge", EdgeSettings, fail, retired=RETIRED_KEYS)
-        for key, message in settings.problems():
-            raise fail(f"edge.{key}", message)
-        return cls(settings)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EdgeStrategy:
-        known = EdgeSettings.__dataclass_fields__
-        return cls(EdgeSettings(**{k: v for k, v in (data.get("edge") or {}).items() if k in known}))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"edge": asdict(self.settings)}
-
-    def swept(self) -> list[str]:
-        return list(EDGE_OWNS)
-
-    def owns_why(self) -> str:
-        return "the edge search sets it per trial; remove it"
 
     def describe(self, fuse: int) -> str:
         e = self.settings

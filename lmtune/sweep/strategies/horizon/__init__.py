@@ -4,12 +4,12 @@ lmtune.sweep.strategies.horizon.search; the fit: lmtune.sweep.strategies.horizon
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from lmtune.sweep.record import read_horizon_state
-from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
+from lmtune.sweep.strategies.base import DecidingDefaults, Fail
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 from lmtune.training.config import RunConfig, apply_overrides
@@ -25,34 +25,16 @@ class HorizonStrategy(DecidingDefaults):
 
     name: ClassVar[str] = "horizon"
     keys: ClassVar[frozenset[str]] = frozenset({"horizon", "params"})  # params: to say it has none
+    settings_class: ClassVar[type] = HorizonSettings
+    owns: ClassVar[tuple[str, ...]] = HORIZON_OWNS
 
     @classmethod
     def parse(cls, raw: dict[str, Any], fail: Fail) -> HorizonStrategy:
-        if raw.get("params"):
-            raise fail("params", "search: horizon chooses the learning rates itself; remove params (tune it with "
-                                 "the horizon: section)")
-        scheduler = raw.get("scheduler")
-        if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none":
+        scheduler = raw.get("scheduler")  # (params, if any, are refused first, by the shared parse)
+        if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none" and not raw.get("params"):
             raise fail("scheduler.name", "search: horizon trains every run to its whole budget (LRs are compared "
                                          "only there); set scheduler: {name: none} or remove scheduler")
-        settings = settings_section(raw.get("horizon"), "horizon", HorizonSettings, fail)
-        for key, message in settings.problems():
-            raise fail(f"horizon.{key}", message)
-        return cls(settings)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> HorizonStrategy:
-        known = HorizonSettings.__dataclass_fields__
-        return cls(HorizonSettings(**{k: v for k, v in (data.get("horizon") or {}).items() if k in known}))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"horizon": asdict(self.settings)}
-
-    def swept(self) -> list[str]:
-        return list(HORIZON_OWNS)
-
-    def owns_why(self) -> str:
-        return "the horizon search sets it per trial; remove it"
+        return super().parse(raw, fail)
 
     def check_base(self, base: RunConfig) -> None:
         self.settings.check_target(base.train.steps, base.train.warmup_steps)

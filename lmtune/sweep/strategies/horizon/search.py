@@ -22,6 +22,7 @@ all have ended.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,16 +121,7 @@ class HorizonSearch(DecidingSearch):
     # -- what the runs show ------------------------------------------------------------------
 
     def runs_at(self, steps: int) -> list[Run]:
-        tokens = steps * self.budget.tokens_per_step
-        return effective_runs(r for r in self.runs.values() if r.budget_tokens == tokens)
-
-    def budget_of(self, steps: int) -> Budget:
-        tokens = steps * self.budget.tokens_per_step
-        return Budget(steps, self.budget.warmup_steps, self.budget.tokens_per_step, self.budget.seed, (tokens,))
-
-    def budget_losses(self, steps: int) -> BudgetLosses:
-        ranking = full_budget_ranking(self.runs_at(steps))
-        return BudgetLosses(steps * self.budget.tokens_per_step, {r.lr: list(r.losses) for r in ranking})
+        return runs_at(self.runs.values(), steps, self.budget)
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -305,12 +297,9 @@ class HorizonSearch(DecidingSearch):
 
     def _confirm(self) -> None:
         target = self.budget.steps
-        try:
-            self.fit = fit_horizon([self.budget_losses(s) for s in self.budgets],
-                                   target * self.budget.tokens_per_step, self.settings.resamples, self.budget.seed)
-        except LmtuneError as err:
-            self.fit_problem = str(err)
-            self._plan("target", target, [], f"no fit: {err}")
+        self.fit, self.fit_problem = fit_budgets(self.runs.values(), self.settings, self.budget)
+        if self.fit is None:
+            self._plan("target", target, [], f"no fit: {self.fit_problem}")
             return
         lrs = self.settings.confirmation_lrs(self.fit.predicted_lr)
         low, high = self.fit.predicted_lr_interval
@@ -324,7 +313,8 @@ class HorizonSearch(DecidingSearch):
 
     def conclusion(self) -> dict[str, Any]:
         """Per budget, what its runs show (best LR, seeds, edge), the fit and the confirmation."""
-        per_budget = {str(s): conclude(self.runs_at(s), self.budget_of(s)) for s in [*self.budgets, self.budget.steps]}
+        per_budget = {str(s): conclude(self.runs_at(s), self.budget.at_steps(s))
+                      for s in [*self.budgets, self.budget.steps]}
         return {"budgets": per_budget, "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
 
     def to_json(self) -> dict[str, Any]:
@@ -335,6 +325,28 @@ class HorizonSearch(DecidingSearch):
         self.seed_rounds = {int(k): int(v) for k, v in (data.get("seed_rounds") or {}).items()}
         self.fit = HorizonFit.from_json(data["fit"]) if data.get("fit") else None
         self.fit_problem = data.get("fit_problem")
+
+
+def runs_at(runs: Iterable[Run], steps: int, target: Budget) -> list[Run]:
+    """The runs (those that stand: lmtune.sweep.runs.effective_runs) whose budget is ``steps``."""
+    tokens = steps * target.tokens_per_step
+    return effective_runs(r for r in runs if r.budget_tokens == tokens)
+
+
+def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:
+    """The power law through the best LR of every searched budget that has one (full-budget losses by LR and
+    seed), predicting the target's; or None and why it cannot be fitted. The search and the report both fit
+    with this, with the same bootstrap seed, so they agree."""
+    runs = list(runs)
+    searched = []
+    for steps in settings.budget_steps(target.steps):
+        ranking = full_budget_ranking(runs_at(runs, steps, target))
+        if ranking:
+            searched.append(BudgetLosses(steps * target.tokens_per_step, {r.lr: list(r.losses) for r in ranking}))
+    try:
+        return fit_horizon(searched, target.full_tokens, settings.resamples, target.seed), None
+    except LmtuneError as err:
+        return None, str(err)
 
 
 def _same(a: float, b: float) -> bool:
