@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.report.headline import summary_lines
 from lmtune.report.reader import resolve_sweep
@@ -39,7 +40,7 @@ def headline(summary: dict[str, Any]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lmtune.analyze",
+    parser = argparse.ArgumentParser(prog=prog("analyze"),
                                      description="Write the edge-of-stability report of a sweep.")
     parser.add_argument("sweep", help="results/NAME (a sweep) or results/ (reports the newest sweep in it)")
     parser.add_argument("--out", default=None, help="report folder (default: results/NAME/report)")

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.placement import recommend_trials_per_gpu
 from lmtune.tools.projection import DEVICES, project, projection_table
@@ -72,7 +73,7 @@ def format_result(r: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lmtune.bench", description="Time lmtune's training step.")
+    p = argparse.ArgumentParser(prog=prog("bench"), description="Time lmtune's training step.")
     p.add_argument("--config", default="default", choices=list(CONFIGS), help="model/budget (default: default)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the config's)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repeat (default 10)")

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from lmtune.cli import prog
 from lmtune.errors import cli_entry, setup_cli_logging
 from lmtune.tools import environment, progress, throughput
 from lmtune.training.device import resolve_device
@@ -95,7 +96,7 @@ def print_benchmark(result: dict[str, Any], nvml: dict[str, Any] | None, device:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lmtune.diagnose",
+    p = argparse.ArgumentParser(prog=prog("diagnose"),
                                 description="Check this machine's training speed, or show a sweep's progress.")
     p.add_argument("sweep_dir", nargs="?", type=Path, help="a sweep's results dir: show its trials and ETA")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")

@@ -1,11 +1,11 @@
 """``python -m lmtune.gpu_check`` (``bash scripts/gpu_check.sh``): measure what lmtune does on this machine's
 GPU and write it all into one JSON file to attach to a bug report.
 
-On a CUDA GPU, in order: the CUDA-marked tests, ``diagnose``, ``bench`` with the default and the
-low-resource configs (``--record``: appended to benchmarks/results.jsonl too), ``bench --concurrency
-1,2,4``, ``bench --fuse 1,2,4,7`` and a shortened ``lr_grid`` sweep. Without one, each step that needs
-CUDA is skipped with its reason, and the others run as a smoke test on a tiny model (what CI runs): the
-file then says so, and none of its figures is a GPU's.
+On a CUDA GPU, in order: the CUDA checks (lmtune.tools.cuda_checks), ``diagnose``, ``bench`` with the
+default and the low-resource configs (``--record``: appended to benchmarks/results.jsonl too), ``bench
+--concurrency 1,2,4``, ``bench --fuse 1,2,4,7`` and a shortened ``lr_grid`` sweep. Without one, each step
+that needs CUDA is skipped with its reason, and the others run as a smoke test on a tiny model (what CI
+runs): the file then says so, and none of its figures is a GPU's.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry
 from lmtune.training.device import device_name, resolve_device
 
@@ -51,7 +52,7 @@ def plan(cuda: bool, work: Path) -> list[Step]:
     if cuda:
         bench = [*py, "lmtune.bench", "--json", "--record"]
         return [
-            Step("cuda tests", [*py, "pytest", "-q", "-m", "cuda", "tests"], needs_cuda=True, json_output=False),
+            Step("cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False),
             Step("diagnose", [*py, "lmtune.diagnose"], json_output=False),
             Step("bench default", [*bench, "--config", "default"]),
             Step("bench low-resource", [*bench, "--config", "low-resource"]),
@@ -63,7 +64,7 @@ def plan(cuda: bool, work: Path) -> list[Step]:
                  json_output=False),
         ]
     return [
-        Step("cuda tests", [*py, "pytest", "-q", "-m", "cuda", "tests"], needs_cuda=True, json_output=False),
+        Step("cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False),
         Step("diagnose", [*py, "lmtune.diagnose", "--config", "quick", "--steps", "2", "--repeats", "1"],
              json_output=False),
         Step("bench (CPU smoke: a tiny model)", [*py, "lmtune.bench", *SMOKE_BENCH]),
@@ -110,7 +111,7 @@ def machine() -> dict[str, Any]:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmtune.gpu_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog("gpu_check"), description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="the JSON file (default: gpu_check-HOST-TIME.json)")
     args = parser.parse_args(argv)
     out = args.out or Path(f"gpu_check-{platform.node()}-{time.strftime('%Y%m%d-%H%M%S')}.json")

@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from lmtune.cli import prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs
@@ -23,7 +24,7 @@ DEFAULTS = RangeTestConfig()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lmtune.lr_find",
+    parser = argparse.ArgumentParser(prog=prog("lr_find"),
                                      description="LR range test: where the loss falls fastest and where it blows up.")
     parser.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
     parser.add_argument("--budget", default="quick", choices=list(BUDGETS),

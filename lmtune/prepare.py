@@ -11,12 +11,13 @@ import argparse
 import json
 from pathlib import Path
 
+from lmtune.cli import prog
 from lmtune.data.prepare import ensure_builtin_corpus, prepare_text, prepare_tokens
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m lmtune.prepare", description="Prepare training data: train a "
+    ap = argparse.ArgumentParser(prog=prog("prepare"), description="Prepare training data: train a "
                                  "byte-level BPE tokenizer and encode text into flat token files.")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--input", nargs="+", type=Path, help="UTF-8 text files (documents separated by a "

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+from lmtune.cli import prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.files import LOCK_FILE
@@ -17,7 +18,7 @@ from lmtune.training.loop import train
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lmtune.train", description="Train one language model.")
+    parser = argparse.ArgumentParser(prog=prog("train"), description="Train one language model.")
     parser.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
     parser.add_argument("--budget", default="quick", choices=list(BUDGETS), help="named budget (default: quick)")
     parser.add_argument("--lr", type=float, help="peak learning rate")

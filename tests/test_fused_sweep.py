@@ -12,7 +12,7 @@ import yaml
 
 from lmtune.report.reader import load_sweep
 from lmtune.sweep.record import read_outcomes
-from lmtune.sweep.spaces import SPACES_DIR
+from lmtune.sweep.spaces import shipped_spaces
 from tests.conftest import run_lmtune, start_lmtune
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def sweeps(tmp_path_factory, builtin_data) -> dict[str, Path]:
     """The quick space without ASHA, run unfused and with --fuse 3, and with ASHA with --fuse 3."""
     root = tmp_path_factory.mktemp("fused")
     (root / "data").symlink_to(builtin_data)
-    raw = yaml.safe_load((SPACES_DIR / "quick.yaml").read_text())
+    raw = yaml.safe_load((shipped_spaces() / "quick.yaml").read_text())
     raw["scheduler"] = {"name": "none"}
     space = root / "quick_no_asha.yaml"
     space.write_text(yaml.safe_dump(raw))

@@ -1,5 +1,9 @@
 """Search spaces: ``search_spaces/*.yaml`` files, validated before anything is launched.
 
+The shipped spaces are the repository's ``search_spaces/``, installed inside the package as
+``lmtune.search_spaces`` (pyproject.toml maps it) and found through importlib.resources, so a name such
+as ``lr_grid`` works from any directory and from a wheel; ``--space PATH`` reads any other file.
+
 A space is YAML data (read with ``yaml.safe_load``, never executed)::
 
     description: one line shown by --list-spaces
@@ -21,7 +25,11 @@ common to all. Every problem is one line naming the file, the key and the fix.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
+import functools
+import importlib.resources
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +43,6 @@ from lmtune.sweep.strategies.base import Fail, coerce_setting, settings_section
 from lmtune.training.config import BUDGETS, budget_config, field_names
 from lmtune.training.divergence import DivergenceRule
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 COMMON_KEYS = frozenset({"description", "search", "budget", "set", "scheduler", "stopper", "fuse"})
 SCHEDULERS = ("asha", "none")
 # Keys earlier versions had, and what replaced them.
@@ -144,7 +151,21 @@ def _known(cls, values: dict[str, Any] | None):
     return cls(**{k: v for k, v in (values or {}).items() if k in cls.__dataclass_fields__})
 
 
-def available_spaces(directory: Path = SPACES_DIR) -> list[str]:
+@functools.cache
+def shipped_spaces() -> Path:
+    """The folder of the spaces shipped with lmtune (the package ``lmtune.search_spaces``)."""
+    spaces = importlib.resources.files("lmtune.search_spaces")
+    if isinstance(spaces, Path):  # installed as files: a wheel, or the repository's own (pip install -e .)
+        return spaces
+    # Imported from an archive: a real folder holding a copy, for as long as this process runs.
+    stack = contextlib.ExitStack()
+    atexit.register(stack.close)
+    return stack.enter_context(importlib.resources.as_file(spaces))
+
+
+def available_spaces(directory: Path | None = None) -> list[str]:
+    """The space names in ``directory`` (default: the shipped spaces)."""
+    directory = shipped_spaces() if directory is None else directory
     return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
 
 
@@ -152,7 +173,9 @@ def available_spaces(directory: Path = SPACES_DIR) -> list[str]:
 MAX_SPACE_BYTES = 1 << 20
 
 
-def resolve_space_path(name_or_path: str, directory: Path = SPACES_DIR) -> Path:
+def resolve_space_path(name_or_path: str, directory: Path | None = None) -> Path:
+    """A YAML path as given, or the file of a space name in ``directory`` (default: the shipped spaces)."""
+    directory = shipped_spaces() if directory is None else directory
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
         if not candidate.is_file():
@@ -166,7 +189,7 @@ def resolve_space_path(name_or_path: str, directory: Path = SPACES_DIR) -> Path:
     return path
 
 
-def load_space(name_or_path: str, directory: Path = SPACES_DIR) -> SearchSpace:
+def load_space(name_or_path: str, directory: Path | None = None) -> SearchSpace:
     path = resolve_space_path(name_or_path, directory)
     if (size := path.stat().st_size) > MAX_SPACE_BYTES:
         raise LmtuneError(f"{path} is {size:,} bytes; a search space is at most {MAX_SPACE_BYTES:,} (a grid of "
@@ -209,7 +232,8 @@ def parse_space(raw: Any, path: Path, source: str = "") -> SearchSpace:
         return LmtuneError(f"{path}: {key}: {message}")
 
     if not isinstance(raw, dict):
-        raise fail("(top level)", "expected a mapping with keys search, budget, params; see search_spaces/lr_grid.yaml")
+        raise fail("(top level)", "expected a mapping with keys search, budget, params; see "
+                   f"{shipped_spaces() / 'lr_grid.yaml'}")
     search = _one_of(raw, "search", "grid", tuple(STRATEGIES), fail)
     strategy_class = STRATEGIES[search]
     _check_keys(raw, strategy_class, fail)

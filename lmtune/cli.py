@@ -1,0 +1,79 @@
+"""``lmtune COMMAND [ARGS ...]``: the console script, one command per CLI module.
+
+``lmtune run ARGS`` is ``python -m lmtune.run ARGS``: the module's own ``main`` gets ARGS, so its options,
+``--help`` and exit status are the module's. ``lmtune`` alone or ``lmtune --help`` lists the commands, each
+described by the first sentence of its module's docstring.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import re
+import shutil
+import sys
+import textwrap
+
+from lmtune.errors import LmtuneError, cli_entry, shown
+
+# The CLI modules (lmtune/NAME.py, each with a main(argv)), in the order a user meets them.
+COMMANDS = ("run", "analyze", "train", "prepare", "lr_find", "bench", "diagnose", "gpu_check")
+
+_via_console_script = False
+"""Whether the command now running was started as ``lmtune COMMAND`` (its usage line then says so)."""
+
+
+def prog(command: str) -> str:
+    """The program name a CLI module's usage line shows: ``lmtune run`` when run through the console script,
+    else ``python -m lmtune.run``."""
+    return f"lmtune {command}" if _via_console_script else f"python -m lmtune.{command}"
+
+
+def describe(command: str) -> str:
+    """The first sentence of the command's module docstring, without its leading ``python -m ...``: and
+    parentheses (read from the source: listing the commands imports none of them, nor Ray or torch)."""
+    spec = importlib.util.find_spec(f"lmtune.{command}")
+    with open(spec.origin, encoding="utf-8") as source:
+        doc = ast.get_docstring(ast.parse(source.read())) or ""
+    text = " ".join(doc.split("\n\n")[0].split())
+    text = re.sub(r"^``[^`]*``[^:]*:\s*", "", text)  # "``python -m lmtune.run``: a sweep" -> "a sweep"
+    text = re.sub(r"\s*\([^()]*\)", "", text).replace("``", "")
+    sentence = re.match(r".*?[.?!](?=\s|$)", text)
+    return (sentence.group(0) if sentence else text).rstrip(".")
+
+
+def usage() -> str:
+    width = min(shutil.get_terminal_size().columns, 100)
+    name_width = max(map(len, COMMANDS))
+    lines = ["usage: lmtune COMMAND [ARGS ...]", "",
+             "Learning-rate sweeps for small Transformer language models on Ray Tune. lmtune COMMAND is",
+             "python -m lmtune.COMMAND; lmtune COMMAND --help lists its options.", "", "commands:"]
+    for command in COMMANDS:
+        lines += textwrap.wrap(describe(command), width, initial_indent=f"  {command:{name_width}s}  ",
+                               subsequent_indent=" " * (name_width + 4))
+    return "\n".join(lines)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    global _via_console_script
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    command, args = argv[0], argv[1:]
+    if command not in COMMANDS:
+        raise LmtuneError(f"unknown command {shown(command)}; choose one of: {', '.join(COMMANDS)}")
+    module = importlib.import_module(f"lmtune.{command}")
+    _via_console_script = True
+    try:
+        return module.main(args)
+    finally:
+        _via_console_script = False
+
+
+if __name__ == "__main__":
+    from lmtune import cli  # the module whose flag prog() reads (this one runs as __main__)
+
+    raise SystemExit(cli.main())
