@@ -7,8 +7,10 @@ Every file lmtune writes (checkpoints, metrics, the sweep's records, the report)
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,15 +43,31 @@ def writer_lock(folder: Path, refusal: Callable[[str], str]) -> Iterator[None]:
         handle.close()  # releases the lock
 
 
+class DiskFullError(OSError):
+    """A write that found no space left on its device: nothing was written (the old file, if any, stands)."""
+
+    def __init__(self, path: Path, size: int):
+        free = shutil.disk_usage(_existing_ancestor(path)).free
+        super().__init__(errno.ENOSPC, f"no space left on the disk of {path.parent} to write {path.name} "
+                         f"({size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB free): free space, then resume")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path``: a temp file beside it, fsynced, then renamed over it."""
+    """Write ``data`` to ``path``: a temp file beside it, fsynced, then renamed over it. A full disk raises
+    DiskFullError and leaves nothing behind: neither the temp file nor a partial ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(path, len(data)) from err
+        raise
     os.replace(tmp, path)
     try:
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -68,6 +86,24 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_json(path: Path, value: Any) -> None:
     """``value`` as indented JSON (numpy scalars and paths as their plain values)."""
     atomic_write_text(path, json.dumps(value, indent=2, default=_plain) + "\n")
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (one file, two names: no bytes stored twice), or a copy where the
+    two lie on different filesystems."""
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` or the nearest folder above it that exists (what a disk-usage query can be asked about)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _plain(value: Any) -> Any:

@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
+from lmtune.sweep.disk import Keep
 from lmtune.sweep.options import SweepOptions
-from lmtune.sweep.runner import SweepResult, run_sweep
+from lmtune.sweep.runner import DISK_FULL, SweepResult, run_sweep
 from lmtune.sweep.session import Interruptions, signal_exit_code
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.training.config import BUDGETS, parse_set_args
@@ -25,8 +27,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lmtune.run", description="Run a hyperparameter sweep on Ray Tune.")
-    p.add_argument("--space", help="search space: a name in search_spaces/ or a YAML path (default: lr_grid)")
+    p = argparse.ArgumentParser(prog=prog("run"), description="Run a hyperparameter sweep on Ray Tune.")
+    p.add_argument("--space", help="search space: a shipped one (--list-spaces) or a YAML path (default: lr_grid)")
     p.add_argument("--list-spaces", action="store_true", help="list the shipped search spaces and exit")
     p.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
     p.add_argument("--budget", choices=list(BUDGETS), help="override the space's budget")
@@ -51,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb", metavar="PROJECT", help="also log every trial to Weights & Biases project PROJECT "
                    "(Ray Tune's WandbLoggerCallback; needs pip install -e '.[wandb]')")
     p.add_argument("--quiet", action="store_true", help="no live trial table")
+    p.add_argument("--keep", choices=[k.value for k in Keep], default=Keep.BEST.value,
+                   help="what an ended trial keeps: best = its best.pt (default); last = also its newest checkpoint "
+                        "(to resume or continue it); all = every checkpoint (analyze --sharpness reads them)")
+    p.add_argument("--force", action="store_true",
+                   help="start even if the results disk has less free space than the sweep is estimated to need")
     return p
 
 
@@ -84,12 +91,13 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         max_failures=args.max_failures, address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         ship_data_mb=args.ship_data_mb, dashboard=not args.no_dashboard, dashboard_host=args.dashboard_host,
         quiet=args.quiet, wandb_project=args.wandb, command=("python -m lmtune.run", *argv),
+        keep=Keep(args.keep), force=args.force,
     )
 
 
 # What a resumed sweep keeps from its start (sweep.json and Ray's experiment state): flags that would change it.
 # (--space and --data may be given if they name the sweep's own: lmtune.sweep.runner checks them.)
-RESUME_FIXED = {"budget": "--budget", "set": "--set",
+RESUME_FIXED = {"budget": "--budget", "set": "--set", "keep": "--keep",
                 "time_budget": "--time-budget", "gpus_per_trial": "--gpus-per-trial", "fuse": "--fuse",
                 "cpus_per_trial": "--cpus-per-trial", "max_concurrent": "--max-concurrent",
                 "max_failures": "--max-failures", "wandb": "--wandb"}
@@ -146,6 +154,10 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
     rows = summary["trials"] if summary else []
     counts = ", ".join(f"{n} {s}" for s, n in (summary or {}).get("status_counts", {}).items()) or "none ended"
     print(f"\n{len(rows)} trials: {counts}" + (f"; {result.unfinished} did not finish" if result.unfinished else ""))
+    if result.stopped_by == DISK_FULL:
+        print(f"sweep stopped: {result.disk_note}; unfinished trials keep their newest checkpoint")
+        print(f"resume it with: {resume_command(options)}")
+        return 1
     if result.stopped_by:
         print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
         print(f"resume it with: {resume_command(options)}")

@@ -83,6 +83,12 @@ def run_lmtune(module: str, *args: str, timeout: float = 600, cwd: Path | None =
                           stdin=subprocess.DEVNULL)
 
 
+def run_python(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``python ARGS`` (this interpreter: a script, or -c CODE) in a subprocess with the tests' environment."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **ENV}, stdin=subprocess.DEVNULL)
+
+
 def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
     """``python -m lmtune.MODULE ARGS`` started in the background, in a session of its own (so a test
     can kill it and every process it started, Ray's included, and nothing else)."""

@@ -109,7 +109,8 @@ def trial_record(folder: TrialFolder, entry: dict[str, Any],
         trial_id=folder.trial_id, lr=lr, params={"lr": lr, **{k: v for k, v in folder.params.items()
                                                             if k != "lr" and k not in BOOKKEEPING_PARAMS}},
         outcome=outcome, reason=str(reason), stop_step=int(step) if _positive(step) else None, curve=curve,
-        wall_time_s=wall, checkpoint_dir=folder.path / "checkpoints", config=config,
+        wall_time_s=wall, checkpoint_dir=folder.path / "checkpoints",
+        periodic_checkpoints=tuple(folder.periodic_checkpoints()), config=config,
         stage=str(folder.params.get("stage") or "grid"), seed=_whole(folder.params.get("seed")), rule=rule,
         continued_from_tokens=folder.continued_from_tokens, continue_from=folder.params.get("continue_from"),
     )

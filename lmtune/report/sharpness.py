@@ -26,7 +26,7 @@ from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_text
 from lmtune.report.stability import TrialRecord, classify
 from lmtune.sweep.record import SweepRecord
-from lmtune.training.checkpoint import load_checkpoint, periodic_checkpoints
+from lmtune.training.checkpoint import load_checkpoint
 from lmtune.training.config import ModelConfig, TrainConfig
 from lmtune.training.model import TransformerLM
 from lmtune.training.schedule import scheduled_lr
@@ -260,8 +260,7 @@ SHARPNESS_COLUMNS = ["trial_id", "lr", "step", "lr_at_step", "sharpness", "preco
 def sharpness_trials(records: list[TrialRecord], best_trial_id: str | None) -> list[TrialRecord]:
     """The best trial and the trial at the largest non-diverged LR (once if they coincide)."""
     chosen = [r for r in records if r.trial_id == best_trial_id][:1]
-    healthy = [r for r in records if classify(r) != "diverged"
-               and r.checkpoint_dir is not None and r.checkpoint_dir.is_dir()]
+    healthy = [r for r in records if classify(r) != "diverged" and r.periodic_checkpoints]
     if healthy:
         largest = max(healthy, key=lambda r: (r.lr, r.trial_id))
         if all(largest is not c for c in chosen):
@@ -292,9 +291,10 @@ def sweep_sharpness(record: SweepRecord, records: list[TrialRecord], best_trial_
     for trial in sharpness_trials(records, best_trial_id):
         config = trial.config or record.base_config or None
         context = int(((config or {}).get("model") or {}).get("context_length") or 0)
-        checkpoints = periodic_checkpoints(trial.checkpoint_dir) if trial.checkpoint_dir else []
+        checkpoints = trial.periodic_checkpoints
         if not checkpoints:
-            log.warning("trial %s has no periodic checkpoints left; no sharpness for it", trial.trial_id)
+            log.warning("trial %s has no periodic checkpoints left (the sweep keeps them with --keep all); no "
+                        "sharpness for it", trial.trial_id)
             continue
         if context <= 0:
             log.warning("trial %s: no context_length in its config; no sharpness for it", trial.trial_id)

@@ -58,7 +58,8 @@ class TrialRecord:
     # metrics.csv rows (lmtune.training.metrics.METRIC_COLUMNS); val_loss is NaN where not evaluated
     curve: pd.DataFrame = field(default_factory=pd.DataFrame)
     wall_time_s: float | None = None
-    checkpoint_dir: Path | None = None  # where step_XXXXXXXX.pt checkpoints live (for sharpness)
+    checkpoint_dir: Path | None = None  # the run's checkpoints/ folder (best.pt)
+    periodic_checkpoints: tuple[Path, ...] = ()  # its step_XXXXXXXX.pt files left, oldest first (for sharpness)
     config: dict[str, Any] = field(default_factory=dict)  # the trial's RunConfig as a dict (config.json)
     stage: str = "grid"  # an edge search's stage (coarse, bisect, refine, seeds); "grid" for other searches
     seed: int | None = None  # the trial's seed when the search set one

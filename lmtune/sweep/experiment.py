@@ -17,18 +17,21 @@ import optuna
 import ray
 import torch
 from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from lmtune import __version__
 from lmtune.data.dataset import load_data, read_meta
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError
 from lmtune.private_apis import wandb_logger_callback
+from lmtune.sweep.disk import CheckpointBytes, Keep
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import Placement, place_trials
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SweepRecord, asha_state_path, ledger_path
+from lmtune.sweep.retention import CheckpointPruner
 from lmtune.sweep.spaces import SearchSpace, load_space
-from lmtune.sweep.stopping import OutcomeRecorder, PersistentASHA, TrialStopper
+from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, PersistentASHA, TrialStopper
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
@@ -47,8 +50,14 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     if space.fuse > 1 and options.storage and "://" in options.storage:
         raise LmtuneError(f"--storage {options.storage}: fused members write beside their trial's folder, which needs "
                           "filesystem storage (a local or shared path); use fuse: 1 with URI storage")
-    data_dir = (options.data or ensure_builtin_corpus()).resolve()  # trials run in their own working dirs
-    plan = SweepPlan.create(space, base_config(space, options.budget or space.budget, options.overrides, data_dir))
+    return make_plan(space, options.data, options.budget, options.overrides)
+
+
+def make_plan(space: SearchSpace, data: Path | None, budget: str | None, overrides: dict[str, Any]) -> SweepPlan:
+    """The plan of ``space`` on ``data`` (None: the built-in corpus, prepared on first use) with ``budget`` (None:
+    the space's) and ``overrides`` on top; every problem with the data or the settings refused here."""
+    data_dir = (data or ensure_builtin_corpus()).resolve()  # trials run in their own working dirs
+    plan = SweepPlan.create(space, base_config(space, budget or space.budget, overrides, data_dir))
     longest = plan.largest_value("context_length", plan.base.model.context_length)
     load_data(data_dir, longest, plan.base.model.vocab_size)  # every bad-data case fails here, before Ray starts
     return plan
@@ -73,16 +82,19 @@ def place_on_cluster(options: SweepOptions, plan: SweepPlan) -> Placement:
 
 def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
                 shipped: ShippedData | None) -> tune.Tuner:
-    sweep_dir, space, asha = options.sweep_dir, plan.space, plan.asha
+    sweep_dir, space = options.sweep_dir, plan.space
     recorder = OutcomeRecorder(ledger_path(sweep_dir), gpus_per_trial=placement.gpu)
-    scheduler = None if asha is None else PersistentASHA(
-        recorder, asha_state_path(sweep_dir), time_attr="tokens", metric=METRIC, mode=MODE, max_t=asha.max_t,
-        grace_period=asha.grace_period, reduction_factor=asha.reduction_factor,
-        stages=space.strategy.asha_stages())
+    scheduler = plan_scheduler(plan, recorder, asha_state_path(sweep_dir), metric=METRIC, mode=MODE)
     stopper = TrialStopper(recorder, time_budget_s=options.time_budget_s,
                            min_tokens_per_s=space.stopper.min_tokens_per_s,
-                           slow_grace_reports=space.stopper.slow_grace_reports)
-    callbacks: list[tune.Callback] = [recorder]
+                           slow_grace_reports=space.stopper.slow_grace_reports,
+                           disk_guard=DiskGuard(options.results.resolve(),
+                                                disk_reserve(plan, placement.max_concurrent)))
+    # The recorder first: the pruner reads the outcome it records. Tune's CSV and JSON results, and no TensorBoard
+    # stream of Tune's (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS, set in ray_session): each trial has lmtune's own.
+    callbacks: list[tune.Callback] = [
+        recorder, CheckpointPruner(options.storage_path, options.keep, space.strategy.held_checkpoints, sweep_dir),
+        CSVLoggerCallback(), JsonLoggerCallback()]
     if options.wandb_project:
         callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
     search_alg, num_samples = space.strategy.searcher(plan.budget(), sweep_dir)
@@ -99,7 +111,9 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
         run_config=tune.RunConfig(
             name=options.name, storage_path=options.storage_path, stop=stopper,
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            # One checkpoint per trial while it runs (resume needs its newest); --keep all keeps keep_checkpoints.
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=plan.base.train.keep_checkpoints if options.keep == Keep.ALL else 1),
             # Trials write straight into a filesystem storage path; URI storage needs Ray's sync.
             sync_config=tune.SyncConfig(sync_artifacts="://" in options.storage_path),
             callbacks=callbacks, progress_reporter=progress_reporter(space), verbose=0 if options.quiet else 1,
@@ -107,10 +121,29 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
     )
 
 
+def plan_scheduler(plan: SweepPlan, recorder: OutcomeRecorder | None = None, state_path: Path | None = None,
+                   metric: str | None = None, mode: str | None = None) -> PersistentASHA | None:
+    """The plan's ASHA on tokens (None without one): cutting only the stages its strategy lets it cut, each trial
+    judged in the sweep's order; with a ``recorder`` and a ``state_path``, its decisions in the ledger and its
+    rungs kept across restarts. ``metric``/``mode`` None: the Tuner's TuneConfig sets them."""
+    asha = plan.asha
+    if asha is None:
+        return None
+    return PersistentASHA(recorder, state_path, time_attr="tokens", metric=metric, mode=mode, max_t=asha.max_t,
+                          grace_period=asha.grace_period, reduction_factor=asha.reduction_factor,
+                          stages=plan.space.strategy.asha_stages())
+
+
+def disk_reserve(plan: SweepPlan, max_concurrent: int) -> int:
+    """The free bytes the next round of checkpoints needs: one more for each trial running at once (each member
+    of a fused trial)."""
+    return max_concurrent * plan.space.fuse * CheckpointBytes.of(plan.largest_trial()).full
+
+
 def build_trainable(plan: SweepPlan, resources: dict[str, float], shipped: ShippedData | None,
                     ended: frozenset[str] = frozenset()):
     """The function trainable with the whole plan (and, on --resume, the trials the ledger says ended)."""
-    trainable = tune.with_parameters(train_trial, plan=plan, shipped=shipped, ended=ended)
+    trainable = tune.with_parameters(train_trial, setup=plan.trial_setup(), shipped=shipped, ended=ended)
     return tune.with_resources(trainable, resources)
 
 
@@ -149,15 +182,21 @@ def progress_reporter(space: SearchSpace) -> tune.CLIReporter:
 
 
 def sweep_record(options: SweepOptions, plan: SweepPlan, placement: Placement) -> SweepRecord:
+    return plan_record(plan, options.name, resources_per_trial=placement.resources,
+                       max_concurrent=placement.max_concurrent, time_budget_s=options.time_budget_s,
+                       address=options.address, command=list(options.command) or sys.argv, keep=str(options.keep))
+
+
+def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
+    """sweep.json of a sweep of ``plan`` named ``name``: the plan, its data, the versions and the machine, and
+    ``where`` it ran (SweepRecord's other fields)."""
     data_dir = Path(plan.base.data_dir)
     return SweepRecord(
-        name=options.name, **plan.to_json(),
+        name=name, **plan.to_json(),
         data={"dir": str(data_dir.resolve()), "meta": asdict(read_meta(data_dir))},
         versions={"lmtune": __version__, "torch": torch.__version__, "ray": ray.__version__,
                   "optuna": optuna.__version__, "python": platform.python_version()},
         hardware={"platform": platform.platform(), "cpu_count": os.cpu_count(),
                   "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]},
-        resources_per_trial=placement.resources, max_concurrent=placement.max_concurrent,
-        time_budget_s=options.time_budget_s, address=options.address,
-        start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=list(options.command) or sys.argv,
+        start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **where,
     )

@@ -11,14 +11,13 @@ best 1/reduction_factor at each rung) among the group's members.
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from ray import tune
 
-from lmtune.files import atomic_write_json
+from lmtune.files import atomic_write_json, link_or_copy
 from lmtune.fused.loop import train_fused
 from lmtune.sweep.plan import AshaBudget
 from lmtune.sweep.record import TRIAL_FILE, write_trial_file
@@ -159,7 +158,7 @@ class GroupTuneSink:
 
 
 def restore_group_checkpoint(folders: dict[str, Path]) -> None:
-    """Copy the members' checkpoints of the Tune checkpoint this trial restores from (a retry, or --resume
+    """Put the members' checkpoints of the Tune checkpoint this trial restores from (a retry, or --resume
     on another node) into their folders, where the fused loop's resume looks."""
     restored = tune.get_checkpoint()
     if restored is None:
@@ -170,5 +169,4 @@ def restore_group_checkpoint(folders: dict[str, Path]) -> None:
             folder = by_name.get(path.parent.name)
             target = folder / "checkpoints" / path.name if folder else None
             if target is not None and not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, target)
+                link_or_copy(path, target)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmtune.sweep.disk import Keep
+
 
 @dataclass(frozen=True)
 class SweepOptions:
@@ -43,6 +45,10 @@ class SweepOptions:
     quiet: bool = False
     wandb_project: str | None = None
     command: tuple[str, ...] = ()
+    keep: Keep = Keep.BEST
+    """What an ended trial keeps (lmtune.sweep.retention): best.pt; also its newest checkpoint; or all."""
+    force: bool = False
+    """Start even when the results disk has less free space than the sweep is estimated to need."""
 
     @property
     def sweep_dir(self) -> Path:

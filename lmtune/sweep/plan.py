@@ -18,7 +18,8 @@ from lmtune.errors import LmtuneError
 from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import SchedulerSpec, SearchSpace
 from lmtune.training.config import RunConfig
-from lmtune.training.divergence import DivergenceRule
+from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
+from lmtune.training.lr_range import RangeTestConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,20 @@ def asha_budget(spec: SchedulerSpec, largest_trial_tokens: int) -> AshaBudget:
 
 
 @dataclass(frozen=True)
+class TrialSetup:
+    """What every trial of a sweep shares, whole: what ``train_trial`` needs besides the trial's own values."""
+
+    base: RunConfig
+    """The config every trial starts from; a trial applies its own values (lr, seed, ...) to a copy."""
+    divergence: DivergenceRule = DEFAULT_RULE
+    """How a run's loss is judged (spikes; diverged: failed to recover), reported to the stopper."""
+    range_test: RangeTestConfig | None = None
+    """The LR range test a trial of stage "range" runs (an edge search's); None: no such trials."""
+    asha: AshaBudget | None = None
+    """ASHA's rungs in tokens, which a fused group applies to its members itself (None: no ASHA)."""
+
+
+@dataclass(frozen=True)
 class SweepPlan:
     space: SearchSpace
     base: RunConfig
@@ -54,6 +69,10 @@ class SweepPlan:
         if space.scheduler.name != "asha" or space.strategy.asha_stages() == frozenset():
             return plan
         return dataclasses.replace(plan, asha=asha_budget(space.scheduler, plan.max_trial_tokens()))
+
+    def trial_setup(self) -> TrialSetup:
+        """What the sweep's trials share (lmtune.sweep.trainable.train_trial)."""
+        return TrialSetup(self.base, self.divergence_rule, self.space.strategy.range_test(), self.asha)
 
     def budget(self) -> Budget:
         """Every trial's budget as the searchers and the report see it: steps, tokens per step, seed, ASHA's rungs."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_json, writer_lock
+from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.divergence import DivergenceRule
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,10 @@ ASHA_STATE_NAME = "asha_state.json"
 EDGE_STATE_NAME = "edge_search.json"
 HORIZON_STATE_NAME = "horizon_search.json"
 TRIAL_FILE = "trial.json"
+# Periodic checkpoints on their way to Tune (lmtune.sweep.trainable.staging_dir); Tune keeps each in the trial
+# folder's checkpoint_NNNNNN/ (a fused group's: one subfolder per member, named as the member's folder).
+STAGING_DIR = ".staging"
+TUNE_CHECKPOINT_GLOB = "checkpoint_*"
 # Trial parameters a search sets that are not training fields (the trainable strips them) ...
 SEARCH_ONLY_PARAMS = ("stage", "continue_from", "fork_from", "early_stop")
 # ... and every parameter that says how a search ran a trial, not which hyperparameters it compares.
@@ -56,6 +62,15 @@ class Outcome(StrEnum):
     STOPPED_EARLY = "stopped_early"  # cut by ASHA at a rung
     TOO_SLOW = "too_slow"  # projected past the time budget, or under the throughput floor (the stopper)
     ERROR = "error"  # raised, and ran out of retries
+
+
+def evaluated_val_loss(result: dict[str, Any]) -> float | None:
+    """The validation loss a Tune result of lmtune's trainable measured at its own step (None at a step without an
+    evaluation: every result repeats the latest one, measured at ``val_step``, for Tune's metric checks)."""
+    loss = result.get("val_loss")
+    if not isinstance(loss, int | float) or result.get("val_step", result.get("step")) != result.get("step"):
+        return None
+    return float(loss)
 
 
 @dataclass
@@ -80,6 +95,8 @@ class SweepRecord:
     start_time: str = ""
     command: list[str] = field(default_factory=list)
     resumed_at: list[str] = field(default_factory=list)
+    keep: str = "best"
+    """What an ended trial keeps (--keep: best, last or all; lmtune.sweep.retention)."""
 
     @property
     def num_trials(self) -> int | None:
@@ -242,6 +259,15 @@ class TrialFolder:
     params: dict[str, Any]
     continued_from_tokens: int = 0
     """A continued run: the tokens its first rows (copied from the run it continues) stand for."""
+
+    def periodic_checkpoints(self) -> list[Path]:
+        """The run's periodic checkpoints, oldest first, wherever they are kept: Tune's checkpoint folders (its
+        own, or its fused group's subfolder named after it) and the run's own checkpoints/ (a run outside Tune)."""
+        member = glob.escape(self.path.name)
+        found = [*periodic_checkpoints(self.path / "checkpoints"),
+                 *self.path.glob(f"{TUNE_CHECKPOINT_GLOB}/step_*.pt"),
+                 *self.path.parent.glob(f"*/{TUNE_CHECKPOINT_GLOB}/{member}/step_*.pt")]
+        return sorted(found, key=lambda p: (checkpoint_step(p), str(p)))
 
     def read_json(self, name: str) -> dict[str, Any]:
         """One of the trial's JSON files (config.json, summary.json); {} while missing or half-written."""

@@ -1,11 +1,14 @@
 """A run as Ray Tune sees it: its rows as Tune results with its checkpoints (``TuneSink``), and the checkpoint
-Tune restores a trial from copied back to where the run's own resume looks."""
+Tune restores a trial from put back where the run's own resume looks.
+
+A periodic checkpoint has one home: Tune's. The run writes it, hands it to ``tune.report`` (which persists it
+into the trial's ``checkpoint_NNNNNN/`` folder in the sweep's storage before it returns) and deletes its own
+copy; Tune's CheckpointConfig then decides how many stay, and a trial restored on any node gets it from there.
+"""
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,8 @@ from typing import Any
 import ray
 from ray import tune
 
-from lmtune.training.checkpoint import checksum_path
+from lmtune.files import link_or_copy
+from lmtune.training.checkpoint import checksum_path, rotate
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult
 
@@ -30,10 +34,17 @@ class TuneSink:
         # What a diverged trial is worth to a searcher: the loss of a uniform guess.
         self.uniform_loss = math.log(config.model.vocab_size)
         self.latest_val = self.uniform_loss
+        # Every result carries val_loss, as Tune's metric checks and searchers expect: the latest evaluation,
+        # measured at val_step (before the first, ln vocab at step 0: a fresh model's loss). Readers that compare
+        # losses at equal tokens take it only where val_step is the result's own step (evaluated_val_loss).
+        self.measured: tuple[float, int] = (self.uniform_loss, 0)
         self.node_id = ray.get_runtime_context().get_node_id()  # node_ip is shared by raylets on one host
 
     def _metrics(self, values: dict[str, Any]) -> dict[str, Any]:
-        return {**{k: v for k, v in values.items() if v is not None}, "objective": self.latest_val,
+        if values.get("val_loss") is not None:
+            self.measured = (values["val_loss"], values["step"])
+        measured = {"val_loss": self.measured[0], "val_step": self.measured[1]}
+        return {**{k: v for k, v in values.items() if v is not None}, **measured, "objective": self.latest_val,
                 "total_tokens": self.config.total_tokens, "run_tokens": self.config.run_tokens,
                 "uniform_loss": self.uniform_loss,
                 # The last warm-up step runs at the peak LR: judged like the rest (ASHA may cut there).
@@ -45,22 +56,21 @@ class TuneSink:
         self.report(row, files)
 
     def report(self, values: dict[str, Any], files: dict[str, Path]) -> None:
-        """One Tune result; with ``files`` (name in the checkpoint -> path), a tune.Checkpoint of them."""
+        """One Tune result; with ``files`` (name in the checkpoint -> path), a tune.Checkpoint of them, handed
+        over: once Tune has stored them, the run's own periodic checkpoints in their folders are deleted."""
         if values.get("val_loss") is not None and math.isfinite(values["val_loss"]):
             self.latest_val = values["val_loss"]
         metrics = self._metrics(values)
         if not files:
             tune.report(metrics)
             return
-        with tempfile.TemporaryDirectory(prefix="lmtune-ckpt-") as staging:
+        folders = {path.parent for path in files.values()}
+        with tempfile.TemporaryDirectory(prefix="lmtune-ckpt-", dir=min(folders)) as staging:
             for name, path in files.items():
-                target = Path(staging) / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(path, target)  # no copy: Tune persists it from here
-                except OSError:
-                    shutil.copy2(path, target)
+                link_or_copy(path, Path(staging) / name)  # (a link: Tune copies it into storage from here)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(staging))
+        for folder in folders:  # stored by Tune now: the run's copies would be the same bytes twice
+            rotate(folder, keep=0)
 
     def close(self, result: RunResult) -> None:
         """A run that diverged ends with one more result saying where and how (the stopper's, and the
@@ -75,15 +85,13 @@ class TuneSink:
                                    "divergence": result.end.divergence}))
 
 
-def restore_tune_checkpoint(out_dir: Path) -> None:
-    """Copy the checkpoint Tune restores this trial from (a retry, or --resume on a new node) into the
-    run's checkpoints folder, where the loop's resume looks."""
+def restore_tune_checkpoint(periodic_dir: Path) -> None:
+    """Put the checkpoint Tune restores this trial from (a retry, or --resume on a new node) into
+    ``periodic_dir``, where the loop's resume looks (a hard link where Tune's copy is on this filesystem)."""
     restored = tune.get_checkpoint()
     if restored is None:
         return
     with restored.as_directory() as directory:
         for path in Path(directory).glob("step_*.pt*"):
-            target = out_dir / "checkpoints" / path.name
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, target)
+            if not (periodic_dir / path.name).exists():
+                link_or_copy(path, periodic_dir / path.name)

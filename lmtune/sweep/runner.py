@@ -8,23 +8,38 @@ the same for ``run`` and ``analyze``.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ray import tune
 
 from lmtune.errors import LmtuneError
-from lmtune.sweep.experiment import build_trainable, build_tuner, place_on_cluster, plan_sweep, ship_data, sweep_record
+from lmtune.sweep.disk import DiskNeed, Keep, check_free_disk, disk_need, format_bytes, free_disk
+from lmtune.sweep.experiment import (
+    build_trainable,
+    build_tuner,
+    disk_reserve,
+    place_on_cluster,
+    plan_sweep,
+    ship_data,
+    sweep_record,
+)
 from lmtune.sweep.options import SweepOptions
+from lmtune.sweep.placement import Placement
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SWEEP_FILE, Outcome, SweepRecord, is_sweep_dir, read_outcomes, sole_writer
+from lmtune.sweep.retention import prune_sweep
 from lmtune.sweep.session import Echo, Interruptions, ray_session
 from lmtune.sweep.spaces import load_space
 
+log = logging.getLogger(__name__)
+
 MIN_FREE_BYTES = 200 * 2**20
+DISK_FULL = "full disk"
 
 
 @dataclass
@@ -36,7 +51,9 @@ class SweepResult:
     """Trials the space asks for (a search that decides as it goes: the trials it started)."""
     outcome_counts: dict[str, int]
     stopped_by: str | None = None
-    """SIGINT or SIGTERM when a signal ended the sweep before every trial (and the search) finished."""
+    """SIGINT or SIGTERM when a signal ended the sweep before every trial (and the search) finished; DISK_FULL when
+    its stopper did, the results disk being unable to take the next checkpoints (``disk_note`` says how)."""
+    disk_note: str = ""
 
     @property
     def unfinished(self) -> int:
@@ -55,15 +72,18 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     preflight_write_check(options.results.resolve())
     with sole_writer(sweep_dir, new=True), ray_session(options, echo):
         placement = place_on_cluster(options, plan)
+        need = sweep_disk_need(options, plan, placement)
+        free = check_free_disk(options.results.resolve(), need, options.force)
         shipped = ship_data(options, Path(plan.base.data_dir))
         sweep_record(options, plan, placement).write(sweep_dir)
         base = plan.base
         echo(f"sweep {options.name}: {plan.space.describe_search()}; budget {base.budget} ({base.total_tokens:,} "
              f"tokens/trial); {placement.cpu:g} CPU + {placement.gpu:g} GPU per trial, up to "
              f"{placement.max_concurrent} at once")
+        echo(f"{need.describe(free)}; ended trials keep {KEEP_WORDS[options.keep]} (--keep)")
         tuner = build_tuner(options, plan, placement, shipped)
         Interruptions.tuning = True
-        return sweep_result(sweep_dir, tuner.fit(), plan)
+        return finish(options, sweep_result(sweep_dir, tuner.fit(), plan), disk_reserve(plan, placement.max_concurrent))
 
 
 def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
@@ -110,7 +130,36 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
             raise LmtuneError(f"--resume: {sweep_dir.name} was started by an earlier lmtune whose Ray state this "
                               f"version cannot load ({err}); analyze it as it is, or start a new sweep") from None
         Interruptions.tuning = True
-        return sweep_result(sweep_dir, tuner.fit(), plan)
+        reserve = disk_reserve(plan, record.max_concurrent or 1)
+        kept = replace(options, keep=Keep(record.keep) if record.keep in set(Keep) else Keep.BEST)
+        return finish(kept, sweep_result(sweep_dir, tuner.fit(), plan), reserve)
+
+
+# What --keep leaves of an ended trial, in words.
+KEEP_WORDS = {Keep.BEST: "best.pt only", Keep.LAST: "best.pt and their newest checkpoint",
+              Keep.ALL: "every checkpoint"}
+
+
+def sweep_disk_need(options: SweepOptions, plan: SweepPlan, placement: Placement) -> DiskNeed:
+    """The disk the sweep's checkpoints will take at their peak, from its largest trial's checkpoint size, its
+    trial count (a deciding search's: an estimate) and the retention rule (lmtune.sweep.retention)."""
+    trials, held = plan.space.strategy.expected_trials()
+    return disk_need(plan.largest_trial(), max(trials, 1), placement.max_concurrent, options.keep,
+                     held_by_search=held, members=plan.space.fuse)
+
+
+def finish(options: SweepOptions, result: SweepResult, reserve: int) -> SweepResult:
+    """A sweep that ended keeps only what --keep asks for: what the search held until now goes. One that stopped
+    early is left as it is for --resume: by a signal, or by its stopper because the results disk could not take
+    the next checkpoints (``reserve`` bytes; then ``stopped_by`` says so)."""
+    if result.stopped_by is None:
+        freed = prune_sweep(options.storage_path, options.name, options.keep)
+        log.info("pruned %s of checkpoints nothing can use any more", format_bytes(freed))
+    elif (free := free_disk(options.results.resolve())) < reserve:
+        result.stopped_by = DISK_FULL
+        result.disk_note = (f"only {format_bytes(free)} free on the disk of {options.results.resolve()}, less than "
+                            f"the next checkpoints need ({format_bytes(reserve)}); free space, then resume")
+    return result
 
 
 def check_resume_inputs(options: SweepOptions, record: SweepRecord) -> None:

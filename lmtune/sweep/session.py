@@ -109,6 +109,9 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
         # Short trials checkpoint often, and CheckpointConfig(num_to_keep) forces an experiment snapshot
         # each time (wanted: resume loses nothing); Tune's warning about that is noise here.
         os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+        # One TensorBoard stream per trial, lmtune's own (tensorboard/ in each trial folder, by step); Tune's
+        # CSV and JSON loggers are added by name (lmtune.sweep.experiment.build_tuner).
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
         yield
     finally:
         logging.getLogger("ray.tune.tune").removeFilter(hint_filter)

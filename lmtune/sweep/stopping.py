@@ -26,7 +26,8 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
 from lmtune.files import atomic_write_json
 from lmtune.private_apis import asha_rungs, asha_stopped_count, restore_asha_rungs
-from lmtune.sweep.record import Outcome
+from lmtune.sweep.disk import format_bytes, free_disk
+from lmtune.sweep.record import Outcome, evaluated_val_loss
 from lmtune.sweep.runs import format_tokens
 
 log = logging.getLogger(__name__)
@@ -69,18 +70,7 @@ class OutcomeRecorder(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
         result = trial.last_result or {}
-        if result.get("range_test"):
-            outcome, reason = Outcome.RANGE_TEST, result.get("range_summary") or "LR range test ended"
-        elif result.get("diverged"):  # its own last result said so (Tune may hand it over already done)
-            step = result.get("diverged_step") or result.get("step")
-            outcome, reason = Outcome.DIVERGED, f"diverged at step {step}, {result.get('diverged_because')}"
-        elif result.get("run_tokens", math.inf) < result.get("total_tokens", 0):
-            outcome = Outcome.PROBED
-            reason = f"trained the {format_tokens(result['run_tokens'])} tokens it was asked to without diverging"
-        else:
-            outcome, reason = Outcome.COMPLETED, "completed its budget"
-        if result.get("spike_text"):
-            reason += f"; {result['spike_text']}"
+        outcome, reason = outcome_of(result)
         self._record(trial.trial_id, outcome, reason, result)
         self._record_running_members(outcome, reason, result)
 
@@ -112,6 +102,29 @@ class OutcomeRecorder(Callback):
         atomic_write_json(self.ledger, entries)
 
 
+def outcome_of(result: dict[str, Any]) -> tuple[Outcome, str]:
+    """How a trial ended and why, from its last result alone: what the ledger records of a trial that ended by
+    itself, and what a searcher without a ledger (in a user's own Tuner) learns of any trial. A trial whose last
+    result is short of its budget, with no divergence in it, was cut (by ASHA or another scheduler)."""
+    if result.get("range_test"):
+        return Outcome.RANGE_TEST, result.get("range_summary") or "LR range test ended"
+    diverged = TrialStopper.divergence(result)
+    if diverged is not None:
+        reason = diverged
+    elif result.get("tokens", 0) < result.get("run_tokens", result.get("total_tokens", 0)):
+        return Outcome.STOPPED_EARLY, f"stopped at {format_tokens(result.get('tokens', 0))} tokens, before its budget"
+    elif result.get("run_tokens", math.inf) < result.get("total_tokens", 0):
+        outcome = Outcome.PROBED
+        reason = f"trained the {format_tokens(result['run_tokens'])} tokens it was asked to without diverging"
+    else:
+        outcome, reason = Outcome.COMPLETED, "completed its budget"
+    if diverged is not None:
+        outcome = Outcome.DIVERGED
+    if result.get("spike_text"):
+        reason += f"; {result['spike_text']}"
+    return outcome, reason
+
+
 def member_list(ids: str | None) -> list[str]:
     """A fused trial's comma-separated member ids as a list."""
     return [i for i in (ids or "").split(",") if i]
@@ -131,12 +144,41 @@ def _error_text(trial) -> str:
 # The stopper
 
 
-class TrialStopper(Stopper):
-    """Stops diverged and too-slow trials; each decision, with its reason, goes to the recorder."""
+class DiskGuard:
+    """Whether the results disk still holds the next round of checkpoints: a sweep that filled it anyway (another
+    program wrote there, or the estimate was low) is stopped whole, its trials' newest checkpoints kept for
+    --resume, instead of its trials failing one write after another. Asked at most every ``interval_s``."""
 
-    def __init__(self, recorder: OutcomeRecorder, time_budget_s: float | None = None, min_tokens_per_s: float = 0.0,
-                 slow_grace_reports: int = 2):
+    def __init__(self, directory: Path, reserve: int, interval_s: float = 5.0):
+        self.directory, self.reserve, self.interval_s = Path(directory), reserve, interval_s
+        self.checked = -math.inf
+        self.full: str | None = None
+        """Why the sweep was stopped (one line), once it was."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A resumed sweep (Tune restores its stopper pickled) asks the disk afresh.
+        self.__dict__.update(state, checked=-math.inf, full=None)
+
+    def exhausted(self) -> bool:
+        now = time.monotonic()
+        if self.full is None and now - self.checked >= self.interval_s:
+            self.checked = now
+            free = free_disk(self.directory)
+            if free < self.reserve:
+                self.full = (f"only {format_bytes(free)} free on the disk of {self.directory}, less than the next "
+                             f"checkpoints need ({format_bytes(self.reserve)})")
+                log.warning("stopping the sweep: %s", self.full)
+        return self.full is not None
+
+
+class TrialStopper(Stopper):
+    """Stops diverged and too-slow trials (each decision, with its reason, goes to the recorder), and with a
+    ``disk_guard`` every trial once the results disk cannot take the next checkpoints."""
+
+    def __init__(self, recorder: OutcomeRecorder | None, time_budget_s: float | None = None,
+                 min_tokens_per_s: float = 0.0, slow_grace_reports: int = 2, disk_guard: DiskGuard | None = None):
         self.recorder = recorder
+        self.disk_guard = disk_guard
         self.time_budget_s = time_budget_s
         self.min_tokens_per_s = min_tokens_per_s
         self.slow_grace_reports = slow_grace_reports
@@ -154,28 +196,35 @@ class TrialStopper(Stopper):
         if decision is None:
             return False
         outcome, reason = decision
-        self.recorder.decided(trial_id, outcome, reason, result)
+        if self.recorder is not None:
+            self.recorder.decided(trial_id, outcome, reason, result)
         return True
 
     def decide(self, trial_id: str, result: dict[str, Any]) -> tuple[Outcome, str] | None:
         """(outcome, reason) when the trial must stop, else None. Pure but for per-trial memory."""
+        diverged = self.divergence(result)
+        if diverged is not None:
+            return Outcome.DIVERGED, diverged
+        return self._too_slow(trial_id, result)
+
+    @staticmethod
+    def divergence(result: dict[str, Any]) -> str | None:
+        """Why ``result`` shows its trial diverged (None: it does not)."""
         step = result.get("step")
         loss = result.get("train_loss")
-        grad_norm = result.get("grad_norm")
         if result.get("diverged"):
             # The training loop's own finding at its end: what went non-finite, or its whole loss judged.
             because = result.get("diverged_because") or f"loss {_fmt(loss)}"
-            return Outcome.DIVERGED, f"diverged at step {result.get('diverged_step') or step}, {because}"
-        for name, value in (("loss", loss), ("gradient norm", grad_norm)):
+            return f"diverged at step {result.get('diverged_step') or step}, {because}"
+        for name, value in (("loss", loss), ("gradient norm", result.get("grad_norm"))):
             if value is not None and not math.isfinite(value):
-                return Outcome.DIVERGED, f"diverged at step {step}, {name} {_fmt(value)}"
+                return f"diverged at step {step}, {name} {_fmt(value)}"
         last = result.get("tokens", 0) >= result.get("run_tokens", result.get("total_tokens", math.inf))
         if result.get("divergence_stop") and not result.get("no_early_stop") and not last:
             # The trial's LossWatch: above its initial loss for the whole recovery window. (At its last
             # report a trial ends by itself and reports its own judgement.)
-            step = result.get("diverged_step")
-            return Outcome.DIVERGED, f"diverged at step {step}: {result.get('divergence_reason')}"
-        return self._too_slow(trial_id, result)
+            return f"diverged at step {result.get('diverged_step')}: {result.get('divergence_reason')}"
+        return None
 
     def _too_slow(self, trial_id: str, result: dict[str, Any]) -> tuple[Outcome, str] | None:
         self._reports[trial_id] = self._reports.get(trial_id, 0) + 1
@@ -193,7 +242,7 @@ class TrialStopper(Stopper):
         return None
 
     def stop_all(self) -> bool:
-        return False
+        return self.disk_guard is not None and self.disk_guard.exhausted()
 
 
 def _fmt(value: Any) -> str:
@@ -221,14 +270,17 @@ class PersistentASHA(AsyncHyperBandScheduler):
     for the trials after it).
 
     ``stages``: in an edge search, the stages whose trials ASHA may cut (the coarse grid); the others
-    (range test, stability probes, refinement, seeds) run to their end. None: every trial."""
+    (range test, stability probes, refinement, seeds) run to their end. None: every trial. Without a
+    ``recorder`` (a user's own Tuner) no ledger is written, and without a ``state_path`` nothing is saved;
+    ``metric`` and ``mode`` then come from the Tuner's TuneConfig."""
 
-    def __init__(self, recorder: OutcomeRecorder, state_path: Path, *, time_attr: str, metric: str, mode: str,
+    def __init__(self, recorder: OutcomeRecorder | None = None, state_path: Path | None = None, *,
+                 time_attr: str = "tokens", metric: str | None = None, mode: str | None = None,
                  stages: frozenset[str] | None = None, **kwargs: Any):
         # A trial reaching max_t finishes by itself (writing its summary); it must not be killed there.
         super().__init__(time_attr=time_attr, metric=metric, mode=mode, stop_last_trials=False, **kwargs)
         self.recorder = recorder
-        self.state_path = Path(state_path)
+        self.state_path = Path(state_path) if state_path is not None else None
         self.time_attr = time_attr  # (the metric is Tune's own public ``metric`` property)
         self.stages = stages
         self.loaded = False
@@ -240,7 +292,7 @@ class PersistentASHA(AsyncHyperBandScheduler):
         if self.loaded:
             return
         self.loaded = True
-        if self.state_path.exists():
+        if self.state_path is not None and self.state_path.exists():
             state = json.loads(self.state_path.read_text())
             restore_asha_rungs(self, state)
             self.order = list(state.get("order", []))
@@ -250,6 +302,8 @@ class PersistentASHA(AsyncHyperBandScheduler):
                      asha_stopped_count(self))
 
     def _save(self) -> None:
+        if self.state_path is None:
+            return
         atomic_write_json(self.state_path, {**asha_rungs(self), "order": self.order, "ended": sorted(self.ended),
                                             "held": self.held})
 
@@ -305,11 +359,12 @@ class PersistentASHA(AsyncHyperBandScheduler):
                           f"{_fmt(held.get(self.metric))} worse than its rung's cutoff)")
                 # (the members a fused group stops are those running now, not at the rung)
                 members = {k: result[k] for k in ("member_ids", "members_running") if k in result}
-                self.recorder.decided(trial.trial_id, Outcome.STOPPED_EARLY, reason, {**held, **members})
+                if self.recorder is not None:
+                    self.recorder.decided(trial.trial_id, Outcome.STOPPED_EARLY, reason, {**held, **members})
                 self.held.pop(trial.trial_id, None)
                 self.ended.add(trial.trial_id)
                 break
-        if judged or self.metric in result:  # else nothing was held or judged: the saved state stands
+        if judged or self._measured(result):  # else nothing was held or judged: the saved state stands
             self._save()
         return action
 
@@ -322,7 +377,7 @@ class PersistentASHA(AsyncHyperBandScheduler):
     def _hold(self, trial_id: str, result: dict[str, Any]) -> None:
         """Keep the result at the highest rung it reached (as Tune's ASHA would record it) that the trial has
         neither reached before nor been judged at."""
-        if self.metric not in result:
+        if not self._measured(result):
             return
         held = self.held.setdefault(trial_id, [])
         passed = [m for m in self._milestones() if result[self.time_attr] >= m]
@@ -330,6 +385,13 @@ class PersistentASHA(AsyncHyperBandScheduler):
         if passed and passed[-1] not in done and (not done or passed[-1] > max(done)):
             keys = (self.time_attr, self.metric, "step", "run_tokens", "total_tokens")
             held.append({k: result[k] for k in keys if k in result})
+
+    def _measured(self, result: dict[str, Any]) -> bool:
+        """Whether ``result`` measured the metric at its own step: one repeating an earlier evaluation (lmtune's
+        val_loss with val_step before its step) is judged where it was measured, not again."""
+        if self.metric == "val_loss":
+            return evaluated_val_loss(result) is not None
+        return self.metric in result
 
     def _rung_of(self, result: dict[str, Any]) -> float:
         return max(m for m in self._milestones() if result[self.time_attr] >= m)

@@ -7,6 +7,7 @@ every checkpoint interval; a restarted trial (retry or --resume) continues from 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -24,18 +25,25 @@ from ray import tune
 
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_text
+from lmtune.files import atomic_write_text, link_or_copy
 from lmtune.private_apis import trial_storage_dir
 from lmtune.sweep.fused_trial import train_group_trial
-from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.record import SEARCH_ONLY_PARAMS, is_sweep_dir, trial_folders, write_trial_file
+from lmtune.sweep.plan import TrialSetup
+from lmtune.sweep.record import (
+    SEARCH_ONLY_PARAMS,
+    STAGING_DIR,
+    TrialFolder,
+    is_sweep_dir,
+    trial_folders,
+    write_trial_file,
+)
 from lmtune.sweep.reporting import TuneSink, restore_tune_checkpoint
 from lmtune.training.checkpoint import (
-    PERIODIC,
     STABLE_NAME,
+    checkpoint_step,
     checksum_path,
     load_checkpoint,
-    load_latest,
+    load_newest,
     periodic_checkpoints,
     periodic_path,
 )
@@ -134,16 +142,16 @@ def compile_cache_dir(out_dir: Path) -> Path:
     return Path(os.environ.get("LMTUNE_COMPILE_CACHE", Path.home() / ".cache" / "lmtune" / "inductor"))
 
 
-def train_trial(params: dict[str, Any], plan: SweepPlan, shipped: ShippedData | None = None,
+def train_trial(params: dict[str, Any], setup: TrialSetup, shipped: ShippedData | None = None,
                 ended: frozenset[str] = frozenset()) -> None:
     """Ray Tune function trainable. ``params`` are the trial's own values (lr, ...; a search that stages its
-    trials adds ``stage``); ``plan`` is the sweep's, whole (its base config, stopper and strategy). ``ended``:
-    ids of trials the ledger says already ended (set on --resume): Tune's experiment snapshot can predate that
-    decision and resume them, and they return at once instead of training again. A trial whose ``params``
-    hold ``members`` trains them as one fused group (lmtune.sweep.fused_trial); a trial of stage "range" runs
-    the strategy's LR range test. An edge search's ``continue_from`` (a trial id) starts the run from that
-    trial's newest checkpoint; a horizon search's ``fork_from`` (a trial id, under WSD) starts it from that
-    trial's stable.pt; ``early_stop`` False runs it without the stopper's divergence rule."""
+    trials adds ``stage``); ``setup`` what the sweep's trials share. ``ended``: ids of trials the ledger says
+    already ended (set on --resume): Tune's experiment snapshot can predate that decision and resume them, and
+    they return at once instead of training again. A trial whose ``params`` hold ``members`` trains them as one
+    fused group (lmtune.sweep.fused_trial); a trial of stage "range" runs the LR range test. An edge search's
+    ``continue_from`` (a trial id) starts the run from that trial's newest checkpoint; a horizon search's
+    ``fork_from`` (a trial id, under WSD) starts it from that trial's stable.pt; ``early_stop`` False runs it
+    without the stopper's divergence rule."""
     # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
     # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
@@ -157,60 +165,71 @@ def train_trial(params: dict[str, Any], plan: SweepPlan, shipped: ShippedData | 
     limit_to_assigned_resources(context.get_trial_resources().required_resources)
     enable_shared_compile_cache(compile_cache_dir(out_dir))
     torch.compiler.reset()  # a reused worker: the last trial's compiled graphs guard on its own model
-    base = copy.deepcopy(plan.base)  # (a reused worker keeps the plan: each trial gets its own copy)
+    base = copy.deepcopy(setup.base)  # (a reused worker keeps the setup: each trial gets its own copy)
     base.data_dir = str(trial_data_dir(base.data_dir, shipped))
     if "members" in params:
-        train_group_trial(params, base, trial_id, out_dir, plan.asha, plan.divergence_rule)
+        train_group_trial(params, base, trial_id, out_dir, setup.asha, setup.divergence)
         return
     write_trial_file(out_dir, trial_id, params)
     overrides = {k: v for k, v in params.items() if k not in SEARCH_ONLY_PARAMS}
     config = apply_overrides(base, overrides, where=f"trial {trial_id}")
-    range_test = plan.space.strategy.range_test()
-    if params.get("stage") == "range" and range_test is not None:
-        run_range_test(config, range_test, out_dir)
+    if params.get("stage") == "range" and setup.range_test is not None:
+        run_range_test(config, setup.range_test, out_dir)
         return
-    restore_tune_checkpoint(out_dir)
+    staging = staging_dir(out_dir)
+    restore_tune_checkpoint(staging)
     source = params.get("continue_from") or params.get("fork_from")
     if source:
-        step = continue_run(out_dir.parent, str(source), out_dir, fork=config if params.get("fork_from") else None)
+        step = continue_run(out_dir.parent, str(source), out_dir, staging,
+                            fork=config if params.get("fork_from") else None)
         if step:
             write_trial_file(out_dir, trial_id, params, continued_from_tokens=step * config.tokens_per_step)
     sink = TuneSink(config, early_stop=params.get("early_stop", True))
     train(config, out_dir, resume=True, sinks=[sink], before_step=injected_fault(config, out_dir),
-          divergence=plan.divergence_rule)
+          divergence=setup.divergence, periodic_dir=staging)
+    with contextlib.suppress(OSError):  # every checkpoint was handed to Tune: the empty staging folders go
+        staging.rmdir()
+        staging.parent.rmdir()
 
 
-def continue_run(sweep_dir: Path, source_id: str, out_dir: Path, fork: RunConfig | None = None) -> int | None:
+def staging_dir(out_dir: Path) -> Path:
+    """Where a trial writes a periodic checkpoint before handing it to Tune (lmtune.sweep.reporting): the
+    sweep's ``.staging/<trial folder>``, on the results' own disk and outside every trial folder, so that no
+    sync of the trial's folder uploads it a second time. The sweep's end removes it."""
+    return out_dir.parent / STAGING_DIR / out_dir.name
+
+
+def continue_run(sweep_dir: Path, source_id: str, out_dir: Path, periodic_dir: Path,
+                 fork: RunConfig | None = None) -> int | None:
     """Start ``out_dir``'s run where trial ``source_id`` stopped: from its newest verified checkpoint (a run ASHA
     cut), or with ``fork`` (this run's config, a WSD run of another budget) from its stable.pt, where its stable
-    phase ended; its metrics.csv rows up to there are copied too (never moved: the source keeps its files).
-    Returns the step it continues from (None: nothing copied, it trains from the start). A run that already has
-    checkpoints of its own (a retry, a resume) is left to continue from those."""
-    if periodic_checkpoints(out_dir / "checkpoints"):
+    phase ended; the checkpoint is linked into ``periodic_dir`` (where the run resumes from) and its metrics.csv
+    rows up to there are copied (never moved: the source keeps its files). Returns the step it continues from
+    (None: nothing taken, it trains from the start). A run that already has checkpoints of its own (a retry, a
+    resume) is left to continue from those."""
+    if periodic_checkpoints(periodic_dir):
         return None
-    source = next((f.path for f in trial_folders(sweep_dir) if f.trial_id == source_id), None)
+    source = next((f for f in trial_folders(sweep_dir) if f.trial_id == source_id), None)
     found = source_checkpoint(source, fork) if source is not None else None
     if found is None:
         log.warning("trial %s has no usable checkpoint to continue from; training from the start", source_id)
         return None
     step, checkpoint = found
-    target = out_dir / "checkpoints"
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(checkpoint, periodic_path(target, step))
-    shutil.copy2(checksum_path(checkpoint), checksum_path(periodic_path(target, step)))
-    rows = [row for row in read_metrics(source / METRICS_FILE) if row["step"] <= step]
+    link_or_copy(checkpoint, periodic_path(periodic_dir, step))
+    link_or_copy(checksum_path(checkpoint), checksum_path(periodic_path(periodic_dir, step)))
+    rows = [row for row in read_metrics(source.path / METRICS_FILE) if row["step"] <= step]
     write_metrics(out_dir / METRICS_FILE, rows)
     log.info("continuing trial %s's run from its step-%d checkpoint%s", source_id, step, " (a fork)" if fork else "")
     return step
 
 
-def source_checkpoint(source: Path, fork: RunConfig | None) -> tuple[int, Path] | None:
-    """(step, file) of the checkpoint to continue from: the newest periodic one, or for a fork stable.pt when
-    this run trained from it is the same run as from scratch (lmtune.training.fork.check_forkable)."""
+def source_checkpoint(source: TrialFolder, fork: RunConfig | None) -> tuple[int, Path] | None:
+    """(step, file) of the checkpoint to continue from: the newest periodic one (Tune's), or for a fork stable.pt
+    when this run trained from it is the same run as from scratch (lmtune.training.fork.check_forkable)."""
     if fork is None:
-        newest = load_latest(source / "checkpoints")
-        return (int(PERIODIC.match(newest[1].name).group(1)), newest[1]) if newest else None
-    path = source / "checkpoints" / STABLE_NAME
+        newest = load_newest(source.periodic_checkpoints())
+        return (checkpoint_step(newest[1]), newest[1]) if newest else None
+    path = source.path / "checkpoints" / STABLE_NAME
     try:
         saved = load_checkpoint(path)
         check_forkable(RunConfig.from_dict(saved["config"]), fork, int(saved["step"]), path)
@@ -223,12 +242,15 @@ def source_checkpoint(source: Path, fork: RunConfig | None) -> tuple[int, Path] 
 def run_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path) -> None:
     """The edge search's LR range test as a trial: its rows reported to Tune (marked ``range_test``,
     which the stopper and ASHA leave alone), the last one with what it found."""
+    # (val_loss: a fresh model's, ln vocab: it evaluates nothing, and Tune expects the metric in every result)
+    unevaluated = {"val_loss": math.log(config.model.vocab_size), "val_step": 0, "range_test": True}
+
     def report(row: dict[str, Any]) -> None:
-        tune.report({**row, "range_test": True})
+        tune.report({**row, **unevaluated})
 
     atomic_write_text(out_dir / "config.json", config.to_json())
     found = lr_range_test(config, settings, out_dir, report=report)
-    tune.report({"range_test": True, "tokens": found.tokens, "steepest_lr": found.steepest_lr,
+    tune.report({**unevaluated, "tokens": found.tokens, "steepest_lr": found.steepest_lr,
                  "min_loss_lr": found.min_loss_lr, "blowup_lr": found.blowup_lr,
                  "range_summary": f"LR range test: {found.summary_line()}"})
 

@@ -72,9 +72,19 @@ def rotate(directory: Path, keep: int) -> None:
         checksum_path(old).unlink(missing_ok=True)
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a periodic checkpoint's file name holds."""
+    return int(PERIODIC.match(path.name).group(1))
+
+
 def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
-    """The newest checkpoint that verifies; corrupt or partial ones are logged and skipped."""
-    for candidate in reversed(periodic_checkpoints(directory)):
+    """The newest checkpoint in ``directory`` that verifies; corrupt or partial ones are logged and skipped."""
+    return load_newest(periodic_checkpoints(directory))
+
+
+def load_newest(candidates: list[Path]) -> tuple[dict[str, Any], Path] | None:
+    """The newest of ``candidates`` (periodic checkpoints, oldest first) that verifies."""
+    for candidate in reversed(candidates):
         try:
             return load_checkpoint(candidate), candidate
         # UnpicklingError: a file whose checksum matches but that torch.load refuses (corrupt before
@@ -85,17 +95,21 @@ def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
 
 
 class Checkpointer:
-    """A run's checkpoints folder: periodic checkpoints (the newest ``keep``), best.pt, and resuming."""
+    """A run's checkpoints folder: periodic checkpoints (the newest ``keep``), best.pt, and resuming.
 
-    def __init__(self, directory: Path, keep: int):
+    ``periodic_dir``: where the periodic checkpoints go when not beside best.pt (a sweep's trial writes them to a
+    staging folder and hands each to Ray Tune, which then stores the only copy)."""
+
+    def __init__(self, directory: Path, keep: int, periodic_dir: Path | None = None):
         self.directory = Path(directory)
+        self.periodic_dir = Path(periodic_dir) if periodic_dir is not None else self.directory
         self.keep = keep
 
     def restore(self, state: TrainState, *, path: Path | None = None, latest: bool = False) -> Path | None:
         """Load ``path`` (Ray Tune's restore names one) or, with ``latest``, the newest checkpoint that
         verifies into ``state``. Returns the file loaded; None means a fresh start."""
         if path is None and latest:
-            found = load_latest(self.directory)
+            found = load_latest(self.periodic_dir)
             saved, path = found if found else (None, None)
         else:
             saved = load_checkpoint(path) if path is not None else None
@@ -111,8 +125,8 @@ class Checkpointer:
                  "history": [dict(row) for row in history], "config": config.to_dict()}
         if stable:
             return save_checkpoint(saved, self.directory / STABLE_NAME)
-        path = save_checkpoint(saved, periodic_path(self.directory, state.step))
-        rotate(self.directory, self.keep)
+        path = save_checkpoint(saved, periodic_path(self.periodic_dir, state.step))
+        rotate(self.periodic_dir, self.keep)
         return path
 
     def save_best(self, state: TrainState, config: RunConfig, val_loss: float) -> Path:

@@ -83,14 +83,16 @@ class RunResult:
 
 def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from: Path | None = None,
           sinks: Sequence[MetricsSink] = (), before_step: StepHook | None = None,
-          divergence: DivergenceRule = DEFAULT_RULE) -> RunResult:
+          divergence: DivergenceRule = DEFAULT_RULE, periodic_dir: Path | None = None) -> RunResult:
     """Train one model as ``config`` says, writing everything to ``out_dir``.
 
     ``resume`` continues from the newest verified checkpoint in out_dir/checkpoints (a fresh start if
     there is none); ``resume_from`` names a checkpoint file. ``sinks`` receive every metrics row after
     metrics.csv and TensorBoard do, and the summary at the end (a sweep's Tune report, W&B).
     ``divergence`` judges the run's loss (spikes, failure to recover); the loop itself only ever ends a
-    run at a non-finite value: stopping on the judgement is a sweep's decision.
+    run at a non-finite value: stopping on the judgement is a sweep's decision. ``periodic_dir``: where the
+    periodic checkpoints go and resume looks (default out_dir/checkpoints, beside best.pt; a sweep's trial
+    stages them elsewhere and hands each to Ray Tune, which keeps the only copy).
     """
     out_dir = Path(out_dir)
     config = resolve_config(config, Path(config.data_dir))
@@ -104,7 +106,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
                                           f"training run (pid {pid}); wait for it to end, or choose another --out"))
         configure_backend(device)
         state = TrainState.create(config, device)
-        checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints)
+        checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints, periodic_dir=periodic_dir)
         resumed_from = checkpointer.restore(state, path=resume_from, latest=resume)
         atomic_write_text(out_dir / "config.json", config.to_json())
         cleanup.enter_context(training_log(out_dir))  # first, so it records the resume and everything after

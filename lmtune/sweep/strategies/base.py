@@ -101,6 +101,15 @@ class SearchStrategy(Protocol):
         """Whether the search itself has ended (a searcher that decides as it goes may not have, when its
         trials all have)."""
 
+    def expected_trials(self) -> tuple[int, int]:
+        """(trials, full checkpoints it holds until the sweep ends at most): exact for a search that knows its
+        trials in advance, a generous estimate for one that decides as it goes; the disk check's count."""
+
+    def held_checkpoints(self, outcome: str) -> frozenset[str]:
+        """What of a trial that ended with ``outcome`` (the ledger's word) the search may still use until the sweep
+        ends, and so must not be pruned before: ``"periodic"`` (its newest checkpoint: a run it may continue) and
+        ``"stable"`` (a WSD run's stable.pt: a longer budget forks from it)."""
+
 
 class StrategyDefaults:
     """Answers most strategies share; a strategy overrides what differs."""
@@ -126,6 +135,12 @@ class StrategyDefaults:
 
     def finished(self, sweep_dir: Path) -> bool:
         return True
+
+    def expected_trials(self) -> tuple[int, int]:
+        return self.num_trials() or 0, 0
+
+    def held_checkpoints(self, outcome: str) -> frozenset[str]:
+        return frozenset()
 
 
 class DecidingDefaults(StrategyDefaults):

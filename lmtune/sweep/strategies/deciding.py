@@ -8,6 +8,7 @@ import math
 from dataclasses import asdict
 from typing import Any, ClassVar
 
+from lmtune.sweep.record import evaluated_val_loss
 from lmtune.sweep.runs import Budget, Run
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
@@ -36,8 +37,8 @@ class DecidingSearch:
         if run is None or not isinstance(tokens, (int, float)) or not math.isfinite(tokens):
             return
         run.tokens = max(run.tokens, int(tokens))
-        loss = result.get("val_loss")
-        if isinstance(loss, (int, float)) and math.isfinite(loss):
+        loss = evaluated_val_loss(result)
+        if loss is not None and math.isfinite(loss):
             run.val[int(tokens)] = float(loss)
 
     def complete(self, trial_id: str, outcome: str, result: dict[str, Any] | None = None) -> Run | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from lmtune.sweep.record import (
     trial_folders,
 )
 from lmtune.sweep.runs import INTERRUPTED
+from lmtune.sweep.stopping import outcome_of
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
@@ -46,13 +46,24 @@ class DecidingSearcher(Searcher):
     state_file: Callable[[Path], Path]
     """Where in the sweep folder its state is mirrored (lmtune.sweep.record)."""
 
-    def __init__(self, search, sweep_dir: Path, metric: str = "val_loss", mode: str = "min"):
+    def __init__(self, search, sweep_dir: Path | None = None, metric: str = "val_loss", mode: str = "min"):
         super().__init__(metric=metric, mode=mode)
         self.search = search
-        self.sweep_dir = Path(sweep_dir)
+        self.sweep_dir = Path(sweep_dir) if sweep_dir is not None else None
+        """lmtune's own sweep folder (its ledger and decisions/); None in a user's own Tuner: the search then
+        learns every trial's ending from Tune's results alone and keeps its state only through save/restore."""
 
-    def state_path(self) -> Path:
-        return self.state_file(self.sweep_dir)
+    def state_path(self) -> Path | None:
+        return self.state_file(self.sweep_dir) if self.sweep_dir is not None else None
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
+        """A user's ``TuneConfig(metric=..., mode=...)``: the search ranks runs by their validation loss, lowest
+        first, and takes nothing else. ``config`` (the Tuner's param_space) may hold fixed values only: Tune
+        adds them to every trial the search suggests."""
+        if (metric, mode) not in ((None, None), ("val_loss", "min"), ("val_loss", None), (None, "min")):
+            raise ValueError(f"the {self.label} ranks runs by val_loss, lowest first; set TuneConfig(metric="
+                             f"'val_loss', mode='min') (got metric={metric!r}, mode={mode!r})")
+        return True
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:
         self.search.max_pending = max_concurrent
@@ -80,20 +91,18 @@ class DecidingSearcher(Searcher):
         self._mirror()
 
     def _outcome(self, trial_id: str, result: dict[str, Any], error: bool) -> str:
-        recorded = read_outcomes(self.sweep_dir).get(trial_id, {}).get("outcome")
+        """The ledger's word for how the trial ended (the stopper and ASHA record theirs before Tune tells the
+        searcher); without a ledger, or before it has one, what the trial's last result shows."""
+        recorded = read_outcomes(self.sweep_dir).get(trial_id, {}).get("outcome") if self.sweep_dir else None
         if recorded:
             return str(recorded)
-        if error:
-            return "error"
-        if result.get("range_test"):
-            return "range_test"
-        if result.get("diverged"):
-            return "diverged"
-        return "probed" if result.get("run_tokens", math.inf) < result.get("total_tokens", 0) else "completed"
+        return "error" if error else str(outcome_of(result)[0])
 
     def _backfill(self, trial_id: str, result: dict[str, Any]) -> None:
         """What the trial's own files hold that Tune's results may lack (a trial that ended after the
         experiment snapshot a resume started from): its evaluations, and a range test's finding."""
+        if self.sweep_dir is None:
+            return
         folder = next((f for f in trial_folders(self.sweep_dir) if f.trial_id == trial_id), None)
         if folder is None:
             return
@@ -109,7 +118,8 @@ class DecidingSearcher(Searcher):
                 self.search.observe(trial_id, {"tokens": row["tokens"], "val_loss": row.get("val_loss")})
 
     def _mirror(self) -> None:
-        atomic_write_json(self.state_path(), self.search.to_json())
+        if self.sweep_dir is not None:
+            atomic_write_json(self.state_path(), self.search.to_json())
 
     def save(self, checkpoint_path: str) -> None:
         atomic_write_json(Path(checkpoint_path), self.search.to_json())
@@ -120,7 +130,7 @@ class DecidingSearcher(Searcher):
         Tune's restored trial list lacks those, so they would be planned again; instead each one that
         ended is taken with its ledger outcome, and each one that was still running is planned anew."""
         snapshot = self.search_class.from_json(json.loads(Path(checkpoint_path).read_text()))
-        latest = read_search_state(self.state_path())
+        latest = read_search_state(self.state_path()) if self.sweep_dir is not None else None
         if latest is None or not set(snapshot.runs) <= set(latest.get("runs", {})):
             self.search = snapshot  # no mirror, or not this search's: Tune's own state
             return

@@ -3,11 +3,12 @@ it and where training fails (the stages: lmtune.sweep.strategies.edge.search).""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from lmtune.sweep.record import read_edge_state
+from lmtune.sweep.record import Outcome, read_edge_state
 from lmtune.sweep.strategies.base import DecidingDefaults
 from lmtune.sweep.strategies.edge.search import ASHA_STAGES, EdgeSearch
 from lmtune.sweep.strategies.edge.settings import RETIRED_KEYS, EdgeSettings
@@ -55,3 +56,14 @@ class EdgeStrategy(DecidingDefaults):
 
     def finished(self, sweep_dir: Path) -> bool:
         return bool((read_edge_state(sweep_dir) or {}).get("finished"))
+
+    def expected_trials(self) -> tuple[int, int]:
+        s = self.settings
+        # The widest coarse grid the range test's bounds allow (each coarse run may be cut and held), a few
+        # bisection rounds on edge_seeds seeds, the refinement and the extra seeds of the best LRs.
+        coarse = math.ceil(math.log(s.range_max_lr * s.coarse_above / s.range_min_lr) / math.log(s.coarse_ratio)) + 1
+        return 1 + coarse + 4 * s.edge_seeds + s.refine_points + 2 + s.seed_lrs * (s.seeds - 1), coarse
+
+    def held_checkpoints(self, outcome: str) -> frozenset[str]:
+        # An LR that ASHA cut may be continued to the full budget (landscape, refine) from its newest checkpoint.
+        return frozenset({"periodic"}) if outcome == Outcome.STOPPED_EARLY else frozenset()

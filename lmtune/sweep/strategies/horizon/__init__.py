@@ -4,6 +4,7 @@ lmtune.sweep.strategies.horizon.search; the fit: lmtune.sweep.strategies.horizon
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -62,4 +63,16 @@ class HorizonStrategy(DecidingDefaults):
 
     def finished(self, sweep_dir: Path) -> bool:
         return bool((read_horizon_state(sweep_dir) or {}).get("finished"))
+
+    def expected_trials(self) -> tuple[int, int]:
+        s = self.settings
+        # Per budget: its grid (the smallest spans lr_min..lr_max), the best and its neighbours' extra seeds, the
+        # edge probes; then the target's confirmation runs. Each run may keep a stable.pt for a larger budget.
+        first = math.ceil(math.log(s.lr_max / s.lr_min) / math.log(s.ratio)) + 1
+        grids = first + (s.budgets - 1) * (s.below + s.above + 1)
+        trials = grids + s.budgets * (3 * (s.seeds - 1) + s.edge_probes) + 3 * s.confirm_seeds
+        return trials, trials
+
+    def held_checkpoints(self, outcome: str) -> frozenset[str]:
+        return frozenset({"stable"})  # a larger budget's run of the same LR and seed forks from it
 
