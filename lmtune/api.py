@@ -1,0 +1,164 @@
+"""lmtune from Python, for a Ray Tune script of your own: the pieces ``python -m lmtune.run`` puts together, each
+handed to your ``Tuner`` through Tune's public interfaces.
+
+    from ray import tune
+    import lmtune
+
+    sweep = lmtune.Sweep("quick_edge", steps=300)        # a shipped space, a YAML file, or a dict of its keys
+    tuner = tune.Tuner(
+        sweep.trainable(),                                # a function trainable: val_loss, train_loss, tokens
+        param_space=sweep.param_space(),
+        tune_config=tune.TuneConfig(metric="val_loss", mode="min", search_alg=sweep.searcher(),
+                                    scheduler=sweep.scheduler(), num_samples=sweep.num_samples),
+        run_config=tune.RunConfig(name="edge", stop=sweep.stopper()))
+    results = tuner.fit()
+    print(results.get_best_result().config["lr"])
+    summary = sweep.report(results)                       # the edge-of-stability report, in <experiment>/report
+
+``lmtune.trainable(...)`` alone gives the trainable for one config, for Tune's own searchers and schedulers.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ray import tune
+from ray.tune.search import Searcher
+
+from lmtune.errors import LmtuneError
+from lmtune.files import atomic_write_json
+from lmtune.sweep.experiment import make_plan, plan_record, plan_scheduler
+from lmtune.sweep.plan import SweepPlan, TrialSetup
+from lmtune.sweep.record import SWEEP_FILE, Outcome, ledger_path
+from lmtune.sweep.spaces import SearchSpace, load_space, parse_space
+from lmtune.sweep.stopping import TrialStopper, outcome_of
+from lmtune.sweep.trainable import train_trial
+from lmtune.training.config import BUDGETS, budget_config
+from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
+from lmtune.training.loop import resolve_config
+
+PYTHON_SPACE = Path("<python>")
+
+
+class DivergenceStopper(TrialStopper):
+    """Tune's Stopper for lmtune's trainable: ends a trial whose loss went non-finite or did not recover below
+    its initial loss within the recovery window (what the trainable reports, judged by its DivergenceRule), and
+    with ``time_budget_s`` or ``min_tokens_per_s`` one too slow to finish in time."""
+
+    def __init__(self, time_budget_s: float | None = None, min_tokens_per_s: float = 0.0):
+        super().__init__(None, time_budget_s=time_budget_s, min_tokens_per_s=min_tokens_per_s)
+
+
+def trainable(data: str | Path | None = None, budget: str = "quick", divergence: DivergenceRule = DEFAULT_RULE,
+              **fields: Any):
+    """A Tune function trainable that trains lmtune's model on ``data`` (a prepared data dir; None: the built-in
+    corpus) with the ``budget`` preset and any RunConfig field in ``fields`` (``lr=3e-3, steps=300``); each
+    trial's ``param_space`` values (lr, seed, batch_size, ...) go on top. It reports ``val_loss`` (at each
+    evaluation), ``train_loss`` and ``tokens`` (use ``time_attr="tokens"`` in a scheduler) with a
+    tune.Checkpoint at each checkpoint interval, and resumes from Tune's checkpoint when restored."""
+    if budget not in BUDGETS:
+        raise LmtuneError(f"budget {budget!r}: use one of {', '.join(BUDGETS)}")
+    data_dir = Path(data).resolve() if data is not None else None
+    from lmtune.data.prepare import ensure_builtin_corpus
+
+    data_dir = data_dir or ensure_builtin_corpus().resolve()
+    config = resolve_config(budget_config(budget, fields, data_dir=str(data_dir)), data_dir)
+    return tune.with_parameters(train_trial, setup=TrialSetup(config, divergence))
+
+
+class Sweep:
+    """One of lmtune's sweeps as the pieces of your own Tuner: its space (a shipped name, a YAML path or a dict
+    of the same keys), on ``data`` (None: the built-in corpus) with ``budget`` (None: the space's) and any run
+    setting in ``overrides`` on top; validated here, as ``python -m lmtune.run`` validates it."""
+
+    def __init__(self, space: str | Path | dict[str, Any], data: str | Path | None = None, budget: str | None = None,
+                 **overrides: Any):
+        self.space = _space(space)
+        self.plan: SweepPlan = make_plan(self.space, Path(data) if data is not None else None, budget, overrides)
+        self._searcher: tuple[Searcher | None, int] | None = None
+
+    def trainable(self):
+        """The function trainable (lmtune.sweep.trainable.train_trial) with what every trial of the sweep shares."""
+        return tune.with_parameters(train_trial, setup=self.plan.trial_setup())
+
+    def param_space(self) -> dict[str, Any]:
+        """The Tuner's param_space: a grid's or Optuna's domains; {} for a search that suggests every trial."""
+        return self.space.strategy.param_space(self.space.fuse)
+
+    def searcher(self) -> Searcher | None:
+        """The search as a Tune Searcher (the same object on every call; None: Tune's own grid generation)."""
+        if self._searcher is None:
+            self._searcher = self.space.strategy.searcher(self.plan.budget(), None)
+        return self._searcher[0]
+
+    @property
+    def num_samples(self) -> int:
+        """TuneConfig's num_samples: -1 for a search that says when it has finished."""
+        self.searcher()
+        return self._searcher[1]
+
+    def scheduler(self):
+        """ASHA on tokens, as the space sets it (None without ASHA): Tune's AsyncHyperBandScheduler, cutting only
+        the trials the search lets it cut (an edge search: its coarse grid), each judged in the order trials
+        started; metric and mode from your TuneConfig."""
+        return plan_scheduler(self.plan)
+
+    def stopper(self) -> DivergenceStopper:
+        return DivergenceStopper(min_tokens_per_s=self.space.stopper.min_tokens_per_s)
+
+    def report(self, results: tune.ResultGrid, out: Path | None = None, target: float | None = None) -> dict:
+        """The edge-of-stability report of ``results`` (this sweep's Tuner.fit()): lmtune's records of the sweep
+        (sweep.json, the outcome of every trial and the search's state in decisions/) are written into the
+        experiment folder if they are not there yet, then the report into ``out`` (default <experiment>/report).
+        Returns the summary (summary.json's content)."""
+        experiment = Path(results.experiment_path)
+        if "://" in str(results.experiment_path) or not experiment.is_dir():
+            raise LmtuneError(f"{results.experiment_path}: the report reads a local experiment folder; sync it to "
+                              "this machine and call lmtune.report on the folder")
+        if not (experiment / SWEEP_FILE).exists():
+            plan_record(self.plan, experiment.name, command=["python (lmtune.Sweep)"]).write(experiment)
+        if not ledger_path(experiment).exists():
+            atomic_write_json(ledger_path(experiment), _outcomes(results))
+        searcher = self._searcher[0] if self._searcher else None
+        state_file = getattr(searcher, "state_file", None)
+        if state_file is not None and not state_file(experiment).exists():
+            atomic_write_json(state_file(experiment), searcher.search.to_json())
+        return report(experiment, out=out, target=target)
+
+
+def report(sweep: str | Path | tune.ResultGrid, out: Path | None = None, target: float | None = None) -> dict:
+    """The edge-of-stability report of a sweep folder written by ``python -m lmtune.run`` or ``Sweep.report`` (or
+    of the ResultGrid of such a sweep), as ``python -m lmtune.analyze`` writes it. Returns the summary."""
+    from lmtune.report.writer import analyze
+
+    path = Path(sweep.experiment_path) if isinstance(sweep, tune.ResultGrid) else Path(sweep)
+    if not (path / SWEEP_FILE).exists():
+        raise LmtuneError(f"{path} has no {SWEEP_FILE}: report on it through the Sweep that ran it "
+                          "(sweep.report(results)), which writes lmtune's records first")
+    return analyze(path, out_dir=out, target=target)
+
+
+def _space(space: str | Path | dict[str, Any]) -> SearchSpace:
+    if isinstance(space, dict):
+        return parse_space(space, PYTHON_SPACE, yaml.safe_dump(space, sort_keys=False))
+    return load_space(str(space))
+
+
+def _outcomes(results: tune.ResultGrid) -> dict[str, dict[str, Any]]:
+    """The ledger of a sweep run by a Tuner of the user's own: how each trial ended, from its last result."""
+    entries = {}
+    for result in results:
+        metrics = result.metrics or {}
+        trial_id = metrics.get("trial_id") or Path(result.path).name.split("_")[0]
+        if result.error is not None:
+            outcome, reason = Outcome.ERROR, f"error: {str(result.error).strip().splitlines()[-1:]}"
+        else:
+            outcome, reason = outcome_of(metrics)
+        tokens = metrics.get("tokens")
+        entries[str(trial_id)] = {"outcome": str(outcome), "reason": reason, "step": metrics.get("step"),
+                                  "tokens": tokens if isinstance(tokens, int | float) and math.isfinite(tokens)
+                                  else None}
+    return entries

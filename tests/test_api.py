@@ -1,0 +1,46 @@
+"""lmtune from a Ray Tune user's own script (lmtune.api): the README's example, run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_python
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_example() -> str:
+    """The Python block after the README's <!-- python-api-example --> marker."""
+    text = README.read_text()
+    match = re.search(r"<!-- python-api-example -->\s*```python\n(.*?)```", text, re.S)
+    assert match, "README.md lost its Python API example"
+    return match.group(1)
+
+
+def test_the_package_exports_the_api_without_importing_ray_up_front():
+    proc = run_python("-c", "import sys, lmtune; print('ray' in sys.modules, sorted(lmtune.__all__))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == "False"
+    assert "Sweep" in proc.stdout and "trainable" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_readmes_python_example_runs_and_tune_names_the_best_lr_the_report_does(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(readme_example())
+    proc = run_python(str(script), cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tune_lr, report_lr = re.search(r"best lr (\S+) \(Tune\); (\S+) \(the report\)", proc.stdout).groups()
+    assert tune_lr == report_lr
+    sweep = tmp_path / "results" / "edge"
+    for name in ("sweep.json", "decisions/trial_outcomes.json", "decisions/edge_search.json",
+                 "report/summary.json", "report/lr_sweep_analysis.md"):
+        assert (sweep / name).is_file(), name
+    from lmtune.report.writer import summarize_sweep
+
+    again = summarize_sweep(sweep).summary  # the CLI's reader reads what the example left
+    assert f"{again['best_lr']:.4g}" == report_lr
+    assert again["status_counts"].get("stopped_early", 0) >= 1  # ASHA cut the coarse grid
