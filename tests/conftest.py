@@ -62,10 +62,11 @@ def tiny_config(make_tiny_config: Callable[..., RunConfig]) -> RunConfig:
 
 @pytest.fixture(scope="session")
 def quick_sweep(tmp_path_factory: pytest.TempPathFactory, builtin_data: Path) -> Path:
-    """A real `quick` sweep (Ray Tune on a local cluster, 6 trials), run once per test session."""
+    """A real `quick` sweep (Ray Tune on a local cluster, 6 trials), run once per test session; --keep last, so
+    each trial keeps its newest checkpoint (analyze --sharpness reads them)."""
     results = tmp_path_factory.mktemp("results")
     proc = run_lmtune("run", "--space", "quick", "--name", "quick", "--results", str(results),
-                      "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2")
+                      "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2", "--keep", "last")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (results / "quick.log").write_text(proc.stdout + proc.stderr)  # what the user saw, beside the sweep
     return results / "quick"

@@ -28,10 +28,10 @@ FILES = ("lr_sweep_comparison.png", "lr_vs_loss.png", "lr_sweep_analysis.md", "s
 def copy_sweep(src, dst, checkpoints=False):
     """A private copy of the fixture's sweep (never modify the session fixture in place).
 
-    Without Tune's checkpoint copies, TensorBoard files and (unless asked) lmtune's checkpoints: the
-    report reads none of them except --sharpness, and they are most of the sweep's ~250 MB.
+    Without TensorBoard files and (unless asked) the checkpoints (best.pt, and the newest periodic one in
+    Tune's checkpoint folder): the report reads none of them except --sharpness.
     """
-    skip = ["report", "checkpoint_0*", "tensorboard", "events.out.*", *([] if checkpoints else ["checkpoints"])]
+    skip = ["report", "tensorboard", "events.out.*", *([] if checkpoints else ["checkpoints", "checkpoint_0*"])]
     return shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*skip))
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import TINY_TRIAL, finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs, wait_until
 
 from lmtune.report.truth import compare, read_truth, truth_conclusion
-from lmtune.sweep.record import SweepRecord, read_edge_state, read_outcomes
+from lmtune.sweep.record import SweepRecord, read_edge_state, read_outcomes, trial_folders
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.loop import train
 from lmtune.training.metrics import read_metrics
@@ -163,6 +163,20 @@ def test_the_bracket_agrees_with_direct_runs_trained_without_early_stopping(resu
         # the sweep's trial is the same run: same losses, step for step, as far as it went
         assert [r["train_loss"] for r in swept] == pytest.approx([r["train_loss"] for r in rows[: len(swept)]],
                                                                  rel=1e-5)
+
+
+def test_a_finished_edge_search_keeps_each_trials_best_pt_only_having_continued_cut_lrs_from_their_checkpoints(
+        resumed_edge_sweep):
+    # --keep best (the default): an ASHA-cut run's newest checkpoint is held while the search may continue it,
+    # and every checkpoint but best.pt is gone once the search has finished.
+    sweep_dir = resumed_edge_sweep["dir"]
+    for trial in trial_dirs(sweep_dir).values():
+        kept = sorted(str(p.relative_to(trial)) for p in trial.rglob("*.pt"))
+        assert kept in ([], ["checkpoints/best.pt"]), (trial.name, kept)
+    assert not (sweep_dir / ".staging").exists()
+    continued = [f for f in trial_folders(sweep_dir) if f.params.get("continue_from")]
+    assert continued and all(f.continued_from_tokens > 0 for f in continued), \
+        [(f.trial_id, f.continued_from_tokens) for f in continued]
 
 
 def test_the_report_of_the_edge_search_is_written(resumed_edge_sweep):

@@ -74,7 +74,10 @@ def start_sweep(*args: str, env: dict[str, str] | None = None) -> subprocess.Pop
 
 
 def has_checkpoint(trial_dir: Path) -> bool:
-    return any((trial_dir / "checkpoints").glob("step_*.pt.sha256"))
+    """A periodic checkpoint of the trial, complete (its checksum written): in Tune's keeping, as a sweep's trial
+    hands them over, or in the run's own checkpoints/ (a run outside Tune)."""
+    return any(p for pattern in ("checkpoint_*/step_*.pt.sha256", "checkpoints/step_*.pt.sha256")
+               for p in trial_dir.glob(pattern))
 
 
 # =============================================================================================
