@@ -13,6 +13,7 @@ from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.report.headline import summary_lines
 from lmtune.report.reader import resolve_sweep
 from lmtune.report.writer import analyze
+from lmtune.sweep.storage import SweepStorage, is_uri
 
 
 def parse_target(text: str | None) -> float | None:
@@ -42,7 +43,8 @@ def headline(summary: dict[str, Any]) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog("analyze"),
                                      description="Write the edge-of-stability report of a sweep.")
-    parser.add_argument("sweep", help="results/NAME (a sweep) or results/ (reports the newest sweep in it)")
+    parser.add_argument("sweep", help="results/NAME (a sweep), results/ (reports the newest sweep in it), or a sweep "
+                                      "in object storage: s3://BUCKET/PREFIX/NAME (copied to results/NAME first)")
     parser.add_argument("--out", default=None, help="report folder (default: results/NAME/report)")
     parser.add_argument("--target", default=None, help="target val loss (nats/token): was it met, and by which trial")
     parser.add_argument("--sharpness", action="store_true",
@@ -57,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.INFO if args.verbose else logging.WARNING)
     target = parse_target(args.target)
+    if is_uri(args.sweep):  # a sweep in object storage: its files (no checkpoints) copied to results/NAME first
+        local = SweepStorage.of_uri(args.sweep).fetch(Path("results"))
+        print(f"copied {args.sweep} (records and trial files, no checkpoints) to {local}")
+        args.sweep = str(local)
     sweep_dir, others = resolve_sweep(Path(args.sweep))
     if others or sweep_dir != Path(args.sweep):
         print(f"reporting the newest sweep: {sweep_dir}")

@@ -77,6 +77,31 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.close(dir_fd)
     except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
         pass
+    if _MIRRORS:
+        _mirror(path)
+
+
+# Folders whose files are copied elsewhere as they are written (lmtune.files.mirrored): folder -> copier.
+_MIRRORS: dict[Path, Callable[[Path, Path], None]] = {}
+
+
+@contextlib.contextmanager
+def mirrored(folder: Path, copy: Callable[[Path, Path], None]) -> Iterator[None]:
+    """While the block runs, every file written under ``folder`` through this module is then handed to
+    ``copy(folder, path)``: a sweep's driver records go to its object storage as they are written."""
+    folder = Path(folder).resolve()
+    _MIRRORS[folder] = copy
+    try:
+        yield
+    finally:
+        _MIRRORS.pop(folder, None)
+
+
+def _mirror(path: Path) -> None:
+    resolved = path.resolve()
+    for folder, copy in list(_MIRRORS.items()):
+        if resolved.is_relative_to(folder):
+            copy(folder, resolved)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

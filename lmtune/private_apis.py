@@ -35,6 +35,22 @@ def trial_storage_dir() -> tuple[Path, bool]:
     return Path(storage.trial_working_directory), False
 
 
+def experiment_storage():
+    """(pyarrow filesystem, the experiment's path in it) of the running trial's sweep when it lives in object
+    storage (s3://, gs://), else None (a local or shared path, file:// too: its trial folders are files here).
+
+    Why private: as for ``trial_storage_dir``; no public API names the experiment's storage either. Public API to
+    move to: the same (ray#30071).
+    """
+    import pyarrow.fs
+    from ray.train._internal.session import get_storage
+
+    storage = get_storage()
+    if isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        return None
+    return storage.storage_filesystem, storage.experiment_fs_path
+
+
 # ---------------------------------------------------------------------------------------------
 # Ray: a local instance on loopback only
 

@@ -21,6 +21,7 @@ from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.runner import DISK_FULL, SweepResult, run_sweep
 from lmtune.sweep.session import Interruptions, signal_exit_code
 from lmtune.sweep.spaces import available_spaces, load_space
+from lmtune.sweep.storage import SweepStorage
 from lmtune.training.config import BUDGETS, parse_set_args
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: what the resources allow)")
     p.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial from its checkpoint")
     p.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start a local one)")
+    p.add_argument("--cluster-config", type=Path, metavar="YAML",
+                   help="with --address: the autoscaler's cluster config, whose node types say what the cluster can "
+                        "scale to (default: ~/ray_bootstrap_config.yaml on a `ray up` head, when present)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: all)")
     p.add_argument("--num-gpus", type=float, help="GPUs of the local Ray instance (logical GPUs for testing)")
     p.add_argument("--ship-data-mb", type=int, default=2048, help="largest data put in Ray's object store")
@@ -91,7 +95,7 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         max_failures=args.max_failures, address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         ship_data_mb=args.ship_data_mb, dashboard=not args.no_dashboard, dashboard_host=args.dashboard_host,
         quiet=args.quiet, wandb_project=args.wandb, command=("python -m lmtune.run", *argv),
-        keep=Keep(args.keep), force=args.force,
+        keep=Keep(args.keep), force=args.force, cluster_config=args.cluster_config,
     )
 
 
@@ -100,7 +104,7 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
 RESUME_FIXED = {"budget": "--budget", "set": "--set", "keep": "--keep",
                 "time_budget": "--time-budget", "gpus_per_trial": "--gpus-per-trial", "fuse": "--fuse",
                 "cpus_per_trial": "--cpus-per-trial", "max_concurrent": "--max-concurrent",
-                "max_failures": "--max-failures", "wandb": "--wandb"}
+                "max_failures": "--max-failures", "wandb": "--wandb", "cluster_config": "--cluster-config"}
 
 
 def refuse_resume_changes(args: argparse.Namespace) -> None:
@@ -167,7 +171,11 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         return 1
     print("\n".join(summary_lines(summary)))
     print(f"  config: {json.dumps(summary['best_config'])}")
-    print(f"  checkpoint: {Path(summary['best_trial_dir']) / 'checkpoints' / 'best.pt'}")
+    best = Path(summary["best_trial_dir"]) / "checkpoints" / "best.pt"
+    if options.storage and "://" in options.storage:  # its checkpoints are in the storage only
+        best = f"{SweepStorage(options.storage, options.name).uri.partition('?')[0]}/{best.parent.parent.name}/" \
+               "checkpoints/best.pt"
+    print(f"  checkpoint: {best}")
     print(f"report: {shlex.join(['python', '-m', 'lmtune.analyze', str(result.sweep_dir)])}")
     return 0
 

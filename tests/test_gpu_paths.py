@@ -167,6 +167,21 @@ def test_a_fractional_trial_is_capped_at_its_share_of_the_gpu_and_a_whole_one_is
     assert cuda.fraction == capped and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
 
 
+class NoCudaHere:
+    def is_available(self) -> bool:
+        return False
+
+    def set_per_process_memory_fraction(self, fraction: float, device: int) -> None:
+        raise AssertionError("no CUDA device to cap")
+
+
+def test_a_trial_given_a_gpu_share_where_torch_sees_no_cuda_trains_on_the_cpu_and_says_so(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what Ray sets on a (fake or driverless) GPU node
+    note = limit_to_assigned_resources({"CPU": 1, "GPU": 0.5}, cuda=NoCudaHere())
+    assert note and "given 0.5 GPU" in note and "sees no CUDA device" in note and "training on the CPU" in note
+    assert limit_to_assigned_resources({"CPU": 1, "GPU": 0.5}, cuda=FractionCuda()) is None
+
+
 def _space_base(name: str, fuse: int):
     space = load_space(name).fused(fuse, fail=ValueError)
     return space, SweepPlan.create(space, budget_config(space.budget, space.fixed)).largest_trial()

@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 import ray
 import torch
+import yaml
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
@@ -26,7 +27,7 @@ from lmtune.errors import LmtuneError
 from lmtune.private_apis import wandb_logger_callback
 from lmtune.sweep.disk import CheckpointBytes, Keep
 from lmtune.sweep.options import SweepOptions
-from lmtune.sweep.placement import Placement, place_trials
+from lmtune.sweep.placement import ClusterCapacity, Placement, place_trials
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SweepRecord, asha_state_path, ledger_path
 from lmtune.sweep.retention import CheckpointPruner
@@ -72,12 +73,40 @@ def base_config(space: SearchSpace, budget: str, overrides: dict[str, Any], data
     return resolve_config(budget_config(budget, {**space.fixed, **overrides}, data_dir=str(data_dir)), data_dir)
 
 
+# Where `ray up` leaves the autoscaler's cluster config on the head (where `ray job submit` runs the driver).
+BOOTSTRAP_CONFIG = Path("~/ray_bootstrap_config.yaml")
+
+
 def place_on_cluster(options: SweepOptions, plan: SweepPlan) -> Placement:
-    """Resources per trial and trials at once, on the cluster Ray reports (inside a Ray session)."""
+    """Resources per trial and trials at once (inside a Ray session): on the nodes Ray reports up now, or, on an
+    autoscaling cluster (--address with its cluster config), on what the cluster holds at full scale, so trials
+    ask for GPU shares while no GPU worker is up yet and the autoscaler starts GPU workers for them."""
     cluster = ray.cluster_resources()
+    cpus, gpus, why = cluster.get("CPU", 1), cluster.get("GPU", 0), ""
+    capacity = cluster_capacity(options)
+    if capacity is not None and (capacity.cpus > cpus or capacity.gpus > gpus):
+        cpus, gpus = max(cpus, capacity.cpus), max(gpus, capacity.gpus)
+        why = (f" (the cluster scales to {capacity.workers} worker{'s' * (capacity.workers != 1)}: {cpus:g} CPUs, "
+               f"{gpus:g} GPUs)")
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     return place_trials(plan.largest_trial(), plan.space.fuse, options.cpus_per_trial, options.gpus_per_trial,
-                        options.max_concurrent, cluster.get("CPU", 1), cluster.get("GPU", 0), gpu_bytes)
+                        options.max_concurrent, cpus, gpus, gpu_bytes, why)
+
+
+def cluster_capacity(options: SweepOptions) -> ClusterCapacity | None:
+    """The autoscaler's capacity at full scale, from --cluster-config or (with --address) `ray up`'s bootstrap
+    config on this head; None on one machine or where neither is at hand."""
+    path = options.cluster_config or (BOOTSTRAP_CONFIG.expanduser() if options.address else None)
+    if path is None or (options.cluster_config is None and not path.is_file()):
+        return None
+    try:
+        config = yaml.safe_load(Path(path).expanduser().read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise LmtuneError(f"--cluster-config {path}: cannot read it ({err}); give the autoscaler's cluster "
+                          "config file") from None
+    if not isinstance(config, dict):
+        raise LmtuneError(f"--cluster-config {path}: not a cluster config (a YAML mapping)")
+    return ClusterCapacity.from_config(config, str(path))
 
 
 def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
@@ -88,8 +117,9 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
     stopper = TrialStopper(recorder, time_budget_s=options.time_budget_s,
                            min_tokens_per_s=space.stopper.min_tokens_per_s,
                            slow_grace_reports=space.stopper.slow_grace_reports,
-                           disk_guard=DiskGuard(options.results.resolve(),
-                                                disk_reserve(plan, placement.max_concurrent)))
+                           # (with object storage the results disk holds only the driver's records)
+                           disk_guard=None if "://" in options.storage_path else DiskGuard(
+                               options.results.resolve(), disk_reserve(plan, placement.max_concurrent)))
     # The recorder first: the pruner reads the outcome it records. Tune's CSV and JSON results, and no TensorBoard
     # stream of Tune's (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS, set in ray_session): each trial has lmtune's own.
     callbacks: list[tune.Callback] = [

@@ -49,6 +49,9 @@ class SweepOptions:
     """What an ended trial keeps (lmtune.sweep.retention): best.pt; also its newest checkpoint; or all."""
     force: bool = False
     """Start even when the results disk has less free space than the sweep is estimated to need."""
+    cluster_config: Path | None = None
+    """With --address: the autoscaler's config (its node types: what the cluster can scale to)."""
+    """Start even when the results disk has less free space than the sweep is estimated to need."""
 
     @property
     def sweep_dir(self) -> Path:

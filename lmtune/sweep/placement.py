@@ -52,8 +52,47 @@ def trial_resources(base: RunConfig, cpus_per_trial: float, gpus_per_trial: floa
     return {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
 
 
-def max_concurrent_trials(asked: int | None, cluster_cpus: float, cpus_per_trial: float) -> int:
-    return asked or max(1, int(cluster_cpus // cpus_per_trial))
+def max_concurrent_trials(asked: int | None, cluster_cpus: float, cpus_per_trial: float,
+                          cluster_gpus: float = 0.0, gpus_per_trial: float = 0.0) -> int:
+    """As asked, else as many as the cluster's CPUs hold, and (trials given GPU shares) its GPUs."""
+    if asked:
+        return asked
+    fit = int(cluster_cpus // cpus_per_trial)
+    if gpus_per_trial > 0:
+        fit = min(fit, int(round(cluster_gpus / gpus_per_trial, 6)))
+    return max(1, fit)
+
+
+@dataclass(frozen=True)
+class ClusterCapacity:
+    """What an autoscaling cluster holds at full scale: its head's resources and every worker type's times its
+    max_workers (capped by the cluster's max_workers), from the autoscaler's cluster config (``ray up``'s
+    ~/ray_bootstrap_config.yaml on the head, or the file the autoscaler was started with)."""
+
+    cpus: float
+    gpus: float
+    workers: int
+
+    @classmethod
+    def from_config(cls, config: dict, path: str) -> ClusterCapacity:
+        types = config.get("available_node_types")
+        head = config.get("head_node_type")
+        if not isinstance(types, dict) or head not in types:
+            raise LmtuneError(f"--cluster-config {path}: no available_node_types with its head_node_type; give the "
+                              "autoscaler's cluster config (the one `ray up` or `ray start --autoscaling-config` read)")
+        cpus = float((types[head].get("resources") or {}).get("CPU", 0))
+        gpus, workers = 0.0, 0
+        budget = int(config.get("max_workers", 10**6))
+        for name, spec in sorted(types.items(), key=lambda item: -float((item[1].get("resources") or {})
+                                                                         .get("GPU", 0))):
+            if name == head:
+                continue
+            count = min(int(spec.get("max_workers", 0)), budget - workers)
+            resources = spec.get("resources") or {}
+            cpus += count * float(resources.get("CPU", 0))
+            gpus += count * float(resources.get("GPU", 0))
+            workers += count
+        return cls(cpus, gpus, workers)
 
 
 @dataclass(frozen=True)
@@ -64,6 +103,8 @@ class Placement:
     gpu: float
     """The GPU share of one trial (0: none; 0.25: four trials share a GPU)."""
     max_concurrent: int
+    why: str = ""
+    """Where the capacity came from, when not from the nodes up now (e.g. "; the cluster scales to ...")."""
 
     @property
     def resources(self) -> dict[str, float]:
@@ -72,12 +113,13 @@ class Placement:
 
 def place_trials(largest: RunConfig, members: int, cpus_per_trial: float, gpus_per_trial: float | None,
                  max_concurrent: int | None, cluster_cpus: float, cluster_gpus: float,
-                 gpu_memory_bytes: int | None) -> Placement:
+                 gpu_memory_bytes: int | None, why: str = "") -> Placement:
     """The placement of trials as large as ``largest`` (``members`` fused models each) on a cluster of
     ``cluster_cpus`` CPUs and ``cluster_gpus`` GPUs of ``gpu_memory_bytes`` each (None: unknown here)."""
     resources = trial_resources(largest, cpus_per_trial, gpus_per_trial, cluster_gpus, gpu_memory_bytes, members)
     return Placement(resources["cpu"], resources["gpu"],
-                     max_concurrent_trials(max_concurrent, cluster_cpus, resources["cpu"]))
+                     max_concurrent_trials(max_concurrent, cluster_cpus, resources["cpu"], cluster_gpus,
+                                           resources["gpu"]), why)
 
 
 def recommend_trials_per_gpu(memory_per_trial_bytes: int, gpu_memory_bytes: int,

@@ -8,16 +8,20 @@ the same for ``run`` and ``analyze``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import ray
 from ray import tune
 
 from lmtune.errors import LmtuneError
+from lmtune.files import mirrored
 from lmtune.sweep.disk import DiskNeed, Keep, check_free_disk, disk_need, format_bytes, free_disk
 from lmtune.sweep.experiment import (
     build_trainable,
@@ -35,6 +39,7 @@ from lmtune.sweep.record import SWEEP_FILE, Outcome, SweepRecord, is_sweep_dir, 
 from lmtune.sweep.retention import prune_sweep
 from lmtune.sweep.session import Echo, Interruptions, ray_session
 from lmtune.sweep.spaces import load_space
+from lmtune.sweep.storage import SweepStorage
 
 log = logging.getLogger(__name__)
 
@@ -70,26 +75,35 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
                           "another --name")
     plan = plan_sweep(options)
     preflight_write_check(options.results.resolve())
-    with sole_writer(sweep_dir, new=True), ray_session(options, echo):
+    storage = SweepStorage(options.storage_path, options.name)
+    with sole_writer(sweep_dir, new=True), ray_session(options, echo), mirrored_records(storage, sweep_dir):
         placement = place_on_cluster(options, plan)
+        check_storage_reach(options, storage)
         need = sweep_disk_need(options, plan, placement)
-        free = check_free_disk(options.results.resolve(), need, options.force)
+        free = free_disk(options.results.resolve()) if storage.remote else \
+            check_free_disk(options.results.resolve(), need, options.force)
         shipped = ship_data(options, Path(plan.base.data_dir))
         sweep_record(options, plan, placement).write(sweep_dir)
         base = plan.base
         echo(f"sweep {options.name}: {plan.space.describe_search()}; budget {base.budget} ({base.total_tokens:,} "
              f"tokens/trial); {placement.cpu:g} CPU + {placement.gpu:g} GPU per trial, up to "
-             f"{placement.max_concurrent} at once")
-        echo(f"{need.describe(free)}; ended trials keep {KEEP_WORDS[options.keep]} (--keep)")
+             f"{placement.max_concurrent} at once{placement.why}")
+        where = f" in {storage.uri}" if storage.remote else ""
+        echo(f"{need.describe(free)}{where}; ended trials keep {KEEP_WORDS[options.keep]} (--keep)")
         tuner = build_tuner(options, plan, placement, shipped)
         Interruptions.tuning = True
-        return finish(options, sweep_result(sweep_dir, tuner.fit(), plan), disk_reserve(plan, placement.max_concurrent))
+        result = sweep_result(sweep_dir, tuner.fit(), plan)
+        return finish(options, storage, result, disk_reserve(plan, placement.max_concurrent))
 
 
 def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     """Continue an interrupted sweep: decided trials stay decided, unfinished ones continue from their
     newest checkpoint, errored ones are retried."""
     sweep_dir = options.sweep_dir
+    storage = SweepStorage(options.storage_path, options.name)
+    if not sweep_dir.exists() and storage.remote and storage.exists(SWEEP_FILE):
+        # A new driver (a new head, the laptop): the sweep's records come from its storage.
+        storage.download(sweep_dir, records_only=True)
     if not sweep_dir.exists():
         existing = sorted(p.name for p in options.results.resolve().glob("*") if is_sweep_dir(p))
         raise LmtuneError(f"--resume: no sweep at {sweep_dir}; check --name "
@@ -109,8 +123,10 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         plan = SweepPlan.from_json(asdict(record))
     except LmtuneError as err:
         raise LmtuneError(f"--resume: {sweep_dir / SWEEP_FILE}: {err}") from None
-    with ray_session(options, echo):
-        if not tune.Tuner.can_restore(str(sweep_dir)):
+    storage = SweepStorage(options.storage_path, options.name)
+    experiment = storage.uri if storage.remote else str(sweep_dir)
+    with ray_session(options, echo), mirrored_records(storage, sweep_dir):
+        if not tune.Tuner.can_restore(experiment):
             raise LmtuneError(f"--resume: {sweep_dir} has no Ray experiment state yet (it stopped before the first "
                               "trial started); delete it and run again without --resume")
         shipped = ship_data(options, Path(plan.base.data_dir))
@@ -124,7 +140,7 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         resources = {k: float(v) for k, v in record.resources_per_trial.items()}
         trainable = build_trainable(plan, resources, shipped, ended)
         try:
-            tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
+            tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
         except (ModuleNotFoundError, AttributeError) as err:  # unpickling names this lmtune does not have
             raise LmtuneError(f"--resume: {sweep_dir.name} was started by an earlier lmtune whose Ray state this "
@@ -132,7 +148,7 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         Interruptions.tuning = True
         reserve = disk_reserve(plan, record.max_concurrent or 1)
         kept = replace(options, keep=Keep(record.keep) if record.keep in set(Keep) else Keep.BEST)
-        return finish(kept, sweep_result(sweep_dir, tuner.fit(), plan), reserve)
+        return finish(kept, storage, sweep_result(sweep_dir, tuner.fit(), plan), reserve)
 
 
 # What --keep leaves of an ended trial, in words.
@@ -148,18 +164,67 @@ def sweep_disk_need(options: SweepOptions, plan: SweepPlan, placement: Placement
                      held_by_search=held, members=plan.space.fuse)
 
 
-def finish(options: SweepOptions, result: SweepResult, reserve: int) -> SweepResult:
+def finish(options: SweepOptions, storage: SweepStorage, result: SweepResult, reserve: int) -> SweepResult:
     """A sweep that ended keeps only what --keep asks for: what the search held until now goes. One that stopped
     early is left as it is for --resume: by a signal, or by its stopper because the results disk could not take
-    the next checkpoints (``reserve`` bytes; then ``stopped_by`` says so)."""
+    the next checkpoints (``reserve`` bytes; then ``stopped_by`` says so). A sweep in object storage is then
+    copied back (records and trial files, no checkpoints) into results/NAME, where the report reads it."""
     if result.stopped_by is None:
         freed = prune_sweep(options.storage_path, options.name, options.keep)
         log.info("pruned %s of checkpoints nothing can use any more", format_bytes(freed))
-    elif (free := free_disk(options.results.resolve())) < reserve:
+    elif not storage.remote and (free := free_disk(options.results.resolve())) < reserve:
         result.stopped_by = DISK_FULL
         result.disk_note = (f"only {format_bytes(free)} free on the disk of {options.results.resolve()}, less than "
                             f"the next checkpoints need ({format_bytes(reserve)}); free space, then resume")
+    if storage.remote:
+        storage.download(result.sweep_dir)
     return result
+
+
+@contextlib.contextmanager
+def mirrored_records(storage: SweepStorage, sweep_dir: Path) -> Iterator[None]:
+    """While a sweep in object storage runs, each record its driver writes in results/NAME (sweep.json, the
+    ledger, ASHA's and the search's state) is uploaded beside its trials as it is written."""
+    if not storage.remote:
+        yield
+        return
+    with mirrored(sweep_dir, storage.upload):
+        yield
+
+
+def check_storage_reach(options: SweepOptions, storage: SweepStorage) -> None:
+    """A sweep on a cluster whose nodes are not all this machine needs storage every node reaches: object
+    storage, or a path on a network filesystem. Refused in one line before any trial starts."""
+    if storage.remote or not options.address or on_network_filesystem(Path(options.storage_path)):
+        return
+    others = [] if options.cluster_config else other_hosts()
+    if others or options.cluster_config:
+        where = f"nodes at {', '.join(others)}" if others else "the workers the autoscaler starts"
+        raise LmtuneError(f"--storage {options.storage_path}: a path on this machine's own disk, which {where} "
+                          "cannot reach; give --storage s3://BUCKET/PREFIX (or gs://..., or a shared NFS path)")
+
+
+def other_hosts() -> list[str]:
+    """The addresses of the cluster's live nodes other than this one."""
+    here = ray.util.get_node_ip_address()
+    return sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")} - {here})
+
+
+def on_network_filesystem(path: Path) -> bool:
+    """Whether ``path`` lies on a filesystem other machines mount too (NFS, SMB, Lustre, a FUSE mount of a
+    bucket...), by the type of the mount that holds it (/proc/mounts)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return False
+    resolved = str(path.resolve())
+    holding = max((m for m in mounts if resolved == m[0] or resolved.startswith(m[0].rstrip("/") + "/")),
+                  key=lambda m: len(m[0]), default=None)
+    return holding is not None and holding[1].split(".")[0] in NETWORK_FILESYSTEMS
+
+
+NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "glusterfs", "ceph",
+                                 "fuse", "9p", "efs"})
 
 
 def check_resume_inputs(options: SweepOptions, record: SweepRecord) -> None:

@@ -12,26 +12,30 @@ import copy
 import logging
 import math
 import os
+import posixpath
 import shutil
 import tempfile
+import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import torch
 from ray import tune
 
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_text, link_or_copy
-from lmtune.private_apis import trial_storage_dir
+from lmtune.files import atomic_write_bytes, atomic_write_json, atomic_write_text, link_or_copy
+from lmtune.private_apis import experiment_storage, trial_storage_dir
 from lmtune.sweep.fused_trial import train_group_trial
 from lmtune.sweep.plan import TrialSetup
 from lmtune.sweep.record import (
     SEARCH_ONLY_PARAMS,
     STAGING_DIR,
+    TRIAL_FILE,
     TrialFolder,
     is_sweep_dir,
     trial_folders,
@@ -106,19 +110,27 @@ def trial_data_dir(data_dir: str, shipped: ShippedData | None) -> Path:
     return path
 
 
-def limit_to_assigned_resources(resources: dict[str, float], cuda: types.ModuleType = torch.cuda) -> None:
+def limit_to_assigned_resources(resources: dict[str, float], cuda: types.ModuleType = torch.cuda) -> str | None:
     """Use the CPUs and the GPU share Ray assigned. Ray sets CUDA_VISIBLE_DEVICES for a trial given GPUs,
     but Ray 2.60 leaves it alone for one given none (ray-project/ray#54868): such a trial would see every GPU of
     its node, and torch's device "auto" would train on one with no memory cap. It is hidden here, before
-    anything initialises CUDA. (``cuda``: a stand-in in the tests.)"""
+    anything initialises CUDA. A trial given a GPU share where torch sees no CUDA device (a CPU build of torch,
+    a missing driver) trains on the CPU rather than fail, and says so: the line returned goes to its log and its
+    summary.json. (``cuda``: a stand-in in the tests.)"""
     cpus = resources.get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))
     gpu = resources.get("GPU", 0)
     if gpu <= 0:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    elif gpu < 1 and cuda.is_available():
+    elif not cuda.is_available():
+        note = (f"given {gpu:g} GPU by Ray, but torch {torch.__version__} on this node sees no CUDA device "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}): training on the CPU")
+        log.warning("%s", note)
+        return note
+    elif gpu < 1:
         # A fractional trial must not grow into its neighbours' memory on the same GPU.
         cuda.set_per_process_memory_fraction(gpu, 0)
+    return None
 
 
 def trial_output_dir() -> Path:
@@ -162,7 +174,10 @@ def train_trial(params: dict[str, Any], setup: TrialSetup, shipped: ShippedData 
         return
     out_dir = trial_output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    limit_to_assigned_resources(context.get_trial_resources().required_resources)
+    gpu_note = limit_to_assigned_resources(context.get_trial_resources().required_resources)
+    if gpu_note:
+        with open(out_dir / "training.log", "a") as handle:  # the run's own log (train appends to it)
+            handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING {gpu_note}\n")
     enable_shared_compile_cache(compile_cache_dir(out_dir))
     torch.compiler.reset()  # a reused worker: the last trial's compiled graphs guard on its own model
     base = copy.deepcopy(setup.base)  # (a reused worker keeps the setup: each trial gets its own copy)
@@ -185,8 +200,10 @@ def train_trial(params: dict[str, Any], setup: TrialSetup, shipped: ShippedData 
         if step:
             write_trial_file(out_dir, trial_id, params, continued_from_tokens=step * config.tokens_per_step)
     sink = TuneSink(config, early_stop=params.get("early_stop", True))
-    train(config, out_dir, resume=True, sinks=[sink], before_step=injected_fault(config, out_dir),
-          divergence=setup.divergence, periodic_dir=staging)
+    result = train(config, out_dir, resume=True, sinks=[sink], before_step=injected_fault(config, out_dir),
+                   divergence=setup.divergence, periodic_dir=staging)
+    if gpu_note:  # (the loop's own log line went to training.log; the summary says it too)
+        atomic_write_json(out_dir / "summary.json", {**result.summary, "gpu_share_unused": gpu_note})
     with contextlib.suppress(OSError):  # every checkpoint was handed to Tune: the empty staging folders go
         staging.rmdir()
         staging.parent.rmdir()
@@ -209,7 +226,8 @@ def continue_run(sweep_dir: Path, source_id: str, out_dir: Path, periodic_dir: P
     resume) is left to continue from those."""
     if periodic_checkpoints(periodic_dir):
         return None
-    source = next((f for f in trial_folders(sweep_dir) if f.trial_id == source_id), None)
+    source = fetch_source(source_id, periodic_dir.parent / f".source-{source_id}") if experiment_storage() else \
+        next((f for f in trial_folders(sweep_dir) if f.trial_id == source_id), None)
     found = source_checkpoint(source, fork) if source is not None else None
     if found is None:
         log.warning("trial %s has no usable checkpoint to continue from; training from the start", source_id)
@@ -221,6 +239,28 @@ def continue_run(sweep_dir: Path, source_id: str, out_dir: Path, periodic_dir: P
     write_metrics(out_dir / METRICS_FILE, rows)
     log.info("continuing trial %s's run from its step-%d checkpoint%s", source_id, step, " (a fork)" if fork else "")
     return step
+
+
+def fetch_source(source_id: str, into: Path) -> TrialFolder | None:
+    """Trial ``source_id``'s folder from the sweep's object storage, as much of it as a continuation needs: its
+    trial.json, metrics.csv, stable.pt and newest checkpoint (None: no such trial there)."""
+    fs, experiment = experiment_storage()
+    folders = [i for i in fs.get_file_info(pafs.FileSelector(experiment)) if i.type == pafs.FileType.Directory
+               and f"_{source_id}_" in f"_{i.base_name}_"]  # (lmtune names it ID_params; a Tuner, train_trial_ID_...)
+    if not folders:
+        return None
+    remote = folders[0].path
+    tune_dirs = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(remote))
+                       if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_"))
+    wanted = [f"{remote}/{name}" for name in (TRIAL_FILE, METRICS_FILE, f"checkpoints/{STABLE_NAME}",
+                                              f"checkpoints/{STABLE_NAME}.sha256")]
+    if tune_dirs:
+        wanted += [i.path for i in fs.get_file_info(pafs.FileSelector(tune_dirs[-1])) if i.type == pafs.FileType.File]
+    for path in wanted:
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            with fs.open_input_stream(path) as stream:
+                atomic_write_bytes(into / posixpath.relpath(path, remote), stream.read())
+    return TrialFolder(into, source_id, {})
 
 
 def source_checkpoint(source: TrialFolder, fork: RunConfig | None) -> tuple[int, Path] | None:
