@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import reprlib
 import sys
 from collections.abc import Callable
@@ -39,6 +40,10 @@ def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
+        except BrokenPipeError:  # `lmtune run --list-spaces | head`: the reader left; say nothing more
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # (else Python's exit flush raises again)
+            return 141  # 128 + SIGPIPE, as a shell reports it
 
     return wrapper
 

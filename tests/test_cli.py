@@ -29,3 +29,17 @@ def test_the_command_refuses_bad_input_in_one_line_and_writes_nothing(command: s
     assert_one_line_error(proc.returncode, proc.stderr, fragment)
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == [], sorted(tmp_path.rglob("*"))
+
+
+def test_a_command_whose_reader_leaves_early_ends_quietly_with_sigpipes_status():
+    import subprocess
+    import sys
+
+    # (a million lines cannot fit the pipe's buffer: the writer must meet the closed pipe)
+    script = ("from lmtune.errors import cli_entry\n"
+              "main = cli_entry(lambda: [print('x' * 80) for _ in range(10**6)] and 0)\n"
+              "raise SystemExit(main())")
+    proc = subprocess.run(["bash", "-c", f'{sys.executable} -c "$0" | head -c 1 >/dev/null; '
+                                         'echo "status ${PIPESTATUS[0]}" >&2', script],
+                          capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr and "status 141" in proc.stderr, proc.stderr[-2000:]
