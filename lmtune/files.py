@@ -52,9 +52,10 @@ class DiskFullError(OSError):
                          f"({size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB free): free space, then resume")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, mirror: bool = True) -> None:
     """Write ``data`` to ``path``: a temp file beside it, fsynced, then renamed over it. A full disk raises
-    DiskFullError and leaves nothing behind: neither the temp file nor a partial ``path``."""
+    DiskFullError and leaves nothing behind: neither the temp file nor a partial ``path``. ``mirror`` False: not
+    copied to a mirrored folder's storage (a file that came from there)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -77,7 +78,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.close(dir_fd)
     except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
         pass
-    if _MIRRORS:
+    if _MIRRORS and mirror:
         _mirror(path)
 
 

@@ -64,6 +64,32 @@ class Outcome(StrEnum):
     ERROR = "error"  # raised, and ran out of retries
 
 
+# The folder a resumed sweep's driver keeps its records in (set by lmtune.sweep.runner before Tune restores the
+# experiment): the ledger's writer, ASHA and the searcher come back from Tune's pickles holding the first driver's
+# paths, which on a new head or a laptop do not exist, and take this folder instead (``rebased``).
+_RESUMED_SWEEP_DIR: list[Path] = []
+
+
+@contextlib.contextmanager
+def resuming_in(sweep_dir: Path) -> Iterator[None]:
+    _RESUMED_SWEEP_DIR.append(Path(sweep_dir))
+    try:
+        yield
+    finally:
+        _RESUMED_SWEEP_DIR.pop()
+
+
+def rebased(path: Path | None, sweep_dir: Path | None) -> Path | None:
+    """``path`` (inside ``sweep_dir``, the folder a pickled object was made for) in the folder of the sweep now
+    being resumed, if one is."""
+    if path is None or sweep_dir is None or not _RESUMED_SWEEP_DIR:
+        return path
+    try:
+        return _RESUMED_SWEEP_DIR[-1] / Path(path).relative_to(sweep_dir)
+    except ValueError:
+        return path
+
+
 def evaluated_val_loss(result: dict[str, Any]) -> float | None:
     """The validation loss a Tune result of lmtune's trainable measured at its own step (None at a step without an
     evaluation: every result repeats the latest one, measured at ``val_step``, for Tune's metric checks)."""

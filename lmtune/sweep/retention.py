@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 from ray import tune
 
 from lmtune.sweep.disk import Keep
-from lmtune.sweep.record import STAGING_DIR, read_outcomes
+from lmtune.sweep.record import STAGING_DIR, read_outcomes, rebased
 from lmtune.training.checkpoint import PERIODIC, STABLE_NAME
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,10 @@ class CheckpointPruner(tune.Callback):
         self.fs, _ = storage_filesystem(storage_path)
         self.keep, self.held, self.sweep_dir = keep, held, sweep_dir
         self.freed = 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Restored by Tune on --resume: the ledger of the folder this driver resumes in.
+        self.__dict__.update(state, sweep_dir=rebased(state["sweep_dir"], state["sweep_dir"]))
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
         outcome = str(read_outcomes(self.sweep_dir).get(trial.trial_id, {}).get("outcome") or "")

@@ -35,7 +35,15 @@ from lmtune.sweep.experiment import (
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import Placement
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.record import SWEEP_FILE, Outcome, SweepRecord, is_sweep_dir, read_outcomes, sole_writer
+from lmtune.sweep.record import (
+    SWEEP_FILE,
+    Outcome,
+    SweepRecord,
+    is_sweep_dir,
+    read_outcomes,
+    resuming_in,
+    sole_writer,
+)
 from lmtune.sweep.retention import prune_sweep
 from lmtune.sweep.session import Echo, Interruptions, ray_session
 from lmtune.sweep.spaces import load_space
@@ -140,8 +148,9 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         resources = {k: float(v) for k, v in record.resources_per_trial.items()}
         trainable = build_trainable(plan, resources, shipped, ended)
         try:
-            tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True,
-                                       resume_errored=True)
+            with resuming_in(sweep_dir):  # its callbacks, ASHA and searcher come back pointing here
+                tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True,
+                                           resume_errored=True)
         except (ModuleNotFoundError, AttributeError) as err:  # unpickling names this lmtune does not have
             raise LmtuneError(f"--resume: {sweep_dir.name} was started by an earlier lmtune whose Ray state this "
                               f"version cannot load ({err}); analyze it as it is, or start a new sweep") from None

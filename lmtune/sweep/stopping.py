@@ -27,7 +27,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 from lmtune.files import atomic_write_json
 from lmtune.private_apis import asha_rungs, asha_stopped_count, restore_asha_rungs
 from lmtune.sweep.disk import format_bytes, free_disk
-from lmtune.sweep.record import Outcome, evaluated_val_loss
+from lmtune.sweep.record import Outcome, evaluated_val_loss, rebased
 from lmtune.sweep.runs import format_tokens
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,11 @@ class OutcomeRecorder(Callback):
     def __init__(self, ledger: Path, gpus_per_trial: float = 0.0):
         self.ledger = Path(ledger)
         self.gpus_per_trial = gpus_per_trial
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Restored by Tune on --resume: the ledger of the folder this driver resumes in (lmtune.sweep.record.rebased).
+        ledger = Path(state["ledger"])
+        self.__dict__.update(state, ledger=rebased(ledger, ledger.parent.parent))
 
     def decided(self, trial_id: str, outcome: Outcome, reason: str, result: dict[str, Any]) -> None:
         """A stop the stopper or ASHA just decided: written at once, so it survives a driver crash."""
@@ -287,6 +292,11 @@ class PersistentASHA(AsyncHyperBandScheduler):
         self.order: list[str] = []  # judged trials in the order they were added
         self.ended: set[str] = set()
         self.held: dict[str, list[dict[str, Any]]] = {}  # trial -> its rung results not yet judged
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Restored by Tune on --resume: the state file of the folder this driver resumes in.
+        path = state.get("state_path")
+        self.__dict__.update(state, state_path=rebased(path, path.parent.parent if path else None))
 
     def _ensure_loaded(self) -> None:
         if self.loaded:

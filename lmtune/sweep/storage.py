@@ -16,6 +16,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow
 import pyarrow.fs as pafs
 
 from lmtune.errors import LmtuneError
@@ -55,7 +56,7 @@ class SweepStorage:
             return pafs.LocalFileSystem(), str(Path(self.root).resolve() / self.name)
         try:
             return pafs.FileSystem.from_uri(self.uri)
-        except (pafs.ArrowInvalid, OSError, ValueError) as err:
+        except (pyarrow.ArrowInvalid, OSError, ValueError) as err:
             raise LmtuneError(f"--storage {self.root}: {err}; give s3://BUCKET/PREFIX (an S3-compatible store: "
                               "AWS_ENDPOINT_URL, or ?endpoint_override=HOST:PORT&scheme=http) or gs://...") from None
 
@@ -115,7 +116,7 @@ class SweepStorage:
             if any(part.startswith("checkpoint_") for part in relative.split("/")):
                 continue
             with fs.open_input_stream(info.path) as source:
-                atomic_write_bytes(Path(local_dir) / relative, source.read())
+                atomic_write_bytes(Path(local_dir) / relative, source.read(), mirror=False)  # (storage's own)
             count += 1
         log.info("downloaded %d files of %s to %s", count, self.uri, local_dir)
         return Path(local_dir)

@@ -174,6 +174,7 @@ def train_trial(params: dict[str, Any], setup: TrialSetup, shipped: ShippedData 
         return
     out_dir = trial_output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
+    restore_trial_folder(out_dir)
     gpu_note = limit_to_assigned_resources(context.get_trial_resources().required_resources)
     if gpu_note:
         with open(out_dir / "training.log", "a") as handle:  # the run's own log (train appends to it)
@@ -239,6 +240,24 @@ def continue_run(sweep_dir: Path, source_id: str, out_dir: Path, periodic_dir: P
     write_metrics(out_dir / METRICS_FILE, rows)
     log.info("continuing trial %s's run from its step-%d checkpoint%s", source_id, step, " (a fork)" if fork else "")
     return step
+
+
+def restore_trial_folder(out_dir: Path) -> None:
+    """A trial restored on a node without its folder (its first node is gone; the sweep is in object storage):
+    the folder's files (metrics.csv, training.log, best.pt, ...) fetched from storage first, so the run continues
+    them instead of starting new ones that would replace the stored ones at the next sync."""
+    found = experiment_storage()
+    if found is None or (out_dir / METRICS_FILE).exists():
+        return
+    fs, experiment = found
+    remote = posixpath.join(experiment, out_dir.name)
+    for info in fs.get_file_info(pafs.FileSelector(remote, recursive=True, allow_not_found=True)):
+        relative = posixpath.relpath(info.path, remote)
+        if info.type != pafs.FileType.File or relative.startswith("checkpoint_"):
+            continue
+        with fs.open_input_stream(info.path) as stream:
+            atomic_write_bytes(out_dir / relative, stream.read())
+    log.info("restored trial folder %s from %s", out_dir.name, remote)
 
 
 def fetch_source(source_id: str, into: Path) -> TrialFolder | None:

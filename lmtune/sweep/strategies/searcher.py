@@ -25,6 +25,7 @@ from lmtune.sweep.record import (
     horizon_state_path,
     read_outcomes,
     read_search_state,
+    rebased,
     trial_folders,
 )
 from lmtune.sweep.runs import INTERRUPTED
@@ -52,6 +53,10 @@ class DecidingSearcher(Searcher):
         self.sweep_dir = Path(sweep_dir) if sweep_dir is not None else None
         """lmtune's own sweep folder (its ledger and decisions/); None in a user's own Tuner: the search then
         learns every trial's ending from Tune's results alone and keeps its state only through save/restore."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Restored by Tune on --resume: the sweep folder this driver resumes in (lmtune.sweep.record.rebased).
+        self.__dict__.update(state, sweep_dir=rebased(state.get("sweep_dir"), state.get("sweep_dir")))
 
     def state_path(self) -> Path | None:
         return self.state_file(self.sweep_dir) if self.sweep_dir is not None else None
