@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from cloud import FakeCluster, S3Server, bucket_files, poll, read_text
-from conftest import ENV, run_lmtune, write_grid_space
+from conftest import ENV, TINY_TRIAL, run_lmtune, write_grid_space
 
 from lmtune.training.metrics import read_metrics
 
@@ -268,9 +268,19 @@ def run_scenario(r: Rehearsal, data: Path) -> None:
             return None
         for node_id, cwds in cluster.worker_cwds().items():
             for cwd in cwds:
-                if node_id != r.head_id and cwd.name in candidates:
+                if node_id != r.head_id and cwd.name in candidates and taken_in(cwd, candidates[cwd.name][1]):
                     return node_id, cwd, *candidates[cwd.name]
         return None
+
+    def taken_in(cwd: Path, step: int) -> bool:
+        """Whether the driver has taken in the result that carried the checkpoint of ``step`` (Tune restores a
+        trial only from a checkpoint its driver knows of): the trial has logged two reports past it, and a
+        function trainable's next report waits until its previous one was taken."""
+        try:
+            logged = [row["step"] for row in read_metrics_text((cwd / "metrics.csv").read_text())]
+        except OSError:
+            return False
+        return bool(logged) and max(logged) >= step + 2 * TINY_TRIAL["log_interval"]
 
     r.killed_node, working_dir, r.killed_after, r.killed_after_step = poll(
         checkpointed_trial_running, 180, "trial running on a worker with a checkpoint in the bucket", poll_s=0.2,

@@ -345,3 +345,23 @@ def test_wandb_gets_every_metrics_row_and_the_summary_offline(builtin_data, tmp_
     assert run["summary"]["best_val_loss"] == pytest.approx(json.loads((out / "summary.json").read_text())
                                                             ["best_val_loss"])
     assert run["config"]["train"]["steps"] == 20
+
+
+def test_a_run_resumed_in_a_folder_whose_metrics_lag_its_checkpoint_takes_the_rows_from_the_checkpoint(
+        make_tiny_config, tmp_path):
+    # A folder copied from storage before its last rows reached it (a node lost between a checkpoint's upload and
+    # the sync of its folder): metrics.csv has fewer rows than the checkpoint it resumes from carries.
+    config = make_tiny_config(steps=20, checkpoint_interval=10, keep_checkpoints=5)
+    whole = tmp_path / "whole"
+    train(config, whole)
+    lagging = tmp_path / "lagging"
+    (lagging / "checkpoints").mkdir(parents=True)
+    for name in ("step_00000010.pt", "step_00000010.pt.sha256"):
+        shutil.copy(whole / "checkpoints" / name, lagging / "checkpoints" / name)
+    rows = (whole / "metrics.csv").read_text().splitlines()
+    (lagging / "metrics.csv").write_text("\n".join(rows[:2]) + "\n")  # the header and step 5 only
+    train(config, lagging, resume=True)
+    assert [r["step"] for r in read_metrics(lagging / "metrics.csv")] == \
+        [r["step"] for r in read_metrics(whole / "metrics.csv")] == [5, 10, 15, 20]
+    assert [r["train_loss"] for r in read_metrics(lagging / "metrics.csv")] == \
+        [r["train_loss"] for r in read_metrics(whole / "metrics.csv")]

@@ -104,6 +104,8 @@ class Checkpointer:
         self.directory = Path(directory)
         self.periodic_dir = Path(periodic_dir) if periodic_dir is not None else self.directory
         self.keep = keep
+        self.restored_history: list[dict[str, Any]] = []
+        """The metrics rows the checkpoint a run resumed from carries (what its metrics.csv held then)."""
 
     def restore(self, state: TrainState, *, path: Path | None = None, latest: bool = False) -> Path | None:
         """Load ``path`` (Ray Tune's restore names one) or, with ``latest``, the newest checkpoint that
@@ -115,6 +117,7 @@ class Checkpointer:
             saved = load_checkpoint(path) if path is not None else None
         if saved is not None:
             state.load_state_dict(saved)
+            self.restored_history = list(saved.get("history") or [])
         return path
 
     def save(self, state: TrainState, config: RunConfig, history: list[dict[str, Any]],

@@ -110,7 +110,8 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         resumed_from = checkpointer.restore(state, path=resume_from, latest=resume)
         atomic_write_text(out_dir / "config.json", config.to_json())
         cleanup.enter_context(training_log(out_dir))  # first, so it records the resume and everything after
-        csv_sink = cleanup.enter_context(CsvSink(out_dir, resume_step=state.step))
+        csv_sink = cleanup.enter_context(CsvSink(out_dir, resume_step=state.step,
+                                                 history=checkpointer.restored_history))
         tensorboard = cleanup.enter_context(TensorBoardSink(out_dir, resume_step=state.step))
         if resumed_from is not None:
             log.info("resuming from %s (step %d)", resumed_from, state.step)

@@ -49,12 +49,16 @@ class MetricsSink(Protocol):
 
 class CsvSink:
     """metrics.csv. A resumed run keeps the rows up to the checkpoint it resumes from; later rows are
-    logged again by the resumed run, so every step appears once."""
+    logged again by the resumed run, so every step appears once. ``history``: the rows the checkpoint itself
+    carries, taken instead where the file holds fewer (a folder copied from storage before its last rows
+    reached it: a node lost between a checkpoint's upload and the sync of its folder)."""
 
-    def __init__(self, out_dir: Path, resume_step: int = 0):
+    def __init__(self, out_dir: Path, resume_step: int = 0, history: list[Row] | None = None):
         self.path = Path(out_dir) / METRICS_FILE
         old = read_metrics(self.path) if resume_step and self.path.exists() else []
-        self.rows: list[Row] = [row for row in old if row["step"] <= resume_step]
+        kept = [row for row in old if row["step"] <= resume_step]
+        saved = [dict(row) for row in history or () if row.get("step", 0) <= resume_step]
+        self.rows: list[Row] = saved if len(saved) > len(kept) else kept
         write_metrics(self.path, self.rows)
         self._file = open(self.path, "a", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
