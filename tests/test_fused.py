@@ -140,7 +140,10 @@ def test_a_members_checkpoint_resumes_as_an_ordinary_single_model_run(make_tiny_
         shutil.copy(dirs[1] / "checkpoints" / name, alone_dir / name)
     resumed = train(make_tiny_config(lr=1e-2), alone_dir.parent, resume=True)
     assert resumed.status == "completed"
-    assert _curve(alone_dir.parent, "step")[0] == 15  # continued from step 10, not from scratch
+    # continued from step 10, not from scratch; its rows up to there are the member's, carried by the checkpoint
+    assert "(step 10)" in (alone_dir.parent / "training.log").read_text()
+    assert _curve(alone_dir.parent, "step")[:3] == [5, 10, 15]
+    assert _curve(alone_dir.parent, "train_loss")[:2] == _curve(dirs[1], "train_loss")[:2]
     assert resumed.summary["final_val_loss"] == pytest.approx(results[1].summary["final_val_loss"], rel=1e-4)
 
 
