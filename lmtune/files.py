@@ -47,7 +47,7 @@ class DiskFullError(OSError):
     """A write that found no space left on its device: nothing was written (the old file, if any, stands)."""
 
     def __init__(self, path: Path, size: int):
-        free = shutil.disk_usage(_existing_ancestor(path)).free
+        free = shutil.disk_usage(existing_ancestor(path)).free
         super().__init__(errno.ENOSPC, f"no space left on the disk of {path.parent} to write {path.name} "
                          f"({size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB free): free space, then resume")
 
@@ -124,7 +124,7 @@ def link_or_copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-def _existing_ancestor(path: Path) -> Path:
+def existing_ancestor(path: Path) -> Path:
     """``path`` or the nearest folder above it that exists (what a disk-usage query can be asked about)."""
     path = Path(path).absolute()
     while not path.exists() and path != path.parent:

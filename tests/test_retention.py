@@ -13,8 +13,9 @@ import pytest
 
 from lmtune.files import DiskFullError, atomic_write_bytes
 from lmtune.sweep.disk import Keep
-from lmtune.sweep.retention import prune_sweep, prune_trial, storage_filesystem
+from lmtune.sweep.retention import prune_sweep, prune_trial
 from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
+from lmtune.sweep.storage import filesystem_of
 from lmtune.sweep.strategies import STRATEGIES
 from tests.conftest import assert_refused, trial_dirs, write_grid_space
 
@@ -44,7 +45,7 @@ def left(folder: Path) -> list[str]:
 
 def test_keep_best_leaves_an_ended_trial_its_best_pt_and_its_records_only(tmp_path):
     trial = make_trial(tmp_path / "t", own_steps=(20,), stable=True)
-    fs, _ = storage_filesystem(str(tmp_path))
+    fs, _ = filesystem_of(str(tmp_path))
     freed = prune_trial(fs, str(trial), Keep.BEST)
     assert left(trial) == ["checkpoints/best.pt", "metrics.csv"]
     assert freed == 2 * (100 + 2) + 100 + 100
@@ -52,7 +53,7 @@ def test_keep_best_leaves_an_ended_trial_its_best_pt_and_its_records_only(tmp_pa
 
 def test_keep_last_leaves_the_newest_of_tunes_checkpoints_beside_best_pt(tmp_path):
     trial = make_trial(tmp_path / "t")
-    fs, _ = storage_filesystem(str(tmp_path))
+    fs, _ = filesystem_of(str(tmp_path))
     prune_trial(fs, str(trial), Keep.LAST)
     assert left(trial) == ["checkpoint_000001/step_00000020.pt", "checkpoint_000001/step_00000020.pt.sha256",
                            "checkpoints/best.pt", "metrics.csv"]
@@ -61,7 +62,7 @@ def test_keep_last_leaves_the_newest_of_tunes_checkpoints_beside_best_pt(tmp_pat
 def test_keep_all_prunes_nothing(tmp_path):
     trial = make_trial(tmp_path / "t", stable=True)
     before = left(trial)
-    fs, _ = storage_filesystem(str(tmp_path))
+    fs, _ = filesystem_of(str(tmp_path))
     assert prune_trial(fs, str(trial), Keep.ALL) == 0
     assert left(trial) == before
 
@@ -71,7 +72,7 @@ def test_what_the_search_holds_survives_the_trials_end_but_not_the_sweeps(tmp_pa
     trial = make_trial(sweep / "t", stable=True)
     (sweep / ".staging" / "t").mkdir(parents=True)
     (sweep / ".staging" / "t" / "step_00000030.pt").write_bytes(b"f" * 100)
-    fs, _ = storage_filesystem(str(tmp_path))
+    fs, _ = filesystem_of(str(tmp_path))
     prune_trial(fs, str(trial), Keep.BEST, held=frozenset({"periodic", "stable"}))
     assert "checkpoint_000001/step_00000020.pt" in left(trial) and "checkpoints/stable.pt" in left(trial)
     assert "checkpoint_000000/step_00000010.pt" not in left(trial)

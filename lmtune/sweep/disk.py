@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from lmtune.errors import LmtuneError
+from lmtune.files import existing_ancestor
 from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.metrics import METRIC_COLUMNS
 from lmtune.training.model import count_parameters
@@ -147,10 +148,7 @@ def disk_need(config: RunConfig, trials: int, max_concurrent: int, keep: Keep, h
 
 def free_disk(directory: Path) -> int:
     """Free bytes where ``directory`` is or will be: its nearest existing ancestor (the sweep creates it later)."""
-    path = Path(directory).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return shutil.disk_usage(path).free
+    return shutil.disk_usage(existing_ancestor(directory)).free
 
 
 def check_free_disk(directory: Path, need: DiskNeed, force: bool) -> int:

@@ -21,18 +21,12 @@ from ray import tune
 
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.record import STAGING_DIR, read_outcomes, rebased
+from lmtune.sweep.storage import SweepStorage, filesystem_of
 from lmtune.training.checkpoint import PERIODIC, STABLE_NAME
 
 log = logging.getLogger(__name__)
 
 TUNE_CHECKPOINT_PREFIX = "checkpoint_"
-
-
-def storage_filesystem(storage_path: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem a sweep's storage is on and the path within it (a local path, or s3:// gs:// URIs)."""
-    if "://" in storage_path:
-        return pafs.FileSystem.from_uri(storage_path)
-    return pafs.LocalFileSystem(), storage_path
 
 
 def _children(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
@@ -76,8 +70,7 @@ def _size(fs: pafs.FileSystem, directory: str) -> int:
 def prune_sweep(storage_path: str, sweep_name: str, keep: Keep) -> int:
     """A finished sweep: every trial keeps only what ``keep`` asks for (nothing is held for the search any more),
     and the staging folder goes. Returns the bytes freed."""
-    fs, root = storage_filesystem(storage_path)
-    sweep = posixpath.join(root, sweep_name)
+    fs, sweep = SweepStorage(storage_path, sweep_name).filesystem()
     freed = 0
     for entry in _children(fs, sweep):
         if entry.type != pafs.FileType.Directory:
@@ -96,7 +89,7 @@ class CheckpointPruner(tune.Callback):
     retries it, and --resume too, from its newest checkpoint."""
 
     def __init__(self, storage_path: str, keep: Keep, held: Callable[[str], frozenset[str]], sweep_dir):
-        self.fs, _ = storage_filesystem(storage_path)
+        self.fs, _ = filesystem_of(storage_path)
         self.keep, self.held, self.sweep_dir = keep, held, sweep_dir
         self.freed = 0
 

@@ -32,6 +32,18 @@ def is_uri(location: str) -> bool:
     return "://" in location
 
 
+def filesystem_of(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem ``location`` (a local path, or an s3:// gs:// URI, a query string allowed) is on,
+    and the path within it."""
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), str(Path(location).resolve())
+    try:
+        return pafs.FileSystem.from_uri(location)
+    except (pyarrow.ArrowInvalid, OSError, ValueError) as err:
+        raise LmtuneError(f"--storage {location}: {err}; give s3://BUCKET/PREFIX (an S3-compatible store: "
+                          "AWS_ENDPOINT_URL, or ?endpoint_override=HOST:PORT&scheme=http) or gs://...") from None
+
+
 @dataclass(frozen=True)
 class SweepStorage:
     """The storage ``root`` (a path or a URI, a query string allowed) and the sweep ``name`` under it."""
@@ -52,13 +64,7 @@ class SweepStorage:
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """The filesystem and the sweep's path in it."""
-        if not self.remote:
-            return pafs.LocalFileSystem(), str(Path(self.root).resolve() / self.name)
-        try:
-            return pafs.FileSystem.from_uri(self.uri)
-        except (pyarrow.ArrowInvalid, OSError, ValueError) as err:
-            raise LmtuneError(f"--storage {self.root}: {err}; give s3://BUCKET/PREFIX (an S3-compatible store: "
-                              "AWS_ENDPOINT_URL, or ?endpoint_override=HOST:PORT&scheme=http) or gs://...") from None
+        return filesystem_of(self.uri)
 
     @classmethod
     def of_uri(cls, uri: str) -> SweepStorage:
