@@ -132,6 +132,35 @@ def existing_ancestor(path: Path) -> Path:
     return path
 
 
+def check_destination(path: Path, option: str, kind: str = "folder") -> Path:
+    """Refuse, before any work is done, a destination that cannot take the files a command will write:
+    ``kind`` "folder" (a folder to create or add to) or "file" (a file to create or replace). Raises
+    LmtuneError with one line naming ``option`` and the fix; writes nothing (a probe file in the nearest
+    existing folder is created and removed at once)."""
+    from lmtune.errors import LmtuneError
+
+    path = Path(path)
+    fix = f"choose another {option}"
+    if path.is_symlink() and not path.exists():
+        raise LmtuneError(f"{option} {path} is a symlink to {os.readlink(path)}, which does not exist; {fix}")
+    if kind == "file" and path.is_dir():
+        raise LmtuneError(f"{option} {path} is a folder, not a file; {fix}")
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise LmtuneError(f"{option} {path} is a file, not a folder; {fix}")
+    folder = path.parent if kind == "file" else path
+    existing = existing_ancestor(folder)
+    if not existing.is_dir():
+        raise LmtuneError(f"{option} {path} lies under {existing}, which is a file, not a folder; {fix}")
+    probe = existing / f".lmtune-write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as err:
+        raise LmtuneError(f"cannot write to {existing} ({err.strerror or err}), where {option} {path} goes; "
+                          f"{fix} or fix its permissions") from None
+    return path
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy scalars
         return value.item()

@@ -3,6 +3,7 @@ a real quick sweep, and the helpers that start, wait for and kill processes and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -204,6 +205,25 @@ def trial_dirs(sweep_dir: Path) -> dict[str, Path]:
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of every file and folder under ``root``: equal snapshots mean nothing was written."""
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """``folder`` made unwritable for the block: chmod 0o555, or (as root, whom permission bits do not stop)
+    the immutable attribute; skips the test where the filesystem offers neither."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        undo = ["chmod", "755", str(folder)]
+    else:
+        made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make {folder} read-only as root here (chattr: {made.stderr.decode().strip()})")
+        undo = ["chattr", "-i", str(folder)]
+    try:
+        yield folder
+    finally:
+        subprocess.run(undo, check=True)
 
 
 def assert_one_line_error(code: int, stderr: str, *fragments: str) -> str:
