@@ -49,5 +49,10 @@ def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
 
 
 def setup_cli_logging(level: int = logging.INFO) -> None:
-    """Concise console logging for the CLIs; the library itself only uses ``logging``."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    """Concise console logging for the CLIs; the library itself only uses ``logging``. The console's handler
+    holds ``level`` itself: a run's training.log lowers the "lmtune" logger to INFO, and --quiet's console must
+    still show only warnings."""
+    console = logging.StreamHandler()
+    console.setLevel(level)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        handlers=[console])

@@ -16,9 +16,10 @@ from pathlib import Path
 from lmtune.cli import prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
+from lmtune.files import check_destination
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs
 from lmtune.training.config import BUDGETS, budget_config, parse_set_args
-from lmtune.training.lr_range import RANGE_FIGURE, RangeTestConfig, lr_range_test
+from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeTestConfig, lr_range_test
 
 DEFAULTS = RangeTestConfig()
 
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-lr", type=float, default=DEFAULTS.min_lr, help=f"first LR (default {DEFAULTS.min_lr:g})")
     parser.add_argument("--max-lr", type=float, default=DEFAULTS.max_lr, help=f"last LR (default {DEFAULTS.max_lr:g})")
     parser.add_argument("--steps", type=int, default=DEFAULTS.steps,
-                        help=f"steps from --min-lr to --max-lr (default {DEFAULTS.steps})")
+                        help=f"steps from --min-lr to --max-lr, 10 to {MAX_RANGE_STEPS:,} (default {DEFAULTS.steps})")
     parser.add_argument("--out", type=Path, help="output dir (default: results/lr_find-BUDGET-TIMESTAMP)")
     parser.add_argument("--quiet", action="store_true", help="only warnings and the result")
     return parser
@@ -50,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     if "lr" in overrides:
         raise LmtuneError("lr_find: --set lr has no effect (the test ramps the LR itself); use --min-lr / --max-lr")
     out = args.out or Path("results") / f"lr_find-{args.budget}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    check_destination(out, "--out")
+    if out.exists() and any(out.iterdir()):
         raise LmtuneError(f"{out} already exists and is not an empty folder; choose another --out")
-    data_dir = args.data if args.data is not None else ensure_builtin_corpus()
-    config = budget_config(args.budget, overrides, data_dir=str(data_dir))
+    config = budget_config(args.budget, overrides)
+    config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())  # last: every refusal first
     result = lr_range_test(config, settings, out)
     print(f"{result.summary_line()} ({len(result.lrs)} steps, {result.tokens:,} tokens)")
     print(f"stopped: {result.stopped_because}")

@@ -7,20 +7,32 @@ import json
 import logging
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from lmtune.cli import prog
 from lmtune.data.prepare import ensure_builtin_corpus
-from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
-from lmtune.files import LOCK_FILE
+from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
+from lmtune.files import LOCK_FILE, check_destination
+from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config, parse_set_args
+from lmtune.training.fork import same_data
 from lmtune.training.loop import train
+from lmtune.training.schedule import first_lr_difference
+
+# What a resumed run may change: where and how it runs, its bookkeeping, and its LR schedule (checked to give
+# every step it already trained the same LR). The model, batch, seed, optimizer and evaluation stay the run's.
+RESUME_MAY_CHANGE = {"log_interval", "eval_interval", "checkpoint_interval", "keep_checkpoints", "device", "compile",
+                     "compile_backend", "compile_mode", "precision", "grad_accum_steps",
+                     "lr", "min_lr_ratio", "schedule", "warmup_steps", "steps", "run_steps", "cooldown_fraction",
+                     "cooldown_shape"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog("train"), description="Train one language model.")
     parser.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
-    parser.add_argument("--budget", default="quick", choices=list(BUDGETS), help="named budget (default: quick)")
+    parser.add_argument("--budget", choices=list(BUDGETS), help="named budget (default: quick; a resumed run's own)")
     parser.add_argument("--lr", type=float, help="peak learning rate")
     parser.add_argument("--out", type=Path, help="output dir (default: results/train-BUDGET-TIMESTAMP)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
@@ -33,21 +45,80 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
-    """The run's config and output folder, every refusal checked before anything is written."""
+    """The run's config and output folder, every refusal checked before anything is written (or built)."""
     overrides = parse_set_args(args.set)
     if args.lr is not None:
         overrides["lr"] = args.lr
-    data_dir = args.data if args.data is not None else ensure_builtin_corpus()
-    config = budget_config(args.budget, overrides, data_dir=str(data_dir))
-    out = args.out or Path("results") / f"train-{args.budget}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.resume and not (out / "config.json").exists():
-        raise LmtuneError(f"--resume: {out} holds no training run (no config.json); drop --resume to start one")
-    if not args.resume and out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
-        raise LmtuneError(f"{out} already holds files; pass --resume to continue it or choose another --out")
+    budget = args.budget or "quick"
+    out = args.out or Path("results") / f"train-{budget}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_destination(out, "--out")
     if args.resume:
-        saved = RunConfig.from_dict(json.loads((out / "config.json").read_text()))
-        config = apply_overrides(saved, overrides) if overrides else saved
+        return resumed_config(args, out, overrides), out
+    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
+        raise LmtuneError(f"{out} already holds files; pass --resume to continue it or choose another --out")
+    config = budget_config(budget, overrides)
+    config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())  # the last step: slow
     return config, out
+
+
+def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, Any]) -> RunConfig:
+    """The config a --resume continues with: the run's own, with only the overrides that leave what it has
+    trained so far the same run (refused in one line otherwise)."""
+    path = out / "config.json"
+    if not path.exists():
+        raise LmtuneError(f"--resume: {out} holds no training run (no config.json); drop --resume to start one")
+    saved = read_run_config(path)
+    if args.budget is not None and args.budget != saved.budget:
+        raise LmtuneError(f"--resume: the run in {out} has budget {saved.budget}, not {args.budget}; drop --budget "
+                          "to continue it, or choose another --out for a new run")
+    if args.data is not None and not same_data(str(args.data), saved.data_dir):
+        raise LmtuneError(f"--resume: the run in {out} trained on {saved.data_dir}, not --data {args.data}; drop "
+                          "--data to continue it, or choose another --out for a new run")
+    config = apply_overrides(saved, overrides)
+    check_resumable(saved, config, newest_checkpoint_step(out / "checkpoints"), out)
+    return config
+
+
+def read_run_config(path: Path) -> RunConfig:
+    """A run's config.json, validated; one line naming the file when it is torn or edited past use."""
+    fix = "restore it (each checkpoint carries the run's config), or start a new run with another --out"
+    try:
+        saved = RunConfig.from_dict(json.loads(path.read_text()))
+        return apply_overrides(saved, {}, where=str(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise LmtuneError(f"--resume: {path} is not a readable run config ({type(err).__name__}: "
+                          f"{shown(str(err))}); {fix}") from None
+    except LmtuneError as err:  # it parses, but holds a value no run could have trained with
+        raise LmtuneError(f"--resume: {err}; {fix}") from None
+
+
+def newest_checkpoint_step(folder: Path) -> int:
+    """The step of the newest periodic checkpoint a resume may start from (0: none, a fresh start); the newest
+    by name, so what is checked against it holds for whichever one verifies."""
+    found = periodic_checkpoints(folder)
+    return checkpoint_step(found[-1]) if found else 0
+
+
+def check_resumable(saved: RunConfig, config: RunConfig, step: int, out: Path) -> None:
+    """One line when ``config`` continued from ``saved``'s checkpoint at ``step`` would not be the run it
+    trained so far: a changed model, batch, seed, optimizer or measure, or an LR schedule that differs at a
+    step already trained."""
+    old, new = flat_fields(saved), flat_fields(config)
+    changed = [f"{k} {shown(old[k])} -> {shown(new[k])}" for k in sorted(old)
+               if old[k] != new[k] and k not in RESUME_MAY_CHANGE]
+    if changed:
+        raise LmtuneError(f"--resume: --set {', '.join(changed)} would make the run in {out} another run; "
+                          "continue it unchanged, or start a new run with another --out")
+    if (first := first_lr_difference(saved.train, config.train, step)) is not None:
+        at, before, after = first
+        raise LmtuneError(f"--resume: the run in {out} is at step {step} and trained step {at} at lr {before:.3g}, "
+                          f"where these settings give {after:.3g}; fork it from a checkpoint before that step "
+                          "(lmtune.training.fork.fork_run; a WSD run's checkpoints/stable.pt), or start a new run "
+                          "with another --out")
+
+
+def flat_fields(config: RunConfig) -> dict[str, Any]:
+    return {**asdict(config.model), **asdict(config.train)}
 
 
 @cli_entry
@@ -63,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     result = train(config, out, resume=args.resume, sinks=sinks)
     s = result.summary
     best = f"{s['best_val_loss']:.4f}" if s["best_val_loss"] is not None else "n/a"
-    print(f"{result.status}: {s['steps']} steps, {s['tokens']:,} tokens, best val loss {best}, "
+    status = "completed, did not learn" if s.get("divergence", {}).get("did_not_learn") else result.status
+    print(f"{status}: {s['steps']} steps, {s['tokens']:,} tokens, best val loss {best}, "
           f"{s['tokens_per_s'] or 0:,.0f} tokens/s, {s['wall_time_s']:.1f} s -> {out}")
     return 0 if result.status in ("completed", "stopped") else 1
 

@@ -3,9 +3,11 @@
 ℓ₀ is the loss at initialisation, ln(vocab) for a model that starts out predicting near-uniformly (the
 quantity every run of a sweep shares). A run has **diverged** when its loss becomes non-finite, or when
 it goes above ℓ₀ and does not come back below ℓ₀ within the recovery window (a fraction of the budget's
-steps), or when its budget ends with the loss still above ℓ₀. A run whose loss rose far above its running
-minimum and came back is **spiked**, not diverged: each spike is recorded with its step, its height
-relative to the running minimum before it, and the steps it took to come back.
+steps), or when its budget ends with the loss still above ℓ₀ — in both cases only once it has climbed
+(risen more than the spike threshold above its running minimum, ℓ₀ included). A run still near ℓ₀ that never
+climbed has not diverged: it **did not learn** within its budget (a 2-step smoke run, a tiny LR). A run whose
+loss rose far above its running minimum and came back is **spiked**, not diverged: each spike is recorded
+with its step, its height relative to the running minimum before it, and the steps it took to come back.
 
 The default window is the whole budget, because that is what the measured runs demand (benchmarks/
 README.md, "When training fails"): under the cosine schedule, runs far above the best LR climb to tens or
@@ -98,6 +100,9 @@ class Verdict:
     undecided: bool = False
     """The run ended above ℓ₀ before its window ran out without training its whole budget: whether it
     would have recovered is unknown."""
+    did_not_learn: bool = False
+    """The run trained its whole budget and ended above ℓ₀ without ever climbing (no spike, nothing
+    non-finite): it ran out of budget before it learned, which is no divergence."""
 
 
 class LossWatch:
@@ -121,6 +126,12 @@ class LossWatch:
         self.verdict = Verdict()
 
     @property
+    def climbed(self) -> bool:
+        """The loss has risen more than the spike threshold above its running minimum (ℓ₀ included) at least
+        once: what tells a diverging run from one that has not learned yet, both above ℓ₀."""
+        return self._open is not None or bool(self.spikes)
+
+    @property
     def above_for(self) -> int:
         """Steps since the loss was last at or below ℓ₀ (0 while it is)."""
         return self.last_step - self.last_below if self.last_loss is not None and self.last_loss > self.ell0 else 0
@@ -142,9 +153,9 @@ class LossWatch:
             self.last_below = int(step)
         if loss <= self.ell0 * self.rule.stop_factor:
             self.last_below_stop = int(step)
-        if not self.verdict.diverged and step - self.last_below >= self.window:
+        if not self.verdict.diverged and step - self.last_below >= self.window and self.climbed:
             self.verdict = Verdict(True, int(step), self._window_reason(step))
-        if step - self.last_below_stop >= self.window:
+        if self.verdict.diverged and step - self.last_below_stop >= self.window:
             self.verdict = Verdict(True, self.verdict.step, self.verdict.reason, stop=True)
         return self.verdict
 
@@ -187,15 +198,20 @@ class LossWatch:
             self._open = None
 
     def finish(self, steps_trained: int) -> Verdict:
-        """The run ended after ``steps_trained`` steps: a budget that ended above ℓ₀ has diverged; a run
-        stopped early above ℓ₀ is undecided."""
-        all_spikes = self.all_spikes()
+        """The run ended after ``steps_trained`` steps: a budget that ended above ℓ₀ has diverged, or did not
+        learn when its loss never climbed; a run stopped early above ℓ₀ is undecided."""
+        climbed, all_spikes = self.climbed, self.all_spikes()
         if self.verdict.diverged or self.last_loss is None or self.last_loss <= self.ell0:
             self.spikes = all_spikes
             self._open = None
             return self.verdict
         self.spikes, self._open = all_spikes, None
-        if steps_trained >= self.budget_steps:
+        if steps_trained >= self.budget_steps and not climbed:
+            self.verdict = Verdict(did_not_learn=True, reason=f"did not learn within its budget: the loss "
+                                   f"{self.last_loss:.4g} is still above ℓ₀ = {self.ell0:.4g} after {steps_trained} "
+                                   "steps, but it never climbed (no spike, nothing non-finite), so it did not "
+                                   "diverge; train longer or at a higher LR")
+        elif steps_trained >= self.budget_steps:
             self.verdict = Verdict(True, int(self.last_step), f"its budget ended with the loss {self.last_loss:.3g} "
                                    f"still above ℓ₀ = {self.ell0:.3g} (above it since step {self.last_below})")
         else:
@@ -213,7 +229,8 @@ class LossWatch:
         return {"initial_loss": self.ell0, "recovery_window_steps": self.window, "spikes": [asdict(s) for s in spikes],
                 "max_spike_height": max((s.height for s in spikes), default=None),
                 "diverged": self.verdict.diverged, "diverged_step": self.verdict.step,
-                "divergence_reason": self.verdict.reason, "undecided": self.verdict.undecided}
+                "divergence_reason": self.verdict.reason, "undecided": self.verdict.undecided,
+                "did_not_learn": self.verdict.did_not_learn}
 
 
 def judge(rows: Iterable[tuple[int, float]], ell0: float, budget_steps: int, steps_trained: int,

@@ -8,15 +8,18 @@ checkpoint, and a longer run continues from a shorter run's stable.pt (the state
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from lmtune.errors import LmtuneError
+from lmtune.files import check_destination
 from lmtune.training.checkpoint import load_checkpoint
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult, resolve_config, train
 from lmtune.training.metrics import METRICS_FILE, write_metrics
-from lmtune.training.schedule import stable_until
+from lmtune.training.schedule import first_lr_difference
 
 # What may differ between a run and the longer run it forks from: the budget and its bookkeeping. Anything
 # else (LR, seed, warm-up, batch, model, the cooldown's floor) would make the shared prefix a different run.
@@ -28,17 +31,40 @@ def fork_run(parent_checkpoint: Path, config: RunConfig, out_dir: Path, **train_
     """Train ``config`` (a WSD run) from ``parent_checkpoint`` of another WSD run, writing a whole run into
     ``out_dir``: the parent's metrics rows up to the fork, then this run's own. Refused, in one line, when
     the two runs would not have trained identically up to the checkpoint."""
-    saved = load_checkpoint(Path(parent_checkpoint))
+    out_dir = check_destination(Path(out_dir), "out_dir", fix="fork into a new folder")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise LmtuneError(f"{out_dir} already holds files; fork into a new folder")
+    saved = read_parent(Path(parent_checkpoint))
     parent = RunConfig.from_dict(saved["config"])
     config = resolve_config(config, Path(config.data_dir))  # the data's vocabulary, as the parent has it
     step = int(saved["step"])
     check_forkable(parent, config, step, Path(parent_checkpoint))
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise LmtuneError(f"{out_dir} already holds files; fork into a new folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_metrics(out_dir / METRICS_FILE, [row for row in saved.get("history", []) if row["step"] <= step])
     return train(config, out_dir, resume_from=Path(parent_checkpoint), **train_kwargs)
+
+
+def read_parent(path: Path) -> dict[str, Any]:
+    """The parent's checkpoint (a periodic checkpoint or stable.pt: it carries the config and the rows), or one
+    line saying why it cannot be forked from."""
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise LmtuneError(f"parent checkpoint {path} {what}; give a checkpoint file of the run to fork "
+                          "(its checkpoints/step_NNNNNNNN.pt or stable.pt)")
+    try:
+        saved = load_checkpoint(path)
+    except (ValueError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        raise LmtuneError(f"parent checkpoint {path} is unusable ({err}); fork from another checkpoint") from None
+    if not isinstance(saved, dict) or not {"config", "step", "optimizer"} <= saved.keys():
+        raise LmtuneError(f"parent checkpoint {path} holds no run state (best.pt holds the model alone); "
+                          "fork from a periodic checkpoint or stable.pt")
+    return saved
+
+
+def same_data(a: str, b: str) -> bool:
+    """Two data folders are one when their paths resolve to the same place (a relative path and an absolute
+    one, or a symlink, name the same data)."""
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def check_forkable(parent: RunConfig, child: RunConfig, step: int, where: Path) -> None:
@@ -49,10 +75,9 @@ def check_forkable(parent: RunConfig, child: RunConfig, step: int, where: Path) 
         raise LmtuneError(f"{where}: only warmup-stable-decay runs fork (schedule: wsd on both runs)")
     differ = sorted(k for k, v in asdict(replace(p, **{k: getattr(t, k) for k in MAY_DIFFER})).items()
                     if v != getattr(t, k))
-    if differ or asdict(parent.model) != asdict(child.model) or parent.data_dir != child.data_dir:
+    if differ or asdict(parent.model) != asdict(child.model) or not same_data(parent.data_dir, child.data_dir):
         what = ", ".join(differ) or "the model or data"
         raise LmtuneError(f"{where}: the runs differ in {what}; a fork shares everything but the budget")
-    last = min(stable_until(p), stable_until(t))
-    if step - 1 > last:  # step k's update used the LR of 0-based index k - 1
-        raise LmtuneError(f"{where} is at step {step}, after step {last + 1}, where the shorter run's cooldown "
+    if (first := first_lr_difference(p, t, step)) is not None:  # (only their cooldowns can differ here)
+        raise LmtuneError(f"{where} is at step {step}, after step {first[0] - 1}, where the shorter run's cooldown "
                           "begins; fork from an earlier checkpoint")

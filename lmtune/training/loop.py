@@ -47,7 +47,7 @@ class RunEnd:
 
     status: str = "completed"
     detail: str = ""
-    """What ended it early, e.g. "non-finite loss"; empty for a completed run."""
+    """What ended it early, e.g. "non-finite loss"; for a completed run empty, or why it did not learn."""
     diverged_step: int | None = None
     divergence: str | None = None
     """How a divergence was established (lmtune.training.divergence: NON_FINITE, BY_RULE, WHOLE_RUN)."""
@@ -194,12 +194,15 @@ def loss_watch(config: RunConfig, rule: DivergenceRule, history: Sequence[Row]) 
 
 
 def judged_end(end: RunEnd, watch: LossWatch | None, steps: int) -> RunEnd:
-    """How a run that ended by itself ends once its whole loss is judged: diverged when its loss did not
-    come back below ℓ₀ within the recovery window, or its budget ended above ℓ₀ (a stopped or cut run
+    """How a run that ended by itself ends once its whole loss is judged: diverged when its loss climbed and
+    did not come back below ℓ₀ within the recovery window, or its budget ended above ℓ₀; completed, with why
+    as its detail, when it never climbed and simply did not learn within its budget (a stopped or cut run
     is left as it is: it did not show its whole trajectory)."""
     if watch is None or end.status != "completed":
         return end
     verdict = watch.finish(steps)
+    if verdict.did_not_learn:
+        return RunEnd("completed", verdict.reason)
     return RunEnd("diverged", verdict.reason, verdict.step, WHOLE_RUN) if verdict.diverged else end
 
 
@@ -234,6 +237,8 @@ def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, r
     write_run_figures(out_dir, rows, config)
     if end.status == "diverged":
         log.warning("run diverged: %s", end.reason)
+    elif end.status == "completed" and end.detail:  # its loss never fell below where it started
+        log.warning("run %s", end.detail)
     log.info("%s: %s", end.status, json.dumps({k: summary[k] for k in ("best_val_loss", "steps", "tokens_per_s")}))
     result = RunResult(end.status, summary, out_dir, rows, end)
     for sink in sinks:  # last: a sweep may end this process as soon as it hears how the run ended

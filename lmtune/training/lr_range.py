@@ -29,7 +29,7 @@ from lmtune.data.batches import BatchSampler, DeviceBatches
 from lmtune.data.dataset import load_data
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_json, atomic_write_text
-from lmtune.training.config import RunConfig
+from lmtune.training.config import MAX_LR, RunConfig
 from lmtune.training.device import configure_backend, resolve_device
 from lmtune.training.figures import plot_range_test
 from lmtune.training.loop import resolve_config
@@ -43,6 +43,10 @@ RANGE_CSV, RANGE_JSON, RANGE_FIGURE = "range_test.csv", "range_test.json", "lr_r
 # Rows skipped before looking for the steepest descent: the first steps of a fresh model fall fast at
 # any LR (the output layer learns the unigram distribution), which is not the LR's doing.
 STEEPEST_SKIP_FRACTION = 0.1
+# The range test's length: about 100 steps is the usual (fastai's, the edge search's); a hundred times that still
+# ends within the hour for the quick model on 2 CPU cores (most stop at the blow-up far sooner), where a mistyped
+# 1e9 would run for years.
+MIN_RANGE_STEPS, MAX_RANGE_STEPS = 10, 10_000
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,13 @@ class RangeTestConfig:
             if not ok:
                 raise LmtuneError(f"{where}: {message}")
 
-        need(math.isfinite(self.min_lr) and self.min_lr > 0, f"min_lr must be a positive number (got {self.min_lr})")
-        need(math.isfinite(self.max_lr) and self.max_lr > self.min_lr,
-             f"max_lr must be a number above min_lr={self.min_lr:g} (got {self.max_lr})")
-        need(self.steps >= 10, f"steps must be at least 10 (got {self.steps})")
+        need(math.isfinite(self.min_lr) and 0 < self.min_lr < MAX_LR,
+             f"min_lr must be a positive number below {MAX_LR:g} (got {self.min_lr})")
+        need(math.isfinite(self.max_lr) and self.min_lr < self.max_lr <= MAX_LR,
+             f"max_lr must be a number above min_lr={self.min_lr:g} and at most {MAX_LR:g}, the largest lr a run takes "
+             f"(got {self.max_lr})")
+        need(MIN_RANGE_STEPS <= self.steps <= MAX_RANGE_STEPS, f"steps must be a whole number from {MIN_RANGE_STEPS} "
+             f"to {MAX_RANGE_STEPS:,}; a range test takes about 100 (got {self.steps:,})")
         need(0 <= self.smoothing < 1, f"smoothing must be in [0, 1) (got {self.smoothing})")
         need(math.isfinite(self.blowup_factor) and self.blowup_factor > 1,
              f"blowup_factor must be a number above 1, e.g. 1.5 (got {self.blowup_factor})")

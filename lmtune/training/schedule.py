@@ -64,3 +64,14 @@ def scheduled_lr(step: int, t: TrainConfig) -> float:
     if t.schedule == "wsd":
         return wsd_lr(step, t.lr, t.lr * t.min_lr_ratio, t.warmup_steps, t.steps, cooldown_steps(t), t.cooldown_shape)
     return lr_at(step, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
+
+
+def first_lr_difference(old: TrainConfig, new: TrainConfig, steps: int) -> tuple[int, float, float] | None:
+    """Whether ``new``'s schedule trains the first ``steps`` steps at ``old``'s LRs, so that a checkpoint of
+    ``old`` after them is a state ``new`` passes through: None if so, else the first (1-based) step whose LR
+    differs and its two LRs (old, new)."""
+    for index in range(steps):  # step k's update uses the LR of 0-based index k - 1
+        before, after = scheduled_lr(index, old), scheduled_lr(index, new)
+        if not math.isclose(before, after, rel_tol=1e-12, abs_tol=0.0):
+            return index + 1, before, after
+    return None
