@@ -11,11 +11,15 @@ them back: each run's full-budget loss, how long its loss stayed above ℓ₀ an
 (the truth about failure needs no window: a run fails when it ends its budget above ℓ₀ or goes
 non-finite), what the stopper's rule would have done with it, and the truth's regions (lmtune's own
 analysis applied to runs that nothing stopped). ``compare`` checks a sweep's report against them.
+
+A truth answers for one setting (model, budget, schedule, optimizer, data; its runs differ only in LR and
+seed): ``train`` refuses to add runs of another setting to one, and ``compare`` a sweep of another setting.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing
@@ -23,9 +27,18 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from lmtune.errors import LmtuneError, cli_entry, shown  # noqa: E402 (lmtune from this checkout)
+from lmtune.files import atomic_write_json, check_destination  # noqa: E402
+from lmtune.training.config import MAX_LR, MAX_SEED, budget_config, parse_set_args  # noqa: E402
+
+GRID_FILE = "grid.json"
+# A dense grid is tens of LRs; far more is a typo in --lr-min, --lr-max or --ratio.
+MAX_GRID_LRS = 1000
 
 
 def grid(lr_min: float, lr_max: float, ratio: float) -> list[float]:
@@ -38,12 +51,104 @@ def run_dir(out: Path, lr: float, seed: int) -> Path:
     return out / f"lr={lr:.4g}_seed={seed}"
 
 
+def _numbers(text: str, option: str, kind: type) -> list:
+    """A comma-separated list of ``kind`` (--lrs, --seeds), refused in one line where an entry is not one or
+    two entries name the same run folder."""
+    try:
+        values = [kind(x) for x in text.split(",")]
+    except ValueError:
+        example = "0.001,0.01" if kind is float else "0,1"
+        raise LmtuneError(f"{option} {shown(text)}: expected comma-separated {kind.__name__}s, e.g. {option} "
+                          f"{example}") from None
+    names = [f"{v:.4g}" if kind is float else str(v) for v in values]
+    if len(set(names)) < len(names):
+        raise LmtuneError(f"{option} {shown(text)} names a run twice (its folder keeps 4 significant digits); "
+                          "give each value once")
+    return values
+
+
+def grid_lrs(args: argparse.Namespace) -> list[float]:
+    """The grid's LRs from --lrs or --lr-min/--lr-max/--ratio, every one an LR a run accepts."""
+    ranged = {"--lr-min": args.lr_min, "--lr-max": args.lr_max, "--ratio": args.ratio}
+    if args.lrs is not None:
+        if given := [k for k, v in ranged.items() if v is not None]:
+            raise LmtuneError(f"--lrs and {', '.join(given)} both given; give the LRs or their range, not both")
+        lrs = _numbers(args.lrs, "--lrs", float)
+    else:
+        low = 1e-3 if args.lr_min is None else args.lr_min
+        high = 5.0 if args.lr_max is None else args.lr_max
+        ratio = 1.5 if args.ratio is None else args.ratio
+        if not (math.isfinite(low) and math.isfinite(high) and 0 < low <= high):
+            raise LmtuneError(f"--lr-min {low:g} --lr-max {high:g}: need 0 < --lr-min <= --lr-max, both finite, "
+                              "e.g. --lr-min 0.001 --lr-max 5")
+        if not (math.isfinite(ratio) and ratio > 1):
+            raise LmtuneError(f"--ratio {ratio:g}: must be a number above 1 (the step between LRs), e.g. 1.5")
+        if math.log(high / low) / math.log(ratio) >= MAX_GRID_LRS:
+            raise LmtuneError(f"--lr-min {low:g} to --lr-max {high:g} at --ratio {ratio:g} is over {MAX_GRID_LRS} "
+                              "LRs; raise --ratio or narrow the range")
+        lrs = grid(low, high, ratio)
+    if bad := [lr for lr in lrs if not (math.isfinite(lr) and 0 < lr <= MAX_LR)]:
+        raise LmtuneError(f"LR {bad[0]:g}: an LR must be a positive finite number at most {MAX_LR:g}; fix --lrs "
+                          "or --lr-min/--lr-max")
+    return lrs
+
+
+def grid_seeds(text: str) -> list[int]:
+    seeds = _numbers(text, "--seeds", int)
+    if bad := [s for s in seeds if not 0 <= s <= MAX_SEED]:
+        raise LmtuneError(f"--seeds: {bad[0]} is out of range; seeds are whole numbers in [0, 2**32 - 1]")
+    return seeds
+
+
+def grid_settings(args: argparse.Namespace, budget: str, fixed: dict) -> dict:
+    """The settings every run of the grid shares (the space's fixed ones, --set on top), checked as a run
+    checks them; each run's LR and seed are the grid's."""
+    given = parse_set_args(args.set)
+    if owned := sorted({"lr", "seed"} & set(given)):
+        instead = {"lr": "--lrs or --lr-min/--lr-max", "seed": "--seeds"}[owned[0]]
+        raise LmtuneError(f"--set {owned[0]}: the grid sets each run's {owned[0]}; give {instead} instead")
+    settings = {**fixed, **given}
+    if budget_config(budget, {**settings, "lr": 1e-3, "seed": 0}).train.run_steps:
+        raise LmtuneError("--set run_steps: a truth's runs train their whole budget; set steps instead")
+    return settings
+
+
+def read_grid(out: Path) -> dict:
+    """grid.json of a truth ({} where it has none)."""
+    path = out / GRID_FILE
+    if not path.is_file():
+        return {}
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise LmtuneError(f"{path} is unreadable ({type(err).__name__}); restore it or train into another --out") \
+            from None
+    if not isinstance(recorded, dict):
+        raise LmtuneError(f"{path} is not a JSON object; restore it or train into another --out")
+    return recorded
+
+
+def existing_truth(out: Path) -> tuple[dict, dict | None]:
+    """What --out holds: its grid.json ({} where new) and the setting of its runs (None where it has none yet);
+    refused where it holds something other than a truth."""
+    from lmtune.report.truth import read_truth
+
+    if not out.is_dir() or not any(out.iterdir()):
+        return {}, None
+    recorded = read_grid(out)
+    if not recorded and not any(out.glob("lr=*_seed=*")):
+        raise LmtuneError(f"--out {out} holds files but no truth (no {GRID_FILE}); choose another --out")
+    setting = recorded.get("setting") if isinstance(recorded.get("setting"), dict) else None
+    if setting is None and any((p / "summary.json").is_file() for p in out.iterdir()):
+        setting = read_truth(out)[0].setting  # a truth from before grid.json recorded its setting
+    return recorded, setting
+
+
 def _train_one(job: tuple[str, dict, str]) -> tuple[str, str, float]:
     """One run in a worker process (one thread each: the grid's runs share the machine's cores)."""
     import torch
 
     torch.set_num_threads(1)
-    from lmtune.training.config import budget_config
     from lmtune.training.loop import train
 
     budget, overrides, out = job
@@ -53,35 +158,65 @@ def _train_one(job: tuple[str, dict, str]) -> tuple[str, str, float]:
 
         shutil.rmtree(folder)
     started = time.perf_counter()
+    overrides = dict(overrides)
     result = train(budget_config(budget, overrides, data_dir=overrides.pop("data_dir")), folder)
     return out, result.status, time.perf_counter() - started
 
 
-def train_grid(args: argparse.Namespace) -> None:
-    from lmtune.data.prepare import ensure_builtin_corpus
-    from lmtune.sweep.spaces import load_space
-    from lmtune.training.config import parse_set_args
+class Plan(NamedTuple):
+    out: Path
+    record: dict
+    """grid.json: its LRs and seeds those of every call so far."""
+    jobs: list[tuple[str, dict, str]]
+    """The runs still to train: (budget, settings, folder)."""
+    runs: tuple[int, int]
+    """This call's LRs and seeds."""
 
+
+def plan_grid(args: argparse.Namespace) -> Plan:
+    """Every argument checked, and nothing written but the built-in corpus where no --data is given."""
+    from lmtune.data.dataset import load_data
+    from lmtune.data.prepare import ensure_builtin_corpus
+    from lmtune.report.truth import data_of, setting_differences, setting_of
+    from lmtune.sweep.spaces import load_space
+    from lmtune.training.loop import resolve_config
+
+    if args.workers < 1:
+        raise LmtuneError(f"--workers {args.workers}: must be at least 1 (the runs trained at once)")
+    lrs, seeds = grid_lrs(args), grid_seeds(args.seeds)
     space = load_space(args.space)
-    data_dir = str((args.data or ensure_builtin_corpus(ROOT / "data" / "builtin")).resolve())
+    settings = grid_settings(args, space.budget, space.fixed)
     out = Path(args.out or ROOT / "results" / f"truth-{space.name}")
-    out.mkdir(parents=True, exist_ok=True)
-    lrs = [float(x) for x in args.lrs.split(",")] if args.lrs else grid(args.lr_min, args.lr_max, args.ratio)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    fixed = {**space.fixed, **parse_set_args(args.set)}
-    jobs = []
-    for lr in lrs:
-        for seed in seeds:
-            folder = run_dir(out, lr, seed)
-            if (folder / "summary.json").exists():
-                continue
-            jobs.append((space.budget, {**fixed, "lr": lr, "seed": seed, "data_dir": data_dir}, str(folder)))
-    (out / "grid.json").write_text(json.dumps({"space": space.name, "budget": space.budget, "set": fixed,
-                                               "lrs": lrs, "seeds": seeds}, indent=2))
-    print(f"{len(jobs)} runs to train ({len(lrs)} LRs x {len(seeds)} seeds, {len(lrs) * len(seeds) - len(jobs)} "
-          f"done) into {out} with {args.workers} workers", flush=True)
-    with multiprocessing.get_context("spawn").Pool(args.workers, maxtasksperchild=4) as pool:
-        for folder, status, seconds in pool.imap_unordered(_train_one, jobs):
+    recorded, theirs = existing_truth(out)
+    check_destination(out, "--out")
+    data_dir = (args.data or ensure_builtin_corpus(ROOT / "data" / "builtin")).resolve()
+    config = resolve_config(budget_config(space.budget, {**settings, "lr": lrs[0], "seed": seeds[0]}), data_dir)
+    load_data(data_dir, config.model.context_length, config.model.vocab_size)  # bad data: refused now, not per run
+    setting = setting_of(config.to_dict(), data_of(str(data_dir)))
+    # One truth of two budgets or models would make one table of both.
+    if theirs and (differ := setting_differences(theirs, setting)):
+        raise LmtuneError(f"--out {out} is a truth of another setting (its vs this grid's: {differ}); a truth "
+                          "holds one setting: train into another --out, or give the settings it was trained with")
+    jobs = [(space.budget, {**settings, "lr": lr, "seed": seed, "data_dir": str(data_dir)}, str(run_dir(out, lr, seed)))
+            for lr in lrs for seed in seeds if not (run_dir(out, lr, seed) / "summary.json").exists()]
+    union = {key: sorted({*(v for v in recorded.get(key) or [] if isinstance(v, (int, float))), *new})
+             for key, new in (("lrs", lrs), ("seeds", seeds))}
+    record = {"space": space.name, "budget": space.budget, "set": settings, **union, "data": str(data_dir),
+              "setting": setting}
+    return Plan(out, record, jobs, (len(lrs), len(seeds)))
+
+
+def train_grid(args: argparse.Namespace) -> None:
+    plan = plan_grid(args)
+    atomic_write_json(plan.out / GRID_FILE, plan.record)
+    (lrs, seeds), jobs = plan.runs, plan.jobs
+    print(f"{len(jobs)} runs to train ({lrs} LRs x {seeds} seeds, {lrs * seeds - len(jobs)} done) into {plan.out} "
+          f"with {args.workers} workers", flush=True)
+    workers = min(args.workers, len(jobs))
+    # One worker: the runs train in this process, with no pool to start.
+    pool = multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=4) if workers > 1 else None
+    with pool or contextlib.nullcontext():
+        for folder, status, seconds in (pool.imap_unordered(_train_one, jobs) if pool else map(_train_one, jobs)):
             print(f"{Path(folder).name}: {status} in {seconds:.0f} s", flush=True)
 
 
@@ -93,6 +228,8 @@ def print_table(args: argparse.Namespace) -> None:
     from lmtune.report.truth import read_truth, truth_conclusion
     from lmtune.training.divergence import DivergenceRule
 
+    if not 0 < args.window <= 1:  # (NaN fails this too)
+        raise LmtuneError(f"--window {args.window:g}: must be a fraction of the budget's steps in (0, 1], e.g. 1")
     rule = DivergenceRule(recovery_window=args.window)
     runs = read_truth(args.truth, rule)
     print(f"| lr | seed | val loss at the full budget | steps above ℓ₀ (longest) | recovered | stopped early by the "
@@ -114,12 +251,28 @@ def print_table(args: argparse.Namespace) -> None:
                                         "divergence_lr", "seed_dependent")}, indent=1))
 
 
+def read_report(sweep: Path) -> dict:
+    """A sweep's report/summary.json (lmtune analyze writes it)."""
+    path = sweep / "report" / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LmtuneError(f"{path} is missing; run lmtune analyze {sweep} first") from None
+    except (OSError, ValueError) as err:
+        raise LmtuneError(f"{path} is unreadable ({type(err).__name__}); run lmtune analyze {sweep} again") from None
+    if not isinstance(summary, dict):
+        raise LmtuneError(f"{path} is not a JSON object; run lmtune analyze {sweep} again")
+    return summary
+
+
 def print_comparison(args: argparse.Namespace) -> None:
-    from lmtune.report.truth import compare, compare_horizon, read_truth, truth_conclusion
+    from lmtune.report.truth import check_comparable, compare, compare_horizon, read_truth, truth_conclusion
+    from lmtune.sweep.record import SweepRecord
 
     runs = read_truth(args.truth)
+    check_comparable(args.truth, runs[0].setting, args.sweep, SweepRecord.read(args.sweep))
+    summary = read_report(args.sweep)
     truth = truth_conclusion(runs)
-    summary = json.loads((args.sweep / "report" / "summary.json").read_text())
     if "predicted_lr" in summary:  # a horizon search: its prediction against the truth at its target budget
         tokens = sum(r.steps * r.tokens_per_step for r in runs)
         print(json.dumps(compare_horizon(truth, summary, tokens), indent=1))
@@ -127,6 +280,7 @@ def print_comparison(args: argparse.Namespace) -> None:
     print(json.dumps(compare(truth, summary), indent=1))
 
 
+@cli_entry
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -134,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--space", default="quick_edge", help="the space whose budget and fixed settings to use")
     train.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
     train.add_argument("--lrs", help="comma-separated LRs (instead of --lr-min/--lr-max/--ratio)")
-    train.add_argument("--lr-min", type=float, default=1e-3)
-    train.add_argument("--lr-max", type=float, default=5.0)
-    train.add_argument("--ratio", type=float, default=1.5)
+    train.add_argument("--lr-min", type=float, help="the grid's lowest LR (default 0.001)")
+    train.add_argument("--lr-max", type=float, help="the grid ends at the first LR at or above it (default 5)")
+    train.add_argument("--ratio", type=float, help="the step between LRs (default 1.5)")
     train.add_argument("--seeds", default="0,1")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     train.add_argument("--out", type=Path)

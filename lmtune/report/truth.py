@@ -6,6 +6,9 @@ The truth about failure needs no window: a run of the grid fails when it ends it
 (lmtune.sweep.runs.conclude) applied to those runs. ``compare`` then asks of a sweep's summary the three
 questions a careful reader would: is the search's best LR in the truth's basin, does its bracket hold the
 truth's first LR that fails, and do its basin and degraded region overlap the truth's.
+
+A truth answers for one setting (``setting_of``: model, budget, schedule, optimizer, data): its runs must
+share it, and a sweep is compared with it only where they agree on it; the LR and seed are what a grid varies.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmtune.data.dataset import read_meta
+from lmtune.errors import LmtuneError
+from lmtune.sweep.record import SweepRecord
 from lmtune.sweep.runs import Budget, Run, conclude
 from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
 from lmtune.training.metrics import METRICS_FILE, read_metrics
@@ -42,14 +48,99 @@ class TruthRun:
     rule_stops_at: int | None
     """Where the stopper's rule (with the rule given to ``read_truth``) would have ended it."""
     spikes: list[str] = field(default_factory=list)
+    setting: dict[str, Any] = field(default_factory=dict)
+    """What it shares with every other run of its truth (``setting_of``)."""
+
+
+# What two runs must share for their losses to be one truth, by group (a refusal names the group and field):
+# everything that shapes the loss curve but the LR and seed. How often a run logs, evaluates or checkpoints,
+# its device and compilation are bookkeeping; ``run_steps`` is the budget a search cuts its runs to.
+SETTING: dict[str, tuple[str, ...]] = {
+    "model": ("vocab_size", "d_model", "d_ff", "n_layers", "n_heads", "rope_theta", "norm_eps", "qk_norm",
+              "z_loss"),
+    "budget": ("steps", "batch_size", "context_length", "tokens"),
+    "schedule": ("schedule", "warmup_steps", "min_lr_ratio", "cooldown_fraction", "cooldown_shape"),
+    "optimizer": ("weight_decay", "beta1", "beta2", "eps", "grad_clip"),
+}
+
+
+def data_of(data_dir: str) -> dict[str, str]:
+    """A data dir as a truth knows it: its path and (while it can be read) its content hash."""
+    try:
+        digest = read_meta(Path(data_dir)).content_hash if data_dir else ""
+    except LmtuneError:  # moved or deleted since: the path is all that is left to go by
+        digest = ""
+    return {"dir": str(Path(data_dir).resolve()) if data_dir else "", "content_hash": digest}
+
+
+def setting_of(config: dict[str, Any], data: dict[str, str] | None = None) -> dict[str, Any]:
+    """The setting of a run's config (RunConfig.to_dict()), by SETTING's groups, and its ``data``
+    (``data_of``; default: that of the config's data_dir)."""
+    flat = {**config["model"], **config["train"]}
+    flat["tokens"] = flat["steps"] * flat["batch_size"] * flat["context_length"]
+    if flat.get("schedule") != "wsd":  # the cooldown's settings mean nothing to another schedule
+        flat["cooldown_fraction"] = flat["cooldown_shape"] = None
+    setting: dict[str, Any] = {group: {k: flat.get(k) for k in keys} for group, keys in SETTING.items()}
+    setting["data"] = data or data_of(config.get("data_dir", ""))
+    return setting
+
+
+def setting_differences(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Where two settings differ, in one line ("budget (steps 4 vs 8), data (A vs B)"); "" where they agree."""
+    parts = []
+    for group, keys in SETTING.items():
+        ga, gb = a.get(group) or {}, b.get(group) or {}
+        if changed := [f"{k} {ga.get(k)} vs {gb.get(k)}" for k in keys if ga.get(k) != gb.get(k)]:
+            parts.append(f"{group} ({', '.join(changed)})")
+    da = {"dir": "", "content_hash": "", **(a.get("data") or {})}
+    db = {"dir": "", "content_hash": "", **(b.get("data") or {})}
+    if da["content_hash"] and db["content_hash"] and da["content_hash"] != db["content_hash"]:
+        parts.append(f"data ({da['dir']} vs {db['dir']}: other tokens)" if da["dir"] == db["dir"]
+                     else f"data ({da['dir']} vs {db['dir']})")
+    elif not (da["content_hash"] and db["content_hash"]) and da["dir"] != db["dir"]:
+        parts.append(f"data ({da['dir'] or '?'} vs {db['dir'] or '?'})")
+    return ", ".join(parts)
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise LmtuneError(f"{path} is unreadable ({type(err).__name__}); retrain that run or move it out") from None
+    if not isinstance(value, dict):
+        raise LmtuneError(f"{path} is not a JSON object; retrain that run or move it out")
+    return value
+
+
+def run_folders(folder: Path) -> list[Path]:
+    """The finished runs (a summary.json) of a truth folder, refused in one line where there are none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise LmtuneError(f"truth {folder} {what}; give the folder lr_truth.py train wrote (its --out)")
+    runs = sorted(p for p in folder.iterdir() if (p / "summary.json").is_file())
+    if not runs:
+        raise LmtuneError(f"truth {folder} holds no finished run; train it first (lr_truth.py train --out {folder})")
+    return runs
 
 
 def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthRun]:
-    """Every finished run under ``folder`` (one run folder per LR and seed, as lmtune.training.loop writes)."""
-    runs = []
-    for run_dir in sorted(p for p in Path(folder).iterdir() if (p / "summary.json").exists()):
-        summary = json.loads((run_dir / "summary.json").read_text())
-        config = json.loads((run_dir / "config.json").read_text())
+    """Every finished run under ``folder`` (one run folder per LR and seed, as lmtune.training.loop writes);
+    refused in one line where there are none or they differ in setting."""
+    runs, data = [], {}
+    for run_dir in run_folders(folder):
+        summary = _json_object(run_dir / "summary.json")
+        config = _json_object(run_dir / "config.json")
+        data_dir = str(config.get("data_dir", ""))
+        data.setdefault(data_dir, data_of(data_dir))  # (each data dir's meta.json read once)
+        try:
+            setting = setting_of(config, data[data_dir])
+        except (KeyError, TypeError):
+            raise LmtuneError(f"{run_dir / 'config.json'} is not a run's config; retrain that run or move it out") \
+                from None
+        if runs and (differ := setting_differences(runs[0].setting, setting)):
+            raise LmtuneError(f"truth {folder} mixes settings: {run_dir.name} differs from the others in {differ}; "
+                              "a truth holds one setting: move the odd runs out")
         rows = read_metrics(run_dir / METRICS_FILE)
         ell0, steps = math.log(config["model"]["vocab_size"]), config["train"]["steps"]
         non_finite = summary["status"] == "diverged" and "non-finite" in (summary.get("reason") or "")
@@ -63,7 +154,7 @@ def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthR
             rows[-1].get("val_loss") if full else None,
             non_finite or not (math.isfinite(last) and last <= ell0), non_finite, longest_above(rows, ell0),
             watch.verdict.step if watch.verdict.stop and not non_finite else None,
-            [s.describe() for s in watch.all_spikes()]))
+            [s.describe() for s in watch.all_spikes()], setting))
     return sorted(runs, key=lambda r: (r.lr, r.seed))
 
 
@@ -76,6 +167,29 @@ def longest_above(rows: list[dict[str, Any]], ell0: float) -> int:
             below = row["step"]
         longest = max(longest, row["step"] - below)
     return longest
+
+
+def check_comparable(truth: Path, setting: dict[str, Any], sweep: Path, record: SweepRecord) -> None:
+    """Refuse in one line to compare a truth of one setting with a sweep (sweep.json) of another: its best LR,
+    basin and edge answer for that setting only."""
+    if not record.base_config:
+        raise LmtuneError(f"{sweep}/sweep.json records no base config, so its model and budget are unknown; "
+                          "compare a sweep written by this version of lmtune")
+    recorded = record.data if isinstance(record.data, dict) and record.data.get("dir") else {}
+    data = {"dir": str(recorded["dir"]), "content_hash": str((recorded.get("meta") or {}).get("content_hash", ""))} \
+        if recorded else None
+    try:
+        theirs = setting_of(record.base_config, data)
+    except (KeyError, TypeError) as err:
+        raise LmtuneError(f"{sweep}/sweep.json is damaged ({type(err).__name__}: {err}); restore it") from None
+    params = record.space.get("params") if isinstance(record.space, dict) else None  # (a grid's or optuna's)
+    fields = {k for keys in SETTING.values() for k in keys}
+    if varied := [k for k in (params if isinstance(params, dict) else {}) if k in fields]:
+        raise LmtuneError(f"sweep {sweep} varies {', '.join(varied)} from trial to trial, and truth {truth} holds "
+                          "one setting; compare an LR sweep")
+    if differ := setting_differences(setting, theirs):
+        raise LmtuneError(f"truth {truth} and sweep {sweep} differ in {differ}; a truth answers only for its own "
+                          "model, budget and data: train a truth of the sweep's setting")
 
 
 def truth_conclusion(runs: list[TruthRun]) -> dict[str, Any]:
