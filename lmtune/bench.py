@@ -16,6 +16,7 @@ import torch
 
 from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
+from lmtune.files import check_destination
 from lmtune.sweep.placement import recommend_trials_per_gpu
 from lmtune.tools.projection import DEVICES, project, projection_table
 from lmtune.tools.throughput import (
@@ -74,7 +75,8 @@ def format_result(r: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog("bench"), description="Time lmtune's training step.")
-    p.add_argument("--config", default="default", choices=list(CONFIGS), help="model/budget (default: default)")
+    p.add_argument("--budget", "--config", dest="config", default="default", choices=list(CONFIGS),
+                   help="named model/budget, as in run and train (default: default; --config is its older name)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the config's)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repeat (default 10)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is reported (default 3)")
@@ -82,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off", "both"],
                    help="auto: as training decides; both: time eager and compiled, report the faster")
-    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+                   help="torch.compile mode of the compiled timing (default: default)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="override a config field")
     p.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
     p.add_argument("--no-eval", action="store_true", help="skip timing the evaluation")
@@ -90,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse", help="comma-separated K values: one fused process of K members against K separate "
                    "processes at once and against one alone (K runs one after another)")
     p.add_argument("--project", metavar="DEVICE", help="no timing: an ESTIMATE of what DEVICE (h100, a100, 4090, "
-                   "m3max or all) should do with --config, from the model's FLOPs and memory traffic per token")
+                   "m3max or all) should do with --budget, from the model's FLOPs and memory traffic per token")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--record", action="store_true", help="append the JSON object to --results-file")
     p.add_argument("--results-file", type=Path, default=DEFAULT_RESULTS, help=f"default {DEFAULT_RESULTS}")
@@ -152,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = parse_set_args(args.set)
     compile_choice = "auto" if args.compile == "both" else args.compile
     config = bench_config(args.config, args.batch_size, overrides, args.device, compile_choice)
-    if args.project:
+    if args.record:  # checked before the timing run, which takes minutes
+        check_destination(args.results_file, "--results-file", kind="file")
+    if args.project is not None:  # (an empty value is a wrong device, not "no --project")
         return _main_project(args, config)
     if args.concurrency and args.fuse:
         raise LmtuneError("--concurrency and --fuse measure separately; give one of them")
@@ -190,7 +195,7 @@ def _main_project(args: argparse.Namespace, config: RunConfig) -> int:
 
 
 def record(result: dict[str, Any], path: Path) -> None:
-    """Append one result to the results file (one JSON object a line)."""
+    """Append one result to the results file (one JSON object a line; appended, so earlier lines stay)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         handle.write(json.dumps(result, sort_keys=True) + "\n")

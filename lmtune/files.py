@@ -132,15 +132,15 @@ def existing_ancestor(path: Path) -> Path:
     return path
 
 
-def check_destination(path: Path, option: str, kind: str = "folder") -> Path:
+def check_destination(path: Path, option: str, kind: str = "folder", fix: str | None = None) -> Path:
     """Refuse, before any work is done, a destination that cannot take the files a command will write:
     ``kind`` "folder" (a folder to create or add to) or "file" (a file to create or replace). Raises
-    LmtuneError with one line naming ``option`` and the fix; writes nothing (a probe file in the nearest
-    existing folder is created and removed at once)."""
+    LmtuneError with one line naming ``option`` and ``fix`` (default: choose another OPTION); writes nothing
+    (a probe file in the nearest existing folder is created and removed at once)."""
     from lmtune.errors import LmtuneError
 
     path = Path(path)
-    fix = f"choose another {option}"
+    fix = fix or f"choose another {option}"
     if path.is_symlink() and not path.exists():
         raise LmtuneError(f"{option} {path} is a symlink to {os.readlink(path)}, which does not exist; {fix}")
     if kind == "file" and path.is_dir():
@@ -157,7 +157,7 @@ def check_destination(path: Path, option: str, kind: str = "folder") -> Path:
         probe.unlink()
     except OSError as err:
         raise LmtuneError(f"cannot write to {existing} ({err.strerror or err}), where {option} {path} goes; "
-                          f"{fix} or fix its permissions") from None
+                          f"{fix}, or fix its permissions") from None
     return path
 
 

@@ -27,6 +27,7 @@ import torch
 
 from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry
+from lmtune.files import atomic_write_text, check_destination
 from lmtune.training.device import device_name, resolve_device
 
 # The CPU smoke test's model and schedule: every step in seconds.
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the JSON file (default: gpu_check-HOST-TIME.json)")
     args = parser.parse_args(argv)
     out = args.out or Path(f"gpu_check-{platform.node()}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    check_destination(out, "--out", kind="file")  # before the run: on a GPU it takes minutes
     if out.exists():
         raise LmtuneError(f"{out} already exists; give another --out")
     cuda = torch.cuda.is_available()
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             print(r.get("skipped") or ("ok" if r["ok"] else f"FAILED (exit {r.get('returncode')})")
                   + (f", {r['seconds']} s" if "seconds" in r else ""), flush=True)
     report["steps"] = [{"name": s.name, **s.result} for s in steps]
-    out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(out, json.dumps(report, indent=1, sort_keys=True) + "\n")
     failed = [s.name for s in steps if s.result.get("ran") and not s.result.get("ok")]
     print(f"wrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, help="output data dir (default data/builtin for the built-in corpus)")
     ap.add_argument("--vocab-size", type=int, default=None, help="BPE vocab size (default 10000); with "
                     "--tokens the model vocab (default max id + 1)")
-    ap.add_argument("--val-fraction", type=float, default=0.01)
+    ap.add_argument("--val-fraction", type=float, default=0.01,
+                    help="share of the documents held out for validation, in (0, 0.5] (default 0.01)")
     ap.add_argument("--dtype", choices=("uint16", "uint32", "int32", "int64"), help="dtype of a raw .bin "
                     "--tokens file (default uint16)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing prepared --out")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("gpu_check") / "report.json"
+    out = tmp_path_factory.mktemp("gpu_check") / "not" / "yet" / "report.json"  # its folder made at the end
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -46,6 +46,7 @@ import numpy as np
 
 from lmtune.data import corpus
 from lmtune.errors import LmtuneError
+from lmtune.files import check_destination
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +170,7 @@ def _check_inputs(inputs: list[Path]) -> None:
 
 
 def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise LmtuneError(f"--out {out} exists and is not a directory; choose another --out")
+    check_destination(out, "--out")
     if force:
         return
     if (out / "meta.json").exists():
@@ -549,6 +549,7 @@ def ensure_builtin_corpus(root: Path = Path("data/builtin")) -> Path:
 
     if up_to_date():
         return root
+    check_destination(root, "the built-in corpus folder", fix="pass --out (prepare) or --data DIR")
     root.mkdir(parents=True, exist_ok=True)
     # Parallel trials may call this at once; the lock makes one of them build and the rest reuse it.
     with open(root / ".lock", "w") as lock:

@@ -51,7 +51,7 @@ from lmtune.training.step import Runtime, train_step
 
 log = logging.getLogger(__name__)
 
-# --config names: "default" is the CS336 model at the full budget's batch size.
+# --budget names (bench): "default" is the CS336 model at the full budget's batch size.
 CONFIGS = {"default": "full", "full": "full", "low-resource": "low-resource", "quick": "quick"}
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")
 # Fields every bench JSON object carries (the tests check them; --record writes them).
@@ -68,7 +68,7 @@ REQUIRED_FIELDS = (
 def bench_config(name: str, batch_size: int | None = None, overrides: dict[str, Any] | None = None,
                  device: str = "auto", compile_choice: str = "auto") -> RunConfig:
     if name not in CONFIGS:
-        raise LmtuneError(f"unknown --config '{name}'; choose one of {', '.join(CONFIGS)}")
+        raise LmtuneError(f"unknown --budget '{name}'; choose one of {', '.join(CONFIGS)}")
     merged = dict(overrides or {})
     if batch_size is not None:
         merged["batch_size"] = batch_size
