@@ -39,7 +39,7 @@ import yaml
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.sweep.strategies import STRATEGIES, SearchStrategy
-from lmtune.sweep.strategies.base import Fail, coerce_setting, settings_section
+from lmtune.sweep.strategies.base import Fail, coerce_setting, seed_refusal, settings_section
 from lmtune.training.config import BUDGETS, budget_config, field_names
 from lmtune.training.divergence import DivergenceRule
 
@@ -253,10 +253,12 @@ def parse_space(raw: Any, path: Path, source: str = "") -> SearchSpace:
     space = space.fused(raw.get("fuse", 1), fail=lambda message: fail("fuse", message))
     # Every combination must make a valid run config (e.g. d_model divisible by n_heads).
     try:
-        for sample in strategy.corner_samples():
-            budget_config(budget, {**space.fixed, **sample})
+        configs = [budget_config(budget, {**space.fixed, **sample}) for sample in strategy.corner_samples()]
     except LmtuneError as err:
         raise fail("params", f"{err}") from None
+    # ... and so must the seeds a search adds past the base seed (--set seed: lmtune.sweep.plan, check_base).
+    if refusal := seed_refusal(strategy, max(config.train.seed for config in configs)):
+        raise fail("set.seed", refusal)
     return space
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lmtune.errors import LmtuneError, shown
-from lmtune.training.config import EXAMPLES, coerce_value, field_names, field_type
+from lmtune.training.config import EXAMPLES, MAX_SEED, coerce_value, field_names, field_type
 
 if TYPE_CHECKING:
     from ray.tune.search import Searcher
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 # What a search that decides as it goes answers suggest() with when it has no trial to give.
 WAIT, FINISHED = "wait", "finished"
+# The most runs of one LR a search may ask for (its seeds): 100 seeds pin a mean loss to a tenth of the
+# seed-to-seed spread, far past what the crown needs; each seed is a whole run.
+MAX_SEEDS = 100
 
 Fail = Callable[[str, str], LmtuneError]
 """fail(key, message): the one-line error naming the space file and the key."""
@@ -105,6 +108,9 @@ class SearchStrategy(Protocol):
         """(trials, full checkpoints it holds until the sweep ends at most): exact for a search that knows its
         trials in advance, a generous estimate for one that decides as it goes; the disk check's count."""
 
+    def added_seeds(self) -> int:
+        """How far past the base seed its trials' seeds may go (the largest is base seed + this)."""
+
     def held_checkpoints(self, outcome: str) -> frozenset[str]:
         """What of a trial that ended with ``outcome`` (the ledger's word) the search may still use until the sweep
         ends, and so must not be pruned before: ``"periodic"`` (its newest checkpoint: a run it may continue) and
@@ -138,6 +144,9 @@ class StrategyDefaults:
 
     def expected_trials(self) -> tuple[int, int]:
         return self.num_trials() or 0, 0
+
+    def added_seeds(self) -> int:
+        return 0  # every trial has the base seed (or the one its params give it)
 
     def held_checkpoints(self, outcome: str) -> frozenset[str]:
         return frozenset()
@@ -174,6 +183,14 @@ class DecidingDefaults(StrategyDefaults):
     def to_json(self) -> dict[str, Any]:
         return {self.name: asdict(self.settings)}
 
+    def added_seeds(self) -> int:
+        return self.settings.added_seeds()
+
+    def check_base(self, base: RunConfig) -> None:
+        refusal = seed_refusal(self, base.train.seed)
+        if refusal:  # from --set (a space's own set: seed was refused when it was loaded)
+            raise LmtuneError(f"seed {refusal} (--set seed=N)")
+
     def swept(self) -> list[str]:
         return list(self.owns)
 
@@ -191,6 +208,16 @@ class DecidingDefaults(StrategyDefaults):
 
     def param_space(self, fuse: int) -> dict[str, Any]:
         return {}  # the searcher suggests every trial's config
+
+
+def seed_refusal(strategy: SearchStrategy, seed: int) -> str | None:
+    """Why trials of ``strategy`` from base seed ``seed`` would carry a seed no trial accepts (None: they would
+    not): the search adds seeds past the base, and the largest must fit (lmtune.training.config.MAX_SEED)."""
+    added = strategy.added_seeds()
+    if seed + added <= MAX_SEED:
+        return None
+    return (f"{shown(seed)} plus the {added} further seeds the {strategy.name} search adds reaches {seed + added}, "
+            f"above the largest seed a trial accepts ({MAX_SEED}): give a seed of at most {MAX_SEED - added}")
 
 
 def params_section(raw: dict[str, Any], fail: Fail) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from lmtune.errors import shown
 from lmtune.sweep.strategies.base import Fail, StrategyDefaults, coerce_setting, grid_corners, params_section
+from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
 from lmtune.training.config import field_type
 
 SAMPLERS = ("tpe", "random", "cmaes")
@@ -59,6 +60,9 @@ class OptunaSearch(StrategyDefaults):
         num_samples = raw.get("num_samples", 10)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise fail("num_samples", f"must be a positive integer (got {shown(num_samples)})")
+        if num_samples > MAX_GRID_TRIALS:  # the bound a grid has, for the same reasons
+            raise fail("num_samples", f"must be at most {MAX_GRID_TRIALS:,}, as a grid space's trials (got "
+                                      f"{shown(num_samples)}): ask for fewer")
         return cls(params, sampler, num_samples)
 
     @classmethod

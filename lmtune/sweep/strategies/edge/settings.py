@@ -5,14 +5,21 @@ LRs given more seeds. Ray-free and stateless; lmtune.sweep.strategies.edge.searc
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, shown
 from lmtune.sweep.runs import SAME_LR, Budget, LrResult, Run, crowned_ranking, format_tokens
+from lmtune.sweep.strategies.base import MAX_SEEDS
+from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
+from lmtune.training.config import MAX_LR
+from lmtune.training.lr_range import MAX_RANGE_STEPS, MIN_RANGE_STEPS
 
 # Keys of the edge: section that earlier versions had (a space naming one is told what replaced it).
 RETIRED_KEYS = {"horizon": "probes now train the full budget: divergence is failure to recover within the "
                            "stopper's recovery_window; remove it"}
+# The smallest LR the search may reach: the smallest normal float (below it an LR loses precision, then is 0).
+MIN_LR = sys.float_info.min
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,8 @@ class EdgeSettings:
             ("range_min_lr", self.range_min_lr > 0, "must be > 0, e.g. 1e-5"),
             ("range_max_lr", self.range_max_lr > self.range_min_lr,
              f"must be above range_min_lr ({self.range_min_lr:g})"),
-            ("range_steps", self.range_steps >= 10, "must be at least 10"),
+            ("range_steps", MIN_RANGE_STEPS <= self.range_steps <= MAX_RANGE_STEPS,
+             f"must be from {MIN_RANGE_STEPS} to {MAX_RANGE_STEPS:,}, as a range test takes (about 100)"),
             ("range_blowup_factor", self.range_blowup_factor > 1, "must be above 1, e.g. 1.5"),
             ("coarse_below", self.coarse_below >= 1, "must be >= 1 (a factor below the steepest descent)"),
             ("coarse_above", self.coarse_above > 0, "must be > 0 (a factor on the blow-up LR)"),
@@ -86,7 +94,62 @@ class EdgeSettings:
             ("seed_rounds", self.seed_rounds >= 0, "must be >= 0"),
             ("max_extensions", self.max_extensions >= 0, "must be >= 0"),
         ]
-        return [(key, f"{message} (got {getattr(self, key)!r})") for key, ok, message in checks if not ok]
+        found = [(key, f"{message} (got {shown(getattr(self, key))})") for key, ok, message in checks if not ok]
+        return found or self.bounds()
+
+    def bounds(self) -> list[tuple[str, str]]:
+        """(key, the bound and the fix) for each setting beyond what its trials accept (lmtune.training.config:
+        MAX_LR) or beyond any search a user would run. Assumes every setting is usable (``problems``)."""
+        size = self.coarse_size()
+        checks = [
+            ("seeds", self.seeds <= MAX_SEEDS, f"must be at most {MAX_SEEDS}"),
+            ("edge_seeds", self.edge_seeds <= MAX_SEEDS, f"must be at most {MAX_SEEDS}"),
+            ("refine_points", self.refine_points <= MAX_GRID_TRIALS,
+             f"must be at most {MAX_GRID_TRIALS:,} (as a grid space's trials)"),
+            ("bisect_points", self.bisect_points <= MAX_GRID_TRIALS,
+             f"must be at most {MAX_GRID_TRIALS:,} (as a grid space's trials)"),
+            ("range_max_lr", self.range_max_lr <= MAX_LR,
+             f"must be at most {MAX_LR:g}, the largest LR a trial accepts"),
+            ("coarse_ratio", size <= MAX_GRID_TRIALS,
+             f"makes the widest coarse grid the range test allows (range_min_lr / coarse_below to range_max_lr x "
+             f"coarse_above) {size:,} LRs; a grid holds at most {MAX_GRID_TRIALS:,} (as a grid space's trials): give a "
+             "larger coarse_ratio or a narrower range"),
+            *self._reach_checks(),
+        ]
+        return [(key, f"{message} (got {shown(getattr(self, key))})") for key, ok, message in checks if not ok]
+
+    def _reach_checks(self) -> list[tuple[str, bool, str]]:
+        """Every LR the search can reach stays within the LRs a trial accepts: the coarse grid ends below the
+        range test's largest LR x coarse_above, x coarse_ratio; refinement goes a further max(coarse_ratio,
+        refine_factor); each extension coarse_ratio^2 past the LRs tried (and as far down). In logs."""
+        log_ratio, step = math.log(self.coarse_ratio), math.log(max(self.coarse_ratio, self.refine_factor))
+        top = math.log(self.range_max_lr) + max(math.log(self.coarse_above), 0.0) + log_ratio + step
+        bottom = math.log(self.range_min_lr) - math.log(self.coarse_below) - step
+        reach = 2 * self.max_extensions * log_ratio
+        log_max, log_min = math.log(MAX_LR), math.log(MIN_LR)
+        return [
+            ("coarse_above", top <= log_max + 1e-9,
+             f"lets the coarse grid and the refinement around its end reach {_exp(top):.3g} (range_max_lr x "
+             "coarse_above (at least 1) x coarse_ratio x max(coarse_ratio, refine_factor)), above the largest LR a "
+             f"trial accepts ({MAX_LR:g}): give a smaller range_max_lr, coarse_above, coarse_ratio or refine_factor"),
+            ("max_extensions", top + reach <= log_max + 1e-9,
+             f"would extend the LRs tried (up to {_exp(top):.3g}) {self.coarse_ratio:g}^2 x at a time past the largest "
+             f"LR a trial accepts ({MAX_LR:g}): give max_extensions at most {_fits(log_max - top, 2 * log_ratio)}"),
+            ("max_extensions", bottom - reach >= log_min - 1e-9,
+             f"would extend the LRs tried (down to {_exp(bottom):.3g}) {self.coarse_ratio:g}^2 x at a time below the "
+             f"smallest normal float ({MIN_LR:g}): give max_extensions at most "
+             f"{_fits(bottom - log_min, 2 * log_ratio)}"),
+        ]
+
+    def coarse_size(self) -> int:
+        """The most LRs a coarse grid can hold (its ends depend on the range test; its widest span does not)."""
+        span = (math.log(self.range_max_lr) + math.log(self.coarse_above) + math.log(self.coarse_below)
+                - math.log(self.range_min_lr))  # (in logs: the product may overflow)
+        return max(2, math.ceil(span / math.log(self.coarse_ratio) - 1e-9) + 1)
+
+    def added_seeds(self) -> int:
+        """How far past the base seed the search's seeds go: its bisection probes' and the best LRs' seeds."""
+        return max(self.seeds, self.edge_seeds) - 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,6 +225,15 @@ def rerun_lrs(best: LrResult, runs: list[Run], settings: EdgeSettings, budget: B
 
 def seed_lrs(ranking: list[LrResult], settings: EdgeSettings) -> list[LrResult]:
     return crowned_ranking(ranking)[: settings.seed_lrs] if settings.seeds > 1 else []
+
+
+def _fits(log_room: float, log_step: float) -> int:
+    """How many steps of e^log_step fit in a factor of e^log_room (0 when none does)."""
+    return max(0, math.floor(log_room / log_step + 1e-9))
+
+
+def _exp(log_value: float) -> float:
+    return math.exp(min(log_value, 709.0))  # (for a message: at most about the largest float)
 
 
 def _g(value: float | None) -> str:

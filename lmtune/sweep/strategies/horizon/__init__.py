@@ -38,6 +38,7 @@ class HorizonStrategy(DecidingDefaults):
         return super().parse(raw, fail)
 
     def check_base(self, base: RunConfig) -> None:
+        super().check_base(base)
         self.settings.check_target(base.train.steps, base.train.warmup_steps)
         for steps in self.settings.budget_steps(base.train.steps):  # e.g. a WSD cooldown must fit each budget
             apply_overrides(base, {"steps": steps}, where=f"horizon: the {steps}-step budget")

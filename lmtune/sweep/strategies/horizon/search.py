@@ -32,6 +32,7 @@ from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.horizon.fit import BudgetLosses, HorizonFit, fit_horizon
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+from lmtune.training.config import MAX_LR
 
 STAGES = ("grid", "extend", "seeds", "edge", "target")  # target: the confirmation runs at the target budget
 SETTLING = ("grid", "extend", "seeds")  # the stages that decide a budget's best LR
@@ -95,7 +96,11 @@ class HorizonSearch(DecidingSearch):
             return FINISHED
         if sum(not r.done for r in self.runs.values()) >= self.max_pending:
             return WAIT
+        decided = len(self.decisions)
         self._decide()  # every suggest: budgets overlap (each stage is planned once, so this is safe)
+        while not self.queue and not self.finished and len(self.decisions) > decided:
+            decided = len(self.decisions)  # a stage whose LRs were all left out (_plan) planned nothing: the next may
+            self._decide()
         if not self.queue:
             return FINISHED if self.finished else WAIT
         # Edge probes only when nothing on the way to the prediction waits: they do not feed the fit.
@@ -150,6 +155,13 @@ class HorizonSearch(DecidingSearch):
 
     def _plan(self, stage: str, steps: int, planned: list[Planned], why: str) -> None:
         known = {p.lr for p in [*self.plans.values(), *self.queue]}
+        # A larger budget's grid, its probes and the confirmation follow results and may step past the LRs a trial
+        # accepts (the settings bound only the smallest budget's): those are left out, and the decision says so.
+        outside = sorted({p.lr for p in planned if not _accepted(p.lr)})
+        if outside:
+            planned = [p for p in planned if _accepted(p.lr)]
+            why += (f"; left out: lr {', '.join(f'{lr:.3g}' for lr in outside)}, outside the LRs a trial accepts "
+                    f"(above 0, at most {MAX_LR:g})")
         for p in planned:
             p.why = why
             # readable, and one LR is one number at every budget and seed (so a run can continue another's)
@@ -213,11 +225,12 @@ class HorizonSearch(DecidingSearch):
         if best is None or extended >= self.settings.max_extensions or len(lrs) < 2:
             return None
         if _same(best.lr, lrs[0]):
-            return lrs[0] / self.settings.ratio
-        failed = {r.lr for r in self.runs_at(steps) if r.diverged}
-        if _same(best.lr, lrs[-1]) and not failed:
-            return lrs[-1] * self.settings.ratio
-        return None
+            beyond = lrs[0] / self.settings.ratio
+        elif _same(best.lr, lrs[-1]) and not any(r.diverged for r in self.runs_at(steps)):
+            beyond = lrs[-1] * self.settings.ratio
+        else:
+            return None
+        return beyond if _accepted(beyond) else None  # no trial trains past the LR limits: the grid ends there
 
     def _extend(self, steps: int) -> None:
         lr = self._extension(steps)
@@ -347,6 +360,11 @@ def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) 
         return fit_horizon(searched, target.full_tokens, settings.resamples, target.seed), None
     except LmtuneError as err:
         return None, str(err)
+
+
+def _accepted(lr: float) -> bool:
+    """An LR a trial accepts (lmtune.training.config.validate)."""
+    return math.isfinite(lr) and 0 < lr <= MAX_LR
 
 
 def _same(a: float, b: float) -> bool:

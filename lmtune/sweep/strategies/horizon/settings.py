@@ -12,9 +12,24 @@ noise of the best LR does not swamp the slope.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, shown
+from lmtune.sweep.strategies.base import MAX_SEEDS
+from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
+from lmtune.training.config import MAX_LR
+
+# The most budgets searched: each is an LR search of its own (grid, seeds, edge probes), and the fit needs 3.
+MAX_BUDGETS = 10
+# The smallest budget at least this fraction of the target: below it a budget trains a handful of steps of any
+# real target, and budget_ratio^budgets stays a float.
+MIN_BUDGET_FRACTION = 1e-6
+# The most bootstrap resamples of the fit: its 90% interval settles to well under 1% by 10,000, and each 10,000
+# costs the fit (on the driver, and in every report) a few seconds.
+MAX_RESAMPLES = 100_000
+# The smallest LR a grid may reach: the smallest normal float (below it an LR loses precision, then is 0).
+MIN_LR = sys.float_info.min
 
 
 @dataclass(frozen=True)
@@ -60,7 +75,8 @@ class HorizonSettings:
     """Bootstrap resamples of the fit."""
 
     def problems(self) -> list[tuple[str, str]]:
-        """(key, what is wrong and the fix) for each setting no search could use."""
+        """(key, what is wrong and the fix) for each setting no search could use; once each is usable, for each
+        that would make trials no run accepts, or ask for more than a search could ever run (``bounds``)."""
         checks = [
             ("largest_fraction", 0 < self.largest_fraction < 1,
              "must be between 0 and 1 (a fraction of the target budget, e.g. 0.25)"),
@@ -82,7 +98,71 @@ class HorizonSettings:
             ("confirm_seeds", self.confirm_seeds >= 1, "must be at least 1"),
             ("resamples", self.resamples >= 100, "must be at least 100"),
         ]
-        return [(key, f"{message} (got {getattr(self, key)!r})") for key, ok, message in checks if not ok]
+        found = [(key, f"{message} (got {shown(getattr(self, key))})") for key, ok, message in checks if not ok]
+        return found or self.bounds()
+
+    def bounds(self) -> list[tuple[str, str]]:
+        """(key, the bound and the fix) for each setting beyond what its trials accept (lmtune.training.config:
+        MAX_LR) or beyond any search a user would run. Assumes every setting is usable (``problems``)."""
+        size = self.grid_size()
+        checks = [
+            ("budgets", self.budgets <= MAX_BUDGETS,
+             f"must be at most {MAX_BUDGETS} (each budget is an LR search of its own; the fit needs 3)"),
+            ("budget_ratio", self._log_smallest_fraction() >= math.log(MIN_BUDGET_FRACTION),
+             f"makes the smallest of {self.budgets} budgets (largest_fraction / budget_ratio^(budgets - 1)) less "
+             f"than {MIN_BUDGET_FRACTION:g} of the target: give a smaller budget_ratio or fewer budgets"),
+            ("seeds", self.seeds <= MAX_SEEDS, f"must be at most {MAX_SEEDS}"),
+            ("confirm_seeds", self.confirm_seeds <= MAX_SEEDS, f"must be at most {MAX_SEEDS}"),
+            ("resamples", self.resamples <= MAX_RESAMPLES,
+             f"must be at most {MAX_RESAMPLES:,} (the fit's interval settles long before; each 10,000 costs seconds)"),
+            ("ratio", size <= MAX_GRID_TRIALS,
+             f"makes lr_min {self.lr_min:g} to lr_max {self.lr_max:g} a grid of {size:,} LRs; a grid holds at most "
+             f"{MAX_GRID_TRIALS:,} (as a grid space's trials): give a larger ratio or a narrower lr_min..lr_max"),
+            ("above", self.below + self.above + 1 <= MAX_GRID_TRIALS,
+             f"with below ({self.below}) makes each larger budget's grid {self.below + self.above + 1:,} LRs; a grid "
+             f"holds at most {MAX_GRID_TRIALS:,}: give fewer"),
+            *self._reach_checks(),
+        ]
+        return [(key, f"{message} (got {shown(getattr(self, key))})") for key, ok, message in checks if not ok]
+
+    def _reach_checks(self) -> list[tuple[str, bool, str]]:
+        """What the settings alone fix stays within the LRs a trial accepts: the smallest budget's grid, it extended
+        max_extensions times either way, and edge probes edge_ratio x apart above that. (A larger budget's LRs
+        follow results, as does the confirmation: the search leaves out any beyond, lmtune.sweep.strategies.
+        horizon.search.) In logs: nothing here may overflow."""
+        log_max, log_ratio = math.log(MAX_LR), math.log(self.ratio)
+        top = math.log(self.lr_min) + (self.grid_size() - 1) * log_ratio
+        extended = top + self.max_extensions * log_ratio
+        above_min = math.log(self.lr_min) - math.log(MIN_LR)  # ln(lr_min / MIN_LR), which may overflow
+        probed = extended + self.edge_probes * math.log(self.edge_ratio)
+        return [
+            ("lr_max", _within(top, log_max),
+             f"makes the grid end at {_exp(top):.3g} (the first LR {self.ratio:g}x apart at or above lr_max), above "
+             f"the largest LR a trial accepts ({MAX_LR:g}): give an lr_max of at most {MAX_LR / self.ratio:g}"),
+            ("max_extensions", _within(extended, log_max),
+             f"would extend the smallest budget's grid (ending at {_exp(top):.3g}) {self.ratio:g}x at a time past the "
+             f"largest LR a trial accepts ({MAX_LR:g}): give max_extensions at most {_fits(log_max - top, log_ratio)}"),
+            ("max_extensions", _within(self.max_extensions * log_ratio, above_min),
+             f"would extend the grid below lr_min ({self.lr_min:g}) {self.ratio:g}x at a time past the smallest "
+             f"normal float ({MIN_LR:g}): give max_extensions at most {_fits(above_min, log_ratio)}"),
+            ("edge_probes", not _within(extended, log_max) or _within(probed, log_max),
+             f"would probe {self.edge_ratio:g}x at a time above the extended grid's end ({_exp(extended):.3g}), past "
+             f"the largest LR a trial accepts ({MAX_LR:g}): give edge_probes at most "
+             f"{_fits(log_max - extended, math.log(self.edge_ratio))}"),
+        ]
+
+    def _log_smallest_fraction(self) -> float:
+        """ln of the smallest budget's fraction of the target (budget_ratio^budgets itself may overflow)."""
+        return math.log(self.largest_fraction) - (self.budgets - 1) * math.log(self.budget_ratio)
+
+    def grid_size(self) -> int:
+        """How many LRs the smallest budget's grid holds, known before any is built."""
+        span = math.log(self.lr_max) - math.log(self.lr_min)  # (lr_max / lr_min may overflow)
+        return max(2, math.ceil(span / math.log(self.ratio) - 1e-9) + 1)
+
+    def added_seeds(self) -> int:
+        """How far past the base seed the search's seeds go: its seeds stage and its confirmation."""
+        return max(self.seeds, self.confirm_seeds) - 1
 
     def budget_steps(self, target_steps: int) -> list[int]:
         """The searched budgets in steps, smallest first."""
@@ -103,8 +183,7 @@ class HorizonSettings:
 
     def first_grid(self) -> list[float]:
         """The smallest budget's LRs: lr_min up to the first at or above lr_max, ``ratio`` apart."""
-        count = max(2, math.ceil(math.log(self.lr_max / self.lr_min) / math.log(self.ratio) - 1e-9) + 1)
-        return [self.lr_min * self.ratio ** k for k in range(count)]
+        return [self.lr_min * self.ratio ** k for k in range(self.grid_size())]
 
     def grid_around(self, best_lr: float) -> list[float]:
         """A larger budget's LRs around the smaller budget's best: ``below`` steps down, ``above`` up."""
@@ -112,3 +191,17 @@ class HorizonSettings:
 
     def confirmation_lrs(self, predicted_lr: float) -> list[float]:
         return [predicted_lr / self.confirm_ratio, predicted_lr, predicted_lr * self.confirm_ratio]
+
+
+def _within(log_value: float, log_limit: float) -> bool:
+    """value <= limit, in logs, with room for rounding (a grid ending exactly at the limit is within it)."""
+    return log_value <= log_limit + 1e-9
+
+
+def _fits(log_room: float, log_step: float) -> int:
+    """How many steps of e^log_step fit in a factor of e^log_room (0 when none does)."""
+    return max(0, math.floor(log_room / log_step + 1e-9))
+
+
+def _exp(log_value: float) -> float:
+    return math.exp(min(log_value, 709.0))  # (for a message: at most about the largest float)
