@@ -33,11 +33,22 @@ def headline(summary: dict[str, Any]) -> list[str]:
     counts = ", ".join(f"{n} {s}" for s, n in summary.get("status_counts", {}).items())
     range_test = " and the LR range test" if summary.get("range_test") else ""
     lines = [f"sweep {summary.get('sweep')}: {len(summary['trials'])} trials ({counts}){range_test}",
-             *summary_lines(summary)]
+             *missing_lines(summary), *summary_lines(summary)]
     if summary.get("target") is not None:
         lines.append(f"target {summary['target']:g}: {'met' if summary.get('target_met') else 'not met'}")
     lines.append(f"report: {Path(summary['report_dir']) / 'lr_sweep_analysis.md'}")
     return lines
+
+
+def missing_lines(summary: dict[str, Any]) -> list[str]:
+    """A warning line when the ledger lists trials the report has no folder for: what it concludes, it concludes
+    without them."""
+    missing = summary.get("missing_trials") or []
+    if not missing:
+        return []
+    named = ", ".join(f"{m['trial_id']} ({m['outcome']})" for m in missing[:5]) + (" ..." if len(missing) > 5 else "")
+    return [f"warning: the ledger lists {len(missing)} trial{'s' * (len(missing) > 1)} with no readable folder: "
+            f"{named}; the best LR was chosen without {'them' if len(missing) > 1 else 'it'}"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -100,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Check this machine's training speed, or show a sweep's progress.")
     p.add_argument("sweep_dir", nargs="?", type=Path, help="a sweep's results dir: show its trials and ETA")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
-    p.add_argument("--config", choices=["default", "full", "low-resource", "quick"],
-                   help="config to benchmark (default: default on CUDA, quick elsewhere)")
-    p.add_argument("--batch-size", type=int, help="batch size of the benchmark (default: the config's)")
+    budgets = ["default", "full", "low-resource", "quick"]
+    p.add_argument("--budget", choices=budgets, help="budget to benchmark (default: default on CUDA, quick elsewhere)")
+    p.add_argument("--config", dest="budget", choices=budgets, help=argparse.SUPPRESS)  # its old name, kept working
+    p.add_argument("--batch-size", type=int, help="batch size of the benchmark (default: the budget's)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repeat (default 10)")
     p.add_argument("--repeats", type=int, default=2, help="timed repeats (default 2)")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="with a sweep dir: refresh every SECONDS")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep_dir is None:
         device = resolve_device(args.device)
         compile_ok = print_environment(device)
-        config_name = args.config or ("default" if device.type == "cuda" else "quick")
+        config_name = args.budget or ("default" if device.type == "cuda" else "quick")
         result, nvml = benchmark_with_nvml(device, config_name, args.batch_size, args.steps, args.repeats,
                                            args.device)
         print_benchmark(result, nvml, device, compile_ok, config_name)

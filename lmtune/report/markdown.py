@@ -121,7 +121,19 @@ def _overview(summary: dict[str, Any]) -> list[str]:
         figures.insert(0, "horizon.png")
     data = f" Data: {summary['data']}." if summary.get("data") else ""
     return ["# Learning-rate sweep: analysis", "",
-            f"{len(rows)} trials ({counts}).{data} Figures: {', '.join(f'`{f}`' for f in figures)}.", ""]
+            f"{len(rows)} trials ({counts}).{data} Figures: {', '.join(f'`{f}`' for f in figures)}.", "",
+            *_missing(summary)]
+
+
+def _missing(summary: dict[str, Any]) -> list[str]:
+    """The trials the ledger lists without a folder the report could read: the conclusions are drawn without them."""
+    missing = summary.get("missing_trials") or []
+    if not missing:
+        return []
+    named = ", ".join(f"`{m['trial_id']}` ({m['outcome']})" for m in missing)
+    return [f"**Warning:** the sweep's ledger lists {len(missing)} trial{'s' * (len(missing) > 1)} whose folder is "
+            f"missing or unreadable: {named}. The best LR and every conclusion below were chosen without "
+            f"{'them' if len(missing) > 1 else 'it'}, and may differ from what the whole sweep shows.", ""]
 
 
 def _horizon(summary: dict[str, Any]) -> list[str]:

@@ -23,12 +23,13 @@ from lmtune.sweep.record import (
     read_edge_state,
     read_horizon_state,
     read_outcomes,
+    readable_trial,
     trial_folders,
     tune_ended,
 )
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lr_range import RangeTestResult, read_range_test
-from lmtune.training.metrics import METRICS_FILE, read_metrics_frame
+from lmtune.training.metrics import MAX_COUNT, METRICS_FILE, read_metrics_frame
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def find_sweeps(root: Path) -> list[Path]:
 
 
 def resolve_sweep(path: Path) -> tuple[Path, list[Path]]:
-    """The sweep to report on and the other sweeps beside it (when ``path`` is a results root)."""
+    """The sweep to report on and the other sweeps beside it (when ``path`` is a results root): the newest whose
+    sweep.json can be read; each newer one that cannot is skipped with a warning saying why."""
     path = Path(path)
     if not path.exists():
         raise LmtuneError(f"{path} does not exist; {USAGE_HINT}")
@@ -53,7 +55,18 @@ def resolve_sweep(path: Path) -> tuple[Path, list[Path]]:
     sweeps = find_sweeps(path)
     if not sweeps:
         raise LmtuneError(f"{path} is not an lmtune sweep (no {SWEEP_FILE}); {USAGE_HINT}")
-    return sweeps[0], sweeps[1:]
+    unreadable: list[LmtuneError] = []
+    for index, sweep in enumerate(sweeps):
+        try:
+            SweepRecord.read(sweep)
+        except LmtuneError as err:
+            unreadable.append(err)
+            continue
+        for skipped, err in zip(sweeps, unreadable, strict=False):  # (the newer ones, each unreadable)
+            log.warning("skipped %s, a newer sweep whose records cannot be read (%s)", skipped,
+                        str(err).partition("; ")[0])
+        return sweep, sweeps[index + 1:]
+    raise unreadable[0]  # none can be read: the newest one's problem
 
 
 def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
@@ -73,10 +86,22 @@ def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
                    **((read_horizon_state(sweep_dir) or {}).get("interrupted") or {})}
     ledger.update({t: {"outcome": "ended", "reason": why} for t, why in interrupted.items() if t not in ledger})
     trials = [t for t in (trial_record(folder, ledger.get(folder.trial_id) or {}, record.divergence_rule)
-                          for folder in trial_folders(sweep_dir) if folder.params.get("stage") != "range")
+                          for folder in trial_folders(sweep_dir)
+                          if folder.params.get("stage") != "range" and readable_trial(folder.path))
               if t is not None]
     log.info("loaded %d trials from %s", len(trials), sweep_dir)
     return record, trials
+
+
+def missing_trials(sweep_dir: Path, trials: list[TrialRecord]) -> list[dict[str, Any]]:
+    """The trials the ledger lists that the report has no folder for (deleted, or unreadable): their id, outcome
+    and reason, from the ledger. A conclusion drawn without them may differ from the sweep's (the best trial's
+    folder gone changes the best LR)."""
+    present = {t.trial_id for t in trials} | {f.trial_id for f in trial_folders(sweep_dir)
+                                              if f.params.get("stage") == "range"}
+    return [{"trial_id": trial_id, "outcome": entry["outcome"], "reason": str(entry.get("reason") or "")}
+            for trial_id, entry in sorted(read_outcomes(sweep_dir).items())
+            if trial_id not in present and "members" not in entry]  # (a fused group's own entry: no folder)
 
 
 def load_range_test(sweep_dir: Path) -> RangeTestResult | None:
@@ -104,11 +129,11 @@ def trial_record(folder: TrialFolder, entry: dict[str, Any],
         wall = float(curve["elapsed_s"].dropna().iloc[-1])
     reason = entry.get("reason") or summary.get("reason") or {
         "running": "still running", "ended": "ended; the sweep's ledger has no record of why"}.get(outcome, "")
-    step = entry.get("step")
+    step = _count(entry.get("step"))  # (None for a step no run has: an edited ledger's 1e300 or -6)
     return TrialRecord(
         trial_id=folder.trial_id, lr=lr, params={"lr": lr, **{k: v for k, v in folder.params.items()
                                                             if k != "lr" and k not in BOOKKEEPING_PARAMS}},
-        outcome=outcome, reason=str(reason), stop_step=int(step) if _positive(step) else None, curve=curve,
+        outcome=outcome, reason=str(reason), stop_step=step or None, curve=curve,
         wall_time_s=wall, checkpoint_dir=folder.path / "checkpoints",
         periodic_checkpoints=tuple(folder.periodic_checkpoints()), config=config,
         stage=str(folder.params.get("stage") or "grid"), seed=_whole(folder.params.get("seed")), rule=rule,
@@ -126,6 +151,12 @@ def _start_time(sweep_dir: Path) -> float:
 def _whole(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer() \
         else None
+
+
+def _count(value: Any) -> int | None:
+    """A count (a step): a whole number from 0 to MAX_COUNT, as in metrics.csv (None for anything else)."""
+    whole = _whole(value)
+    return whole if whole is not None and 0 <= whole <= MAX_COUNT else None
 
 
 def _positive(value: Any) -> float | None:

@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_text
+from lmtune.files import atomic_write_text, check_destination
 from lmtune.report.figures import plot_horizon, plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
 from lmtune.report.horizon import horizon_settings, horizon_summary, records_at
 from lmtune.report.markdown import write_markdown, write_tables
-from lmtune.report.reader import load_range_test, load_sweep
+from lmtune.report.reader import load_range_test, load_sweep, missing_trials
 from lmtune.report.sharpness import SHARPNESS_COLUMNS, sweep_sharpness, write_sharpness_csv
 from lmtune.report.stability import TrialRecord, budget_tokens, json_safe, tokens_spent
 from lmtune.report.summary import sweep_summary, trial_table
 from lmtune.sweep.plan import AshaBudget, asha_budget
-from lmtune.sweep.record import SweepRecord, read_edge_state
+from lmtune.sweep.record import SweepRecord, is_sweep_dir, read_edge_state
 from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import SchedulerSpec
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
@@ -69,6 +69,7 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None) -> SweepReport
                                 edge_state=read_edge_state(sweep_dir), range_tokens=range_tokens)
     best = next((t for t in trials if t.trial_id == summary["best_trial"]), None)
     summary.update({"sweep": record.name or sweep_dir.name, "sweep_dir": str(sweep_dir.resolve()),
+                    "missing_trials": missing_trials(sweep_dir, trials),
                     "best_trial_dir": str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None,
                     "best_config": best.params if best else None,
                     "search_strategy": search_description(record, trials),
@@ -82,7 +83,11 @@ def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None =
     """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / REPORT_DIR
-    check_report_dir(out, sweep_dir)
+    check_report_dir(out, sweep_dir)  # first: the next check's probe file would touch another sweep's report
+    if out_dir is None:  # (a read-only sweep: its report can go elsewhere)
+        check_destination(out, "the sweep's report folder", fix="give --out FOLDER to write the report elsewhere")
+    else:
+        check_destination(out, "--out")
     report = summarize_sweep(sweep_dir, target)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(sweep_dir.resolve())}) + "\n")
@@ -103,19 +108,42 @@ REPORT_MARKER = ".lmtune-report"
 
 def check_report_dir(out: Path, sweep_dir: Path) -> None:
     """Refuse a report folder whose files analyze would overwrite: anything but a missing or empty folder,
-    the sweep's own report/ folder, or one holding an earlier report of this same sweep."""
-    if out.exists() and not out.is_dir():
-        raise LmtuneError(f"{out} exists and is not a directory; give another --out")
-    if not out.is_dir() or not any(out.iterdir()) or out.resolve() == (sweep_dir / REPORT_DIR).resolve():
+    the sweep's own report/ folder (while it is the sweep's own: check_own_report_dir), or one holding an earlier
+    report of this same sweep."""
+    own = sweep_dir / REPORT_DIR
+    if out == own or out.resolve() == own.resolve():
+        check_own_report_dir(own, sweep_dir)
         return
-    try:
-        owner = json.loads((out / REPORT_MARKER).read_text()).get("sweep")
-    except (OSError, ValueError, AttributeError):
-        owner = None
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    owner = _report_owner(out)
     if owner != str(sweep_dir.resolve()):
         whose = f"the report of another sweep ({owner})" if owner else "files analyze did not write"
         raise LmtuneError(f"--out {out} already holds {whose}, which the report would overwrite; "
                           "give an empty or new folder")
+
+
+def check_own_report_dir(own: Path, sweep_dir: Path) -> None:
+    """The sweep's report/ is written only while it is the sweep's own: a link leading out of it (to another
+    sweep's report, to anyone's files) is refused, and so is a folder holding the report of another sweep that
+    exists (a copy of it: its marker names the original)."""
+    home = sweep_dir.resolve()
+    if own.exists() and own.resolve() != home / REPORT_DIR:
+        raise LmtuneError(f"{own} is a link to {own.resolve()}, not a folder of the sweep's own, whose files the "
+                          "report would overwrite; remove the link, or give --out FOLDER")
+    owner = _report_owner(own)
+    if owner and owner != str(home) and is_sweep_dir(Path(owner)):
+        raise LmtuneError(f"{own} holds the report of another sweep ({owner}), which the report would overwrite; "
+                          f"delete {own} if it is a copy, or give --out FOLDER")
+
+
+def _report_owner(folder: Path) -> str | None:
+    """The sweep whose report a folder holds, by its marker (None: no marker, or not one analyze wrote)."""
+    try:
+        owner = json.loads((folder / REPORT_MARKER).read_text()).get("sweep")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return owner if isinstance(owner, str) else None
 
 
 def write_figures(out: Path, trials: list[TrialRecord], summary: dict[str, Any], range_test,

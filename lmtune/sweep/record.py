@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, shown
 from lmtune.files import atomic_write_json, writer_lock
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.divergence import DivergenceRule
@@ -155,6 +155,9 @@ class SweepRecord:
                               "restore it or re-run the sweep") from None
         if not isinstance(raw, dict):
             raise LmtuneError(f"{path} is not a JSON object; restore it or re-run the sweep")
+        from lmtune.sweep.plan import check_sweep_json  # (the plan's types import this module)
+
+        check_sweep_json(raw, path)  # before any reader uses a value of it
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})
 
@@ -219,16 +222,42 @@ def read_horizon_state(sweep_dir: Path) -> dict[str, Any] | None:
     return read_search_state(horizon_state_path(sweep_dir))
 
 
+_WARNED: set[tuple[str, str]] = set()  # (path, problem) already warned about: said once per process
+
+
 def read_search_state(path: Path) -> dict[str, Any] | None:
-    """A searcher's mirrored state, or None: absent, or unreadable (warned)."""
+    """A searcher's mirrored state, or None: absent, or unreadable (warned), also when a key the readers use has the
+    wrong shape (an edited file: none of it is taken)."""
     if not path.exists():
         return None
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        log.warning("ignoring %s (%s: %s); the report goes by the trials' own files", path, type(err).__name__, err)
+        problem = f"{type(err).__name__}: {err}"
+    else:
+        problem = _search_state_problem(value)
+    if problem is not None:
+        if (str(path), problem) not in _WARNED:  # once: the report and the searchers read it several times
+            _WARNED.add((str(path), problem))
+            log.warning("ignoring %s (%s); the report goes by the trials' own files", path, problem)
         return None
-    return value if isinstance(value, dict) else None
+    return value
+
+
+def _search_state_problem(value: Any) -> str | None:
+    """What makes a search state unusable to its readers (the report, a resumed searcher), or None."""
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__}, not an object"
+    interrupted, decisions = value.get("interrupted") or {}, value.get("decisions") or []
+    if not (isinstance(interrupted, dict) and all(isinstance(v, str) for v in interrupted.values())):
+        return f"interrupted is {shown(interrupted)}, not a mapping of trial ids to reasons"
+    if not (isinstance(decisions, list) and all(
+            isinstance(d, dict) and isinstance(d.get("stage"), str) and isinstance(d.get("why"), str)
+            for d in decisions)):
+        return f"decisions is {shown(decisions)}, not a list of stages with their reasons"
+    if not isinstance(value.get("runs", {}), dict) or not isinstance(value.get("finished", False), bool):
+        return "runs is not a mapping of trial ids, or finished not true or false"
+    return None
 
 
 def read_outcomes(sweep_dir: Path) -> dict[str, dict[str, Any]]:
@@ -320,6 +349,17 @@ def trial_folders(sweep_dir: Path) -> list[TrialFolder]:
         if trial_id and "members" not in own and "members" not in (params or {}):
             found.append(TrialFolder(path, trial_id, dict(params or {}), int(own.get("continued_from_tokens") or 0)))
     return found
+
+
+def readable_trial(folder: Path) -> bool:
+    """Whether a trial folder holds a readable config.json (its budget and settings); one without is warned about
+    and left out (not counted as running) by analyze and diagnose alike."""
+    if read_json_object(Path(folder) / "config.json"):
+        return True
+    problem = "unreadable config.json" if (Path(folder) / "config.json").is_file() else "no config.json"
+    log.warning("%s: unreadable trial folder (%s); left out of the sweep's trials, not counted as running",
+                folder, problem)
+    return False
 
 
 def trial_id_in(folder: Path) -> str | None:

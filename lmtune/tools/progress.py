@@ -4,6 +4,7 @@ tokens/s and ETA, and the ETA of the whole sweep. Works while the sweep runs; re
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -11,8 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.errors import LmtuneError
-from lmtune.sweep.record import SweepRecord, is_sweep_dir, read_outcomes, trial_id_in, tune_ended
-from lmtune.training.metrics import METRICS_FILE, last_metrics_row
+from lmtune.sweep.record import (
+    SweepRecord,
+    is_sweep_dir,
+    read_outcomes,
+    readable_trial,
+    trial_folders,
+    trial_id_in,
+    tune_ended,
+)
+from lmtune.training.metrics import MAX_COUNT, METRICS_FILE, last_metrics_row
+
+log = logging.getLogger(__name__)
 
 # A trial without summary.json whose metrics.csv changed this recently counts as running.
 RUNNING_IF_UPDATED_WITHIN_S = 600.0
@@ -70,8 +81,12 @@ def read_trial(trial_dir: Path, sweep_dir: Path, now: float | None = None) -> Tr
     try:
         summary = json.loads((trial_dir / "summary.json").read_text())
         status = str(summary.get("status") or "finished")
-        tokens_done = int(_float(summary.get("tokens")) or tokens_done)
-    except (OSError, ValueError):
+        spent = _float(summary.get("tokens"))
+        if spent is not None and not 0 <= spent <= MAX_COUNT:  # (an edited summary.json: 1e300)
+            log.warning("%s: tokens %s out of range; its metrics.csv's are shown", trial_dir / "summary.json", spent)
+            spent = None
+        tokens_done = int(spent or tokens_done)
+    except (OSError, ValueError, AttributeError):
         pass  # still training (or being written): the metrics decide
     if status is None and tune_ended(trial_dir):  # Tune ended it; the ledger would say why
         status = "ended"
@@ -86,18 +101,27 @@ def sweep_status(sweep_dir: Path) -> tuple[list[TrialStatus], SweepRecord]:
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise LmtuneError(f"{sweep_dir} is not a directory; pass the results dir of a sweep, e.g. results/NAME")
-    trial_dirs = find_trial_dirs(sweep_dir)
-    if not is_sweep_dir(sweep_dir) and not trial_dirs:
+    found = find_trial_dirs(sweep_dir)
+    if not is_sweep_dir(sweep_dir) and not found:
         raise LmtuneError(f"{sweep_dir} is not a sweep dir (no sweep.json and no trial dirs with config.json + "
                           "metrics.csv); pass the directory a sweep wrote, e.g. results/NAME")
     record = SweepRecord.read(sweep_dir) if is_sweep_dir(sweep_dir) else SweepRecord()
+    trial_dirs = [d for d in found if readable_trial(d)]
+    for folder in trial_folders(sweep_dir) if is_sweep_dir(sweep_dir) else []:
+        if not (folder.path / "config.json").is_file():
+            readable_trial(folder.path)  # (warns: a trial's folder without its config, as analyze does)
     trials = [read_trial(d, sweep_dir) for d in trial_dirs]
     # The ledger says why a trial ended (ASHA, divergence, too slow) where the trial could not.
     outcomes = read_outcomes(sweep_dir)
-    for trial, trial_dir in zip(trials, trial_dirs, strict=True):
-        entry = outcomes.get(trial_id_in(trial_dir) or "")
+    ids = [trial_id_in(d) for d in trial_dirs]
+    for trial, trial_id in zip(trials, ids, strict=True):
+        entry = outcomes.get(trial_id or "")
         if entry:
             trial.status = str(entry.get("outcome", trial.status))
+    missing = sorted(t for t, entry in outcomes.items() if t not in ids and "members" not in entry)
+    if missing:
+        log.warning("the ledger lists %d trial(s) not shown, with no readable folder: %s", len(missing),
+                    ", ".join(missing))
     return trials, record
 
 

@@ -30,6 +30,9 @@ METRIC_COLUMNS = [
     "output_logz_mean", "elapsed_s", "loss_over_min", "above_init_steps",
 ]
 INT_COLUMNS = ("step", "tokens", "peak_memory_bytes", "above_init_steps")
+# A count (INT_COLUMNS) is a whole number from 0 to 2^53 (exact as a float, which is how the report reads it);
+# a row holding another (an edited or damaged file: inf, 1e300, a step of -6) is left out, with a warning.
+MAX_COUNT = 2**53
 
 Row = dict[str, Any]
 
@@ -95,8 +98,19 @@ def read_metrics(path: Path) -> list[Row]:
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
         log.warning("%s ends mid-row (a write was cut short): its last row is left out", path)
-    rows = (_parse_row(raw) for raw in csv.DictReader(io.StringIO(text, newline="")))
-    return [row for row in rows if row is not None]
+    rows, out_of_range = [], []
+    for line, raw in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):
+        try:
+            row = _parse_row(raw)
+        except _OutOfRange as err:
+            out_of_range.append(f"line {line}: {err}")
+            continue
+        if row is not None:
+            rows.append(row)
+    if out_of_range:
+        log.warning("%s: %d row(s) with a count out of range left out (%s)", path, len(out_of_range),
+                    "; ".join(out_of_range[:3]))
+    return rows
 
 
 def last_metrics_row(path: Path) -> Row | None:
@@ -132,12 +146,19 @@ def _parse_row(raw: dict[str, str | None]) -> Row | None:
             if value == "":
                 row[key] = None
             elif key in INT_COLUMNS:
-                row[key] = int(float(value))
+                number = float(value)
+                if not 0 <= number <= MAX_COUNT:  # (NaN fails too)
+                    raise _OutOfRange(f"{key} {value}")
+                row[key] = int(number)
             else:
                 row[key] = float(value)
     except ValueError:
         return None
     return row if row.get("step") is not None else None
+
+
+class _OutOfRange(Exception):
+    """A count in a metrics row that no run can have written."""
 
 
 # ---------------------------------------------------------------------------------------------

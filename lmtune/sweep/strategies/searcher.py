@@ -139,7 +139,13 @@ class DecidingSearcher(Searcher):
         if latest is None or not set(snapshot.runs) <= set(latest.get("runs", {})):
             self.search = snapshot  # no mirror, or not this search's: Tune's own state
             return
-        self.search = self.search_class.from_json(latest)
+        try:
+            self.search = self.search_class.from_json(latest)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:  # an edited or damaged mirror
+            log.warning("%s: ignoring %s (%s: %s); resuming from Tune's own snapshot", self.label,
+                        self.state_path(), type(err).__name__, err)
+            self.search = snapshot
+            return
         ledger = read_outcomes(self.sweep_dir)
         for trial_id, run in list(self.search.runs.items()):
             if run.done or trial_id in snapshot.runs:
