@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.vocab_size is not None or args.dtype is not None:
             raise LmtuneError("--vocab-size and --dtype apply to --input or --tokens; the built-in corpus has its "
                               "own (drop them, or pass --input FILE)")
-        out = ensure_builtin_corpus(args.out or Path("data/builtin"))
+        out = ensure_builtin_corpus(args.out or Path("data/builtin"), option="--out" if args.out else None)
     meta = json.loads((out / "meta.json").read_text())
     print(f"prepared {out}: train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens, "
           f"vocab {meta['vocab_size']} ({meta['dtype']})")

@@ -13,6 +13,7 @@ from conftest import BENCH_MODEL, assert_refused, read_only, set_args, snapshot
 from lmtune import bench, gpu_check
 from lmtune import prepare as prepare_cli
 from lmtune.data import prepare as data_prepare
+from lmtune.errors import LmtuneError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,7 +55,12 @@ def test_prepare_refuses_tokens_into_a_read_only_out_folder(tmp_path, capsys):
 def test_the_built_in_corpus_refuses_a_read_only_folder_in_one_line(tmp_path, capsys):
     with read_only(tmp_path / "locked") as locked:
         assert_refused(prepare_cli.main, ["--out", str(locked / "builtin")], capsys, "cannot write to",
-                       "built-in corpus")
+                       "--out")
+
+
+def test_the_built_in_corpus_a_sweep_builds_refuses_a_read_only_folder_naming_data(tmp_path, capsys):
+    with read_only(tmp_path / "locked") as locked, pytest.raises(LmtuneError, match="built-in corpus folder.*--data"):
+        data_prepare.ensure_builtin_corpus(locked / "builtin")
 
 
 def test_prepare_says_what_val_fraction_is():

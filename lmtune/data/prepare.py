@@ -536,8 +536,9 @@ def _builtin_key() -> dict:
             "vocab_size": BUILTIN_VOCAB_SIZE, "target_bytes": BUILTIN_BYTES, "min_val_tokens": MIN_VAL_TOKENS}
 
 
-def ensure_builtin_corpus(root: Path = Path("data/builtin")) -> Path:
-    """Generate and prepare the built-in corpus into ``root`` unless an up-to-date copy is there."""
+def ensure_builtin_corpus(root: Path = Path("data/builtin"), option: str | None = None) -> Path:
+    """Generate and prepare the built-in corpus into ``root`` unless an up-to-date copy is there. ``option``: the
+    command's option that named ``root`` (a refusal names it), if any."""
     root = Path(root)
     key = _builtin_key()
 
@@ -549,7 +550,10 @@ def ensure_builtin_corpus(root: Path = Path("data/builtin")) -> Path:
 
     if up_to_date():
         return root
-    check_destination(root, "the built-in corpus folder", fix="pass --out (prepare) or --data DIR")
+    if option is not None:
+        check_destination(root, option)
+    else:
+        check_destination(root, "the built-in corpus folder", fix="give --data DIR (data prepared elsewhere)")
     root.mkdir(parents=True, exist_ok=True)
     # Parallel trials may call this at once; the lock makes one of them build and the rest reuse it.
     with open(root / ".lock", "w") as lock:

@@ -220,6 +220,11 @@ def seed_refusal(strategy: SearchStrategy, seed: int) -> str | None:
             f"above the largest seed a trial accepts ({MAX_SEED}): give a seed of at most {MAX_SEED - added}")
 
 
+def failed_checks(settings: Any, checks: list[tuple[str, bool, str]]) -> list[tuple[str, str]]:
+    """(key, message with the value got) for each (key, ok, message) of a settings section's checks that failed."""
+    return [(key, f"{message} (got {shown(getattr(settings, key))})") for key, ok, message in checks if not ok]
+
+
 def params_section(raw: dict[str, Any], fail: Fail) -> dict[str, Any]:
     """The space's ``params:`` mapping, each name a known setting."""
     params = raw.get("params")

@@ -8,9 +8,9 @@ import math
 import sys
 from dataclasses import dataclass
 
-from lmtune.errors import LmtuneError, shown
+from lmtune.errors import LmtuneError
 from lmtune.sweep.runs import SAME_LR, Budget, LrResult, Run, crowned_ranking, format_tokens
-from lmtune.sweep.strategies.base import MAX_SEEDS
+from lmtune.sweep.strategies.base import MAX_SEEDS, failed_checks
 from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
 from lmtune.training.config import MAX_LR
 from lmtune.training.lr_range import MAX_RANGE_STEPS, MIN_RANGE_STEPS
@@ -94,7 +94,7 @@ class EdgeSettings:
             ("seed_rounds", self.seed_rounds >= 0, "must be >= 0"),
             ("max_extensions", self.max_extensions >= 0, "must be >= 0"),
         ]
-        found = [(key, f"{message} (got {shown(getattr(self, key))})") for key, ok, message in checks if not ok]
+        found = failed_checks(self, checks)
         return found or self.bounds()
 
     def bounds(self) -> list[tuple[str, str]]:
@@ -116,7 +116,7 @@ class EdgeSettings:
              "larger coarse_ratio or a narrower range"),
             *self._reach_checks(),
         ]
-        return [(key, f"{message} (got {shown(getattr(self, key))})") for key, ok, message in checks if not ok]
+        return failed_checks(self, checks)
 
     def _reach_checks(self) -> list[tuple[str, bool, str]]:
         """Every LR the search can reach stays within the LRs a trial accepts: the coarse grid ends below the

@@ -15,8 +15,8 @@ import math
 import sys
 from dataclasses import dataclass
 
-from lmtune.errors import LmtuneError, shown
-from lmtune.sweep.strategies.base import MAX_SEEDS
+from lmtune.errors import LmtuneError
+from lmtune.sweep.strategies.base import MAX_SEEDS, failed_checks
 from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
 from lmtune.training.config import MAX_LR
 
@@ -98,7 +98,7 @@ class HorizonSettings:
             ("confirm_seeds", self.confirm_seeds >= 1, "must be at least 1"),
             ("resamples", self.resamples >= 100, "must be at least 100"),
         ]
-        found = [(key, f"{message} (got {shown(getattr(self, key))})") for key, ok, message in checks if not ok]
+        found = failed_checks(self, checks)
         return found or self.bounds()
 
     def bounds(self) -> list[tuple[str, str]]:
@@ -123,7 +123,7 @@ class HorizonSettings:
              f"holds at most {MAX_GRID_TRIALS:,}: give fewer"),
             *self._reach_checks(),
         ]
-        return [(key, f"{message} (got {shown(getattr(self, key))})") for key, ok, message in checks if not ok]
+        return failed_checks(self, checks)
 
     def _reach_checks(self) -> list[tuple[str, bool, str]]:
         """What the settings alone fix stays within the LRs a trial accepts: the smallest budget's grid, it extended
