@@ -29,7 +29,7 @@ from lmtune.sweep.record import (
 )
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lr_range import RangeTestResult, read_range_test
-from lmtune.training.metrics import MAX_COUNT, METRICS_FILE, read_metrics_frame
+from lmtune.training.metrics import METRICS_FILE, is_count, read_metrics_frame
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +154,9 @@ def _whole(value: Any) -> int | None:
 
 
 def _count(value: Any) -> int | None:
-    """A count (a step): a whole number from 0 to MAX_COUNT, as in metrics.csv (None for anything else)."""
+    """A count (a step): a whole number a run can have written, as in metrics.csv (None for anything else)."""
     whole = _whole(value)
-    return whole if whole is not None and 0 <= whole <= MAX_COUNT else None
+    return whole if whole is not None and is_count(whole) else None
 
 
 def _positive(value: Any) -> float | None:

@@ -21,7 +21,7 @@ from lmtune.sweep.record import (
     trial_id_in,
     tune_ended,
 )
-from lmtune.training.metrics import MAX_COUNT, METRICS_FILE, last_metrics_row
+from lmtune.training.metrics import METRICS_FILE, is_count, last_metrics_row
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def read_trial(trial_dir: Path, sweep_dir: Path, now: float | None = None) -> Tr
         summary = json.loads((trial_dir / "summary.json").read_text())
         status = str(summary.get("status") or "finished")
         spent = _float(summary.get("tokens"))
-        if spent is not None and not 0 <= spent <= MAX_COUNT:  # (an edited summary.json: 1e300)
+        if spent is not None and not is_count(spent):  # (an edited summary.json: 1e300)
             log.warning("%s: tokens %s out of range; its metrics.csv's are shown", trial_dir / "summary.json", spent)
             spent = None
         tokens_done = int(spent or tokens_done)

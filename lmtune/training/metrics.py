@@ -34,6 +34,11 @@ INT_COLUMNS = ("step", "tokens", "peak_memory_bytes", "above_init_steps")
 # a row holding another (an edited or damaged file: inf, 1e300, a step of -6) is left out, with a warning.
 MAX_COUNT = 2**53
 
+
+def is_count(number: float) -> bool:
+    """Whether ``number`` can be a count a run wrote (a step, tokens, bytes): 0 to MAX_COUNT (NaN cannot)."""
+    return 0 <= number <= MAX_COUNT
+
 Row = dict[str, Any]
 
 
@@ -147,7 +152,7 @@ def _parse_row(raw: dict[str, str | None]) -> Row | None:
                 row[key] = None
             elif key in INT_COLUMNS:
                 number = float(value)
-                if not 0 <= number <= MAX_COUNT:  # (NaN fails too)
+                if not is_count(number):
                     raise _OutOfRange(f"{key} {value}")
                 row[key] = int(number)
             else:
