@@ -6,7 +6,7 @@ stopper of your own Tuner, and its report), ``lmtune.trainable`` (the function t
 each command) does not load Ray and torch before it needs them.
 """
 
-__version__ = "0.1.0"
+from lmtune.version import __version__
 
 _API = ("Sweep", "trainable", "report", "DivergenceStopper")
 __all__ = ["__version__", *_API]
