@@ -9,8 +9,8 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -19,16 +19,10 @@ from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import check_destination
 from lmtune.sweep.placement import recommend_trials_per_gpu
 from lmtune.tools.projection import DEVICES, project, projection_table
-from lmtune.tools.throughput import (
-    COMPILE_MODES,
-    CONFIGS,
-    bench_config,
-    full_device_name,
-    fused_tokens_per_s,
-    git_commit,
-    run_bench,
-    run_concurrency,
-)
+from lmtune.tools.throughput.benchmark import COMPILE_MODES, CONFIGS, bench_config, fused_tokens_per_s, run_bench
+from lmtune.tools.throughput.concurrency import run_concurrency
+from lmtune.tools.throughput.machine import full_device_name, git_commit
+from lmtune.tools.throughput.results import BenchResult, ConcurrencyReport, FuseReport, FuseRow
 from lmtune.training.compile import should_compile
 from lmtune.training.config import RunConfig, parse_set_args
 from lmtune.training.device import autocast_dtype, resolve_device
@@ -41,35 +35,35 @@ def _fmt_bytes(n: float | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-def format_result(r: dict[str, Any]) -> str:
+def format_result(r: BenchResult) -> str:
     lines = [
-        f"lmtune bench: config {r['config']}, batch {r['batch_size']} x context {r['context_length']}, "
-        f"{r['params_non_embedding'] / 1e6:.2f}M non-embedding params",
-        f"device {r['device']}, torch {r['torch']}, commit {r['commit']}"
-        + (f", load average {r['load_avg_1m']:.1f}" if r.get("load_avg_1m") is not None else ""),
-        f"optimized ({r['optimized_variant']}"
-        + (f", mode {r['compile_mode']}" if r.get("compile_mode") else "")
-        + f", {r['precision']}, attention {r['attention_kernel']}): {r['tokens_per_s']:,.0f} tokens/s",
-        f"  step {r['step_s'] * 1e3:.1f} ms = data wait {r['data_wait_s'] * 1e3:.2f} ms "
-        f"({100 * r['data_wait_fraction']:.1f}%) + compute {r['compute_s'] * 1e3:.1f} ms",
-        f"  MFU {100 * r['mfu']:.1f}% = tokens/s x FLOPs/token / peak = {r['tokens_per_s']:,.0f} x "
-        f"{r['flops_per_token'] / 1e6:.2f} MFLOP / {r['peak_flops'] / 1e12:.3g} TFLOP/s ({r['peak_flops_source']})",
-        f"  peak memory {_fmt_bytes(r['peak_memory_bytes'])} ({r['peak_memory_kind']})",
+        f"lmtune bench: config {r.config}, batch {r.batch_size} x context {r.context_length}, "
+        f"{r.params_non_embedding / 1e6:.2f}M non-embedding params",
+        f"device {r.device}, torch {r.torch}, commit {r.commit}"
+        + (f", load average {r.load_avg_1m:.1f}" if r.load_avg_1m is not None else ""),
+        f"optimized ({r.optimized_variant}"
+        + (f", mode {r.compile_mode}" if r.compile_mode else "")
+        + f", {r.precision}, attention {r.attention_kernel}): {r.tokens_per_s:,.0f} tokens/s",
+        f"  step {r.step_s * 1e3:.1f} ms = data wait {r.data_wait_s * 1e3:.2f} ms "
+        f"({100 * r.data_wait_fraction:.1f}%) + compute {r.compute_s * 1e3:.1f} ms",
+        f"  MFU {100 * r.mfu:.1f}% = tokens/s x FLOPs/token / peak = {r.tokens_per_s:,.0f} x "
+        f"{r.flops_per_token / 1e6:.2f} MFLOP / {r.peak_flops / 1e12:.3g} TFLOP/s ({r.peak_flops_source})",
+        f"  peak memory {_fmt_bytes(r.peak_memory_bytes)} ({r.peak_memory_kind})",
     ]
-    if r.get("host_syncs_per_step") is not None:
-        lines.append(f"  host syncs per step: {r['host_syncs_per_step']}")
-    if r.get("eval_fraction") is not None:
-        lines.append(f"  eval: {r['eval_s']:.2f} s per evaluation = {100 * r['eval_fraction']:.1f}% of wall time")
-    if "compile_speedup" in r:
-        lines.append(f"  eager {r['eager_tokens_per_s']:,.0f} tokens/s, compiled {r['compiled_tokens_per_s']:,.0f} "
-                     f"tokens/s: compiled/eager {r['compile_speedup']:.2f}x "
-                     f"(paired repeats {r['compile_speedup_paired']:.2f}x) "
-                     f"(compile warm-up {r['warmup_s']['compiled']:.1f} s)")
-    if "naive_tokens_per_s" in r:
+    if r.host_syncs_per_step is not None:
+        lines.append(f"  host syncs per step: {r.host_syncs_per_step}")
+    if r.eval_fraction is not None:
+        lines.append(f"  eval: {r.eval_s:.2f} s per evaluation = {100 * r.eval_fraction:.1f}% of wall time")
+    if r.compile is not None:
+        lines.append(f"  eager {r.variant_tokens_per_s['eager']:,.0f} tokens/s, compiled "
+                     f"{r.variant_tokens_per_s['compiled']:,.0f} tokens/s: compiled/eager {r.compile.speedup:.2f}x "
+                     f"(paired repeats {r.compile.speedup_paired:.2f}x) "
+                     f"(compile warm-up {r.warmup_s['compiled']:.1f} s)")
+    if r.naive is not None:
         lines.append(f"naive (float32, eager, explicit-mask attention, host-built batches, plain AdamW): "
-                     f"{r['naive_tokens_per_s']:,.0f} tokens/s")
-        lines.append(f"optimized / naive: {r['speedup_vs_naive']:.2f}x "
-                     f"(median of paired repeats {r['speedup_vs_naive_paired']:.2f}x)")
+                     f"{r.naive.tokens_per_s:,.0f} tokens/s")
+        lines.append(f"optimized / naive: {r.naive.speedup:.2f}x "
+                     f"(median of paired repeats {r.naive.speedup_paired:.2f}x)")
     return "\n".join(lines)
 
 
@@ -173,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         measure_eval=not (args.no_eval or args.worker),
         barrier=(args.barrier, args.barrier_count) if args.barrier else None, config_name=args.config,
     )
-    result["command"] = _command(argv)
+    result = replace(result, command=_command(argv))
     if args.record:
         record(result, args.results_file)
-    print(json.dumps(result, sort_keys=True) if args.json else format_result(result))
+    print(json.dumps(result.to_json(), sort_keys=True) if args.json else format_result(result))
     if args.record and not args.json:
         print(f"recorded to {args.results_file}")
     return 0
@@ -194,11 +188,11 @@ def _main_project(args: argparse.Namespace, config: RunConfig) -> int:
     return 0
 
 
-def record(result: dict[str, Any], path: Path) -> None:
+def record(result: BenchResult | ConcurrencyReport | FuseReport, path: Path) -> None:
     """Append one result to the results file (one JSON object a line; appended, so earlier lines stay)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
-        handle.write(json.dumps(result, sort_keys=True) + "\n")
+        handle.write(json.dumps(result.to_json(), sort_keys=True) + "\n")
 
 
 def _command(argv: list[str] | None) -> str:
@@ -217,25 +211,25 @@ def _main_concurrency(args: argparse.Namespace, config: RunConfig, command: str)
     recommended = None
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        measured_mem = max(row["per_process_peak_reserved_bytes"] or 0 for row in rows) or estimate
-        recommended = recommend_trials_per_gpu(measured_mem, total, {r["k"]: r["aggregate_tokens_per_s"] for r in rows})
-    result = {"config": args.config, "device": full_device_name(device), "torch": torch.__version__,
-              "commit": git_commit(), "batch_size": config.train.batch_size,
-              "context_length": config.model.context_length, "concurrency": rows,
-              "estimated_trial_memory_bytes": estimate, "recommended_trials_per_gpu": recommended,
-              "command": command}
+        measured_mem = max(row.per_process_peak_reserved_bytes or 0 for row in rows) or estimate
+        recommended = recommend_trials_per_gpu(measured_mem, total, {r.k: r.aggregate_tokens_per_s for r in rows})
+    result = ConcurrencyReport(config=args.config, device=full_device_name(device), torch=torch.__version__,
+                               commit=git_commit(), batch_size=config.train.batch_size,
+                               context_length=config.model.context_length, concurrency=rows,
+                               estimated_trial_memory_bytes=estimate, recommended_trials_per_gpu=recommended,
+                               command=command)
     if args.record:
         record(result, args.results_file)
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print(json.dumps(result.to_json(), sort_keys=True))
         return 0
-    base = rows[0]["aggregate_tokens_per_s"] / rows[0]["k"]
+    base = rows[0].aggregate_tokens_per_s / rows[0].k
     print(f"lmtune bench --concurrency: config {args.config}, batch {config.train.batch_size}, "
-          f"device {result['device']}")
+          f"device {result.device}")
     for row in rows:
-        print(f"  K={row['k']}: aggregate {row['aggregate_tokens_per_s']:,.0f} tokens/s "
-              f"({row['aggregate_tokens_per_s'] / base:.2f}x one process), per-process peak memory "
-              f"{_fmt_bytes(row['per_process_peak_memory_bytes'])}")
+        print(f"  K={row.k}: aggregate {row.aggregate_tokens_per_s:,.0f} tokens/s "
+              f"({row.aggregate_tokens_per_s / base:.2f}x one process), per-process peak memory "
+              f"{_fmt_bytes(row.per_process_peak_memory_bytes)}")
     print(f"  estimated trial memory (model): {_fmt_bytes(estimate)}")
     print(f"  recommended trials per GPU: {recommended if recommended is not None else 'n/a (no CUDA device)'}")
     return 0
@@ -249,30 +243,26 @@ def _main_fuse(args: argparse.Namespace, config: RunConfig, command: str) -> int
     ks = _parse_ks(args.fuse, flag="--fuse")
     check_ks(ks, config, device, "--fuse")
     compiled = should_compile(config, device)
-    separate = {row["k"]: row for row in run_concurrency(sorted({1, *ks}), _worker_args(args), device)}
-    alone = separate[1]["aggregate_tokens_per_s"]
-    rows = []
-    for k in ks:
-        row = fused_tokens_per_s(config, device, k, args.steps, args.repeats, args.warmup, compiled)
-        row.update(separate_aggregate_tokens_per_s=separate[k]["aggregate_tokens_per_s"],
-                   fused_vs_separate=row["fused_aggregate_tokens_per_s"] / separate[k]["aggregate_tokens_per_s"],
-                   fused_vs_one_alone=row["fused_aggregate_tokens_per_s"] / alone)
-        rows.append(row)
-    result = {"kind": "fuse", "config": args.config, "device": full_device_name(device), "torch": torch.__version__,
-              "commit": git_commit(), "batch_size": config.train.batch_size,
-              "context_length": config.model.context_length, "compiled": compiled, "steps": args.steps,
-              "repeats": args.repeats, "one_alone_tokens_per_s": alone, "fuse": rows, "command": command}
+    measured = run_concurrency(sorted({1, *ks}), _worker_args(args), device)
+    separate = {row.k: row.aggregate_tokens_per_s for row in measured}
+    alone = separate[1]
+    rows = [FuseRow.compare(fused_tokens_per_s(config, device, k, args.steps, args.repeats, args.warmup, compiled),
+                            separate[k], alone) for k in ks]
+    result = FuseReport(config=args.config, device=full_device_name(device), torch=torch.__version__,
+                        commit=git_commit(), batch_size=config.train.batch_size,
+                        context_length=config.model.context_length, compiled=compiled, steps=args.steps,
+                        repeats=args.repeats, one_alone_tokens_per_s=alone, fuse=rows, command=command)
     if args.record:
         record(result, args.results_file)
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print(json.dumps(result.to_json(), sort_keys=True))
         return 0
-    print(f"lmtune bench --fuse: config {args.config}, batch {config.train.batch_size}, device {result['device']}; "
+    print(f"lmtune bench --fuse: config {args.config}, batch {config.train.batch_size}, device {result.device}; "
           f"one process alone (= K runs one after another): {alone:,.0f} tokens/s")
     for row in rows:
-        print(f"  K={row['k']}: fused {row['fused_aggregate_tokens_per_s']:,.0f} tokens/s "
-              f"({row['fused_vs_one_alone']:.2f}x one alone), {row['k']} separate processes "
-              f"{row['separate_aggregate_tokens_per_s']:,.0f} tokens/s (fused {row['fused_vs_separate']:.2f}x)")
+        print(f"  K={row.k}: fused {row.fused_aggregate_tokens_per_s:,.0f} tokens/s "
+              f"({row.fused_vs_one_alone:.2f}x one alone), {row.k} separate processes "
+              f"{row.separate_aggregate_tokens_per_s:,.0f} tokens/s (fused {row.fused_vs_separate:.2f}x)")
     return 0
 
 

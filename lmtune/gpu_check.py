@@ -19,9 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -37,6 +36,33 @@ SMOKE_BENCH = ["--config", "quick", "--batch-size", "4", "--steps", "2", "--repe
                "--no-naive", "--no-eval", "--json", *TINY]
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one step did, as the report file keeps it (a field left None is absent from the file)."""
+
+    command: str
+    """The step's command line."""
+    ran: bool
+    """False: it was skipped."""
+    skipped: str | None = None
+    """Why it was skipped."""
+    ok: bool | None = None
+    """It exited 0 within its time."""
+    returncode: int | None = None
+    """Its exit status (None: it timed out)."""
+    seconds: float | None = None
+    """Its wall time."""
+    error: str | None = None
+    """Why it failed without an exit status (a timeout)."""
+    output: object = None
+    """The JSON object it printed last (a step with JSON output that succeeded)."""
+    output_tail: list[str] | None = None
+    """Its last lines of output and errors, otherwise."""
+
+    def to_json(self) -> dict[str, object]:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
 @dataclass
 class Step:
     name: str
@@ -44,7 +70,8 @@ class Step:
     needs_cuda: bool = False
     timeout_s: float = 3600.0
     json_output: bool = True
-    result: dict[str, Any] = field(default_factory=dict)
+    outcome: Outcome | None = None
+    """What running it did (None: not run yet)."""
 
 
 def plan(cuda: bool, work: Path) -> list[Step]:
@@ -80,34 +107,57 @@ def plan(cuda: bool, work: Path) -> list[Step]:
 
 def run_step(step: Step, cuda: bool) -> None:
     """Run one step (or say why not) and keep what it printed: its JSON, else the last lines."""
-    step.result = {"command": shlex.join(step.command)}
+    command = shlex.join(step.command)
     if step.needs_cuda and not cuda:
-        step.result.update(ran=False, skipped="needs a CUDA GPU: none here")
+        step.outcome = Outcome(command, ran=False, skipped="needs a CUDA GPU: none here")
         return
     started = time.perf_counter()
     try:
         proc = subprocess.run(step.command, capture_output=True, text=True, timeout=step.timeout_s)
     except subprocess.TimeoutExpired:
-        step.result.update(ran=True, ok=False, seconds=step.timeout_s, error=f"timed out after {step.timeout_s:.0f} s")
+        step.outcome = Outcome(command, ran=True, ok=False, seconds=step.timeout_s,
+                               error=f"timed out after {step.timeout_s:.0f} s")
         return
-    step.result.update(ran=True, ok=proc.returncode == 0, returncode=proc.returncode,
+    finished = Outcome(command, ran=True, ok=proc.returncode == 0, returncode=proc.returncode,
                        seconds=round(time.perf_counter() - started, 1))
     output = proc.stdout.strip()
     if step.json_output and proc.returncode == 0:
         try:
-            step.result["output"] = json.loads(output.splitlines()[-1])
+            step.outcome = replace(finished, output=json.loads(output.splitlines()[-1]))
             return
         except (ValueError, IndexError):
             pass
-    step.result["output_tail"] = (output + "\n" + proc.stderr.strip()).strip().splitlines()[-40:]
+    step.outcome = replace(finished, output_tail=(output + "\n" + proc.stderr.strip()).strip().splitlines()[-40:])
 
 
-def machine() -> dict[str, Any]:
+@dataclass(frozen=True)
+class Machine:
+    """The machine the check ran on."""
+
+    device: str
+    """The device lmtune picks (auto)."""
+    device_type: str
+    """cuda, cpu or mps."""
+    torch: str
+    """torch's version."""
+    cuda: str | None
+    """The CUDA version torch was built with (None: a CPU build)."""
+    python: str
+    """Python's version."""
+    platform: str
+    """The operating system."""
+    cpu_count: int | None
+    """Logical CPU cores."""
+    gpus: list[str]
+    """Every CUDA GPU's name."""
+
+
+def machine() -> Machine:
     device = resolve_device("auto")
-    return {"device": device_name(device), "device_type": device.type, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version(), "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+    return Machine(device=device_name(device), device_type=device.type, torch=torch.__version__,
+                   cuda=torch.version.cuda, python=platform.python_version(), platform=platform.platform(),
+                   cpu_count=os.cpu_count(),
+                   gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
 
 
 @cli_entry
@@ -120,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists():
         raise LmtuneError(f"{out} already exists; give another --out")
     cuda = torch.cuda.is_available()
-    report = {"machine": machine(), "gpu": cuda, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    report = {"machine": asdict(machine()), "gpu": cuda, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "note": "measured on a CUDA GPU" if cuda else
               "no CUDA GPU here: a smoke test of the CPU paths on a tiny model; no figure is a GPU's"}
     with tempfile.TemporaryDirectory(prefix="lmtune-gpu-check-") as work:
@@ -128,12 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         for step in steps:
             print(f"{step.name}: ", end="", flush=True)
             run_step(step, cuda)
-            r = step.result
-            print(r.get("skipped") or ("ok" if r["ok"] else f"FAILED (exit {r.get('returncode')})")
-                  + (f", {r['seconds']} s" if "seconds" in r else ""), flush=True)
-    report["steps"] = [{"name": s.name, **s.result} for s in steps]
+            r = step.outcome
+            print(r.skipped or ("ok" if r.ok else f"FAILED (exit {r.returncode})")
+                  + (f", {r.seconds} s" if r.seconds is not None else ""), flush=True)
+    report["steps"] = [{"name": s.name, **s.outcome.to_json()} for s in steps]
     atomic_write_text(out, json.dumps(report, indent=1, sort_keys=True) + "\n")
-    failed = [s.name for s in steps if s.result.get("ran") and not s.result.get("ok")]
+    failed = [s.name for s in steps if s.outcome.ran and not s.outcome.ok]
     print(f"wrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 # ---------------------------------------------------------------------------------------------
 # Ray Tune: where a trial's files go
@@ -148,7 +148,25 @@ def _group_alive(pgid: int) -> bool:
 # Ray Tune: ASHA's rung records, saved as JSON
 
 
-def asha_rungs(scheduler: Any) -> dict[str, Any]:
+class RungRecord(TypedDict):
+    """One rung of an ASHA bracket, as the sweep's ASHA state file holds it."""
+
+    milestone: float
+    """The rung's budget (its time attribute's value)."""
+    recorded: dict[str, float]
+    """Each trial's metric at the milestone, by trial id."""
+
+
+class AshaRungs(TypedDict):
+    """The rung records of an ASHA scheduler, as JSON."""
+
+    num_stopped: int
+    """Trials the scheduler has stopped."""
+    brackets: list[list[RungRecord]]
+    """Each bracket's rungs."""
+
+
+def asha_rungs(scheduler: Any) -> AshaRungs:
     """The rung records of a Tune ``AsyncHyperBandScheduler`` as plain JSON data.
 
     Why private: ``Tuner.restore`` does not restore scheduler state (ray#30838, open in Ray 2.60), and
@@ -164,7 +182,7 @@ def asha_rungs(scheduler: Any) -> dict[str, Any]:
     }
 
 
-def restore_asha_rungs(scheduler: Any, saved: dict[str, Any]) -> None:
+def restore_asha_rungs(scheduler: Any, saved: AshaRungs) -> None:
     """Load :func:`asha_rungs` output back into ``scheduler`` (rungs matched by milestone)."""
     for bracket, rungs in zip(scheduler._brackets, saved["brackets"], strict=False):
         for (milestone, recorded), rung in zip(bracket._rungs, rungs, strict=False):

@@ -9,7 +9,6 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from lmtune.cli import prog
 from lmtune.data.prepare import ensure_builtin_corpus
@@ -61,7 +60,7 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
     return config, out
 
 
-def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, Any]) -> RunConfig:
+def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, object]) -> RunConfig:
     """The config a --resume continues with: the run's own, with only the overrides that leave what it has
     trained so far the same run (refused in one line otherwise)."""
     path = out / "config.json"
@@ -117,7 +116,8 @@ def check_resumable(saved: RunConfig, config: RunConfig, step: int, out: Path) -
                           "with another --out")
 
 
-def flat_fields(config: RunConfig) -> dict[str, Any]:
+def flat_fields(config: RunConfig) -> dict[str, object]:
+    """Every model and training field by name (the two sections share no name)."""
     return {**asdict(config.model), **asdict(config.train)}
 
 

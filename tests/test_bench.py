@@ -11,7 +11,8 @@ from conftest import BENCH_MODEL, set_args
 from lmtune import bench
 from lmtune.errors import LmtuneError
 from lmtune.sweep import placement
-from lmtune.tools import throughput
+from lmtune.tools.throughput import benchmark
+from lmtune.tools.throughput.results import REQUIRED_FIELDS
 from lmtune.training.config import ModelConfig
 from lmtune.training.memory import estimate_trial_memory_bytes
 
@@ -33,7 +34,7 @@ def test_bench_json_has_every_field(capsys, tmp_path):
     results = tmp_path / "results.jsonl"
     assert bench.main([*TINY, "--json", "--record", "--results-file", str(results)]) == 0
     out = _json_out(capsys)
-    for key in throughput.REQUIRED_FIELDS:
+    for key in REQUIRED_FIELDS:
         assert key in out, key
     for key in ("batch_size", "context_length", "tokens_per_s", "mfu", "naive_tokens_per_s", "speedup_vs_naive",
                 "peak_memory_bytes", "step_s", "compute_s", "flops_per_token", "peak_flops"):
@@ -60,7 +61,7 @@ def test_bench_rejects_bad_input(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1
     with pytest.raises(LmtuneError):
-        throughput.bench_config("nope")
+        benchmark.bench_config("nope")
 
 
 def test_estimate_trial_memory_grows_with_batch_and_amp_saves():

@@ -144,9 +144,10 @@ def test_split_shorter_than_context_is_reported(tmp_path):
 
 
 def test_load_data_reads_a_real_prepared_dir(tmp_path):
-    from lmtune.data import corpus, prepare
+    from lmtune.data import prepare
+    from lmtune.data.corpus import stories
 
-    src = corpus.write_corpus(tmp_path / "s.txt", target_bytes=30_000)
+    src = stories.write_corpus(tmp_path / "s.txt", target_bytes=30_000)
     out = prepare.prepare_text([src], tmp_path / "p", vocab_size=500)
     td = dataset.load_data(out, 32, vocab_size=500)
     assert td.train.shape[0] == td.meta.train_tokens and td.meta.eot_id == 0

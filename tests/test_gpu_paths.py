@@ -515,8 +515,8 @@ def test_diagnose_calls_emulated_bf16_emulated_and_reads_tf32_as_a_run_sets_it(m
     monkeypatch.setattr(environment, "configure_backend", lambda device: setattr(matmul, "allow_tf32", True))
     v100 = environment.cuda_environment(torch.device("cuda"), cuda=GpuOfCapability(7, 0))
     a100 = environment.cuda_environment(torch.device("cuda"), cuda=GpuOfCapability(8, 0))
-    assert (v100["bf16"], v100["bf16_emulated"], v100["tf32"]) == (False, True, False)
-    assert (a100["bf16"], a100["bf16_emulated"], a100["tf32"], a100["tf32_enabled"]) == (True, False, True, True)
+    assert (v100.bf16, v100.bf16_emulated, v100.tf32) == (False, True, False)
+    assert (a100.bf16, a100.bf16_emulated, a100.tf32, a100.tf32_enabled) == (True, False, True, True)
 
 
 @pytest.mark.parametrize("name, dtype, peak", [

@@ -31,6 +31,7 @@ from lmtune import train as train_cli
 from lmtune.analyze import main as analyze_main
 from lmtune.data import prepare as data_prepare
 from lmtune.data.batches import BatchSampler
+from lmtune.data.tokenizer import MAX_PIECE_BYTES
 from lmtune.errors import LmtuneError
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.spaces import load_space
@@ -100,7 +101,7 @@ def test_text_without_whitespace_is_pre_tokenised_into_bounded_pieces(tmp_path):
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     pieces = tok.pre_tokenizer.pre_tokenize_str("x" * 5000 + " ordinary words")
-    assert max(len(p) for p, _ in pieces) == data_prepare.MAX_PIECE_BYTES
+    assert max(len(p) for p, _ in pieces) == MAX_PIECE_BYTES
     assert [p for p, _ in pieces[-2:]] == ["Ġordinary", "Ġwords"]  # ordinary words are split as before
     assert tok.decode(tok.encode("x" * 1000 + " words").ids) == "x" * 1000 + " words"
 
@@ -278,7 +279,7 @@ def test_lr_find_starts_at_the_loss_of_the_datas_vocabulary(builtin_data, tmp_pa
 
 def test_run_and_analyze_count_a_probe_an_interruption_made_the_search_rerun_alike(tmp_path, capsys):
     from lmtune.analyze import headline
-    from lmtune.report.writer import analyze
+    from lmtune.report.writer import write_report
     from lmtune.sweep.record import edge_state_path, ledger_path
     from lmtune.sweep.runs import INTERRUPTED
 
@@ -290,6 +291,6 @@ def test_run_and_analyze_count_a_probe_an_interruption_made_the_search_rerun_ali
     edge_state_path(sweep_dir).write_text(json.dumps({"interrupted": {"again": INTERRUPTED}}))
     _, out = run_printout(sweep_dir, 2, capsys)  # Tune recorded 2 trials: "again"'s first run was lost with the driver
     printed = next(line for line in out.splitlines() if " trials: " in line)
-    summary = analyze(sweep_dir, out_dir=tmp_path / "report")
+    report = write_report(sweep_dir, out_dir=tmp_path / "report")
     assert printed == "3 trials: 2 completed, 1 ended"
-    assert headline(summary)[0].endswith("3 trials (2 completed, 1 ended)")
+    assert headline(report)[0].endswith("3 trials (2 completed, 1 ended)")

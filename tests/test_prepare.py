@@ -5,12 +5,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from lmtune import prepare as prepare_cli
-from lmtune.data import corpus, prepare
+from lmtune.data import documents, prepare
+from lmtune.data.corpus import stories
 from lmtune.errors import LmtuneError
 
 
 def _docs_file(tmp_path, n=300, seed=0):
-    docs = list(corpus.generate_stories(n, seed=seed))
+    docs = list(stories.generate_stories(n, seed=seed))
     path = tmp_path / "in.txt"
     path.write_text("".join(f"{d}\n<|endoftext|>\n" for d in docs))
     return path, docs
@@ -70,7 +71,7 @@ def test_the_validation_split_is_at_least_a_tenth_of_a_small_input_in_whole_docu
     out = prepare.prepare_text([path], tmp_path / "out", vocab_size=600, val_fraction=0.001)
     meta = json.loads((out / "meta.json").read_text())
     total = meta["train_tokens"] + meta["val_tokens"]
-    assert total < 10 * prepare.MIN_VAL_TOKENS  # so a tenth of it is the minimum here
+    assert total < 10 * documents.MIN_VAL_TOKENS  # so a tenth of it is the minimum here
     assert meta["val_tokens"] >= total // 10 > 0.001 * total
     train, val = _decode_docs(out, "train"), _decode_docs(out, "val")
     assert sorted(train + val) == sorted(docs)  # no document was cut in two
@@ -92,9 +93,9 @@ def test_streaming_with_tiny_chunks_equals_whole_file_encoding(tmp_path):
 def test_text_without_line_breaks_streams_in_bounded_pieces_with_the_same_ids(tmp_path):
     # One line of 300 kB: before, the whole file became one piece (a 20 MB file peaked at 4 GB).
     path = tmp_path / "oneline.txt"
-    path.write_text(" ".join(corpus.generate_stories(300, seed=1)).replace("\n", " "))
+    path.write_text(" ".join(stories.generate_stories(300, seed=1)).replace("\n", " "))
     assert "\n" not in path.read_text() and path.stat().st_size > 40 * 4096
-    pieces = [text for text, _ in prepare.iter_pieces(path, chunk_bytes=4096)]
+    pieces = [text for text, _ in documents.iter_pieces(path, chunk_bytes=4096)]
     assert "".join(pieces) == path.read_text()
     assert max(len(piece) for piece in pieces) <= 2 * 4096
     small = prepare.prepare_text([path], tmp_path / "small", vocab_size=600, chunk_bytes=4096)
@@ -106,7 +107,7 @@ def test_text_without_line_breaks_streams_in_bounded_pieces_with_the_same_ids(tm
 def test_text_without_any_whitespace_still_streams_in_bounded_pieces(tmp_path):
     path = tmp_path / "blob.txt"
     path.write_text("ab<|endoftext|>cd" * 20_000)  # separators mid-line are text, not document breaks
-    pieces = list(prepare.iter_pieces(path, chunk_bytes=4096))
+    pieces = list(documents.iter_pieces(path, chunk_bytes=4096))
     assert "".join(text for text, _ in pieces) == path.read_text()
     assert max(len(text) for text, _ in pieces) <= 2 * 4096
     assert [ends for _, ends in pieces].count(True) == 1  # one document

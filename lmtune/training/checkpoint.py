@@ -14,13 +14,14 @@ import logging
 import pickle
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
 from lmtune.files import atomic_write_bytes, atomic_write_text
 from lmtune.training.config import RunConfig
-from lmtune.training.state import TrainState
+from lmtune.training.metrics import Row
+from lmtune.training.state import TrainState, TrainStateDict
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,47 @@ BEST_NAME = "best.pt"
 STABLE_NAME = "stable.pt"
 
 
+class SamplerPosition(TypedDict):
+    """Where the batch sampler stands: its stream is a function of the seed and the step."""
+
+    seed: int
+    """The run's seed."""
+    next_step: int
+    """The step whose batch comes next."""
+
+
+class RunCheckpoint(TrainStateDict):
+    """A periodic checkpoint (or stable.pt): everything a resume or a fork needs."""
+
+    sampler: SamplerPosition
+    """Where the batch sampler stands."""
+    history: list[Row]
+    """The metrics rows so far (what metrics.csv held when it was written)."""
+    config: dict[str, Any]
+    """The run's config (RunConfig.to_dict: its JSON form)."""
+
+
+class BestCheckpoint(TypedDict):
+    """best.pt: the model alone, at the lowest validation loss."""
+
+    model: dict[str, torch.Tensor]
+    """The model's state_dict."""
+    step: int
+    """The step it was saved at."""
+    val_loss: float
+    """Its validation loss."""
+    config: dict[str, Any]
+    """The run's config (RunConfig.to_dict: its JSON form)."""
+
+
+Checkpoint = RunCheckpoint | BestCheckpoint
+
+
 def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
+def save_checkpoint(state: Checkpoint, path: Path) -> Path:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
@@ -43,7 +80,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path) -> Checkpoint:
     """Load a verified checkpoint; raises ValueError when it is incomplete or corrupt."""
     data = Path(path).read_bytes()
     expected = checksum_path(path)
@@ -77,12 +114,12 @@ def checkpoint_step(path: Path) -> int:
     return int(PERIODIC.match(path.name).group(1))
 
 
-def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
+def load_latest(directory: Path) -> tuple[Checkpoint, Path] | None:
     """The newest checkpoint in ``directory`` that verifies; corrupt or partial ones are logged and skipped."""
     return load_newest(periodic_checkpoints(directory))
 
 
-def load_newest(candidates: list[Path]) -> tuple[dict[str, Any], Path] | None:
+def load_newest(candidates: list[Path]) -> tuple[Checkpoint, Path] | None:
     """The newest of ``candidates`` (periodic checkpoints, oldest first) that verifies."""
     for candidate in reversed(candidates):
         try:
@@ -104,7 +141,7 @@ class Checkpointer:
         self.directory = Path(directory)
         self.periodic_dir = Path(periodic_dir) if periodic_dir is not None else self.directory
         self.keep = keep
-        self.restored_history: list[dict[str, Any]] = []
+        self.restored_history: list[Row] = []
         """The metrics rows the checkpoint a run resumed from carries (what its metrics.csv held then)."""
 
     def restore(self, state: TrainState, *, path: Path | None = None, latest: bool = False) -> Path | None:
@@ -120,12 +157,12 @@ class Checkpointer:
             self.restored_history = list(saved.get("history") or [])
         return path
 
-    def save(self, state: TrainState, config: RunConfig, history: list[dict[str, Any]],
+    def save(self, state: TrainState, config: RunConfig, history: list[Row],
              stable: bool = False) -> Path:
         """A periodic checkpoint at ``state.step`` (everything a resume needs), then rotation; ``stable``:
         stable.pt instead, which rotation leaves alone."""
-        saved = {**state.state_dict(), "sampler": {"seed": config.train.seed, "next_step": state.step},
-                 "history": [dict(row) for row in history], "config": config.to_dict()}
+        saved: RunCheckpoint = {**state.state_dict(), "sampler": {"seed": config.train.seed, "next_step": state.step},
+                                "history": [dict(row) for row in history], "config": config.to_dict()}
         if stable:
             return save_checkpoint(saved, self.directory / STABLE_NAME)
         path = save_checkpoint(saved, periodic_path(self.periodic_dir, state.step))
@@ -134,5 +171,6 @@ class Checkpointer:
 
     def save_best(self, state: TrainState, config: RunConfig, val_loss: float) -> Path:
         """best.pt: the model alone, at the lowest validation loss so far."""
-        return save_checkpoint({"model": state.model.state_dict(), "step": state.step, "val_loss": val_loss,
-                                "config": config.to_dict()}, self.directory / BEST_NAME)
+        best: BestCheckpoint = {"model": state.model.state_dict(), "step": state.step, "val_loss": val_loss,
+                                "config": config.to_dict()}
+        return save_checkpoint(best, self.directory / BEST_NAME)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from lmtune.errors import LmtuneError
 
@@ -105,6 +105,57 @@ class Verdict:
     non-finite): it ran out of budget before it learned, which is no divergence."""
 
 
+class WatchRowFields(TypedDict):
+    """What a metrics row carries of a LossWatch (LossWatch.row_fields)."""
+
+    loss_over_min: float | None
+    """The loss over its running minimum (a spike shows as a rise above 1; None: a non-finite loss)."""
+    above_init_steps: int
+    """Steps the loss has been above ℓ₀."""
+    spikes: int
+    """Spikes so far."""
+    spike_text: NotRequired[str]
+    """They, in words (once there is one)."""
+    diverged_step: NotRequired[int | None]
+    """Where it diverged (once it has)."""
+    divergence_stop: NotRequired[bool]
+    """Whether the stopper's rule fired (once diverged)."""
+    divergence_reason: NotRequired[str]
+    """Why it diverged (once it has)."""
+
+
+class SpikeRecord(TypedDict):
+    """A Spike as summary.json keeps it (the fields are Spike's)."""
+
+    step: int
+    height: float
+    peak_step: int
+    recovered_after: int | None
+
+
+class DivergenceRecord(TypedDict):
+    """What summary.json (its "divergence") and the ledger keep of a LossWatch."""
+
+    initial_loss: float
+    """ℓ₀."""
+    recovery_window_steps: int
+    """The recovery window, in steps."""
+    spikes: list[SpikeRecord]
+    """Every spike, the one still open included."""
+    max_spike_height: float | None
+    """The highest spike's height (None: no spike)."""
+    diverged: bool
+    """The verdict's."""
+    diverged_step: int | None
+    """Where it diverged."""
+    divergence_reason: str
+    """The verdict's reason."""
+    undecided: bool
+    """Stopped above ℓ₀ before its window ended."""
+    did_not_learn: bool
+    """Ended above ℓ₀ without ever climbing."""
+
+
 class LossWatch:
     """Follows one run's logged train losses: its spikes, and whether (and where) it diverged.
 
@@ -159,11 +210,11 @@ class LossWatch:
             self.verdict = Verdict(True, self.verdict.step, self.verdict.reason, stop=True)
         return self.verdict
 
-    def row_fields(self) -> dict[str, Any]:
+    def row_fields(self) -> WatchRowFields:
         """What a metrics row carries of it: the loss over its running minimum (a spike shows as a rise
         above 1), the steps it has been above ℓ₀, and once diverged, where and whether the stopper's rule fired."""
         spikes = self.all_spikes()
-        fields: dict[str, Any] = {
+        fields: WatchRowFields = {
             "loss_over_min": self.last_loss / self.running_min if self.last_loss is not None and
             math.isfinite(self.last_loss) else None,
             "above_init_steps": self.above_for, "spikes": len(spikes)}
@@ -223,7 +274,7 @@ class LossWatch:
         """Every spike so far, the one still open included (not yet recovered)."""
         return [*self.spikes, *([self._open] if self._open is not None else [])]
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> DivergenceRecord:
         """What summary.json and the ledger keep of it."""
         spikes = self.all_spikes()
         return {"initial_loss": self.ell0, "recovery_window_steps": self.window, "spikes": [asdict(s) for s in spikes],

@@ -11,11 +11,10 @@ from __future__ import annotations
 import pickle
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.files import check_destination
-from lmtune.training.checkpoint import load_checkpoint
+from lmtune.training.checkpoint import RunCheckpoint, load_checkpoint
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult, resolve_config, train
 from lmtune.training.metrics import METRICS_FILE, write_metrics
@@ -44,7 +43,7 @@ def fork_run(parent_checkpoint: Path, config: RunConfig, out_dir: Path, **train_
     return train(config, out_dir, resume_from=Path(parent_checkpoint), **train_kwargs)
 
 
-def read_parent(path: Path) -> dict[str, Any]:
+def read_parent(path: Path) -> RunCheckpoint:
     """The parent's checkpoint (a periodic checkpoint or stable.pt: it carries the config and the rows), or one
     line saying why it cannot be forked from."""
     if not path.is_file():

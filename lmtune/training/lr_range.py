@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -85,6 +85,35 @@ class RangeTestConfig:
         return self.min_lr * (self.max_lr / self.min_lr) ** (index / (self.steps - 1))
 
 
+class RangeTestJson(TypedDict):
+    """range_test.json's content (``RangeTestResult.to_json``): RangeTestResult's fields, non-finite losses as
+    null (the file adds the settings)."""
+
+    lrs: list[float]
+    losses: list[float | None]
+    smoothed: list[float | None]
+    steepest_lr: float | None
+    min_loss_lr: float | None
+    blowup_lr: float | None
+    stopped_because: str
+    tokens: int
+
+
+class RangeRow(TypedDict):
+    """A row the range test reports while it runs (a sweep's trial hands it to Tune)."""
+
+    step: int
+    """Steps done."""
+    tokens: int
+    """Tokens trained."""
+    lr: float
+    """The step's LR."""
+    train_loss: float
+    """The step's train loss."""
+    smoothed_loss: float
+    """The smoothed loss so far."""
+
+
 @dataclass
 class RangeTestResult:
     """What the range test found: the LRs and losses it saw, and the three LRs read from them."""
@@ -103,13 +132,13 @@ class RangeTestResult:
     tokens: int = 0
     """Tokens the test trained."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RangeTestJson:
         """JSON-safe: non-finite losses as null."""
         return {**asdict(self), "losses": [v if math.isfinite(v) else None for v in self.losses],
                 "smoothed": [v if math.isfinite(v) else None for v in self.smoothed]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RangeTestResult:
+    def from_json(cls, data: RangeTestJson) -> RangeTestResult:
         nan = float("nan")
         return cls(**{**data, "losses": [nan if v is None else float(v) for v in data.get("losses", [])],
                       "smoothed": [nan if v is None else float(v) for v in data.get("smoothed", [])]})
@@ -175,7 +204,7 @@ def read_curve(lrs: list[float], smoothed: list[float]) -> tuple[float | None, f
 # ---------------------------------------------------------------------------------------------
 # Running it
 
-Report = Callable[[dict[str, Any]], None]
+Report = Callable[[RangeRow], None]
 
 
 def lr_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path, report: Report | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -17,6 +17,36 @@ from torch import nn
 
 from lmtune.training.config import RunConfig
 from lmtune.training.model import TransformerLM
+
+
+class RngState(TypedDict):
+    """Every random generator's state, as a checkpoint file holds it (tensors and lists: weights_only loads it)."""
+
+    torch: torch.Tensor
+    """torch's CPU generator."""
+    numpy: list
+    """numpy's legacy global generator: (name, keys as a list, pos, has_gauss, cached_gaussian)."""
+    python: list
+    """``random``'s state, its tuples as lists."""
+    cuda: NotRequired[torch.Tensor]
+    """The CUDA device's generator (a run on CUDA only)."""
+
+
+class TrainStateDict(TypedDict):
+    """A TrainState as a checkpoint file holds it (lmtune.training.checkpoint adds what a resume needs besides)."""
+
+    model: dict[str, torch.Tensor]
+    """The model's state_dict."""
+    optimizer: dict[str, Any]
+    """The optimizer's state_dict (torch's own format)."""
+    step: int
+    """Optimizer steps taken."""
+    best_val_loss: float
+    """Lowest validation loss so far."""
+    elapsed_s: NotRequired[float]
+    """Wall time of the processes so far (absent from checkpoints of older versions: 0)."""
+    rng: RngState
+    """Every random generator's state."""
 
 
 @dataclass
@@ -38,12 +68,12 @@ class TrainState:
         model = TransformerLM(config.model).to(device)
         return cls(model=model, optimizer=build_optimizer(model, config, device))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> TrainStateDict:
         device = next(self.model.parameters()).device
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
                 "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed_s, "rng": rng_state(device)}
 
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
+    def load_state_dict(self, saved: TrainStateDict) -> None:
         device = next(self.model.parameters()).device
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
@@ -71,10 +101,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_state(device: torch.device) -> dict[str, Any]:
+def rng_state(device: torch.device) -> RngState:
     """Every random generator's state, as tensors and lists (loadable with weights_only=True)."""
     np_state = np.random.get_state()
-    state = {
+    state: RngState = {
         "torch": torch.get_rng_state(),
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "python": _tuples_to_lists(random.getstate()),
@@ -84,7 +114,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     return state
 
 
-def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+def restore_rng_state(state: RngState, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))

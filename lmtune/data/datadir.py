@@ -1,0 +1,190 @@
+"""Writing a data dir: train.bin and val.bin (raw uint16 token ids, uint32 when the vocabulary exceeds
+65535), tokenizer.json (none for token-id inputs) and meta.json.
+
+Writes are atomic: everything goes into a temp dir next to DIR first (``staging``). A new DIR is created
+by renaming that temp dir; an existing DIR gets the files renamed into it with meta.json last, and
+meta.json is what marks a DIR as prepared, so a crash never leaves something that looks prepared but is
+not. (Reading a data dir is lmtune.data.dataset.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lmtune.errors import LmtuneError
+from lmtune.files import check_destination
+
+FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
+CREATED_BY = "lmtune.prepare"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file, as meta.json lists it."""
+
+    name: str
+    """Its path, as given."""
+    size_bytes: int
+    """Its size when it was prepared."""
+
+
+@dataclass(frozen=True)
+class BuiltinKey:
+    """What the built-in corpus was built from; a copy whose meta.json records another key is rebuilt."""
+
+    generator_version: int
+    """lmtune.data.corpus.stories.GENERATOR_VERSION: bumped whenever the generated text changes."""
+    seed: int
+    """The stories' seed."""
+    vocab_size: int
+    """The BPE vocabulary it was encoded with."""
+    target_bytes: int
+    """The text's size: stories are written until it is reached."""
+    min_val_tokens: int
+    """The validation split's floor it was split with (lmtune.data.documents.MIN_VAL_TOKENS)."""
+
+
+@dataclass(frozen=True)
+class PreparedMeta:
+    """What meta.json says about the token files (lmtune.data.dataset.DataMeta reads it back)."""
+
+    vocab_size: int
+    """The model vocabulary the ids belong to."""
+    dtype: str
+    """uint16, or uint32 for a vocabulary above 65535."""
+    train_tokens: int
+    """Tokens in train.bin."""
+    val_tokens: int
+    """Tokens in val.bin."""
+    max_token_id: int
+    """The largest id in either file."""
+    eot_id: int | None
+    """The id of <|endoftext|> (None for token-id inputs: no document boundaries are known)."""
+    sources: list[Source]
+    """The input files."""
+    tokenizer: str | None
+    """The tokenizer file beside the token files (None for token-id inputs)."""
+    builtin: BuiltinKey | None = None
+    """The built-in corpus's key, when this is the built-in corpus (absent from meta.json otherwise)."""
+
+    def to_json(self, content_hash: str) -> dict[str, object]:
+        """meta.json's content, in its key order: the fields, then the files' hash and who wrote them."""
+        fields = asdict(self)
+        if fields["builtin"] is None:
+            del fields["builtin"]
+        return {**fields, "content_hash": content_hash, "created_by": CREATED_BY}
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse an --out that holds prepared data (or files of the names prepare writes) unless ``force``."""
+    check_destination(out, "--out")
+    if force:
+        return
+    if (out / "meta.json").exists():
+        raise LmtuneError(f"{out} already holds prepared data (meta.json); pass --force to overwrite it "
+                          "or choose another --out")
+    taken = [name for name in FILES if (out / name).exists()]
+    if taken:
+        raise LmtuneError(f"{out} already holds {', '.join(taken)} (not prepared by lmtune: no meta.json); pass "
+                          "--force to replace them or choose another --out")
+
+
+def dtype_for(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
+
+
+def content_hash(d: Path) -> str:
+    """sha256 of train.bin then val.bin: what tells two data dirs' tokens apart."""
+    h = hashlib.sha256()
+    for name in ("train.bin", "val.bin"):
+        with open(d / name, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def staging(out: Path, force: bool) -> Iterator[Path]:
+    """A temp dir next to ``out``; on success its files are committed into ``out`` (see module doc)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        check_out(out, force)  # re-check: another process may have prepared it meanwhile
+        if not out.exists():
+            tmp.rename(out)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            (out / "meta.json").unlink()
+        for name in FILES:
+            src = tmp / name
+            if src.exists():
+                os.replace(src, out / name)
+            elif name != "meta.json":
+                with contextlib.suppress(FileNotFoundError):
+                    (out / name).unlink()  # e.g. a stale tokenizer.json from a text prepare
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_meta(d: Path, meta: PreparedMeta) -> None:
+    """meta.json, written after the token files it hashes."""
+    (d / "meta.json").write_text(json.dumps(meta.to_json(content_hash(d)), indent=2) + "\n")
+
+
+class TokenFiles:
+    """train.bin and val.bin while they are written: token ids appended, counted, the largest id kept."""
+
+    def __init__(self, folder: Path, dtype: np.dtype):
+        self.dtype = dtype
+        self.files = {s: open(folder / f"{s}.bin", "wb") for s in ("train", "val")}  # noqa: SIM115
+        self.counts = {"train": 0, "val": 0}
+        self.max_id = 0
+
+    def append(self, split: str, arrays: list[np.ndarray]) -> None:
+        if not arrays:
+            return
+        ids = np.concatenate(arrays)
+        if ids.size:
+            self.max_id = max(self.max_id, int(ids.max()))
+            ids.astype(self.dtype).tofile(self.files[split])
+            self.counts[split] += ids.size
+
+    def __enter__(self) -> TokenFiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.files.values():
+            handle.close()
+
+
+def top_up_val(d: Path, dtype: np.dtype, eot_id: int | None, n_train: int, need: int) -> int:
+    """Move the end of train.bin to val.bin: the fewest whole documents holding at least ``need`` tokens,
+    or (no document boundary there: a single document, or token ids) exactly ``need`` tokens. Returns
+    how many tokens moved."""
+    if n_train < 2:
+        raise LmtuneError("the input holds fewer than 2 tokens; pass more text")
+    need = min(need, n_train - 1)
+    train = np.memmap(d / "train.bin", dtype=dtype, mode="r")
+    cut = n_train - need
+    if eot_id is not None:  # back to the end of the document that holds position cut
+        ends = np.nonzero(train[:cut] == eot_id)[0]
+        cut = int(ends[-1]) + 1 if ends.size else cut
+    del train
+    item = dtype.itemsize
+    with open(d / "train.bin", "r+b") as tr, open(d / "val.bin", "ab") as va:
+        tr.seek(cut * item)
+        while block := tr.read(1 << 22):
+            va.write(block)
+        tr.truncate(cut * item)
+    return n_train - cut
