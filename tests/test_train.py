@@ -265,7 +265,8 @@ def test_cli_writes_every_promised_output(builtin_data, tmp_path):
     assert proc.returncode == 0
     assert json.loads((out / "config.json").read_text())["train"]["steps"] == 20
     with open(out / "metrics.csv") as handle:
-        assert handle.readline().strip().split(",") == METRIC_COLUMNS
+        # every registered column, then the relative update size of each of the tiny model's 2 layers
+        assert handle.readline().strip().split(",") == [*METRIC_COLUMNS, "update_ratio_l0", "update_ratio_l1"]
     assert [r["step"] for r in read_metrics(out / "metrics.csv")] == [5, 10, 15, 20]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed"

@@ -6,6 +6,13 @@ share everything else. Each member writes its own folder exactly as ``train()`` 
 diverges is frozen in the step it happens and removed from the fused tensors at the next log
 interval (its compute reclaimed); so is a member the sweep's rung rule cuts. The others go on as if
 it had never been there.
+
+Why two loops (this one and lmtune.training.loop's ``train``): a single run trains an ordinary TransformerLM
+with torch's AdamW, without vmap, functional_call or parameters stacked on a member dimension, and a loop for
+K >= 1 members was not measured here to cost the single run nothing (on the CPU least of all). What the two
+can share they do: the rows are built by the same IntervalMeter from the metric registry (the step's
+``measured`` metrics, the stability probes), go to the same sinks (metrics.csv, TensorBoard), are checkpointed
+by the same ``save_checkpoints`` and end in the same ``finish_run``.
 """
 
 from __future__ import annotations
@@ -147,7 +154,8 @@ class FusedRun:
                 step = self.state.step + 1
                 x, y = self.batches.next(self.state.positions)
                 lrs = self.lr_table[step - 1].index_select(0, self.positions_index)
-                result = fused_train_step(self.state, self.runtime, x, y, lrs, self.t.grad_accum_steps)
+                result = fused_train_step(self.state, self.runtime, x, y, lrs, self.t.grad_accum_steps,
+                                          measure=self.t.logs_at(step))
                 self.meter.add(step, result, self.batches.last_wait_s)
                 if self.t.logs_at(step):
                     self.log_interval(step, x)
@@ -166,15 +174,14 @@ class FusedRun:
         endings = {self.state.positions[p]: RunEnd.non_finite("loss or gradient norm", bad)
                    for p, bad in enumerate(self.meter.first_nonfinite_steps())
                    if bad is not None and self.state.positions[p] in live}
-        rows = {m: row for m, row in zip(self.state.positions, self.meter.take_each(step), strict=True) if m in live}
-        lrs = [scheduled_lr(step - 1, c.train)
-               for c in self.configs]
-        probes = {k: v.tolist() for k, v in self.state.model.stability_probes(x[..., :2, :]).items()}
+        taken = self.meter.take_each(step, lambda: self.state.model.stability_probes(x[..., :2, :]))
+        rows = {m: row for m, row in zip(self.state.positions, taken, strict=True) if m in live}
+        lrs = [scheduled_lr(step - 1, c.train) for c in self.configs]
         vals = evaluate_members(self.runtime, self.val_batches, self.t.grad_accum_steps) \
             if self.t.evaluates_at(step) else [None] * len(rows)
         for m, row in rows.items():
             position = self.state.positions.index(m)
-            row.update(lr=lrs[m], val_loss=vals[position], **{k: v[position] for k, v in probes.items()})
+            row.update(lr=lrs[m], val_loss=vals[position])
             if row["val_loss"] is not None and not math.isfinite(row["val_loss"]) and m not in endings:
                 endings[m] = RunEnd.non_finite("validation loss", step)
         written = {m: rows[m] for m in rows if m not in endings}

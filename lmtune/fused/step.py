@@ -7,13 +7,13 @@ interval with the first bad step the meter kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from lmtune.fused.optim import clip_member_gradients
 from lmtune.fused.state import FusedState
-from lmtune.training.step import Runtime
+from lmtune.training.step import Runtime, layer_update_ratios, snapshot_layers
 
 
 @dataclass
@@ -24,11 +24,14 @@ class MemberStepResult:
     """(K,) each member's gradient norm before clipping."""
     finite: torch.Tensor
     """(K,) whether loss and gradient norm were finite."""
+    measured: dict[str, torch.Tensor] = field(default_factory=dict)
+    """At a log step (``measure``), StepResult.measured's metrics with the members first: (K,) or (K, n_layers)."""
 
 
 def fused_train_step(state: FusedState, runtime: Runtime, x: torch.Tensor, y: torch.Tensor, lrs: torch.Tensor,
-                     micro_batches: int = 1) -> MemberStepResult:
-    """One step at learning rates ``lrs`` (K,), the batch split into ``micro_batches`` along its batch axis."""
+                     micro_batches: int = 1, measure: bool = False) -> MemberStepResult:
+    """One step at learning rates ``lrs`` (K,), the batch split into ``micro_batches`` along its batch axis;
+    ``measure`` (a log step) also measures the step's ``measured`` metrics, on the device."""
     total = None
     for xs, ys in zip(x.chunk(micro_batches, dim=-2), y.chunk(micro_batches, dim=-2), strict=True):
         with runtime.autocast():
@@ -39,10 +42,13 @@ def fused_train_step(state: FusedState, runtime: Runtime, x: torch.Tensor, y: to
         total = losses.detach().clone() if total is None else total + losses.detach()
     loss = total / micro_batches
     update = state.compiled_update or clip_and_update
+    blocks = state.model.stacked.blocks
+    before = snapshot_layers(blocks) if measure else None
     norms, finite = update(state, loss, lrs.to(loss.dtype))
     state.optimizer.zero_grad()
     state.step += 1
-    return MemberStepResult(loss, norms, finite)
+    measured = {"update_ratio": layer_update_ratios(blocks, before, members=True)} if measure else {}
+    return MemberStepResult(loss, norms, finite, measured)
 
 
 @torch.no_grad()

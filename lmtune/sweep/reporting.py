@@ -20,6 +20,7 @@ from lmtune.files import link_or_copy
 from lmtune.training.checkpoint import checksum_path, rotate
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult
+from lmtune.training.metric_registry import Row, check_row
 
 
 class TuneSink:
@@ -38,9 +39,12 @@ class TuneSink:
         # measured at val_step (before the first, ln vocab at step 0: a fresh model's loss). Readers that compare
         # losses at equal tokens take it only where val_step is the result's own step (evaluated_val_loss).
         self.measured: tuple[float, int] = (self.uniform_loss, 0)
-        self.node_id = ray.get_runtime_context().get_node_id()  # node_ip is shared by raylets on one host
+        # (node_ip is shared by raylets on one host; outside Ray, e.g. a sink built in a test, there is none)
+        self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
-    def _metrics(self, values: dict[str, Any]) -> dict[str, Any]:
+    def result(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The Tune result of ``values`` (a row, or a group's): its values that are set, the latest evaluation
+        and what the sweep's stopper, searchers and ledger read."""
         if values.get("val_loss") is not None:
             self.measured = (values["val_loss"], values["step"])
         measured = {"val_loss": self.measured[0], "val_step": self.measured[1]}
@@ -48,10 +52,13 @@ class TuneSink:
                 "total_tokens": self.config.total_tokens, "run_tokens": self.config.run_tokens,
                 "uniform_loss": self.uniform_loss,
                 # The last warm-up step runs at the peak LR: judged like the rest (ASHA may cut there).
-                "in_warmup": values["step"] < self.config.train.warmup_steps, "node_id": self.node_id,
+                "in_warmup": values["step"] < self.config.train.warmup_steps,
+                **({} if self.node_id is None else {"node_id": self.node_id}),
                 **({} if self.early_stop else {"no_early_stop": True})}
 
-    def write(self, row: dict[str, Any], checkpoint: Path | None) -> None:
+    def write(self, row: Row, checkpoint: Path | None) -> None:
+        """A run's row (registered metrics only: metric_registry.check_row) as a Tune result."""
+        check_row(row)
         files = {} if checkpoint is None else {p.name: p for p in (checkpoint, checksum_path(checkpoint))}
         self.report(row, files)
 
@@ -60,7 +67,7 @@ class TuneSink:
         over: once Tune has stored them, the run's own periodic checkpoints in their folders are deleted."""
         if values.get("val_loss") is not None and math.isfinite(values["val_loss"]):
             self.latest_val = values["val_loss"]
-        metrics = self._metrics(values)
+        metrics = self.result(values)
         if not files:
             tune.report(metrics)
             return
@@ -79,7 +86,7 @@ class TuneSink:
             return
         step = result.end.diverged_step
         self.latest_val = self.uniform_loss
-        tune.report(self._metrics({"step": result.summary["steps"], "tokens": result.summary["tokens"],
+        tune.report(self.result({"step": result.summary["steps"], "tokens": result.summary["tokens"],
                                    "diverged": True, "diverged_because": result.end.detail, "diverged_step": step,
                                    "diverged_tokens": step * self.config.tokens_per_step,
                                    "divergence": result.end.divergence}))

@@ -132,7 +132,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
                     before_step(step, state.model)
                 x, y = batches.next()
                 lr = scheduled_lr(step - 1, t)
-                result = train_step(state, runtime, x, y, lr, t)
+                result = train_step(state, runtime, x, y, lr, t, measure=t.logs_at(step))
                 if not result.applied:
                     end = RunEnd.non_finite("loss" if not math.isfinite(result.loss.item()) else "gradient norm", step)
                     break
@@ -162,14 +162,13 @@ def interval_row(step: int, lr: float, x: torch.Tensor, state: TrainState, runti
     how the run ended when a loss or gradient norm went non-finite."""
     if (bad_step := meter.first_nonfinite_step()) is not None:
         return None, RunEnd.non_finite("loss or gradient norm", bad_step)
-    row = {**meter.take(step), "lr": lr, "val_loss": None}
+    row = {**meter.take(step, lambda: state.model.probe_tensors(x[:2])), "lr": lr, "val_loss": None}
     if t.evaluates_at(step):
         row["val_loss"] = evaluate(runtime, val_batches, t.grad_accum_steps)
         if not math.isfinite(row["val_loss"]):
             return None, RunEnd.non_finite("validation loss", step)
     watch.see(step, row["train_loss"])
     row.update(watch.row_fields())
-    row.update(state.model.stability_probes(x[:2]))
     return row, RunEnd()
 
 

@@ -3,7 +3,8 @@
 This module alone opens metrics.csv, to write it (``CsvSink``) and to read it back (``read_metrics``,
 ``read_metrics_frame``, ``last_metrics_row``) for a resume, the report and diagnose. The loop hands
 every row to a list of sinks: metrics.csv and TensorBoard for every run, Ray Tune's report in a
-sweep (lmtune.sweep.trainable), and Weights & Biases when asked (lmtune.training.wandb_sink).
+sweep (lmtune.sweep.reporting), and Weights & Biases when asked (lmtune.training.wandb_sink). What a
+row may hold, and which of it goes where, is lmtune.training.metric_registry's.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import csv
 import io
 import logging
-import math
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,17 +21,14 @@ import torch
 
 from lmtune.files import atomic_write_text
 from lmtune.training.device import peak_memory_bytes, reset_peak_memory, synchronize
+from lmtune.training.metric_registry import Row, check_row, csv_columns, is_count_column, metric_of, numbers
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.csv"
-METRIC_COLUMNS = [
-    "step", "tokens", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-    "data_wait_s", "compute_s", "peak_memory_bytes", "attn_logit_max", "output_logit_max",
-    "output_logz_mean", "elapsed_s", "loss_over_min", "above_init_steps",
-]
-INT_COLUMNS = ("step", "tokens", "peak_memory_bytes", "above_init_steps")
-# A count (INT_COLUMNS) is a whole number from 0 to 2^53 (exact as a float, which is how the report reads it);
+# The registered columns (a per-layer family: its max only; its layers follow once a row holds them).
+METRIC_COLUMNS = csv_columns()
+# A count (a COUNT metric) is a whole number from 0 to 2^53 (exact as a float, which is how the report reads it);
 # a row holding another (an edited or damaged file: inf, 1e300, a step of -6) is left out, with a warning.
 MAX_COUNT = 2**53
 
@@ -38,8 +36,6 @@ MAX_COUNT = 2**53
 def is_count(number: float) -> bool:
     """Whether ``number`` can be a count a run wrote (a step, tokens, bytes): 0 to MAX_COUNT (NaN cannot)."""
     return 0 <= number <= MAX_COUNT
-
-Row = dict[str, Any]
 
 
 class MetricsSink(Protocol):
@@ -59,7 +55,10 @@ class CsvSink:
     """metrics.csv. A resumed run keeps the rows up to the checkpoint it resumes from; later rows are
     logged again by the resumed run, so every step appears once. ``history``: the rows the checkpoint itself
     carries, taken instead where the file holds fewer (a folder copied from storage before its last rows
-    reached it: a node lost between a checkpoint's upload and the sync of its folder)."""
+    reached it: a node lost between a checkpoint's upload and the sync of its folder). A row holding a key no
+    metric is registered for is refused (metric_registry.UnregisteredMetric); a row bringing registered columns
+    the header lacks (a per-layer family's, known from the first row that holds them) rewrites the file once
+    with the wider header."""
 
     def __init__(self, out_dir: Path, resume_step: int = 0, history: list[Row] | None = None):
         self.path = Path(out_dir) / METRICS_FILE
@@ -67,13 +66,26 @@ class CsvSink:
         kept = [row for row in old if row["step"] <= resume_step]
         saved = [dict(row) for row in history or () if row.get("step", 0) <= resume_step]
         self.rows: list[Row] = saved if len(saved) > len(kept) else kept
-        write_metrics(self.path, self.rows)
+        self._file = None
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        """The whole file again, with a header for every row so far; then open for appending."""
+        if self._file is not None:
+            self._file.close()
+        self.columns = csv_columns(self.rows)
+        write_metrics(self.path, self.rows, self.columns)
         self._file = open(self.path, "a", newline="")
-        self._writer = csv.DictWriter(self._file, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        self._writer = csv.DictWriter(self._file, fieldnames=self.columns)
 
     def write(self, row: Row, checkpoint: Path | None = None) -> None:
+        check_row(row)
         self.rows.append(row)
-        self._writer.writerow(row)
+        cells = _csv_cells(row, self.columns)
+        if len(cells) < sum(1 for key in row if metric_of(key).csv):
+            self._rewrite()
+        else:
+            self._writer.writerow(cells)
         self._file.flush()
 
     def close(self, result: Any = None) -> None:
@@ -86,13 +98,20 @@ class CsvSink:
         self.close()
 
 
-def write_metrics(path: Path, rows: list[Row]) -> None:
-    """A whole metrics.csv of these rows, written atomically."""
+def write_metrics(path: Path, rows: list[Row], columns: list[str] | None = None) -> None:
+    """A whole metrics.csv of these rows, written atomically (header: ``columns``, by default the rows')."""
+    columns = columns or csv_columns(rows)
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows(_csv_cells(row, columns) for row in rows)
     atomic_write_text(Path(path), buffer.getvalue())
+
+
+def _csv_cells(row: Mapping[str, object], columns: list[str]) -> Row:
+    """The row's values that are columns of the file (a row's registered non-CSV fields stay out)."""
+    wanted = set(columns)
+    return {key: value for key, value in row.items() if key in wanted}
 
 
 def read_metrics(path: Path) -> list[Row]:
@@ -150,7 +169,7 @@ def _parse_row(raw: dict[str, str | None]) -> Row | None:
                 return None
             if value == "":
                 row[key] = None
-            elif key in INT_COLUMNS:
+            elif is_count_column(key):
                 number = float(value)
                 if not is_count(number):
                     raise _OutOfRange(f"{key} {value}")
@@ -171,7 +190,7 @@ class _OutOfRange(Exception):
 
 
 class TensorBoardSink:
-    """Every finite number of every row as a TensorBoard scalar (out_dir/tensorboard)."""
+    """Every finite number of every row (metric_registry.numbers) as a TensorBoard scalar (out_dir/tensorboard)."""
 
     def __init__(self, out_dir: Path, resume_step: int = 0):
         from tensorboardX import SummaryWriter
@@ -180,9 +199,8 @@ class TensorBoardSink:
         self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=resume_step or None)
 
     def write(self, row: Row, checkpoint: Path | None = None) -> None:
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                self.writer.add_scalar(key, value, row["step"])
+        for key, value in numbers(row).items():
+            self.writer.add_scalar(key, value, row["step"])
         self.writer.flush()
 
     def close(self, result: Any = None) -> None:
@@ -201,8 +219,9 @@ class TensorBoardSink:
 
 class IntervalMeter:
     """Accumulates the steps between two rows on the device (no host sync per step) and turns them into
-    a row's numbers: mean train loss, tokens/s, MFU, data wait and compute time per step. With ``members``,
-    a fused group's: losses and gradient norms of shape (members,), a row per member (``take_each``)."""
+    a row's numbers: mean train loss, tokens/s, MFU, data wait and compute time per step, the gradient norm,
+    and what the row's step measured (``StepResult.measured``: metrics a step takes at log steps only). With
+    ``members``, a fused group's: every tensor has the members first, and ``take_each`` gives a row per member."""
 
     def __init__(self, device: torch.device, tokens_per_step: int, flops_per_token: float,
                  peak_flops: float | None, elapsed_before_s: float = 0.0, members: int | None = None):
@@ -215,6 +234,7 @@ class IntervalMeter:
         self.loss_sum = torch.zeros(shape, device=device)
         self.first_bad = torch.full(shape, -1, dtype=torch.long, device=device)
         self.grad_norm = torch.zeros(shape, device=device)
+        self.measured: dict[str, torch.Tensor] = {}
         self.steps, self.wait_s = 0, 0.0
         reset_peak_memory(device)
         self.restart()
@@ -227,6 +247,8 @@ class IntervalMeter:
         """One step's result (a StepResult, or a fused group's with a value per member)."""
         self.loss_sum += result.loss.float()
         self.grad_norm = result.grad_norm.float()
+        if result.measured:
+            self.measured = dict(result.measured)
         bad = ~result.finite & (self.first_bad < 0)
         self.first_bad = torch.where(bad, torch.full_like(self.first_bad, step), self.first_bad)
         self.steps += 1
@@ -246,18 +268,21 @@ class IntervalMeter:
         index = torch.tensor(positions, dtype=torch.long, device=self.device)
         self.loss_sum, self.grad_norm, self.first_bad = (
             t.index_select(0, index) for t in (self.loss_sum, self.grad_norm, self.first_bad))
+        self.measured = {name: t.index_select(0, index) for name, t in self.measured.items()}
 
     def elapsed_s(self) -> float:
         """Wall time of the run, earlier processes of a resumed run included."""
         return time.perf_counter() - self.run_start
 
-    def take(self, step: int) -> Row:
+    def take(self, step: int, probes: Probes | None = None) -> Row:
         """The interval's numbers for the row at ``step``; the interval's sums start again from zero."""
-        return self.take_each(step)[0]
+        return self.take_each(step, probes)[0]
 
-    def take_each(self, step: int) -> list[Row]:
-        """A row per member at ``step`` (one row without members). A member's tokens/s is its own: the
-        group's aggregate over the members."""
+    def take_each(self, step: int, probes: Probes | None = None) -> list[Row]:
+        """A row per member at ``step`` (one row without members): the interval's numbers, what its last step
+        measured, and ``probes()`` (device tensors by metric name, computed once the interval's clock has
+        stopped), all read to the host at once. A member's tokens/s is its own: the group's aggregate over
+        the members."""
         synchronize(self.device)  # the queued steps finish before the clock is read (CUDA, MPS)
         wall = time.perf_counter() - self.interval_start
         tokens_per_s = self.steps * self.tokens_per_step / wall
@@ -268,8 +293,30 @@ class IntervalMeter:
             "peak_memory_bytes": peak_memory_bytes(self.device),
             "elapsed_s": self.elapsed_s(),
         }
-        losses = (self.loss_sum / self.steps).reshape(-1).tolist()
-        norms = self.grad_norm.reshape(-1).tolist()
+        tensors = {"train_loss": self.loss_sum / self.steps, "grad_norm": self.grad_norm, **self.measured,
+                   **(probes() if probes is not None else {})}
+        values = host_values(tensors, self.loss_sum.numel())
         self.loss_sum.zero_()
-        self.steps, self.wait_s = 0, 0.0
-        return [{**common, "train_loss": loss, "grad_norm": norm} for loss, norm in zip(losses, norms, strict=True)]
+        self.steps, self.wait_s, self.measured = 0, 0.0, {}
+        return [{**common, **member} for member in values]
+
+
+# Device tensors by metric name, computed on demand (a row's stability probes).
+Probes = Callable[[], Mapping[str, torch.Tensor]]
+
+
+def host_values(tensors: Mapping[str, torch.Tensor], members: int = 1) -> list[dict[str, float]]:
+    """Device tensors by registered metric name as each member's row values, in one host transfer: each tensor
+    holds ``members`` values (the members first), a per-layer family's one per layer, expanded to its columns."""
+    check_row(tensors)
+    flat = [t.detach().reshape(members, -1) for t in tensors.values()]
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in flat) else torch.float32
+    table = torch.cat([t.to(dtype) for t in flat], dim=1).tolist()  # the one host sync
+    rows = []
+    for numbers_of_member in table:
+        row, start = {}, 0
+        for name, t in zip(tensors, flat, strict=True):
+            row.update(metric_of(name).expand(numbers_of_member[start:start + t.shape[1]]))
+            start += t.shape[1]
+        rows.append(row)
+    return rows

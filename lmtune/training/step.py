@@ -1,5 +1,6 @@
 """One training step: the forward and backward passes over the step's micro-batches, gradient
-clipping, the non-finite check and the AdamW update.
+clipping, the non-finite check and the AdamW update; at a log step, what a row measures of the step itself
+(``measured``: the relative update size of each transformer block).
 
 ``train_step`` is the step the training loop runs and the benchmark times; ``Runtime`` is how the
 steps run on a device (the compiled forward, the autocast precision), built once per run.
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -85,16 +87,20 @@ class StepResult:
     """Whether loss and gradient norm were finite (a device bool: reading it is a host sync)."""
     applied: bool
     """False when the step was refused: found non-finite where the check is free, nothing updated."""
+    measured: dict[str, torch.Tensor] = field(default_factory=dict)
+    """At a log step (``measure``), metrics of the step itself by registered name (lmtune.training.metric_registry),
+    on the device: the interval meter reads them with the row. Empty at other steps."""
 
 
 def train_step(state: TrainState, runtime: Runtime, x: torch.Tensor, y: torch.Tensor, lr: float,
-               settings: TrainConfig) -> StepResult:
+               settings: TrainConfig, measure: bool = False) -> StepResult:
     """One optimizer step at learning rate ``lr`` on the batch (x, y) of ``settings.batch_size`` windows.
 
     The batch is split into ``settings.grad_accum_steps`` equal micro-batches whose gradients add up
     to the gradient of the whole batch's mean loss. On CPU a non-finite loss or gradient norm refuses
     the update (``applied`` False); on a GPU, where checking would stall the pipeline every step, the
-    update lands and ``finite`` tells the caller, who checks at its next log interval.
+    update lands and ``finite`` tells the caller, who checks at its next log interval. ``measure`` (a log
+    step) also measures the step's ``measured`` metrics, on the device.
     """
     for group in state.optimizer.param_groups:
         group["lr"] = lr
@@ -104,10 +110,12 @@ def train_step(state: TrainState, runtime: Runtime, x: torch.Tensor, y: torch.Te
     if runtime.sync_is_free and not bool(finite):
         state.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss, grad_norm, finite, applied=False)
+    before = snapshot_layers(state.model.blocks) if measure else None
     state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
     state.step += 1
-    return StepResult(loss, grad_norm, finite, applied=True)
+    measured = {"update_ratio": layer_update_ratios(state.model.blocks, before)} if measure else {}
+    return StepResult(loss, grad_norm, finite, applied=True, measured=measured)
 
 
 def forward_backward(runtime: Runtime, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> torch.Tensor:
@@ -130,3 +138,26 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
     if max_norm > 0:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     return torch.nn.utils.get_total_norm([p.grad for p in params])
+
+
+@torch.no_grad()
+def snapshot_layers(blocks: Sequence[nn.Module]) -> list[list[torch.Tensor]]:
+    """A copy of each transformer block's parameters, before a log step's update (one model's worth of
+    memory, for that step only)."""
+    return [[p.detach().clone() for p in block.parameters()] for block in blocks]
+
+
+@torch.no_grad()
+def layer_update_ratios(blocks: Sequence[nn.Module], before: list[list[torch.Tensor]],
+                        members: bool = False) -> torch.Tensor:
+    """||W_after - W_before|| / ||W_before|| per block, its parameters taken as one vector, on the device (no
+    host sync): (n_layers,), or (K, n_layers) for a fused model, whose parameters have the members first."""
+    def squares(t: torch.Tensor) -> torch.Tensor:
+        return t.pow(2).flatten(1).sum(1) if members else t.pow(2).sum()
+
+    ratios = []
+    for block, old in zip(blocks, before, strict=True):
+        change = sum(squares(p - o) for p, o in zip(block.parameters(), old, strict=True))
+        size = sum(squares(o) for o in old)
+        ratios.append((change / size).sqrt())
+    return torch.stack(ratios, dim=-1)

@@ -15,6 +15,7 @@ from typing import Any
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_text
 from lmtune.training.config import RunConfig
+from lmtune.training.metric_registry import Row, numbers
 
 
 def import_wandb():
@@ -27,9 +28,9 @@ def import_wandb():
 
 
 class WandbSink:
-    """Every row as a W&B history step, the summary as the run's summary. The W&B run starts with the
-    first row, so a run refused before it trains leaves nothing behind; a resumed run continues the
-    same W&B run (its id is kept in out_dir/wandb/run_id)."""
+    """Every row's finite numbers (metric_registry.numbers) as a W&B history step, the summary as the run's
+    summary. The W&B run starts with the first row, so a run refused before it trains leaves nothing behind;
+    a resumed run continues the same W&B run (its id is kept in out_dir/wandb/run_id)."""
 
     def __init__(self, project: str, config: RunConfig, out_dir: Path):
         self.wandb = import_wandb()
@@ -45,11 +46,11 @@ class WandbSink:
         self.run = self.wandb.init(project=self.project, id=run_id, resume="allow", name=self.out_dir.name,
                                    dir=str(self.out_dir), config=self.config.to_dict())
 
-    def write(self, row: dict[str, Any], checkpoint: Path | None = None) -> None:
+    def write(self, row: Row, checkpoint: Path | None = None) -> None:
+        values = numbers(row)  # (refuses a key no metric is registered for, before W&B starts)
         if self.run is None:
             self._start()
-        numbers = {k: v for k, v in row.items() if k != "step" and _finite_number(v)}
-        self.run.log(numbers, step=row["step"])
+        self.run.log(values, step=row["step"])
 
     def close(self, result: Any) -> None:
         if self.run is None:
