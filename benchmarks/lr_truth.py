@@ -192,7 +192,7 @@ def plan_grid(args: argparse.Namespace) -> Plan:
     data_dir = (args.data or ensure_builtin_corpus(ROOT / "data" / "builtin")).resolve()
     config = resolve_config(budget_config(space.budget, {**settings, "lr": lrs[0], "seed": seeds[0]}), data_dir)
     load_data(data_dir, config.model.context_length, config.model.vocab_size)  # bad data: refused now, not per run
-    setting = setting_of(config.to_dict(), data_of(str(data_dir)))
+    setting = setting_of(config, data_of(str(data_dir)))
     # One truth of two budgets or models would make one table of both.
     if theirs and (differ := setting_differences(theirs, setting)):
         raise LmtuneError(f"--out {out} is a truth of another setting (its vs this grid's: {differ}); a truth "
@@ -267,7 +267,7 @@ def read_report(sweep: Path) -> dict:
 
 def print_comparison(args: argparse.Namespace) -> None:
     from lmtune.report.truth import check_comparable, compare, compare_horizon, read_truth, truth_conclusion
-    from lmtune.sweep.record import SweepRecord
+    from lmtune.sweep.sweep_file import SweepRecord
 
     runs = read_truth(args.truth)
     check_comparable(args.truth, runs[0].setting, args.sweep, SweepRecord.read(args.sweep))

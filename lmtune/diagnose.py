@@ -16,27 +16,30 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from lmtune.cli import prog
 from lmtune.errors import cli_entry, setup_cli_logging
-from lmtune.tools import environment, progress, throughput
+from lmtune.tools import environment, progress
+from lmtune.tools.environment import NvmlSummary
+from lmtune.tools.throughput import benchmark
+from lmtune.tools.throughput.machine import full_device_name
+from lmtune.tools.throughput.results import BenchResult
 from lmtune.training.device import resolve_device
 
 
 def print_environment(device: torch.device) -> bool:
     """The device, its CUDA and precision support, compile and free memory; returns whether compile works."""
-    print(f"device: {throughput.full_device_name(device)} ({device})")
+    print(f"device: {full_device_name(device)} ({device})")
     print(f"torch: {torch.__version__}")
     if device.type == "cuda":
         env = environment.cuda_environment(device)
-        print(f"CUDA: {env['cuda']}, driver {env['driver']}, compute capability {env['capability']}")
-        emulated = " (only emulated: bf16 would run slowly and uncompiled)" if env["bf16_emulated"] else ""
-        print(f"bf16: {'native' if env['bf16'] else 'NOT native' + emulated + '; lmtune trains in float32 here'}")
-        print(f"TF32: {'supported' if env['tf32'] else 'not supported'}"
-              + (f", enabled for matmuls: {env['tf32_enabled']}" if env["tf32"] else ""))
+        print(f"CUDA: {env.cuda}, driver {env.driver}, compute capability {env.capability}")
+        emulated = " (only emulated: bf16 would run slowly and uncompiled)" if env.bf16_emulated else ""
+        print(f"bf16: {'native' if env.bf16 else 'NOT native' + emulated + '; lmtune trains in float32 here'}")
+        print(f"TF32: {'supported' if env.tf32 else 'not supported'}"
+              + (f", enabled for matmuls: {env.tf32_enabled}" if env.tf32 else ""))
     else:
         for what in ("CUDA", "bf16", "TF32"):
             print(f"{what}: n/a (no CUDA device)")
@@ -51,9 +54,9 @@ def print_environment(device: torch.device) -> bool:
 
 
 def benchmark_with_nvml(device: torch.device, config_name: str, batch_size: int | None, steps: int,
-                        repeats: int, device_arg: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                        repeats: int, device_arg: str) -> tuple[BenchResult, NvmlSummary | None]:
     """The optimized step's benchmark, with NVML sampling the GPU meanwhile (None without CUDA or NVML)."""
-    config = throughput.bench_config(config_name, batch_size, {}, device_arg, "auto")
+    config = benchmark.bench_config(config_name, batch_size, {}, device_arg, "auto")
     sampler = None
     if device.type == "cuda":
         try:
@@ -63,33 +66,33 @@ def benchmark_with_nvml(device: torch.device, config_name: str, batch_size: int 
             print(f"NVML: unavailable ({err}); no clock/thermal/power readings")
             sampler = None
     try:
-        result = throughput.run_bench(config, steps=steps, repeats=repeats, warmup=2, naive=False,
-                                      measure_eval=False, config_name=config_name)
+        result = benchmark.run_bench(config, steps=steps, repeats=repeats, warmup=2, naive=False,
+                                     measure_eval=False, config_name=config_name)
     finally:
         nvml = sampler.stop() if sampler is not None else None
     return result, nvml
 
 
-def print_benchmark(result: dict[str, Any], nvml: dict[str, Any] | None, device: torch.device, compile_ok: bool,
+def print_benchmark(result: BenchResult, nvml: NvmlSummary | None, device: torch.device, compile_ok: bool,
                     config_name: str) -> None:
-    print(f"benchmark ({config_name}, batch {result['batch_size']}, {result['optimized_variant']}, "
-          f"{result['precision']}): {result['tokens_per_s']:,.0f} tokens/s, MFU {100 * result['mfu']:.1f}% "
-          f"(peak {result['peak_flops'] / 1e12:.3g} TFLOP/s, {result['peak_flops_source']})")
-    print(f"step: {result['step_s'] * 1e3:.1f} ms, data wait {100 * result['data_wait_fraction']:.1f}%, "
-          f"attention {result['attention_kernel']}")
+    print(f"benchmark ({config_name}, batch {result.batch_size}, {result.optimized_variant}, "
+          f"{result.precision}): {result.tokens_per_s:,.0f} tokens/s, MFU {100 * result.mfu:.1f}% "
+          f"(peak {result.peak_flops / 1e12:.3g} TFLOP/s, {result.peak_flops_source})")
+    print(f"step: {result.step_s * 1e3:.1f} ms, data wait {100 * result.data_wait_fraction:.1f}%, "
+          f"attention {result.attention_kernel}")
     if nvml is None:
         print("GPU clocks/temperature/power: n/a (no CUDA device)" if device.type != "cuda" else
               "GPU clocks/temperature/power: not read")
-    elif nvml.get("samples"):
-        print(f"GPU during the benchmark: SM clock {nvml['sm_clock_mhz_median']} MHz (max {nvml['sm_clock_mhz_max']}), "
-              f"up to {nvml['temperature_c_max']} C, up to {nvml['power_w_max']:.0f} W"
-              + (f" of {nvml['power_limit_w']:.0f} W" if nvml["power_limit_w"] else "")
-              + f"; throttle reasons: {', '.join(nvml['throttle_reasons']) or 'none'}")
+    elif nvml.samples:
+        print(f"GPU during the benchmark: SM clock {nvml.sm_clock_mhz_median} MHz (max {nvml.sm_clock_mhz_max}), "
+              f"up to {nvml.temperature_c_max} C, up to {nvml.power_w_max:.0f} W"
+              + (f" of {nvml.power_limit_w:.0f} W" if nvml.power_limit_w else "")
+              + f"; throttle reasons: {', '.join(nvml.throttle_reasons) or 'none'}")
     low, high = environment.EXPECTED_MFU.get(device.type, (0.0, 1.0))
     ok, advice = environment.verdict(result, device.type, nvml, compile_ok)
-    stall = result["data_wait_fraction"] > environment.DATA_STALL_FRACTION
+    stall = result.data_wait_fraction > environment.DATA_STALL_FRACTION
     print(f"data loading: {'STALL' if stall else 'ok'}")
-    print(f"verdict: {'OK' if ok else 'CHECK'}: throughput {'in' if result['mfu'] >= low else 'BELOW'} the expected "
+    print(f"verdict: {'OK' if ok else 'CHECK'}: throughput {'in' if result.mfu >= low else 'BELOW'} the expected "
           f"range (expected MFU {100 * low:.0f}-{100 * high:.0f}% on {device.type})")
     for line in advice:
         print(f"  - {line}")

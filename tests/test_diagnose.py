@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 
 import pytest
-from conftest import BENCH_MODEL
+from conftest import BENCH_MODEL, grid_sweep_record
 
 from lmtune import diagnose
 from lmtune.sweep.record import read_outcomes
-from lmtune.tools import environment, progress, throughput
+from lmtune.tools import environment, progress
+from lmtune.tools.environment import NvmlSample
+from lmtune.tools.throughput import benchmark
+from lmtune.tools.throughput.results import BenchResult
 from lmtune.training.config import RunConfig
 from lmtune.training.metrics import METRIC_COLUMNS
 
@@ -20,13 +24,13 @@ TINY_SETS = ["--steps", "2", "--repeats", "1", "--device", "cpu", "--batch-size"
 
 @pytest.mark.slow
 def test_diagnose_environment_on_cpu(capsys, monkeypatch):
-    real = throughput.bench_config
+    real = benchmark.bench_config
 
     def tiny_config(name, batch_size=None, overrides=None, device="auto", compile_choice="auto"):
         overrides = {**(overrides or {}), **BENCH_MODEL}
         return real(name, batch_size, overrides, device, compile_choice)
 
-    monkeypatch.setattr(throughput, "bench_config", tiny_config)
+    monkeypatch.setattr(benchmark, "bench_config", tiny_config)
     assert diagnose.main(TINY_SETS) == 0
     out = capsys.readouterr().out
     for needle in ("device:", "torch:", "CUDA: n/a (no CUDA device)", "bf16: n/a (no CUDA device)",
@@ -36,17 +40,30 @@ def test_diagnose_environment_on_cpu(capsys, monkeypatch):
         assert needle in out, needle
 
 
+# A healthy CUDA benchmark: compiled, bf16, in the expected MFU range, no data stall.
+HEALTHY = BenchResult(
+    config="default", device="NVIDIA H100 80GB HBM3", device_type="cuda", torch="2.13", commit="abc1234",
+    batch_size=64, context_length=256, params_non_embedding=17_600_000, steps=10, repeats=3, warmup=3,
+    tokens_per_s=2.6e6, mfu=0.4, flops_per_token=112e6, peak_flops=989e12, peak_flops_source="data-sheet dense bf16",
+    optimized_variant="compiled", compile_mode="default", precision="bfloat16", attention_kernel="flash",
+    host_syncs_per_step=0, step_s=0.006, data_wait_s=0.000006, compute_s=0.005994, data_wait_fraction=0.001,
+    peak_memory_bytes=2**33, peak_memory_kind="cuda max_memory_allocated", peak_reserved_bytes=2**33,
+    warmup_s={"compiled": 30.0}, timed_tokens=3 * 10 * 64 * 256, load_avg_1m=1.0, eval_s=None, eval_fraction=None,
+    repeat_tokens_per_s={"compiled": [2.6e6] * 3}, variant_tokens_per_s={"compiled": 2.6e6}, compile=None,
+    naive=None, timed_span=None)
+
+
 def test_verdict_flags_stall_and_throttling():
-    result = {"mfu": 0.05, "data_wait_fraction": 0.10, "precision": "float32", "optimized_variant": "eager"}
+    result = replace(HEALTHY, mfu=0.05, data_wait_fraction=0.10, precision="float32", optimized_variant="eager")
     nvml = environment.summarize_nvml(
-        [{"sm_clock_mhz": 1200, "temperature_c": 91, "power_w": 690.0, "reasons": 0x40 | 0x4, "utilization": 99}],
+        [NvmlSample(sm_clock_mhz=1200, temperature_c=91, power_w=690.0, reasons=0x40 | 0x4, utilization=99)],
         1980, 700.0)
     ok, advice = environment.verdict(result, "cuda", nvml, compile_ok=False)
     text = "\n".join(advice)
     assert not ok
     for needle in ("data-loader stall", "THERMAL THROTTLING", "POWER THROTTLING", "bf16", "compile"):
         assert needle in text, needle
-    ok, advice = environment.verdict({"mfu": 0.4, "data_wait_fraction": 0.001}, "cuda", None, compile_ok=True)
+    ok, advice = environment.verdict(HEALTHY, "cuda", None, compile_ok=True)
     assert ok and not advice
 
 
@@ -72,7 +89,7 @@ def _trial(root, name, lr, steps_done, total_steps, rate, summary=None, age_s=0.
 def test_diagnose_sweep_dir(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    (sweep / "sweep.json").write_text(json.dumps({"name": "sweep", "space": {"num_trials": 4}}))
+    grid_sweep_record("sweep", [1e-4, 1e-3, 1e-2, 1e-1], RunConfig()).write(sweep)  # 4 trials planned
     _trial(sweep, "trials/lr_1e-4", 1e-4, 100, 100, 500.0,
            summary={"status": "completed", "steps": 100, "tokens": 3200, "tokens_per_s": 480.0, "wall_time_s": 6.7})
     _trial(sweep, "trials/lr_1e-3", 1e-3, 50, 100, 400.0)  # running: half done

@@ -15,7 +15,8 @@ import pytest
 from conftest import TINY_TRIAL, finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs, wait_until
 
 from lmtune.report.truth import compare, read_truth, truth_conclusion
-from lmtune.sweep.record import SweepRecord, read_edge_state, read_outcomes, trial_folders
+from lmtune.sweep.record import read_edge_state, read_outcomes, trial_folders
+from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.loop import train
 from lmtune.training.metrics import read_metrics
@@ -121,10 +122,10 @@ def test_asha_cut_the_coarse_trials_an_uninterrupted_search_would_have_cut(resum
     # (each judged against the ones before it), and compares with what the interrupted, resumed sweep did.
     sweep_dir = resumed_edge_sweep["dir"]
     state, ledger = read_edge_state(sweep_dir), read_outcomes(sweep_dir)
-    asha = SweepRecord.read(sweep_dir).asha
+    asha = SweepRecord.read(sweep_dir).plan.asha
     planned = next(d["lrs"] for d in state["decisions"] if d["stage"] == "coarse")
     trial_of = {run["lr"]: tid for tid, run in state["runs"].items() if run["stage"] == "coarse"}
-    rung, quantile = asha["grace_period"], (1 - 1 / asha["reduction_factor"]) * 100
+    rung, quantile = asha.grace_period, (1 - 1 / asha.reduction_factor) * 100
     rung_losses, expected = [], set()
     for lr in planned:
         rows = read_metrics(trial_dirs(sweep_dir)[trial_of[lr]] / "metrics.csv")
@@ -198,7 +199,7 @@ def test_the_search_agrees_with_a_small_ground_truth_grid_trained_without_early_
     sweep_dir = resumed_edge_sweep["dir"]
     proc = run_lmtune("analyze", str(sweep_dir), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    base = RunConfig.from_dict(SweepRecord.read(sweep_dir).base_config)
+    base = SweepRecord.read(sweep_dir).plan.base
     truth_dir = tmp_path / "truth"
     for lr in (0.01, 0.0316, 0.1, 0.316, 1.0, 3.16, 10.0):
         for seed in (0, 1):

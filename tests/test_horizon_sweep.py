@@ -13,8 +13,9 @@ import pytest
 from conftest import TINY_TRIAL, run_lmtune, trial_dirs
 
 from lmtune.report.truth import compare_horizon, read_truth, truth_conclusion
-from lmtune.sweep.record import SweepRecord, read_horizon_state
-from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.sweep.record import read_horizon_state
+from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.training.config import apply_overrides
 from lmtune.training.loop import train
 
 pytestmark = pytest.mark.slow
@@ -94,7 +95,7 @@ def test_larger_budgets_continued_smaller_ones_and_trained_fewer_tokens_than_the
 def truth(horizon_sweep, tmp_path_factory) -> dict:
     """LRs 2x apart and the target runs' own LRs, one seed, each trained to the target budget from scratch with
     nothing stopping it."""
-    base = RunConfig.from_dict(SweepRecord.read(horizon_sweep["dir"]).base_config)
+    base = SweepRecord.read(horizon_sweep["dir"]).plan.base
     truth_dir = tmp_path_factory.mktemp("truth")
     targets = [r["lr"] for r in horizon_sweep["summary"]["confirmed"]["losses"]]
     for lr in sorted({0.005, 0.01, 0.02, 0.04, 0.08, 0.16, *targets}):

@@ -8,14 +8,15 @@ import importlib
 import json
 import shutil
 import sys
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import TINY_MODEL, assert_refused, run_python, set_args, snapshot
+from conftest import TINY_MODEL, assert_refused, grid_sweep_record, run_python, set_args, snapshot
 
 from lmtune.data.dataset import read_meta
-from lmtune.sweep.record import SweepRecord
+from lmtune.sweep.record import run_config_of
+from lmtune.sweep.sweep_file import DataRecord
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -57,14 +58,13 @@ def sweep_of(folder: Path, truth: Path, params: dict | None = None, content_hash
              report: bool = True, **changes) -> Path:
     """A sweep folder as compare reads it (sweep.json, report/summary.json), with no training: its base config the
     truth's run's with ``changes`` (field names), on the truth's data (or data of ``content_hash``)."""
-    config = json.loads((truth / "lr=0.01_seed=0" / "config.json").read_text())
+    config = run_config_of(json.loads((truth / "lr=0.01_seed=0" / "config.json").read_text()))
     for key, value in changes.items():
-        config["model" if key in config["model"] else "train"][key] = value
-    meta = asdict(read_meta(Path(config["data_dir"])))
-    meta["content_hash"] = content_hash or meta["content_hash"]
+        setattr(config.model if hasattr(config.model, key) else config.train, key, value)
+    meta = read_meta(Path(config.data_dir))
+    data = DataRecord(config.data_dir, replace(meta, content_hash=content_hash or meta.content_hash))
     folder.mkdir(parents=True)
-    SweepRecord(name=folder.name, space={"name": "grid", "search": "grid", "params": params or {"lr": [0.003, 0.01]}},
-                base_config=config, data={"dir": config["data_dir"], "meta": meta}).write(folder)
+    grid_sweep_record(folder.name, [0.003, 0.01], config, params=params, data=data).write(folder)
     if report:
         (folder / "report").mkdir()
         (folder / "report" / "summary.json").write_text(json.dumps(

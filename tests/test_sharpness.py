@@ -101,7 +101,7 @@ def test_checkpoint_sharpness_on_a_tiny_trained_transformer(tmp_path):
     path = save_checkpoint({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 3,
                             "config": config.to_dict()}, tmp_path / "step_00000003.pt")
 
-    result = checkpoint_sharpness(path, config.to_dict(), (x, y), iters=30)
+    result = checkpoint_sharpness(path, config.model, (x, y), iters=30)
 
     assert result["step"] == 3
     assert result["lr_at_step"] == pytest.approx(3e-3)

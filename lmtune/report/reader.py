@@ -17,7 +17,6 @@ from lmtune.report.stability import OUTCOMES, TrialRecord
 from lmtune.sweep.record import (
     BOOKKEEPING_PARAMS,
     SWEEP_FILE,
-    SweepRecord,
     TrialFolder,
     is_sweep_dir,
     read_edge_state,
@@ -27,6 +26,7 @@ from lmtune.sweep.record import (
     trial_folders,
     tune_ended,
 )
+from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lr_range import RangeTestResult, read_range_test
 from lmtune.training.metrics import METRICS_FILE, is_count, read_metrics_frame

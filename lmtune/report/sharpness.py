@@ -25,9 +25,10 @@ from lmtune.data.dataset import load_data
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_text
 from lmtune.report.stability import TrialRecord, classify
-from lmtune.sweep.record import SweepRecord
+from lmtune.sweep.record import run_config_of
+from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.checkpoint import load_checkpoint
-from lmtune.training.config import ModelConfig, TrainConfig
+from lmtune.training.config import ModelConfig
 from lmtune.training.model import TransformerLM
 from lmtune.training.schedule import scheduled_lr
 
@@ -163,13 +164,14 @@ def preconditioned_sharpness(loss_fn: Callable[[], torch.Tensor], params: list[t
     return _top_algebraic(matvec, params, iters, tol, seed, largest)
 
 
-def _model_config(model_config_dict: dict[str, Any] | None, state: dict[str, Any]) -> ModelConfig:
-    data = model_config_dict if model_config_dict is not None else state.get("config")
-    if data is None:
+def _model_config(model: ModelConfig | None, state: dict[str, Any]) -> ModelConfig:
+    """``model``, else the one the checkpoint's own config (a RunConfig.to_dict()) names."""
+    if model is not None:
+        return model
+    config = run_config_of(state.get("config"))
+    if config is None:
         raise LmtuneError("checkpoint has no config; pass the model config explicitly")
-    if "model" in data and isinstance(data["model"], dict):  # a whole RunConfig.to_dict()
-        data = data["model"]
-    return ModelConfig(**data)
+    return config.model
 
 
 def _optimizer_order(model: TransformerLM) -> list[torch.Tensor]:
@@ -194,19 +196,19 @@ def _second_moments(model: TransformerLM, optimizer_state: dict[str, Any]) -> tu
     raise LmtuneError("the checkpoint's optimizer state does not match the model's parameters")
 
 
-def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any] | None,
+def checkpoint_sharpness(checkpoint_path: Path, model_config: ModelConfig | None,
                          batch: tuple[torch.Tensor, torch.Tensor], iters: int = 50, tol: float = 1e-4,
                          seed: int = 0, largest: bool = False) -> dict[str, Any]:
     """Sharpness and Adam-preconditioned sharpness of a training checkpoint on one fixed batch.
 
     Computed in float32 on CPU with the reference attention path (SDPA lacks double backward on some
-    builds). ``model_config_dict`` is a ModelConfig or whole RunConfig dict (None: the checkpoint's
-    own config). Returns {step, lr_at_step, sharpness, preconditioned_sharpness, gd_threshold,
-    adam_threshold}; the preconditioned value is None when the checkpoint holds no optimizer state.
+    builds). ``model_config``: the model's shape (None: the checkpoint's own config's). Returns {step,
+    lr_at_step, sharpness, preconditioned_sharpness, gd_threshold, adam_threshold}; the preconditioned value
+    is None when the checkpoint holds no optimizer state.
     ``largest``: the largest algebraic eigenvalues instead of the largest-magnitude ones.
     """
     state = load_checkpoint(Path(checkpoint_path))
-    model = TransformerLM(_model_config(model_config_dict, state)).float()
+    model = TransformerLM(_model_config(model_config, state)).float()
     model.load_state_dict(state["model"])
     for block in model.blocks:
         block.attn.use_sdpa = False
@@ -222,11 +224,9 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config_dict: dict[str, Any
     beta1, beta2 = group.get("betas", (None, None))
     eps = group.get("eps")
     lr = group.get("lr")
-    if lr is None and state.get("config"):
-        t = state["config"]["train"]
-        # Step k was taken with the schedule's value at 0-based index k - 1.
-        t = TrainConfig(**{k: v for k, v in t.items() if k in TrainConfig.__dataclass_fields__})
-        lr = scheduled_lr(max(state["step"] - 1, 0), t)
+    own = run_config_of(state.get("config"))
+    if lr is None and own is not None:  # Step k was taken with the schedule's value at 0-based index k - 1.
+        lr = scheduled_lr(max(state["step"] - 1, 0), own.train)
     lr = float(lr) if lr is not None else None
 
     sharp = hessian_top_eigenvalue(loss_fn, params, iters=iters, tol=tol, seed=seed, largest=largest)
@@ -270,7 +270,7 @@ def sharpness_trials(records: list[TrialRecord], best_trial_id: str | None) -> l
 
 def sharpness_batch(record: SweepRecord, context_length: int, batch_size: int = 4):
     """A fixed validation batch (batch_size x context) from the sweep's data dir."""
-    data_dir = record.data.get("dir") or record.base_config.get("data_dir")
+    data_dir = record.data.dir or (record.plan.base.data_dir if record.plan else "")
     if not data_dir or not Path(data_dir).is_dir():
         raise LmtuneError(f"--sharpness needs the sweep's data dir ({data_dir or 'not recorded in sweep.json'}), "
                           "which is missing; restore it there or run without --sharpness")
@@ -288,9 +288,10 @@ def sweep_sharpness(record: SweepRecord, records: list[TrialRecord], best_trial_
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
     batches: dict[int, Any] = {}
+    base = record.plan.base if record.plan else None
     for trial in sharpness_trials(records, best_trial_id):
-        config = trial.config or record.base_config or None
-        context = int(((config or {}).get("model") or {}).get("context_length") or 0)
+        config = run_config_of(trial.config) or base
+        context = config.model.context_length if config is not None else 0
         checkpoints = trial.periodic_checkpoints
         if not checkpoints:
             log.warning("trial %s has no periodic checkpoints left (the sweep keeps them with --keep all); no "
@@ -303,7 +304,8 @@ def sweep_sharpness(record: SweepRecord, records: list[TrialRecord], best_trial_
             batches[context] = sharpness_batch(record, context)
         for path in checkpoints:
             try:
-                result = checkpoint_sharpness(path, config, batches[context], iters=iters, tol=tol, largest=True)
+                result = checkpoint_sharpness(path, config.model, batches[context], iters=iters, tol=tol,
+                                              largest=True)
             except (ValueError, RuntimeError, OSError, KeyError) as err:
                 log.warning("skipping checkpoint %s: %s", path, err)
                 continue

@@ -3,7 +3,7 @@ full budget with nothing stopping it early (benchmarks/lr_truth.py trains one).
 
 The truth about failure needs no window: a run of the grid fails when it ends its budget with the loss above
 ℓ₀ or goes non-finite. Its best LR, basin and degraded region are lmtune's own analysis
-(lmtune.sweep.runs.conclude) applied to those runs. ``compare`` then asks of a sweep's summary the three
+(lmtune.sweep.conclusion.conclude) applied to those runs. ``compare`` then asks of a sweep's summary the three
 questions a careful reader would: is the search's best LR in the truth's basin, does its bracket hold the
 truth's first LR that fails, and do its basin and degraded region overlap the truth's.
 
@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
-from lmtune.sweep.record import SweepRecord
-from lmtune.sweep.runs import Budget, Run, conclude
+from lmtune.sweep.conclusion import conclude
+from lmtune.sweep.record import run_config_of
+from lmtune.sweep.runs import Budget, Run
+from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
@@ -73,15 +76,14 @@ def data_of(data_dir: str) -> dict[str, str]:
     return {"dir": str(Path(data_dir).resolve()) if data_dir else "", "content_hash": digest}
 
 
-def setting_of(config: dict[str, Any], data: dict[str, str] | None = None) -> dict[str, Any]:
-    """The setting of a run's config (RunConfig.to_dict()), by SETTING's groups, and its ``data``
-    (``data_of``; default: that of the config's data_dir)."""
-    flat = {**config["model"], **config["train"]}
-    flat["tokens"] = flat["steps"] * flat["batch_size"] * flat["context_length"]
-    if flat.get("schedule") != "wsd":  # the cooldown's settings mean nothing to another schedule
+def setting_of(config: RunConfig, data: dict[str, str] | None = None) -> dict[str, Any]:
+    """The setting of a run's config, by SETTING's groups, and its ``data`` (``data_of``; default: that of the
+    config's data_dir)."""
+    flat = {**asdict(config.model), **asdict(config.train), "tokens": config.total_tokens}
+    if config.train.schedule != "wsd":  # the cooldown's settings mean nothing to another schedule
         flat["cooldown_fraction"] = flat["cooldown_shape"] = None
     setting: dict[str, Any] = {group: {k: flat.get(k) for k in keys} for group, keys in SETTING.items()}
-    setting["data"] = data or data_of(config.get("data_dir", ""))
+    setting["data"] = data or data_of(config.data_dir)
     return setting
 
 
@@ -130,27 +132,23 @@ def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthR
     runs, data = [], {}
     for run_dir in run_folders(folder):
         summary = _json_object(run_dir / "summary.json")
-        config = _json_object(run_dir / "config.json")
-        data_dir = str(config.get("data_dir", ""))
-        data.setdefault(data_dir, data_of(data_dir))  # (each data dir's meta.json read once)
-        try:
-            setting = setting_of(config, data[data_dir])
-        except (KeyError, TypeError):
-            raise LmtuneError(f"{run_dir / 'config.json'} is not a run's config; retrain that run or move it out") \
-                from None
+        config = run_config_of(_json_object(run_dir / "config.json"))
+        if config is None:
+            raise LmtuneError(f"{run_dir / 'config.json'} is not a run's config; retrain that run or move it out")
+        data.setdefault(config.data_dir, data_of(config.data_dir))  # (each data dir's meta.json read once)
+        setting = setting_of(config, data[config.data_dir])
         if runs and (differ := setting_differences(runs[0].setting, setting)):
             raise LmtuneError(f"truth {folder} mixes settings: {run_dir.name} differs from the others in {differ}; "
                               "a truth holds one setting: move the odd runs out")
         rows = read_metrics(run_dir / METRICS_FILE)
-        ell0, steps = math.log(config["model"]["vocab_size"]), config["train"]["steps"]
+        ell0, steps = math.log(config.model.vocab_size), config.train.steps
         non_finite = summary["status"] == "diverged" and "non-finite" in (summary.get("reason") or "")
         last = rows[-1]["train_loss"] if rows else math.nan
         watch = judge([(r["step"], r["train_loss"]) for r in rows], ell0, steps, steps, rule)
         val = {int(r["tokens"]): r["val_loss"] for r in rows if r.get("val_loss") is not None}
         full = rows and rows[-1]["step"] == steps and not non_finite
         runs.append(TruthRun(
-            config["train"]["lr"], config["train"]["seed"], steps,
-            config["train"]["batch_size"] * config["model"]["context_length"], ell0, val,
+            config.train.lr, config.train.seed, steps, config.tokens_per_step, ell0, val,
             rows[-1].get("val_loss") if full else None,
             non_finite or not (math.isfinite(last) and last <= ell0), non_finite, longest_above(rows, ell0),
             watch.verdict.step if watch.verdict.stop and not non_finite else None,
@@ -172,19 +170,15 @@ def longest_above(rows: list[dict[str, Any]], ell0: float) -> int:
 def check_comparable(truth: Path, setting: dict[str, Any], sweep: Path, record: SweepRecord) -> None:
     """Refuse in one line to compare a truth of one setting with a sweep (sweep.json) of another: its best LR,
     basin and edge answer for that setting only."""
-    if not record.base_config:
+    if record.plan is None:
         raise LmtuneError(f"{sweep}/sweep.json records no base config, so its model and budget are unknown; "
                           "compare a sweep written by this version of lmtune")
-    recorded = record.data if isinstance(record.data, dict) and record.data.get("dir") else {}
-    data = {"dir": str(recorded["dir"]), "content_hash": str((recorded.get("meta") or {}).get("content_hash", ""))} \
-        if recorded else None
-    try:
-        theirs = setting_of(record.base_config, data)
-    except (KeyError, TypeError) as err:
-        raise LmtuneError(f"{sweep}/sweep.json is damaged ({type(err).__name__}: {err}); restore it") from None
-    params = record.space.get("params") if isinstance(record.space, dict) else None  # (a grid's or optuna's)
+    recorded = record.data
+    data = {"dir": recorded.dir, "content_hash": recorded.meta.content_hash if recorded.meta else ""} \
+        if recorded.dir else None
+    theirs = setting_of(record.plan.base, data)
     fields = {k for keys in SETTING.values() for k in keys}
-    if varied := [k for k in (params if isinstance(params, dict) else {}) if k in fields]:
+    if varied := [k for k in record.plan.space.swept if k in fields]:
         raise LmtuneError(f"sweep {sweep} varies {', '.join(varied)} from trial to trial, and truth {truth} holds "
                           "one setting; compare an LR sweep")
     if differ := setting_differences(setting, theirs):
@@ -199,7 +193,7 @@ def truth_conclusion(runs: list[TruthRun]) -> dict[str, Any]:
     full = first.steps * first.tokens_per_step
     as_runs = [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
                    divergence=WHOLE_RUN) for r in runs]
-    return conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,)))
+    return conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,))).to_json()
 
 
 def compare_horizon(truth: dict[str, Any], search: dict[str, Any], truth_tokens: int) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +19,25 @@ import yaml
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-from lmtune import __version__
 from lmtune.data.dataset import load_data, read_meta
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError
 from lmtune.private_apis import wandb_logger_callback
+from lmtune.sweep.asha_scheduler import PersistentASHA
 from lmtune.sweep.disk import CheckpointBytes, Keep
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import ClusterCapacity, Placement, place_trials
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.record import SweepRecord, asha_state_path, ledger_path
+from lmtune.sweep.record import asha_state_path, ledger_path
 from lmtune.sweep.retention import CheckpointPruner
 from lmtune.sweep.spaces import SearchSpace, load_space
-from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, PersistentASHA, TrialStopper
+from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
+from lmtune.sweep.strategies.base import Setting
+from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
+from lmtune.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     return make_plan(space, options.data, options.budget, options.overrides)
 
 
-def make_plan(space: SearchSpace, data: Path | None, budget: str | None, overrides: dict[str, Any]) -> SweepPlan:
+def make_plan(space: SearchSpace, data: Path | None, budget: str | None, overrides: dict[str, Setting]) -> SweepPlan:
     """The plan of ``space`` on ``data`` (None: the built-in corpus, prepared on first use) with ``budget`` (None:
     the space's) and ``overrides`` on top; every problem with the data or the settings refused here."""
     data_dir = (data or ensure_builtin_corpus()).resolve()  # trials run in their own working dirs
@@ -64,7 +66,7 @@ def make_plan(space: SearchSpace, data: Path | None, budget: str | None, overrid
     return plan
 
 
-def base_config(space: SearchSpace, budget: str, overrides: dict[str, Any], data_dir: Path) -> RunConfig:
+def base_config(space: SearchSpace, budget: str, overrides: dict[str, Setting], data_dir: Path) -> RunConfig:
     """The config every trial starts from: budget, the space's fixed settings, then --set."""
     swept = sorted(set(overrides) & set(space.swept))
     if swept:  # each trial's own value would replace it, while sweep.json recorded it
@@ -129,7 +131,7 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
         callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
     search_alg, num_samples = space.strategy.searcher(plan.budget(), sweep_dir)
     return tune.Tuner(
-        build_trainable(plan, placement.resources, shipped),
+        build_trainable(plan, placement.resources, shipped, step_hook=options.step_hook),
         param_space=space.strategy.param_space(space.fuse),
         tune_config=tune.TuneConfig(
             search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
@@ -171,9 +173,10 @@ def disk_reserve(plan: SweepPlan, max_concurrent: int) -> int:
 
 
 def build_trainable(plan: SweepPlan, resources: dict[str, float], shipped: ShippedData | None,
-                    ended: frozenset[str] = frozenset()):
+                    ended: frozenset[str] = frozenset(), step_hook: str | None = None):
     """The function trainable with the whole plan (and, on --resume, the trials the ledger says ended)."""
-    trainable = tune.with_parameters(train_trial, setup=plan.trial_setup(), shipped=shipped, ended=ended)
+    trainable = tune.with_parameters(train_trial, setup=plan.trial_setup(), shipped=shipped, ended=ended,
+                                     step_hook=step_hook)
     return tune.with_resources(trainable, resources)
 
 
@@ -214,7 +217,7 @@ def progress_reporter(space: SearchSpace) -> tune.CLIReporter:
 def sweep_record(options: SweepOptions, plan: SweepPlan, placement: Placement) -> SweepRecord:
     return plan_record(plan, options.name, resources_per_trial=placement.resources,
                        max_concurrent=placement.max_concurrent, time_budget_s=options.time_budget_s,
-                       address=options.address, command=list(options.command) or sys.argv, keep=str(options.keep))
+                       address=options.address, command=tuple(options.command or sys.argv), keep=options.keep)
 
 
 def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
@@ -222,8 +225,7 @@ def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
     ``where`` it ran (SweepRecord's other fields)."""
     data_dir = Path(plan.base.data_dir)
     return SweepRecord(
-        name=name, **plan.to_json(),
-        data={"dir": str(data_dir.resolve()), "meta": asdict(read_meta(data_dir))},
+        name=name, plan=plan, data=DataRecord(str(data_dir.resolve()), read_meta(data_dir)),
         versions={"lmtune": __version__, "torch": torch.__version__, "ray": ray.__version__,
                   "optuna": optuna.__version__, "python": platform.python_version()},
         hardware={"platform": platform.platform(), "cpu_count": os.cpu_count(),

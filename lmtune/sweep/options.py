@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lmtune.sweep.disk import Keep
 
@@ -22,8 +21,8 @@ class SweepOptions:
     """A prepared data dir; None: the built-in corpus."""
     budget: str | None = None
     """Overrides the space's budget."""
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """--set key=value pairs (checked against the config's fields)."""
+    overrides: dict[str, str] = field(default_factory=dict)
+    """--set key=value pairs as given (their types checked against the config's fields when the plan is made)."""
     resume: bool = False
     storage: str | None = None
     """Ray storage: a shared path or an s3:// / gs:// URI; None: ``results``."""
@@ -51,7 +50,8 @@ class SweepOptions:
     """Start even when the results disk has less free space than the sweep is estimated to need."""
     cluster_config: Path | None = None
     """With --address: the autoscaler's config (its node types: what the cluster can scale to)."""
-    """Start even when the results disk has less free space than the sweep is estimated to need."""
+    step_hook: str | None = None
+    """MODULE:FUNCTION each trial runs before every step (lmtune.sweep.hooks); None: none."""
 
     @property
     def sweep_dir(self) -> Path:

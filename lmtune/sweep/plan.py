@@ -1,5 +1,6 @@
 """The plan of a sweep: everything a sweep's trials and its resume need to know, typed, frozen, and
-written whole to sweep.json (``to_json``) and read back whole (``from_json``) on --resume.
+written whole to sweep.json (``to_json``) and read back whole (``from_json``: lmtune.sweep.sweep_file, the one
+reader of sweep.json, for --resume and the report alike).
 
     SweepPlan
       space   the search space as validated: its strategy and that strategy's settings, the fixed settings,
@@ -11,31 +12,17 @@ written whole to sweep.json (``to_json``) and read back whole (``from_json``) on
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from lmtune.errors import LmtuneError, shown
-from lmtune.sweep.record import SweepRecord
+from lmtune.errors import LmtuneError
+from lmtune.sweep.asha import AshaBudget
+from lmtune.sweep.record import run_config_of
 from lmtune.sweep.runs import Budget
-from lmtune.sweep.spaces import SCHEDULERS, SchedulerSpec, SearchSpace, StopperSpec
-from lmtune.sweep.strategies import STRATEGIES
-from lmtune.sweep.strategies.base import Fail, settings_section
-from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, RunConfig
+from lmtune.sweep.spaces import SchedulerSpec, SearchSpace
+from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lr_range import RangeTestConfig
-
-
-@dataclass(frozen=True)
-class AshaBudget:
-    """ASHA's rungs in tokens: the first at ``grace_period``, each ``reduction_factor`` x the last, up to ``max_t``."""
-
-    max_t: int
-    grace_period: int
-    reduction_factor: float
 
 
 def asha_budget(spec: SchedulerSpec, largest_trial_tokens: int) -> AshaBudget:
@@ -63,10 +50,14 @@ class TrialSetup:
 
 @dataclass(frozen=True)
 class SweepPlan:
+    """What a sweep runs: its space, the config its trials start from, and ASHA's rungs."""
+
     space: SearchSpace
+    """The search space as validated: how trials are chosen and what every trial shares."""
     base: RunConfig
     """The config every trial starts from; each trial applies its own swept settings to a copy."""
     asha: AshaBudget | None = None
+    """ASHA's rungs in tokens (None: the sweep runs no ASHA)."""
 
     @classmethod
     def create(cls, space: SearchSpace, base: RunConfig) -> SweepPlan:
@@ -83,7 +74,7 @@ class SweepPlan:
 
     def budget(self) -> Budget:
         """Every trial's budget as the searchers and the report see it: steps, tokens per step, seed, ASHA's rungs."""
-        return Budget.of_config(self.base.to_dict(), asdict(self.asha) if self.asha else None)
+        return Budget.of_run(self.base, self.asha)
 
     @property
     def divergence_rule(self) -> DivergenceRule:
@@ -117,127 +108,17 @@ class SweepPlan:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SweepPlan:
-        """The plan a sweep.json holds; LmtuneError when it holds none this version can use."""
+        """The plan of a sweep.json (its ``space``, ``base_config`` and ``asha``, as lmtune.sweep.sweep_file has
+        checked them): keys this version does not know left out, missing ones at their defaults. LmtuneError when
+        it holds none this version can use."""
         try:
-            return cls(SearchSpace.from_json(data["space"]), RunConfig.from_dict(data["base_config"]),
-                       AshaBudget(**data["asha"]) if data.get("asha") else None)
-        except (KeyError, TypeError, ValueError) as err:
+            base = run_config_of(data["base_config"])
+            if base is None:
+                raise ValueError("base_config is not a run config (model and train, each value of its field's type)")
+            asha = data.get("asha")
+            return cls(SearchSpace.from_json(data["space"]), base,
+                       AshaBudget(int(asha["max_t"]), int(asha["grace_period"]), float(asha["reduction_factor"]))
+                       if asha else None)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise LmtuneError(f"no usable sweep plan ({type(err).__name__}: {err}); it was not written by "
                               "python -m lmtune.run, or was edited: restore it") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# sweep.json as read back: every value a reader uses checked before anything is done with it
-
-RESTORE = "restore the file from a copy of the sweep, or start a new sweep"
-# What a JSON value of each type is called in a refusal.
-JSON_WORDS = {dict: "a mapping", list: "a list", str: "a string", int: "a whole number", float: "a number",
-              bool: "true or false"}
-
-
-def check_sweep_json(raw: dict[str, Any], path: Path) -> None:
-    """Refuse, in one line naming the file and the key, a sweep.json (edited, or damaged) whose values the
-    readers (analyze, diagnose, run --resume) cannot use: a key of the wrong JSON type, the space's scheduler,
-    stopper and search settings checked as a space file's are, the base config's fields each of its type, ASHA's
-    rungs. Keys this version does not know are left alone (a sweep of another version may hold them)."""
-    def fail(key: str, message: str) -> LmtuneError:
-        return LmtuneError(f"{path}: {key} {message}; {RESTORE}")
-
-    hints = typing.get_type_hints(SweepRecord)
-    for name, hint in hints.items():
-        if name in raw and not _json_is(raw[name], hint):
-            raise fail(name, f"is {_shown(raw[name])}, not {_json_words(hint)}")
-    _check_space(raw.get("space") or {}, fail)
-    _check_base_config(raw.get("base_config") or {}, fail)
-    _check_asha(raw.get("asha"), fail)
-    meta = (raw.get("data") or {}).get("meta")
-    if meta is not None and not (isinstance(meta, dict) and isinstance(meta.get("sources", []), list)):
-        raise fail("data.meta", "is not a mapping with a list of sources (what lmtune.prepare writes)")
-
-
-def _check_space(space: dict[str, Any], fail: Fail) -> None:
-    """The space's sections the readers use, as a space file's are checked (lmtune.sweep.spaces)."""
-    def section(name: str, cls: type) -> Any:
-        values = space.get(name)
-        if isinstance(values, dict):  # another version's keys are left out, not refused
-            values = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
-        return settings_section(values, f"space.{name}", cls, fail)
-
-    scheduler = section("scheduler", SchedulerSpec)
-    if scheduler.name not in SCHEDULERS or scheduler.reduction_factor <= 1 or scheduler.grace_period <= 0:
-        raise fail("space.scheduler", f"is {_shown(space.get('scheduler'))}: not a scheduler {', '.join(SCHEDULERS)} "
-                                      "with grace_period > 0 and reduction_factor > 1")
-    stopper = section("stopper", StopperSpec)
-    try:
-        stopper.rule.validate("space.stopper")
-    except LmtuneError as err:  # "space.stopper.KEY: what is wrong (got VALUE)"
-        key, _, message = str(err).partition(": ")
-        raise fail(key, message) from None
-    search = space.get("search", "grid")
-    if not isinstance(search, str):
-        raise fail("space.search", f"is {_shown(search)}, not a string")
-    settings_class = getattr(STRATEGIES.get(search), "settings_class", None)
-    if settings_class is not None:  # a search with a section of its own (edge:, horizon:), as its YAML is checked
-        for key, message in section(search, settings_class).problems():  # (the report divides by them, too)
-            raise fail(f"space.{search}.{key}", message)
-
-
-def _check_base_config(config: dict[str, Any], fail: Fail) -> None:
-    for part, fields in (("model", MODEL_FIELDS), ("train", TRAIN_FIELDS)):
-        values = config.get(part, {})
-        if not isinstance(values, dict):
-            raise fail(f"base_config.{part}", f"is {_shown(values)}, not a mapping")
-        for key, value in values.items():
-            kind = fields[key].type if key in fields else None
-            hint = {"int": int, "float": float, "bool": bool, "str": str}.get(str(kind))
-            if hint is not None and not _json_is(value, hint):
-                raise fail(f"base_config.{part}.{key}", f"is {_shown(value)}, not {_json_words(hint)}")
-
-
-def _check_asha(asha: dict[str, Any] | None, fail: Fail) -> None:
-    """ASHA's rungs in tokens (AshaBudget): a rung of 1 token or more, growing by a factor above 1 (its rungs are
-    counted up to max_t: a factor of 1 would never get there)."""
-    if asha is None:
-        return
-    tokens = [asha.get(k) for k in ("max_t", "grace_period")]
-    if set(asha) != set(AshaBudget.__dataclass_fields__) or not all(_json_is(t, int) and t >= 1 for t in tokens) \
-            or not (_json_is(asha["reduction_factor"], float) and asha["reduction_factor"] > 1):
-        raise fail("asha", f"is {_shown(asha)}, not ASHA's max_t and grace_period in tokens and a reduction_factor "
-                           "above 1")
-
-
-def _json_is(value: Any, hint: Any) -> bool:
-    """Whether a JSON value has the type ``hint`` (str, int, float, bool, dict[str, X], list[X], X | None)."""
-    if isinstance(hint, types.UnionType):
-        return any(_json_is(value, h) for h in typing.get_args(hint))
-    if hint is Any:
-        return True
-    if hint is type(None):
-        return value is None
-    origin, args = typing.get_origin(hint) or hint, typing.get_args(hint)
-    if origin is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if origin is int:
-        return _json_is(value, float) and float(value).is_integer()
-    if not isinstance(value, origin):
-        return False
-    if origin is dict and args:
-        return all(_json_is(v, args[1]) for v in value.values())
-    if origin is list and args:
-        return all(_json_is(v, args[0]) for v in value)
-    return True
-
-
-def _json_words(hint: Any) -> str:
-    """``hint`` in words: "a mapping of numbers", "a string or null"."""
-    kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    words = []
-    for kind in kinds:
-        origin, item = typing.get_origin(kind) or kind, (typing.get_args(kind) or (Any,))[-1]
-        word = JSON_WORDS.get(origin, "null")
-        words.append(word if item is Any else f"{word} of {JSON_WORDS[item].split(' ', 1)[1]}s")
-    return " or ".join(words)
-
-
-def _shown(value: Any) -> str:
-    return "null" if value is None else shown(value)

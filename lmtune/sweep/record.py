@@ -1,6 +1,7 @@
 """A sweep's own records on disk, readable without Ray.
 
-    results/NAME/sweep.json                     what was run (SweepRecord), written at start and on resume
+    results/NAME/sweep.json                     what was run (lmtune.sweep.sweep_file.SweepRecord), written at start
+                                                and on resume
     results/NAME/decisions/trial_outcomes.json  why each trial ended (written by lmtune.sweep.stopping)
     results/NAME/decisions/asha_state.json      ASHA's rung records (PersistentASHA)
     results/NAME/decisions/edge_search.json     the edge search's state and decisions (search: edge)
@@ -16,14 +17,13 @@ written since the restore. Shared by the sweep and by the readers (analyze, diag
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import glob
 import json
 import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from typing import Any
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import atomic_write_json, writer_lock
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
-from lmtune.training.divergence import DivergenceRule
+from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, ModelConfig, RunConfig, TrainConfig, coerce_value
 
 log = logging.getLogger(__name__)
 
@@ -97,69 +97,6 @@ def evaluated_val_loss(result: dict[str, Any]) -> float | None:
     if not isinstance(loss, int | float) or result.get("val_step", result.get("step")) != result.get("step"):
         return None
     return float(loss)
-
-
-@dataclass
-class SweepRecord:
-    """sweep.json: what a sweep ran, on which data and machine, with which versions."""
-
-    name: str = ""
-    space: dict[str, Any] = field(default_factory=dict)
-    """The search space as validated (name, search, params, scheduler, stopper, num_trials, its YAML)."""
-    budget: str = ""
-    base_config: dict[str, Any] = field(default_factory=dict)
-    """The RunConfig every trial starts from (budget + the space's fixed settings + --set)."""
-    asha: dict[str, Any] | None = None
-    """ASHA's resolved budget in tokens: max_t, grace_period, reduction_factor (None without ASHA)."""
-    data: dict[str, Any] = field(default_factory=dict)
-    versions: dict[str, Any] = field(default_factory=dict)
-    hardware: dict[str, Any] = field(default_factory=dict)
-    resources_per_trial: dict[str, float] = field(default_factory=dict)
-    max_concurrent: int | None = None
-    time_budget_s: float | None = None
-    address: str | None = None
-    start_time: str = ""
-    command: list[str] = field(default_factory=list)
-    resumed_at: list[str] = field(default_factory=list)
-    keep: str = "best"
-    """What an ended trial keeps (--keep: best, last or all; lmtune.sweep.retention)."""
-
-    @property
-    def num_trials(self) -> int | None:
-        value = self.space.get("num_trials")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    @property
-    def divergence_rule(self) -> DivergenceRule:
-        """The divergence rule the space's stopper section set (the defaults for a sweep from before it had one)."""
-        stopper = self.space.get("stopper") or {}
-        try:
-            return DivergenceRule(**{k: v for k, v in stopper.items() if k in DivergenceRule.__dataclass_fields__})
-        except TypeError:
-            return DivergenceRule()
-
-    def write(self, sweep_dir: Path) -> None:
-        atomic_write_json(Path(sweep_dir) / SWEEP_FILE, dataclasses.asdict(self))
-
-    @classmethod
-    def read(cls, sweep_dir: Path) -> SweepRecord:
-        """sweep.json of ``sweep_dir``; keys it does not know are ignored, missing ones take defaults."""
-        path = Path(sweep_dir) / SWEEP_FILE
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise LmtuneError(f"{sweep_dir} is not an lmtune sweep (no {SWEEP_FILE}); give results/NAME, a folder "
-                              "written by python -m lmtune.run") from None
-        except (OSError, ValueError) as err:
-            raise LmtuneError(f"{path} (the sweep's record) is unreadable ({type(err).__name__}: {err}); "
-                              "restore it or re-run the sweep") from None
-        if not isinstance(raw, dict):
-            raise LmtuneError(f"{path} is not a JSON object; restore it or re-run the sweep")
-        from lmtune.sweep.plan import check_sweep_json  # (the plan's types import this module)
-
-        check_sweep_json(raw, path)  # before any reader uses a value of it
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
 
 
 def is_sweep_dir(path: Path) -> bool:
@@ -366,6 +303,24 @@ def trial_id_in(folder: Path) -> str | None:
     """The Tune trial id of a trial folder: its trial.json, else (older sweeps) Ray's result.json."""
     own = read_json_object(Path(folder) / TRIAL_FILE).get("trial_id")
     return str(own) if own else _first_result_trial_id(Path(folder))
+
+
+def run_config_of(raw: object) -> RunConfig | None:
+    """A RunConfig as JSON (RunConfig.to_dict(): a trial's config.json, sweep.json's base_config) as a RunConfig:
+    fields this version does not know left out, missing ones at their defaults; None when it is not one (no model
+    and train mappings, or a value that is not of its field's type)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict) or not isinstance(raw.get("train"), dict):
+        return None
+    try:
+        model = {k: coerce_value(k, v, "config") for k, v in raw["model"].items() if k in MODEL_FIELDS}
+        train = {k: coerce_value(k, v, "config") for k, v in raw["train"].items() if k in TRAIN_FIELDS}
+    except LmtuneError:
+        return None
+    budget, data_dir, vocab_from_data = raw.get("budget", "custom"), raw.get("data_dir", ""), raw.get("vocab_from_data")
+    if not (isinstance(budget, str) and isinstance(data_dir, str) and isinstance(vocab_from_data, bool | None)):
+        return None
+    return RunConfig(ModelConfig(**model), TrainConfig(**train), budget, data_dir,
+                     True if vocab_from_data is None else vocab_from_data)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -35,19 +35,12 @@ from lmtune.sweep.experiment import (
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import Placement
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.record import (
-    SWEEP_FILE,
-    Outcome,
-    SweepRecord,
-    is_sweep_dir,
-    read_outcomes,
-    resuming_in,
-    sole_writer,
-)
+from lmtune.sweep.record import SWEEP_FILE, Outcome, is_sweep_dir, read_outcomes, resuming_in, sole_writer
 from lmtune.sweep.retention import prune_sweep
 from lmtune.sweep.session import Echo, Interruptions, ray_session
 from lmtune.sweep.spaces import load_space
 from lmtune.sweep.storage import SweepStorage
+from lmtune.sweep.sweep_file import SweepRecord
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +120,10 @@ def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
 
 def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> SweepResult:
     record = SweepRecord.read(sweep_dir)
-    try:
-        plan = SweepPlan.from_json(asdict(record))
-    except LmtuneError as err:
-        raise LmtuneError(f"--resume: {sweep_dir / SWEEP_FILE}: {err}") from None
+    plan = record.plan
+    if plan is None:
+        raise LmtuneError(f"--resume: {sweep_dir / SWEEP_FILE}: no usable sweep plan (it records no space or no base "
+                          "config); it was not written by python -m lmtune.run, or was edited: restore it")
     storage = SweepStorage(options.storage_path, options.name)
     experiment = storage.uri if storage.remote else str(sweep_dir)
     with ray_session(options, echo), mirrored_records(storage, sweep_dir):
@@ -138,15 +131,14 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
             raise LmtuneError(f"--resume: {sweep_dir} has no Ray experiment state yet (it stopped before the first "
                               "trial started); delete it and run again without --resume")
         shipped = ship_data(options, Path(plan.base.data_dir))
-        record.resumed_at.append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        record = record.resumed(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         record.write(sweep_dir)  # before the restore: Ray then stages this version of the top-level files
         echo(f"resuming sweep {sweep_dir.name}: finished trials are kept, unfinished ones continue from their "
              "last checkpoint")
         # Decisions in the ledger stand: a trial that ended after Tune's last experiment snapshot is
         # still "running" there and would be resumed. Errored trials are retried (resume_errored).
         ended = frozenset(t for t, e in read_outcomes(sweep_dir).items() if e.get("outcome") != Outcome.ERROR)
-        resources = {k: float(v) for k, v in record.resources_per_trial.items()}
-        trainable = build_trainable(plan, resources, shipped, ended)
+        trainable = build_trainable(plan, record.resources_per_trial, shipped, ended, options.step_hook)
         try:
             with resuming_in(sweep_dir):  # its callbacks, ASHA and searcher come back pointing here
                 tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True,
@@ -156,7 +148,7 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
                               f"version cannot load ({err}); analyze it as it is, or start a new sweep") from None
         Interruptions.tuning = True
         reserve = disk_reserve(plan, record.max_concurrent or 1)
-        kept = replace(options, keep=Keep(record.keep) if record.keep in set(Keep) else Keep.BEST)
+        kept = replace(options, keep=record.keep)
         return finish(kept, storage, sweep_result(sweep_dir, tuner.fit(), plan), reserve)
 
 
@@ -238,11 +230,12 @@ NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs"
 
 def check_resume_inputs(options: SweepOptions, record: SweepRecord) -> None:
     """--space and --data on a resume must name what the sweep ran on: it continues with those."""
-    ran = record.space.get("yaml")
-    if options.space is not None and ran is not None and load_space(options.space).source != ran:
+    space = record.plan.space if record.plan else None
+    if options.space is not None and space is not None and space.source \
+            and load_space(options.space).source != space.source:
         raise LmtuneError(f"--resume: --space {options.space} is not the space {record.name} ran "
-                          f"({record.space.get('name')}, as saved in its sweep.json); drop --space")
-    ran_on = record.data.get("dir")
+                          f"({space.name}, as saved in its sweep.json); drop --space")
+    ran_on = record.data.dir
     if options.data is not None and ran_on and Path(options.data).resolve() != Path(ran_on):
         raise LmtuneError(f"--resume: --data {options.data} is not the data {record.name} ran on ({ran_on}); "
                           "drop --data")

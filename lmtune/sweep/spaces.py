@@ -39,7 +39,7 @@ import yaml
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.sweep.strategies import STRATEGIES, SearchStrategy
-from lmtune.sweep.strategies.base import Fail, coerce_setting, seed_refusal, settings_section
+from lmtune.sweep.strategies.base import Fail, Setting, coerce_setting, seed_refusal, settings_section
 from lmtune.training.config import BUDGETS, budget_config, field_names
 from lmtune.training.divergence import DivergenceRule
 
@@ -55,6 +55,8 @@ RETIRED_STOPPER_KEYS = {
 
 @dataclass(frozen=True)
 class SchedulerSpec:
+    """The space's ``scheduler:`` section."""
+
     name: str = "asha"
     """asha | none"""
     grace_period: float = 1 / 9
@@ -67,6 +69,8 @@ class SchedulerSpec:
 
 @dataclass(frozen=True)
 class StopperSpec:
+    """The space's ``stopper:`` section."""
+
     recovery_window: float = DivergenceRule.recovery_window
     """Diverged: above the initial loss for this fraction of the budget's steps (lmtune.training.divergence)."""
     stop_factor: float = DivergenceRule.stop_factor
@@ -88,12 +92,16 @@ class SearchSpace:
     """A space file as validated: how trials are chosen (``strategy``) and what every trial shares."""
 
     name: str
+    """The file's stem (a shipped space's name)."""
     path: Path
+    """The file it was read from."""
     description: str
+    """Its ``description:``, one line."""
     budget: str
     """The budget preset trials start from (lmtune.training.config.BUDGETS)."""
     strategy: SearchStrategy
-    fixed: dict[str, Any] = field(default_factory=dict)
+    """How trials are chosen: its ``search:`` and that search's own keys (lmtune.sweep.strategies)."""
+    fixed: dict[str, Setting] = field(default_factory=dict)
     """The ``set:`` section: settings every trial has."""
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     stopper: StopperSpec = field(default_factory=StopperSpec)
@@ -138,8 +146,9 @@ class SearchSpace:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SearchSpace:
+        """The space as ``to_json`` wrote it (sweep.json's ``space``); keys it lacks take their defaults."""
         strategy = STRATEGIES[data.get("search", "grid")].from_json(data)
-        return cls(name=data["name"], path=Path(data["path"]), description=data.get("description", ""),
+        return cls(name=data.get("name", ""), path=Path(data.get("path", "")), description=data.get("description", ""),
                    budget=data.get("budget", ""), strategy=strategy, fixed=dict(data.get("fixed") or {}),
                    scheduler=_known(SchedulerSpec, data.get("scheduler")),
                    stopper=_known(StopperSpec, data.get("stopper")), fuse=int(data.get("fuse", 1)),
@@ -282,7 +291,7 @@ def _one_of(raw: dict[str, Any], key: str, default: str, choices: tuple[str, ...
     return value
 
 
-def _parse_fixed(fixed_raw: Any, strategy: SearchStrategy, fail: Fail) -> dict[str, Any]:
+def _parse_fixed(fixed_raw: Any, strategy: SearchStrategy, fail: Fail) -> dict[str, Setting]:
     if not isinstance(fixed_raw, dict):
         raise fail("set", "must be a mapping of setting -> value")
     fixed = {}

@@ -13,14 +13,15 @@ from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.sweep.record import (
-    SweepRecord,
     is_sweep_dir,
     read_outcomes,
     readable_trial,
+    run_config_of,
     trial_folders,
     trial_id_in,
     tune_ended,
 )
+from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.metrics import METRICS_FILE, is_count, last_metrics_row
 
 log = logging.getLogger(__name__)
@@ -66,14 +67,14 @@ def find_trial_dirs(sweep_dir: Path) -> list[Path]:
 def read_trial(trial_dir: Path, sweep_dir: Path, now: float | None = None) -> TrialStatus:
     now = time.time() if now is None else now
     try:
-        config = json.loads((trial_dir / "config.json").read_text())
-        train, model = config["train"], config["model"]
-        steps = int(train.get("run_steps") or train["steps"])  # a stability probe ends at run_steps
-        total = steps * int(train["batch_size"]) * int(model["context_length"])
-        lr = _float(train.get("lr"))
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        config = run_config_of(json.loads((trial_dir / "config.json").read_text()))
+    except (OSError, ValueError) as err:
         raise LmtuneError(f"{trial_dir / 'config.json'} is unreadable ({type(err).__name__}: {err}); "
                           "it must hold a RunConfig (train.steps, train.batch_size, model.context_length)") from None
+    if config is None:
+        raise LmtuneError(f"{trial_dir / 'config.json'} is not a RunConfig (train.steps, train.batch_size, "
+                          "model.context_length, each of its type)")
+    total, lr = config.run_tokens, _float(config.train.lr)  # (a stability probe ends at run_steps)
     row = last_metrics_row(trial_dir / METRICS_FILE) or {}
     tokens_done = int(row.get("tokens") or 0)
     rate = _float(row.get("tokens_per_s"))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmtune.training.config import BUDGETS, ModelConfig, RunConfig
+from lmtune.training.config import ModelConfig, RunConfig, budget_config
 from lmtune.training.device import PEAKS
 from lmtune.training.model import count_parameters, flops_per_token
 
@@ -82,8 +82,7 @@ def project(config: RunConfig, device: str) -> Projection:
 
 
 def budget_tokens(budget: str) -> int:
-    b = BUDGETS[budget]
-    return b["batch_size"] * b["steps"] * b["context_length"]
+    return budget_config(budget).total_tokens
 
 
 def projection_table(config: RunConfig, devices: list[str]) -> list[str]:

@@ -35,6 +35,9 @@ MAX_SEEDS = 100
 Fail = Callable[[str, str], LmtuneError]
 """fail(key, message): the one-line error naming the space file and the key."""
 
+Setting = int | float | bool | str
+"""A run setting's value (the type of its RunConfig field: lmtune.training.config.coerce_value)."""
+
 
 class SearchStrategy(Protocol):
     """How a sweep chooses its trials. Frozen and JSON-round-trippable: it travels inside the SweepPlan to
@@ -67,11 +70,11 @@ class SearchStrategy(Protocol):
     def num_trials(self) -> int | None:
         """Trials it will run (None: it decides as it goes)."""
 
-    def values_of(self, name: str) -> list[Any]:
+    def values_of(self, name: str) -> list[Setting]:
         """Every value, or the extremes, that trials may give setting ``name`` ([] if it does not set it):
         for checking that each makes a valid config, and for the largest trial's memory and tokens."""
 
-    def corner_samples(self) -> list[dict[str, Any]]:
+    def corner_samples(self) -> list[dict[str, Setting]]:
         """Trial settings at the corners of what it sweeps: enough to catch a shape conflict early."""
 
     def fused_refusal(self, fuse: int) -> str | None:
@@ -200,10 +203,10 @@ class DecidingDefaults(StrategyDefaults):
     def num_trials(self) -> None:
         return None
 
-    def values_of(self, name: str) -> list[Any]:
+    def values_of(self, name: str) -> list[Setting]:
         return []
 
-    def corner_samples(self) -> list[dict[str, Any]]:
+    def corner_samples(self) -> list[dict[str, Setting]]:
         return [{}]
 
     def param_space(self, fuse: int) -> dict[str, Any]:
@@ -236,7 +239,7 @@ def params_section(raw: dict[str, Any], fail: Fail) -> dict[str, Any]:
     return params
 
 
-def coerce_setting(name: str, value: Any, key: str, fail: Fail) -> Any:
+def coerce_setting(name: str, value: Any, key: str, fail: Fail) -> Setting:
     """``value`` as setting ``name``'s type, refused in one line naming ``key`` when it is not one."""
     try:
         coerced = coerce_value(name, value, where=key)
@@ -250,9 +253,9 @@ def coerce_setting(name: str, value: Any, key: str, fail: Fail) -> Any:
     return coerced
 
 
-def grid_corners(values: dict[str, list[Any]]) -> list[dict[str, Any]]:
+def grid_corners(values: dict[str, list[Setting]]) -> list[dict[str, Setting]]:
     """Every combination of the given values per setting."""
-    samples: list[dict[str, Any]] = [{}]
+    samples: list[dict[str, Setting]] = [{}]
     for name, options in values.items():
         samples = [{**s, name: v} for s in samples for v in options]
     return samples

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from lmtune.sweep.record import evaluated_val_loss
 from lmtune.sweep.runs import Budget, Run
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
+PlannedT = TypeVar("PlannedT")
+"""A search's own dataclass of a trial it asks for (its stage, LR, seed, why: ``planned_class``)."""
+DecisionT = TypeVar("DecisionT")
+"""A search's own dataclass of a stage it decided (the stage, its LRs, why: ``decision_class``)."""
 
-class DecidingSearch:
+
+class DecidingSearch(Generic[PlannedT, DecisionT]):
     """The state every deciding search keeps. A subclass sets ``settings_class``, ``planned_class`` and
     ``decision_class`` and adds its own keys to ``to_json`` / ``_restore``."""
 
@@ -24,9 +29,9 @@ class DecidingSearch:
     def __init__(self, settings, budget: Budget, max_pending: int = 1):
         self.settings, self.budget, self.max_pending = settings, budget, max_pending
         self.runs: dict[str, Run] = {}
-        self.plans: dict[str, Any] = {}  # trial id -> the plan it got
-        self.queue: list[Any] = []
-        self.decisions: list[Any] = []  # in the order decided
+        self.plans: dict[str, PlannedT] = {}  # trial id -> the plan it got
+        self.queue: list[PlannedT] = []
+        self.decisions: list[DecisionT] = []  # in the order decided
         self.finished = False
         self.interrupted: dict[str, str] = {}  # trial id -> why its plan was run again in another trial
 

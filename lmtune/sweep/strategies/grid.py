@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lmtune.sweep.strategies.base import Fail, StrategyDefaults, coerce_setting, grid_corners, params_section
+from lmtune.sweep.strategies.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
 
 # The most trials a grid may ask for: far beyond what a sweep can run (a quick trial takes ~10 s on 2 cores),
 # and small enough that parsing and Tune's bookkeeping stay instant.
@@ -17,7 +17,7 @@ MAX_GRID_TRIALS = 10_000
 
 @dataclass(frozen=True)
 class GridSearch(StrategyDefaults):
-    params: dict[str, list[Any]]
+    params: dict[str, list[Setting]]
     """Setting -> its values, in the order listed."""
 
     name: ClassVar[str] = "grid"
@@ -37,7 +37,7 @@ class GridSearch(StrategyDefaults):
                 raise fail(key, f"{len(values):,} values; a grid runs at most {MAX_GRID_TRIALS:,} trials: "
                                 "use search: optuna or edge to cover a range that finely")
             coerced = [coerce_setting(name, v, key, fail) for v in values]
-            seen: set[Any] = set()
+            seen: set[Setting] = set()
             repeated = sorted({v for v in coerced if v in seen or seen.add(v)}, key=str)
             if repeated:  # [1e-3, 0.001] would run the same trial twice
                 raise fail(key, f"{', '.join(map(str, repeated))} listed more than once; list each value once")
@@ -61,11 +61,11 @@ class GridSearch(StrategyDefaults):
     def num_trials(self) -> int:
         return math.prod(len(values) for values in self.params.values())
 
-    def values_of(self, name: str) -> list[Any]:
+    def values_of(self, name: str) -> list[Setting]:
         return list(self.params.get(name, []))
 
-    def corner_samples(self) -> list[dict[str, Any]]:
-        def ends(values: list[Any]) -> list[Any]:
+    def corner_samples(self) -> list[dict[str, Setting]]:
+        def ends(values: list[Setting]) -> list[Setting]:
             return [min(values), max(values)] if all(isinstance(v, (int, float)) for v in values) else values[:1]
 
         return grid_corners({name: ends(values) for name, values in self.params.items()})

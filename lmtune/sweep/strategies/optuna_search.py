@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lmtune.errors import shown
-from lmtune.sweep.strategies.base import Fail, StrategyDefaults, coerce_setting, grid_corners, params_section
+from lmtune.sweep.strategies.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
 from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
 from lmtune.training.config import field_type
 
@@ -20,13 +20,13 @@ DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
 class Distribution:
     kind: str
     """loguniform | uniform | randint | choice"""
-    args: tuple[Any, ...]
+    args: tuple[Setting, ...]
     """(low, high), both included for randint; or the choices."""
 
-    def ends(self) -> list[Any]:
+    def ends(self) -> list[Setting]:
         return [self.args[0]] if self.kind == "choice" else list(self.args)
 
-    def largest(self) -> Any:
+    def largest(self) -> Setting:
         return max(self.args)
 
     def tune_domain(self):
@@ -44,8 +44,11 @@ class Distribution:
 @dataclass(frozen=True)
 class OptunaSearch(StrategyDefaults):
     params: dict[str, Distribution]
+    """Setting -> the distribution its values are drawn from."""
     sampler: str = "tpe"
+    """Optuna's sampler: tpe | random | cmaes."""
     num_samples: int = 10
+    """Trials to draw."""
 
     name: ClassVar[str] = "optuna"
     keys: ClassVar[frozenset[str]] = frozenset({"params", "sampler", "num_samples"})
@@ -80,10 +83,10 @@ class OptunaSearch(StrategyDefaults):
     def num_trials(self) -> int:
         return self.num_samples
 
-    def values_of(self, name: str) -> list[Any]:
+    def values_of(self, name: str) -> list[Setting]:
         return list(self.params[name].args) if name in self.params else []
 
-    def corner_samples(self) -> list[dict[str, Any]]:
+    def corner_samples(self) -> list[dict[str, Setting]]:
         return grid_corners({name: d.ends() for name, d in self.params.items()})
 
     def describe(self, fuse: int) -> str:

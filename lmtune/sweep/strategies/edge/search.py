@@ -34,19 +34,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lmtune.sweep.runs import (
-    SAME_LR,
-    Budget,
-    LrResult,
-    Run,
-    bisect_lrs,
-    bracket,
-    conclude,
-    crown,
-    effective_runs,
-    full_budget_ranking,
-    needs_confirmation,
-)
+from lmtune.sweep.bracket import bisect_lrs, bracket, needs_confirmation
+from lmtune.sweep.conclusion import conclude
+from lmtune.sweep.runs import SAME_LR, Budget, LrResult, Run, crown, effective_runs, full_budget_ranking
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
@@ -105,7 +95,7 @@ class Planned:
         return config
 
 
-class EdgeSearch(DecidingSearch):
+class EdgeSearch(DecidingSearch[Planned, Decision]):
     """The edge search's state and decisions: which trial to run next, given what has been seen.
 
     Ray-free and deterministic: the Tune Searcher (lmtune.sweep.strategies.searcher) feeds it results and
@@ -331,7 +321,8 @@ class EdgeSearch(DecidingSearch):
     # -- state -------------------------------------------------------------------------------
 
     def conclusion(self) -> dict[str, Any]:
-        return conclude(effective_runs(self._lr_runs()), self.budget)
+        """What the runs conclude, as the state file's JSON (lmtune.sweep.conclusion.Conclusion.to_json)."""
+        return conclude(effective_runs(self._lr_runs()), self.budget).to_json()
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "range": asdict(self.range) if self.range else None,

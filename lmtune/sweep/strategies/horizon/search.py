@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmtune.errors import LmtuneError
-from lmtune.sweep.runs import SAME_LR, Budget, Run, bracket, conclude, crown, effective_runs, full_budget_ranking
+from lmtune.sweep.bracket import bracket
+from lmtune.sweep.conclusion import conclude
+from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, effective_runs, full_budget_ranking
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.horizon.fit import BudgetLosses, HorizonFit, fit_horizon
@@ -69,7 +71,7 @@ class Planned:
         return config
 
 
-class HorizonSearch(DecidingSearch):
+class HorizonSearch(DecidingSearch[Planned, Decision]):
     """The horizon search's state and decisions. Deterministic and JSON-serializable: the Tune Searcher feeds
     it results and asks it for trials; a test can drive it the same way without Ray."""
 
@@ -326,7 +328,7 @@ class HorizonSearch(DecidingSearch):
 
     def conclusion(self) -> dict[str, Any]:
         """Per budget, what its runs show (best LR, seeds, edge), the fit and the confirmation."""
-        per_budget = {str(s): conclude(self.runs_at(s), self.budget.at_steps(s))
+        per_budget = {str(s): conclude(self.runs_at(s), self.budget.at_steps(s)).to_json()
                       for s in [*self.budgets, self.budget.steps]}
         return {"budgets": per_budget, "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
 

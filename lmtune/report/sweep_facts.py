@@ -1,0 +1,115 @@
+"""What the report says of a sweep from its record (sweep.json, read typed by lmtune.sweep.sweep_file): its search
+in words, the data it trained on, its budget and ASHA's rungs, the vocabulary, and the compute its trials spent."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from lmtune.report.stability import TrialRecord, budget_tokens, tokens_spent
+from lmtune.sweep.asha import AshaBudget
+from lmtune.sweep.plan import asha_budget
+from lmtune.sweep.runs import Budget
+from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.training.divergence import DivergenceRule
+from lmtune.training.lr_range import RangeTestResult
+
+
+def sweep_budget(record: SweepRecord, trials: list[TrialRecord]) -> Budget | None:
+    """The sweep's budget and comparison rungs, from sweep.json (None when it records no plan)."""
+    if record.plan is None:
+        return None
+    return Budget.of_run(record.plan.base, sweep_asha_budget(record, trials))
+
+
+def sweep_asha_budget(record: SweepRecord, trials: list[TrialRecord]) -> AshaBudget | None:
+    """ASHA's budget in tokens: as sweep.json recorded it, or (older sweeps) by run's own rule from the
+    space's settings and the largest trial budget."""
+    if record.plan is None:
+        return None
+    if record.plan.asha is not None:
+        return record.plan.asha
+    largest = max((b for b in (t.budget_tokens for t in trials) if b), default=None)
+    return asha_budget(record.plan.space.scheduler, largest) if largest else None
+
+
+def range_summary(result: RangeTestResult | None) -> dict[str, Any] | None:
+    """summary.json's ``range_test``: what the edge search's LR range test found (None: it ran none)."""
+    if result is None:
+        return None
+    return {"steepest_lr": result.steepest_lr, "min_loss_lr": result.min_loss_lr, "blowup_lr": result.blowup_lr,
+            "stopped_because": result.stopped_because, "tokens": result.tokens, "steps": len(result.lrs)}
+
+
+def data_description(record: SweepRecord) -> str:
+    """What the trials trained on, from sweep.json (the data dir and its meta.json)."""
+    meta = record.data.meta
+    where = record.data.dir or "an unrecorded data dir"
+    parts = [f"{value:,} {label}" for value, label in ((meta.train_tokens, "train tokens"),
+                                                        (meta.val_tokens, "val tokens"), (meta.vocab_size, "vocab"))
+             ] if meta else []
+    sources = [str(s.get("name")) for s in meta.sources if isinstance(s, dict) and s.get("name")] if meta else []
+    text = where + (f" ({', '.join(parts)})" if parts else "")
+    return text + (f", prepared from {', '.join(sources[:3])}" + (" and more" if len(sources) > 3 else "")
+                   if sources else "")
+
+
+def vocab_size(record: SweepRecord) -> int | None:
+    """The model's vocabulary: the base config's, else the data's."""
+    for value in (record.plan.base.model.vocab_size if record.plan else None,
+                  record.data.meta.vocab_size if record.data.meta else None):
+        if value is not None and value > 0:
+            return value
+    return None
+
+
+def compute_accounting(record: SweepRecord, trials: list[TrialRecord],
+                       range_tokens: int | None = None) -> dict[str, Any]:
+    """Tokens trained (each trial as of its newest metrics row, and an edge search's range test) against a
+    full grid without early stopping (every trial to its own budget)."""
+    base_budget = budget_tokens(record.plan.base if record.plan else None)
+    spent = sum(tokens_spent(t) for t in trials) + (range_tokens or 0)
+    budgets = [t.budget_tokens or base_budget for t in trials]
+    full = sum(budgets) if budgets and all(b is not None for b in budgets) else None
+    compute: dict[str, Any] = {"tokens_spent": spent, "full_grid_tokens": full,
+                               "trials_started": len(trials) + (range_tokens is not None)}
+    if record.num_trials is not None and record.num_trials != len(trials):
+        compute["trials_planned"] = record.num_trials
+    walls = [t.wall_time_s for t in trials if t.wall_time_s is not None]
+    if walls:
+        compute["trial_time_total"] = f"{sum(walls):.0f} s"
+    return compute
+
+
+def search_description(record: SweepRecord, trials: list[TrialRecord]) -> str:
+    """The search strategy in words: the space's search (sweep.json), the ASHA settings, the stopper settings."""
+    if record.plan is None:
+        return "unknown search."
+    space = record.plan.space
+    strategy = space.describe_search()
+    lines = [f"Search space `{space.name}`: {strategy}." if space.name else f"{strategy}."]
+    if space.description:
+        lines.append(f"The space file describes itself as: \"{space.description.strip()}\" "
+                     f"This sweep trained on {data_description(record)}.")
+    scheduler = space.scheduler
+    if scheduler.name == "asha":
+        asha = sweep_asha_budget(record, trials)
+        lines.append("Early stopping: ASHA on val loss against tokens trained, " + (
+            f"grace period {asha.grace_period:,} tokens, reduction factor {asha.reduction_factor:g}, max_t "
+            f"{asha.max_t:,} tokens (the space's grace_period {scheduler.grace_period} and max_t "
+            f"{scheduler.max_t}, fractions of the largest trial budget where <= 1)." if asha else
+            f"settings {asdict(scheduler)}."))
+    else:
+        lines.append("Early stopping: none (every trial trains to its budget unless it diverges).")
+    rule = trials[0].rule if trials else DivergenceRule()
+    text = (f"Stopper: a trial is diverged at a non-finite train loss or gradient norm, or once its train loss "
+            f"stayed above its loss at initialisation (ℓ₀ = ln vocab) for {rule.recovery_window:g} of its "
+            "budget's steps (the recovery window) without coming back; only then does the stopper end it "
+            "early" + (f" (at {rule.stop_factor:g} × ℓ₀)" if rule.stop_factor != 1 else "")
+            + ". A run that rose far above its running minimum and came back is spiked, not diverged")
+    if space.stopper.min_tokens_per_s > 0:
+        text += f"; too slow under {space.stopper.min_tokens_per_s:,.0f} tokens/s"
+    if record.time_budget_s:
+        text += f"; too slow when projected past the sweep's time budget of {record.time_budget_s:,.0f} s"
+    lines.append(text + ".")
+    return "\n\n".join(lines)
