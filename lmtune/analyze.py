@@ -6,13 +6,13 @@ import argparse
 import logging
 import math
 from pathlib import Path
-from typing import Any
 
 from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.report.headline import summary_lines
 from lmtune.report.reader import resolve_sweep
-from lmtune.report.writer import analyze
+from lmtune.report.summary import SweepFacts
+from lmtune.report.writer import WrittenReport, write_report
 from lmtune.sweep.storage import SweepStorage, is_uri
 
 
@@ -28,25 +28,27 @@ def parse_target(text: str | None) -> float | None:
     return value
 
 
-def headline(summary: dict[str, Any]) -> list[str]:
+def headline(report: WrittenReport) -> list[str]:
     """The few lines the CLI prints."""
-    counts = ", ".join(f"{n} {s}" for s, n in summary.get("status_counts", {}).items())
-    range_test = " and the LR range test" if summary.get("range_test") else ""
-    lines = [f"sweep {summary.get('sweep')}: {len(summary['trials'])} trials ({counts}){range_test}",
-             *missing_lines(summary), *summary_lines(summary)]
-    if summary.get("target") is not None:
-        lines.append(f"target {summary['target']:g}: {'met' if summary.get('target_met') else 'not met'}")
-    lines.append(f"report: {Path(summary['report_dir']) / 'lr_sweep_analysis.md'}")
+    summary = report.summary
+    facts = summary.facts or SweepFacts()
+    counts = ", ".join(f"{n} {s}" for s, n in summary.status_counts.items())
+    range_test = " and the LR range test" if facts.range_test else ""
+    lines = [f"sweep {facts.sweep}: {len(summary.trials)} trials ({counts}){range_test}",
+             *missing_lines(facts), *summary_lines(summary)]
+    if summary.target.target is not None:
+        lines.append(f"target {summary.target.target:g}: {'met' if summary.target.met else 'not met'}")
+    lines.append(f"report: {report.markdown}")
     return lines
 
 
-def missing_lines(summary: dict[str, Any]) -> list[str]:
+def missing_lines(facts: SweepFacts) -> list[str]:
     """A warning line when the ledger lists trials the report has no folder for: what it concludes, it concludes
     without them."""
-    missing = summary.get("missing_trials") or []
+    missing = facts.missing_trials
     if not missing:
         return []
-    named = ", ".join(f"{m['trial_id']} ({m['outcome']})" for m in missing[:5]) + (" ..." if len(missing) > 5 else "")
+    named = ", ".join(f"{m.trial_id} ({m.outcome})" for m in missing[:5]) + (" ..." if len(missing) > 5 else "")
     return [f"warning: the ledger lists {len(missing)} trial{'s' * (len(missing) > 1)} with no readable folder: "
             f"{named}; the best LR was chosen without {'them' if len(missing) > 1 else 'it'}"]
 
@@ -79,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reporting the newest sweep: {sweep_dir}")
         if others:
             print(f"other sweeps in {args.sweep}: {', '.join(p.name for p in others)}")
-    summary = analyze(sweep_dir, out_dir=Path(args.out) if args.out else None, target=target,
-                      sharpness=args.sharpness)
-    print("\n".join(headline(summary)))
+    report = write_report(sweep_dir, out_dir=Path(args.out) if args.out else None, target=target,
+                          sharpness=args.sharpness)
+    print("\n".join(headline(report)))
     return 0
 
 

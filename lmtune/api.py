@@ -119,7 +119,7 @@ class Sweep:
             raise LmtuneError(f"{results.experiment_path}: the report reads a local experiment folder; sync it to "
                               "this machine and call lmtune.report on the folder")
         if not (experiment / SWEEP_FILE).exists():
-            plan_record(self.plan, experiment.name, command=["python (lmtune.Sweep)"]).write(experiment)
+            plan_record(self.plan, experiment.name, command=("python (lmtune.Sweep)",)).write(experiment)
         if not ledger_path(experiment).exists():
             atomic_write_json(ledger_path(experiment), _outcomes(results))
         searcher = self._searcher[0] if self._searcher else None

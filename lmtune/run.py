@@ -17,6 +17,7 @@ from pathlib import Path
 from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.disk import Keep
+from lmtune.sweep.hooks import load_step_hook
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.runner import DISK_FULL, SweepResult, run_sweep
 from lmtune.sweep.session import Interruptions, signal_exit_code
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(to resume or continue it); all = every checkpoint (analyze --sharpness reads them)")
     p.add_argument("--force", action="store_true",
                    help="start even if the results disk has less free space than the sweep is estimated to need")
+    p.add_argument("--step-hook", metavar="MODULE:FUNCTION",
+                   help="code of your own each trial runs: FUNCTION(config, trial_dir) before training, and what it "
+                        "returns before every step, with (step, model); MODULE must be on PYTHONPATH")
     return p
 
 
@@ -85,6 +89,8 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         from lmtune.training.wandb_sink import import_wandb
 
         import_wandb()
+    if args.step_hook:
+        load_step_hook(args.step_hook)  # (a name that imports nothing is refused before Ray starts)
     space = args.space or (None if args.resume else "lr_grid")  # a resume reads its space from sweep.json
     return SweepOptions(
         space=space, name=check_name(args.name or f"{Path(space or '').stem}-{time.strftime('%Y%m%d-%H%M%S')}"),
@@ -95,7 +101,7 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         max_failures=args.max_failures, address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         ship_data_mb=args.ship_data_mb, dashboard=not args.no_dashboard, dashboard_host=args.dashboard_host,
         quiet=args.quiet, wandb_project=args.wandb, command=("python -m lmtune.run", *argv),
-        keep=Keep(args.keep), force=args.force, cluster_config=args.cluster_config,
+        keep=Keep(args.keep), force=args.force, cluster_config=args.cluster_config, step_hook=args.step_hook,
     )
 
 
@@ -155,8 +161,8 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         summary = summarize_sweep(result.sweep_dir).summary
     except LmtuneError:  # stopped before any trial wrote anything the report can read
         summary = None
-    rows = summary["trials"] if summary else []
-    counts = ", ".join(f"{n} {s}" for s, n in (summary or {}).get("status_counts", {}).items()) or "none ended"
+    rows = summary.trials if summary else ()
+    counts = ", ".join(f"{n} {s}" for s, n in (summary.status_counts if summary else {}).items()) or "none ended"
     print(f"\n{len(rows)} trials: {counts}" + (f"; {result.unfinished} did not finish" if result.unfinished else ""))
     if result.stopped_by == DISK_FULL:
         print(f"sweep stopped: {result.disk_note}; unfinished trials keep their newest checkpoint")
@@ -166,12 +172,12 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
         print(f"resume it with: {resume_command(options)}")
         return signal_exit_code(result.stopped_by)
-    if summary is None or summary["best_trial"] is None:
+    if summary is None or summary.best_trial is None:
         print("no trial that neither errored nor diverged reported a finite validation loss")
         return 1
     print("\n".join(summary_lines(summary)))
-    print(f"  config: {json.dumps(summary['best_config'])}")
-    best = Path(summary["best_trial_dir"]) / "checkpoints" / "best.pt"
+    print(f"  config: {json.dumps(summary.facts.best_config)}")
+    best = Path(summary.facts.best_trial_dir) / "checkpoints" / "best.pt"
     if options.storage and "://" in options.storage:  # its checkpoints are in the storage only
         best = f"{SweepStorage(options.storage, options.name).uri.partition('?')[0]}/{best.parent.parent.name}/" \
                "checkpoints/best.pt"

@@ -18,7 +18,7 @@ from lmtune.errors import LmtuneError
 from lmtune.report.headline import summary_lines
 from lmtune.report.markdown import HEADINGS
 from lmtune.report.reader import load_sweep, resolve_sweep
-from lmtune.report.writer import analyze
+from lmtune.report.writer import analyze, summarize_sweep
 from lmtune.sweep.record import TRIAL_FILE, ledger_path, read_outcomes
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
@@ -109,7 +109,7 @@ def test_run_printed_what_analyze_concludes(quick_sweep, report):
     analyze's, word for word."""
     _, summary = report
     printed = (quick_sweep.parent / "quick.log").read_text()
-    for line in summary_lines(summary):
+    for line in summary_lines(summarize_sweep(quick_sweep).summary):
         assert line in printed
     assert f"best trial: {summary['best_trial']}" in printed
 

@@ -42,5 +42,5 @@ def test_the_readmes_python_example_runs_and_tune_names_the_best_lr_the_report_d
     from lmtune.report.writer import summarize_sweep
 
     again = summarize_sweep(sweep).summary  # the CLI's reader reads what the example left
-    assert f"{again['best_lr']:.4g}" == report_lr
-    assert again["status_counts"].get("stopped_early", 0) >= 1  # ASHA cut the coarse grid
+    assert f"{again.best_lr:.4g}" == report_lr
+    assert again.status_counts.get("stopped_early", 0) >= 1  # ASHA cut the coarse grid

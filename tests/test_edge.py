@@ -10,18 +10,9 @@ import random
 import pytest
 from conftest import drive_search
 
-from lmtune.sweep.runs import (
-    Budget,
-    LrResult,
-    Run,
-    bisect_lrs,
-    bracket,
-    conclude,
-    crown,
-    equal_token_losses,
-    full_budget_ranking,
-    loss_at_tokens,
-)
+from lmtune.sweep.bracket import bisect_lrs, bracket
+from lmtune.sweep.conclusion import conclude
+from lmtune.sweep.runs import Budget, LrResult, Run, crown, equal_token_losses, full_budget_ranking, loss_at_tokens
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs
@@ -371,7 +362,8 @@ def test_an_lr_above_the_best_is_never_rerun():
 
 def test_the_conclusion_of_no_runs_names_nothing():
     c = conclude([], BUDGET)
-    assert c["best_lr"] is None and c["basin"] is None and c["divergence_lr"] is None
+    assert c.best is None and c.landscape.basin is None and c.edge.diverged_lr is None
+    assert c.to_json()["best_lr"] is None and c.to_json()["basin"] is None
 
 
 @pytest.mark.parametrize("key, value, fragment", [

@@ -1,5 +1,6 @@
 import csv
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -7,9 +8,10 @@ import pytest
 from conftest import assert_real_picture
 
 from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
-from lmtune.report.markdown import HEADINGS, write_markdown, write_tables
+from lmtune.report.markdown import HEADINGS, write_markdown
 from lmtune.report.stability import TrialRecord, classify
-from lmtune.report.summary import sweep_summary
+from lmtune.report.summary import SweepFacts, sweep_summary
+from lmtune.report.tables import write_tables
 
 N = 40
 # 40 rows 25 steps apart, 512 tokens per step; ℓ₀ = ln 10000 = 9.21, where the curves start.
@@ -74,7 +76,7 @@ def test_statuses_of_the_synthetic_sweep(records):
 
 def test_figures_are_real_pictures(records, tmp_path):
     summary = sweep_summary(records, target=2.5)
-    best = next(r for r in records if r.trial_id == summary["best_trial"])
+    best = next(r for r in records if r.trial_id == summary.best_trial)
     paths = [
         plot_sweep_comparison(records, tmp_path / "lr_sweep_comparison.png", target=2.5),
         plot_lr_vs_loss(tmp_path / "lr_vs_loss.png", summary),
@@ -114,10 +116,10 @@ def test_sweep_comparison_ylim_ignores_exploding_losses(records, tmp_path):
 
 
 def test_markdown_has_every_section_and_the_numbers(records, tmp_path):
-    summary = sweep_summary(records, target=2.5)
-    path = write_markdown(summary, records, tmp_path / "lr_sweep_analysis.md",
-                          "ASHA over a log grid of 6 LRs.", {"tokens_spent": 1_000_000, "full_grid_tokens": 4_000_000,
-                                                             "gpu_hours": 0.5})
+    facts = SweepFacts(search_strategy="ASHA over a log grid of 6 LRs.",
+                       compute={"tokens_spent": 1_000_000, "full_grid_tokens": 4_000_000, "gpu_hours": 0.5})
+    summary = replace(sweep_summary(records, target=2.5), facts=facts)
+    path = write_markdown(summary, records, tmp_path / "lr_sweep_analysis.md")
     text = path.read_text()
     positions = [text.index(h + "\n") for h in HEADINGS]
     assert positions == sorted(positions)
@@ -140,7 +142,7 @@ def test_markdown_has_every_section_and_the_numbers(records, tmp_path):
 def test_markdown_copes_with_no_divergence_and_no_target(tmp_path):
     healthy = sweep()[:3]
     summary = sweep_summary(healthy)
-    text = write_markdown(summary, healthy, tmp_path / "a.md", "", {}).read_text()
+    text = write_markdown(summary, healthy, tmp_path / "a.md").read_text()
     for heading in HEADINGS:
         assert heading in text
     assert "No run diverged" in text and "No target loss was given" in text
@@ -151,7 +153,7 @@ def test_tables_agree_with_the_records(records, tmp_path):
     summary = sweep_summary(records, target=2.5)
     json_path, csv_path = write_tables(summary, tmp_path)
     loaded = json.loads(json_path.read_text())
-    assert loaded == summary
+    assert loaded == summary.to_json()
     assert loaded["best_lr"] == 1e-3 and loaded["divergence_lr"] == 1e-2 and loaded["edge_lr_low"] == 3e-3
     assert loaded["edge_ratio"] == pytest.approx(10.0)
     assert loaded["best_lr_seed_losses"] == [pytest.approx(loaded["best_val_loss"])]

@@ -21,7 +21,7 @@ from lmtune.report.summary import sweep_summary
 
 
 def best_trial_id(records):
-    return sweep_summary(records)["best_trial"]
+    return sweep_summary(records).best_trial
 
 ROWS = 60
 STEP = 20
@@ -187,17 +187,18 @@ def test_the_best_lr_is_decided_at_the_full_budget_not_on_an_early_loss():
     full = make_record("full", 1e-3, val=val_at(2.2))
     cut = make_record("cut", 1e-4, outcome="stopped_early", train=smooth_loss()[:20], val={9: 4.0, 19: 1.5})
     summary = sweep_summary([full, cut])
-    assert summary["best_trial"] == "full" and summary["candidate_tokens"] is None
-    assert summary["best_tokens"] == summary["compared_at_tokens"] == ROWS * STEP * TOKENS_PER_STEP
+    assert summary.best_trial == "full" and summary.candidate_tokens is None
+    assert summary.best_tokens == summary.compared_at_tokens == ROWS * STEP * TOKENS_PER_STEP
 
 
 def test_without_a_full_budget_trial_the_best_says_its_tokens_are_unequal():
     a = make_record("a", 1e-3, outcome="stopped_early", train=smooth_loss()[:20], val={9: 4.0, 19: 3.5})
     b = make_record("b", 1e-4, outcome="running", train=smooth_loss()[:40], val={9: 4.2, 39: 3.0})
     summary = sweep_summary([a, b])
-    assert summary["best_trial"] == "b"
-    assert summary["candidate_tokens"] == list(candidate_token_range([a, b]))
-    assert summary["candidate_tokens"] == [20 * STEP * TOKENS_PER_STEP, 40 * STEP * TOKENS_PER_STEP]
+    assert summary.best_trial == "b"
+    assert summary.candidate_tokens == candidate_token_range([a, b])
+    assert summary.candidate_tokens == (20 * STEP * TOKENS_PER_STEP, 40 * STEP * TOKENS_PER_STEP)
+    assert summary.to_json()["candidate_tokens"] == [20 * STEP * TOKENS_PER_STEP, 40 * STEP * TOKENS_PER_STEP]
 
 
 @pytest.mark.parametrize("ratio, reading", [
@@ -221,11 +222,11 @@ def test_lr_sensitivity_matches_the_hand_formula_at_the_full_budget():
     # l(eta): full-budget (final) val losses, diverged -> l0; l* = 2.25 (the final, not the best, val loss of t3).
     losses = [3.0, 2.5, 2.25, 2.6, ell0, ell0]
     expected = np.mean([min(x, ell0) - 2.25 for x in losses])
-    assert sweep_summary(records, ell0=ell0)["lr_sensitivity"] == pytest.approx(expected)
-    assert sweep_summary(records, vocab_size=100)["lr_sensitivity"] == pytest.approx(
+    assert sweep_summary(records, ell0=ell0).sensitivity.value == pytest.approx(expected)
+    assert sweep_summary(records, vocab_size=100).sensitivity.value == pytest.approx(
         np.mean([min(x, math.log(100)) - 2.25 for x in [3.0, 2.5, 2.25, 2.6, math.log(100), math.log(100)]]))
     # Default l0: median first train loss = 5.0 (every synthetic curve starts at 2 + 3).
-    assert sweep_summary(records)["lr_sensitivity"] == pytest.approx(expected)
+    assert sweep_summary(records).sensitivity.value == pytest.approx(expected)
 
 
 def test_lr_sensitivity_averages_the_seeds_of_an_lr_and_caps_bad_losses_at_l0():
@@ -233,13 +234,13 @@ def test_lr_sensitivity_averages_the_seeds_of_an_lr_and_caps_bad_losses_at_l0():
                make_record("c", 1e-1, val=val_at(9.0))]
     # Per LR: 1e-3 -> 2.2 (the mean of two seeds), 1e-1 -> min(9, 5) = 5; mean of [0, 2.8].
     summary = sweep_summary(records, ell0=5.0)
-    assert summary["lr_sensitivity"] == pytest.approx(1.4)
-    assert summary["lr_sensitivity_lrs"] == 2
+    assert summary.sensitivity.value == pytest.approx(1.4)
+    assert summary.sensitivity.lrs == 2
 
 
 def test_lr_sensitivity_leaves_out_trials_stopped_before_the_full_budget():
     records = sweep() + [make_record("cut", 5e-4, outcome="stopped_early", train=smooth_loss()[:20], val={19: 9.9})]
-    assert sweep_summary(records, ell0=5.0)["lr_sensitivity"] == sweep_summary(sweep(), ell0=5.0)["lr_sensitivity"]
+    assert sweep_summary(records, ell0=5.0).sensitivity.value == sweep_summary(sweep(), ell0=5.0).sensitivity.value
 
 
 def test_tokens_to_reach_interpolates_linearly():
@@ -254,15 +255,15 @@ def test_tokens_to_reach_interpolates_linearly():
 
 def test_convergence_compares_only_trials_that_trained_the_full_budget_at_the_basins_level():
     records = sweep() + [make_record("t3b", 1e-3, val={19: 3.0, 39: 2.3, 59: 2.28})]  # a second seed of the best
-    table = sweep_summary(records)["convergence"]
-    assert table["level"] == pytest.approx(2.28)  # the basin (lr 1e-3, two seeds): its worse final loss
-    by_id = {row["trial_id"]: row["tokens"] for row in table["rows"]}
+    table = sweep_summary(records).convergence
+    assert table.level == pytest.approx(2.28)  # the basin (lr 1e-3, two seeds): its worse final loss
+    by_id = {row.trial_id: row.tokens for row in table.rows}
     # val_at(final): rows 19 (final + 1), 39 (best), 59 (final); t3 = 3.25 -> 2.2 crosses 2.28 before row 39.
     t19, t39, t59 = (STEP * (i + 1) * TOKENS_PER_STEP for i in (19, 39, 59))
     assert by_id["t3"] == pytest.approx(t19 + (3.25 - 2.28) / (3.25 - 2.2) * (t39 - t19))
     assert by_id["t3b"] == pytest.approx(t59) and by_id["t1"] is None and by_id["t2"] is None
     assert set(by_id) == {"t1", "t2", "t3", "t3b", "t4"}  # the diverged ones never trained the whole budget
-    assert [row["lr"] for row in table["rows"]] == sorted(row["lr"] for row in table["rows"])
+    assert [row.lr for row in table.rows] == sorted(row.lr for row in table.rows)
 
 
 def test_first_growth_names_the_earliest_probe():
@@ -310,25 +311,26 @@ def test_first_growth_handles_missing_and_quiet_probes():
 def test_sweep_summary_headline_numbers_and_rows():
     records = sweep()
     summary = sweep_summary(records, target=2.3, ell0=5.0)
-    assert summary["best_lr"] == 1e-3 and summary["best_trial"] == "t3"
-    assert summary["best_val_loss"] == pytest.approx(2.25)  # at the full budget (its lowest, 2.2, came earlier)
-    assert summary["divergence_lr"] == 1e-2
-    assert summary["edge_ratio"] == pytest.approx(10.0)
-    assert summary["edge_reading"].startswith("conservative")
-    assert summary["target_met"] is True and summary["target_trial"] == "t3"
-    assert summary["edge_lr_low"] == 3e-3 and summary["bracket_ratio"] == pytest.approx(1e-2 / 3e-3)
-    rows = {r["trial_id"]: r for r in summary["trials"]}
-    assert rows["t4"]["status"] == "spiked" and rows["t4"]["max_spike_height"] == pytest.approx(1.3, rel=0.05)
-    assert [s["trial_id"] for s in summary["spiked"]] == ["t4"]
-    assert rows["t5"]["status"] == "diverged" and rows["t5"]["final_val_loss"] is None
-    assert rows["t5"]["stop_step"] == 520 and "nan" in rows["t5"]["reason"]
-    assert rows["t3"]["final_val_loss"] == pytest.approx(2.25)
-    assert rows["t1"]["tokens"] == STEP * ROWS * TOKENS_PER_STEP
-    assert rows["t1"]["tokens_per_s"] == pytest.approx(1000.0)
-    assert summary["status_counts"] == {"completed": 3, "spiked": 1, "diverged": 2}
-    assert sweep_summary(records, target=2.25)["target_met"] is True
-    assert sweep_summary(records, target=2.2)["target_met"] is False  # its best 2.2 came before the end
-    assert sweep_summary(records)["target_met"] is None
+    assert summary.best_lr == 1e-3 and summary.best_trial == "t3"
+    assert summary.best_val_loss == pytest.approx(2.25)  # at the full budget (its lowest, 2.2, came earlier)
+    edge = summary.conclusion.edge
+    assert edge.diverged_lr == 1e-2
+    assert summary.edge_ratio == pytest.approx(10.0)
+    assert summary.edge_reading.startswith("conservative")
+    assert summary.target.met is True and summary.target.trial == "t3"
+    assert edge.stable_lr == 3e-3 and edge.ratio == pytest.approx(1e-2 / 3e-3)
+    rows = {r.trial_id: r for r in summary.trials}
+    assert rows["t4"].status == "spiked" and rows["t4"].max_spike_height == pytest.approx(1.3, rel=0.05)
+    assert [s.trial_id for s in summary.spiked] == ["t4"]
+    assert rows["t5"].status == "diverged" and rows["t5"].final_val_loss is None
+    assert rows["t5"].stop_step == 520 and "nan" in rows["t5"].reason
+    assert rows["t3"].final_val_loss == pytest.approx(2.25)
+    assert rows["t1"].tokens == STEP * ROWS * TOKENS_PER_STEP
+    assert rows["t1"].tokens_per_s == pytest.approx(1000.0)
+    assert summary.status_counts == {"completed": 3, "spiked": 1, "diverged": 2}
+    assert sweep_summary(records, target=2.25).target.met is True
+    assert sweep_summary(records, target=2.2).target.met is False  # its best 2.2 came before the end
+    assert sweep_summary(records).target.met is None
 
 
 def test_sweep_summary_without_trials_is_a_user_error():

@@ -2,16 +2,15 @@
 
 A trial ASHA stopped at a rung is compared with the others at the rungs it reached and nowhere
 else; "final" losses are those at the end of the budget, from trials that trained all of it; the best
-LR is the lowest mean full-budget loss over its seeds (lmtune.sweep.runs.conclude, the rule the sweep
+LR is the lowest mean full-budget loss over its seeds (lmtune.sweep.conclusion.conclude, the rule the sweep
 itself prints). Works on the report's TrialRecords, turned into the search's Runs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,7 +25,7 @@ from lmtune.report.stability import (
     tokens_trained,
     val_points,
 )
-from lmtune.sweep.runs import INTERRUPTED, Budget, Run, conclude, effective_runs
+from lmtune.sweep.runs import INTERRUPTED, Budget, Run, effective_runs
 from lmtune.training.divergence import BY_RULE, NON_FINITE, WHOLE_RUN
 
 # A stable run's attention logits above this are worth a warning: Wortsman et al. (2023) find
@@ -55,7 +54,7 @@ def record_runs(records: Sequence[TrialRecord], budget: Budget) -> list[Pair]:
         run = Run(record.lr, record.seed if record.seed is not None else budget.seed, record.stage, budget_tokens,
                   run_tokens, None if outcome == "running" else outcome, tokens_trained(record) or 0,
                   {int(t): float(v) for t, v in zip(tokens, val, strict=True)}, others,
-                  spikes=[asdict(spike) for spike in spikes_of(record)], trial_id=record.trial_id,
+                  spikes=tuple(spikes_of(record)), trial_id=record.trial_id,
                   continue_from=record.continue_from)
         if run.diverged:
             run.divergence, run.diverged_tokens = divergence_of(record, run, budget_tokens // max(steps or 1, 1))
@@ -81,14 +80,23 @@ def standing_pairs(pairs: Sequence[Pair]) -> list[Pair]:
     return [(run, record) for run, record in pairs if id(run) in standing]
 
 
-def summarize_equal_tokens(table: dict[int, dict[float, list[float]]]) -> dict[str, dict[str, float]]:
-    """summary.json's equal_token_losses: {tokens: {lr: mean loss over the trials that reached it}}."""
-    return {str(tokens): {f"{lr:.4g}": float(np.mean(losses)) for lr, losses in by_lr.items()}
-            for tokens, by_lr in table.items()}
+@dataclass(frozen=True)
+class EqualTokenLosses:
+    """Every standing run's val loss at exactly each comparison point (ASHA's rungs and the whole budget), by LR:
+    one loss per seed that reached it (lmtune.sweep.runs.equal_token_losses; diverged runs left out)."""
 
+    table: Mapping[int, Mapping[float, Sequence[float]]]
+    """Tokens -> LR -> the losses there."""
 
-def edge_conclusion(pairs: Sequence[Pair], budget: Budget) -> dict[str, Any]:
-    return conclude([run for run, _ in pairs], budget)
+    def means_json(self) -> dict[str, dict[str, float]]:
+        """summary.json's equal_token_losses: {tokens: {lr: mean loss over the trials that reached it}}."""
+        return {str(tokens): {f"{lr:.4g}": float(np.mean(losses)) for lr, losses in by_lr.items()}
+                for tokens, by_lr in self.table.items()}
+
+    def trials_json(self) -> dict[str, dict[str, list[float]]]:
+        """summary.json's equal_token_trials: {tokens: {lr: the loss of each trial that reached it}}."""
+        return {str(tokens): {f"{lr:.4g}": list(losses) for lr, losses in by_lr.items()}
+                for tokens, by_lr in self.table.items()}
 
 
 def best_record(pairs: Sequence[Pair], best_lr: float | None) -> TrialRecord | None:
@@ -97,12 +105,24 @@ def best_record(pairs: Sequence[Pair], best_lr: float | None) -> TrialRecord | N
     return min(finals, key=lambda item: item[0])[1] if finals else None
 
 
-def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Sensitivity:
+    """LR sensitivity (Wortsman et al. 2023) at the full budget."""
+
+    value: float | None
+    """S = mean over LRs of min(l(eta), l0) - l* (None: no full-budget loss, or no l0)."""
+    lrs: int
+    """How many LRs it is over (those with a full-budget loss or a divergence)."""
+    tokens: int | None
+    """The full budget's tokens it is measured at."""
+
+
+def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> Sensitivity:
     """LR sensitivity (Wortsman et al. 2023) at the full budget: S = mean over LRs of min(l(eta), l0) - l*,
     with l(eta) the mean full-budget loss of the trials at eta, l0 for an LR at which a trial diverged,
     and LRs whose trials all stopped early (ASHA, probes) left out: they have no full-budget loss."""
     if ell0 is None:
-        return {"value": None, "lrs": 0, "tokens": None}
+        return Sensitivity(None, 0, None)
     per_lr: dict[float, list[float]] = {}
     diverged = set()
     tokens = None
@@ -117,23 +137,50 @@ def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> dict[s
     losses = {lr: ell0 if lr in diverged else float(np.mean(v)) for lr, v in per_lr.items()}
     losses.update(dict.fromkeys(diverged, ell0))
     if not per_lr:
-        return {"value": None, "lrs": len(losses), "tokens": tokens}
+        return Sensitivity(None, len(losses), tokens)
     values = np.minimum(np.array(list(losses.values())), ell0)
-    return {"value": float(np.mean(values - values.min())), "lrs": len(losses), "tokens": tokens}
+    return Sensitivity(float(np.mean(values - values.min())), len(losses), tokens)
 
 
-def full_budget_convergence(pairs: Sequence[Pair], basin: Sequence[float] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ConvergenceRow:
+    """How many tokens one trial that trained its whole budget needed to reach the common loss level."""
+
+    trial_id: str
+    """The trial."""
+    lr: float
+    """Its LR."""
+    seed: int
+    """Its seed."""
+    status: str
+    """Its status (lmtune.report.stability.classify)."""
+    tokens: float | None
+    """Tokens to reach the level, interpolated between evaluations (None: never reached it)."""
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """Tokens each trial that trained its whole budget needed to reach one val loss."""
+
+    level: float | None
+    """The worst final loss of the basin's runs (None: no trial trained its whole budget)."""
+    rows: tuple[ConvergenceRow, ...]
+    """One per trial that trained its whole budget, by LR and seed."""
+    budget_tokens: int | None
+    """The budget those trials trained."""
+
+
+def full_budget_convergence(pairs: Sequence[Pair], basin: Sequence[float] | None = None) -> Convergence:
     """Tokens each trial that trained its whole budget needed to reach one val loss, linearly interpolated
     between evaluations: the worst final loss of the basin's runs (so each of them reaches it, and the
     others show how far they are), or of all such trials when there is no basin."""
     full = [(run, record) for run, record in pairs if run.full_loss() is not None]
     reference = [run.full_loss() for run, _ in full if not basin or run.lr in basin]
     level = max(reference) if reference else None
-    rows = []
-    for run, record in sorted(full, key=lambda pair: (pair[0].lr, pair[0].seed)):
-        rows.append({"trial_id": record.trial_id, "lr": run.lr, "seed": run.seed, "status": classify(record),
-                     "tokens": _tokens_to_reach(run, level) if level is not None else None})
-    return {"level": level, "rows": rows, "budget_tokens": full[0][0].budget_tokens if full else None}
+    rows = tuple(ConvergenceRow(record.trial_id, run.lr, run.seed, classify(record),
+                                _tokens_to_reach(run, level) if level is not None else None)
+                 for run, record in sorted(full, key=lambda pair: (pair[0].lr, pair[0].seed)))
+    return Convergence(level, rows, full[0][0].budget_tokens if full else None)
 
 
 def _tokens_to_reach(run: Run, level: float) -> float | None:
@@ -147,8 +194,20 @@ def _tokens_to_reach(run: Run, level: float) -> float | None:
     return None
 
 
+@dataclass(frozen=True)
+class LogitGrowth:
+    """Trials that did not diverge but whose largest attention logit grew past a warning threshold."""
+
+    threshold: float
+    """The largest attention logit above which a stable run is worth a warning."""
+    best: float | None
+    """The best trial's largest attention logit, for scale (None: not logged)."""
+    lrs: tuple[tuple[float, float], ...]
+    """(LR, the largest attention logit any of its trials reached), ascending by LR."""
+
+
 def logit_growth(pairs: Sequence[Pair], best: TrialRecord | None,
-                 threshold: float = LOGIT_GROWTH_WARNING) -> dict[str, Any]:
+                 threshold: float = LOGIT_GROWTH_WARNING) -> LogitGrowth:
     """Trials that did not diverge but whose largest attention logit exceeded ``threshold``: by LR, the
     largest value any of its trials reached (and the best trial's, for scale)."""
     def peak(record: TrialRecord) -> float | None:
@@ -162,40 +221,84 @@ def logit_growth(pairs: Sequence[Pair], best: TrialRecord | None,
         value = peak(record)
         if not run.diverged and value is not None and value > threshold:
             grown[run.lr] = max(value, grown.get(run.lr, 0.0))
-    return {"threshold": threshold, "best": peak(best) if best is not None else None,
-            "lrs": [{"lr": lr, "attn_logit_max": value} for lr, value in sorted(grown.items())]}
+    return LogitGrowth(threshold, peak(best) if best is not None else None, tuple(sorted(grown.items())))
 
 
-def stage_accounting(pairs: Sequence[Pair], edge_state: dict[str, Any] | None,
-                     range_tokens: int | None = None) -> list[dict[str, Any]]:
-    """Per stage: its LRs, trials, tokens trained, and why (the edge search's decisions); a grid or
-    Optuna sweep is one stage. ``range_tokens``: the range test's (not a trial record of its own)."""
-    stages: dict[str, dict[str, Any]] = {}
+@dataclass(frozen=True)
+class StageDecision:
+    """One decision a deciding search recorded: the stage it planned and why."""
+
+    stage: str
+    """The stage the search planned."""
+    why: str
+    """Why, in the search's words."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the search: what it trained and why (a grid or Optuna sweep is one stage)."""
+
+    name: str
+    """The stage (range, coarse, landscape, bisect, confirm, refine, seeds; grid for a grid or Optuna sweep)."""
+    lrs: tuple[float, ...]
+    """Its LRs, ascending (none for the range test)."""
+    tokens: int
+    """Tokens its trials trained themselves."""
+    trials: int
+    """Trials it ran (the range test counts as one)."""
+    why: tuple[str, ...]
+    """The search's reasons for it, in the order it gave them."""
+
+
+def stage_accounting(pairs: Sequence[Pair], decisions: Sequence[StageDecision] = (),
+                     range_tokens: int | None = None) -> list[Stage]:
+    """Per stage: its LRs, trials, tokens trained, and why (the search's ``decisions``); a grid or Optuna sweep
+    is one stage. ``range_tokens``: the range test's (not a trial record of its own)."""
+    lrs: dict[str, set[float]] = {}
+    counts: dict[str, list[int]] = {}  # stage -> [trials, tokens]
+    why: dict[str, list[str]] = {}
     if range_tokens is not None:
-        stages["range"] = {"name": "range", "lrs": set(), "trials": 1, "tokens": range_tokens, "why": []}
+        lrs["range"], counts["range"], why["range"] = set(), [1, range_tokens], []
     for run, record in pairs:
-        entry = stages.setdefault(run.stage, {"name": run.stage, "lrs": set(), "trials": 0, "tokens": 0, "why": []})
+        lrs.setdefault(run.stage, set())
         if run.stage != "range":
-            entry["lrs"].add(run.lr)
-        entry["trials"] += 1
-        entry["tokens"] += tokens_spent(record)
-    for decision in (edge_state or {}).get("decisions", []):
-        entry = stages.setdefault(decision["stage"], {"name": decision["stage"], "lrs": set(), "trials": 0,
-                                                      "tokens": 0, "why": []})
-        entry["why"].append(decision["why"])
+            lrs[run.stage].add(run.lr)
+        count = counts.setdefault(run.stage, [0, 0])
+        count[0] += 1
+        count[1] += tokens_spent(record)
+        why.setdefault(run.stage, [])
+    for decision in decisions:
+        lrs.setdefault(decision.stage, set())
+        counts.setdefault(decision.stage, [0, 0])
+        why.setdefault(decision.stage, []).append(decision.why)
     # In the order the search decided them (the range test first), then any it did not record a decision for.
-    decided = ["range"] + [d["stage"] for d in (edge_state or {}).get("decisions", [])]
+    decided = ["range"] + [d.stage for d in decisions]
     order = {name: decided.index(name) for name in decided}
-    result = sorted(stages.values(), key=lambda e: (order.get(e["name"], len(order)), e["name"]))
-    return [{**e, "lrs": sorted(e["lrs"])} for e in result]
+    names = sorted(lrs, key=lambda name: (order.get(name, len(order)), name))
+    return [Stage(name, tuple(sorted(lrs[name])), counts[name][1], counts[name][0], tuple(why[name])) for name in names]
 
 
-def same_resolution_grid(pairs: Sequence[Pair], resolution: float | None, budget: Budget) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class GridCost:
+    """What a plain grid resolving the edge as finely would train."""
+
+    points: int
+    """LRs, from the smallest to the largest tried, ``ratio`` apart."""
+    ratio: float
+    """The bracket ratio the search reached."""
+    low: float
+    """The smallest LR tried."""
+    high: float
+    """The largest LR tried."""
+    tokens: int
+    """Each LR trained to the full budget once."""
+
+
+def same_resolution_grid(pairs: Sequence[Pair], resolution: float | None, budget: Budget) -> GridCost | None:
     """What a plain grid would cost to resolve the edge as finely: LRs from the smallest to the largest
     tried, ``resolution`` apart (the bracket ratio reached), each trained to the full budget once."""
     lrs = [run.lr for run, _ in pairs if run.stage != "range"]
     if not lrs or resolution is None or resolution <= 1 or min(lrs) <= 0:
         return None
     points = math.ceil(math.log(max(lrs) / min(lrs)) / math.log(resolution) - 1e-9) + 1
-    return {"points": points, "ratio": resolution, "low": min(lrs), "high": max(lrs),
-            "tokens": points * budget.full_tokens}
+    return GridCost(points, resolution, min(lrs), max(lrs), points * budget.full_tokens)

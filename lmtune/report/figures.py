@@ -1,5 +1,6 @@
-"""Where the report's figures are drawn: lr_sweep_comparison.png, lr_vs_final_loss.png,
-instability.png and sharpness.png, from trial records. (A run's own two figures are drawn by
+"""Where the report's figures are drawn: lr_sweep_comparison.png, lr_vs_loss.png, instability.png and
+sharpness.png, from trial records and the summary; FIGURES names each one's file and when it is drawn (a search's
+own figures are its report section's: lmtune.report.sections). (A run's own two figures are drawn by
 lmtune.training.figures.)
 """
 
@@ -16,12 +17,16 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import EngFormatter, NullFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from lmtune.report.headline import per_doubling  # noqa: E402
+from lmtune.report.sections.base import FigureInputs, ReportFigure  # noqa: E402
 from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
+from lmtune.report.summary import SweepSummary  # noqa: E402
+from lmtune.report.text import lr as _lr  # noqa: E402
+from lmtune.report.text import per_doubling  # noqa: E402
 from lmtune.sweep.runs import format_tokens  # noqa: E402
-from lmtune.training.figures import save_figure  # noqa: E402
+from lmtune.training.figures import plot_range_test, save_figure  # noqa: E402
+from lmtune.training.metric_registry import instability_panels  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -128,19 +133,18 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
     return save_figure(fig, path)
 
 
-def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
+def plot_lr_vs_loss(path: Path, summary: SweepSummary) -> Path:
     """Val loss against LR at equal token counts: one curve per rung (each trial's loss interpolated at
     exactly that many tokens; a trial appears only at the rungs it reached), seeds as dots with their
     range at the full budget, diverged LRs as red x at the top; the three regions shaded (basin green,
     degraded orange, diverged red), each boundary drawn across the interval it is known to lie in."""
-    table = {int(t): {float(lr): losses for lr, losses in by_lr.items()}
-             for t, by_lr in summary["equal_token_trials"].items()}
+    table = summary.equal_tokens.table
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     colors = plt.get_cmap("viridis")
     rungs = sorted(table)
     values = [v for by_lr in table.values() for losses in by_lr.values() for v in losses]
     final_values = [v for losses in (table[rungs[-1]] if rungs else {}).values() for v in losses]
-    start = summary.get("initial_loss")
+    start = summary.initial_loss
     # The full budget's curve and ℓ₀ set the scale: an early rung's loss far above ℓ₀ goes off the top.
     top = max([*final_values, *([start] if start else [])] or values or [1.0])
     bottom = min(values) if values else top - 1.0
@@ -162,7 +166,7 @@ def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
                 if len(by_lr[lr]) > 1:
                     ax.plot([lr] * len(by_lr[lr]), by_lr[lr], ".", color=color, alpha=0.6)
                     ax.vlines(lr, min(by_lr[lr]), max(by_lr[lr]), color=color, linewidth=1)
-    diverged = sorted({r["lr"] for r in summary["trials"] if r["status"] == "diverged"})
+    diverged = sorted({r.lr for r in summary.trials if r.status == "diverged"})
     if diverged:
         ax.plot(diverged, [top_edge] * len(diverged), "x", color="red", markersize=10, markeredgewidth=2.2,
                 label="diverged", clip_on=False)
@@ -180,87 +184,23 @@ def plot_lr_vs_loss(path: Path, summary: dict[str, Any]) -> Path:
     return save_figure(fig, path)
 
 
-def plot_horizon(path: Path, summary: dict[str, Any]) -> Path:
-    """A horizon search: left, val loss against LR at each budget's full token count (seeds as dots, the
-    budget's first failing LR as an x); right, each budget's best LR against its tokens with the interval it
-    lies in, the fitted power law, the prediction at the target with its 90% interval, and the target runs'
-    best."""
-    budgets = summary["budgets"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5), gridspec_kw={"wspace": 0.3})
-    colors = plt.get_cmap("viridis")
-    for i, b in enumerate(budgets):
-        color = "black" if i == len(budgets) - 1 else colors(0.85 * i / max(len(budgets) - 2, 1))
-        rows = sorted(b["ranking"] or [], key=lambda r: r["lr"])
-        what = "target" if i == len(budgets) - 1 else "searched"
-        if rows:
-            left.plot([r["lr"] for r in rows], [r["mean"] for r in rows], "o-", color=color, markersize=4,
-                      label=f"{b['steps']} steps, {format_tokens(b['tokens'])} tokens ({what})")
-            for r in rows:
-                if len(r["losses"]) > 1:
-                    left.plot([r["lr"]] * len(r["losses"]), r["losses"], ".", color=color, alpha=0.6)
-        if b.get("divergence_lr") and rows:
-            left.plot([b["divergence_lr"]], [max(r["mean"] for r in rows)], "x", color=color, markersize=9,
-                      markeredgewidth=2)
-    left.set_xscale("log")
-    left.set_xlabel("peak learning rate")
-    left.set_ylabel("val loss at the budget's end (nats/token)")
-    left.set_title("loss against LR, each budget at its own full token count\n(x: the budget's first LR that "
-                   "failed, drawn at its curve's top)", fontsize=10)
-    left.grid(alpha=0.3, which="both")
-    left.legend(fontsize=7)
-    _plot_fit(right, summary)
-    return save_figure(fig, path)
-
-
-def _plot_fit(ax, summary: dict[str, Any]) -> None:
-    searched = [b for b in summary["budgets"][:-1] if b.get("best_lr")]
-    for b in searched:
-        low, high = b.get("best_lr_interval") or (None, None)
-        lo, hi = (low or b["best_lr"]), (high or b["best_lr"])
-        ax.errorbar([b["tokens"]], [b["best_lr"]], yerr=[[b["best_lr"] - lo], [hi - b["best_lr"]]], fmt="o",
-                    color="tab:blue", capsize=4)
-    ax.plot([], [], "o", color="tab:blue", label="best LR of a searched budget (bar: where it may lie)")
-    fit, target = summary.get("horizon_fit"), summary["target_tokens"]
-    if fit is not None and searched:
-        xs = np.geomspace(min(b["tokens"] for b in searched), target, 50)
-        ax.plot(xs, np.exp(fit["intercept"]) * xs ** -fit["beta"], "-", color="tab:blue", alpha=0.7,
-                label=f"fit: LR* ∝ tokens^-{fit['beta']:.2f}")
-        low, high = summary["predicted_lr_interval"]
-        ax.errorbar([target], [summary["predicted_lr"]], yerr=[[summary["predicted_lr"] - low],
-                                                                [high - summary["predicted_lr"]]],
-                    fmt="s", color="tab:orange", capsize=5, label="predicted at the target (90% interval)")
-    confirmed = summary.get("confirmed") or {}
-    if confirmed.get("best_lr"):
-        ax.plot([target], [confirmed["best_lr"]], "*", color="black", markersize=13,
-                label="best of the target runs")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks([b["tokens"] for b in searched] + [target])  # the budgets themselves, labelled
-    ax.xaxis.set_major_formatter(EngFormatter(places=0))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("tokens (the budget)")
-    ax.set_ylabel("best learning rate")
-    ax.set_title("the best LR against the token horizon", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-
-
-def _shade_edge_and_best(ax, summary: dict[str, Any]) -> None:
+def _shade_edge_and_best(ax, summary: SweepSummary) -> None:
     """The regions as bands: solid where the region is known to hold, hatched where its boundary lies."""
-    basin, degraded, diverged = summary.get("basin"), summary.get("degraded"), summary.get("diverged")
+    regions = summary.conclusion.landscape
+    basin, degraded, diverged = regions.basin, regions.degraded, regions.diverged
     if basin:
-        _band(ax, basin["low"][1], basin["high"][0], basin["low"], basin["high"], "tab:green",
-              f"basin: {_lr(basin['lrs'][0])}–{_lr(basin['lrs'][-1])} (within 2 SE of the best)")
+        _band(ax, basin.low[1], basin.high[0], basin.low, basin.high, "tab:green",
+              f"basin: {_lr(basin.lrs[0], '?')}–{_lr(basin.lrs[-1], '?')} (within 2 SE of the best)")
     if degraded:
-        _band(ax, degraded["low"][1], degraded["high"][0], None, degraded["high"], "tab:orange",
+        _band(ax, degraded.low[1], degraded.high[0], None, degraded.high, "tab:orange",
               f"degraded: {per_doubling(degraded)}")
-    if diverged and diverged["low"][1] is not None:
-        low, high = diverged["low"]
+    if diverged and diverged[1] is not None:
+        low, high = diverged
         right = ax.get_xlim()[1] if ax.get_xlim()[1] > high else high * 1.5
-        ax.axvspan(high, right, color="red", alpha=0.12, label=f"diverged: from {_lr(low)}–{_lr(high)} up")
+        ax.axvspan(high, right, color="red", alpha=0.12, label=f"diverged: from {_lr(low, '?')}–{_lr(high, '?')} up")
         if low is not None:
             ax.axvspan(low, high, color="red", alpha=0.06, hatch="//", linewidth=0)
-    best = summary.get("best_lr")
+    best = summary.best_lr
     if best is not None:
         ax.axvline(best, color="tab:green", linestyle=":", linewidth=1.5, label=f"best lr {best:.3g}")
 
@@ -272,39 +212,39 @@ def _band(ax, start: float, end: float, low_gap, high_gap, color: str, label: st
             ax.axvspan(gap[0], gap[1], color=color, alpha=0.05, hatch="//", linewidth=0)
 
 
-def _lr(value: float | None) -> str:
-    return "?" if value is None else f"{value:.3g}"
-
-
 def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | None, path: Path) -> Path:
-    """Gradient norm, attention-logit max and output-logit max over tokens (log y) for the broken runs."""
+    """Every metric registered for the instability figure (metric_registry.instability_panels: gradient norm,
+    attention-logit max, output-logit max, the largest relative update of a layer) over tokens for the broken
+    runs, a panel each; a run whose metrics.csv lacks one (written before it was logged) is absent from it."""
     broken = [r for r in records if classify(r) in ("diverged", "spiked")]
     shown = ([best_record] if best_record is not None else []) + [r for r in broken if r is not best_record]
     norm, cmap = _lr_colors(records)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    panels = (("grad_norm", "gradient norm"), ("attn_logit_max", "attention-logit max"),
-              ("output_logit_max", "output-logit max"))
-    for ax, (name, label) in zip(axes, panels, strict=True):
+    panels = instability_panels()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    for ax, metric in zip(axes[0], panels, strict=True):
         for r in shown:
-            x, y = _finite_xy(column(r, "tokens"), column(r, name))
-            y = np.abs(y)
-            keep = y > 0
+            x, y = _finite_xy(column(r, "tokens"), column(r, metric.column))
+            keep = np.ones(y.shape, dtype=bool)
+            if metric.log_scale:
+                y = np.abs(y)
+                keep = y > 0
             if not keep.any():
                 continue
             is_best = best_record is not None and r is best_record
             ax.plot(x[keep], y[keep], color="black" if is_best else cmap(norm(r.lr)),
                     linewidth=2.2 if is_best else 1.3, zorder=3 if is_best else 2,
                     label=f"{'best ' if is_best else ''}lr={r.lr:.3g} ({classify(r)})")
-        ax.set_yscale("log")
+        if metric.log_scale:
+            ax.set_yscale("log")
         ax.xaxis.set_major_formatter(EngFormatter())
         ax.set_xlabel("tokens")
-        ax.set_title(label)
+        ax.set_title(metric.title)
         ax.grid(alpha=0.3, which="both")
         if not ax.lines:
             ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="gray")
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
-        axes[0].legend(fontsize=7)
+        axes[0][0].legend(fontsize=7)
     fig.suptitle("stability probes: diverged and spiked runs beside the best run")
     return save_figure(fig, path)
 
@@ -345,3 +285,26 @@ def plot_sharpness(rows: Sequence[dict[str, Any]], path: Path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle("edge of stability: sharpness against the stability thresholds")
     return save_figure(fig, path)
+
+
+def _broken(f: FigureInputs) -> bool:
+    return any(row.status in ("diverged", "spiked") for row in f.summary.trials)
+
+
+def _draw_instability(f: FigureInputs, path: Path) -> Path:
+    best = next((t for t in f.trials if t.trial_id == f.summary.best_trial), None)
+    return plot_instability(f.trials, best, path)
+
+
+# The report's figures, in the order the report lists them (after its search section's own): each one's file name
+# is defined here alone (the markdown names a figure through these). A new figure is a plot function above and an
+# entry here.
+COMPARISON = ReportFigure("lr_sweep_comparison.png", lambda f: True,
+                          lambda f, path: plot_sweep_comparison(f.trials, path, target=f.target))
+LR_VS_LOSS = ReportFigure("lr_vs_loss.png", lambda f: True, lambda f, path: plot_lr_vs_loss(path, f.summary))
+RANGE_TEST = ReportFigure("lr_range_test.png", lambda f: f.range_test is not None,
+                          lambda f, path: plot_range_test(f.range_test, path))
+INSTABILITY = ReportFigure("instability.png", _broken, _draw_instability)
+SHARPNESS = ReportFigure("sharpness.png", lambda f: bool(f.sharpness),
+                         lambda f, path: plot_sharpness(f.sharpness, path))
+FIGURES = (COMPARISON, LR_VS_LOSS, RANGE_TEST, INSTABILITY, SHARPNESS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,10 @@ import numpy as np
 import pandas as pd
 
 from lmtune.errors import LmtuneError
-from lmtune.sweep.record import Outcome
+from lmtune.sweep.record import Outcome, run_config_of
+from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DivergenceRule, LossWatch, Spike, judge
+from lmtune.training.metric_registry import probe_labels
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,9 @@ AT_EDGE_BAND = (0.8, 1.25)
 NEAR_EDGE_BELOW = 2.0
 CONSERVATIVE_ABOVE = 4.0
 
-# first_growth: a probe "grew" once it exceeds this multiple of the best run's value at the same step.
+# first_growth: a probe "grew" once it exceeds this multiple of the best run's value at the same step. The
+# probes it compares are the metrics registered as probes (lmtune.training.metric_registry.probe_labels).
 GROWTH_FACTOR = 2.0
-PROBES = {
-    "attn_logit_max": "attention-logit max",
-    "output_logit_max": "output-logit max",
-    "grad_norm": "gradient norm",
-}
 
 
 @dataclass
@@ -71,7 +69,7 @@ class TrialRecord:
     @property
     def budget_tokens(self) -> int | None:
         """The tokens the trial's config would train to the end, when it has a config."""
-        return budget_tokens(self.config)
+        return budget_tokens(run_config_of(self.config))
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -83,13 +81,9 @@ class TrialRecord:
             self.curve = self.curve.sort_values("step", kind="stable").reset_index(drop=True)
 
 
-def budget_tokens(config: dict[str, Any]) -> int | None:
-    """steps x batch_size x context_length of a RunConfig dict (None when it lacks one of them)."""
-    train, model = config.get("train") or {}, config.get("model") or {}
-    try:
-        return int(train["steps"]) * int(train["batch_size"]) * int(model["context_length"])
-    except (KeyError, TypeError, ValueError):
-        return None
+def budget_tokens(config: RunConfig | None) -> int | None:
+    """The tokens a config trains to the end of its schedule (RunConfig.total_tokens; None without a config)."""
+    return config.total_tokens if config is not None else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +162,7 @@ def _judge(record: TrialRecord) -> LossWatch | None:
     rows = [(int(s), float(v)) for s, v in zip(step, train, strict=True) if math.isfinite(s)]
     finished = record.outcome in ("completed", "probed", "diverged", "stopped_early", "too_slow", "error", "ended")
     trained = tokens_trained(record)
-    tokens_per_step = (budget_tokens(record.config) or 0) // int(steps) if steps else 0
+    tokens_per_step = (budget_tokens(run_config_of(record.config)) or 0) // int(steps) if steps else 0
     steps_trained = trained // tokens_per_step if trained and tokens_per_step else 0
     return judge(rows, ell0, int(steps), steps_trained, record.rule, ended=finished)
 
@@ -290,9 +284,10 @@ def tokens_to_reach(record: TrialRecord, level: float) -> float | None:
 def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: float = GROWTH_FACTOR) -> str:
     """Which stability probe grew first relative to the best trial, as one sentence.
 
-    For each of attention-logit max, output-logit max and gradient norm, find the first logged step
-    where |value| exceeds ``factor`` times the best trial's |value| at that step (the best run's curve
-    linearly interpolated onto this run's steps, within its logged range). Names the earliest one.
+    For each registered probe (metric_registry.probe_labels: gradient norm, attention-logit max, output-logit
+    max), find the first logged step where |value| exceeds ``factor`` times the best trial's |value| at that
+    step (the best run's curve linearly interpolated onto this run's steps, within its logged range). Names
+    the earliest one; a probe an old metrics.csv lacks is said not logged.
     """
     if best_record is None:
         return f"{record.trial_id}: no best trial to compare against."
@@ -302,13 +297,13 @@ def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: f
         return f"{record.trial_id}: no step column, so growth cannot be compared."
     found, missing = probe_crossings(record, best_record, factor)
     if not found:
-        checked = [label for label in PROBES.values() if label not in missing]
+        checked = [label for label in probe_labels().values() if label not in missing]
         if not checked:
             return f"{record.trial_id}: no stability probes logged ({', '.join(missing)} missing)."
         tail = f" ({', '.join(missing)} not logged)" if missing else ""
         return (f"{record.trial_id} (lr={record.lr:.3g}): none of {', '.join(checked)} exceeded "
                 f"{factor:g}x the best trial's values{tail}.")
-    order = list(PROBES.values())
+    order = list(probe_labels().values())
     found.sort(key=lambda item: (item[0], order.index(item[2])))
     quiet = [label for label in order if label not in missing and label not in {f[2] for f in found}]
     step = found[0][0]
@@ -338,7 +333,7 @@ def probe_crossings(record: TrialRecord, best_record: TrialRecord,
     steps, best_steps = column(record, "step"), column(best_record, "step")
     found: list[tuple[float, float, str]] = []
     missing = []
-    for name, label in PROBES.items():
+    for name, label in probe_labels().items():
         mine, theirs = column(record, name), column(best_record, name)
         ok = np.isfinite(theirs) & np.isfinite(best_steps) if theirs is not None else None
         if mine is None or ok is None or ok.sum() == 0:
@@ -355,54 +350,3 @@ def probe_crossings(record: TrialRecord, best_record: TrialRecord,
             ratio = abs(mine[i]) / max(ref_at[i], 1e-12) if np.isfinite(mine[i]) else math.inf
             found.append((float(steps[i]), ratio, label))
     return found, missing
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def trial_row(record: TrialRecord) -> dict[str, Any]:
-    status = classify(record)
-    spikes = spikes_of(record)
-    tokens = tokens_trained(record)
-    speed = column(record, "tokens_per_s")
-    if speed is not None and np.isfinite(speed).any():
-        tokens_per_s = float(np.nanmean(np.where(np.isfinite(speed), speed, np.nan)))
-    elif tokens and record.wall_time_s:
-        tokens_per_s = tokens / record.wall_time_s
-    else:
-        tokens_per_s = None
-    budget = record.budget_tokens
-    full = status != "diverged" and tokens is not None and (budget is None or tokens >= budget)
-    return {
-        "trial_id": record.trial_id,
-        "lr": record.lr,
-        "stage": record.stage,
-        "seed": record.seed,
-        "params": {k: _clean(v) for k, v in record.params.items()},
-        "status": status,
-        "final_val_loss": final_val_loss(record) if full else None,  # only at the end of the whole budget
-        "best_val_loss": best_val_loss(record),
-        "tokens": tokens,
-        "budget_tokens": budget,
-        "wall_time_s": _clean(record.wall_time_s),
-        "tokens_per_s": _clean(tokens_per_s),
-        "reason": record.reason,
-        "stop_step": record.stop_step,
-        "spikes": [asdict(spike) for spike in spikes],
-        "max_spike_height": _clean(max((spike.height for spike in spikes), default=None)),
-    }
-
-
-def json_safe(value: Any) -> Any:
-    """NaN/inf -> None and numpy scalars -> Python, through dicts and lists (for JSON with allow_nan=False)."""
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return _clean(value)

@@ -1,20 +1,28 @@
-"""The report's numbers (summary.json): the best LR at equal tokens with its spread over seeds, the
-landscape above it (basin, degraded, diverged), the edge bracket and how it was confirmed, the ratio as a
-range, the runs that spiked, equal-token losses per rung, sensitivity, convergence, target, the stages of
-the search, and one row per trial. JSON-safe (no NaN)."""
+"""The report's numbers, typed: the best LR at equal tokens with its spread over seeds, the landscape above it
+(basin, degraded, diverged), the edge bracket and how it was confirmed, the ratio as a range, the runs that
+spiked, equal-token losses per rung, sensitivity, convergence, target, the stages of the search, and one row per
+trial (``SweepSummary``). Computed once by ``sweep_summary``; the markdown, the figures, the CLIs' last lines and
+summary.json (``SweepSummary.to_json``, JSON-safe: no NaN) all read it."""
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 from lmtune.errors import LmtuneError
 from lmtune.report.comparison import (
+    Convergence,
+    EqualTokenLosses,
+    GridCost,
+    LogitGrowth,
+    Pair,
+    Sensitivity,
+    Stage,
+    StageDecision,
     best_record,
-    edge_conclusion,
     full_budget_convergence,
     full_budget_sensitivity,
     logit_growth,
@@ -22,10 +30,9 @@ from lmtune.report.comparison import (
     same_resolution_grid,
     stage_accounting,
     standing_pairs,
-    summarize_equal_tokens,
 )
+from lmtune.report.rows import TrialRow, json_safe, trial_table
 from lmtune.report.stability import (
-    STATUSES,
     TrialRecord,
     best_candidates,
     best_val_loss,
@@ -33,76 +40,244 @@ from lmtune.report.stability import (
     edge_reading,
     edge_reading_range,
     initial_loss,
-    json_safe,
     tokens_to_reach,
     tokens_trained,
-    trial_row,
 )
+from lmtune.sweep.conclusion import Conclusion, conclude
 from lmtune.sweep.runs import Budget, equal_token_losses
+from lmtune.training.divergence import DivergenceRule, Spike
 
 log = logging.getLogger(__name__)
 
+Json = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
+"""A value summary.json holds as another part of lmtune wrote it (the sweep's records, the range test)."""
+
+
+class SearchResult(Protocol):
+    """What a search strategy adds to the summary of its own (a horizon search's fit): summary.json's keys for it."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SpikedRun:
+    """A run whose loss spiked (rose far above its running minimum and came back) without diverging."""
+
+    trial_id: str
+    """The trial."""
+    lr: float
+    """Its LR."""
+    seed: int
+    """Its seed."""
+    spikes: tuple[Spike, ...]
+    """Each excursion of its loss (lmtune.training.divergence.Spike)."""
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """Whether the best LR reached a target val loss."""
+
+    target: float | None
+    """The target (None: none was given, and the rest is None too)."""
+    met: bool | None
+    """The best LR's loss is at or below the target (None: no target)."""
+    trial: str | None
+    """The best trial, when it met the target."""
+    tokens: float | None
+    """Tokens after which that trial first reached it."""
+
+
+@dataclass(frozen=True)
+class MissingTrial:
+    """A trial the ledger lists whose folder the report could not read: the conclusions are drawn without it."""
+
+    trial_id: str
+    """The trial the ledger names."""
+    outcome: str
+    """How the ledger says it ended."""
+    reason: str
+    """The ledger's reason."""
+
+
+@dataclass(frozen=True)
+class SweepFacts:
+    """What ``analyze`` adds from the sweep's records beside what its runs conclude."""
+
+    sweep: str = ""
+    """The sweep's name."""
+    sweep_dir: str = ""
+    """The sweep's folder, absolute."""
+    missing_trials: tuple[MissingTrial, ...] = ()
+    """Trials the ledger lists whose folder could not be read: the report concludes without them."""
+    best_trial_dir: str | None = None
+    """The best trial's folder (its checkpoints/best.pt is the one to use)."""
+    best_config: Mapping[str, Json] | None = None
+    """The best trial's varied parameters (Tune's params)."""
+    search_strategy: str = ""
+    """The search, its early stopping and its stopper, in words."""
+    compute: Mapping[str, Json] | None = None
+    """Tokens trained against a full grid, trials started, time."""
+    data: str = ""
+    """What the trials trained on, in words."""
+    range_test: Mapping[str, Json] | None = None
+    """The edge search's LR range test, summarized (None: none ran)."""
+    generated: str = ""
+    """When the report was computed."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sweep": self.sweep, "sweep_dir": self.sweep_dir,
+                "missing_trials": [asdict(m) for m in self.missing_trials], "best_trial_dir": self.best_trial_dir,
+                "best_config": self.best_config, "search_strategy": self.search_strategy,
+                "compute": self.compute if self.compute is not None else {}, "data": self.data,
+                "range_test": self.range_test, "generated": self.generated}
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """What the report concludes of a sweep (or, for a horizon search, of its target budget's runs)."""
+
+    search: str
+    """The search's name (grid, optuna, edge, horizon): which report section adds its own part."""
+    conclusion: Conclusion
+    """What the runs conclude at the compared budget (lmtune.sweep.conclusion)."""
+    compared_at_tokens: int
+    """The full budget every loss is compared at."""
+    candidate_tokens: tuple[int, int] | None
+    """(fewest, most) tokens the best-LR candidates trained when no trial trained its whole budget (the best
+    LR then is the lowest loss at any token count: not at equal tokens); None otherwise."""
+    best_lr: float | None
+    """The crowned best LR (or, with candidate_tokens, the candidates' lowest loss's)."""
+    best_val_loss: float | None
+    """Its mean full-budget loss over seeds (with candidate_tokens: that candidate's lowest loss)."""
+    best_tokens: int | None
+    """The tokens best_val_loss is at."""
+    edge_ratio: float | None
+    """The smallest diverging LR / best_lr, as a point value."""
+    best_trial: str | None
+    """The trial at the best LR with the lowest full-budget loss: the checkpoint to use."""
+    equal_tokens: EqualTokenLosses
+    """Every standing run's loss at each comparison point, by LR."""
+    rungs: tuple[int, ...]
+    """The token counts LRs are compared at (ASHA's rungs, then the full budget)."""
+    spiked: tuple[SpikedRun, ...]
+    """The runs that spiked without diverging."""
+    divergence_rule: DivergenceRule
+    """The sweep's rule for diverged and spiked."""
+    sensitivity: Sensitivity
+    """LR sensitivity at the full budget."""
+    initial_loss: float | None
+    """ℓ₀: ln vocab (or the trials' median first loss)."""
+    target: TargetResult
+    """Whether the best LR met the target val loss given to analyze."""
+    convergence: Convergence
+    """Tokens each full-budget trial needed to reach the basin's level."""
+    logit_growth: LogitGrowth
+    """Trials that did not diverge but whose attention logits grew past the warning threshold."""
+    stages: tuple[Stage, ...]
+    """The search's stages in the order it ran them: LRs, trials, tokens and why."""
+    same_resolution_grid: GridCost | None
+    """What a plain grid resolving the edge as finely would cost (None: no bracket ratio)."""
+    status_counts: Mapping[str, int]
+    """How many trials have each status."""
+    trials: tuple[TrialRow, ...]
+    """One row per trial, by LR, seed and id."""
+    search_result: SearchResult | None = None
+    """The search strategy's own results (a horizon search's: lmtune.report.horizon.HorizonResult)."""
+    facts: SweepFacts | None = None
+    """What analyze read of the sweep's records (None: summarized from trial records alone)."""
+    sharpness: tuple[Mapping[str, Json], ...] | None = None
+    """The sharpness estimates (analyze --sharpness), as sharpness.csv's columns."""
+
+    @property
+    def edge_reading(self) -> str:
+        return edge_reading(self.edge_ratio)
+
+    @property
+    def edge_range_reading(self) -> str | None:
+        return edge_reading_range(*self.conclusion.edge_ratio_range)
+
+    def trial(self, trial_id: str | None) -> TrialRow | None:
+        return next((r for r in self.trials if r.trial_id == trial_id), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """summary.json: its keys and their meaning are the report's public interface (README)."""
+        summary = {**self.conclusion.to_json(), "best_lr": self.best_lr, "edge_ratio": self.edge_ratio,
+                   "compared_at_tokens": self.compared_at_tokens, "candidate_tokens": self.candidate_tokens,
+                   "best_val_loss": self.best_val_loss, "best_tokens": self.best_tokens,
+                   "best_trial": self.best_trial, "edge_reading": self.edge_reading,
+                   "edge_range_reading": self.edge_range_reading,
+                   "equal_token_losses": self.equal_tokens.means_json(),
+                   "equal_token_trials": self.equal_tokens.trials_json(), "rungs": list(self.rungs),
+                   "spiked": [{"trial_id": s.trial_id, "lr": s.lr, "seed": s.seed,
+                               "spikes": [asdict(spike) for spike in s.spikes]} for s in self.spiked],
+                   "divergence_rule": asdict(self.divergence_rule), "lr_sensitivity": self.sensitivity.value,
+                   "lr_sensitivity_lrs": self.sensitivity.lrs, "lr_sensitivity_tokens": self.sensitivity.tokens,
+                   "initial_loss": self.initial_loss, "target": self.target.target,
+                   "target_met": self.target.met, "target_trial": self.target.trial,
+                   "target_tokens": self.target.tokens, "convergence": asdict(self.convergence),
+                   "logit_growth": {"threshold": self.logit_growth.threshold, "best": self.logit_growth.best,
+                                    "lrs": [{"lr": lr, "attn_logit_max": peak}
+                                            for lr, peak in self.logit_growth.lrs]},
+                   "stages": [asdict(s) for s in self.stages],
+                   "same_resolution_grid": asdict(self.same_resolution_grid) if self.same_resolution_grid else None,
+                   "status_counts": dict(self.status_counts), "trials": [row.to_json() for row in self.trials]}
+        if self.search_result is not None:
+            summary.update(self.search_result.to_json())
+        if self.facts is not None:
+            summary.update(self.facts.to_json())
+        if self.sharpness is not None:
+            summary["sharpness"] = [dict(row) for row in self.sharpness]
+        return json_safe(summary)
+
 
 def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, target: float | None = None,
-                  ell0: float | None = None, vocab_size: int | None = None, edge_state: dict[str, Any] | None = None,
-                  range_tokens: int | None = None) -> dict[str, Any]:
+                  ell0: float | None = None, vocab_size: int | None = None, decisions: Sequence[StageDecision] = (),
+                  range_tokens: int | None = None, search: str = "grid") -> SweepSummary:
     """The sweep's headline numbers and one row per trial. ``budget``: the sweep's (steps, warm-up,
-    tokens per step, rungs); without it, one rung at the largest trial budget."""
+    tokens per step, rungs); without it, one rung at the largest trial budget. ``decisions``: the search's
+    (the why of each stage)."""
     if not records:
         raise LmtuneError("the sweep has no trials to analyze; run a sweep first")
     budget = budget or budget_from_records(records)
-    pairs = record_runs(records, budget)
+    return summarize_runs(records, record_runs(records, budget), budget, target=target, ell0=ell0,
+                          vocab_size=vocab_size, decisions=decisions, range_tokens=range_tokens, search=search)
+
+
+def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget: Budget, target: float | None = None,
+                   ell0: float | None = None, vocab_size: int | None = None, decisions: Sequence[StageDecision] = (),
+                   range_tokens: int | None = None, search: str = "grid",
+                   conclusion: Conclusion | None = None) -> SweepSummary:
+    """sweep_summary of ``records`` already turned into the search's runs (``pairs``: record_runs), at ``budget``;
+    ``conclusion``: what those runs conclude, when the caller has concluded it already (a horizon search)."""
     standing = standing_pairs(pairs)  # a run continued by another, or retrained, counts once
-    conclusion = edge_conclusion(pairs, budget)
-    best = best_record(standing, conclusion["best_lr"])
-    summary: dict[str, Any] = {**conclusion, "compared_at_tokens": budget.full_tokens, "candidate_tokens": None}
+    conclusion = conclusion or conclude([run for run, _ in pairs], budget)
+    best = best_record(standing, conclusion.best_lr)
+    best_lr, edge_ratio, candidates = conclusion.best_lr, conclusion.edge_ratio, None
     if best is not None:
-        summary.update(best_val_loss=conclusion["best_lr_mean_loss"], best_tokens=budget.full_tokens)
+        best_loss, best_tokens = conclusion.best.mean, budget.full_tokens
     else:  # no trial trained its whole budget: the lowest loss at any token count, said to be unequal
-        candidates = best_candidates(records)
-        best = min(candidates, key=lambda r: (best_val_loss(r), r.lr)) if candidates else None
-        summary.update(best_lr=best.lr if best else None, best_val_loss=best_val_loss(best) if best else None,
-                       best_tokens=tokens_trained(best) if best else None,
-                       candidate_tokens=candidate_token_range(records))
-        summary["edge_ratio"] = (conclusion["divergence_lr"] / best.lr if best and conclusion["divergence_lr"]
-                                 else None)
+        found = best_candidates(records)
+        best = min(found, key=lambda r: (best_val_loss(r), r.lr)) if found else None
+        best_lr, best_loss = (best.lr, best_val_loss(best)) if best else (None, None)
+        best_tokens, candidates = (tokens_trained(best) if best else None), candidate_token_range(records)
+        diverged_lr = conclusion.edge.diverged_lr
+        edge_ratio = diverged_lr / best.lr if best and diverged_lr else None
     ell0 = ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records))
-    sensitivity = full_budget_sensitivity(standing, ell0)
-    table = equal_token_losses([run for run, _ in standing], budget.rungs)
     rows, counts = trial_table(records)
-    stages = stage_accounting(pairs, edge_state, range_tokens)
-    summary.update({
-        "best_trial": best.trial_id if best is not None else None,
-        "edge_reading": edge_reading(summary["edge_ratio"]),
-        "edge_range_reading": edge_reading_range(*summary["edge_ratio_range"]),
-        "equal_token_losses": summarize_equal_tokens(table),
-        "equal_token_trials": {str(t): {f"{lr:.4g}": losses for lr, losses in by_lr.items()}
-                               for t, by_lr in table.items()},
-        "rungs": list(budget.rungs),
-        "spiked": [{"trial_id": record.trial_id, "lr": run.lr, "seed": run.seed, "spikes": run.spikes}
-                   for run, record in standing if run.spikes and not run.diverged],
-        "divergence_rule": asdict(records[0].rule),
-        "lr_sensitivity": sensitivity["value"], "lr_sensitivity_lrs": sensitivity["lrs"],
-        "lr_sensitivity_tokens": sensitivity["tokens"], "initial_loss": ell0,
-        **target_summary(best, summary["best_val_loss"], target),
-        "convergence": full_budget_convergence(standing, (conclusion.get("basin") or {}).get("lrs")),
-        "logit_growth": logit_growth(standing, best),
-        "stages": [{"name": s["name"], "lrs": s["lrs"], "tokens": s["tokens"], "trials": s["trials"],
-                    "why": s["why"]} for s in stages],
-        "same_resolution_grid": same_resolution_grid(pairs, conclusion["bracket_ratio"], budget),
-        "status_counts": counts,
-        "trials": rows,
-    })
-    log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", summary["best_lr"], summary["best_val_loss"],
-             summary["edge_lr_low"], summary["divergence_lr"])
-    return json_safe(summary)
-
-
-def trial_table(records: Sequence[TrialRecord]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """One row per trial (by LR, seed, id) and how many trials have each status."""
-    rows = [trial_row(r) for r in sorted(records, key=lambda rec: (rec.lr, rec.seed or 0, rec.trial_id))]
-    counts = {s: sum(row["status"] == s for row in rows) for s in STATUSES if any(row["status"] == s for row in rows)}
-    return rows, counts
+    basin = conclusion.landscape.basin
+    summary = SweepSummary(
+        search, conclusion, budget.full_tokens, candidates, best_lr, best_loss, best_tokens, edge_ratio,
+        best.trial_id if best is not None else None,
+        EqualTokenLosses(equal_token_losses([run for run, _ in standing], budget.rungs)), tuple(budget.rungs),
+        tuple(SpikedRun(record.trial_id, run.lr, run.seed, run.spikes) for run, record in standing
+              if run.spikes and not run.diverged),
+        records[0].rule, full_budget_sensitivity(standing, ell0), ell0, target_summary(best, best_loss, target),
+        full_budget_convergence(standing, basin.lrs if basin else None), logit_growth(standing, best),
+        tuple(stage_accounting(pairs, decisions, range_tokens)),
+        same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows)
+    log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", best_lr, best_loss, conclusion.edge.stable_lr,
+             conclusion.edge.diverged_lr)
+    return summary
 
 
 def budget_from_records(records: Sequence[TrialRecord]) -> Budget:
@@ -112,10 +287,9 @@ def budget_from_records(records: Sequence[TrialRecord]) -> Budget:
     return Budget(steps=max(full, 1), warmup_steps=0, tokens_per_step=1, seed=0, rungs=(max(full, 1),))
 
 
-def target_summary(best: TrialRecord | None, best_loss: float | None, target: float | None) -> dict[str, Any]:
+def target_summary(best: TrialRecord | None, best_loss: float | None, target: float | None) -> TargetResult:
     """Whether the best LR reached the target val loss, and after how many tokens its best trial did."""
     if target is None:
-        return {"target": None, "target_met": None, "target_trial": None, "target_tokens": None}
+        return TargetResult(None, None, None, None)
     met = best_loss is not None and best_loss <= target
-    return {"target": target, "target_met": met, "target_trial": best.trial_id if met else None,
-            "target_tokens": tokens_to_reach(best, target) if met else None}
+    return TargetResult(target, met, best.trial_id if met else None, tokens_to_reach(best, target) if met else None)

@@ -1,0 +1,50 @@
+"""lr_sweep_analysis.md, written from the typed summary (lmtune.report.summary.SweepSummary): one section per
+heading in HEADINGS, the search's own section after the overview (lmtune.report.sections), the range test's
+before the definitions."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from lmtune.files import atomic_write_text
+from lmtune.report.markdown.edge import edge, how_runs_broke
+from lmtune.report.markdown.landscape import best_lr, landscape
+from lmtune.report.markdown.method import definitions, range_test, search_and_compute
+from lmtune.report.markdown.runs import convergence, equal_tokens, overview, sensitivity, target, trials
+from lmtune.report.sections.registry import section_for
+from lmtune.report.stability import TrialRecord
+from lmtune.report.summary import SweepSummary
+
+log = logging.getLogger(__name__)
+
+HEADINGS = (
+    "## Trials",
+    "## Best learning rate",
+    "## Above the best LR: basin, degraded, diverged",
+    "## Edge of stability",
+    "## Loss against LR at equal token counts",
+    "## Convergence speed",
+    "## LR sensitivity",
+    "## Target",
+    "## How the diverged and spiked runs broke",
+    "## Search strategy and compute",
+    "## Definitions",
+)
+
+
+def write_markdown(summary: SweepSummary, records: Sequence[TrialRecord], path: Path,
+                   figures: Sequence[str] = ()) -> Path:
+    """lr_sweep_analysis.md: the report's text, one section per heading in HEADINGS (and the search's own, and the
+    range test's). ``figures``: the report's figure files, as the overview lists them."""
+    sections = [
+        overview(summary, figures), section_for(summary.search).markdown(summary), trials(summary), best_lr(summary),
+        landscape(summary), edge(summary), equal_tokens(summary), convergence(summary), sensitivity(summary),
+        target(summary), how_runs_broke(summary, records), search_and_compute(summary), range_test(summary),
+        definitions(summary),
+    ]
+    text = "\n".join(line for section in sections for line in section)
+    atomic_write_text(Path(path), text)
+    log.info("wrote %s", path)
+    return Path(path)

@@ -1,0 +1,125 @@
+"""The report's sections on where training fails: the bracket and how it was confirmed, the seeds that disagree,
+the edge / best ratio and its reading, the spiked runs, attention-logit growth, and how each broken run broke."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lmtune.report.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, NEAR_EDGE_BELOW, TrialRecord, first_growth
+from lmtune.report.summary import SweepSummary
+from lmtune.report.text import lr, ratio_range_text, tokens
+from lmtune.training.divergence import describe_spikes
+
+
+def edge(summary: SweepSummary) -> list[str]:
+    lines = ["## Edge of stability", ""]
+    bracket = summary.conclusion.edge
+    if bracket.diverged_lr is None:
+        lines += [f"No run diverged (none went non-finite or stayed above its initial loss for the recovery "
+                  f"window): training fails above the largest LR tried ({lr(bracket.stable_lr)} trained "
+                  "its whole budget). Extend the range upward to locate it.", ""]
+    else:
+        low = bracket.stable_lr
+        stable = (f"**{low:.3g}**, the largest LR that trained its whole budget without diverging" if low is not None
+                  else "an LR not yet located (no LR below it trained its whole budget)")
+        ratio = (f": a bracket **{bracket.ratio:.2f}** wide (the search's resolution, not a property of "
+                 "training)" if bracket.ratio else "")
+        lines += [f"Training fails between {stable}, and **{bracket.diverged_lr:.3g}**, the smallest LR at "
+                  f"which a run diverged{ratio}.", "", *_confirmation(summary), *_seed_dependence(summary)]
+        if bracket.stable_above:
+            lines += ["", "Not monotone: " + ", ".join(f"{v:.3g}" for v in bracket.stable_above)
+                      + " trained through their budget above the smallest diverged LR (another seed or chance "
+                        "decided)."]
+        lines += ["", *_edge_ratio(summary)]
+    lines += ["", *_spiked(summary), *_logit_growth(summary), *_edge_rule()]
+    return lines
+
+
+def _confirmation(summary: SweepSummary) -> list[str]:
+    confirmation = summary.conclusion.edge_confirmation
+    ends = confirmation.diverged_end if confirmation else ()
+    if not ends:
+        return []
+    decided = confirmation.decided_at_tokens
+    text = (f"The edge was decided at {tokens(decided)} tokens (where the diverged end's run was judged). "
+            if decided else "")
+    how = "; ".join(f"seed {e.seed}: {e.how} ({e.stage}, {tokens(e.tokens)} tokens)" for e in ends)
+    bracket = summary.conclusion.edge
+    text += f"Diverged end, lr {bracket.diverged_lr:.3g}: {how}."
+    if bracket.stable_lr is not None and confirmation.stable_end:
+        text += (f" Stable end, lr {bracket.stable_lr:.3g}: trained its whole budget "
+                 f"({tokens(confirmation.stable_end[0].tokens)} tokens) without diverging.")
+    if not confirmation.confirmed:
+        text += " **Not confirmed by training**: a run that only the stopper's rule judged has not been retrained."
+    return [text]
+
+
+def _seed_dependence(summary: SweepSummary) -> list[str]:
+    mixed = summary.conclusion.seed_dependent
+    if not mixed:
+        return []
+    return ["", "**The edge moves with the seed**: " + "; ".join(
+        f"at lr {m.lr:.3g} seed{'s' * (len(m.seeds_through) > 1)} {', '.join(map(str, m.seeds_through))} "
+        f"trained through, seed{'s' * (len(m.seeds_diverged) > 1)} {', '.join(map(str, m.seeds_diverged))} "
+        "did not" for m in mixed) + ". The bracket is where any seed fails; a single run near it can go either way."]
+
+
+def _spiked(summary: SweepSummary) -> list[str]:
+    if not summary.spiked:
+        return []
+    lines = ["Spiked, not diverged (the loss rose far above its running minimum and came back below its initial "
+             "loss):", ""]
+    for run in sorted(summary.spiked, key=lambda r: (r.lr, r.seed or 0)):
+        lines.append(f"- lr {run.lr:.3g}" + (f" seed {run.seed}" if run.seed is not None else "")
+                     + ": " + describe_spikes(list(run.spikes)))
+    return lines + [""]
+
+
+def _edge_ratio(summary: SweepSummary) -> list[str]:
+    if summary.edge_ratio is None:
+        return ["No best LR, so no edge ratio."]
+    smallest, largest = summary.conclusion.edge_ratio_range
+    text = (f"Edge / best LR: {summary.conclusion.edge.diverged_lr:.3g} / {summary.best_lr:.3g} = "
+            f"**{summary.edge_ratio:.3g}** as a point value; with the bracket and the best LR's interval, it is "
+            f"**{ratio_range_text(smallest, largest)}**.")
+    reading = summary.edge_range_reading
+    if reading:
+        return [text + f" The whole range reads: **{reading}**."]
+    return [text + " That range spans more than one reading of the rule of thumb below (or is open), so none is "
+                   "given: more seeds, or LRs closer to the best, narrow it."]
+
+
+def _logit_growth(summary: SweepSummary) -> list[str]:
+    growth = summary.logit_growth
+    if not growth.lrs:
+        return []
+    values = [peak for _, peak in growth.lrs]
+    best = f" (the best trial's: {growth.best:.3g})" if growth.best else ""
+    where = ", ".join(f"{grown:.3g}" for grown, _ in growth.lrs)
+    return [f"**Early warning, attention-logit growth**: at lr {where}, which "
+            f"did not diverge, the largest attention logit reached {min(values):.2g} to {max(values):.2g}, above "
+            f"{growth.threshold:.0e}{best}. Wortsman et al. (2023) find this growth ahead of the "
+            "instabilities that qk-layernorm removes (``--set qk_norm=true``): at a longer budget or a larger "
+            "model these LRs may break.", ""]
+
+
+def _edge_rule() -> list[str]:
+    return [
+        f"Reading of the ratio (a practitioners' rule of thumb, not a law): > {CONSERVATIVE_ABOVE:g} the best LR "
+        f"is conservative; {NEAR_EDGE_BELOW:g}–{CONSERVATIVE_ABOVE:g} moderately below the edge; < "
+        f"{NEAR_EDGE_BELOW:g} near the edge; within [{AT_EDGE_BAND[0]:g}, {AT_EDGE_BAND[1]:g}] at the edge. For "
+        "Adam, Cohen et al. (2022) find the preconditioned sharpness hovering near (2 + 2β₁)/((1 − β₁)η) = 38/η "
+        "for β₁ = 0.9; for full-batch GD, Cohen et al. (2021) find the sharpness at about 2/η.", ""]
+
+
+def how_runs_broke(summary: SweepSummary, records: Sequence[TrialRecord]) -> list[str]:
+    by_id = {r.trial_id: r for r in records}
+    best_record = by_id.get(summary.best_trial)
+    broken = [by_id[r.trial_id] for r in summary.trials
+              if r.status in ("diverged", "spiked") and r.trial_id in by_id]
+    if not broken:
+        return ["## How the diverged and spiked runs broke", "", "No run diverged or spiked.", ""]
+    return ["## How the diverged and spiked runs broke", "",
+            "Which stability probe first exceeded 2× the best trial's value at the same step (attention-logit "
+            "growth is what qk-layernorm fixes, output-logit divergence what z-loss fixes; Wortsman et al. 2023):",
+            "", *[f"- {first_growth(r, best_record)}" for r in broken], ""]

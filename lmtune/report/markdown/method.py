@@ -1,0 +1,79 @@
+"""The report's sections on how the sweep was run: the search and its compute, the LR range test, and the
+definitions every number above is given by."""
+
+from __future__ import annotations
+
+from lmtune.report.figures import RANGE_TEST
+from lmtune.report.summary import SweepSummary
+from lmtune.report.text import fmt, lr, table, tokens
+from lmtune.sweep.runs import SIGNIFICANCE_SE
+
+
+def search_and_compute(summary: SweepSummary) -> list[str]:
+    facts = summary.facts
+    compute = dict(facts.compute or {}) if facts else {}
+    description = facts.search_strategy if facts else ""
+    spent = compute.get("tokens_spent")
+    if spent is None:
+        spent = sum(r.tokens or 0 for r in summary.trials)
+    lines = ["## Search strategy and compute", "", description.strip() or "(no description given)", ""]
+    stages = summary.stages
+    if len(stages) > 1 or (stages and stages[0].name != "grid"):
+        lines += table(["stage", "LRs", "trials", "tokens", "why"],
+                       [[s.name, ", ".join(f"{v:.3g}" for v in s.lrs) or "—", str(s.trials),
+                         tokens(s.tokens), " → ".join(s.why) or "—"] for s in stages]) + [""]
+    lines += [f"- tokens trained: {tokens(spent)}"]
+    full = compute.get("full_grid_tokens")
+    if full and not stages or (stages and stages[0].name == "grid" and full):
+        lines += [f"- a full grid without early stopping: {tokens(full)} tokens",
+                  f"- saving: {100.0 * (1.0 - spent / full):.1f}%"]
+    grid = summary.same_resolution_grid
+    if grid and stages and stages[0].name != "grid":
+        lines += [f"- a grid resolving the edge as finely (LRs {grid.low:.3g} to {grid.high:.3g}, "
+                  f"{grid.ratio:.2f}x apart: {grid.points} LRs, each trained to the full budget once, no "
+                  f"seeds) would train {tokens(grid.tokens)} tokens; saving: "
+                  f"{100.0 * (1.0 - spent / grid.tokens):.1f}%"]
+    lines += [f"- {key.replace('_', ' ')}: {fmt(value)}" for key, value in compute.items()
+              if key not in ("tokens_spent", "full_grid_tokens")]
+    return lines + [""]
+
+
+def range_test(summary: SweepSummary) -> list[str]:
+    found = summary.facts.range_test if summary.facts else None
+    if not found:
+        return []
+    return ["## LR range test", "",
+            f"One run of {found['steps']} steps ({tokens(found['tokens'])} tokens) with the LR rising exponentially "
+            f"(Smith 2017): steepest descent at lr **{lr(found['steepest_lr'])}**, lowest loss at "
+            f"{lr(found['min_loss_lr'])}, blow-up at **{lr(found['blowup_lr'], 'none')}** "
+            f"({found['stopped_because']}). Each LR is held for one step only, so this blow-up is not the edge of a "
+            f"full run; the search placed its coarse grid with it. Figure: `{RANGE_TEST.file}`.", ""]
+
+
+def definitions(summary: SweepSummary) -> list[str]:
+    rule = summary.divergence_rule
+    window, threshold = rule.recovery_window, rule.spike_threshold
+    return ["## Definitions", "",
+            f"- **ℓ₀**: the loss at initialisation, ln(vocab) = {fmt(summary.initial_loss)} (a fresh model "
+            "predicts near-uniformly).",
+            f"- **Diverged**: the run's loss went non-finite, or went above ℓ₀ and did not come back below it within "
+            f"the recovery window ({fmt(window)} of the budget's steps), or its budget ended with the loss above ℓ₀. "
+            "The stopper ends a run early only on that evidence (a non-finite value, or the loss above ℓ₀ for the "
+            "whole window); a run it ended at the bracket's edge is retrained without early stopping to confirm it.",
+            f"- **Spiked**: not diverged, and the train loss (averaged over a log interval) rose more than "
+            f"{100 * (threshold or 0):.0f}% above its running minimum (ℓ₀ included) at least once; each spike is "
+            "given with its step, its height over the running minimum before it, and the steps until the loss was "
+            "back within that margin.",
+            "- **Equal token counts**: losses compared at one token count, each interpolated linearly between a "
+            "trial's evaluations; the best LR is decided at the whole budget, on the mean over its seeds, and only "
+            "an LR with as many seeds as any other can be crowned (one that beats it seed for seed with fewer seeds "
+            "is a contender, given the seeds before the crown is settled).",
+            f"- **Basin**: the LRs whose mean full-budget loss is within {SIGNIFICANCE_SE:g} standard errors of the "
+            "best's. **Degraded**: above the basin, trained through without diverging, clearly worse. Each region's "
+            "ends lie between two LRs tried: that interval is its uncertainty.",
+            "- **LR sensitivity** (Wortsman et al. 2023): S = (1/|H|) Σ_{η∈H} [min(ℓ(η), ℓ₀) − ℓ*], where H is the "
+            "set of LRs with a full-budget loss or a divergence, ℓ(η) the mean full-budget val loss at η (ℓ₀ if a "
+            "trial diverged), ℓ* = min_η ℓ(η).",
+            "- **Edge ratio**: smallest diverging LR / best LR; its range: largest LR trained through / the best LR's "
+            "upper bound, to smallest diverging LR / its lower bound.",
+            ""]

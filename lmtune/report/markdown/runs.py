@@ -1,0 +1,126 @@
+"""The report's sections on the trials themselves: the overview, the trial table, the losses at equal token
+counts, convergence speed, LR sensitivity and the target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from lmtune.report.figures import LR_VS_LOSS
+from lmtune.report.rows import TrialRow, varied_params
+from lmtune.report.summary import SweepSummary
+from lmtune.report.text import fmt, rate, table, tokens
+
+
+def overview(summary: SweepSummary, figures: Sequence[str]) -> list[str]:
+    rows = summary.trials
+    counts = ", ".join(f"{n} {s}" for s, n in summary.status_counts.items())
+    facts = summary.facts
+    data = f" Data: {facts.data}." if facts and facts.data else ""
+    return ["# Learning-rate sweep: analysis", "",
+            f"{len(rows)} trials ({counts}).{data} Figures: {', '.join(f'`{f}`' for f in figures)}.", "",
+            *_missing(summary)]
+
+
+def _missing(summary: SweepSummary) -> list[str]:
+    """The trials the ledger lists without a folder the report could read: the conclusions are drawn without them."""
+    missing = summary.facts.missing_trials if summary.facts else ()
+    if not missing:
+        return []
+    named = ", ".join(f"`{m.trial_id}` ({m.outcome})" for m in missing)
+    return [f"**Warning:** the sweep's ledger lists {len(missing)} trial{'s' * (len(missing) > 1)} whose folder is "
+            f"missing or unreadable: {named}. The best LR and every conclusion below were chosen without "
+            f"{'them' if len(missing) > 1 else 'it'}, and may differ from what the whole sweep shows.", ""]
+
+
+def trials(summary: SweepSummary) -> list[str]:
+    extra = varied_params(summary.trials)
+    staged = any(r.stage not in (None, "grid") for r in summary.trials)
+    seeded = any(r.seed is not None for r in summary.trials)
+    header = [*(["stage"] if staged else []), "trial", "lr", *(["seed"] if seeded else []), *extra, "status",
+              "final val", "best val", "tokens", "wall time", "tokens/s", "stop reason", "stop step"]
+    table_rows = []
+    for r in sorted(summary.trials, key=_trial_order([s.name for s in summary.stages])):
+        wall = f"{r.wall_time_s:.0f} s" if r.wall_time_s is not None else "—"
+        table_rows.append([*([r.stage or "—"] if staged else []), r.trial_id, f"{r.lr:.4g}",
+                           *([fmt(r.seed)] if seeded else []), *[fmt(r.params.get(k)) for k in extra],
+                           r.status, fmt(r.final_val_loss), fmt(r.best_val_loss), tokens(r.tokens),
+                           wall, rate(r.tokens_per_s), r.reason or "—", fmt(r.stop_step)])
+    return ["## Trials", "", "\"final val\": the val loss at the end of the whole budget (empty for a trial that "
+            "stopped earlier).", "", *table(header, table_rows), ""]
+
+
+def _trial_order(stages: list[str]) -> Callable[[TrialRow], tuple]:
+    """Trials by stage (in the order the search ran them), then LR and seed."""
+    def key(row: TrialRow) -> tuple:
+        return (stages.index(row.stage) if row.stage in stages else len(stages)), row.lr, row.seed or 0
+
+    return key
+
+
+def equal_tokens(summary: SweepSummary) -> list[str]:
+    table_by_rung = summary.equal_tokens.table
+    rungs = [t for t in sorted(table_by_rung) if table_by_rung[t]]
+    lines = ["## Loss against LR at equal token counts", ""]
+    if not rungs:
+        return lines + ["No trial was evaluated at a comparison point yet.", ""]
+    lrs = sorted({lr for t in rungs for lr in table_by_rung[t]})
+    diverged = {r.lr for r in summary.trials if r.status == "diverged"}
+    rows = []
+    for lr in lrs:
+        cells = []
+        for t in rungs:
+            losses = table_by_rung[t].get(lr)
+            cells.append("—" if not losses else f"{sum(losses) / len(losses):.4f}"
+                         + (f" ({len(losses)})" if len(losses) > 1 else ""))
+        rows.append([f"{lr:.4g}" + (" (diverged in a trial)" if lr in diverged else ""), *cells])
+    header = ["lr", *[f"{tokens(t)} tokens" + (" (full)" if t == summary.compared_at_tokens else "") for t in rungs]]
+    return lines + [
+        "Each trial's val loss at exactly each comparison point (ASHA's rungs and the whole budget; linear "
+        "interpolation between its evaluations), the mean where several seeds reached it (their number in "
+        "brackets). A trial ASHA stopped appears only at the points it reached; a diverged trial at none. "
+        f"`{LR_VS_LOSS.file}` draws one curve per column.", "", *table(header, rows), ""]
+
+
+def convergence(summary: SweepSummary) -> list[str]:
+    conv = summary.convergence
+    if conv.level is None:
+        return ["## Convergence speed", "",
+                "No trial trained its whole budget without diverging, so there is no common loss level to compare.",
+                ""]
+    lines = ["## Convergence speed", "",
+             f"Tokens each trial that trained its whole budget ({tokens(conv.budget_tokens)} tokens) needed to "
+             f"reach val loss {conv.level:.4f} (the worst final loss among the basin's runs, so each of them "
+             "reaches it; linear interpolation between evaluations). Trials stopped earlier are left out: they cannot "
+             "be compared.", ""]
+    lines += table(["trial", "lr", "seed", "status", "tokens to reach"],
+                   [[c.trial_id, f"{c.lr:.4g}", fmt(c.seed), c.status,
+                     tokens(c.tokens) if c.tokens is not None else "never"] for c in conv.rows])
+    reached = [c for c in conv.rows if c.tokens is not None]
+    if reached:
+        fastest = min(reached, key=lambda c: c.tokens)
+        lines += ["", f"Fastest: lr {fastest.lr:.4g} ({tokens(fastest.tokens)} tokens)."]
+    return lines + [""]
+
+
+def sensitivity(summary: SweepSummary) -> list[str]:
+    found = summary.sensitivity
+    if found.value is None:
+        return ["## LR sensitivity", "", "Not computable: no trial trained its whole budget.", ""]
+    return ["## LR sensitivity", "",
+            f"LR sensitivity (Wortsman et al. 2023) = **{found.value:.4f}** nats over "
+            f"{found.lrs} LRs at {tokens(found.tokens)} tokens (the whole "
+            f"budget; diverged LRs count as ℓ₀ = {fmt(summary.initial_loss)}, the loss at initialization; "
+            "LRs whose trials all stopped earlier are left out). Lower means the loss degrades less away from "
+            "the best LR.", ""]
+
+
+def target(summary: SweepSummary) -> list[str]:
+    found = summary.target
+    if found.target is None:
+        return ["## Target", "", "No target loss was given.", ""]
+    if found.met:
+        at = f" after {tokens(found.tokens)} tokens" if found.tokens else ""
+        return ["## Target", "", f"Target val loss {found.target:g}: **met** by trial `{found.trial}` "
+                f"(val loss {summary.best_val_loss:.4f}{at}).", ""]
+    return ["## Target", "", f"Target val loss {found.target:g}: **not met** (best val loss "
+            f"{fmt(summary.best_val_loss)}).", ""]

@@ -1,0 +1,84 @@
+"""The protocol a search strategy's part of the report follows, and what it is given: the sweep as read from its
+folder (to summarize) and what the report's figures are drawn from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from lmtune.report.stability import TrialRecord
+from lmtune.report.summary import Json, SweepSummary
+from lmtune.sweep.runs import Budget
+from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.training.lr_range import RangeTestResult
+
+
+@dataclass(frozen=True)
+class SweepInputs:
+    """A sweep as the report read it from its folder: what a section summarizes."""
+
+    record: SweepRecord
+    """sweep.json."""
+    trials: Sequence[TrialRecord]
+    """Every trial as the report read it."""
+    sweep_dir: Path
+    """The sweep's folder."""
+    target: float | None
+    """The target val loss given to analyze (None: none)."""
+    budget: Budget | None
+    """The sweep's budget and ASHA's rungs (None: sweep.json lacks a base config)."""
+    vocab_size: int | None
+    """The model's vocabulary (ℓ₀ = ln vocab; None: not recorded)."""
+    range_tokens: int | None
+    """Tokens the edge search's LR range test trained (None: none ran)."""
+
+
+@dataclass(frozen=True)
+class FigureInputs:
+    """What the report's figures are drawn from."""
+
+    summary: SweepSummary
+    """What the report concludes."""
+    trials: Sequence[TrialRecord]
+    """Every trial as the report read it (their curves)."""
+    range_test: RangeTestResult | None
+    """The edge search's LR range test (None: none ran)."""
+    sharpness: Sequence[Json] | None
+    """The sharpness estimates (analyze --sharpness; None: not asked for)."""
+    target: float | None
+    """The target val loss given to analyze (None: none)."""
+
+
+@dataclass(frozen=True)
+class ReportFigure:
+    """One figure of the report: its file name (defined here once: the markdown names it from this), when it is
+    drawn, and how."""
+
+    file: str
+    """Its file name in the report folder."""
+    shown: Callable[[FigureInputs], bool]
+    """Whether the report has it (something to show)."""
+    draw: Callable[[FigureInputs, Path], Path]
+    """Draws it into the path given; returns the path."""
+
+
+class ReportSection(Protocol):
+    """A search strategy's part of the report."""
+
+    def summarize(self, sweep: SweepInputs) -> SweepSummary:
+        """The summary of its sweep (SweepSummary.search_result: its own typed results, if any)."""
+        ...
+
+    def markdown(self, summary: SweepSummary) -> list[str]:
+        """Its own section of lr_sweep_analysis.md, after the overview (empty: none)."""
+        ...
+
+    def figures(self) -> tuple[ReportFigure, ...]:
+        """Its own figures, listed first in the report."""
+        ...
+
+    def headline(self, summary: SweepSummary) -> list[str]:
+        """Its lines before the CLIs' common ones (empty: none)."""
+        ...

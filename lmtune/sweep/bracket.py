@@ -1,0 +1,165 @@
+"""Where training fails, Ray-free: the bracket between the largest LR proven to train through its budget and
+the smallest LR at which a run diverged, the LRs whose seeds disagree about it, and how each of its ends was
+established (by training, or only by the stopper's rule). The edge searcher bisects and confirms from these
+while the sweep runs; the report reads them afterwards (lmtune.sweep.conclusion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lmtune.sweep.runs import Run, effective_runs
+from lmtune.training.divergence import NON_FINITE
+
+THROUGH = "trained its whole budget without diverging"
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """Where training breaks: between the largest LR proven to train through its budget and the smallest
+    LR at which a run diverged."""
+
+    stable_lr: float | None
+    """The largest LR below diverged_lr whose every run trained its whole budget without diverging."""
+    diverged_lr: float | None
+    """The smallest LR at which a run diverged."""
+    stable_above: tuple[float, ...] = ()
+    """Stable LRs above diverged_lr (divergence is not monotone in LR there: seed or chance)."""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.stable_lr is None or self.diverged_lr is None:
+            return None
+        return self.diverged_lr / self.stable_lr
+
+    def resolved(self, tolerance: float) -> bool:
+        return self.ratio is not None and self.ratio <= tolerance
+
+
+def bracket(runs: Iterable[Run]) -> Bracket:
+    runs = effective_runs(runs)
+    diverged = sorted({r.lr for r in runs if r.diverged})
+    through = {r.lr for r in runs if r.trained_through()}
+    if not diverged:
+        return Bracket(max(through) if through else None, None)
+    edge = diverged[0]
+    stable = through - set(diverged)
+    below = [lr for lr in stable if lr < edge]
+    return Bracket(max(below) if below else None, edge, tuple(sorted(lr for lr in stable if lr > edge)))
+
+
+@dataclass(frozen=True)
+class SeedDependence:
+    """An LR where one seed trained through its budget and another diverged: the edge moves with the seed."""
+
+    lr: float
+    """The LR both kinds of seed were trained at."""
+    seeds_through: tuple[int, ...]
+    """The seeds that trained the whole budget without diverging."""
+    seeds_diverged: tuple[int, ...]
+    """The seeds that diverged."""
+
+    def to_json(self) -> dict[str, float | list[int]]:
+        return {"lr": self.lr, "seeds_through": list(self.seeds_through), "seeds_diverged": list(self.seeds_diverged)}
+
+
+def seed_dependent_lrs(runs: Iterable[Run]) -> list[SeedDependence]:
+    """LRs where one seed trained through its budget and another diverged: the edge moves with the seed there."""
+    by_lr: dict[float, tuple[list[int], list[int]]] = {}
+    for run in effective_runs(runs):
+        if run.diverged or run.trained_through():
+            through, diverged = by_lr.setdefault(run.lr, ([], []))
+            (diverged if run.diverged else through).append(run.seed)
+    return [SeedDependence(lr, tuple(sorted(through)), tuple(sorted(diverged)))
+            for lr, (through, diverged) in sorted(by_lr.items()) if through and diverged]
+
+
+def bisect_lrs(edge: Bracket, points: int) -> list[float]:
+    """``points`` LRs cutting [stable_lr, diverged_lr] into equal parts in log-LR."""
+    lo, hi = edge.stable_lr, edge.diverged_lr
+    return [lo * (hi / lo) ** (k / (points + 1)) for k in range(1, points + 1)]
+
+
+def edge_runs(runs: Iterable[Run], edge: Bracket) -> tuple[list[Run], list[Run]]:
+    """The runs at the bracket's two ends: (stable end's, diverged end's)."""
+    runs = effective_runs(runs)
+    return ([r for r in runs if r.lr == edge.stable_lr], [r for r in runs if r.lr == edge.diverged_lr])
+
+
+@dataclass(frozen=True)
+class StableEnd:
+    """A run at the bracket's stable end."""
+
+    seed: int
+    """The run's seed."""
+    tokens: int
+    """Tokens it trained (its whole budget)."""
+    how: str = THROUGH
+    """How this end was established, in words."""
+
+
+@dataclass(frozen=True)
+class DivergedEnd:
+    """A diverged run at the bracket's diverged end."""
+
+    seed: int
+    """The run's seed."""
+    tokens: int
+    """Tokens it trained before it ended."""
+    decided_at_tokens: int | None
+    """Where its divergence was decided."""
+    how: str
+    """How its divergence was established, in words."""
+    confirmed: bool
+    """Established by training (a non-finite value, or its whole budget seen), not only by the stopper's rule."""
+    stage: str
+    """The search stage that trained it."""
+
+
+@dataclass(frozen=True)
+class EdgeConfirmation:
+    """How each end of the bracket was established."""
+
+    stable_end: tuple[StableEnd, ...]
+    """The runs at the stable end (each trained its whole budget without diverging)."""
+    diverged_end: tuple[DivergedEnd, ...]
+    """The diverged runs at the diverged end."""
+    decided_at_tokens: int | None
+    """The earliest token count at which a diverged end's run was judged."""
+    confirmed: bool
+    """Both ends have runs and every diverged end's run was confirmed by training."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stable_end": [{"seed": e.seed, "tokens": e.tokens, "how": e.how} for e in self.stable_end],
+                "diverged_end": [{"seed": e.seed, "tokens": e.tokens, "decided_at_tokens": e.decided_at_tokens,
+                                  "how": e.how, "confirmed": e.confirmed, "stage": e.stage} for e in self.diverged_end],
+                "decided_at_tokens": self.decided_at_tokens, "confirmed": self.confirmed}
+
+
+def edge_confirmation(runs: Iterable[Run], edge: Bracket) -> EdgeConfirmation:
+    """How each end of the bracket was established: by training (the whole budget seen, or a non-finite
+    value), or only by the stopper's rule (then it still needs a confirmation run)."""
+    stable, diverged = edge_runs(runs, edge)
+    failed = [r for r in diverged if r.diverged]
+    decided = min((r.diverged_tokens for r in failed if r.diverged_tokens is not None), default=None)
+    return EdgeConfirmation(
+        tuple(StableEnd(r.seed, r.tokens) for r in stable),
+        tuple(DivergedEnd(r.seed, r.tokens, r.diverged_tokens, _how_diverged(r), r.divergence_confirmed(), r.stage)
+              for r in failed),
+        decided, bool(stable) and bool(failed) and all(r.divergence_confirmed() for r in failed))
+
+
+def _how_diverged(run: Run) -> str:
+    if run.divergence == NON_FINITE:
+        return "its loss went non-finite (no run comes back from that)"
+    if run.full:
+        return "trained its whole budget without early stopping and did not recover"
+    return "the stopper ended it (above its initial loss for the whole recovery window); not yet retrained"
+
+
+def needs_confirmation(runs: Iterable[Run], edge: Bracket) -> list[Run]:
+    """The diverged end's runs that only the stopper's rule judged: to be retrained without early stop."""
+    _, diverged = edge_runs(runs, edge)
+    return [r for r in diverged if r.diverged and not r.divergence_confirmed()]

@@ -1,0 +1,106 @@
+"""What a sweep's runs at one budget conclude, Ray-free and typed: the best LR crowned on as many seeds as the
+LRs it beats and its contenders, where it may lie, the bracket and how it was established, the edge / best ratio
+as a range, the landscape's regions and the ranking. Computed once by ``conclude``; the edge searcher's state, the
+report (summary.json, lr_sweep_analysis.md, the figures) and the CLIs' last lines read this one value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lmtune.sweep.bracket import (
+    Bracket,
+    EdgeConfirmation,
+    SeedDependence,
+    bracket,
+    edge_confirmation,
+    seed_dependent_lrs,
+)
+from lmtune.sweep.landscape import Gap, Landscape, best_lr_interval, edge_ratio_range, landscape
+from lmtune.sweep.runs import (
+    Budget,
+    LrResult,
+    Run,
+    crown,
+    crowned_ranking,
+    effective_runs,
+    full_budget_ranking,
+    pooled_seed_spread,
+)
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """The best LR, the edge and the landscape at one budget (every loss compared at its full token count)."""
+
+    best: LrResult | None
+    """The crowned best LR with its full-budget losses by seed (None: no LR trained its whole budget)."""
+    contenders: tuple[LrResult, ...]
+    """LRs with fewer seeds that beat the best on the seeds they share (more seeds would settle the crown)."""
+    seed_spread: float | None
+    """The run-to-run standard deviation near the best LR, pooled over seeds (None: no LR has several)."""
+    best_lr_interval: Gap
+    """The best LR lies strictly between these: the nearest LRs clearly worse (None: none on that side)."""
+    edge: Bracket
+    """Where training breaks."""
+    seed_dependent: tuple[SeedDependence, ...]
+    """LRs where one seed trained through and another diverged."""
+    edge_confirmation: EdgeConfirmation | None
+    """How the bracket's ends were established (None: no LR diverged)."""
+    edge_ratio_range: Gap
+    """The edge / best LR ratio as a range carrying both uncertainties (None: unbounded on that side)."""
+    landscape: Landscape
+    """The basin, degraded and diverged regions."""
+    ranking: tuple[LrResult, ...]
+    """Every LR that trained its whole budget without diverging, the crowned best first, the rest by mean."""
+
+    @property
+    def best_lr(self) -> float | None:
+        return self.best.lr if self.best else None
+
+    @property
+    def edge_ratio(self) -> float | None:
+        """The smallest diverging LR / the best LR, as a point value."""
+        return self.edge.diverged_lr / self.best.lr if self.best and self.edge.diverged_lr else None
+
+    def to_json(self) -> dict[str, Any]:
+        """summary.json's (and the edge search state's) keys for it."""
+        best = self.best
+        return {
+            "best_lr": self.best_lr,
+            "best_lr_seed_losses": list(best.losses) if best else [],
+            "best_lr_seeds": list(best.seeds) if best else [],
+            "best_lr_mean_loss": best.mean if best else None,
+            "best_lr_spread": best.spread if best else None,
+            "best_lr_contenders": [{"lr": r.lr, "seeds": list(r.seeds), "losses": list(r.losses)}
+                                   for r in self.contenders],
+            "seed_spread": self.seed_spread,
+            "best_lr_interval": list(self.best_lr_interval),
+            "edge_lr_low": self.edge.stable_lr,
+            "divergence_lr": self.edge.diverged_lr,
+            "bracket_ratio": self.edge.ratio,
+            "stable_above_divergence": list(self.edge.stable_above),
+            "seed_dependent": [s.to_json() for s in self.seed_dependent],
+            "edge_confirmation": self.edge_confirmation.to_json() if self.edge_confirmation else None,
+            "edge_ratio": self.edge_ratio,
+            "edge_ratio_range": list(self.edge_ratio_range),
+            **self.landscape.to_json(),
+            "ranking": [r.to_json() for r in self.ranking],
+        }
+
+
+def conclude(runs: Iterable[Run], budget: Budget) -> Conclusion:
+    """The best LR (crowned on as many seeds as it beats), where it may lie, the bracket and how it was
+    established, the ratio, and the landscape's regions. (``budget``: the runs' budget, for the caller's
+    reading; every comparison here is at each run's own full budget.)"""
+    runs = effective_runs(runs)
+    ranking = full_budget_ranking(runs)
+    best, contenders = crown(ranking)
+    edge = bracket(runs)
+    interval = best_lr_interval(ranking, edge)
+    return Conclusion(best, tuple(contenders), pooled_seed_spread(ranking), interval, edge,
+                      tuple(seed_dependent_lrs(runs)),
+                      edge_confirmation(runs, edge) if edge.diverged_lr is not None else None,
+                      edge_ratio_range(edge, interval), landscape(ranking, edge), tuple(crowned_ranking(ranking)))

@@ -1,0 +1,55 @@
+"""What a horizon search's runs conclude, Ray-free and typed: each budget's conclusion at its own full token count
+(lmtune.sweep.conclusion.conclude) and the power law fitted through the searched budgets' best LRs. The report
+reads this one value (lmtune.report.horizon); the fit is the search's own (fit_budgets, the same bootstrap seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lmtune.sweep.conclusion import Conclusion, conclude
+from lmtune.sweep.runs import Budget, Run
+from lmtune.sweep.strategies.horizon.fit import HorizonFit
+from lmtune.sweep.strategies.horizon.search import fit_budgets, runs_at
+from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+
+
+@dataclass(frozen=True)
+class BudgetConclusion:
+    """One budget's runs, compared at its full token count."""
+
+    steps: int
+    """The budget's steps (its schedule's length)."""
+    tokens: int
+    """The budget's full token count, where its LRs are compared."""
+    fraction: float
+    """steps / the target's steps."""
+    trials: int
+    """The runs that stand at this budget."""
+    conclusion: Conclusion
+    """What this budget's runs conclude (lmtune.sweep.conclusion.conclude)."""
+
+
+@dataclass(frozen=True)
+class HorizonConclusion:
+    """Every budget's conclusion and the fit through them."""
+
+    budgets: tuple[BudgetConclusion, ...]
+    """The searched budgets, smallest first, then the target."""
+    fit: HorizonFit | None
+    """ln LR* = a - beta ln D through the searched budgets' best LRs (None: it cannot be fitted)."""
+    fit_problem: str | None
+    """Why there is no fit."""
+
+
+def conclude_horizon(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> HorizonConclusion:
+    """Each budget's conclusion (the searched budgets, then the target) and the fit, from the runs of every budget."""
+    runs = list(runs)
+    budgets = []
+    for steps in [*settings.budget_steps(target.steps), target.steps]:
+        at = runs_at(runs, steps, target)
+        budgets.append(BudgetConclusion(steps, steps * target.tokens_per_step, steps / target.steps, len(at),
+                                        conclude(at, target.at_steps(steps))))
+    fit, problem = fit_budgets(runs, settings, target)
+    return HorizonConclusion(tuple(budgets), fit, problem)
