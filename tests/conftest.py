@@ -149,6 +149,28 @@ def kill_session(sid: int, timeout: float = 30) -> int:
     return len(first)
 
 
+def processes_with_env(name: str, value: str) -> set[int]:
+    """Live processes whose environment holds ``name=value``: what a process started with it started in turn,
+    wherever they went (a new session included). A process that rewrote its title over its environment (Ray's
+    agents and dashboard modules do) no longer shows it: look for those by their session too (session_pids)."""
+    entry, found = f"{name}={value}".encode(), set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry in environ.read_bytes().split(b"\0") and int(environ.parent.name) != os.getpid():
+                found.add(int(environ.parent.name))
+        except OSError:
+            continue  # ended meanwhile
+    return found
+
+
+def command_line(pid: int) -> str:
+    """A process's command line (its title, for one that set it), or "" once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def finish(proc: subprocess.Popen, timeout: float) -> str:
     """Wait for a process started by start_lmtune; on timeout kill its whole session. Returns its output."""
     try:
@@ -292,16 +314,27 @@ DISK_CONFIG.model.vocab_size, DISK_CONFIG.model.context_length = 500, 50
 DISK_CONFIG.train.steps, DISK_CONFIG.train.batch_size = 30, 10
 
 
+def grid_sweep_record(name: str, lrs: list[float], base: RunConfig, params: dict | None = None, **where):
+    """The sweep.json a sweep of a grid of ``lrs`` (or of ``params``) without ASHA from ``base`` writes, with
+    ``where`` (SweepRecord's other fields: its data, ...)."""
+    from lmtune.sweep.plan import SweepPlan
+    from lmtune.sweep.spaces import parse_space
+    from lmtune.sweep.sweep_file import SweepRecord
+
+    space = parse_space({"search": "grid", "params": params or {"lr": lrs}, "scheduler": {"name": "none"}},
+                        Path(f"{name}.yaml"))
+    return SweepRecord(name=name, plan=SweepPlan.create(space, base), **where)
+
+
 def disk_sweep(root: Path, trials: dict[str, tuple[float, str, dict[int, float]]]) -> Path:
     """A sweep folder as a sweep leaves it: sweep.json, the ledger, and per trial (id -> lr, ledger outcome,
     {step: val loss}) its trial.json, config.json and metrics.csv (train loss falling from ln 500)."""
-    from lmtune.sweep.record import SweepRecord, ledger_path, write_trial_file
+    from lmtune.sweep.record import ledger_path, write_trial_file
     from lmtune.training.metrics import write_metrics
 
     sweep_dir = root / "disk"
     sweep_dir.mkdir()
-    SweepRecord(name="disk", space={"name": "grid", "search": "grid", "num_trials": len(trials)},
-                base_config=DISK_CONFIG.to_dict()).write(sweep_dir)
+    grid_sweep_record("disk", sorted({lr for lr, _, _ in trials.values()}), DISK_CONFIG).write(sweep_dir)
     ledger_path(sweep_dir).parent.mkdir()
     ledger_path(sweep_dir).write_text(json.dumps({t: {"outcome": o, "reason": o} for t, (_, o, _) in trials.items()}))
     for trial_id, (lr, _, val) in trials.items():

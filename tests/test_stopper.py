@@ -17,8 +17,9 @@ import pytest
 from ray.tune.schedulers import TrialScheduler
 
 from lmtune.private_apis import asha_rungs
+from lmtune.sweep.asha_scheduler import PersistentASHA
 from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes
-from lmtune.sweep.stopping import OutcomeRecorder, PersistentASHA, TrialStopper
+from lmtune.sweep.stopping import OutcomeRecorder, TrialStopper
 
 UNIFORM = math.log(8192)  # ln(vocab): the loss of an untrained model
 

@@ -35,6 +35,7 @@ from conftest import (
     wait_until,
     write_grid_space,
 )
+from faults import FAULTS_ENV
 
 from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes
 
@@ -167,10 +168,10 @@ def test_existing_name_without_resume_is_refused_untouched(quick_sweep: Path):
 
 @pytest.mark.slow
 def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path: Path, builtin_data: Path):
-    steps, fault_step, interval = 40, 25, 10
+    steps, fault_step, interval = 40, 25, 10  # (the fault: faults.crash_once_at_step_25)
     sweep, stdout = run_tiny_sweep(tmp_path, "fault", builtin_data, [1e-3, 3e-3], steps, "--no-dashboard",
                                    "--num-cpus", "2", "--max-failures", "2",
-                                   env={"LMTUNE_FAULT_RAISE_AT_STEP": str(fault_step)})
+                                   "--step-hook", "faults:crash_once_at_step_25", env=FAULTS_ENV)
     outcomes = read_outcomes(sweep)
     trials = list(trial_dirs(sweep).values())
     assert len(trials) == 2 and len(outcomes) == 2

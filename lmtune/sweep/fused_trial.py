@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 from ray import tune
 
 from lmtune.files import atomic_write_json, link_or_copy
 from lmtune.fused.loop import train_fused
-from lmtune.sweep.plan import AshaBudget
-from lmtune.sweep.record import TRIAL_FILE, write_trial_file
+from lmtune.sweep.record import TRIAL_FILE, Outcome, write_trial_file
 from lmtune.sweep.reporting import TuneSink
+from lmtune.sweep.rungs import Rungs
 from lmtune.sweep.runs import format_tokens
+from lmtune.sweep.stopping import Ending
+from lmtune.sweep.tune_types import TuneParams, TuneResult
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.divergence import BY_RULE, DivergenceRule
 from lmtune.training.loop import RunEnd, RunResult
@@ -36,10 +36,11 @@ def member_folders(group_dir: Path, group_id: str, lrs: list[float]) -> dict[str
     return {f"{group_id}-{k}": group_dir.parent / f"{group_id}-{k}_lr={lr:.3g}" for k, lr in enumerate(lrs)}
 
 
-def train_group_trial(params: dict[str, Any], base: RunConfig, group_id: str, group_dir: Path,
-                      asha: AshaBudget | None, divergence: DivergenceRule) -> list[RunResult]:
+def train_group_trial(params: TuneParams, base: RunConfig, group_id: str, group_dir: Path,
+                      rungs: Rungs | None, divergence: DivergenceRule) -> list[RunResult]:
     """Train the group ``params["members"]`` ({"lr": [...], other swept settings}) with each member's
-    files in its own folder; Tune hears the group through GroupTuneSink."""
+    files in its own folder; Tune hears the group through GroupTuneSink. ``rungs``: the sweep's ASHA's
+    (None: no ASHA)."""
     group = dict(params["members"])
     lrs, others = list(group.pop("lr")), group
     folders = member_folders(group_dir, group_id, lrs)
@@ -53,13 +54,13 @@ def train_group_trial(params: dict[str, Any], base: RunConfig, group_id: str, gr
     restore_group_checkpoint(folders)
     sink = GroupTuneSink(configs[0], list(folders))
     return train_fused(configs, list(folders.values()), resume=True, group_sink=sink,
-                       member_rule=member_rule(configs[0], asha), divergence=divergence)
+                       member_rule=member_rule(configs[0], rungs), divergence=divergence)
 
 
-def member_rule(config: RunConfig, asha: AshaBudget | None):
+def member_rule(config: RunConfig, rungs: Rungs | None):
     """The group's MemberRule: the stopper's divergence rule at every row (the member's LossWatch fired:
     above its initial loss for the whole recovery window), ASHA's rung rule at evaluations."""
-    rungs = GroupRungs(asha, run_tokens=config.run_tokens) if asha else None
+    group = GroupRungs(rungs, run_tokens=config.run_tokens) if rungs else None
 
     def decide(step: int, rows: dict[int, Row]) -> dict[int, RunEnd]:
         # (At its last row a member ends by itself and its whole loss is judged, as an unfused trial's is.)
@@ -67,46 +68,41 @@ def member_rule(config: RunConfig, asha: AshaBudget | None):
         endings = {m: RunEnd("diverged", f"diverged at step {row['diverged_step']}: {row['divergence_reason']}",
                              row["diverged_step"], BY_RULE)
                    for m, row in rows.items() if row.get("divergence_stop") and not last}
-        if rungs is not None:
+        if group is not None:
             vals = {m: r["val_loss"] for m, r in rows.items() if m not in endings and r["val_loss"] is not None}
             tokens = step * config.tokens_per_step
-            endings.update({m: RunEnd("stopped_early", why) for m, why in rungs.cut(tokens, vals).items()})
+            endings.update({m: RunEnd("stopped_early", why) for m, why in group.cut(tokens, vals).items()})
         return endings
 
     return decide
 
 
 class GroupRungs:
-    """ASHA's rule among a group's members: at each rung (grace_period x reduction_factor^k tokens), the
-    first evaluation at or past it cuts the members worse than the best 1/reduction_factor of them, as
-    Ray's ASHA cuts a trial worse than that quantile of its rung; none is cut at the trial's last report."""
+    """ASHA's rung rule (lmtune.sweep.rungs) among a group's members: the first evaluation at or past each rung
+    cuts the members worse than the best 1/reduction_factor of them, as Tune's ASHA cuts a trial worse than
+    that cutoff of its rung's; none is cut at the trial's last report."""
 
-    def __init__(self, asha: AshaBudget, run_tokens: int):
-        self.milestones = []
-        milestone = asha.grace_period
-        while milestone <= asha.max_t:
-            self.milestones.append(milestone)
-            milestone *= asha.reduction_factor
-        self.reduction_factor, self.run_tokens = asha.reduction_factor, run_tokens
+    def __init__(self, rungs: Rungs, run_tokens: int):
+        self.rungs, self.run_tokens = rungs, run_tokens
         self.done: set[float] = set()
 
     def cut(self, tokens: int, vals: dict[int, float]) -> dict[int, str]:
         if not vals or tokens >= self.run_tokens:
             return {}
-        due = [m for m in self.milestones if m <= tokens and m not in self.done]
+        due = [m for m in self.rungs.passed(tokens) if m not in self.done]
         if not due:
             return {}
         self.done.add(due[0])
-        cutoff = float(np.nanpercentile(list(vals.values()), 100 / self.reduction_factor))
+        cutoff = self.rungs.cutoff(vals.values())
         return {m: (f"stopped by ASHA's rung rule within its fused group at {format_tokens(tokens)} tokens (val loss "
                     f"{v:.4g} worse than the group's cutoff {cutoff:.4g})") for m, v in vals.items() if v > cutoff}
 
 
-def ending_entry(result: RunResult) -> dict[str, Any]:
+def member_ending(result: RunResult) -> Ending:
     """A member's ending as the ledger records it."""
     summary = result.summary
     reason = result.end.reason or "completed its budget"
-    return {"outcome": result.status, "reason": reason, "step": summary.get("steps"), "tokens": summary.get("tokens")}
+    return Ending(Outcome(result.status), reason, summary.get("steps"), summary.get("tokens"))
 
 
 class GroupTuneSink:
@@ -149,11 +145,11 @@ class GroupTuneSink:
                 "val_loss": min(vals) if vals else None, "members_reporting": len(rows),
                 "aggregate_tokens_per_s": best["tokens_per_s"] * len(rows)}
 
-    def _membership(self, endings: dict[int, RunResult]) -> dict[str, Any]:
+    def _membership(self, endings: dict[int, RunResult]) -> TuneResult:
         # Comma-joined: Tune's loggers take strings as they are (a list would be logged as a histogram).
         return {"member_ids": ",".join(self.member_ids),
                 "members_running": ",".join(self.member_ids[m] for m in self.running),
-                "member_endings": {self.member_ids[m]: ending_entry(r) for m, r in endings.items()
+                "member_endings": {self.member_ids[m]: member_ending(r).to_json() for m, r in endings.items()
                                    if r.status != "stopped"}}
 
 

@@ -19,7 +19,6 @@ import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -31,6 +30,7 @@ from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_bytes, atomic_write_json, atomic_write_text, link_or_copy
 from lmtune.private_apis import experiment_storage, trial_storage_dir
 from lmtune.sweep.fused_trial import train_group_trial
+from lmtune.sweep.hooks import load_step_hook
 from lmtune.sweep.plan import TrialSetup
 from lmtune.sweep.record import (
     SEARCH_ONLY_PARAMS,
@@ -42,6 +42,8 @@ from lmtune.sweep.record import (
     write_trial_file,
 )
 from lmtune.sweep.reporting import TuneSink, restore_tune_checkpoint
+from lmtune.sweep.rungs import Rungs
+from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.checkpoint import (
     STABLE_NAME,
     checkpoint_step,
@@ -56,7 +58,7 @@ from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.fork import check_forkable
 from lmtune.training.loop import train
 from lmtune.training.lr_range import RangeTestConfig, lr_range_test
-from lmtune.training.metrics import METRICS_FILE, read_metrics, write_metrics
+from lmtune.training.metrics import METRICS_FILE, Row, read_metrics, write_metrics
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +156,8 @@ def compile_cache_dir(out_dir: Path) -> Path:
     return Path(os.environ.get("LMTUNE_COMPILE_CACHE", Path.home() / ".cache" / "lmtune" / "inductor"))
 
 
-def train_trial(params: dict[str, Any], setup: TrialSetup, shipped: ShippedData | None = None,
-                ended: frozenset[str] = frozenset()) -> None:
+def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | None = None,
+                ended: frozenset[str] = frozenset(), step_hook: str | None = None) -> None:
     """Ray Tune function trainable. ``params`` are the trial's own values (lr, ...; a search that stages its
     trials adds ``stage``); ``setup`` what the sweep's trials share. ``ended``: ids of trials the ledger says
     already ended (set on --resume): Tune's experiment snapshot can predate that decision and resume them, and
@@ -163,7 +165,8 @@ def train_trial(params: dict[str, Any], setup: TrialSetup, shipped: ShippedData 
     fused group (lmtune.sweep.fused_trial); a trial of stage "range" runs the LR range test. An edge search's
     ``continue_from`` (a trial id) starts the run from that trial's newest checkpoint; a horizon search's
     ``fork_from`` (a trial id, under WSD) starts it from that trial's stable.pt; ``early_stop`` False runs it
-    without the stopper's divergence rule."""
+    without the stopper's divergence rule. ``step_hook``: MODULE:FUNCTION, run in a single-model trial's process
+    (lmtune.sweep.hooks)."""
     # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
     # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
@@ -184,7 +187,9 @@ def train_trial(params: dict[str, Any], setup: TrialSetup, shipped: ShippedData 
     base = copy.deepcopy(setup.base)  # (a reused worker keeps the setup: each trial gets its own copy)
     base.data_dir = str(trial_data_dir(base.data_dir, shipped))
     if "members" in params:
-        train_group_trial(params, base, trial_id, out_dir, setup.asha, setup.divergence)
+        asha = setup.asha  # (a fused group cuts its members at the rungs Tune's ASHA cuts trials at)
+        rungs = Rungs.of(asha.grace_period, asha.reduction_factor, asha.max_t) if asha else None
+        train_group_trial(params, base, trial_id, out_dir, rungs, setup.divergence)
         return
     write_trial_file(out_dir, trial_id, params)
     overrides = {k: v for k, v in params.items() if k not in SEARCH_ONLY_PARAMS}
@@ -201,7 +206,8 @@ def train_trial(params: dict[str, Any], setup: TrialSetup, shipped: ShippedData 
         if step:
             write_trial_file(out_dir, trial_id, params, continued_from_tokens=step * config.tokens_per_step)
     sink = TuneSink(config, early_stop=params.get("early_stop", True))
-    result = train(config, out_dir, resume=True, sinks=[sink], before_step=injected_fault(config, out_dir),
+    before_step = load_step_hook(step_hook)(config, out_dir) if step_hook else None
+    result = train(config, out_dir, resume=True, sinks=[sink], before_step=before_step,
                    divergence=setup.divergence, periodic_dir=staging)
     if gpu_note:  # (the loop's own log line went to training.log; the summary says it too)
         atomic_write_json(out_dir / "summary.json", {**result.summary, "gpu_share_unused": gpu_note})
@@ -304,7 +310,7 @@ def run_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path) 
     # (val_loss: a fresh model's, ln vocab: it evaluates nothing, and Tune expects the metric in every result)
     unevaluated = {"val_loss": math.log(config.model.vocab_size), "val_step": 0, "range_test": True}
 
-    def report(row: dict[str, Any]) -> None:
+    def report(row: Row) -> None:
         tune.report({**row, **unevaluated})
 
     atomic_write_text(out_dir / "config.json", config.to_json())
@@ -313,23 +319,3 @@ def run_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path) 
                  "min_loss_lr": found.min_loss_lr, "blowup_lr": found.blowup_lr,
                  "range_summary": f"LR range test: {found.summary_line()}"})
 
-
-def injected_fault(config: RunConfig, out_dir: Path):
-    """A step hook that raises at LMTUNE_FAULT_RAISE_AT_STEP=N, for the failure tests: once per trial,
-    or on every attempt with LMTUNE_FAULT_ALWAYS=1; only in the trial with LMTUNE_FAULT_LR when set;
-    with LMTUNE_FAULT_MESSAGE as the error (e.g. a CUDA out-of-memory message). Each firing appends a
-    line to the trial's ``.fault_injected``. None when no fault is asked for."""
-    step = os.environ.get("LMTUNE_FAULT_RAISE_AT_STEP")
-    only_lr = os.environ.get("LMTUNE_FAULT_LR")
-    if not step or (only_lr and not math.isclose(config.train.lr, float(only_lr), rel_tol=1e-9)):
-        return None
-    step, marker = int(step), out_dir / ".fault_injected"
-    always = os.environ.get("LMTUNE_FAULT_ALWAYS") == "1"
-
-    def hook(current: int, _model) -> None:
-        if current == step and (always or not marker.exists()):
-            with open(marker, "a") as handle:
-                handle.write(f"{step}\n")
-            raise RuntimeError(os.environ.get("LMTUNE_FAULT_MESSAGE") or f"injected fault at step {step}")
-
-    return hook

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,10 +169,13 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
+# A setting's value, once coerced to its field's type.
+Setting = int | float | bool | str
+
 # Named budgets: "full" and "low-resource" are the CS336 assignment's (batch 128 x 10k steps and 32 x 5k
 # steps of 256-token windows: 327.68M and 40.96M tokens). "quick" is sized to finish in 1-3 minutes on 2 CPU cores
 # while its val loss still falls far below the corpus's unigram entropy.
-BUDGETS: dict[str, dict[str, Any]] = {
+BUDGETS: dict[str, dict[str, Setting]] = {
     "full": dict(batch_size=128, steps=10_000, context_length=256, warmup_steps=500, log_interval=50,
                  eval_interval=500, checkpoint_interval=1000),
     "low-resource": dict(batch_size=32, steps=5_000, context_length=256, warmup_steps=250, log_interval=50,
@@ -208,7 +212,7 @@ def field_type(name: str) -> type:
     return {"int": int, "float": float, "bool": bool, "str": str}[spec.type]
 
 
-def coerce_value(name: str, value: Any, where: str = "--set") -> Any:
+def coerce_value(name: str, value: object, where: str = "--set") -> Setting:
     """Convert ``value`` (a string from the CLI or a YAML scalar) to the type of field ``name``."""
     kind = field_type(name)
     try:
@@ -240,8 +244,9 @@ def coerce_value(name: str, value: Any, where: str = "--set") -> Any:
                           f"give {EXAMPLES[kind]}") from None
 
 
-def apply_overrides(config: RunConfig, overrides: dict[str, Any], where: str = "--set") -> RunConfig:
-    """Return a copy of ``config`` with ``overrides`` (flat field names) applied and validated."""
+def apply_overrides(config: RunConfig, overrides: Mapping[str, object], where: str = "--set") -> RunConfig:
+    """Return a copy of ``config`` with ``overrides`` (flat field names: values as given, a --set string, a YAML
+    scalar or a trial's value, coerced here) applied and validated."""
     model = dataclasses.asdict(config.model)
     train = dataclasses.asdict(config.train)
     vocab_from_data = config.vocab_from_data
@@ -258,9 +263,9 @@ def apply_overrides(config: RunConfig, overrides: dict[str, Any], where: str = "
     return result
 
 
-def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
+def parse_set_args(pairs: list[str] | None) -> dict[str, str]:
     """Parse ``--set key=value`` pairs into a dict of raw strings (types checked by apply_overrides)."""
-    result: dict[str, Any] = {}
+    result: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         key = key.strip()
@@ -271,7 +276,7 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
     return result
 
 
-def budget_config(budget: str, overrides: dict[str, Any] | None = None, data_dir: str = "") -> RunConfig:
+def budget_config(budget: str, overrides: Mapping[str, object] | None = None, data_dir: str = "") -> RunConfig:
     """The named budget's config with ``overrides`` applied on top."""
     if budget not in BUDGETS:
         raise LmtuneError(f"unknown budget '{budget}'; choose one of {', '.join(BUDGETS)}")

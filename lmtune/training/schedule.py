@@ -5,16 +5,26 @@ of one length fork a cooldown at any shorter budget from a checkpoint taken befo
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from lmtune.training.config import TrainConfig
+from typing import Protocol
 
 SCHEDULES = ("cosine", "wsd")
 # How a WSD cooldown falls from the peak to the floor, as a function of its progress p in (0, 1]:
 # 1 - sqrt(p) (Hägele et al. 2024 found it better than linear at equal length), linear, or a half cosine.
 COOLDOWN_SHAPES = {"1-sqrt": lambda p: 1.0 - math.sqrt(p), "linear": lambda p: 1.0 - p,
                    "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p))}
+
+
+class Schedule(Protocol):
+    """A run's LR schedule, as lmtune.training.config.TrainConfig holds it (this module does not import the
+    config: the config imports the schedules to check its own)."""
+
+    schedule: str
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int
+    steps: int
+    cooldown_fraction: float
+    cooldown_shape: str
 
 
 def cosine_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, cosine_steps: int) -> float:
@@ -48,25 +58,25 @@ def wsd_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_ste
     return min_lr + (max_lr - min_lr) * COOLDOWN_SHAPES[shape](progress)
 
 
-def cooldown_steps(t: TrainConfig) -> int:
+def cooldown_steps(t: Schedule) -> int:
     """Steps of a WSD run's cooldown: cooldown_fraction of its steps, at least one."""
     return max(1, round(t.cooldown_fraction * t.steps))
 
 
-def stable_until(t: TrainConfig) -> int:
+def stable_until(t: Schedule) -> int:
     """The last 0-based step a WSD run trains at its peak LR: a run of the same LR and seed, warm-up and
     batch but more steps is identical up to here, so its checkpoint at or before it starts this run's cooldown."""
     return t.steps - 1 - cooldown_steps(t)
 
 
-def scheduled_lr(step: int, t: TrainConfig) -> float:
+def scheduled_lr(step: int, t: Schedule) -> float:
     """The LR at 0-based ``step`` of the run ``t`` configures, by its schedule."""
     if t.schedule == "wsd":
         return wsd_lr(step, t.lr, t.lr * t.min_lr_ratio, t.warmup_steps, t.steps, cooldown_steps(t), t.cooldown_shape)
     return lr_at(step, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
 
 
-def first_lr_difference(old: TrainConfig, new: TrainConfig, steps: int) -> tuple[int, float, float] | None:
+def first_lr_difference(old: Schedule, new: Schedule, steps: int) -> tuple[int, float, float] | None:
     """Whether ``new``'s schedule trains the first ``steps`` steps at ``old``'s LRs, so that a checkpoint of
     ``old`` after them is a state ``new`` passes through: None if so, else the first (1-based) step whose LR
     differs and its two LRs (old, new)."""

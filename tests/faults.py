@@ -1,0 +1,49 @@
+"""Faults the tests inject into a sweep's trials, through the sweep's step hook (lmtune.sweep.hooks): the sweep
+is started with ``--step-hook faults:NAME`` and FAULTS_ENV (this folder on its PYTHONPATH, so that the driver and
+the Ray workers it starts import this module). Each NAME is called in a trial's process with the trial's config
+and folder, and returns the hook its training loop calls before every step (None: no fault in that trial).
+
+Every firing appends its step to FIRED in the trial's folder, so that a test can tell the fault happened."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from lmtune.training.config import RunConfig
+
+TESTS = Path(__file__).resolve().parent
+# The environment a sweep with a fault hook runs in: this folder importable, for its driver and its Ray workers.
+FAULTS_ENV = {"PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
+FIRED = ".fault_injected"
+OOM = "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 39.39 GiB total capacity)"
+
+StepHook = Callable[[int, object], None]
+
+
+def raise_at(step: int, message: str | None = None, every_attempt: bool = False,
+             lr: float | None = None) -> Callable[[RunConfig, Path], StepHook | None]:
+    """A step hook that raises RuntimeError(``message``) before step ``step``: in the first attempt of each
+    trial only, or in ``every_attempt``; in every trial, or only in the trial of learning rate ``lr``."""
+
+    def for_trial(config: RunConfig, out_dir: Path) -> StepHook | None:
+        if lr is not None and not math.isclose(config.train.lr, lr, rel_tol=1e-9):
+            return None
+        fired = Path(out_dir) / FIRED
+
+        def hook(current: int, _model: object) -> None:
+            if current == step and (every_attempt or not fired.exists()):
+                with open(fired, "a") as handle:
+                    handle.write(f"{step}\n")
+                raise RuntimeError(message or f"injected fault at step {step}")
+
+        return hook
+
+    return for_trial
+
+
+# The faults the tests name (--step-hook faults:NAME).
+crash_once_at_step_25 = raise_at(25)
+cuda_oom_at_step_15_of_lr_1e_3_on_every_attempt = raise_at(15, OOM, every_attempt=True, lr=1e-3)
