@@ -17,6 +17,12 @@ from typing import Any
 
 LOCK_FILE = ".lmtune.lock"
 
+# JSON as it crosses a file's boundary (sweep.json, the ledger, a search's state, summary.json, a space's YAML
+# before it is checked): read into these, checked, and turned into typed values at once; typed values become
+# these only to be written. Nothing inside lmtune passes them further.
+JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+JsonObject = dict[str, JsonValue]
+
 
 @contextlib.contextmanager
 def writer_lock(folder: Path, refusal: Callable[[str], str]) -> Iterator[None]:

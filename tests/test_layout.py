@@ -91,3 +91,96 @@ def test_every_function_is_shorter_than_100_lines():
             for path, tree in _trees().items() for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 99]
     assert not long, long
+
+
+# A module a reader takes in at one sitting; beyond it, one concern has usually become two.
+MAX_MODULE_LINES = 400
+# The layers, lowest first: a module imports only from its own layer or lower ones (the top-level modules, the
+# commands, sit above all of them; errors, files and private_apis below).
+LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "sweep", "report")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
+    """Every lmtune module ``module`` imports anywhere: at the top, inside a function, or only for typing."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # a relative import, resolved against this module's package
+                package = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+                base = ".".join([*package, base] if base else package)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("lmtune")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in MODULES}
+    graph = {}
+    for name, path in modules.items():
+        targets = _imports(ast.parse(path.read_text()), name, path.name == "__init__.py")
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of a module graph (each strongly connected set of more than one module, as a list)."""
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_module_is_longer_than_400_lines():
+    lengths = {p: len(p.read_text().splitlines()) for p in MODULES}
+    long = [f"{p.relative_to(REPO)} ({n} lines)" for p, n in lengths.items() if n > MAX_MODULE_LINES]
+    assert not long, long
+
+
+def test_no_module_imports_one_that_imports_it_back_not_even_for_typing():
+    assert not import_cycles(import_graph())
+
+
+def test_the_cycle_finder_finds_a_cycle_of_three():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_layer_imports_a_layer_above_it():
+    def layer(module: str) -> int | None:
+        part = module.split(".")[1] if "." in module else None
+        return LAYERS.index(part) if part in LAYERS else None
+
+    upward = [f"{m} imports {t}" for m, targets in import_graph().items() for t in sorted(targets)
+              if layer(m) is not None and layer(t) is not None and layer(t) > layer(m)]
+    assert not upward, upward

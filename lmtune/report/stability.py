@@ -65,11 +65,17 @@ class TrialRecord:
     continued_from_tokens: int = 0  # a run continued from another: tokens its copied first rows stand for
     continue_from: str | None = None  # ... and that run's trial id
     _judged: Any = field(default=None, repr=False, compare=False)  # judgement()'s answer, once computed
+    _run: RunConfig | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def run(self) -> RunConfig | None:
+        """The trial's config.json as a RunConfig (None when it is not one), parsed once."""
+        return self._run
 
     @property
     def budget_tokens(self) -> int | None:
         """The tokens the trial's config would train to the end, when it has a config."""
-        return budget_tokens(run_config_of(self.config))
+        return budget_tokens(self.run)
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -77,6 +83,7 @@ class TrialRecord:
                               f"{', '.join(OUTCOMES)}")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise LmtuneError(f"trial {self.trial_id}: lr must be a positive number (got {self.lr!r})")
+        self._run = run_config_of(self.config)
         if "step" in self.curve.columns:
             self.curve = self.curve.sort_values("step", kind="stable").reset_index(drop=True)
 
@@ -162,7 +169,7 @@ def _judge(record: TrialRecord) -> LossWatch | None:
     rows = [(int(s), float(v)) for s, v in zip(step, train, strict=True) if math.isfinite(s)]
     finished = record.outcome in ("completed", "probed", "diverged", "stopped_early", "too_slow", "error", "ended")
     trained = tokens_trained(record)
-    tokens_per_step = (budget_tokens(run_config_of(record.config)) or 0) // int(steps) if steps else 0
+    tokens_per_step = (record.budget_tokens or 0) // int(steps) if steps else 0
     steps_trained = trained // tokens_per_step if trained and tokens_per_step else 0
     return judge(rows, ell0, int(steps), steps_trained, record.rule, ended=finished)
 
