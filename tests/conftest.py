@@ -7,9 +7,11 @@ import contextlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +39,14 @@ BENCH_MODEL = {**TINY_MODEL, "n_layers": 1, "context_length": 16, "vocab_size": 
 TEST_ASHA = {"name": "asha", "grace_period": 0.2, "reduction_factor": 2}
 # Environment of the processes the tests start: one thread each on the 2 shared cores.
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/test.sh: --dist loadgroup) the tests of one file run in one worker, and so do all
+    that use the session's quick sweep, so that each module- or session-scoped sweep is trained once."""
+    for item in items:
+        group = "quick_sweep" if "quick_sweep" in getattr(item, "fixturenames", ()) else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
@@ -227,6 +237,27 @@ def trial_dirs(sweep_dir: Path) -> dict[str, Path]:
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of every file and folder under ``root``: equal snapshots mean nothing was written."""
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the TensorBoard event files in ``folder`` (TFRecord framing: length, CRC, event, CRC)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars = defaultdict(list)
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                scalars[value.tag].append((event.step, value.simple_value))
+    return dict(scalars)
+
+
+def png_width(path: Path) -> int:
+    """A PNG's width in pixels (its IHDR chunk)."""
+    return struct.unpack(">I", path.read_bytes()[16:20])[0]
 
 
 @contextlib.contextmanager

@@ -4,13 +4,11 @@ from there; a row key no metric names is refused. The per-layer relative update 
 from __future__ import annotations
 
 import math
-import struct
-from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import read_wandb_runs
+from conftest import png_width, read_wandb_runs, tensorboard_scalars
 
 from lmtune.fused.loop import train_fused
 from lmtune.report.figures import plot_instability
@@ -49,26 +47,6 @@ def sharpness():
                              instability_panel=True, probe=True))
     yield metric
     unregister(metric.name)
-
-
-def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar of the TensorBoard event files in ``folder`` (TFRecord framing: length, CRC, event, CRC)."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    scalars = defaultdict(list)
-    for path in sorted(folder.glob("events.out.tfevents.*")):
-        data, pos = path.read_bytes(), 0
-        while pos < len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = Event.FromString(data[pos + 12:pos + 12 + length])
-            pos += 12 + length + 4
-            for value in event.summary.value:
-                scalars[value.tag].append((event.step, value.simple_value))
-    return dict(scalars)
-
-
-def png_width(path: Path) -> int:
-    return struct.unpack(">I", path.read_bytes()[16:20])[0]
 
 
 def records(curve_extra: dict[str, list[float]]) -> tuple[TrialRecord, TrialRecord]:

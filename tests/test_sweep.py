@@ -28,16 +28,21 @@ from conftest import (
     TINY_TRIAL,
     disk_sweep,
     kill_session,
+    png_width,
     read_wandb_runs,
     run_lmtune,
     run_printout,
+    tensorboard_scalars,
     trial_dirs,
     wait_until,
     write_grid_space,
 )
 from faults import FAULTS_ENV
 
+from lmtune.report.figures import plot_instability
+from lmtune.report.reader import load_sweep
 from lmtune.sweep.record import asha_state_path, ledger_path, read_outcomes
+from lmtune.training.metric_registry import instability_panels, metric_of
 
 # The sweep tests' trials: the tiny trial at batch 4 with a 2-step warm-up.
 SWEEP_TRIAL = {"batch_size": 4, "warmup_steps": 2}
@@ -76,6 +81,25 @@ def tree_snapshot(root: Path) -> dict[str, int]:
 
 # ---------------------------------------------------------------------------------------------
 # 1. The quick sweep end to end
+
+
+@pytest.mark.slow
+def test_each_layers_relative_update_size_reaches_metrics_csv_tensorboard_tune_and_the_instability_figure(
+        quick_sweep: Path, tmp_path: Path):
+    records = load_sweep(quick_sweep)[1]
+    best = min((r for r in records if r.outcome == "completed"), key=lambda r: r.curve["val_loss"].min())
+    folder = trial_dirs(quick_sweep)[best.trial_id]
+    layers = json.loads((quick_sweep / "sweep.json").read_text())["base_config"]["model"]["n_layers"]
+    columns = ["update_ratio_max", *(f"update_ratio_l{i}" for i in range(layers))]
+    logged = pd.read_csv(folder / "metrics.csv")  # the trial's own file
+    assert all(logged[c].notna().all() and (logged[c] > 0).all() for c in columns), logged.columns
+    assert set(columns) <= set(tensorboard_scalars(folder / "tensorboard"))
+    tune_results = [json.loads(line) for line in (folder / "result.json").read_text().splitlines()]
+    assert all(math.isfinite(r["update_ratio_max"]) for r in tune_results), tune_results[0].keys()
+    panel = metric_of("update_ratio_max")
+    assert panel in instability_panels()
+    figure = plot_instability(records, best, tmp_path / "instability.png")  # as analyze draws it
+    assert png_width(figure) >= len(instability_panels()) * 5 * 100  # a panel each, 5 inches wide
 
 
 @pytest.mark.slow
