@@ -99,7 +99,8 @@ def test_each_layers_relative_update_size_reaches_metrics_csv_tensorboard_tune_a
     panel = metric_of("update_ratio_max")
     assert panel in instability_panels()
     figure = plot_instability(records, best, tmp_path / "instability.png")  # as analyze draws it
-    assert png_width(figure) >= len(instability_panels()) * 5 * 100  # a panel each, 5 inches wide
+    # a panel each, 5 inches wide (tight bounding box at about 100 dpi): wider than one panel fewer would be
+    assert png_width(figure) > (len(instability_panels()) - 0.5) * 5 * 90
 
 
 @pytest.mark.slow
