@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject
 from lmtune.sweep.asha import AshaBudget
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.runs import Budget
@@ -101,13 +101,13 @@ class SweepPlan:
         largest.model.context_length = self.largest_value("context_length", base.model.context_length)
         return largest
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """sweep.json's keys for the plan: ``space``, ``budget``, ``base_config`` and ``asha``."""
         return {"space": self.space.to_json(), "budget": self.base.budget, "base_config": self.base.to_dict(),
                 "asha": asdict(self.asha) if self.asha else None}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SweepPlan:
+    def from_json(cls, data: JsonObject) -> SweepPlan:
         """The plan of a sweep.json (its ``space``, ``base_config`` and ``asha``, as lmtune.sweep.sweep_file has
         checked them): keys this version does not know left out, missing ones at their defaults. LmtuneError when
         it holds none this version can use."""

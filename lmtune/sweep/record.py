@@ -2,9 +2,11 @@
 
     results/NAME/sweep.json                     what was run (lmtune.sweep.sweep_file.SweepRecord), written at start
                                                 and on resume
-    results/NAME/decisions/trial_outcomes.json  why each trial ended (written by lmtune.sweep.stopping)
-    results/NAME/decisions/asha_state.json      ASHA's rung records (PersistentASHA)
+    results/NAME/decisions/trial_outcomes.json  why each trial ended (written by lmtune.sweep.stopping's
+                                                OutcomeRecorder)
+    results/NAME/decisions/asha_state.json      ASHA's rung records (lmtune.sweep.asha_scheduler.PersistentASHA)
     results/NAME/decisions/edge_search.json     the edge search's state and decisions (search: edge)
+    results/NAME/decisions/horizon_search.json  the horizon search's state and decisions (search: horizon)
     results/NAME/<trial folder>/trial.json      which Tune trial a folder holds, and its parameters
     results/NAME/.lmtune.lock                   held by the one process writing the sweep (its pid inside)
 
@@ -26,10 +28,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from lmtune.errors import LmtuneError, shown
-from lmtune.files import atomic_write_json, writer_lock
+from lmtune.files import JsonObject, JsonValue, atomic_write_json, writer_lock
+from lmtune.sweep.tune_types import TuneParams, TuneResult
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, ModelConfig, RunConfig, TrainConfig, coerce_value
 
@@ -90,7 +92,7 @@ def rebased(path: Path | None, sweep_dir: Path | None) -> Path | None:
         return path
 
 
-def evaluated_val_loss(result: dict[str, Any]) -> float | None:
+def evaluated_val_loss(result: TuneResult) -> float | None:
     """The validation loss a Tune result of lmtune's trainable measured at its own step (None at a step without an
     evaluation: every result repeats the latest one, measured at ``val_step``, for Tune's metric checks)."""
     loss = result.get("val_loss")
@@ -149,12 +151,12 @@ def horizon_state_path(sweep_dir: Path) -> Path:
     return decisions_dir(sweep_dir) / HORIZON_STATE_NAME
 
 
-def read_edge_state(sweep_dir: Path) -> dict[str, Any] | None:
+def read_edge_state(sweep_dir: Path) -> JsonObject | None:
     """decisions/edge_search.json (the edge search's state), or None: absent, or unreadable (warned)."""
     return read_search_state(edge_state_path(sweep_dir))
 
 
-def read_horizon_state(sweep_dir: Path) -> dict[str, Any] | None:
+def read_horizon_state(sweep_dir: Path) -> JsonObject | None:
     """decisions/horizon_search.json (the horizon search's state), or None: absent, or unreadable (warned)."""
     return read_search_state(horizon_state_path(sweep_dir))
 
@@ -162,7 +164,7 @@ def read_horizon_state(sweep_dir: Path) -> dict[str, Any] | None:
 _WARNED: set[tuple[str, str]] = set()  # (path, problem) already warned about: said once per process
 
 
-def read_search_state(path: Path) -> dict[str, Any] | None:
+def read_search_state(path: Path) -> JsonObject | None:
     """A searcher's mirrored state, or None: absent, or unreadable (warned), also when a key the readers use has the
     wrong shape (an edited file: none of it is taken)."""
     if not path.exists():
@@ -181,7 +183,7 @@ def read_search_state(path: Path) -> dict[str, Any] | None:
     return value
 
 
-def _search_state_problem(value: Any) -> str | None:
+def _search_state_problem(value: JsonValue) -> str | None:
     """What makes a search state unusable to its readers (the report, a resumed searcher), or None."""
     if not isinstance(value, dict):
         return f"a JSON {type(value).__name__}, not an object"
@@ -197,7 +199,7 @@ def _search_state_problem(value: Any) -> str | None:
     return None
 
 
-def read_outcomes(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+def read_outcomes(sweep_dir: Path) -> dict[str, JsonObject]:
     """The ledger: trial id -> {outcome, reason, step, tokens, time}. Sweeps written before lmtune kept
     it at the top of the sweep folder; that copy is read when there is no other.
 
@@ -210,7 +212,7 @@ def read_outcomes(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     return {}
 
 
-def _valid_entries(path: Path) -> dict[str, dict[str, Any]]:
+def _valid_entries(path: Path) -> dict[str, JsonObject]:
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -232,7 +234,7 @@ def _valid_entries(path: Path) -> dict[str, dict[str, Any]]:
 # Trial folders
 
 
-def write_trial_file(out_dir: Path, trial_id: str, params: dict[str, Any], group: str | None = None,
+def write_trial_file(out_dir: Path, trial_id: str, params: TuneParams, group: str | None = None,
                      continued_from_tokens: int | None = None) -> None:
     """trial.json: the trial a folder holds, written by the trial itself when it starts; ``group``: the
     fused trial it is a member of; ``continued_from_tokens``: where the run it continues had stopped (its
@@ -248,7 +250,8 @@ class TrialFolder:
 
     path: Path
     trial_id: str
-    params: dict[str, Any]
+    params: JsonObject
+    """The trial's Tune params as its trial.json (or, older sweeps, Ray's params.json) records them."""
     continued_from_tokens: int = 0
     """A continued run: the tokens its first rows (copied from the run it continues) stand for."""
 
@@ -261,7 +264,7 @@ class TrialFolder:
                  *self.path.parent.glob(f"*/{TUNE_CHECKPOINT_GLOB}/{member}/step_*.pt")]
         return sorted(found, key=lambda p: (checkpoint_step(p), str(p)))
 
-    def read_json(self, name: str) -> dict[str, Any]:
+    def read_json(self, name: str) -> JsonObject:
         """One of the trial's JSON files (config.json, summary.json); {} while missing or half-written."""
         try:
             value = json.loads((self.path / name).read_text())
@@ -323,7 +326,7 @@ def run_config_of(raw: object) -> RunConfig | None:
                      True if vocab_from_data is None else vocab_from_data)
 
 
-def read_json_object(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> JsonObject:
     """A JSON object file; {} while missing, half-written or not an object."""
     try:
         value = json.loads(path.read_text())

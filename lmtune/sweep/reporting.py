@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import ray
 from ray import tune
 
 from lmtune.files import link_or_copy
+from lmtune.sweep.tune_types import TuneResult
 from lmtune.training.checkpoint import checksum_path, rotate
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult
@@ -42,7 +42,7 @@ class TuneSink:
         # (node_ip is shared by raylets on one host; outside Ray, e.g. a sink built in a test, there is none)
         self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
-    def result(self, values: dict[str, Any]) -> dict[str, Any]:
+    def result(self, values: TuneResult) -> TuneResult:
         """The Tune result of ``values`` (a row, or a group's): its values that are set, the latest evaluation
         and what the sweep's stopper, searchers and ledger read."""
         if values.get("val_loss") is not None:
@@ -62,7 +62,7 @@ class TuneSink:
         files = {} if checkpoint is None else {p.name: p for p in (checkpoint, checksum_path(checkpoint))}
         self.report(row, files)
 
-    def report(self, values: dict[str, Any], files: dict[str, Path]) -> None:
+    def report(self, values: TuneResult, files: dict[str, Path]) -> None:
         """One Tune result; with ``files`` (name in the checkpoint -> path), a tune.Checkpoint of them, handed
         over: once Tune has stored them, the run's own periodic checkpoints in their folders are deleted."""
         if values.get("val_loss") is not None and math.isfinite(values["val_loss"]):

@@ -93,8 +93,9 @@ class CheckpointPruner(tune.Callback):
         self.keep, self.held, self.sweep_dir = keep, held, sweep_dir
         self.freed = 0
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Restored by Tune on --resume: the ledger of the folder this driver resumes in.
+    def __setstate__(self, state: dict[str, object]) -> None:
+        # Restored by Tune on --resume (its experiment snapshot pickles the callback): the ledger of the folder this
+        # driver resumes in.
         self.__dict__.update(state, sweep_dir=rebased(state["sweep_dir"], state["sweep_dir"]))
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import FrameType
 
 import ray
 
@@ -66,7 +66,7 @@ class Interruptions:
         return signal_exit_code(cls.name())
 
     @classmethod
-    def _on_signal(cls, signum: int, frame: Any) -> None:
+    def _on_signal(cls, signum: int, frame: FrameType | None) -> None:
         cls.by = signal.Signals(signum).name
         signal.raise_signal(signal.SIGINT)
 
@@ -78,23 +78,25 @@ class _WithoutRaysRestoreHint(logging.Filter):
         return "Tuner.restore(" not in record.getMessage()
 
 
+def _init_ray(options: SweepOptions) -> object:
+    """ray.init for a sweep: the cluster at --address, or a local instance of this process; Ray's context."""
+    if options.address:
+        return ray.init(address=options.address, logging_level=logging.WARNING, configure_logging=True)
+    # "local": a new instance even when a `ray start` cluster runs on this machine (ray.init()
+    # without an address would join that one, and refuse num_cpus/num_gpus). It serves nothing
+    # beyond this machine: every listener on loopback (SECURITY.md).
+    keep_local_ray_on_loopback()
+    ray_processes_in_one_group()
+    dashboard = {"dashboard_host": options.dashboard_host} if options.dashboard else {}
+    return ray.init(address="local", num_cpus=options.num_cpus, num_gpus=options.num_gpus,
+                    include_dashboard=options.dashboard, logging_level=logging.WARNING, configure_logging=True,
+                    **dashboard)
+
+
 @contextlib.contextmanager
 def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
     """Ray for the length of a sweep: a local instance of this process, or the cluster at --address."""
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "configure_logging": True}
-    if options.address:
-        kwargs["address"] = options.address
-    else:
-        # "local": a new instance even when a `ray start` cluster runs on this machine (ray.init()
-        # without an address would join that one, and refuse num_cpus/num_gpus). It serves nothing
-        # beyond this machine: every listener on loopback (SECURITY.md).
-        keep_local_ray_on_loopback()
-        ray_processes_in_one_group()
-        kwargs.update(address="local", num_cpus=options.num_cpus, num_gpus=options.num_gpus,
-                      include_dashboard=options.dashboard)
-        if options.dashboard:
-            kwargs["dashboard_host"] = options.dashboard_host
-    url = getattr(ray.init(**kwargs), "dashboard_url", None)
+    url = getattr(_init_ray(options), "dashboard_url", None)
     Interruptions.install()  # again: Ray's core installed its own SIGTERM handler in ray.init
     hint_filter = _WithoutRaysRestoreHint()
     logging.getLogger("ray.tune.tune").addFilter(hint_filter)

@@ -33,11 +33,11 @@ import importlib.resources
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.files import JsonObject, JsonValue
 from lmtune.sweep.strategies import STRATEGIES, SearchStrategy
 from lmtune.sweep.strategies.base import Fail, Setting, coerce_setting, seed_refusal, settings_section
 from lmtune.training.config import BUDGETS, budget_config, field_names
@@ -124,7 +124,7 @@ class SearchSpace:
         """The settings each trial sets for itself."""
         return self.strategy.swept()
 
-    def fused(self, fuse: Any, fail: Callable[[str], Exception]) -> SearchSpace:
+    def fused(self, fuse: JsonValue, fail: Callable[[str], Exception]) -> SearchSpace:
         """This space with ``fuse`` LRs per trial, refused in one line (``fail``'s) where it cannot apply."""
         if isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1:
             raise fail(f"must be a positive integer, the LRs trained together in one process (got {shown(fuse)})")
@@ -136,7 +136,7 @@ class SearchSpace:
     def describe_search(self) -> str:
         return self.strategy.describe(self.fuse)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The space as sweep.json records it (its strategy's keys as in its YAML)."""
         return {"name": self.name, "path": str(self.path), "description": self.description, "search": self.search,
                 "budget": self.budget, **self.strategy.to_json(), "num_trials": self.num_trials,
@@ -145,7 +145,7 @@ class SearchSpace:
                 "yaml": self.source}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SearchSpace:
+    def from_json(cls, data: JsonObject) -> SearchSpace:
         """The space as ``to_json`` wrote it (sweep.json's ``space``); keys it lacks take their defaults."""
         strategy = STRATEGIES[data.get("search", "grid")].from_json(data)
         return cls(name=data.get("name", ""), path=Path(data.get("path", "")), description=data.get("description", ""),
@@ -155,7 +155,7 @@ class SearchSpace:
                    source=data.get("yaml", ""))
 
 
-def _known(cls, values: dict[str, Any] | None):
+def _known(cls, values: JsonObject | None):
     """``cls`` from the keys of ``values`` it has (a sweep.json of an earlier version may hold others)."""
     return cls(**{k: v for k, v in (values or {}).items() if k in cls.__dataclass_fields__})
 
@@ -236,7 +236,7 @@ class _DataOnlyLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def parse_space(raw: Any, path: Path, source: str = "") -> SearchSpace:
+def parse_space(raw: JsonValue, path: Path, source: str = "") -> SearchSpace:
     def fail(key: str, message: str) -> LmtuneError:
         return LmtuneError(f"{path}: {key}: {message}")
 
@@ -271,7 +271,7 @@ def parse_space(raw: Any, path: Path, source: str = "") -> SearchSpace:
     return space
 
 
-def _check_keys(raw: dict[str, Any], strategy_class: type[SearchStrategy], fail: Fail) -> None:
+def _check_keys(raw: JsonObject, strategy_class: type[SearchStrategy], fail: Fail) -> None:
     """Every top-level key is one every space has or one this strategy reads; another strategy's key is
     named as such."""
     valid = COMMON_KEYS | strategy_class.keys
@@ -284,14 +284,14 @@ def _check_keys(raw: dict[str, Any], strategy_class: type[SearchStrategy], fail:
         raise fail(key, f"unknown key; valid keys: {', '.join(sorted(valid))}")
 
 
-def _one_of(raw: dict[str, Any], key: str, default: str, choices: tuple[str, ...], fail: Fail) -> str:
+def _one_of(raw: JsonObject, key: str, default: str, choices: tuple[str, ...], fail: Fail) -> str:
     value = raw.get(key, default)
     if value not in choices:
         raise fail(key, f"unknown {key} '{value}'; use one of {', '.join(choices)}")
     return value
 
 
-def _parse_fixed(fixed_raw: Any, strategy: SearchStrategy, fail: Fail) -> dict[str, Setting]:
+def _parse_fixed(fixed_raw: JsonValue, strategy: SearchStrategy, fail: Fail) -> dict[str, Setting]:
     if not isinstance(fixed_raw, dict):
         raise fail("set", "must be a mapping of setting -> value")
     fixed = {}

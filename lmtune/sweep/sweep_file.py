@@ -19,7 +19,7 @@ from typing import Any
 
 from lmtune.data.dataset import DataMeta
 from lmtune.errors import LmtuneError, shown
-from lmtune.files import atomic_write_json
+from lmtune.files import JsonObject, atomic_write_json
 from lmtune.sweep.asha import AshaBudget
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.plan import SweepPlan
@@ -40,7 +40,7 @@ class DataRecord:
     meta: DataMeta | None = None
     """Its meta.json as it was then (lmtune.prepare's); None where sweep.json does not hold it."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**({"dir": self.dir} if self.dir else {}), **({"meta": asdict(self.meta)} if self.meta else {})}
 
 
@@ -55,9 +55,10 @@ class SweepRecord:
     written by hand may not; --resume refuses it, the report goes by the trials' own files)."""
     data: DataRecord = field(default_factory=DataRecord)
     """The data the trials trained on."""
-    versions: dict[str, Any] = field(default_factory=dict)
-    """lmtune, torch, ray, optuna and python versions: descriptive JSON, shown, never computed with."""
-    hardware: dict[str, Any] = field(default_factory=dict)
+    versions: JsonObject = field(default_factory=dict)
+    """lmtune, torch, ray, optuna and python versions: sweep.json's JSON, carried as written, shown, never computed
+    with."""
+    hardware: JsonObject = field(default_factory=dict)
     """The platform, CPU count and CUDA devices: descriptive JSON, as the versions."""
     resources_per_trial: dict[str, float] = field(default_factory=dict)
     """What each trial asked Ray for (cpu, gpu), as Ray takes it."""
@@ -90,7 +91,7 @@ class SweepRecord:
         """The record of this sweep resumed at ``when``."""
         return replace(self, resumed_at=(*self.resumed_at, when))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         plan = self.plan.to_json() if self.plan else {"space": {}, "budget": "", "base_config": {}, "asha": None}
         return {"name": self.name, **plan, "data": self.data.to_json(), "versions": self.versions,
                 "hardware": self.hardware, "resources_per_trial": self.resources_per_trial,
@@ -123,7 +124,7 @@ class SweepRecord:
         return cls._parsed(raw, plan)
 
     @classmethod
-    def _parsed(cls, raw: dict[str, Any], plan: SweepPlan | None) -> SweepRecord:
+    def _parsed(cls, raw: JsonObject, plan: SweepPlan | None) -> SweepRecord:
         """The record of a checked sweep.json (the JSON types of its values are as SWEEP_JSON says)."""
         data = raw.get("data") or {}
         keep = raw.get("keep", Keep.BEST)
@@ -183,7 +184,7 @@ JSON_WORDS = {dict: "a mapping", list: "a list", str: "a string", int: "a whole 
               bool: "true or false"}
 
 
-def check_sweep_json(raw: dict[str, Any], path: Path) -> None:
+def check_sweep_json(raw: JsonObject, path: Path) -> None:
     """Refuse, in one line naming the file and the key, a sweep.json (edited, or damaged) whose values the
     readers (analyze, diagnose, run --resume) cannot use: a key of the wrong JSON type, the space's scheduler,
     stopper and search settings checked as a space file's are, the base config's fields each of its type, ASHA's
@@ -207,7 +208,7 @@ def check_sweep_json(raw: dict[str, Any], path: Path) -> None:
         raise fail("data.meta", f"is not the meta.json lmtune.prepare writes ({err})") from None
 
 
-def _check_space(space: dict[str, Any], fail: Fail) -> None:
+def _check_space(space: JsonObject, fail: Fail) -> None:
     """The space's sections the readers use, as a space file's are checked (lmtune.sweep.spaces)."""
     def section(name: str, cls: type) -> Any:
         values = space.get(name)
@@ -238,7 +239,7 @@ def _check_space(space: dict[str, Any], fail: Fail) -> None:
             raise fail(f"space.{key}", f"is {_shown(space[key])}, not {_json_words(kind)}")
 
 
-def _check_base_config(config: dict[str, Any], fail: Fail) -> None:
+def _check_base_config(config: JsonObject, fail: Fail) -> None:
     for part, fields_of in (("model", MODEL_FIELDS), ("train", TRAIN_FIELDS)):
         values = config.get(part, {})
         if not isinstance(values, dict):
@@ -253,7 +254,7 @@ def _check_base_config(config: dict[str, Any], fail: Fail) -> None:
             raise fail(f"base_config.{key}", f"is {_shown(config[key])}, not {_json_words(kind)}")
 
 
-def _check_asha(asha: dict[str, Any] | None, fail: Fail) -> None:
+def _check_asha(asha: JsonObject | None, fail: Fail) -> None:
     """ASHA's rungs in tokens (AshaBudget): a rung of 1 token or more, growing by a factor above 1 (its rungs are
     counted up to max_t: a factor of 1 would never get there)."""
     if asha is None:

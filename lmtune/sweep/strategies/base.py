@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.files import JsonObject
+from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import EXAMPLES, MAX_SEED, coerce_value, field_names, field_type
 
 if TYPE_CHECKING:
@@ -51,14 +53,14 @@ class SearchStrategy(Protocol):
     """Whether its trials carry a ``stage`` (the progress table shows it)."""
 
     @classmethod
-    def parse(cls, raw: dict[str, Any], fail: Fail) -> SearchStrategy:
+    def parse(cls, raw: JsonObject, fail: Fail) -> SearchStrategy:
         """Its settings from the space file's top-level mapping, every problem a ``fail`` naming the key."""
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SearchStrategy:
+    def from_json(cls, data: JsonObject) -> SearchStrategy:
         """Back from ``to_json`` (the space's entry in sweep.json)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """Its keys of the space's JSON (the same keys as its YAML)."""
 
     def swept(self) -> list[str]:
@@ -87,7 +89,7 @@ class SearchStrategy(Protocol):
     def describe(self, fuse: int) -> str:
         """One sentence for the run's first line and the report."""
 
-    def param_space(self, fuse: int) -> dict[str, Any]:
+    def param_space(self, fuse: int) -> TuneParams:
         """Ray Tune's param_space."""
 
     def searcher(self, budget: Budget, sweep_dir: Path) -> tuple[Searcher | None, int]:
@@ -169,7 +171,7 @@ class DecidingDefaults(StrategyDefaults):
     """Keys its section once had -> what replaced them."""
 
     @classmethod
-    def parse(cls, raw: dict[str, Any], fail: Fail):
+    def parse(cls, raw: JsonObject, fail: Fail):
         if raw.get("params"):
             raise fail("params", f"search: {cls.name} chooses the learning rates itself; remove params (tune it "
                                  f"with the {cls.name}: section)")
@@ -179,11 +181,11 @@ class DecidingDefaults(StrategyDefaults):
         return cls(settings)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]):
+    def from_json(cls, data: JsonObject):
         known = cls.settings_class.__dataclass_fields__
         return cls(cls.settings_class(**{k: v for k, v in (data.get(cls.name) or {}).items() if k in known}))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {self.name: asdict(self.settings)}
 
     def added_seeds(self) -> int:
@@ -209,7 +211,7 @@ class DecidingDefaults(StrategyDefaults):
     def corner_samples(self) -> list[dict[str, Setting]]:
         return [{}]
 
-    def param_space(self, fuse: int) -> dict[str, Any]:
+    def param_space(self, fuse: int) -> TuneParams:
         return {}  # the searcher suggests every trial's config
 
 
@@ -228,7 +230,7 @@ def failed_checks(settings: Any, checks: list[tuple[str, bool, str]]) -> list[tu
     return [(key, f"{message} (got {shown(getattr(settings, key))})") for key, ok, message in checks if not ok]
 
 
-def params_section(raw: dict[str, Any], fail: Fail) -> dict[str, Any]:
+def params_section(raw: JsonObject, fail: Fail) -> JsonObject:
     """The space's ``params:`` mapping, each name a known setting."""
     params = raw.get("params")
     if not isinstance(params, dict) or not params:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
+from lmtune.files import JsonObject
 from lmtune.sweep.record import evaluated_val_loss
 from lmtune.sweep.runs import Budget, Run
+from lmtune.sweep.tune_types import TuneResult
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
 PlannedT = TypeVar("PlannedT")
@@ -35,7 +37,7 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
         self.finished = False
         self.interrupted: dict[str, str] = {}  # trial id -> why its plan was run again in another trial
 
-    def observe(self, trial_id: str, result: dict[str, Any]) -> None:
+    def observe(self, trial_id: str, result: TuneResult) -> None:
         """A result the trial reported: its tokens and, at an evaluation, its val loss."""
         run = self.runs.get(trial_id)
         tokens = result.get("tokens")
@@ -46,7 +48,7 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
         if loss is not None and math.isfinite(loss):
             run.val[int(tokens)] = float(loss)
 
-    def complete(self, trial_id: str, outcome: str, result: dict[str, Any] | None = None) -> Run | None:
+    def complete(self, trial_id: str, outcome: str, result: TuneResult | None = None) -> Run | None:
         """The trial ended with ``outcome`` (the ledger's word for it); ``result`` may say how a divergence was
         established (``divergence``, ``diverged_tokens``, ``diverged_step``). Returns its run (None: not ours)."""
         run = self.runs.get(trial_id)
@@ -71,10 +73,10 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
             self.queue.insert(0, plan)
         self.interrupted[trial_id] = why
 
-    def conclusion(self) -> dict[str, Any]:
+    def conclusion(self) -> JsonObject:
         raise NotImplementedError
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "settings": asdict(self.settings), "budget": asdict(self.budget), "max_pending": self.max_pending,
             "runs": {tid: run.to_json() for tid, run in self.runs.items()},
@@ -84,7 +86,7 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]):
+    def from_json(cls, data: JsonObject):
         budget = data["budget"]
         known = cls.settings_class.__dataclass_fields__
         search = cls(cls.settings_class(**{k: v for k, v in data["settings"].items() if k in known}),
@@ -98,9 +100,9 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
         search._restore(data)
         return search
 
-    def _restore(self, data: dict[str, Any]) -> None:
+    def _restore(self, data: JsonObject) -> None:
         """The subclass's own keys of ``to_json``."""
 
 
-def _plan(planned_class: type, data: dict[str, Any]):
+def _plan(planned_class: type, data: JsonObject):
     return planned_class(**{k: v for k, v in data.items() if k in planned_class.__dataclass_fields__})

@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from lmtune.files import JsonObject
 from lmtune.sweep.strategies.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
+from lmtune.sweep.tune_types import TuneParams
 
 # The most trials a grid may ask for: far beyond what a sweep can run (a quick trial takes ~10 s on 2 cores),
 # and small enough that parsing and Tune's bookkeeping stay instant.
@@ -24,7 +26,7 @@ class GridSearch(StrategyDefaults):
     keys: ClassVar[frozenset[str]] = frozenset({"params"})
 
     @classmethod
-    def parse(cls, raw: dict[str, Any], fail: Fail) -> GridSearch:
+    def parse(cls, raw: JsonObject, fail: Fail) -> GridSearch:
         params = {}
         for name, spec in params_section(raw, fail).items():
             key = f"params.{name}"
@@ -49,10 +51,10 @@ class GridSearch(StrategyDefaults):
         return cls(params)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GridSearch:
+    def from_json(cls, data: JsonObject) -> GridSearch:
         return cls({name: list(values) for name, values in data["params"].items()})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"params": self.params}
 
     def swept(self) -> list[str]:
@@ -75,7 +77,7 @@ class GridSearch(StrategyDefaults):
             return "fusing groups the LRs of params.lr, which this space does not sweep; use fuse: 1"
         return None
 
-    def member_groups(self, fuse: int) -> list[dict[str, Any]]:
+    def member_groups(self, fuse: int) -> list[dict[str, Setting | list[Setting]]]:
         """The grid cut into fused trials: each combination of the other swept settings, its LRs in groups of
         up to ``fuse`` in the order listed, as {"lr": [...], other: value}."""
         others = grid_corners({name: values for name, values in self.params.items() if name != "lr"})
@@ -87,7 +89,7 @@ class GridSearch(StrategyDefaults):
         fused = f", up to {fuse} LRs fused per process" if fuse > 1 else ""
         return f"grid search over {dims}: {self.num_trials()} trials{fused}"
 
-    def param_space(self, fuse: int) -> dict[str, Any]:
+    def param_space(self, fuse: int) -> TuneParams:
         from ray import tune
 
         if fuse > 1:

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lmtune.errors import shown
+from lmtune.files import JsonObject
 from lmtune.sweep.strategies.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
 from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
+from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import field_type
 
 SAMPLERS = ("tpe", "random", "cmaes")
@@ -54,7 +56,7 @@ class OptunaSearch(StrategyDefaults):
     keys: ClassVar[frozenset[str]] = frozenset({"params", "sampler", "num_samples"})
 
     @classmethod
-    def parse(cls, raw: dict[str, Any], fail: Fail) -> OptunaSearch:
+    def parse(cls, raw: JsonObject, fail: Fail) -> OptunaSearch:
         params = {name: _distribution(name, spec, f"params.{name}", fail)
                   for name, spec in params_section(raw, fail).items()}
         sampler = raw.get("sampler", "tpe")
@@ -69,11 +71,11 @@ class OptunaSearch(StrategyDefaults):
         return cls(params, sampler, num_samples)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> OptunaSearch:
+    def from_json(cls, data: JsonObject) -> OptunaSearch:
         params = {name: Distribution(kind, tuple(args)) for name, (kind, args) in data["params"].items()}
         return cls(params, data.get("sampler", "tpe"), int(data.get("num_samples", 10)))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"params": {name: [d.kind, list(d.args)] for name, d in self.params.items()},
                 "sampler": self.sampler, "num_samples": self.num_samples}
 
@@ -93,7 +95,7 @@ class OptunaSearch(StrategyDefaults):
         dims = ", ".join(f"{k} ~ {d.kind}{d.args}" for k, d in self.params.items())
         return f"Optuna {self.sampler.upper()} search, {self.num_samples} samples of {dims}"
 
-    def param_space(self, fuse: int) -> dict[str, Any]:
+    def param_space(self, fuse: int) -> TuneParams:
         return {name: d.tune_domain() for name, d in self.params.items()}
 
     def searcher(self, budget, sweep_dir: Path):

@@ -33,6 +33,7 @@ from lmtune.sweep.stopping import outcome_of
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
+from lmtune.sweep.tune_types import TuneParams, TuneResult
 from lmtune.training.lr_range import read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
@@ -54,14 +55,15 @@ class DecidingSearcher(Searcher):
         """lmtune's own sweep folder (its ledger and decisions/); None in a user's own Tuner: the search then
         learns every trial's ending from Tune's results alone and keeps its state only through save/restore."""
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Restored by Tune on --resume: the sweep folder this driver resumes in (lmtune.sweep.record.rebased).
+    def __setstate__(self, state: dict[str, object]) -> None:
+        # Restored by Tune on --resume (its experiment snapshot pickles the searcher): the sweep folder this driver
+        # resumes in (lmtune.sweep.record.rebased).
         self.__dict__.update(state, sweep_dir=rebased(state.get("sweep_dir"), state.get("sweep_dir")))
 
     def state_path(self) -> Path | None:
         return self.state_file(self.sweep_dir) if self.sweep_dir is not None else None
 
-    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
+    def set_search_properties(self, metric: str | None, mode: str | None, config: TuneParams, **spec: Any) -> bool:
         """A user's ``TuneConfig(metric=..., mode=...)``: the search ranks runs by their validation loss, lowest
         first, and takes nothing else. ``config`` (the Tuner's param_space) may hold fixed values only: Tune
         adds them to every trial the search suggests."""
@@ -74,7 +76,7 @@ class DecidingSearcher(Searcher):
         self.search.max_pending = max_concurrent
         return True
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+    def suggest(self, trial_id: str) -> TuneParams | str | None:
         decided = len(self.search.decisions)
         answer = self.search.suggest(trial_id)
         for decision in self.search.decisions[decided:]:
@@ -86,16 +88,16 @@ class DecidingSearcher(Searcher):
         self._mirror()
         return Searcher.FINISHED if answer == FINISHED else answer
 
-    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+    def on_trial_result(self, trial_id: str, result: TuneResult) -> None:
         self.search.observe(trial_id, result)
 
-    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+    def on_trial_complete(self, trial_id: str, result: TuneResult | None = None, error: bool = False) -> None:
         result = dict(result or {})
         self._backfill(trial_id, result)
         self.search.complete(trial_id, self._outcome(trial_id, result, error), result)
         self._mirror()
 
-    def _outcome(self, trial_id: str, result: dict[str, Any], error: bool) -> str:
+    def _outcome(self, trial_id: str, result: TuneResult, error: bool) -> str:
         """The ledger's word for how the trial ended (the stopper and ASHA record theirs before Tune tells the
         searcher); without a ledger, or before it has one, what the trial's last result shows."""
         recorded = read_outcomes(self.sweep_dir).get(trial_id, {}).get("outcome") if self.sweep_dir else None
@@ -103,7 +105,7 @@ class DecidingSearcher(Searcher):
             return str(recorded)
         return "error" if error else str(outcome_of(result)[0])
 
-    def _backfill(self, trial_id: str, result: dict[str, Any]) -> None:
+    def _backfill(self, trial_id: str, result: TuneResult) -> None:
         """What the trial's own files hold that Tune's results may lack (a trial that ended after the
         experiment snapshot a resume started from): its evaluations, and a range test's finding."""
         if self.sweep_dir is None:
@@ -152,7 +154,7 @@ class DecidingSearcher(Searcher):
                 continue  # Tune knows it: it resumes it or has its result
             outcome = ledger.get(trial_id, {}).get("outcome")
             if outcome:
-                result: dict[str, Any] = {}
+                result: TuneResult = {}  # as Tune's last result would have held it
                 self._backfill(trial_id, result)
                 self.search.complete(trial_id, str(outcome), result)
                 log.info("%s: trial %s ended (%s) after Tune's last snapshot; its result is kept",

@@ -32,14 +32,15 @@ done, the crown is settled and the bracket is resolved and confirmed (or cannot 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
+from lmtune.files import JsonObject
 from lmtune.sweep.bracket import bisect_lrs, bracket, needs_confirmation
 from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.runs import SAME_LR, Budget, LrResult, Run, crown, effective_runs, full_budget_ranking
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
+from lmtune.sweep.tune_types import TuneParams, TuneResult
 
 STAGES = ("range", "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
 ASHA_STAGES = frozenset({"coarse"})  # the only stage ASHA may cut
@@ -83,9 +84,9 @@ class Planned:
     continue_from: str | None = None
     """The trial id of an ASHA-cut run this one continues from its newest checkpoint."""
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> TuneParams:
         """The trial's Tune config: its stage, LR and seed (and the trial it continues)."""
-        config: dict[str, Any] = {"stage": self.stage, "seed": self.seed}
+        config: TuneParams = {"stage": self.stage, "seed": self.seed}
         if self.lr is not None:
             config["lr"] = self.lr
         if self.continue_from:
@@ -114,7 +115,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
 
     # -- what Tune asks and tells ------------------------------------------------------------
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str:
+    def suggest(self, trial_id: str) -> TuneParams | str:
         """The next trial's config, WAIT (nothing to start now) or FINISHED."""
         if self.finished:
             return FINISHED
@@ -130,7 +131,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         self.plans[trial_id] = planned
         return planned.config()
 
-    def complete(self, trial_id: str, outcome: str, result: dict[str, Any] | None = None) -> Run | None:
+    def complete(self, trial_id: str, outcome: str, result: TuneResult | None = None) -> Run | None:
         """As every deciding search's; for the range test ``result`` carries its finding (steepest_lr,
         min_loss_lr, blowup_lr)."""
         run = super().complete(trial_id, outcome, result)
@@ -320,15 +321,15 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
 
     # -- state -------------------------------------------------------------------------------
 
-    def conclusion(self) -> dict[str, Any]:
+    def conclusion(self) -> JsonObject:
         """What the runs conclude, as the state file's JSON (lmtune.sweep.conclusion.Conclusion.to_json)."""
         return conclude(effective_runs(self._lr_runs()), self.budget).to_json()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**super().to_json(), "range": asdict(self.range) if self.range else None,
                 "bisect_rounds": self.bisect_rounds, "extensions": self.extensions, "seed_rounds": self.seed_rounds}
 
-    def _restore(self, data: dict[str, Any]) -> None:
+    def _restore(self, data: JsonObject) -> None:
         self.range = RangeFinding(**data["range"]) if data.get("range") else None
         self.bisect_rounds, self.extensions = data["bisect_rounds"], data["extensions"]
         self.seed_rounds = data.get("seed_rounds", 0)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from lmtune.files import JsonObject
 from lmtune.sweep.record import read_horizon_state
 from lmtune.sweep.strategies.base import DecidingDefaults, Fail
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
@@ -30,7 +31,7 @@ class HorizonStrategy(DecidingDefaults):
     owns: ClassVar[tuple[str, ...]] = HORIZON_OWNS
 
     @classmethod
-    def parse(cls, raw: dict[str, Any], fail: Fail) -> HorizonStrategy:
+    def parse(cls, raw: JsonObject, fail: Fail) -> HorizonStrategy:
         scheduler = raw.get("scheduler")  # (params, if any, are refused first, by the shared parse)
         if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none" and not raw.get("params"):
             raise fail("scheduler.name", "search: horizon trains every run to its whole budget (LRs are compared "

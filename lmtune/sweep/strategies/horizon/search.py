@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject
 from lmtune.sweep.bracket import bracket
 from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, effective_runs, full_budget_ranking
@@ -34,6 +34,7 @@ from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.horizon.fit import BudgetLosses, HorizonFit, fit_horizon
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import MAX_LR
 
 STAGES = ("grid", "extend", "seeds", "edge", "target")  # target: the confirmation runs at the target budget
@@ -63,9 +64,9 @@ class Planned:
     """Under WSD: the trial id of this LR and seed's run at a smaller budget, whose stable phase this run
     continues from where it ended (the same run as from scratch: lmtune.training.fork)."""
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> TuneParams:
         """The trial's Tune config: the budget is its ``steps`` (its schedule decays over them)."""
-        config: dict[str, Any] = {"stage": self.stage, "steps": self.steps, "lr": self.lr, "seed": self.seed}
+        config: TuneParams = {"stage": self.stage, "steps": self.steps, "lr": self.lr, "seed": self.seed}
         if self.fork_from:
             config["fork_from"] = self.fork_from
         return config
@@ -92,7 +93,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     # -- what Tune asks and tells ------------------------------------------------------------
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str:
+    def suggest(self, trial_id: str) -> TuneParams | str:
         """The next trial's config, WAIT (nothing to start now) or FINISHED."""
         if self.finished:
             return FINISHED
@@ -326,17 +327,17 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     # -- state -------------------------------------------------------------------------------
 
-    def conclusion(self) -> dict[str, Any]:
+    def conclusion(self) -> JsonObject:
         """Per budget, what its runs show (best LR, seeds, edge), the fit and the confirmation."""
         per_budget = {str(s): conclude(self.runs_at(s), self.budget.at_steps(s)).to_json()
                       for s in [*self.budgets, self.budget.steps]}
         return {"budgets": per_budget, "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**super().to_json(), "seed_rounds": {str(k): v for k, v in self.seed_rounds.items()},
                 "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
 
-    def _restore(self, data: dict[str, Any]) -> None:
+    def _restore(self, data: JsonObject) -> None:
         self.seed_rounds = {int(k): int(v) for k, v in (data.get("seed_rounds") or {}).items()}
         self.fit = HorizonFit.from_json(data["fit"]) if data.get("fit") else None
         self.fit_problem = data.get("fit_problem")
