@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from lmtune.errors import LmtuneError, cli_entry, shown  # noqa: E402 (lmtune from this checkout)
 from lmtune.files import atomic_write_json, check_destination  # noqa: E402
+from lmtune.report.truth import Setting  # noqa: E402 (what a truth's runs share)
 from lmtune.training.config import MAX_LR, MAX_SEED, budget_config, parse_set_args  # noqa: E402
 
 GRID_FILE = "grid.json"
@@ -128,7 +129,7 @@ def read_grid(out: Path) -> dict:
     return recorded
 
 
-def existing_truth(out: Path) -> tuple[dict, dict | None]:
+def existing_truth(out: Path) -> tuple[dict, Setting | None]:
     """What --out holds: its grid.json ({} where new) and the setting of its runs (None where it has none yet);
     refused where it holds something other than a truth."""
     from lmtune.report.truth import read_truth
@@ -138,7 +139,7 @@ def existing_truth(out: Path) -> tuple[dict, dict | None]:
     recorded = read_grid(out)
     if not recorded and not any(out.glob("lr=*_seed=*")):
         raise LmtuneError(f"--out {out} holds files but no truth (no {GRID_FILE}); choose another --out")
-    setting = recorded.get("setting") if isinstance(recorded.get("setting"), dict) else None
+    setting = Setting.from_json(recorded["setting"]) if isinstance(recorded.get("setting"), dict) else None
     if setting is None and any((p / "summary.json").is_file() for p in out.iterdir()):
         setting = read_truth(out)[0].setting  # a truth from before grid.json recorded its setting
     return recorded, setting
@@ -202,7 +203,7 @@ def plan_grid(args: argparse.Namespace) -> Plan:
     union = {key: sorted({*(v for v in recorded.get(key) or [] if isinstance(v, (int, float))), *new})
              for key, new in (("lrs", lrs), ("seeds", seeds))}
     record = {"space": space.name, "budget": space.budget, "set": settings, **union, "data": str(data_dir),
-              "setting": setting}
+              "setting": setting.to_json()}
     return Plan(out, record, jobs, (len(lrs), len(seeds)))
 
 
@@ -275,9 +276,9 @@ def print_comparison(args: argparse.Namespace) -> None:
     truth = truth_conclusion(runs)
     if "predicted_lr" in summary:  # a horizon search: its prediction against the truth at its target budget
         tokens = sum(r.steps * r.tokens_per_step for r in runs)
-        print(json.dumps(compare_horizon(truth, summary, tokens), indent=1))
+        print(json.dumps(compare_horizon(truth, summary, tokens).to_json(), indent=1))
         return
-    print(json.dumps(compare(truth, summary), indent=1))
+    print(json.dumps(compare(truth, summary).to_json(), indent=1))
 
 
 @cli_entry

@@ -29,13 +29,14 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_json
+from lmtune.files import JsonObject, atomic_write_json
 from lmtune.sweep.experiment import make_plan, plan_record, plan_scheduler
 from lmtune.sweep.plan import SweepPlan, TrialSetup
 from lmtune.sweep.record import SWEEP_FILE, Outcome, ledger_path
 from lmtune.sweep.spaces import SearchSpace, load_space, parse_space
 from lmtune.sweep.stopping import TrialStopper, outcome_of
 from lmtune.sweep.trainable import train_trial
+from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import BUDGETS, budget_config
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import resolve_config
@@ -74,7 +75,7 @@ class Sweep:
     of the same keys), on ``data`` (None: the built-in corpus) with ``budget`` (None: the space's) and any run
     setting in ``overrides`` on top; validated here, as ``python -m lmtune.run`` validates it."""
 
-    def __init__(self, space: str | Path | dict[str, Any], data: str | Path | None = None, budget: str | None = None,
+    def __init__(self, space: str | Path | JsonObject, data: str | Path | None = None, budget: str | None = None,
                  **overrides: Any):
         self.space = _space(space)
         self.plan: SweepPlan = make_plan(self.space, Path(data) if data is not None else None, budget, overrides)
@@ -84,7 +85,7 @@ class Sweep:
         """The function trainable (lmtune.sweep.trainable.train_trial) with what every trial of the sweep shares."""
         return tune.with_parameters(train_trial, setup=self.plan.trial_setup())
 
-    def param_space(self) -> dict[str, Any]:
+    def param_space(self) -> TuneParams:
         """The Tuner's param_space: a grid's or Optuna's domains; {} for a search that suggests every trial."""
         return self.space.strategy.param_space(self.space.fuse)
 
@@ -109,7 +110,7 @@ class Sweep:
     def stopper(self) -> DivergenceStopper:
         return DivergenceStopper(min_tokens_per_s=self.space.stopper.min_tokens_per_s)
 
-    def report(self, results: tune.ResultGrid, out: Path | None = None, target: float | None = None) -> dict:
+    def report(self, results: tune.ResultGrid, out: Path | None = None, target: float | None = None) -> JsonObject:
         """The edge-of-stability report of ``results`` (this sweep's Tuner.fit()): lmtune's records of the sweep
         (sweep.json, the outcome of every trial and the search's state in decisions/) are written into the
         experiment folder if they are not there yet, then the report into ``out`` (default <experiment>/report).
@@ -129,7 +130,7 @@ class Sweep:
         return report(experiment, out=out, target=target)
 
 
-def report(sweep: str | Path | tune.ResultGrid, out: Path | None = None, target: float | None = None) -> dict:
+def report(sweep: str | Path | tune.ResultGrid, out: Path | None = None, target: float | None = None) -> JsonObject:
     """The edge-of-stability report of a sweep folder written by ``python -m lmtune.run`` or ``Sweep.report`` (or
     of the ResultGrid of such a sweep), as ``python -m lmtune.analyze`` writes it. Returns the summary."""
     from lmtune.report.writer import analyze
@@ -141,13 +142,14 @@ def report(sweep: str | Path | tune.ResultGrid, out: Path | None = None, target:
     return analyze(path, out_dir=out, target=target)
 
 
-def _space(space: str | Path | dict[str, Any]) -> SearchSpace:
+def _space(space: str | Path | JsonObject) -> SearchSpace:
+    # (a dict: the YAML mapping a space file would hold, checked by parse_space as a file's is)
     if isinstance(space, dict):
         return parse_space(space, PYTHON_SPACE, yaml.safe_dump(space, sort_keys=False))
     return load_space(str(space))
 
 
-def _outcomes(results: tune.ResultGrid) -> dict[str, dict[str, Any]]:
+def _outcomes(results: tune.ResultGrid) -> dict[str, JsonObject]:
     """The ledger of a sweep run by a Tuner of the user's own: how each trial ended, from its last result."""
     entries = {}
     for result in results:

@@ -209,6 +209,6 @@ def test_the_search_agrees_with_a_small_ground_truth_grid_trained_without_early_
     truth = truth_conclusion(read_truth(truth_dir))
     checks = compare(truth, json.loads((sweep_dir / "report" / "summary.json").read_text()))
     assert truth["divergence_lr"] is not None, "the grid reaches past the first LR that fails"
-    assert checks["best_lr_within_truth_basin_bounds"], checks
-    assert checks["edges_overlap"], checks
-    assert checks["basins_overlap"] and checks["degraded_overlap"], checks
+    assert checks.best_lr_within_truth_basin_bounds, checks
+    assert checks.edges_overlap, checks
+    assert checks.basins_overlap and checks.degraded_overlap, checks

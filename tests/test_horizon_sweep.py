@@ -118,4 +118,4 @@ def test_the_prediction_agrees_with_a_small_ground_truth_grid_at_the_target(hori
     conclusion = truth_conclusion(runs)
     conclusion["seed_spread"] = max(b["seed_spread"] or 0 for b in horizon_sweep["summary"]["budgets"][:-1])
     check = compare_horizon(conclusion, horizon_sweep["summary"], sum(r.steps * r.tokens_per_step for r in runs))
-    assert check["predicted_lr_in_truth_basin"], check
+    assert check.predicted_lr_in_truth_basin, check

@@ -9,6 +9,7 @@ from conftest import assert_real_picture
 
 from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
 from lmtune.report.markdown import HEADINGS, write_markdown
+from lmtune.report.sharpness import Sharpness, SharpnessRow
 from lmtune.report.stability import TrialRecord, classify
 from lmtune.report.summary import SweepFacts, sweep_summary
 from lmtune.report.tables import write_tables
@@ -82,8 +83,8 @@ def test_figures_are_real_pictures(records, tmp_path):
         plot_lr_vs_loss(tmp_path / "lr_vs_loss.png", summary),
         plot_instability(records, best, tmp_path / "instability.png"),
         plot_sharpness([
-            {"step": s, "lr_at_step": 1e-3, "sharpness": 50.0 * (1 + s / 100), "preconditioned_sharpness": 9e3 + s,
-             "gd_threshold": 2e3, "adam_threshold": 3.8e4} for s in (100, 200, 300, 400)
+            SharpnessRow(None, None, Sharpness(s, 1e-3, 50.0 * (1 + s / 100), 9e3 + s, 2e3, 3.8e4))
+            for s in (100, 200, 300, 400)
         ], tmp_path / "sharpness.png"),
     ]
     for path in paths:

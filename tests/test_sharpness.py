@@ -103,21 +103,21 @@ def test_checkpoint_sharpness_on_a_tiny_trained_transformer(tmp_path):
 
     result = checkpoint_sharpness(path, config.model, (x, y), iters=30)
 
-    assert result["step"] == 3
-    assert result["lr_at_step"] == pytest.approx(3e-3)
-    assert result["gd_threshold"] == pytest.approx(2 / 3e-3)
-    assert result["adam_threshold"] == pytest.approx(38 / 3e-3)
-    assert np.isfinite(result["sharpness"]) and result["sharpness"] != 0
-    assert np.isfinite(result["preconditioned_sharpness"])
+    assert result.step == 3
+    assert result.lr_at_step == pytest.approx(3e-3)
+    assert result.gd_threshold == pytest.approx(2 / 3e-3)
+    assert result.adam_threshold == pytest.approx(38 / 3e-3)
+    assert np.isfinite(result.sharpness) and result.sharpness != 0
+    assert np.isfinite(result.preconditioned_sharpness)
     # Adam's preconditioner divides by sqrt(v) << 1 this early, so the preconditioned value is far larger.
-    assert abs(result["preconditioned_sharpness"]) > abs(result["sharpness"])
+    assert abs(result.preconditioned_sharpness) > abs(result.sharpness)
     # Same answer from the checkpoint's own config.
     again = checkpoint_sharpness(path, None, (x, y), iters=30)
-    assert again["sharpness"] == pytest.approx(result["sharpness"], rel=1e-6)
+    assert again.sharpness == pytest.approx(result.sharpness, rel=1e-6)
     # The optimizer state is matched to the right parameters: same value as from the live optimizer.
     for block in model.blocks:
         block.attn.use_sdpa = False
     params = list(model.parameters())
     direct = preconditioned_sharpness(lambda: model(x, y), params, [opt.state[p]["exp_avg_sq"] for p in params],
                                       3, 0.95, 1e-8, iters=30)
-    assert result["preconditioned_sharpness"] == pytest.approx(direct, rel=1e-5)
+    assert result.preconditioned_sharpness == pytest.approx(direct, rel=1e-5)

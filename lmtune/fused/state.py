@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -18,7 +17,7 @@ from lmtune.fused.model import FusedTransformerLM
 from lmtune.fused.optim import MemberAdamW, MemberHyperparameters
 from lmtune.training.config import RunConfig
 from lmtune.training.model import TransformerLM
-from lmtune.training.state import TrainState, build_optimizer, seed_everything
+from lmtune.training.state import TrainState, TrainStateDict, build_optimizer, seed_everything
 
 
 def adamw_order(model: FusedTransformerLM) -> list[str]:
@@ -88,7 +87,7 @@ class FusedState:
         return TrainState(model, optimizer, self.step, best_val_loss, elapsed_s)
 
     @torch.no_grad()
-    def load_member(self, member: int, saved: dict[str, Any]) -> None:
+    def load_member(self, member: int, saved: TrainStateDict) -> None:
         """A single-model checkpoint (``TrainState.state_dict``) into the member's slice."""
         position = self.positions.index(member)
         params = dict(self.model.stacked.named_parameters())

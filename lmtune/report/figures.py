@@ -10,7 +10,6 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 import numpy as np
@@ -20,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from lmtune.report.sections.base import FigureInputs, ReportFigure  # noqa: E402
+from lmtune.report.sharpness import SharpnessRow  # noqa: E402
 from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
 from lmtune.report.summary import SweepSummary  # noqa: E402
 from lmtune.report.text import lr as _lr  # noqa: E402
@@ -249,20 +249,21 @@ def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | 
     return save_figure(fig, path)
 
 
-def plot_sharpness(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+def plot_sharpness(rows: Sequence[SharpnessRow], path: Path) -> Path:
     """Sharpness vs 2/lr and preconditioned sharpness vs (2+2b1)/((1-b1) lr), over steps.
 
-    Rows carrying ``trial_id`` (and ``lr``) are drawn as one series per trial, each with its own
+    Rows carrying a ``trial_id`` (and ``lr``) are drawn as one series per trial, each with its own
     threshold line in the same color; rows without are one series.
     """
-    groups: dict[Any, list[dict[str, Any]]] = {}
+    groups: dict[str | None, list[SharpnessRow]] = {}
     for r in rows:
-        groups.setdefault(r.get("trial_id"), []).append(r)
+        groups.setdefault(r.trial_id, []).append(r)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = plt.get_cmap("tab10")
 
-    def series(part, key):
-        return [abs(r[key]) if r.get(key) is not None else np.nan for r in part]
+    def series(part: list[SharpnessRow], key: str) -> list[float]:
+        values = [getattr(r.estimate, key) for r in part]
+        return [abs(v) if v is not None else np.nan for v in values]
 
     for ax, value_key, line_key, label, line_label in (
         (axes[0], "sharpness", "gd_threshold", "sharpness (top Hessian eigenvalue)", "2/lr"),
@@ -270,11 +271,11 @@ def plot_sharpness(rows: Sequence[dict[str, Any]], path: Path) -> Path:
          "(2+2β₁)/((1-β₁) lr), 38/lr at β₁=0.9"),
     ):
         for i, (trial_id, part) in enumerate(groups.items()):
-            part = sorted(part, key=lambda r: r["step"])
-            steps = [r["step"] for r in part]
+            part = sorted(part, key=lambda r: r.estimate.step)
+            steps = [r.estimate.step for r in part]
             color = colors(i % 10) if len(groups) > 1 else "tab:blue"
             line_color = color if len(groups) > 1 else "tab:red"
-            name = "" if trial_id is None else f"lr={part[0]['lr']:.3g} " if part[0].get("lr") else f"{trial_id} "
+            name = "" if trial_id is None else f"lr={part[0].lr:.3g} " if part[0].lr else f"{trial_id} "
             ax.plot(steps, series(part, value_key), "o-", color=color,
                     label=f"{name}{'measured' if name else label}")
             ax.plot(steps, series(part, line_key), "--", color=line_color, alpha=0.8, label=f"{name}{line_label}")

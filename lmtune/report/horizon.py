@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from lmtune.files import JsonObject
 from lmtune.report.comparison import Pair
 from lmtune.report.stability import TrialRecord
 from lmtune.sweep.plan import SweepPlan
@@ -59,7 +59,7 @@ class TargetConfirmation:
     best_over_predicted: float | None
     """The lowest-loss LR / the predicted LR."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"losses": [{"lr": r.lr, "seeds": list(r.seeds), "losses": list(r.losses), "mean": r.mean}
                            for r in self.losses],
                 "best_lr": self.best_lr, "best_mean_loss": self.best_mean_loss,
@@ -90,7 +90,7 @@ class HorizonResult:
     def predicted_lr_interval(self) -> tuple[float, float] | None:
         return self.fit.predicted_lr_interval if self.fit else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """summary.json's horizon keys (``target_tokens`` here is the target budget's, replacing the target loss's)."""
         fit = self.fit
         return {"budgets": [_budget_json(b) for b in self.budgets], "target_tokens": self.target_tokens,
@@ -103,7 +103,7 @@ class HorizonResult:
                 "fit_problem": self.fit_problem, "confirmed": self.confirmed.to_json()}
 
 
-def _budget_json(budget: BudgetConclusion) -> dict[str, Any]:
+def _budget_json(budget: BudgetConclusion) -> JsonObject:
     conclusion = budget.conclusion.to_json()
     return {"steps": budget.steps, "tokens": budget.tokens, "fraction": budget.fraction, "trials": budget.trials,
             **{k: conclusion[k] for k in BUDGET_KEYS}}

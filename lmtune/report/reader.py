@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject
 from lmtune.report.stability import OUTCOMES, TrialRecord
+from lmtune.report.summary import MissingTrial
 from lmtune.sweep.record import (
     BOOKKEEPING_PARAMS,
     SWEEP_FILE,
@@ -93,13 +95,13 @@ def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
     return record, trials
 
 
-def missing_trials(sweep_dir: Path, trials: list[TrialRecord]) -> list[dict[str, Any]]:
+def missing_trials(sweep_dir: Path, trials: list[TrialRecord]) -> list[MissingTrial]:
     """The trials the ledger lists that the report has no folder for (deleted, or unreadable): their id, outcome
     and reason, from the ledger. A conclusion drawn without them may differ from the sweep's (the best trial's
     folder gone changes the best LR)."""
     present = {t.trial_id for t in trials} | {f.trial_id for f in trial_folders(sweep_dir)
                                               if f.params.get("stage") == "range"}
-    return [{"trial_id": trial_id, "outcome": entry["outcome"], "reason": str(entry.get("reason") or "")}
+    return [MissingTrial(trial_id, str(entry["outcome"]), str(entry.get("reason") or ""))
             for trial_id, entry in sorted(read_outcomes(sweep_dir).items())
             if trial_id not in present and "members" not in entry]  # (a fused group's own entry: no folder)
 
@@ -112,7 +114,7 @@ def load_range_test(sweep_dir: Path) -> RangeTestResult | None:
     return None
 
 
-def trial_record(folder: TrialFolder, entry: dict[str, Any],
+def trial_record(folder: TrialFolder, entry: JsonObject,
                  rule: DivergenceRule = DEFAULT_RULE) -> TrialRecord | None:
     config, summary = folder.read_json("config.json"), folder.read_json("summary.json")
     lr = _positive(folder.params.get("lr")) or _positive((config.get("train") or {}).get("lr"))

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from lmtune.files import JsonObject
 from lmtune.report.stability import (
     STATUSES,
     TrialRecord,
@@ -63,7 +64,7 @@ class TrialRow:
     max_spike_height: float | None
     """The highest of them, over the running minimum (None: no spike)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         row = asdict(self)
         return {**row, "params": dict(self.params), "spikes": [asdict(s) for s in self.spikes]}
 

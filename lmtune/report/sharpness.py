@@ -15,19 +15,20 @@ import io
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
+from torch.optim.optimizer import StateDict
 
 from lmtune.data.batches import fixed_val_batches
 from lmtune.data.dataset import load_data
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_text
+from lmtune.files import JsonObject, atomic_write_text
 from lmtune.report.stability import TrialRecord, classify
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.sweep_file import SweepRecord
-from lmtune.training.checkpoint import load_checkpoint
+from lmtune.training.checkpoint import Checkpoint, load_checkpoint
 from lmtune.training.config import ModelConfig
 from lmtune.training.model import TransformerLM
 from lmtune.training.schedule import scheduled_lr
@@ -35,6 +36,40 @@ from lmtune.training.schedule import scheduled_lr
 log = logging.getLogger(__name__)
 
 Vector = list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Sharpness:
+    """One checkpoint's sharpness, raw and Adam-preconditioned, and the thresholds it is read against."""
+
+    step: int
+    """The checkpoint's step."""
+    lr_at_step: float | None
+    """The LR its last step was taken with (None: neither its optimizer state nor its config tells)."""
+    sharpness: float
+    """The top Hessian eigenvalue of the training loss on the fixed batch."""
+    preconditioned_sharpness: float | None
+    """The top eigenvalue of P^-1/2 H P^-1/2 under Adam's preconditioner (None: no optimizer state)."""
+    gd_threshold: float | None
+    """2/lr: where full-batch GD's sharpness hovers (None: no LR)."""
+    adam_threshold: float | None
+    """(2 + 2 beta1) / ((1 - beta1) lr): where Adam's preconditioned sharpness hovers (None: no LR or beta1)."""
+
+
+@dataclass(frozen=True)
+class SharpnessRow:
+    """A row of sharpness.csv (and of summary.json's ``sharpness``): one trial's sharpness at one checkpoint."""
+
+    trial_id: str | None
+    """The trial (None: a lone checkpoint's series)."""
+    lr: float | None
+    """The trial's LR."""
+    estimate: Sharpness
+    """Its sharpness at the checkpoint."""
+
+    def to_json(self) -> JsonObject:
+        """The row by SHARPNESS_COLUMNS, in their order."""
+        return {"trial_id": self.trial_id, "lr": self.lr, **asdict(self.estimate)}
 
 
 def gd_threshold(lr: float) -> float:
@@ -164,7 +199,7 @@ def preconditioned_sharpness(loss_fn: Callable[[], torch.Tensor], params: list[t
     return _top_algebraic(matvec, params, iters, tol, seed, largest)
 
 
-def _model_config(model: ModelConfig | None, state: dict[str, Any]) -> ModelConfig:
+def _model_config(model: ModelConfig | None, state: Checkpoint) -> ModelConfig:
     """``model``, else the one the checkpoint's own config (a RunConfig.to_dict()) names."""
     if model is not None:
         return model
@@ -180,7 +215,7 @@ def _optimizer_order(model: TransformerLM) -> list[torch.Tensor]:
     return [p for p in params if p.ndim >= 2] + [p for p in params if p.ndim < 2]
 
 
-def _second_moments(model: TransformerLM, optimizer_state: dict[str, Any]) -> tuple[Vector, int] | None:
+def _second_moments(model: TransformerLM, optimizer_state: StateDict) -> tuple[Vector, int] | None:
     """Adam's exp_avg_sq per model parameter (model.parameters() order) and the step count."""
     ids = [i for group in optimizer_state.get("param_groups", []) for i in group["params"]]
     state = optimizer_state.get("state", {})
@@ -198,13 +233,12 @@ def _second_moments(model: TransformerLM, optimizer_state: dict[str, Any]) -> tu
 
 def checkpoint_sharpness(checkpoint_path: Path, model_config: ModelConfig | None,
                          batch: tuple[torch.Tensor, torch.Tensor], iters: int = 50, tol: float = 1e-4,
-                         seed: int = 0, largest: bool = False) -> dict[str, Any]:
+                         seed: int = 0, largest: bool = False) -> Sharpness:
     """Sharpness and Adam-preconditioned sharpness of a training checkpoint on one fixed batch.
 
     Computed in float32 on CPU with the reference attention path (SDPA lacks double backward on some
-    builds). ``model_config``: the model's shape (None: the checkpoint's own config's). Returns {step,
-    lr_at_step, sharpness, preconditioned_sharpness, gd_threshold, adam_threshold}; the preconditioned value
-    is None when the checkpoint holds no optimizer state.
+    builds). ``model_config``: the model's shape (None: the checkpoint's own config's). The preconditioned
+    value is None when the checkpoint holds no optimizer state.
     ``largest``: the largest algebraic eigenvalues instead of the largest-magnitude ones.
     """
     state = load_checkpoint(Path(checkpoint_path))
@@ -236,16 +270,10 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config: ModelConfig | None
         exp_avg_sq, step = moments
         pre = preconditioned_sharpness(loss_fn, params, exp_avg_sq, step, float(beta2), float(eps),
                                        iters=iters, tol=tol, seed=seed, largest=largest)
-    result = {
-        "step": int(state["step"]),
-        "lr_at_step": lr,
-        "sharpness": sharp,
-        "preconditioned_sharpness": pre,
-        "gd_threshold": gd_threshold(lr) if lr else None,
-        "adam_threshold": adam_threshold(lr, float(beta1)) if lr and beta1 is not None else None,
-    }
-    log.info("sharpness at step %d: %.4g (2/lr %.4g), preconditioned %s (Adam threshold %s)", result["step"],
-             sharp, result["gd_threshold"] or float("nan"), pre, result["adam_threshold"])
+    result = Sharpness(int(state["step"]), lr, sharp, pre, gd_threshold(lr) if lr else None,
+                       adam_threshold(lr, float(beta1)) if lr and beta1 is not None else None)
+    log.info("sharpness at step %d: %.4g (2/lr %.4g), preconditioned %s (Adam threshold %s)", result.step,
+             sharp, result.gd_threshold or float("nan"), pre, result.adam_threshold)
     return result
 
 
@@ -279,15 +307,15 @@ def sharpness_batch(record: SweepRecord, context_length: int, batch_size: int = 
 
 
 def sweep_sharpness(record: SweepRecord, records: list[TrialRecord], best_trial_id: str | None,
-                    iters: int = 100, tol: float = 1e-4) -> list[dict[str, Any]]:
+                    iters: int = 100, tol: float = 1e-4) -> list[SharpnessRow]:
     """checkpoint_sharpness at every remaining periodic checkpoint of :func:`sharpness_trials`.
 
     The largest (algebraic) Hessian eigenvalue, not the largest-magnitude one: late in training a
     negative-curvature direction can dominate in magnitude, and sharpness is the top eigenvalue.
     """
     torch.set_num_threads(1)
-    rows: list[dict[str, Any]] = []
-    batches: dict[int, Any] = {}
+    rows: list[SharpnessRow] = []
+    batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # one fixed batch per context length
     base = record.plan.base if record.plan else None
     for trial in sharpness_trials(records, best_trial_id):
         config = run_config_of(trial.config) or base
@@ -309,15 +337,16 @@ def sweep_sharpness(record: SweepRecord, records: list[TrialRecord], best_trial_
             except (ValueError, RuntimeError, OSError, KeyError) as err:
                 log.warning("skipping checkpoint %s: %s", path, err)
                 continue
-            rows.append({"trial_id": trial.trial_id, "lr": trial.lr, **result})
+            rows.append(SharpnessRow(trial.trial_id, trial.lr, result))
     return rows
 
 
-def write_sharpness_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+def write_sharpness_csv(rows: list[SharpnessRow], path: Path) -> Path:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(SHARPNESS_COLUMNS)
     for row in rows:
-        writer.writerow(["" if row.get(c) is None else row.get(c) for c in SHARPNESS_COLUMNS])
+        values = row.to_json()
+        writer.writerow(["" if values.get(c) is None else values.get(c) for c in SHARPNESS_COLUMNS])
     atomic_write_text(path, buffer.getvalue())
     return path

@@ -20,7 +20,9 @@ import numpy as np
 import pandas as pd
 
 from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject
 from lmtune.sweep.record import Outcome, run_config_of
+from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DivergenceRule, LossWatch, Spike, judge
 from lmtune.training.metric_registry import probe_labels
@@ -49,7 +51,7 @@ class TrialRecord:
 
     trial_id: str
     lr: float
-    params: dict[str, Any]  # every varied hyperparameter of the trial, lr included
+    params: TuneParams  # every varied hyperparameter of the trial (its Tune params), lr included
     outcome: str  # how the sweep ended it: one of OUTCOMES
     reason: str = ""  # e.g. "diverged at step 412, loss nan" / "stopped by ASHA at 2.6M tokens"
     stop_step: int | None = None
@@ -58,7 +60,7 @@ class TrialRecord:
     wall_time_s: float | None = None
     checkpoint_dir: Path | None = None  # the run's checkpoints/ folder (best.pt)
     periodic_checkpoints: tuple[Path, ...] = ()  # its step_XXXXXXXX.pt files left, oldest first (for sharpness)
-    config: dict[str, Any] = field(default_factory=dict)  # the trial's RunConfig as a dict (config.json)
+    config: JsonObject = field(default_factory=dict)  # the trial's RunConfig as a dict (config.json)
     stage: str = "grid"  # an edge search's stage (coarse, bisect, refine, seeds); "grid" for other searches
     seed: int | None = None  # the trial's seed when the search set one
     rule: DivergenceRule = field(default_factory=DivergenceRule)  # the sweep's divergence rule

@@ -10,9 +10,10 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject
 from lmtune.report.comparison import (
     Convergence,
     EqualTokenLosses,
@@ -32,6 +33,7 @@ from lmtune.report.comparison import (
     standing_pairs,
 )
 from lmtune.report.rows import TrialRow, json_safe, trial_table
+from lmtune.report.sharpness import SharpnessRow
 from lmtune.report.stability import (
     TrialRecord,
     best_candidates,
@@ -56,7 +58,7 @@ Json = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
 class SearchResult(Protocol):
     """What a search strategy adds to the summary of its own (a horizon search's fit): summary.json's keys for it."""
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> JsonObject: ...
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class SweepFacts:
     generated: str = ""
     """When the report was computed."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"sweep": self.sweep, "sweep_dir": self.sweep_dir,
                 "missing_trials": [asdict(m) for m in self.missing_trials], "best_trial_dir": self.best_trial_dir,
                 "best_config": self.best_config, "search_strategy": self.search_strategy,
@@ -185,7 +187,7 @@ class SweepSummary:
     """The search strategy's own results (a horizon search's: lmtune.report.horizon.HorizonResult)."""
     facts: SweepFacts | None = None
     """What analyze read of the sweep's records (None: summarized from trial records alone)."""
-    sharpness: tuple[Mapping[str, Json], ...] | None = None
+    sharpness: tuple[SharpnessRow, ...] | None = None
     """The sharpness estimates (analyze --sharpness), as sharpness.csv's columns."""
 
     @property
@@ -199,7 +201,7 @@ class SweepSummary:
     def trial(self, trial_id: str | None) -> TrialRow | None:
         return next((r for r in self.trials if r.trial_id == trial_id), None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """summary.json: its keys and their meaning are the report's public interface (README)."""
         summary = {**self.conclusion.to_json(), "best_lr": self.best_lr, "edge_ratio": self.edge_ratio,
                    "compared_at_tokens": self.compared_at_tokens, "candidate_tokens": self.candidate_tokens,
@@ -226,7 +228,7 @@ class SweepSummary:
         if self.facts is not None:
             summary.update(self.facts.to_json())
         if self.sharpness is not None:
-            summary["sharpness"] = [dict(row) for row in self.sharpness]
+            summary["sharpness"] = [row.to_json() for row in self.sharpness]
         return json_safe(summary)
 
 

@@ -4,8 +4,8 @@ in words, the data it trained on, its budget and ASHA's rungs, the vocabulary, a
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
 
+from lmtune.files import JsonObject
 from lmtune.report.stability import TrialRecord, budget_tokens, tokens_spent
 from lmtune.sweep.asha import AshaBudget
 from lmtune.sweep.plan import asha_budget
@@ -33,7 +33,7 @@ def sweep_asha_budget(record: SweepRecord, trials: list[TrialRecord]) -> AshaBud
     return asha_budget(record.plan.space.scheduler, largest) if largest else None
 
 
-def range_summary(result: RangeTestResult | None) -> dict[str, Any] | None:
+def range_summary(result: RangeTestResult | None) -> JsonObject | None:
     """summary.json's ``range_test``: what the edge search's LR range test found (None: it ran none)."""
     if result is None:
         return None
@@ -64,14 +64,14 @@ def vocab_size(record: SweepRecord) -> int | None:
 
 
 def compute_accounting(record: SweepRecord, trials: list[TrialRecord],
-                       range_tokens: int | None = None) -> dict[str, Any]:
+                       range_tokens: int | None = None) -> JsonObject:
     """Tokens trained (each trial as of its newest metrics row, and an edge search's range test) against a
     full grid without early stopping (every trial to its own budget)."""
     base_budget = budget_tokens(record.plan.base if record.plan else None)
     spent = sum(tokens_spent(t) for t in trials) + (range_tokens or 0)
     budgets = [t.budget_tokens or base_budget for t in trials]
     full = sum(budgets) if budgets and all(b is not None for b in budgets) else None
-    compute: dict[str, Any] = {"tokens_spent": spent, "full_grid_tokens": full,
+    compute: JsonObject = {"tokens_spent": spent, "full_grid_tokens": full,
                                "trials_started": len(trials) + (range_tokens is not None)}
     if record.num_trials is not None and record.num_trials != len(trials):
         compute["trials_planned"] = record.num_trials

@@ -17,16 +17,17 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject, JsonValue
 from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.runs import Budget, Run
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
+from lmtune.training.metric_registry import Row, RowValue
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
 
@@ -50,9 +51,9 @@ class TruthRun:
     """The most steps its loss spent above ℓ₀ in one stretch."""
     rule_stops_at: int | None
     """Where the stopper's rule (with the rule given to ``read_truth``) would have ended it."""
-    spikes: list[str] = field(default_factory=list)
-    setting: dict[str, Any] = field(default_factory=dict)
+    setting: Setting
     """What it shares with every other run of its truth (``setting_of``)."""
+    spikes: list[str] = field(default_factory=list)
 
 
 # What two runs must share for their losses to be one truth, by group (a refusal names the group and field):
@@ -67,44 +68,75 @@ SETTING: dict[str, tuple[str, ...]] = {
 }
 
 
-def data_of(data_dir: str) -> dict[str, str]:
+@dataclass(frozen=True)
+class TruthData:
+    """A data dir as a truth knows it."""
+
+    dir: str = ""
+    """Its resolved path ("" where none was recorded)."""
+    content_hash: str = ""
+    """Its tokens' hash (meta.json's; "" where it could not be read)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every run of one truth shares: SETTING's fields by group (a config's values, None where a group's
+    field means nothing to the run, or an older grid.json lacks it) and its data."""
+
+    groups: dict[str, dict[str, RowValue]]
+    """SETTING's groups (model, budget, schedule, optimizer), each its fields' values, in SETTING's order."""
+    data: TruthData
+    """The data its runs trained on."""
+
+    def to_json(self) -> JsonObject:
+        """grid.json's ``setting``: the groups, then ``data``."""
+        return {**{group: dict(values) for group, values in self.groups.items()}, "data": asdict(self.data)}
+
+    @classmethod
+    def from_json(cls, raw: JsonObject) -> Setting:
+        """grid.json's ``setting`` (a group or field it lacks: unknown, None)."""
+        groups = {group: {k: v for k, v in (raw.get(group) or {}).items() if not isinstance(v, (list, dict))}
+                  for group in SETTING if isinstance(raw.get(group) or {}, dict)}
+        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+        return cls(groups, TruthData(str(data.get("dir") or ""), str(data.get("content_hash") or "")))
+
+
+def data_of(data_dir: str) -> TruthData:
     """A data dir as a truth knows it: its path and (while it can be read) its content hash."""
     try:
         digest = read_meta(Path(data_dir)).content_hash if data_dir else ""
     except LmtuneError:  # moved or deleted since: the path is all that is left to go by
         digest = ""
-    return {"dir": str(Path(data_dir).resolve()) if data_dir else "", "content_hash": digest}
+    return TruthData(str(Path(data_dir).resolve()) if data_dir else "", digest)
 
 
-def setting_of(config: RunConfig, data: dict[str, str] | None = None) -> dict[str, Any]:
+def setting_of(config: RunConfig, data: TruthData | None = None) -> Setting:
     """The setting of a run's config, by SETTING's groups, and its ``data`` (``data_of``; default: that of the
     config's data_dir)."""
     flat = {**asdict(config.model), **asdict(config.train), "tokens": config.total_tokens}
     if config.train.schedule != "wsd":  # the cooldown's settings mean nothing to another schedule
         flat["cooldown_fraction"] = flat["cooldown_shape"] = None
-    setting: dict[str, Any] = {group: {k: flat.get(k) for k in keys} for group, keys in SETTING.items()}
-    setting["data"] = data or data_of(config.data_dir)
-    return setting
+    return Setting({group: {k: flat.get(k) for k in keys} for group, keys in SETTING.items()},
+                   data or data_of(config.data_dir))
 
 
-def setting_differences(a: dict[str, Any], b: dict[str, Any]) -> str:
+def setting_differences(a: Setting, b: Setting) -> str:
     """Where two settings differ, in one line ("budget (steps 4 vs 8), data (A vs B)"); "" where they agree."""
     parts = []
     for group, keys in SETTING.items():
-        ga, gb = a.get(group) or {}, b.get(group) or {}
+        ga, gb = a.groups.get(group) or {}, b.groups.get(group) or {}
         if changed := [f"{k} {ga.get(k)} vs {gb.get(k)}" for k in keys if ga.get(k) != gb.get(k)]:
             parts.append(f"{group} ({', '.join(changed)})")
-    da = {"dir": "", "content_hash": "", **(a.get("data") or {})}
-    db = {"dir": "", "content_hash": "", **(b.get("data") or {})}
-    if da["content_hash"] and db["content_hash"] and da["content_hash"] != db["content_hash"]:
-        parts.append(f"data ({da['dir']} vs {db['dir']}: other tokens)" if da["dir"] == db["dir"]
-                     else f"data ({da['dir']} vs {db['dir']})")
-    elif not (da["content_hash"] and db["content_hash"]) and da["dir"] != db["dir"]:
-        parts.append(f"data ({da['dir'] or '?'} vs {db['dir'] or '?'})")
+    da, db = a.data, b.data
+    if da.content_hash and db.content_hash and da.content_hash != db.content_hash:
+        parts.append(f"data ({da.dir} vs {db.dir}: other tokens)" if da.dir == db.dir
+                     else f"data ({da.dir} vs {db.dir})")
+    elif not (da.content_hash and db.content_hash) and da.dir != db.dir:
+        parts.append(f"data ({da.dir or '?'} vs {db.dir or '?'})")
     return ", ".join(parts)
 
 
-def _json_object(path: Path) -> dict[str, Any]:
+def _json_object(path: Path) -> JsonObject:
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -151,12 +183,12 @@ def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthR
             config.train.lr, config.train.seed, steps, config.tokens_per_step, ell0, val,
             rows[-1].get("val_loss") if full else None,
             non_finite or not (math.isfinite(last) and last <= ell0), non_finite, longest_above(rows, ell0),
-            watch.verdict.step if watch.verdict.stop and not non_finite else None,
-            [s.describe() for s in watch.all_spikes()], setting))
+            watch.verdict.step if watch.verdict.stop and not non_finite else None, setting,
+            [s.describe() for s in watch.all_spikes()]))
     return sorted(runs, key=lambda r: (r.lr, r.seed))
 
 
-def longest_above(rows: list[dict[str, Any]], ell0: float) -> int:
+def longest_above(rows: list[Row], ell0: float) -> int:
     """The most steps the loss spent above ℓ₀ in one stretch (from its last row at or below it, step 0
     counting as at ℓ₀), to where it came back or where the run ended."""
     longest, below = 0, 0
@@ -167,15 +199,14 @@ def longest_above(rows: list[dict[str, Any]], ell0: float) -> int:
     return longest
 
 
-def check_comparable(truth: Path, setting: dict[str, Any], sweep: Path, record: SweepRecord) -> None:
+def check_comparable(truth: Path, setting: Setting, sweep: Path, record: SweepRecord) -> None:
     """Refuse in one line to compare a truth of one setting with a sweep (sweep.json) of another: its best LR,
     basin and edge answer for that setting only."""
     if record.plan is None:
         raise LmtuneError(f"{sweep}/sweep.json records no base config, so its model and budget are unknown; "
                           "compare a sweep written by this version of lmtune")
     recorded = record.data
-    data = {"dir": recorded.dir, "content_hash": recorded.meta.content_hash if recorded.meta else ""} \
-        if recorded.dir else None
+    data = TruthData(recorded.dir, recorded.meta.content_hash if recorded.meta else "") if recorded.dir else None
     theirs = setting_of(record.plan.base, data)
     fields = {k for keys in SETTING.values() for k in keys}
     if varied := [k for k in record.plan.space.swept if k in fields]:
@@ -186,9 +217,10 @@ def check_comparable(truth: Path, setting: dict[str, Any], sweep: Path, record: 
                           "model, budget and data: train a truth of the sweep's setting")
 
 
-def truth_conclusion(runs: list[TruthRun]) -> dict[str, Any]:
+def truth_conclusion(runs: list[TruthRun]) -> JsonObject:
     """lmtune's analysis of the grid (nothing stopped its runs): best LR, basin, degraded region, and the
-    first LR at which a run failed (``divergence_lr``), all at the full budget."""
+    first LR at which a run failed (``divergence_lr``), all at the full budget; in summary.json's keys, as
+    ``compare`` reads them beside a sweep's summary.json."""
     first = runs[0]
     full = first.steps * first.tokens_per_step
     as_runs = [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
@@ -196,7 +228,84 @@ def truth_conclusion(runs: list[TruthRun]) -> dict[str, Any]:
     return conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,))).to_json()
 
 
-def compare_horizon(truth: dict[str, Any], search: dict[str, Any], truth_tokens: int) -> dict[str, Any]:
+Span = tuple[float | None, float | None]
+"""An LR interval: its low and high end (None: open, or nothing to bound)."""
+
+
+@dataclass(frozen=True)
+class HorizonComparison:
+    """A horizon search's prediction against the truth at its target budget (``compare_horizon``)."""
+
+    predicted_lr: float | None
+    """The search's predicted LR."""
+    predicted_lr_interval: Span
+    """The search's interval around it."""
+    truth_best_lr: float | None
+    """The truth's best LR."""
+    truth_basin: Span
+    """The truth's basin, at its widest."""
+    predicted_over_truth_best: float | None
+    """The predicted LR over the truth's best."""
+    predicted_excess_in_truth: float | None
+    """The predicted LR's loss on the truth's curve (log-LR interpolation) above the truth's best mean."""
+    truth_two_standard_errors: float | None
+    """Two standard errors of a difference of two LRs' means in the truth (None: no seed spread)."""
+    predicted_lr_in_truth_basin: bool
+    """The excess is within those two standard errors."""
+    interval_holds_truth_best: bool
+    """The search's interval holds the truth's best LR."""
+    search_tokens: int | None
+    """Tokens the search trained."""
+    truth_tokens: int
+    """Tokens the truth trained."""
+    search_over_truth_tokens: float | None
+    """The first over the second."""
+
+    def to_json(self) -> JsonObject:
+        """The comparison as lr_truth.py prints it (its intervals as [low, high])."""
+        return {**asdict(self), "predicted_lr_interval": list(self.predicted_lr_interval)}
+
+
+@dataclass(frozen=True)
+class TruthComparison:
+    """A search's summary against the truth's conclusion (``compare``)."""
+
+    best_lr_in_truth_basin: bool
+    """The search's best LR lies among the LRs the truth found in its basin."""
+    best_lr_within_truth_basin_bounds: bool
+    """... or at least not outside the bounds of the truth's basin (between the grid LRs its boundaries lie
+    between), which is all a coarse grid can tell."""
+    truth_basin: Span
+    """The truth's basin, at its widest."""
+    search_best_lr: float | None
+    """The search's best LR."""
+    bracket_holds_first_failing_lr: bool
+    """The search's edge bracket holds the truth's first LR that fails."""
+    truth_first_failing_lr: float | None
+    """The truth's first LR that fails."""
+    truth_last_lr_through: float | None
+    """The truth's last LR that came through below it."""
+    search_bracket: Span
+    """The search's edge bracket (its last LR through, its divergence LR)."""
+    edges_overlap: bool
+    """The two brackets can hold the same edge: (truth's last LR through, first failing] meets the search's."""
+    basins_overlap: bool
+    """The truth's and the search's basins share an LR."""
+    degraded_overlap: bool
+    """The truth's and the search's degraded regions share an LR."""
+    truth_degraded: Span
+    """The truth's degraded region, at its widest."""
+    search_degraded: Span
+    """The search's degraded region, at its widest."""
+    search_basin: Span
+    """The search's basin, at its widest."""
+
+    def to_json(self) -> JsonObject:
+        """The comparison as lr_truth.py prints it."""
+        return asdict(self)
+
+
+def compare_horizon(truth: JsonObject, search: JsonObject, truth_tokens: int) -> HorizonComparison:
     """A horizon search's prediction (summary.json keys) against the truth at its target budget: whether the
     predicted LR lies in the truth's basin (its loss, read off the truth's curve between grid LRs in log LR,
     within 2 standard errors of the truth's best mean), where it lies against the truth's best LR, and the
@@ -214,33 +323,30 @@ def compare_horizon(truth: dict[str, Any], search: dict[str, Any], truth_tokens:
         two_se = 2 * sigma * math.sqrt(2 / n) if sigma is not None and n else None
     low, high = search.get("predicted_lr_interval") or (None, None)
     spent = (search.get("compute") or {}).get("tokens_spent")
-    return {
-        "predicted_lr": predicted, "predicted_lr_interval": [low, high], "truth_best_lr": best,
-        "truth_basin": region_span(truth.get("basin")),
-        "predicted_over_truth_best": predicted / best if predicted and best else None,
-        "predicted_excess_in_truth": excess, "truth_two_standard_errors": two_se,
-        "predicted_lr_in_truth_basin": excess is not None and two_se is not None and excess <= two_se,
-        "interval_holds_truth_best": bool(low and high and best and low <= best <= high),
-        "search_tokens": spent, "truth_tokens": truth_tokens,
-        "search_over_truth_tokens": spent / truth_tokens if spent and truth_tokens else None,
-    }
+    return HorizonComparison(
+        predicted, (low, high), best, region_span(truth.get("basin")),
+        predicted / best if predicted and best else None, excess, two_se,
+        excess is not None and two_se is not None and excess <= two_se,
+        bool(low and high and best and low <= best <= high),
+        spent, truth_tokens, spent / truth_tokens if spent and truth_tokens else None)
 
 
-def _overlap(a: tuple[float | None, float | None], b: tuple[float | None, float | None]) -> bool:
+def _overlap(a: Span, b: Span) -> bool:
     """Two LR intervals (None: open on that side) share a point."""
     low = max(x for x in (a[0], b[0], 0.0) if x is not None)
     high = min(x for x in (a[1], b[1], math.inf) if x is not None)
     return low <= high
 
 
-def region_span(region: dict[str, Any] | None) -> tuple[float | None, float | None]:
-    """The widest an LR region can be: from its lower boundary's low end to its upper boundary's high end."""
+def region_span(region: JsonValue) -> Span:
+    """The widest an LR region (summary.json's form) can be: from its lower boundary's low end to its upper
+    boundary's high end."""
     if not region:
         return None, None
     return region["low"][0], region["high"][1]
 
 
-def compare(truth: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
+def compare(truth: JsonObject, search: JsonObject) -> TruthComparison:
     """The three checks of a search's summary (summary.json keys) against the truth's conclusion."""
     t_basin, s_basin = truth.get("basin"), search.get("basin")
     best = search.get("best_lr")
@@ -250,22 +356,18 @@ def compare(truth: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
     low, high = search.get("edge_lr_low"), search.get("divergence_lr")
     bracket_holds = first_fail is not None and high is not None and (low is None or low < first_fail) \
         and first_fail <= high
-    return {
-        "best_lr_in_truth_basin": in_basin,
-        # ... or at least not outside it: within the bounds of the truth's basin (between the grid LRs its
-        # boundaries lie between), which is all a coarse grid can tell
-        "best_lr_within_truth_basin_bounds": bool(t_basin and best is not None
-                                                  and _overlap((best, best), region_span(t_basin))),
-        "truth_basin": region_span(t_basin), "search_best_lr": best,
-        "bracket_holds_first_failing_lr": bracket_holds,
-        "truth_first_failing_lr": first_fail, "truth_last_lr_through": truth.get("edge_lr_low"),
-        "search_bracket": (low, high),
-        # the two brackets can hold the same edge: (truth's last LR through, first failing] meets the search's
-        "edges_overlap": first_fail is not None and high is not None
+    return TruthComparison(
+        best_lr_in_truth_basin=in_basin,
+        best_lr_within_truth_basin_bounds=bool(t_basin and best is not None
+                                               and _overlap((best, best), region_span(t_basin))),
+        truth_basin=region_span(t_basin), search_best_lr=best,
+        bracket_holds_first_failing_lr=bracket_holds,
+        truth_first_failing_lr=first_fail, truth_last_lr_through=truth.get("edge_lr_low"),
+        search_bracket=(low, high),
+        edges_overlap=first_fail is not None and high is not None
         and _overlap((truth.get("edge_lr_low"), first_fail), (low, high)),
-        "basins_overlap": bool(t_basin and s_basin and _overlap(region_span(t_basin), region_span(s_basin))),
-        "degraded_overlap": bool(truth.get("degraded") and search.get("degraded")
-                                 and _overlap(region_span(truth["degraded"]), region_span(search["degraded"]))),
-        "truth_degraded": region_span(truth.get("degraded")), "search_degraded": region_span(search.get("degraded")),
-        "search_basin": region_span(s_basin),
-    }
+        basins_overlap=bool(t_basin and s_basin and _overlap(region_span(t_basin), region_span(s_basin))),
+        degraded_overlap=bool(truth.get("degraded") and search.get("degraded")
+                              and _overlap(region_span(truth["degraded"]), region_span(search["degraded"]))),
+        truth_degraded=region_span(truth.get("degraded")), search_degraded=region_span(search.get("degraded")),
+        search_basin=region_span(s_basin))

@@ -16,18 +16,17 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_text, check_destination
+from lmtune.files import JsonObject, atomic_write_text, check_destination
 from lmtune.report.figures import FIGURES
 from lmtune.report.markdown import write_markdown
 from lmtune.report.reader import load_range_test, load_sweep, missing_trials
 from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs
 from lmtune.report.sections.registry import search_of, section_for
-from lmtune.report.sharpness import SHARPNESS_COLUMNS, sweep_sharpness, write_sharpness_csv
+from lmtune.report.sharpness import sweep_sharpness, write_sharpness_csv
 from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import MissingTrial, SweepFacts, SweepSummary
+from lmtune.report.summary import SweepFacts, SweepSummary
 from lmtune.report.sweep_facts import (
     compute_accounting,
     data_description,
@@ -78,8 +77,7 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None) -> SweepReport
     best = next((t for t in trials if t.trial_id == summary.best_trial), None)
     facts = SweepFacts(
         sweep=record.name or sweep_dir.name, sweep_dir=str(sweep_dir.resolve()),
-        missing_trials=tuple(MissingTrial(m["trial_id"], m["outcome"], m["reason"])
-                             for m in missing_trials(sweep_dir, trials)),
+        missing_trials=tuple(missing_trials(sweep_dir, trials)),
         best_trial_dir=str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None,
         best_config=best.params if best else None, search_strategy=search_description(record, trials),
         compute=compute_accounting(record, trials, range_tokens), data=data_description(record),
@@ -102,7 +100,7 @@ class WrittenReport:
 
 
 def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
-            sharpness: bool = False) -> dict[str, Any]:
+            sharpness: bool = False) -> JsonObject:
     """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
     written = write_report(sweep_dir, out_dir, target, sharpness)
     return {**written.summary.to_json(), "report_dir": str(written.out)}
@@ -124,7 +122,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | N
     summary, trials = report.summary, report.trials
     sharp_rows = sweep_sharpness(report.record, trials, summary.best_trial) if sharpness else None
     if sharp_rows is not None:
-        summary = replace(summary, sharpness=tuple({k: row.get(k) for k in SHARPNESS_COLUMNS} for row in sharp_rows))
+        summary = replace(summary, sharpness=tuple(sharp_rows))
         write_sharpness_csv(sharp_rows, out / "sharpness.csv")
         if not sharp_rows:
             log.warning("no checkpoint gave a sharpness estimate; sharpness.png not written")

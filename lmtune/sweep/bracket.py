@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
+from lmtune.files import JsonObject
 from lmtune.sweep.runs import Run, effective_runs
 from lmtune.training.divergence import NON_FINITE
 
@@ -131,7 +131,7 @@ class EdgeConfirmation:
     confirmed: bool
     """Both ends have runs and every diverged end's run was confirmed by training."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"stable_end": [{"seed": e.seed, "tokens": e.tokens, "how": e.how} for e in self.stable_end],
                 "diverged_end": [{"seed": e.seed, "tokens": e.tokens, "decided_at_tokens": e.decided_at_tokens,
                                   "how": e.how, "confirmed": e.confirmed, "stage": e.stage} for e in self.diverged_end],

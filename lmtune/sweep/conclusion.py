@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
+from lmtune.files import JsonObject
 from lmtune.sweep.bracket import (
     Bracket,
     EdgeConfirmation,
@@ -65,7 +65,7 @@ class Conclusion:
         """The smallest diverging LR / the best LR, as a point value."""
         return self.edge.diverged_lr / self.best.lr if self.best and self.edge.diverged_lr else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """summary.json's (and the edge search state's) keys for it."""
         best = self.best
         return {

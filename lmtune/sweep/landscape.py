@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
+from lmtune.files import JsonObject
 from lmtune.sweep.bracket import Bracket
 from lmtune.sweep.runs import (
     SIGNIFICANCE_SE,
@@ -71,7 +71,7 @@ class Basin:
     margin: float | None
     """SIGNIFICANCE_SE standard errors of a difference with the best's mean (None: no spread measured)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"lrs": list(self.lrs), "low": list(self.low), "high": list(self.high), "best_loss": self.best_loss,
                 "seed_spread": self.seed_spread, "spread_lrs": list(self.spread_lrs), "margin": self.margin}
 
@@ -110,7 +110,7 @@ class Degraded:
     per_doubling_se: float | None
     """Its standard error (None with fewer than 3 points)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"low": list(self.low), "high": list(self.high),
                 "points": [{"lr": p.lr, "ratio_to_best": p.ratio_to_best, "loss": p.loss, "excess": p.excess,
                             "seeds": p.seeds} for p in self.points],
@@ -129,7 +129,7 @@ class Landscape:
     diverged: Gap | None
     """Where the diverged region begins: between the bracket's ends (None: no LR diverged)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"basin": self.basin.to_json() if self.basin else None,
                 "degraded": self.degraded.to_json() if self.degraded else None,
                 "diverged": {"low": list(self.diverged)} if self.diverged is not None else None}

@@ -16,7 +16,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from lmtune.files import JsonObject
 from lmtune.sweep.asha import AshaBudget
+from lmtune.sweep.rungs import Rungs
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import NON_FINITE, Spike
 
@@ -52,7 +54,7 @@ class Budget:
         """The budget of a RunConfig (its tokens: RunConfig's own), compared at ASHA's rungs (None: at its end)."""
         t = config.train
         return cls(t.steps, t.warmup_steps, config.tokens_per_step, t.seed,
-                   comparison_rungs(config.total_tokens, asdict(asha) if asha else None), t.schedule)
+                   comparison_rungs(config.total_tokens, asha), t.schedule)
 
     @property
     def full_tokens(self) -> int:
@@ -63,16 +65,14 @@ class Budget:
         return replace(self, steps=steps, rungs=(steps * self.tokens_per_step,))
 
 
-def comparison_rungs(full_tokens: int, asha: dict[str, Any] | None) -> tuple[int, ...]:
-    """The token counts at which LRs are compared: ASHA's rungs (grace period x reduction factor^k below
-    max_t) and the full budget; without ASHA, the full budget alone."""
-    rungs = []
-    if asha:
-        rung, factor = float(asha["grace_period"]), float(asha["reduction_factor"])
-        while rung < min(asha["max_t"], full_tokens) - 0.5:
-            rungs.append(int(round(rung)))
-            rung *= factor
-    return (*rungs, int(full_tokens))
+def comparison_rungs(full_tokens: int, asha: AshaBudget | None) -> tuple[int, ...]:
+    """The token counts at which LRs are compared: ASHA's rungs (lmtune.sweep.rungs, the one rung rule) below
+    max_t and the full budget; without ASHA, the full budget alone."""
+    if asha is None:
+        return (int(full_tokens),)
+    end = min(asha.max_t, full_tokens) - 0.5  # (max_t itself, and the full budget, end the list once)
+    rungs = Rungs.of(float(asha.grace_period), float(asha.reduction_factor), float(asha.max_t))
+    return (*(int(round(m)) for m in rungs.milestones if m < end), int(full_tokens))
 
 
 def format_tokens(tokens: float) -> str:
@@ -144,12 +144,12 @@ class Run:
         """Diverged on evidence no rule supplied: a non-finite value, or its whole budget seen."""
         return self.diverged and (self.divergence == NON_FINITE or self.full)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**asdict(self), "val": [[t, v] for t, v in sorted(self.val.items())], "others": list(self.others),
                 "spikes": [asdict(s) for s in self.spikes]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Run:
+    def from_json(cls, data: JsonObject) -> Run:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**{**known, "val": {int(t): float(v) for t, v in data.get("val", [])},
                       "others": tuple(tuple(pair) for pair in data.get("others", [])),
@@ -221,7 +221,7 @@ class LrResult:
             return None
         return math.sqrt(sum((v - self.mean) ** 2 for v in self.losses) / (n - 1))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """A row of summary.json's ranking: the LR, the other varied parameters, its seeds, losses and mean."""
         return {"lr": self.lr, **dict(self.others), "seeds": list(self.seeds), "losses": list(self.losses),
                 "mean": self.mean}

@@ -14,11 +14,11 @@ import logging
 import pickle
 import re
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import torch
 
-from lmtune.files import atomic_write_bytes, atomic_write_text
+from lmtune.files import JsonObject, atomic_write_bytes, atomic_write_text
 from lmtune.training.config import RunConfig
 from lmtune.training.metrics import Row
 from lmtune.training.state import TrainState, TrainStateDict
@@ -47,7 +47,7 @@ class RunCheckpoint(TrainStateDict):
     """Where the batch sampler stands."""
     history: list[Row]
     """The metrics rows so far (what metrics.csv held when it was written)."""
-    config: dict[str, Any]
+    config: JsonObject
     """The run's config (RunConfig.to_dict: its JSON form)."""
 
 
@@ -60,7 +60,7 @@ class BestCheckpoint(TypedDict):
     """The step it was saved at."""
     val_loss: float
     """Its validation loss."""
-    config: dict[str, Any]
+    config: JsonObject
     """The run's config (RunConfig.to_dict: its JSON form)."""
 
 

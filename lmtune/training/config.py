@@ -12,9 +12,9 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.files import JsonObject
 from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
 
 
@@ -152,11 +152,11 @@ class RunConfig:
         """Tokens this run trains: the budget, or fewer with run_steps."""
         return self.tokens_per_step * self.train.stop_step
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+    def from_dict(cls, data: JsonObject) -> RunConfig:
         return cls(
             model=ModelConfig(**data["model"]),
             train=TrainConfig(**data["train"]),

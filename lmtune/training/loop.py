@@ -14,14 +14,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from lmtune.data.batches import BatchSampler, DeviceBatches, fixed_val_batches
 from lmtune.data.dataset import load_data, read_meta
-from lmtune.files import atomic_write_json, atomic_write_text, writer_lock
+from lmtune.files import JsonObject, atomic_write_json, atomic_write_text, writer_lock
 from lmtune.training.checkpoint import Checkpointer
 from lmtune.training.config import RunConfig, TrainConfig, apply_overrides
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
@@ -74,7 +74,7 @@ class Progress(Protocol):
 class RunResult:
     status: str
     """completed | diverged | stopped (interrupted)"""
-    summary: dict[str, Any]
+    summary: JsonObject
     """summary.json's content."""
     out_dir: Path
     history: list[Row] = field(default_factory=list)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.optimizer import StateDict
 
 from lmtune.training.config import RunConfig
 from lmtune.training.model import TransformerLM
@@ -37,7 +38,7 @@ class TrainStateDict(TypedDict):
 
     model: dict[str, torch.Tensor]
     """The model's state_dict."""
-    optimizer: dict[str, Any]
+    optimizer: StateDict
     """The optimizer's state_dict (torch's own format)."""
     step: int
     """Optimizer steps taken."""

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from lmtune.report.sharpness import SharpnessRow
 from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import Json, SweepSummary
+from lmtune.report.summary import SweepSummary
 from lmtune.sweep.runs import Budget
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.lr_range import RangeTestResult
@@ -45,7 +46,7 @@ class FigureInputs:
     """Every trial as the report read it (their curves)."""
     range_test: RangeTestResult | None
     """The edge search's LR range test (None: none ran)."""
-    sharpness: Sequence[Json] | None
+    sharpness: Sequence[SharpnessRow] | None
     """The sharpness estimates (analyze --sharpness; None: not asked for)."""
     target: float | None
     """The target val loss given to analyze (None: none)."""
