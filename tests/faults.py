@@ -47,3 +47,30 @@ def raise_at(step: int, message: str | None = None, every_attempt: bool = False,
 # The faults the tests name (--step-hook faults:NAME).
 crash_once_at_step_25 = raise_at(25)
 cuda_oom_at_step_15_of_lr_1e_3_on_every_attempt = raise_at(15, OOM, every_attempt=True, lr=1e-3)
+
+
+# Where meet()'s trials leave their marks (a folder the test makes, passed in the sweep's environment).
+MEETING_ENV = "LMTUNE_TEST_MEETING"
+
+
+def meet(step: int, trials: int) -> Callable[[RunConfig, Path], StepHook]:
+    """A step hook that holds each trial before step ``step`` until ``trials`` trials have reached it (each leaves
+    a mark in the folder $LMTUNE_TEST_MEETING): proof that they trained at the same time, however loaded the machine.
+    A trial that waits 120 s in vain fails (AssertionError), and so does the sweep's test."""
+    from conftest import wait_until
+
+    def for_trial(config: RunConfig, out_dir: Path) -> StepHook:
+        folder = Path(os.environ[MEETING_ENV])
+
+        def hook(current: int, _model: object) -> None:
+            if current == step:
+                (folder / Path(out_dir).name).write_text(f"{os.getpid()}\n")
+                wait_until(lambda: len(list(folder.iterdir())) >= trials, None, 120,
+                           f"{trials} trials at step {step} at once", poll_s=0.05)
+
+        return hook
+
+    return for_trial
+
+
+meet_two_trials_at_step_10 = meet(10, 2)

@@ -37,7 +37,7 @@ from conftest import (
     wait_until,
     write_grid_space,
 )
-from faults import FAULTS_ENV
+from faults import FAULTS_ENV, MEETING_ENV
 
 from lmtune.report.figures import plot_instability
 from lmtune.report.reader import load_sweep
@@ -346,13 +346,23 @@ def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
         space = write_grid_space(tmp_path / "job.yaml", [1e-3, 3e-3], steps=20, **SWEEP_TRIAL)
         results = tmp_path / "results"
         repo = Path(__file__).resolve().parent.parent
-        job_id = f"lmtune_test_{os.getpid()}_{int(time.time())}"
-        # Blocking submit: it follows the job's output and exits 0 only if the job succeeded.
-        submit = subprocess.run(
-            [ray_bin, "job", "submit", "--address", api, "--submission-id", job_id, "--", sys.executable, "-m",
-             "lmtune.run", "--space", str(space), "--name", "job", "--address", "auto", "--results", str(results),
-             "--data", str(builtin_data), "--no-dashboard", "--quiet"],
-            capture_output=True, text=True, timeout=300, cwd=repo, env=env, stdin=subprocess.DEVNULL)
+        submits: list[subprocess.CompletedProcess] = []
+
+        def submitted() -> bool:
+            """A blocking submit: it follows the job's output and exits 0 only if the job succeeded. The head's
+            dashboard agent may come up after the dashboard does (a loaded machine): until then the head answers
+            "No available agent", and the job is submitted again."""
+            nonlocal job_id
+            job_id = f"lmtune_test_{os.getpid()}_{int(time.time())}_{len(submits)}"
+            submits.append(subprocess.run(
+                [ray_bin, "job", "submit", "--address", api, "--submission-id", job_id, "--", sys.executable, "-m",
+                 "lmtune.run", "--space", str(space), "--name", "job", "--address", "auto", "--results",
+                 str(results), "--data", str(builtin_data), "--no-dashboard", "--quiet"],
+                capture_output=True, text=True, timeout=300, cwd=repo, env=env, stdin=subprocess.DEVNULL))
+            return "No available agent" not in submits[-1].stdout + submits[-1].stderr
+
+        wait_until(submitted, head, 120, "a dashboard agent to take the job", poll_s=2)
+        submit = submits[-1]
         assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
         assert re.search(rf"Job '{job_id}' succeeded", submit.stdout + submit.stderr), submit.stdout[-2000:]
         status = subprocess.run([ray_bin, "job", "status", "--address", api, job_id], capture_output=True,
@@ -382,8 +392,12 @@ def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
 
 @pytest.mark.slow
 def test_two_trials_share_one_logical_gpu(tmp_path: Path, builtin_data: Path):
+    meeting = tmp_path / "meeting"  # each trial waits at step 10 until both are there (tests/faults.py meet)
+    meeting.mkdir()
     sweep, _ = run_tiny_sweep(tmp_path, "frac", builtin_data, [1e-3, 3e-3], 40, "--no-dashboard", "--num-cpus", "2",
-                              "--num-gpus", "1", "--gpus-per-trial", "0.5")
+                              "--num-gpus", "1", "--gpus-per-trial", "0.5", "--step-hook",
+                              "faults:meet_two_trials_at_step_10", env={**FAULTS_ENV, MEETING_ENV: str(meeting)})
+    assert len(list(meeting.iterdir())) == 2  # both trials were at step 10 at once
     assert json.loads((sweep / "sweep.json").read_text())["resources_per_trial"] == {"cpu": 1.0, "gpu": 0.5}
     states = trial_states(sweep)
     intervals = []
