@@ -41,14 +41,6 @@ TEST_ASHA = {"name": "asha", "grace_period": 0.2, "reduction_factor": 2}
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (scripts/test.sh: --dist loadgroup) the tests of one file run in one worker, and so do all
-    that use the session's quick sweep, so that each module- or session-scoped sweep is trained once."""
-    for item in items:
-        group = "quick_sweep" if "quick_sweep" in getattr(item, "fixturenames", ()) else item.path.name
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def builtin_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in story corpus, generated and tokenized once per test session."""
