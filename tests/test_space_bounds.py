@@ -93,9 +93,8 @@ def test_a_horizon_base_seed_whose_further_seeds_pass_the_largest_a_trial_accept
                        f"{MAX_SEED} plus the 2 further seeds", f"at most {MAX_SEED - 2}")
 
 
-def test_horizon_resamples_past_the_cap_are_refused_on_loading_naming_the_cap(tmp_path):
-    refused_on_loading(horizon_space(tmp_path, "resamples: 1.0e+12"), "horizon.resamples:", "at most 100,000",
-                       "1000000000000")
+def test_horizon_walls_past_the_cap_are_refused_on_loading_naming_the_cap(tmp_path):
+    refused_on_loading(horizon_space(tmp_path, "walls: 1.0e+12"), "horizon.walls:", "at most 10", "1000000000000")
 
 
 def test_horizon_seeds_past_the_cap_are_refused_on_loading_naming_the_cap(tmp_path):
@@ -184,7 +183,7 @@ def test_a_horizon_search_leaves_out_the_lrs_past_the_largest_a_trial_accepts_th
     # Valid settings (the smallest budget's grid, extensions and probes fit); the larger budgets' grids, around a
     # best LR at the top each time, would step past MAX_LR.
     settings = HorizonSettings(lr_min=1e3, lr_max=1e5, ratio=2, max_extensions=2, edge_probes=0, seeds=2,
-                               confirm_seeds=1, resamples=200)
+                               confirm_seeds=1)
     assert settings.problems() == []
     target = Budget(steps=648, warmup_steps=18, tokens_per_step=TOKENS_PER_STEP, seed=MAX_SEED - 1,
                     rungs=(648 * TOKENS_PER_STEP,))

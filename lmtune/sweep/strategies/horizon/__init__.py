@@ -49,8 +49,10 @@ class HorizonStrategy(DecidingDefaults):
         edge = (f", up to {s.edge_probes} probes per budget for where training fails" if s.edge_probes else "")
         return (f"horizon search: the best LR at {s.budgets} budgets ({s.largest_fraction:g} of the target and "
                 f"{s.budget_ratio:g}x apart below it), each a grid {s.ratio:g}x apart trained to its whole budget "
-                f"with {s.seeds} seeds of the best and its neighbours{edge}; ln LR* fitted against ln tokens and "
-                f"the predicted LR confirmed at the target with {s.confirm_ratio:g}x either side")
+                f"with {s.seeds} seeds of the best and its neighbours"
+                f"{', LR* located between grid points' if s.refine else ''}{edge}; ln LR* fitted against ln tokens "
+                f"and the predicted LR confirmed at the target with {s.confirm_ratio:g}x either side, "
+                f"{s.confirm_seeds} seed{'s' * (s.confirm_seeds > 1)} each")
 
     def searcher(self, budget, sweep_dir: Path):
         from lmtune.sweep.strategies.searcher import HorizonSearcher
@@ -68,11 +70,13 @@ class HorizonStrategy(DecidingDefaults):
 
     def expected_trials(self) -> tuple[int, int]:
         s = self.settings
-        # Per budget: its grid (the smallest spans lr_min..lr_max), the best and its neighbours' extra seeds, the
-        # edge probes; then the target's confirmation runs. Each run may keep a stable.pt for a larger budget.
+        # Per budget: its grid (the smallest spans lr_min..lr_max), the best and its neighbours' extra seeds, the two
+        # refinement LRs and the walls (``seeds`` runs each), the edge probes; then the target's confirmation runs.
+        # Each run may keep a stable.pt for a larger budget.
         first = math.ceil(math.log(s.lr_max / s.lr_min) / math.log(s.ratio)) + 1
         grids = first + (s.budgets - 1) * (s.below + s.above + 1)
-        trials = grids + s.budgets * (3 * (s.seeds - 1) + s.edge_probes) + 3 * s.confirm_seeds
+        settling = 3 * (s.seeds - 1) + (2 if s.refine else 0) * s.seeds + s.walls * s.seeds
+        trials = grids + s.budgets * (settling + s.edge_probes) + 3 * s.confirm_seeds
         return trials, trials
 
     def held_checkpoints(self, outcome: str) -> frozenset[str]:

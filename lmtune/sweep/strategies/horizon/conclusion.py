@@ -1,6 +1,7 @@
 """What a horizon search's runs conclude, Ray-free and typed: each budget's conclusion at its own full token count
-(lmtune.sweep.conclusion.conclude) and the power law fitted through the searched budgets' best LRs. The report
-reads this one value (lmtune.report.horizon); the fit is the search's own (fit_budgets, the same bootstrap seed).
+(lmtune.sweep.conclusion.conclude), each searched budget's located LR* (lmtune.sweep.strategies.horizon.locate)
+and the power law fitted through them. The report reads this one value (lmtune.report.horizon); the fit is the
+search's own (fit_budgets, deterministic), so the two agree.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 from lmtune.sweep.conclusion import Conclusion, conclude
 from lmtune.sweep.runs import Budget, Run
 from lmtune.sweep.strategies.horizon.fit import HorizonFit
-from lmtune.sweep.strategies.horizon.search import fit_budgets, runs_at
+from lmtune.sweep.strategies.horizon.locate import LocatedLr
+from lmtune.sweep.strategies.horizon.search import fit_budgets, locate_budgets, runs_at
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
 
@@ -29,6 +31,8 @@ class BudgetConclusion:
     """The runs that stand at this budget."""
     conclusion: Conclusion
     """What this budget's runs conclude (lmtune.sweep.conclusion.conclude)."""
+    located: LocatedLr | None
+    """Its LR* located between grid points around the crowned best (None: the target, or no LR trained it)."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class HorizonConclusion:
     budgets: tuple[BudgetConclusion, ...]
     """The searched budgets, smallest first, then the target."""
     fit: HorizonFit | None
-    """ln LR* = a - beta ln D through the searched budgets' best LRs (None: it cannot be fitted)."""
+    """ln LR* = a - beta ln D through the searched budgets' located LR*s (None: it cannot be fitted)."""
     fit_problem: str | None
     """Why there is no fit."""
 
@@ -47,9 +51,11 @@ def conclude_horizon(runs: Iterable[Run], settings: HorizonSettings, target: Bud
     """Each budget's conclusion (the searched budgets, then the target) and the fit, from the runs of every budget."""
     runs = list(runs)
     budgets = []
-    for steps in [*settings.budget_steps(target.steps), target.steps]:
+    located = locate_budgets(runs, settings, target)
+    for i, steps in enumerate([*settings.budget_steps(target.steps), target.steps]):
         at = runs_at(runs, steps, target)
         budgets.append(BudgetConclusion(steps, steps * target.tokens_per_step, steps / target.steps, len(at),
-                                        conclude(at, target.at_steps(steps))))
+                                        conclude(at, target.at_steps(steps)),
+                                        located[i] if i < len(located) else None))
     fit, problem = fit_budgets(runs, settings, target)
     return HorizonConclusion(tuple(budgets), fit, problem)

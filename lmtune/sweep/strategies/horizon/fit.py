@@ -1,39 +1,33 @@
-"""The best LR across token horizons: a power law LR*(D) = exp(a) * D^-beta fitted to the best LR found at
-several budgets, and the LR it predicts for a larger budget, each with an interval (Bjorck et al. 2025,
-"Scaling Optimal LR Across Token Horizons").
+"""The best LR across token horizons: a power law LR*(D) = exp(a) * D^-beta fitted to each searched budget's
+located LR* (lmtune.sweep.strategies.horizon.locate), and the LR it predicts for a larger budget, each with a
+90% interval (Bjorck et al. 2025, "Scaling Optimal LR Across Token Horizons").
 
-Ray-free: it reads full-budget losses (per budget, per LR, per seed) and nothing else. Where the uncertainty
-comes from, and how the bootstrap carries it:
-- the seeds: each resample draws every LR's seeds with replacement, so a flat basin, whose LRs trade places
-  from seed to seed, moves the best LR between them;
-- the grid: the best LR is only known to lie between its neighbours, so each resample places it uniformly
-  (in log LR) within half a grid step either side.
-The interval is the 5th-95th percentile of the resampled fits (90%).
+Ray-free and deterministic. Where the uncertainty comes from, and how it is carried:
+- each budget's LR* is known to its standard error from the seeds (an unlocated one, to its fitted span), so
+  the line is a weighted least-squares fit with those errors;
+- the budgets' LR*s may scatter about the line more than those errors say (the law is only approximate, or
+  the errors are underestimated): the chi-square of the residuals measures it, and when it exceeds its degrees
+  of freedom every interval is widened by sqrt(chi2 / dof) (the Birge ratio). With 3 budgets that is one
+  degree of freedom: the lack of fit is seen, but barely — a lack-of-fit p below LAW_P says the law does not
+  hold across these budgets, and the prediction is then an extrapolation of a law the data reject.
+The calibration of these 90% intervals (how often they hold the true LR*) is measured by simulation:
+benchmarks/horizon_coverage.py, and held by tests/test_horizon_coverage.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject
+from lmtune.sweep.strategies.horizon.locate import Z90, LocatedLr
 
-INTERVAL = (5.0, 95.0)
-
-
-@dataclass(frozen=True)
-class BudgetLosses:
-    """One budget's full-budget losses: tokens, and LR -> the loss of each seed."""
-
-    tokens: int
-    losses: Mapping[float, Sequence[float]]
-
-    def best_lr(self) -> float:
-        """The LR of the lowest mean loss (non-finite losses count as worse than any finite one)."""
-        return min(self.losses, key=lambda lr: _mean(self.losses[lr]))
+# Below this lack-of-fit p-value the power law is said not to hold across the searched budgets.
+LAW_P = 0.05
 
 
 @dataclass(frozen=True)
@@ -41,70 +35,108 @@ class HorizonFit:
     beta: float
     """LR*(D) falls as D^-beta."""
     beta_interval: tuple[float, float]
+    """beta's 90% interval."""
     intercept: float
     """ln LR* at D = 1 token (the fit's a)."""
     intercept_interval: tuple[float, float]
     target_tokens: int
     predicted_lr: float
     predicted_lr_interval: tuple[float, float]
-    best_lrs: dict[int, float]
-    """Budget (tokens) -> the best LR found there (the points fitted)."""
+    """The predicted LR's 90% interval (widened to the largest budget's LR* when beta is not resolved)."""
+    points: tuple[LocatedLr, ...]
+    """Each searched budget's LR*, smallest budget first (the points fitted: those with a finite SE)."""
+    chi2: float
+    """Sum of squared residuals over their variances."""
+    dof: int
+    """Residual degrees of freedom: budgets fitted - 2."""
+    scale: float
+    """The factor the intervals were widened by for lack of fit (1: none)."""
 
-    def to_json(self) -> dict:
+    @property
+    def resolved(self) -> bool:
+        """Whether these budgets tell LR* moves: beta's 90% interval excludes 0."""
+        low, high = self.beta_interval
+        return low > 0 or high < 0
+
+    @property
+    def lack_of_fit_p(self) -> float | None:
+        """P(chi2 this large | the law holds); None with 2 budgets (no residual)."""
+        return chi2_survival(self.chi2, self.dof) if self.dof > 0 else None
+
+    @property
+    def law_holds(self) -> bool | None:
+        """False when the budgets' LR*s are further from the line than their errors allow (p < LAW_P)."""
+        p = self.lack_of_fit_p
+        return None if p is None else p >= LAW_P
+
+    @property
+    def best_lrs(self) -> dict[int, float]:
+        """Budget (tokens) -> its LR* (the points fitted)."""
+        return {p.tokens: p.lr for p in self.points}
+
+    def to_json(self) -> JsonObject:
         return {"beta": self.beta, "beta_interval": list(self.beta_interval), "intercept": self.intercept,
                 "intercept_interval": list(self.intercept_interval), "target_tokens": self.target_tokens,
                 "predicted_lr": self.predicted_lr, "predicted_lr_interval": list(self.predicted_lr_interval),
-                "best_lrs": {str(k): v for k, v in self.best_lrs.items()}}
+                "points": [p.to_json() for p in self.points], "chi2": self.chi2, "dof": self.dof,
+                "scale": self.scale, "resolved": self.resolved, "lack_of_fit_p": self.lack_of_fit_p,
+                "law_holds": self.law_holds}
 
     @classmethod
-    def from_json(cls, data: dict) -> HorizonFit:
-        pairs = ("beta_interval", "intercept_interval", "predicted_lr_interval")
-        return cls(**{**{k: v for k, v in data.items() if k in cls.__dataclass_fields__},
-                      **{k: tuple(data[k]) for k in pairs},
-                      "best_lrs": {int(k): float(v) for k, v in data["best_lrs"].items()}})
+    def from_json(cls, data: JsonObject) -> HorizonFit:
+        return cls(float(data["beta"]), _pair(data["beta_interval"]), float(data["intercept"]),
+                   _pair(data["intercept_interval"]), int(data["target_tokens"]), float(data["predicted_lr"]),
+                   _pair(data["predicted_lr_interval"]), tuple(LocatedLr.from_json(p) for p in data["points"]),
+                   float(data["chi2"]), int(data["dof"]), float(data["scale"]))
 
 
-def fit_horizon(budgets: Sequence[BudgetLosses], target_tokens: int, resamples: int = 2000,
-                seed: int = 0) -> HorizonFit:
-    """Fit ln LR* = a - beta ln D through each budget's best LR, predict LR* at ``target_tokens``, and give
-    both their bootstrap intervals."""
-    if len({b.tokens for b in budgets}) < 2:
-        raise LmtuneError("a horizon fit needs the best LR at two or more different budgets")
-    best = {b.tokens: b.best_lr() for b in budgets}
-    a, slope = _line(list(best), list(best.values()))
-    rng = np.random.default_rng(seed)
-    draws = np.array([_line(*zip(*((b.tokens, _resampled_best(b, rng)) for b in budgets), strict=True))
-                      for _ in range(resamples)])
-    predicted = draws[:, 0] + draws[:, 1] * math.log(target_tokens)
-    return HorizonFit(
-        beta=-slope, beta_interval=_interval(-draws[:, 1]), intercept=a, intercept_interval=_interval(draws[:, 0]),
-        target_tokens=target_tokens, predicted_lr=math.exp(a + slope * math.log(target_tokens)),
-        predicted_lr_interval=tuple(math.exp(v) for v in _interval(predicted)), best_lrs=best)
+def fit_horizon(points: Sequence[LocatedLr], target_tokens: int) -> HorizonFit:
+    """Fit ln LR* = a - beta ln D through the budgets' LR*s, weighted by their errors, and predict LR* at
+    ``target_tokens``; every interval 90%, widened for lack of fit."""
+    usable = sorted((p for p in points if p.usable), key=lambda p: p.tokens)
+    if len({p.tokens for p in usable}) < 2:
+        raise LmtuneError("a horizon fit needs LR* at two or more budgets (each budget's best LR not at the end "
+                          "of its LRs)")
+    x = np.log([float(p.tokens) for p in usable])
+    y = np.log([p.lr for p in usable])
+    weights = 1.0 / np.asarray([max(p.log_se, 1e-6) for p in usable]) ** 2
+    design = np.stack([np.ones_like(x), x], axis=1)
+    covariance = np.linalg.inv(design.T @ (design * weights[:, None]))
+    a, b = covariance @ (design * weights[:, None]).T @ y
+    residuals = y - (a + b * x)
+    chi2, dof = float(np.sum(weights * residuals ** 2)), len(usable) - 2
+    scale = math.sqrt(chi2 / dof) if dof > 0 and chi2 > dof else 1.0
+    half = Z90 * scale
+    at_target = np.array([1.0, math.log(target_tokens)])
+    predicted, predicted_se = float(at_target @ [a, b]), math.sqrt(float(at_target @ covariance @ at_target))
+    beta_se, a_se = math.sqrt(covariance[1, 1]), math.sqrt(covariance[0, 0])
+    beta_interval = (float(-b) - half * beta_se, float(-b) + half * beta_se)
+    interval = (math.exp(predicted - half * predicted_se), math.exp(predicted + half * predicted_se))
+    if not (beta_interval[0] > 0 or beta_interval[1] < 0):
+        # beta not resolved: LR* may not move at all, so the target's may be the largest budget's
+        low, high = usable[-1].interval()
+        interval = (min(interval[0], low), max(interval[1], high))
+    return HorizonFit(float(-b), beta_interval, float(a), (float(a) - half * a_se, float(a) + half * a_se),
+                      target_tokens, math.exp(predicted), interval, tuple(sorted(points, key=lambda p: p.tokens)),
+                      chi2, dof, scale)
 
 
-def _resampled_best(budget: BudgetLosses, rng: np.random.Generator) -> float:
-    lrs = sorted(budget.losses)
-    means = [_mean(rng.choice(np.asarray(budget.losses[lr], dtype=float), size=len(budget.losses[lr])))
-             for lr in lrs]
-    i = int(np.argmin(means))
-    # Half a grid step either side in log LR (at the grid's ends: the step to the one neighbour).
-    left = math.log(lrs[i] / lrs[i - 1]) / 2 if i > 0 else math.log(lrs[i + 1] / lrs[i]) / 2 if len(lrs) > 1 else 0
-    right = math.log(lrs[i + 1] / lrs[i]) / 2 if i + 1 < len(lrs) else left
-    return lrs[i] * math.exp(rng.uniform(-left, right))
+def chi2_survival(chi2: float, dof: int) -> float:
+    """P(X >= chi2) for X chi-square with ``dof`` degrees of freedom (closed forms; no scipy)."""
+    half = chi2 / 2
+    if dof % 2 == 0:
+        term, total = 1.0, 1.0
+        for k in range(1, dof // 2):
+            term *= half / k
+            total += term
+        return math.exp(-half) * total
+    total = math.erfc(math.sqrt(half))
+    term = math.sqrt(half) * math.exp(-half) / math.gamma(1.5)
+    for k in range(1, (dof + 1) // 2):
+        total += term
+        term *= half / (k + 0.5)
+    return min(1.0, total)
 
 
-def _line(tokens: Sequence[float], lrs: Sequence[float]) -> tuple[float, float]:
-    """Least squares ln lr = a + b ln tokens: (a, b)."""
-    x, y = np.log(np.asarray(tokens, dtype=float)), np.log(np.asarray(lrs, dtype=float))
-    b, a = np.polyfit(x, y, 1)
-    return float(a), float(b)
-
-
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.percentile(values, INTERVAL)
-    return float(lo), float(hi)
-
-
-def _mean(losses: Sequence[float]) -> float:
-    values = [v if v is not None and math.isfinite(v) else math.inf for v in losses]
-    return sum(values) / len(values) if values else math.inf
+def _pair(values: Sequence[float]) -> tuple[float, float]:
+    return float(values[0]), float(values[1])

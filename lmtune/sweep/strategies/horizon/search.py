@@ -11,11 +11,17 @@ early: LRs are compared only at a budget's full token count. The stages, per bud
 2. **extend**: one LR further out while the best LR lies at the grid's end.
 3. **seeds**: the best LR and its two neighbours get ``seeds`` runs each; an LR with fewer seeds that beats
    the crowned best seed for seed gets them too before the budget's best LR is settled (lmtune.sweep.runs.crown).
-4. **edge**: probes above the highest LR that trained through, for where training fails at this budget.
+4. **refine**: the LRs halfway (in log) between the crowned best and its neighbours, ``seeds`` runs each, so
+   that a quadratic through five LRs locates LR* between grid points (lmtune.sweep.strategies.horizon.locate).
+5. **wall**: where no LR on one side of the best is clearly worse than it, one LR a grid step beyond those
+   tried on that side (``walls`` at most): an LR* is bounded only between LRs clearly worse.
+6. **edge**: probes above the highest LR that trained through, for where training fails at this budget (one
+   seed each: the report says so wherever it prints them).
 
 Budget k+1's grid starts once budget k's grid is settled, so budgets overlap. When every budget's best LR is
-settled: **fit** ln LR* = a - beta ln D with its bootstrap interval, and **target** (the confirmation): the
-predicted LR and it divided and multiplied by ``confirm_ratio``, at the target budget. The search ends when
+settled: **fit** ln LR* = a - beta ln D through the located LR*s with its interval, and **target** (the
+confirmation): the predicted LR and it divided and multiplied by ``confirm_ratio``, ``confirm_seeds`` runs each,
+at the target budget, enough to say whether the prediction lies in the target's own basin. The search ends when
 all have ended.
 """
 
@@ -29,16 +35,18 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.sweep.bracket import bracket
 from lmtune.sweep.conclusion import conclude
+from lmtune.sweep.landscape import best_lr_interval
 from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, effective_runs, full_budget_ranking
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
-from lmtune.sweep.strategies.horizon.fit import BudgetLosses, HorizonFit, fit_horizon
+from lmtune.sweep.strategies.horizon.fit import HorizonFit, fit_horizon
+from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import MAX_LR
 
-STAGES = ("grid", "extend", "seeds", "edge", "target")  # target: the confirmation runs at the target budget
-SETTLING = ("grid", "extend", "seeds")  # the stages that decide a budget's best LR
+STAGES = ("grid", "extend", "seeds", "refine", "wall", "edge", "target")  # target: the confirmation at the target
+SETTLING = ("grid", "extend", "seeds", "refine", "wall")  # the stages that decide a budget's LR*
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,10 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
                 self._seeds(steps)
             elif not self._busy(steps, "seeds"):
                 self._reseed(steps)
+                if not self._contenders(steps) and not self._planned("refine", steps):
+                    self._refine(steps)
+                elif self._planned("refine", steps) and not self._busy(steps, "refine", "wall"):
+                    self._wall(steps)
             self._edge(steps)
         if not self._planned("target", self.budget.steps) and all(self._settled(s) for s in budgets):
             self._confirm()
@@ -198,8 +210,8 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     def _settled(self, steps: int) -> bool:
         """Its best LR is decided: grid, extensions and seeds ran, and no LR with fewer seeds contends."""
-        return (self._grid_settled(steps) and self._planned("seeds", steps) and not self._busy(steps, *SETTLING)
-                and not self._contenders(steps))
+        return (self._grid_settled(steps) and self._planned("seeds", steps) and self._planned("refine", steps)
+                and not self._busy(steps, *SETTLING) and not self._contenders(steps) and self._wall_lr(steps) is None)
 
     def _first_grid(self, steps: int) -> None:
         s = self.settings
@@ -276,6 +288,45 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
                    ", ".join(f"lr {r.lr:.3g}" for r in contenders) + f" beat the best ({best.lr:.3g}) on the seeds "
                    "they share: given its seeds before the budget's best LR is settled")
 
+    def _refine(self, steps: int) -> None:
+        """The LRs halfway (in log) between the crowned best and its neighbours, ``seeds`` runs each: LR* is then
+        located on five LRs sqrt(ratio) apart, not on the coarse grid's three."""
+        best, _ = self._best(steps)
+        if best is None or not self.settings.refine:
+            self._plan("refine", steps, [], "no LR trained this budget through" if best is None
+                       else "refine: false (LR* located on the grid's own LRs)")
+            return
+        tried = self._tried(steps)
+        lrs = [math.sqrt(best.lr * lr) for lr in self._neighbours(steps, best.lr) if not _same(lr, best.lr)]
+        lrs = [lr for lr in lrs if not any(_same(lr, t) for t in tried)]
+        seeds = [self.budget.seed + k for k in range(self.settings.seeds)]
+        self._plan("refine", steps, [Planned("refine", steps, lr, s) for lr in lrs for s in seeds],
+                   f"LR* located between grid points: {', '.join(f'{lr:.3g}' for lr in lrs)}, halfway (in log) "
+                   f"between the best ({best.lr:.3g}) and its neighbours, {len(seeds)} seed"
+                   f"{'s' * (len(seeds) > 1)} each")
+
+    def _wall_lr(self, steps: int) -> float | None:
+        """One LR beyond the LRs tried on a side where none is clearly worse than the best, while walls remain: LR*
+        is bounded only between LRs clearly worse (lmtune.sweep.landscape.best_lr_interval). None: no wall needed."""
+        walls = sum(d.stage == "wall" and d.steps == steps for d in self.decisions)
+        if not self._planned("refine", steps) or walls >= self.settings.walls:
+            return None
+        low, high = best_lr_interval(full_budget_ranking(self.runs_at(steps)))
+        tried = self._tried(steps)
+        beyond = (tried[0] / self.settings.ratio if low is None else
+                  tried[-1] * self.settings.ratio if high is None else None)
+        return beyond if beyond is not None and _accepted(beyond) else None
+
+    def _wall(self, steps: int) -> None:
+        lr = self._wall_lr(steps)
+        if lr is None:
+            return
+        seeds = [self.budget.seed + k for k in range(self.settings.seeds)]
+        side = "below" if lr < min(self._tried(steps)) else "above"
+        self._plan("wall", steps, [Planned("wall", steps, lr, s) for s in seeds],
+                   f"no LR {side} the best is clearly worse than it: {lr:.3g}, one grid step beyond the LRs tried, "
+                   f"so that LR* is bounded {side}")
+
     def _edge(self, steps: int) -> None:
         """The next probe for where training fails at this budget, once its grid is settled. The edge moves
         little from one budget to the next, so the smaller budget's bracket is probed first."""
@@ -320,10 +371,12 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         lrs = self.settings.confirmation_lrs(self.fit.predicted_lr)
         low, high = self.fit.predicted_lr_interval
         seeds = [self.budget.seed + k for k in range(self.settings.confirm_seeds)]
+        resolved = "" if self.fit.resolved else ", beta not resolved by these budgets"
         self._plan("target", target, [Planned("target", target, lr, s) for lr in lrs for s in seeds],
                    f"the fit predicts {self.fit.predicted_lr:.3g} (90% interval {low:.3g}-{high:.3g}, beta "
-                   f"{self.fit.beta:.2f}) at the {target}-step target: it and {self.settings.confirm_ratio:g}x either "
-                   f"side, trained at the target with {len(seeds)} seed{'s' * (len(seeds) > 1)}")
+                   f"{self.fit.beta:.2f}{resolved}) at the {target}-step target: it and "
+                   f"{self.settings.confirm_ratio:g}x either side, trained at the target with {len(seeds)} "
+                   f"seed{'s' * (len(seeds) > 1)}")
 
     # -- state -------------------------------------------------------------------------------
 
@@ -349,18 +402,19 @@ def runs_at(runs: Iterable[Run], steps: int, target: Budget) -> list[Run]:
     return effective_runs(r for r in runs if r.budget_tokens == tokens)
 
 
-def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:
-    """The power law through the best LR of every searched budget that has one (full-budget losses by LR and
-    seed), predicting the target's; or None and why it cannot be fitted. The search and the report both fit
-    with this, with the same bootstrap seed, so they agree."""
+def locate_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> list[LocatedLr | None]:
+    """Each searched budget's LR* (None: no LR trained it through), smallest budget first."""
     runs = list(runs)
-    searched = []
-    for steps in settings.budget_steps(target.steps):
-        ranking = full_budget_ranking(runs_at(runs, steps, target))
-        if ranking:
-            searched.append(BudgetLosses(steps * target.tokens_per_step, {r.lr: list(r.losses) for r in ranking}))
+    return [locate_best_lr(full_budget_ranking(runs_at(runs, steps, target)), steps * target.tokens_per_step)
+            for steps in settings.budget_steps(target.steps)]
+
+
+def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:
+    """The power law through the located LR* of every searched budget that has one, predicting the target's;
+    or None and why it cannot be fitted. The search and the report both fit with this, so they agree."""
+    located = [p for p in locate_budgets(runs, settings, target) if p is not None]
     try:
-        return fit_horizon(searched, target.full_tokens, settings.resamples, target.seed), None
+        return fit_horizon(located, target.full_tokens), None
     except LmtuneError as err:
         return None, str(err)
 

@@ -25,9 +25,6 @@ MAX_BUDGETS = 10
 # The smallest budget at least this fraction of the target: below it a budget trains a handful of steps of any
 # real target, and budget_ratio^budgets stays a float.
 MIN_BUDGET_FRACTION = 1e-6
-# The most bootstrap resamples of the fit: its 90% interval settles to well under 1% by 10,000, and each 10,000
-# costs the fit (on the driver, and in every report) a few seconds.
-MAX_RESAMPLES = 100_000
 # The smallest LR a grid may reach: the smallest normal float (below it an LR loses precision, then is 0).
 MIN_LR = sys.float_info.min
 
@@ -60,6 +57,10 @@ class HorizonSettings:
     chosen on the mean, and its seed spread is the fit's uncertainty."""
     seed_rounds: int = 1
     """Further rounds of seeds for an LR that beats a budget's crowned best seed for seed."""
+    refine: bool = True
+    """Once a budget's best LR is settled, train the LRs halfway (in log) between it and its neighbours with
+    ``seeds`` seeds each (2 x seeds runs per budget), so that LR* is located on five LRs sqrt(ratio) apart:
+    finer than the shift of LR* between budgets budget_ratio apart (2^0.3 = 1.23x for beta = 0.3)."""
     edge_probes: int = 3
     """Full-budget probes per budget for where training fails (0: none): from the budget's highest LR that
     trained through, edge_ratio x up until one fails, then halving the bracket in log LR."""
@@ -67,12 +68,14 @@ class HorizonSettings:
     """The step of an edge probe above the highest LR that trained through."""
     edge_tolerance: float = 2.0
     """The edge probes stop once failed LR / trained-through LR <= this."""
+    walls: int = 2
+    """At most this many LRs per budget added a grid step beyond those tried, ``seeds`` runs each, where no LR on
+    that side of the best is clearly worse than it: an LR* is bounded only between LRs clearly worse."""
     confirm_ratio: float = 2.0
     """Confirmation at the target budget: the predicted LR, and it divided and multiplied by this."""
-    confirm_seeds: int = 1
-    """Runs of each confirmation LR."""
-    resamples: int = 2000
-    """Bootstrap resamples of the fit."""
+    confirm_seeds: int = 2
+    """Runs of each confirmation LR: with 2, the target's own seed spread says whether the prediction lies in
+    the target's basin (with 1 it borrows the largest budget's, and usually cannot tell)."""
 
     def problems(self) -> list[tuple[str, str]]:
         """(key, what is wrong and the fix) for each setting no search could use; once each is usable, for each
@@ -90,13 +93,14 @@ class HorizonSettings:
             ("max_extensions", self.max_extensions >= 0, "must be >= 0"),
             ("seeds", self.seeds >= 1, "must be at least 1 (1: no further seeds)"),
             ("seed_rounds", self.seed_rounds >= 0, "must be >= 0"),
+            ("refine", isinstance(self.refine, bool), "must be true or false"),
+            ("walls", self.walls >= 0, "must be >= 0 (0: no walls)"),
             ("edge_probes", self.edge_probes >= 0, "must be >= 0 (0: no edge probes)"),
             ("edge_ratio", self.edge_ratio > 1, "must be above 1, e.g. 4"),
             ("edge_tolerance", 1 < self.edge_tolerance <= self.edge_ratio,
              f"must be above 1 and at most edge_ratio ({self.edge_ratio:g}), e.g. 2"),
             ("confirm_ratio", self.confirm_ratio > 1, "must be above 1, e.g. 2"),
             ("confirm_seeds", self.confirm_seeds >= 1, "must be at least 1"),
-            ("resamples", self.resamples >= 100, "must be at least 100"),
         ]
         found = failed_checks(self, checks)
         return found or self.bounds()
@@ -112,9 +116,9 @@ class HorizonSettings:
              f"makes the smallest of {self.budgets} budgets (largest_fraction / budget_ratio^(budgets - 1)) less "
              f"than {MIN_BUDGET_FRACTION:g} of the target: give a smaller budget_ratio or fewer budgets"),
             ("seeds", self.seeds <= MAX_SEEDS, f"must be at most {MAX_SEEDS}"),
+            ("walls", self.walls <= MAX_BUDGETS,
+             f"must be at most {MAX_BUDGETS} (each wall is a grid step further out)"),
             ("confirm_seeds", self.confirm_seeds <= MAX_SEEDS, f"must be at most {MAX_SEEDS}"),
-            ("resamples", self.resamples <= MAX_RESAMPLES,
-             f"must be at most {MAX_RESAMPLES:,} (the fit's interval settles long before; each 10,000 costs seconds)"),
             ("ratio", size <= MAX_GRID_TRIALS,
              f"makes lr_min {self.lr_min:g} to lr_max {self.lr_max:g} a grid of {size:,} LRs; a grid holds at most "
              f"{MAX_GRID_TRIALS:,} (as a grid space's trials): give a larger ratio or a narrower lr_min..lr_max"),

@@ -1,0 +1,169 @@
+"""Where one budget's best LR lies between its grid points: a quadratic in ln LR fitted to the mean full-budget
+losses around the crowned best LR (lmtune.sweep.runs.crown), its minimum LR*, and how well the seeds fix it.
+
+Why a quadratic: near its minimum any smooth loss curve is one in ln LR, so the best and two LRs either side
+locate LR* between grid points, where the grid alone only says "somewhere between the neighbours". Why the
+crown's neighbourhood: the fit and the report's table then talk about the same LR; a one-seed LR that beats the
+crowned best enters the fit with the weight of its one seed, not as the winner.
+
+The uncertainty is the seeds': each LR's mean is known to sigma / sqrt(seeds) (sigma pooled near the best,
+lmtune.sweep.runs.pooled_seed_spread, with its degrees of freedom), and LR*'s 90% interval is every LR at which
+the fitted curve's slope is within t standard errors of flat (Fieller's interval: exact for a quadratic with
+normal noise, unlike the delta method or a bootstrap around the fitted curve, which both shrink when the noise
+happens to sharpen the curve). Where that set is unbounded (the curvature is not resolved) or reaches well past
+the LRs fitted, the budget's LR* is *not located*: it is carried as lying anywhere between the nearest LRs clearly
+worse than the best (lmtune.sweep.landscape.best_lr_interval), never as a grid point. Deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lmtune.files import JsonObject
+from lmtune.sweep.landscape import best_lr_interval
+from lmtune.sweep.runs import LrResult, crown, pooled_seed_spread, spread_lrs
+
+# LRs fitted either side of the crowned best: at least two each, five points for three parameters ...
+SIDE = 2
+# ... and every LR within this factor of it (in ln LR: 2.25x, two steps of quick_horizon's 1.5x grid).
+WIDTH = math.log(2.25)
+# LR* counts as located only when its interval stays within this far (in ln LR) beyond the LRs fitted: a
+# quadratic says nothing reliable much past its points (ln 1.5: one coarse grid step).
+REACH = math.log(1.5)
+# z of a two-sided 90% interval. An interval enters the power law as a point with SE = its half-width / Z90.
+Z90 = 1.6448536269514722
+
+
+@dataclass(frozen=True)
+class LocatedLr:
+    """One budget's best LR: crowned on the grid and located between grid points."""
+
+    tokens: int
+    """The budget's full token count, where its LRs are compared."""
+    crowned_lr: float
+    """The grid LR crowned best (lmtune.sweep.runs.crown): the report's table names this one."""
+    lr: float
+    """LR*: the minimum of the fitted curve (located), or the middle in log of the nearest LRs clearly worse than
+    the best (not located)."""
+    log_se: float
+    """Standard error of ln LR*: its 90% interval's half-width / 1.645 (infinite: not bounded)."""
+    located: bool
+    """Whether the seeds fix a minimum inside the fitted LRs (False: the curve is too flat or too noisy here)."""
+    why: str
+    """How LR* was found, or why it could not be located, in words."""
+    fitted_lrs: tuple[float, ...]
+    """The grid LRs the quadratic went through, ascending."""
+    seed_sd: float | None
+    """The pooled run-to-run sd of the loss near the best LR (None: no LR had two seeds)."""
+
+    def interval(self, z: float = Z90) -> tuple[float, float]:
+        """LR* ± z standard errors, in log LR (90% by default)."""
+        return self.lr * math.exp(-z * self.log_se), self.lr * math.exp(z * self.log_se)
+
+    @property
+    def usable(self) -> bool:
+        """Whether it can enter a fit (its SE is finite)."""
+        return math.isfinite(self.log_se)
+
+    def to_json(self) -> JsonObject:
+        low, high = self.interval() if self.usable else (None, None)
+        return {"tokens": self.tokens, "crowned_lr": self.crowned_lr, "lr": self.lr,
+                "log_se": self.log_se if self.usable else None, "interval_90": [low, high],
+                "located": self.located, "why": self.why, "fitted_lrs": list(self.fitted_lrs),
+                "seed_sd": self.seed_sd}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> LocatedLr:
+        se = data["log_se"]
+        return cls(int(data["tokens"]), float(data["crowned_lr"]), float(data["lr"]),
+                   math.inf if se is None else float(se), bool(data["located"]), str(data["why"]),
+                   tuple(float(v) for v in data["fitted_lrs"]), data.get("seed_sd"))
+
+
+def locate_best_lr(ranking: Sequence[LrResult], tokens: int) -> LocatedLr | None:
+    """LR* of one budget from its full-budget ranking (lmtune.sweep.runs.full_budget_ranking); None when no
+    LR trained it through."""
+    ranking = list(ranking)
+    best, _ = crown(ranking)
+    if best is None:
+        return None
+    window = _window(ranking, best)
+    lrs = tuple(r.lr for r in window)
+    sigma, dof = _pooled(ranking)
+    span = best_lr_interval(ranking)
+
+    def unlocated(why: str) -> LocatedLr:
+        """Carried as lying anywhere between the nearest LRs clearly worse (a 90% interval; unusable when a
+        side has none)."""
+        low, high = span
+        if low is None or high is None:
+            return LocatedLr(tokens, best.lr, best.lr, math.inf, False, why + "; no LR clearly worse on one side, "
+                             "so LR* is not bounded there", lrs, sigma)
+        return LocatedLr(tokens, best.lr, math.sqrt(low * high), math.log(high / low) / (2 * Z90), False,
+                         why + f"; carried as anywhere between the nearest LRs clearly worse, {low:.3g} and "
+                         f"{high:.3g}", lrs, sigma)
+
+    if lrs[0] == best.lr or lrs[-1] == best.lr:
+        return unlocated(f"the best LR ({best.lr:.3g}) is at the end of the LRs trained")
+    if sigma is None:
+        return unlocated("no LR near the best has two seeds: no spread to locate LR* by")
+    x = np.log(np.asarray(lrs) / best.lr)
+    noise = sigma / np.sqrt([len(r.losses) for r in window])
+    found = _minimum_interval(x, np.asarray([r.mean for r in window]), noise, t_quantile(dof))
+    if found is None:
+        return unlocated(f"too flat to locate: the seeds allow the loss curve between {lrs[0]:.3g} and "
+                         f"{lrs[-1]:.3g} to have no minimum")
+    vertex, low, high = found
+    if low < x[0] - REACH or high > x[-1] + REACH:
+        return unlocated(f"too flat to locate: the minimum may lie beyond the LRs fitted ({lrs[0]:.3g}-{lrs[-1]:.3g})")
+    return LocatedLr(tokens, best.lr, best.lr * math.exp(vertex), (high - low) / (2 * Z90), True,
+                     f"minimum of a quadratic in ln LR through {len(lrs)} LRs", lrs, sigma)
+
+
+def _window(ranking: list[LrResult], best: LrResult) -> list[LrResult]:
+    """The LRs within WIDTH of the crowned best (in ln LR, the same either side: a skewed curve fitted over an
+    uneven window pulls the minimum towards its shorter side), and at least SIDE either side, ascending."""
+    ordered = sorted(ranking, key=lambda r: r.lr)
+    i = ordered.index(best)
+    near = [k for k, r in enumerate(ordered) if abs(math.log(r.lr / best.lr)) <= WIDTH + 1e-9]
+    return ordered[min(max(0, i - SIDE), *near): max(i + SIDE, *near) + 1]
+
+
+def _pooled(ranking: list[LrResult]) -> tuple[float | None, int]:
+    """The pooled run-to-run sd near the best (lmtune.sweep.runs.pooled_seed_spread) and its degrees of freedom."""
+    dof = sum(len(r.losses) - 1 for r in spread_lrs(ranking))
+    return pooled_seed_spread(ranking), dof
+
+
+def _minimum_interval(x: np.ndarray, means: np.ndarray, noise: np.ndarray,
+                      quantile: float) -> tuple[float, float, float] | None:
+    """The minimum of c0 + c1 x + c2 x^2 fitted by weighted least squares, and its 90% interval: every x0 at which
+    the fitted slope c1 + 2 c2 x0 is within ``quantile`` standard errors of 0 (Fieller's interval, exact for a
+    quadratic with normal noise). None when that set is unbounded: the curvature is not resolved."""
+    design = np.stack([np.ones_like(x), x, x * x], axis=1)
+    weights = 1.0 / noise ** 2
+    covariance = np.linalg.inv(design.T @ (design * weights[:, None]))
+    _, c1, c2 = covariance @ (design * weights[:, None]).T @ means
+    v11, v12, v22 = covariance[1, 1], covariance[1, 2], covariance[2, 2]
+    q = quantile ** 2
+    # (c1 + 2 c2 x0)^2 <= q (v11 + 4 x0 v12 + 4 x0^2 v22), a quadratic inequality a x0^2 + b x0 + c <= 0
+    a, b, c = 4 * (c2 * c2 - q * v22), 4 * (c1 * c2 - q * v12), c1 * c1 - q * v11
+    discriminant = b * b - 4 * a * c
+    if c2 <= 0 or a <= 0 or discriminant < 0:
+        return None
+    root = math.sqrt(discriminant)
+    return float(-c1 / (2 * c2)), float((-b - root) / (2 * a)), float((-b + root) / (2 * a))
+
+
+def t_quantile(dof: int, z: float = Z90) -> float:
+    """Student's t quantile matching the normal's ``z`` for ``dof`` degrees of freedom (Cornish-Fisher expansion;
+    within 1% of the exact value from 3 degrees of freedom, and wider, so conservative, below)."""
+    if dof <= 0:
+        return math.inf
+    z3, z5, z7 = z ** 3, z ** 5, z ** 7
+    return (z + (z3 + z) / (4 * dof) + (5 * z5 + 16 * z3 + 3 * z) / (96 * dof ** 2)
+            + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * dof ** 3))
