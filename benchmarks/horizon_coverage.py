@@ -56,6 +56,11 @@ class Scenario:
     """Asymmetry of the curve (0: a parabola)."""
     power_law: bool = True
     """Whether the truth follows the power law the search fits."""
+    noise_by_steps: tuple[tuple[int, float], ...] = ()
+    """Budgets (steps) whose run-to-run sd is not ``noise``."""
+
+    def noise_at(self, steps: int) -> float:
+        return dict(self.noise_by_steps).get(steps, self.noise)
 
     def best_lr(self, steps: int, at_target: float) -> float:
         if self.power_law:
@@ -69,6 +74,9 @@ SCENARIOS = {
     "sharp": Scenario("sharp", curvature=0.10, noise=0.01, beta=0.3),
     "flat": Scenario("flat", curvature=0.04, noise=0.012, beta=0.3),
     "flat_no_fall": Scenario("flat_no_fall", curvature=0.04, noise=0.012, beta=0.0),
+    # the sds measured on the built-in corpus at the quick_horizon budgets (benchmarks/README.md, hz-cosine)
+    "measured_noise": Scenario("measured_noise", curvature=0.10, noise=0.012, beta=0.3,
+                               noise_by_steps=((40, 0.105), (81, 0.040), (162, 0.029))),
     "law_broken": Scenario("law_broken", curvature=0.10, noise=0.005, beta=None, power_law=False),
 }
 
@@ -109,7 +117,7 @@ class SimulatedRuns:
             return
         x = math.log(lr / best)
         loss = 2.0 + self.scenario.curvature * x * x * math.exp(self.scenario.skew * x)
-        loss += self.scenario.noise * float(self.rng.standard_normal())
+        loss += self.scenario.noise_at(steps) * float(self.rng.standard_normal())
         search.observe(trial_id, {"tokens": tokens, "val_loss": loss})
         search.complete(trial_id, "completed", {"tokens": tokens})
 
