@@ -1,6 +1,8 @@
-"""The report of a horizon search (``search: horizon``): per searched budget, the best LR at that budget's
-full token count with its seed spread, basin and edge; the power law fitted through them with its interval;
-the LR it predicts at the target budget; and what the target budget's own runs (the confirmation) show.
+"""The report of a horizon search (``search: horizon``): per searched budget, the crowned LR at that budget's
+full token count with its seed spread, basin and edge, and its LR* located between grid points with its SE; the
+power law fitted through the LR*s with its interval; the LR it predicts at the target budget with its interval;
+and the confirmation's verdict: whether the target budget's own runs place the prediction in their basin
+(lmtune.report.horizon_confirmation).
 
 Read from the trials' own files like the rest of the report (never from the searcher's state): the fit is
 recomputed from the runs, with the search's bootstrap settings and seed, so the two agree.
@@ -8,17 +10,16 @@ recomputed from the runs, with the search's bootstrap settings and seed, so the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lmtune.files import JsonObject
-from lmtune.report.comparison import Pair
+from lmtune.report.horizon_confirmation import TargetConfirmation, confirmation, search_tokens
 from lmtune.report.stability import TrialRecord
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.runs import SAME_LR, Budget, LrResult
+from lmtune.sweep.runs import Budget, Run
 from lmtune.sweep.strategies.horizon import HorizonStrategy
-from lmtune.sweep.strategies.horizon.conclusion import BudgetConclusion, HorizonConclusion, conclude_horizon
+from lmtune.sweep.strategies.horizon.conclusion import BudgetConclusion, conclude_horizon
 from lmtune.sweep.strategies.horizon.fit import HorizonFit
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
@@ -41,33 +42,6 @@ def records_at(records: Sequence[TrialRecord], steps: int, target: Budget) -> li
 
 
 @dataclass(frozen=True)
-class TargetConfirmation:
-    """What the target budget's own runs show of the prediction."""
-
-    losses: tuple[LrResult, ...]
-    """Each LR trained at the target with its losses by seed, ascending by LR."""
-    best_lr: float | None
-    """The target runs' best (crowned) LR."""
-    best_mean_loss: float | None
-    """That LR's mean loss over its seeds."""
-    predicted_excess: float | None
-    """The predicted LR's mean loss minus the lowest mean (nats; None: the prediction was not trained)."""
-    predicted_excess_se: float | None
-    """The standard error of that difference (None: no seed spread to take it from)."""
-    se_from: str | None
-    """Whose seeds that spread comes from, in words."""
-    best_over_predicted: float | None
-    """The lowest-loss LR / the predicted LR."""
-
-    def to_json(self) -> JsonObject:
-        return {"losses": [{"lr": r.lr, "seeds": list(r.seeds), "losses": list(r.losses), "mean": r.mean}
-                           for r in self.losses],
-                "best_lr": self.best_lr, "best_mean_loss": self.best_mean_loss,
-                "predicted_excess": self.predicted_excess, "predicted_excess_se": self.predicted_excess_se,
-                "se_from": self.se_from, "best_over_predicted": self.best_over_predicted}
-
-
-@dataclass(frozen=True)
 class HorizonResult:
     """A horizon search's own results: every budget's conclusion, the fit and its prediction, the confirmation."""
 
@@ -76,7 +50,7 @@ class HorizonResult:
     target_tokens: int
     """The target budget's tokens."""
     fit: HorizonFit | None
-    """ln LR* = a - beta ln D through the searched budgets' best LRs (None: it cannot be fitted)."""
+    """ln LR* = a - beta ln D through the searched budgets' located LR*s (None: it cannot be fitted)."""
     fit_problem: str | None
     """Why there is no fit (None: there is one)."""
     confirmed: TargetConfirmation
@@ -91,59 +65,46 @@ class HorizonResult:
         return self.fit.predicted_lr_interval if self.fit else None
 
     def to_json(self) -> JsonObject:
-        """summary.json's horizon keys (``target_tokens`` here is the target budget's, replacing the target loss's)."""
+        """summary.json's horizon keys (the target budget's tokens are ``horizon_target_tokens``: ``target_tokens``
+        is the common summary's, where the target val loss given to analyze was met)."""
         fit = self.fit
-        return {"budgets": [_budget_json(b) for b in self.budgets], "target_tokens": self.target_tokens,
-                "horizon_fit": None if fit is None else {
-                    "beta": fit.beta, "beta_interval": list(fit.beta_interval), "intercept": fit.intercept,
-                    "intercept_interval": list(fit.intercept_interval), "budgets_fitted": len(fit.best_lrs),
-                    "best_lrs": fit.to_json()["best_lrs"]},
-                "predicted_lr": self.predicted_lr,
+        return {"budgets": [_budget_json(b) for b in self.budgets], "horizon_target_tokens": self.target_tokens,
+                "horizon_fit": None if fit is None else _fit_json(fit), "predicted_lr": self.predicted_lr,
                 "predicted_lr_interval": list(fit.predicted_lr_interval) if fit else None,
                 "fit_problem": self.fit_problem, "confirmed": self.confirmed.to_json()}
 
 
 def _budget_json(budget: BudgetConclusion) -> JsonObject:
-    conclusion = budget.conclusion.to_json()
+    """One budget's conclusion, its crowned LR and its located LR* (None at the target: its LR is predicted)."""
+    conclusion, at = budget.conclusion.to_json(), budget.located
+    usable = at is not None and at.usable
     return {"steps": budget.steps, "tokens": budget.tokens, "fraction": budget.fraction, "trials": budget.trials,
-            **{k: conclusion[k] for k in BUDGET_KEYS}}
+            **{k: conclusion[k] for k in BUDGET_KEYS}, "crowned_lr": budget.conclusion.best_lr,
+            "located_lr": at.lr if at else None, "located_lr_se": at.log_se if usable else None,
+            "located_lr_interval": list(at.interval()) if usable else None,
+            "located": at.located if at else None, "located_why": at.why if at else _not_located(budget)}
 
 
-def horizon_summary(pairs: Sequence[Pair], settings: HorizonSettings, target: Budget) -> HorizonResult:
-    """Every budget's conclusion, the fit (beta, intercept, their 90% intervals) and its prediction at the target,
-    and the confirmation (the target budget's losses and how far the prediction was from its best), from every
-    trial as a run (``pairs``: lmtune.report.comparison.record_runs)."""
-    found = conclude_horizon([run for run, _ in pairs], settings, target)
-    at_target = found.budgets[-1].conclusion
-    confirmed = confirmation(at_target.ranking, at_target.best, at_target.seed_spread,
-                             found.fit.predicted_lr if found.fit else None, largest_budget_spread(found))
+def _not_located(budget: BudgetConclusion) -> str:
+    if budget.fraction >= 1:
+        return "the target budget: its LR is predicted and confirmed, not searched"
+    return "no LR trained this budget through"
+
+
+def _fit_json(fit: HorizonFit) -> JsonObject:
+    usable = [p for p in fit.points if p.usable]
+    return {"beta": fit.beta, "beta_interval": list(fit.beta_interval), "beta_resolved": fit.resolved,
+            "intercept": fit.intercept, "intercept_interval": list(fit.intercept_interval),
+            "budgets_fitted": len(usable), "best_lrs": {str(p.tokens): p.lr for p in usable},
+            "chi2": fit.chi2, "dof": fit.dof, "scale": fit.scale, "lack_of_fit_p": fit.lack_of_fit_p,
+            "law_holds": fit.law_holds, "points": [p.to_json() for p in fit.points]}
+
+
+def horizon_summary(runs: Sequence[Run], settings: HorizonSettings, target: Budget) -> HorizonResult:
+    """Every budget's conclusion and located LR*, the fit (beta, intercept, their 90% intervals) and its prediction
+    at the target, and the confirmation's verdict (lmtune.report.horizon_confirmation), from every trial as a run
+    (lmtune.report.comparison.record_runs)."""
+    found = conclude_horizon(runs, settings, target)
+    at_target = [r for r in runs if r.budget_tokens == target.full_tokens]
+    confirmed = confirmation(at_target, found.fit.predicted_lr if found.fit else None, search_tokens(runs))
     return HorizonResult(found.budgets, target.full_tokens, found.fit, found.fit_problem, confirmed)
-
-
-def confirmation(ranking: Sequence[LrResult], best: LrResult | None, seed_spread: float | None,
-                 predicted_lr: float | None, searched_spread: float | None) -> TargetConfirmation:
-    """The target budget's losses by LR, its best, and the predicted LR's excess over that best (nats) with the
-    standard error of that difference: from the target runs' seed spread, or, when they have one seed each, from
-    the largest searched budget's (``searched_spread``)."""
-    rows = tuple(sorted(ranking, key=lambda r: r.lr))
-    empty = TargetConfirmation(rows, best.lr if best else None, best.mean if best else None, None, None, None, None)
-    if predicted_lr is None or not rows:
-        return empty
-    predicted = min(ranking, key=lambda r: abs(math.log(r.lr / predicted_lr)))
-    if abs(math.log(predicted.lr / predicted_lr)) > math.log(SAME_LR):
-        return empty  # the prediction itself was not trained at the target
-    lowest = min(ranking, key=lambda r: r.mean)
-    sigma, where = ((seed_spread, "the target runs' seeds") if seed_spread is not None
-                    else (searched_spread, "the largest searched budget's seeds"))
-    se = None
-    if sigma is not None:
-        se = 0.0 if lowest is predicted else sigma * math.sqrt(1 / len(predicted.losses) + 1 / len(lowest.losses))
-    return TargetConfirmation(rows, empty.best_lr, empty.best_mean_loss, predicted.mean - lowest.mean, se,
-                              where if sigma is not None else None, lowest.lr / predicted_lr)
-
-
-def largest_budget_spread(found: HorizonConclusion) -> float | None:
-    """The run-to-run sd near the best LR at the largest searched budget that has one: the nearest to the
-    target's (on the built-in corpus the spread shrinks as runs grow longer, so this errs wide)."""
-    searched = found.budgets[:-1]
-    return next((b.conclusion.seed_spread for b in reversed(searched) if b.conclusion.seed_spread is not None), None)

@@ -1,4 +1,8 @@
-"""Rewrite the golden summaries from today's analyze (only when a change of what they say is intended)."""
+"""Rewrite the golden summaries from today's analyze (only when a change of what they say is intended).
+
+    python tests/golden/regenerate.py               # every golden sweep
+    python tests/golden/regenerate.py quick_horizon # only the ones named
+"""
 
 import json
 import shutil
@@ -13,7 +17,7 @@ from test_golden_summary import GOLDEN, machine_free  # noqa: E402
 
 from lmtune.report.writer import analyze  # noqa: E402
 
-for name in GOLDEN:
+for name in sys.argv[1:] or GOLDEN:
     with tempfile.TemporaryDirectory() as tmp:
         sweep = Path(tmp) / name
         shutil.copytree(HERE / name, sweep)

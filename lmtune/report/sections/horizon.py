@@ -16,13 +16,20 @@ from matplotlib.ticker import EngFormatter, NullFormatter  # noqa: E402
 
 from lmtune.report.comparison import record_runs  # noqa: E402
 from lmtune.report.horizon import HorizonResult, horizon_settings, horizon_summary, records_at  # noqa: E402
+from lmtune.report.horizon_confirmation import TargetConfirmation  # noqa: E402
 from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
-from lmtune.sweep.runs import Budget, format_tokens  # noqa: E402
+from lmtune.sweep.runs import Budget, LrResult, format_tokens, standard_error  # noqa: E402
 from lmtune.sweep.strategies.horizon.conclusion import BudgetConclusion  # noqa: E402
+from lmtune.sweep.strategies.horizon.fit import HorizonFit  # noqa: E402
+from lmtune.sweep.strategies.horizon.locate import LocatedLr  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
+
+# Said wherever beta's 90% interval includes 0 (lmtune.sweep.strategies.horizon.fit.HorizonFit.resolved).
+NOT_RESOLVED = ("β not resolved by these budgets: its 90% interval includes 0, so LR* may not move between them; "
+                "the prediction's interval includes the largest budget's LR*")
 
 
 class HorizonSection:
@@ -34,7 +41,7 @@ class HorizonSection:
         plan = sweep.record.plan  # (a horizon search's record has its plan: its settings came from it)
         settings, base = horizon_settings(plan), Budget.of_run(plan.base, None)
         pairs = record_runs(sweep.trials, base)  # every trial as a run, once: each budget's are among them
-        result = horizon_summary(pairs, settings, base)
+        result = horizon_summary([run for run, _ in pairs], settings, base)
         at = next((b for b in reversed(result.budgets) if records_at(sweep.trials, b.steps, base)), None)
         records = records_at(sweep.trials, at.steps, base) if at else sweep.trials
         steps = at.steps if at else base.steps
@@ -46,57 +53,41 @@ class HorizonSection:
         return replace(summary, trials=rows, status_counts=counts, search_result=result)
 
     def markdown(self, summary: SweepSummary) -> list[str]:
-        """Each budget's best LR and edge, the fit, the prediction and the target runs."""
+        """Each budget's crowned LR, located LR* and edge, the fit, the prediction and the confirmation."""
         result = _result(summary)
         target = result.target_tokens
         lines = ["## The best LR at the target budget, predicted across token horizons", "",
                  f"Target: {target:,} tokens. Each budget's LRs are compared at that budget's full token count (its "
-                 "cosine decays over it); the best LR is crowned on the mean over as many seeds as the LRs it beats; "
-                 "'may lie in' is between the nearest LRs clearly worse (2 standard errors); the edge is the bracket "
-                 "between the largest LR that trained through and the smallest that failed to recover.", ""]
-        rows = []
-        for b in result.budgets:
-            c = b.conclusion
-            losses = c.best.losses if c.best else ()
-            spread = f" ± {c.best.spread:.4f}" if len(losses) > 1 else ""
-            low, high = c.best_lr_interval
-            edge = (f"{lr(c.edge.stable_lr, '?')} – {lr(c.edge.diverged_lr)}" if c.edge.diverged_lr
-                    else f"none failed (≤ {lr(c.edge.stable_lr, '?')})")
-            rows.append([f"{b.steps:,}" + (" (target)" if b.tokens == target else ""), tokens(b.tokens),
-                         str(b.trials), lr(c.best_lr),
-                         f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—",
-                         f"{lr(low, '?')} – {lr(high, '?')}", edge])
-        lines += table(["steps", "tokens", "trials", "best lr", "val loss ± sd (seeds)", "best lr may lie in",
-                        "edge (trains through – fails)"], rows)
+                 "cosine decays over it); the crowned LR is the lowest mean over as many seeds as the LRs it beats; "
+                 "LR* is located between grid points by a quadratic in ln LR through the crowned LR and up to two "
+                 "LRs either side, its SE (of ln LR*, so relative) from redrawing each LR's mean within its seeds' "
+                 "noise; 'may lie in' is between the nearest LRs clearly worse (2 standard errors); the edge is the "
+                 "bracket between the largest LR that trained through and the smallest that failed to recover, "
+                 "found by probes of one seed each.", ""]
+        lines += budget_table(result)
         fit = result.fit
         if fit is None:
             return [*lines, "", f"No fit: {result.fit_problem or 'fewer than two budgets have a best LR'}.", ""]
-        (blo, bhi), (plo, phi) = fit.beta_interval, fit.predicted_lr_interval
-        lines += ["", f"**Fit**: ln LR* = a − β ln D through the {len(fit.best_lrs)} searched budgets' best LRs: "
-                  f"β = {fit.beta:.3f} (90% interval {blo:.3f} to {bhi:.3f}), a = {fit.intercept:.3f} "
-                  f"(90% interval {fit.intercept_interval[0]:.3f} to {fit.intercept_interval[1]:.3f}). The "
-                  "intervals are a bootstrap: each resample draws every LR's seeds with replacement and places the "
-                  "best LR anywhere within half a grid step of the grid point it won (the grid's resolution).", "",
+        (plo, phi), largest = fit.predicted_lr_interval, max(b.tokens for b in result.budgets[:-1])
+        lines += ["", " ".join(fit_sentences(fit)), "",
                   f"**Predicted best LR at the target**: {fit.predicted_lr:.3g} (90% interval {plo:.3g} to "
-                  f"{phi:.3g}): an extrapolation {target / max(b.tokens for b in result.budgets[:-1]):.0f}x beyond "
-                  "the largest searched budget, which assumes the power law holds that far.", ""]
+                  f"{phi:.3g}): an extrapolation {target / largest:.0f}x beyond the largest searched budget, which "
+                  "assumes the power law holds that far.", ""]
         return lines + _confirmed(result)
 
     def figures(self) -> tuple[ReportFigure, ...]:
         return (ReportFigure("horizon.png", lambda _: True, lambda f, path: plot_horizon(path, f.summary)),)
 
     def headline(self, summary: SweepSummary) -> list[str]:
-        """Each budget's best LR, the fit, the prediction at the target and what the target's runs showed; then
-        which budget the common lines are at."""
+        """Each budget's crowned LR and LR*, the fit, the prediction at the target and the confirmation's verdict;
+        then which budget the common lines are at."""
         result = _result(summary)
-        lines = [_budget_line(b) for b in result.budgets[:-1]]
+        lines = [budget_line(b) for b in result.budgets[:-1]]
         fit = result.fit
         if fit is None:
             lines.append(f"no fit: {result.fit_problem or 'too few budgets have a best LR'}")
         else:
-            low, high = fit.beta_interval
-            lines.append(f"fit: best lr ∝ tokens^-beta, beta {fit.beta:.2f} (90% interval {low:.2f} to {high:.2f}, "
-                         "from the seeds and the grid's spacing)")
+            lines += fit_headline(fit)
             low, high = fit.predicted_lr_interval
             lines.append(f"predicted best lr at {result.target_tokens:,} tokens (the target): "
                          f"{fit.predicted_lr:.3g} (90% interval {low:.3g} to {high:.3g})")
@@ -111,55 +102,138 @@ def _result(summary: SweepSummary) -> HorizonResult:
     return result
 
 
-def _budget_line(b: BudgetConclusion) -> str:
+def located_text(at: LocatedLr | None) -> str:
+    """"0.0087 ± 9%" (LR* and the SE of ln LR*), or why it was not located."""
+    if at is None:
+        return "—"
+    if at.located:
+        return f"{at.lr:.3g} ± {100 * at.log_se:.2g}%"
+    return f"not located: {at.why}" + ("" if at.usable else "; not fitted")
+
+
+def _edge_text(b: BudgetConclusion) -> str:
+    edge = b.conclusion.edge
+    if edge.diverged_lr:
+        return f"{lr(edge.stable_lr, '?')} – {lr(edge.diverged_lr)}"
+    return f"none failed (≤ {lr(edge.stable_lr, '?')})"
+
+
+def budget_table(result: HorizonResult) -> list[str]:
+    """Each budget's crowned LR, its loss, where it may lie, its located LR* and its edge (one seed a probe)."""
+    return table(["steps", "tokens", "trials", "crowned lr", "val loss ± sd (seeds)", "crowned lr may lie in",
+                  "LR* (located) ± SE", "edge, 1 seed (trains through – fails)"],
+                 [_budget_row(b, result.target_tokens) for b in result.budgets])
+
+
+def _budget_row(b: BudgetConclusion, target: int) -> list[str]:
+    c = b.conclusion
+    losses = c.best.losses if c.best else ()
+    spread = f" ± {c.best.spread:.4f}" if len(losses) > 1 else ""
+    low, high = c.best_lr_interval
+    is_target = b.tokens == target
+    return [f"{b.steps:,}" + (" (target)" if is_target else ""), tokens(b.tokens), str(b.trials), lr(c.best_lr),
+            f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—", f"{lr(low, '?')} – {lr(high, '?')}",
+            "predicted (below)" if is_target else located_text(b.located), _edge_text(b)]
+
+
+def budget_line(b: BudgetConclusion) -> str:
     c = b.conclusion
     if c.best is None:
         return f"{b.steps} steps ({b.tokens:,} tokens): no LR trained it through yet"
     losses = c.best.losses
     spread = f" ± {c.best.spread:.4f} ({len(losses)} seeds)" if len(losses) > 1 else " (one seed)"
-    edge = (f"; edge between {lr(c.edge.stable_lr, '?')} (trained through) and {lr(c.edge.diverged_lr, '?')} "
-            "(failed)" if c.edge.diverged_lr else "; no LR tried failed")
-    return f"{b.steps} steps ({b.tokens:,} tokens): best lr {c.best.lr:.3g}, val {c.best.mean:.4f}{spread}{edge}"
+    edge = (f"; edge (one seed) between {lr(c.edge.stable_lr, '?')} (trained through) and "
+            f"{lr(c.edge.diverged_lr, '?')} (failed)" if c.edge.diverged_lr else "; no LR tried failed")
+    at = b.located
+    star = f"; LR* {located_text(at)}" if at is None or at.located else f"; LR* not located ({at.why.split(':')[0]})"
+    return (f"{b.steps} steps ({b.tokens:,} tokens): crowned lr {c.best.lr:.3g}, val {c.best.mean:.4f}{spread}"
+            f"{star}{edge}")
+
+
+def fit_sentences(fit: HorizonFit) -> list[str]:
+    """The fit, how its intervals were made, and what they say (resolved, the law's fit), for the markdown."""
+    (blo, bhi), (alo, ahi) = fit.beta_interval, fit.intercept_interval
+    usable = [p for p in fit.points if p.usable]
+    flat = sum(not p.located for p in usable)
+    carried = f" ({flat} not located: carried as the span it may lie in)" if flat else ""
+    out = [f"**Fit**: ln LR* = a − β ln D through the {len(usable)} searched budgets' LR*s{carried}, each weighted by "
+           f"its SE from the seeds: β = {fit.beta:.3f} (90% interval {blo:.3f} to {bhi:.3f}), a = {fit.intercept:.3f} "
+           f"(90% interval {alo:.3f} to {ahi:.3f})."]
+    left_out = [p for p in fit.points if not p.usable]
+    if left_out:
+        out.append("Not fitted (no finite SE): " + "; ".join(f"{p.tokens:,} tokens ({p.why})" for p in left_out) + ".")
+    if fit.dof == 0:
+        out.append("With two budgets the line has no residual: whether the power law fits them cannot be seen.")
+    elif fit.scale > 1:
+        out.append(f"The budgets scatter about the line more than their errors allow (χ² = {fit.chi2:.2f} on "
+                   f"{fit.dof} degree{'s' * (fit.dof > 1)} of freedom), so every interval is widened by "
+                   f"sqrt(χ²/dof) = {fit.scale:.2f} (the Birge ratio).")
+    else:
+        out.append(f"χ² = {fit.chi2:.2f} on {fit.dof} degree{'s' * (fit.dof > 1)} of freedom: the budgets lie about "
+                   "the line within their errors, so the intervals are not widened (were they to scatter more, "
+                   "by sqrt(χ²/dof), the Birge ratio).")
+    if fit.dof == 1:
+        out.append("With one degree of freedom a lack of fit is seen, but barely.")
+    if fit.law_holds is False:
+        out.append(f"**The power law does not fit these budgets** (lack-of-fit p = {fit.lack_of_fit_p:.3g}): the "
+                   "prediction extrapolates a law the data reject.")
+    elif fit.lack_of_fit_p is not None:
+        out.append(f"(Lack-of-fit p = {fit.lack_of_fit_p:.2f}.)")
+    if not fit.resolved:
+        out.append(f"**{NOT_RESOLVED}.**")
+    return out
+
+
+def fit_headline(fit: HorizonFit) -> list[str]:
+    low, high = fit.beta_interval
+    scatter = f", widened {fit.scale:.2f}x for scatter" if fit.scale > 1 else ""
+    lines = [f"fit: LR* ∝ tokens^-beta, beta {fit.beta:.2f} (90% interval {low:.2f} to {high:.2f}; weighted by each "
+             f"budget's LR* SE from the seeds, chi2 {fit.chi2:.2f} on {fit.dof} dof{scatter})"]
+    if not fit.resolved:
+        lines.append(f"  {NOT_RESOLVED}")
+    if fit.law_holds is False:
+        lines.append(f"  the power law does not fit these budgets (lack-of-fit p = {fit.lack_of_fit_p:.3g})")
+    return lines
+
+
+def _cost(confirmed: TargetConfirmation) -> str:
+    share = f", {confirmed.share_of_search:.0%} of the search's {tokens(confirmed.search_tokens)}" \
+        if confirmed.share_of_search is not None else ""
+    return (f"{tokens(confirmed.tokens)} tokens{share}; one seed per LR would have cost "
+            f"{tokens(confirmed.one_seed_tokens)}")
 
 
 def _confirmed_lines(result: HorizonResult) -> list[str]:
     confirmed = result.confirmed
     if not confirmed.losses:
-        return []
-    lines = ["target runs: " + ", ".join(f"{r.lr:.3g}: {r.mean:.4f}" for r in confirmed.losses)]
-    if confirmed.predicted_excess is not None:
-        se = (f" ± {confirmed.predicted_excess_se:.4f} (SE, from {confirmed.se_from})"
-              if confirmed.predicted_excess_se else "")
-        lines.append(f"  the predicted lr is {confirmed.predicted_excess:.4f} nats{se} above the best of them "
-                     f"({confirmed.best_lr:.3g}, {confirmed.best_over_predicted:.2g}x the prediction)")
-    return lines
+        return [f"confirmation: {confirmed.verdict}"]
+    runs = ", ".join(f"{r.lr:.3g}: {r.mean:.4f} ({len(r.losses)} seed{'s' * (len(r.losses) > 1)})"
+                     for r in confirmed.losses)
+    return [f"target runs: {runs}", f"  confirmation: {confirmed.verdict}", f"  its cost: {_cost(confirmed)}"]
 
 
 def _confirmed(result: HorizonResult) -> list[str]:
     confirmed = result.confirmed
     if not confirmed.losses:
-        return ["**Confirmation**: no run at the target budget has finished yet.", ""]
-    predicted = result.predicted_lr
-    rows = [[lr(r.lr), f"{r.lr / predicted:.2g}x", ", ".join(f"{v:.4f}" for v in r.losses), fmt(r.mean)]
+        return [f"**Confirmation**: {confirmed.verdict}.", ""]
+    predicted, best = result.predicted_lr, next((r for r in confirmed.losses if r.lr == confirmed.best_lr), None)
+
+    def above(r: LrResult) -> str:
+        se = standard_error(r, best, confirmed.seed_sd) if best else None
+        return "—" if best is None else f"{r.mean - best.mean:+.4f}" + (f" ± {se:.4f}" if se else "")
+
+    rows = [[lr(r.lr), f"{r.lr / predicted:.2g}x", ", ".join(f"{v:.4f}" for v in r.losses), fmt(r.mean), above(r)]
             for r in confirmed.losses]
-    lines = ["**Confirmation** at the target budget:", "",
-             *table(["lr", "of the prediction", "val loss per seed", "mean"], rows), ""]
-    if confirmed.predicted_excess is None:
-        return [*lines, "The predicted LR itself has no finished run at the target budget.", ""]
-    se = confirmed.predicted_excess_se
-    significance = ("" if not se else f" ± {se:.4f} (standard error of the difference, from {confirmed.se_from})"
-                    + ("; within 2 standard errors: the target runs do not tell the prediction from their best"
-                       if confirmed.predicted_excess <= 2 * se else "; more than 2 standard errors"))
-    lines.append(f"The lowest target loss is at {confirmed.best_lr:.3g} ({confirmed.best_over_predicted:.2g}x the "
-                 f"prediction); the predicted LR's loss is {confirmed.predicted_excess:.4f} nats above "
-                 f"it{significance}. Three LRs a factor apart bound the best only to within that factor.")
-    return [*lines, ""]
+    return ["**Confirmation** at the target budget (each LR's loss above the crowned best ± the SE of the "
+            "difference, from the target runs' own seeds):", "",
+            *table(["lr", "of the prediction", "val loss per seed", "mean", "above the best ± SE"], rows), "",
+            f"**Verdict**: {confirmed.verdict}. Its cost: {_cost(confirmed)}.", ""]
 
 
 def plot_horizon(path: Path, summary: SweepSummary) -> Path:
     """Left, val loss against LR at each budget's full token count (seeds as dots, the budget's first failing LR
-    as an x); right, each budget's best LR against its tokens with the interval it lies in, the fitted power law,
-    the prediction at the target with its 90% interval, and the target runs' best."""
+    as an x: an edge probe of one seed); right, each budget's located LR* with its 90% interval and its crowned
+    grid LR, the fitted power law, the prediction at the target with its 90% interval, and the target runs' best."""
     result = _result(summary)
     budgets = result.budgets
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5), gridspec_kw={"wspace": 0.3})
@@ -177,11 +251,12 @@ def plot_horizon(path: Path, summary: SweepSummary) -> Path:
         if b.conclusion.edge.diverged_lr and rows:
             left.plot([b.conclusion.edge.diverged_lr], [max(r.mean for r in rows)], "x", color=color, markersize=9,
                       markeredgewidth=2)
+    left.plot([], [], "x", color="gray", markeredgewidth=2, label="first LR that failed (edge probe, one seed)")
     left.set_xscale("log")
     left.set_xlabel("peak learning rate")
     left.set_ylabel("val loss at the budget's end (nats/token)")
     left.set_title("loss against LR, each budget at its own full token count\n(x: the budget's first LR that "
-                   "failed, drawn at its curve's top)", fontsize=10)
+                   "failed, one seed, drawn at its curve's top)", fontsize=10)
     left.grid(alpha=0.3, which="both")
     left.legend(fontsize=7)
     _plot_fit(right, result)
@@ -191,21 +266,28 @@ def plot_horizon(path: Path, summary: SweepSummary) -> Path:
 def _plot_fit(ax, result: HorizonResult) -> None:
     searched = [b for b in result.budgets[:-1] if b.conclusion.best_lr]
     for b in searched:
-        best, (low, high) = b.conclusion.best_lr, b.conclusion.best_lr_interval
-        lo, hi = (low or best), (high or best)
-        ax.errorbar([b.tokens], [best], yerr=[[best - lo], [hi - best]], fmt="o", color="tab:blue", capsize=4)
-    ax.plot([], [], "o", color="tab:blue", label="best LR of a searched budget (bar: where it may lie)")
+        ax.plot([b.tokens], [b.conclusion.best_lr], "o", mfc="none", color="tab:blue", markersize=9)
+        at = b.located
+        if at is not None and at.usable:
+            low, high = at.interval()
+            ax.errorbar([b.tokens], [at.lr], yerr=[[at.lr - low], [high - at.lr]], capsize=4,
+                        fmt="o" if at.located else "D", color="tab:blue" if at.located else "tab:gray")
+    ax.plot([], [], "o", mfc="none", color="tab:blue", markersize=9, label="crowned grid LR of a searched budget")
+    ax.errorbar([], [], yerr=[], fmt="o", color="tab:blue", capsize=4, label="located LR* (90% interval)")
+    if any(b.located is not None and not b.located.located and b.located.usable for b in searched):
+        ax.errorbar([], [], yerr=[], fmt="D", color="tab:gray", capsize=4,
+                    label="LR* not located: carried as the span it may lie in")
     fit, target = result.fit, result.target_tokens
     if fit is not None and searched:
         xs = np.geomspace(min(b.tokens for b in searched), target, 50)
         ax.plot(xs, np.exp(fit.intercept) * xs ** -fit.beta, "-", color="tab:blue", alpha=0.7,
-                label=f"fit: LR* ∝ tokens^-{fit.beta:.2f}")
+                label=f"fit: LR* ∝ tokens^-{fit.beta:.2f}" + ("" if fit.resolved else " (β not resolved)"))
         low, high = fit.predicted_lr_interval
         ax.errorbar([target], [fit.predicted_lr], yerr=[[fit.predicted_lr - low], [high - fit.predicted_lr]],
                     fmt="s", color="tab:orange", capsize=5, label="predicted at the target (90% interval)")
     if result.confirmed.best_lr:
         ax.plot([target], [result.confirmed.best_lr], "*", color="black", markersize=13,
-                label="best of the target runs")
+                label="crowned best of the target runs")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks([b.tokens for b in searched] + [target])  # the budgets themselves, labelled

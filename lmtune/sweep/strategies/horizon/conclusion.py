@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from lmtune.sweep.conclusion import Conclusion, conclude
 from lmtune.sweep.runs import Budget, Run
+from lmtune.sweep.strategies.horizon.budgets import fit_budgets, locate_budgets, runs_at
 from lmtune.sweep.strategies.horizon.fit import HorizonFit
 from lmtune.sweep.strategies.horizon.locate import LocatedLr
-from lmtune.sweep.strategies.horizon.search import fit_budgets, locate_budgets, runs_at
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
 

@@ -28,56 +28,23 @@ all have ended.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
 
-from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.sweep.bracket import bracket
 from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.landscape import best_lr_interval
-from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, effective_runs, full_budget_ranking
+from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, full_budget_ranking
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
-from lmtune.sweep.strategies.horizon.fit import HorizonFit, fit_horizon
-from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
+from lmtune.sweep.strategies.horizon.budgets import fit_budgets, runs_at
+from lmtune.sweep.strategies.horizon.fit import HorizonFit
+from lmtune.sweep.strategies.horizon.planned import Decision, Planned
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import MAX_LR
 
 STAGES = ("grid", "extend", "seeds", "refine", "wall", "edge", "target")  # target: the confirmation at the target
 SETTLING = ("grid", "extend", "seeds", "refine", "wall")  # the stages that decide a budget's LR*
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A stage's plan at one budget: the LRs it asked for, and why."""
-
-    stage: str
-    steps: int
-    lrs: list[float]
-    why: str
-
-
-@dataclass
-class Planned:
-    """A trial the search asks for: its stage, budget (steps), LR and seed, and why."""
-
-    stage: str
-    steps: int
-    lr: float
-    seed: int
-    why: str = ""
-    fork_from: str | None = None
-    """Under WSD: the trial id of this LR and seed's run at a smaller budget, whose stable phase this run
-    continues from where it ended (the same run as from scratch: lmtune.training.fork)."""
-
-    def config(self) -> TuneParams:
-        """The trial's Tune config: the budget is its ``steps`` (its schedule decays over them)."""
-        config: TuneParams = {"stage": self.stage, "steps": self.steps, "lr": self.lr, "seed": self.seed}
-        if self.fork_from:
-            config["fork_from"] = self.fork_from
-        return config
 
 
 class HorizonSearch(DecidingSearch[Planned, Decision]):
@@ -394,29 +361,6 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         self.seed_rounds = {int(k): int(v) for k, v in (data.get("seed_rounds") or {}).items()}
         self.fit = HorizonFit.from_json(data["fit"]) if data.get("fit") else None
         self.fit_problem = data.get("fit_problem")
-
-
-def runs_at(runs: Iterable[Run], steps: int, target: Budget) -> list[Run]:
-    """The runs (those that stand: lmtune.sweep.runs.effective_runs) whose budget is ``steps``."""
-    tokens = steps * target.tokens_per_step
-    return effective_runs(r for r in runs if r.budget_tokens == tokens)
-
-
-def locate_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> list[LocatedLr | None]:
-    """Each searched budget's LR* (None: no LR trained it through), smallest budget first."""
-    runs = list(runs)
-    return [locate_best_lr(full_budget_ranking(runs_at(runs, steps, target)), steps * target.tokens_per_step)
-            for steps in settings.budget_steps(target.steps)]
-
-
-def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:
-    """The power law through the located LR* of every searched budget that has one, predicting the target's;
-    or None and why it cannot be fitted. The search and the report both fit with this, so they agree."""
-    located = [p for p in locate_budgets(runs, settings, target) if p is not None]
-    try:
-        return fit_horizon(located, target.full_tokens), None
-    except LmtuneError as err:
-        return None, str(err)
 
 
 def _accepted(lr: float) -> bool:

@@ -1,0 +1,37 @@
+"""What the runs of each searched budget show, Ray-free: the runs at a budget, each budget's located LR*
+(lmtune.sweep.strategies.horizon.locate) and the power law through them (lmtune.sweep.strategies.horizon.fit).
+The search (deciding when to confirm) and the report (lmtune.report.horizon) both call these, so they agree."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from lmtune.errors import LmtuneError
+from lmtune.sweep.runs import Budget, Run, effective_runs, full_budget_ranking
+from lmtune.sweep.strategies.horizon.fit import HorizonFit, fit_horizon
+from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
+from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+
+
+def runs_at(runs: Iterable[Run], steps: int, target: Budget) -> list[Run]:
+    """The runs (those that stand: lmtune.sweep.runs.effective_runs) whose budget is ``steps``."""
+    tokens = steps * target.tokens_per_step
+    return effective_runs(r for r in runs if r.budget_tokens == tokens)
+
+
+def locate_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> list[LocatedLr | None]:
+    """Each searched budget's LR* (None: no LR trained it through), smallest budget first. The edge probes are
+    left out: they are one seed each, far above the basin, and may end after the fit was made."""
+    runs = [r for r in runs if r.stage != "edge"]  # one-seed probes for failure, far above the basin
+    return [locate_best_lr(full_budget_ranking(runs_at(runs, steps, target)), steps * target.tokens_per_step)
+            for steps in settings.budget_steps(target.steps)]
+
+
+def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:
+    """The power law through the located LR* of every searched budget that has one, predicting the target's;
+    or None and why it cannot be fitted. The search and the report both fit with this, so they agree."""
+    located = [p for p in locate_budgets(runs, settings, target) if p is not None]
+    try:
+        return fit_horizon(located, target.full_tokens), None
+    except LmtuneError as err:
+        return None, str(err)
