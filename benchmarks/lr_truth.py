@@ -1,7 +1,7 @@
 """The ground truth a search is checked against: a dense log grid of LRs, several seeds each, every run
 trained to the full budget with nothing stopping it early (only a non-finite loss ends a run).
 
-    python benchmarks/lr_truth.py train --space quick_edge --lr-min 0.001 --lr-max 8 --ratio 1.5 --seeds 0,1
+    python benchmarks/lr_truth.py train --space quick_edge --lr-min 0.001 --lr-max 8 --ratio 1.5 --seeds 0,1,2
     python benchmarks/lr_truth.py table results/truth-quick_edge
     python benchmarks/lr_truth.py compare results/truth-quick_edge results/quick_edge-NAME
 
@@ -10,7 +10,10 @@ skipping runs that already finished, so an interrupted grid continues where it s
 them back: each run's full-budget loss, how long its loss stayed above ℓ₀ and whether it came back
 (the truth about failure needs no window: a run fails when it ends its budget above ℓ₀ or goes
 non-finite), what the stopper's rule would have done with it, and the truth's regions (lmtune's own
-analysis applied to runs that nothing stopped). ``compare`` checks a sweep's report against them.
+analysis applied to runs that nothing stopped). ``compare`` checks a sweep's report against them, strictly
+(lmtune.report.truth: the search's best LR inside the truth's 2-SE basin, its edge bracket overlapping the
+truth's, a horizon prediction's loss within 2 SE of the truth's best), and refuses a truth with fewer than 3
+seeds at an LR a check reads.
 
 A truth answers for one setting (model, budget, schedule, optimizer, data; its runs differ only in LR and
 seed): ``train`` refuses to add runs of another setting to one, and ``compare`` a sweep of another setting.
@@ -34,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from lmtune.errors import LmtuneError, cli_entry, shown  # noqa: E402 (lmtune from this checkout)
 from lmtune.files import atomic_write_json, check_destination  # noqa: E402
-from lmtune.report.truth import Setting  # noqa: E402 (what a truth's runs share)
+from lmtune.report.truth_setting import Setting  # noqa: E402 (what a truth's runs share)
 from lmtune.training.config import MAX_LR, MAX_SEED, budget_config, parse_set_args  # noqa: E402
 
 GRID_FILE = "grid.json"
@@ -178,7 +181,7 @@ def plan_grid(args: argparse.Namespace) -> Plan:
     """Every argument checked, and nothing written but the built-in corpus where no --data is given."""
     from lmtune.data.dataset import load_data
     from lmtune.data.prepare import ensure_builtin_corpus
-    from lmtune.report.truth import data_of, setting_differences, setting_of
+    from lmtune.report.truth_setting import data_of, setting_differences, setting_of
     from lmtune.sweep.spaces import load_space
     from lmtune.training.loop import resolve_config
 
@@ -267,7 +270,8 @@ def read_report(sweep: Path) -> dict:
 
 
 def print_comparison(args: argparse.Namespace) -> None:
-    from lmtune.report.truth import check_comparable, compare, compare_horizon, read_truth, truth_conclusion
+    from lmtune.report.truth import compare, compare_horizon, read_truth, truth_conclusion
+    from lmtune.report.truth_setting import check_comparable
     from lmtune.sweep.sweep_file import SweepRecord
 
     runs = read_truth(args.truth)
@@ -292,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--lr-min", type=float, help="the grid's lowest LR (default 0.001)")
     train.add_argument("--lr-max", type=float, help="the grid ends at the first LR at or above it (default 5)")
     train.add_argument("--ratio", type=float, help="the step between LRs (default 1.5)")
-    train.add_argument("--seeds", default="0,1")
+    train.add_argument("--seeds", default="0,1,2", help="the seeds of every LR (default 0,1,2: a check needs 3)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     train.add_argument("--out", type=Path)
     train.add_argument("--workers", type=int, default=2)

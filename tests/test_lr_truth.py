@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import shutil
 import sys
 from dataclasses import replace
@@ -15,6 +16,9 @@ import pytest
 from conftest import TINY_MODEL, assert_refused, grid_sweep_record, run_python, set_args, snapshot
 
 from lmtune.data.dataset import read_meta
+from lmtune.errors import LmtuneError
+from lmtune.report.truth import TruthRun, compare, compare_horizon, truth_conclusion
+from lmtune.report.truth_setting import Setting, TruthData
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.sweep_file import DataRecord
 
@@ -202,9 +206,92 @@ def test_compare_refuses_a_sweep_that_varies_the_model_from_trial_to_trial(truth
     assert_refused(lr_truth.main, ["compare", str(truth), str(sweep)], capsys, "varies d_model")
 
 
-def test_compare_checks_a_sweep_of_the_same_setting_whatever_its_lr_seed_and_bookkeeping(truth, tmp_path, capsys):
+def test_compare_takes_a_sweep_of_the_same_setting_whatever_its_lr_seed_and_bookkeeping_to_the_checks(truth, tmp_path,
+                                                                                                      capsys):
+    """Past the setting check, the checks themselves refuse this truth of one seed in their one line."""
     sweep = sweep_of(tmp_path / "sweep", truth, lr=0.003, seed=7, log_interval=2, eval_interval=4,
                      checkpoint_interval=2)
-    assert lr_truth.main(["compare", str(truth), str(sweep)]) == 0
-    checks = json.loads(capsys.readouterr().out)
-    assert checks["best_lr_in_truth_basin"] is True and checks["search_best_lr"] == 0.01
+    assert_refused(lr_truth.main, ["compare", str(truth), str(sweep)], capsys,
+                   "the truth has 1 seed at lr 0.01: a check needs 3; train it with --seeds 0,1,2")
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks can fail: the search's best inside the truth's 2-SE basin, brackets that share an edge, a
+# prediction within 2 SE of the truth's best; every tolerance from the constructed truth, none from a search
+
+SD = 0.01  # every constructed LR's seeds: mean - SD, mean, mean + SD (sample standard deviation exactly SD)
+TWO_SE = 2 * SD * math.sqrt(1 / 3 + 1 / 3)  # of a difference of two 3-seed means
+
+
+def constructed_truth(means: dict[float, float], failing: dict[float, int] | None = None,
+                      seeds: int = 3) -> dict:
+    """truth_conclusion of a grid of ``seeds`` seeds (at most 3) per LR, each LR's losses spread SD about its mean;
+    ``failing``: LR -> how many of its seeds failed (the first ones)."""
+    offsets, full, runs = [-SD, 0.0, SD][:seeds], 100 * 64, []
+    for lr in sorted({*means, *(failing or {})}):
+        for seed in range(seeds):
+            failed = seed < (failing or {}).get(lr, 0)
+            loss = None if failed else means[lr] + offsets[seed]
+            runs.append(TruthRun(lr, seed, 100, 64, math.log(256), {} if failed else {full: loss}, loss, failed,
+                                 failed, 0, None, Setting({}, TruthData())))
+    return truth_conclusion(runs)
+
+
+# 0.004-0.016 lie within 2 SE of the best (0.008); 0.002 and 0.032, the LRs clearly worse, bound it 16x apart.
+# At 0.128 one seed of three fails; at 0.256 all do.
+MEANS = {0.001: 2.30, 0.002: 2.10, 0.004: 2.005, 0.008: 2.00, 0.016: 2.01, 0.032: 2.20, 0.064: 2.60, 0.128: 3.0}
+FAILING = {0.128: 1, 0.256: 3}
+
+
+def edge_summary(best_lr: float, edge: tuple[float | None, float | None] = (0.064, 0.128)) -> dict:
+    return {"best_lr": best_lr, "edge_lr_low": edge[0], "divergence_lr": edge[1], "basin": None, "degraded": None}
+
+
+def test_the_constructed_truths_basin_is_the_lrs_within_two_standard_errors_of_its_best():
+    checks = compare(constructed_truth(MEANS, FAILING), edge_summary(0.008))
+    assert checks.truth_basin_lrs == (0.004, 0.016) and checks.truth_edge_band == (0.064, 0.256)
+
+
+def test_a_search_best_just_outside_the_truths_basin_but_inside_its_clearly_worse_neighbours_fails():
+    checks = compare(constructed_truth(MEANS, FAILING), edge_summary(0.025))  # above 0.016, below 0.032
+    assert not checks.best_lr_in_truth_basin
+
+
+def test_a_search_best_inside_the_truths_basin_between_two_of_its_grid_lrs_passes():
+    checks = compare(constructed_truth(MEANS, FAILING), edge_summary(0.011))  # between 0.008 and 0.016
+    assert checks.best_lr_in_truth_basin
+
+
+def test_a_two_seed_truth_is_refused_in_one_line_naming_the_seeds_to_train():
+    with pytest.raises(LmtuneError) as refused:
+        compare(constructed_truth(MEANS, FAILING, seeds=2), edge_summary(0.008))
+    assert str(refused.value) == "the truth has 2 seeds at lr 0.002: a check needs 3; train it with --seeds 0,1,2"
+
+
+def test_a_search_bracket_inside_the_lrs_where_the_truths_seeds_disagree_overlaps_its_edge():
+    """The truth's first failing LR is 0.128 (one seed), but two seeds of three came through there: a search
+    whose seeds all came through at 0.18 and failed at 0.24 agrees with it."""
+    checks = compare(constructed_truth(MEANS, FAILING), edge_summary(0.008, (0.18, 0.24)))
+    assert checks.edge_brackets_overlap and not checks.bracket_holds_first_failing_lr
+
+
+@pytest.mark.parametrize("edge", [pytest.param((0.256, 0.4), id="touching-at-the-truths-all-failed-lr"),
+                                  pytest.param((None, 0.4), id="no-stable-end"),
+                                  pytest.param((0.016, 0.032), id="below-the-truths-last-lr-through")])
+def test_a_search_bracket_that_shares_no_edge_with_the_truths_fails(edge):
+    assert not compare(constructed_truth(MEANS, FAILING), edge_summary(0.008, edge)).edge_brackets_overlap
+
+
+# The truth at a horizon search's target: 0.016 lies 2.5 standard errors above the best (0.008).
+HORIZON_MEANS = {0.004: 2.10, 0.008: 2.00, 0.016: 2.00 + 1.25 * TWO_SE, 0.032: 2.30}
+
+
+def test_a_prediction_whose_truth_loss_is_two_and_a_half_standard_errors_above_the_truths_best_fails():
+    check = compare_horizon(constructed_truth(HORIZON_MEANS), {"predicted_lr": 0.016}, 1)
+    assert check.truth_two_standard_errors == pytest.approx(TWO_SE)
+    assert check.predicted_excess_in_truth == pytest.approx(1.25 * TWO_SE) and not check.predicted_lr_in_truth_basin
+
+
+def test_a_prediction_read_between_two_truth_lrs_within_two_standard_errors_of_the_best_passes():
+    check = compare_horizon(constructed_truth(HORIZON_MEANS), {"predicted_lr": 0.008 * 2 ** 0.5}, 1)
+    assert check.predicted_excess_in_truth == pytest.approx(0.625 * TWO_SE) and check.predicted_lr_in_truth_basin

@@ -130,8 +130,9 @@ def test_markdown_has_every_section_and_the_numbers(records, tmp_path):
     assert "Best LR **0.001**" in text
     # the bracket: 3e-3 trained through its budget, 1e-2 diverged; the ratio 10 as a point, a range with both ends
     assert "Training fails between **0.003**" in text and "and **0.01**, the smallest LR" in text
-    assert "**10** as a point value" in text and "**between 0.3 and 100**" in text
-    assert "spans more than one reading" in text  # 0.3 and 100 read differently: no reading is given
+    assert "**10** as a point value" in text
+    # 0.3 to 100 is too wide to read: said to be unresolved, with what would resolve it
+    assert "**not resolved by this grid (its ends, 0.3 and 100, are 333x apart): narrow the best LR's" in text
     assert "saving: 75.0%" in text
     assert "ASHA over a log grid" in text
     assert "attention-logit max grew first" in text  # lr1e-2's probe

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from lmtune.report.sections.registry import section_for
 from lmtune.report.summary import SweepSummary
-from lmtune.report.text import interval_line, lr, per_doubling, ratio_range_text
+from lmtune.report.text import basin_ends, interval_line, per_doubling, ratio_range_text
 from lmtune.sweep.landscape import Landscape
 
 
@@ -52,7 +52,8 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
     lines.append(f"edge: {stable}fails to recover at {edge.diverged_lr:.3g}{width}{how}")
     if summary.edge_ratio is not None:
         reading = f": {summary.edge_range_reading}" if summary.edge_range_reading else ""
-        lines.append(f"  edge / best lr: {ratio_range_text(*c.edge_ratio_range)}{reading}")
+        lines.append(f"  edge / best lr: {ratio_range_text(*c.edge_ratio_range, summary.edge_range_reading)}"
+                     f"{reading}")
     return lines
 
 
@@ -62,9 +63,8 @@ def region_lines(regions: Landscape) -> list[str]:
     basin, degraded = regions.basin, regions.degraded
     if basin:
         low, high = basin.low, basin.high
-        lines.append(f"basin (within 2 SE of the best): lr {basin.lrs[0]:.3g} to {basin.lrs[-1]:.3g}; it ends "
-                     f"below between {lr(low[0], '?')} and {lr(low[1], '?')}, above between {lr(high[0], '?')} and "
-                     f"{lr(high[1], '?')}")
+        lines.append(f"basin (within 2 SE of the best): lr {basin.lrs[0]:.3g} to {basin.lrs[-1]:.3g}; "
+                     f"{basin_ends(low, high)}")
     if degraded:
         at = ", ".join(f"{excess:+.2f} at {factor}x" for factor, excess in degraded.excess_at)
         lines.append(f"degraded: loss over the best's {at} the best LR (nats); {per_doubling(degraded)} above the "

@@ -7,8 +7,15 @@ import math
 from collections.abc import Sequence
 
 from lmtune.sweep.landscape import Degraded
+from lmtune.sweep.runs import SAME_LR
 
 Cell = float | int | bool | str | None
+
+# A range wider than a decade is no answer: on the built-in corpus the loss 10x above the best LR is 1.5 nats
+# worse (benchmarks/README.md, the truth grid), so a reader told "between 0.003 and 300" knows no more than
+# before the sweep.
+# A 3.16x grid's best LR between its two neighbours spans exactly this (SAME_LR allows for their rounding).
+WIDEST_ANSWER = 10.0
 
 
 def fmt(value: Cell, digits: int = 4) -> str:
@@ -54,25 +61,47 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def too_wide(low: float | None, high: float | None) -> bool:
+    """Both ends known and more than WIDEST_ANSWER apart."""
+    return low is not None and high is not None and low > 0 and high / low > WIDEST_ANSWER * SAME_LR
+
+
 def between(low: float | None, high: float | None) -> str:
-    """Where a region's boundary lies, between two tried LRs."""
+    """Where a region's boundary lies, between two tried LRs (an end no LR found, in words)."""
     if low is not None and high is not None:
         return f"between {low:.3g} and {high:.3g}"
     if low is not None:
-        return f"above {low:.3g} (no LR tried beyond it)"
+        return f"above {low:.3g} (not found: no LR tried beyond it)"
     if high is not None:
-        return f"below {high:.3g} (no LR tried beyond it)"
+        return f"below {high:.3g} (not found: no LR tried beyond it)"
     return "where no LR was tried"
 
 
+def basin_ends(low: tuple[float | None, float | None], high: tuple[float | None, float | None]) -> str:
+    """Where the basin's two ends lie, for a one-line summary."""
+    return f"its lower end lies {between(*low)}, its upper end {between(*high)}"
+
+
 def per_doubling(degraded: Degraded) -> str:
-    """"+0.55 ± 0.08 nats per doubling of the LR" (the mean rate of the degraded region)."""
-    error = f" ± {degraded.per_doubling_se:.2f}" if degraded.per_doubling_se is not None else ""
-    return f"{degraded.per_doubling:+.2f}{error} nats per doubling of the LR"
+    """The degraded region's mean rate and what it rests on: "+0.62 nats per doubling of the LR on average over
+    7 one-seed LRs (between neighbouring LRs +0.07 to +2.1)". The curve saturates, so the slopes between
+    neighbours are its spread (a straight line's ± would only measure how far it is from a line); from 2 LRs
+    there is one slope, and nothing says how well it is known."""
+    seeds, slopes = degraded.seeds, degraded.neighbour_slopes
+    lrs = f"{len(seeds)} one-seed LRs" if seeds and all(n == 1 for n in seeds) else f"{len(seeds)} LRs"
+    rate = f"{degraded.per_doubling:+.2g} nats per doubling of the LR"
+    if len(slopes) < 2:
+        return f"{rate} (from {lrs}: no error)"
+    return f"{rate} on average over {lrs} (between neighbouring LRs {min(slopes):+.2g} to {max(slopes):+.2g})"
 
 
 def interval_line(low: float | None, high: float | None) -> str:
-    """Where the best LR lies, between the nearest LRs on either side that were clearly worse."""
+    """Where the best LR lies, between the nearest LRs on either side that were clearly worse (where they are
+    more than WIDEST_ANSWER apart, that it is not resolved and what would resolve it)."""
+    if too_wide(low, high):
+        return (f"the best LR is not resolved by this grid (the nearest LRs clearly worse, {low:.3g} and "
+                f"{high:.3g}, are {high / low:.3g}x apart): train more seeds at the LRs around the best, or a finer "
+                "grid without early stopping")
     if low is not None and high is not None:
         return f"the best LR lies between {low:.3g} and {high:.3g} (the nearest LRs clearly worse)"
     if high is not None:
@@ -82,8 +111,13 @@ def interval_line(low: float | None, high: float | None) -> str:
     return "no LR tried was clearly worse than the best: the optimum may lie outside the LRs tried"
 
 
-def ratio_range_text(smallest: float | None, largest: float | None) -> str:
-    """The edge / best ratio as a range; an open end where the best LR's interval is open."""
+def ratio_range_text(smallest: float | None, largest: float | None, reading: str | None = None) -> str:
+    """The edge / best ratio as a range; an open end where the best LR's interval is open. A range more than
+    WIDEST_ANSWER wide that no one ``reading`` covers is said to be unresolved, with what would resolve it."""
+    if too_wide(smallest, largest) and not reading:
+        return (f"not resolved by this grid (its ends, {smallest:.3g} and {largest:.3g}, are {largest / smallest:.3g}x "
+                "apart): narrow the best LR's interval (more seeds at the LRs around the best, or a finer grid "
+                "without early stopping) and the edge bracket")
     if smallest is not None and largest is not None:
         return f"between {smallest:.3g} and {largest:.3g}"
     if smallest is not None:

@@ -1,14 +1,18 @@
-"""A search checked against the truth: a dense grid of LRs, several seeds each, every run trained to the
-full budget with nothing stopping it early (benchmarks/lr_truth.py trains one).
+"""A search checked against the truth: a dense grid of LRs, at least TRUTH_SEEDS seeds each, every run trained
+to the full budget with nothing stopping it early (benchmarks/lr_truth.py trains one).
 
 The truth about failure needs no window: a run of the grid fails when it ends its budget with the loss above
 ℓ₀ or goes non-finite. Its best LR, basin and degraded region are lmtune's own analysis
-(lmtune.sweep.conclusion.conclude) applied to those runs. ``compare`` then asks of a sweep's summary the three
-questions a careful reader would: is the search's best LR in the truth's basin, does its bracket hold the
-truth's first LR that fails, and do its basin and degraded region overlap the truth's.
+(lmtune.sweep.conclusion.conclude) applied to those runs. ``compare`` then asks of a sweep's summary what a
+careful reader would, each a check that can fail: is the search's best LR inside the truth's basin (the LRs
+within 2 standard errors of its best, not the clearly worse LRs around them), does its edge bracket overlap the
+truth's (where the truth's own seeds disagree about the edge, no wider), and do its basin and degraded region
+overlap the truth's. ``compare_horizon`` asks of a horizon search's prediction whether its loss on the truth's
+curve is within 2 standard errors of the truth's best. Each refuses, in one line, a truth with fewer than
+TRUTH_SEEDS seeds at an LR it reads.
 
-A truth answers for one setting (``setting_of``: model, budget, schedule, optimizer, data): its runs must
-share it, and a sweep is compared with it only where they agree on it; the LR and seed are what a grid varies.
+A truth answers for one setting (lmtune.report.truth_setting): its runs must share it, and a sweep is compared
+with it only where they agree on it; the LR and seed are what a grid varies.
 """
 
 from __future__ import annotations
@@ -18,17 +22,20 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, JsonValue
+from lmtune.report.truth_setting import Setting, data_of, setting_differences, setting_of
 from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.record import run_config_of
-from lmtune.sweep.runs import Budget, Run
-from lmtune.sweep.sweep_file import SweepRecord
-from lmtune.training.config import RunConfig
+from lmtune.sweep.runs import SAME_LR, SIGNIFICANCE_SE, Budget, Run
 from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
-from lmtune.training.metric_registry import Row, RowValue
+from lmtune.training.metric_registry import Row
 from lmtune.training.metrics import METRICS_FILE, read_metrics
+
+# A check reads at least this many seeds at each truth LR it uses: with two, one seed can decide the verdict
+# (issue 32: a horizon prediction passed against a truth's first two seeds and missed against all three), and
+# the pooled seed spread the 2-SE margins come from has 2 degrees of freedom per LR.
+TRUTH_SEEDS = 3
 
 
 @dataclass
@@ -54,86 +61,6 @@ class TruthRun:
     setting: Setting
     """What it shares with every other run of its truth (``setting_of``)."""
     spikes: list[str] = field(default_factory=list)
-
-
-# What two runs must share for their losses to be one truth, by group (a refusal names the group and field):
-# everything that shapes the loss curve but the LR and seed. How often a run logs, evaluates or checkpoints,
-# its device and compilation are bookkeeping; ``run_steps`` is the budget a search cuts its runs to.
-SETTING: dict[str, tuple[str, ...]] = {
-    "model": ("vocab_size", "d_model", "d_ff", "n_layers", "n_heads", "rope_theta", "norm_eps", "qk_norm",
-              "z_loss"),
-    "budget": ("steps", "batch_size", "context_length", "tokens"),
-    "schedule": ("schedule", "warmup_steps", "min_lr_ratio", "cooldown_fraction", "cooldown_shape"),
-    "optimizer": ("weight_decay", "beta1", "beta2", "eps", "grad_clip"),
-}
-
-
-@dataclass(frozen=True)
-class TruthData:
-    """A data dir as a truth knows it."""
-
-    dir: str = ""
-    """Its resolved path ("" where none was recorded)."""
-    content_hash: str = ""
-    """Its tokens' hash (meta.json's; "" where it could not be read)."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What every run of one truth shares: SETTING's fields by group (a config's values, None where a group's
-    field means nothing to the run, or an older grid.json lacks it) and its data."""
-
-    groups: dict[str, dict[str, RowValue]]
-    """SETTING's groups (model, budget, schedule, optimizer), each its fields' values, in SETTING's order."""
-    data: TruthData
-    """The data its runs trained on."""
-
-    def to_json(self) -> JsonObject:
-        """grid.json's ``setting``: the groups, then ``data``."""
-        return {**{group: dict(values) for group, values in self.groups.items()}, "data": asdict(self.data)}
-
-    @classmethod
-    def from_json(cls, raw: JsonObject) -> Setting:
-        """grid.json's ``setting`` (a group or field it lacks: unknown, None)."""
-        groups = {group: {k: v for k, v in (raw.get(group) or {}).items() if not isinstance(v, (list, dict))}
-                  for group in SETTING if isinstance(raw.get(group) or {}, dict)}
-        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
-        return cls(groups, TruthData(str(data.get("dir") or ""), str(data.get("content_hash") or "")))
-
-
-def data_of(data_dir: str) -> TruthData:
-    """A data dir as a truth knows it: its path and (while it can be read) its content hash."""
-    try:
-        digest = read_meta(Path(data_dir)).content_hash if data_dir else ""
-    except LmtuneError:  # moved or deleted since: the path is all that is left to go by
-        digest = ""
-    return TruthData(str(Path(data_dir).resolve()) if data_dir else "", digest)
-
-
-def setting_of(config: RunConfig, data: TruthData | None = None) -> Setting:
-    """The setting of a run's config, by SETTING's groups, and its ``data`` (``data_of``; default: that of the
-    config's data_dir)."""
-    flat = {**asdict(config.model), **asdict(config.train), "tokens": config.total_tokens}
-    if config.train.schedule != "wsd":  # the cooldown's settings mean nothing to another schedule
-        flat["cooldown_fraction"] = flat["cooldown_shape"] = None
-    return Setting({group: {k: flat.get(k) for k in keys} for group, keys in SETTING.items()},
-                   data or data_of(config.data_dir))
-
-
-def setting_differences(a: Setting, b: Setting) -> str:
-    """Where two settings differ, in one line ("budget (steps 4 vs 8), data (A vs B)"); "" where they agree."""
-    parts = []
-    for group, keys in SETTING.items():
-        ga, gb = a.groups.get(group) or {}, b.groups.get(group) or {}
-        if changed := [f"{k} {ga.get(k)} vs {gb.get(k)}" for k in keys if ga.get(k) != gb.get(k)]:
-            parts.append(f"{group} ({', '.join(changed)})")
-    da, db = a.data, b.data
-    if da.content_hash and db.content_hash and da.content_hash != db.content_hash:
-        parts.append(f"data ({da.dir} vs {db.dir}: other tokens)" if da.dir == db.dir
-                     else f"data ({da.dir} vs {db.dir})")
-    elif not (da.content_hash and db.content_hash) and da.dir != db.dir:
-        parts.append(f"data ({da.dir or '?'} vs {db.dir or '?'})")
-    return ", ".join(parts)
 
 
 def _json_object(path: Path) -> JsonObject:
@@ -199,33 +126,31 @@ def longest_above(rows: list[Row], ell0: float) -> int:
     return longest
 
 
-def check_comparable(truth: Path, setting: Setting, sweep: Path, record: SweepRecord) -> None:
-    """Refuse in one line to compare a truth of one setting with a sweep (sweep.json) of another: its best LR,
-    basin and edge answer for that setting only."""
-    if record.plan is None:
-        raise LmtuneError(f"{sweep}/sweep.json records no base config, so its model and budget are unknown; "
-                          "compare a sweep written by this version of lmtune")
-    recorded = record.data
-    data = TruthData(recorded.dir, recorded.meta.content_hash if recorded.meta else "") if recorded.dir else None
-    theirs = setting_of(record.plan.base, data)
-    fields = {k for keys in SETTING.values() for k in keys}
-    if varied := [k for k in record.plan.space.swept if k in fields]:
-        raise LmtuneError(f"sweep {sweep} varies {', '.join(varied)} from trial to trial, and truth {truth} holds "
-                          "one setting; compare an LR sweep")
-    if differ := setting_differences(setting, theirs):
-        raise LmtuneError(f"truth {truth} and sweep {sweep} differ in {differ}; a truth answers only for its own "
-                          "model, budget and data: train a truth of the sweep's setting")
-
-
 def truth_conclusion(runs: list[TruthRun]) -> JsonObject:
     """lmtune's analysis of the grid (nothing stopped its runs): best LR, basin, degraded region, and the
     first LR at which a run failed (``divergence_lr``), all at the full budget; in summary.json's keys, as
-    ``compare`` reads them beside a sweep's summary.json."""
+    ``compare`` reads them beside a sweep's summary.json, and ``grid``: each LR's seeds that came through and
+    that failed."""
     first = runs[0]
     full = first.steps * first.tokens_per_step
     as_runs = [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
                    divergence=WHOLE_RUN) for r in runs]
-    return conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,))).to_json()
+    grid = [{"lr": lr, "seeds_through": sorted(r.seed for r in runs if r.lr == lr and not r.failed),
+             "seeds_failed": sorted(r.seed for r in runs if r.lr == lr and r.failed)}
+            for lr in sorted({r.lr for r in runs})]
+    return {**conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,))).to_json(), "grid": grid}
+
+
+def check_truth_seeds(truth: JsonObject, lrs: list[float | None]) -> None:
+    """Refuse in one line where the truth has fewer than TRUTH_SEEDS seeds at an LR a check reads (``lrs``;
+    None: none there), naming the seeds that would make it enough."""
+    by_lr = {row["lr"]: [*row["seeds_through"], *row["seeds_failed"]] for row in truth.get("grid") or []}
+    for lr in sorted({v for v in lrs if v is not None}):
+        seeds = sorted(by_lr.get(lr, []))
+        if len(seeds) < TRUTH_SEEDS:
+            more = [s for s in range(TRUTH_SEEDS + len(seeds)) if s not in seeds][:TRUTH_SEEDS - len(seeds)]
+            raise LmtuneError(f"the truth has {len(seeds)} seed{'s' * (len(seeds) != 1)} at lr {lr:.4g}: a check "
+                              f"needs {TRUTH_SEEDS}; train it with --seeds {','.join(map(str, sorted(seeds + more)))}")
 
 
 Span = tuple[float | None, float | None]
@@ -242,16 +167,17 @@ class HorizonComparison:
     """The search's interval around it."""
     truth_best_lr: float | None
     """The truth's best LR."""
-    truth_basin: Span
-    """The truth's basin, at its widest."""
+    truth_basin_lrs: Span
+    """The truth's basin: its lowest and highest LR (within 2 standard errors of its best)."""
     predicted_over_truth_best: float | None
     """The predicted LR over the truth's best."""
     predicted_excess_in_truth: float | None
-    """The predicted LR's loss on the truth's curve (log-LR interpolation) above the truth's best mean."""
+    """The predicted LR's loss on the truth's curve (log-LR interpolation between its two grid LRs) above the
+    truth's best mean (None: the prediction lies outside the truth's LRs)."""
     truth_two_standard_errors: float | None
-    """Two standard errors of a difference of two LRs' means in the truth (None: no seed spread)."""
+    """SIGNIFICANCE_SE standard errors of that difference, from the truth's own pooled seed spread and seed counts."""
     predicted_lr_in_truth_basin: bool
-    """The excess is within those two standard errors."""
+    """The excess is within those two standard errors: the prediction is as good as the truth's best."""
     interval_holds_truth_best: bool
     """The search's interval holds the truth's best LR."""
     search_tokens: int | None
@@ -263,7 +189,8 @@ class HorizonComparison:
 
     def to_json(self) -> JsonObject:
         """The comparison as lr_truth.py prints it (its intervals as [low, high])."""
-        return {**asdict(self), "predicted_lr_interval": list(self.predicted_lr_interval)}
+        return {**asdict(self), "predicted_lr_interval": list(self.predicted_lr_interval),
+                "truth_basin_lrs": list(self.truth_basin_lrs)}
 
 
 @dataclass(frozen=True)
@@ -271,24 +198,27 @@ class TruthComparison:
     """A search's summary against the truth's conclusion (``compare``)."""
 
     best_lr_in_truth_basin: bool
-    """The search's best LR lies among the LRs the truth found in its basin."""
-    best_lr_within_truth_basin_bounds: bool
-    """... or at least not outside the bounds of the truth's basin (between the grid LRs its boundaries lie
-    between), which is all a coarse grid can tell."""
-    truth_basin: Span
-    """The truth's basin, at its widest."""
+    """The search's best LR lies inside the truth's basin: from its lowest to its highest LR (those whose mean
+    is within 2 standard errors of the truth's best), give or take SAME_LR; never out among the LRs clearly
+    worse that bound it."""
+    truth_basin_lrs: Span
+    """The truth's basin: its lowest and highest LR."""
     search_best_lr: float | None
     """The search's best LR."""
     bracket_holds_first_failing_lr: bool
-    """The search's edge bracket holds the truth's first LR that fails."""
+    """The search's edge bracket, both ends found, holds the truth's first LR that fails: low < it <= high."""
     truth_first_failing_lr: float | None
-    """The truth's first LR that fails."""
+    """The truth's first LR at which a seed fails."""
     truth_last_lr_through: float | None
-    """The truth's last LR that came through below it."""
+    """The truth's last LR below it at which every seed came through."""
+    truth_edge_band: Span
+    """Where the truth's own seeds place the edge: above its last LR through, up to its first LR at which every
+    seed failed (None above: its seeds disagree up to its top LR)."""
     search_bracket: Span
     """The search's edge bracket (its last LR through, its divergence LR)."""
-    edges_overlap: bool
-    """The two brackets can hold the same edge: (truth's last LR through, first failing] meets the search's."""
+    edge_brackets_overlap: bool
+    """The search's bracket (both ends found) and the truth's band share an edge: the intervals (low, high]
+    overlap by more than a common end (where one says an LR trains through and the other that it fails)."""
     basins_overlap: bool
     """The truth's and the search's basins share an LR."""
     degraded_overlap: bool
@@ -306,25 +236,29 @@ class TruthComparison:
 
 
 def compare_horizon(truth: JsonObject, search: JsonObject, truth_tokens: int) -> HorizonComparison:
-    """A horizon search's prediction (summary.json keys) against the truth at its target budget: whether the
-    predicted LR lies in the truth's basin (its loss, read off the truth's curve between grid LRs in log LR,
-    within 2 standard errors of the truth's best mean), where it lies against the truth's best LR, and the
-    tokens the search trained against the truth's."""
+    """A horizon search's prediction (summary.json keys) against the truth at its target budget: its loss on
+    the truth's curve (between the two grid LRs either side, in log LR) within SIGNIFICANCE_SE standard errors
+    of the truth's best mean, the error from the truth's own pooled seed spread; where the predicted LR lies
+    against the truth's best; the tokens the search trained against the truth's. Refused in one line where the
+    truth has fewer than TRUTH_SEEDS seeds at its best LR or at the two LRs the prediction is read between."""
     predicted, best = search.get("predicted_lr"), truth.get("best_lr")
     ranking = sorted(truth.get("ranking") or [], key=lambda r: r["lr"])
+    check_truth_seeds(truth, [best])
     excess = two_se = None
-    if predicted is not None and ranking and ranking[0]["lr"] <= predicted <= ranking[-1]["lr"]:
-        xs, ys = [math.log(r["lr"]) for r in ranking], [r["mean"] for r in ranking]
-        k = max(i for i, x in enumerate(xs) if x <= math.log(predicted))
-        k = min(k, len(xs) - 2)
+    if predicted is not None and len(ranking) > 1 and ranking[0]["lr"] <= predicted <= ranking[-1]["lr"]:
+        xs = [math.log(r["lr"]) for r in ranking]
+        k = min(max(i for i, x in enumerate(xs) if x <= math.log(predicted)), len(xs) - 2)
+        below, above = ranking[k], ranking[k + 1]
+        check_truth_seeds(truth, [below["lr"], above["lr"]])
         t = (math.log(predicted) - xs[k]) / (xs[k + 1] - xs[k])
-        excess = ys[k] + t * (ys[k + 1] - ys[k]) - truth["best_lr_mean_loss"]
-        sigma, n = truth.get("seed_spread"), len(truth.get("best_lr_seed_losses") or [])
-        two_se = 2 * sigma * math.sqrt(2 / n) if sigma is not None and n else None
+        excess = below["mean"] + t * (above["mean"] - below["mean"]) - truth["best_lr_mean_loss"]
+        sigma, n_best = truth.get("seed_spread"), len(truth.get("best_lr_seed_losses") or [])
+        n_read = min(len(below["losses"]), len(above["losses"]))
+        two_se = SIGNIFICANCE_SE * sigma * math.sqrt(1 / n_best + 1 / n_read) if sigma is not None else None
     low, high = search.get("predicted_lr_interval") or (None, None)
     spent = (search.get("compute") or {}).get("tokens_spent")
     return HorizonComparison(
-        predicted, (low, high), best, region_span(truth.get("basin")),
+        predicted, (low, high), best, basin_lrs(truth.get("basin")),
         predicted / best if predicted and best else None, excess, two_se,
         excess is not None and two_se is not None and excess <= two_se,
         bool(low and high and best and low <= best <= high),
@@ -346,26 +280,48 @@ def region_span(region: JsonValue) -> Span:
     return region["low"][0], region["high"][1]
 
 
-def compare(truth: JsonObject, search: JsonObject) -> TruthComparison:
-    """The three checks of a search's summary (summary.json keys) against the truth's conclusion."""
-    t_basin, s_basin = truth.get("basin"), search.get("basin")
-    best = search.get("best_lr")
-    # Within the LRs the truth found in its basin (the basin's boundaries lie beyond them, between grid LRs).
-    in_basin = bool(t_basin and best is not None and t_basin["lrs"][0] <= best <= t_basin["lrs"][-1])
+def basin_lrs(basin: JsonValue) -> Span:
+    """A basin's (summary.json's form) lowest and highest LR: the LRs tried within 2 SE of the best."""
+    return (basin["lrs"][0], basin["lrs"][-1]) if basin else (None, None)
+
+
+def truth_edge_band(truth: JsonObject) -> Span:
+    """Where the truth's own seeds place the edge: above its last LR at which every seed came through (below
+    its first failing LR), up to its first LR at which every seed failed (None: no such LR in its grid)."""
     first_fail = truth.get("divergence_lr")
+    if first_fail is None:
+        return truth.get("edge_lr_low"), None
+    all_failed = [row["lr"] for row in truth["grid"] if row["lr"] >= first_fail and not row["seeds_through"]]
+    return truth.get("edge_lr_low"), min(all_failed, default=None)
+
+
+def edge_brackets_overlap(band: Span, bracket: Span) -> bool:
+    """Two edge brackets, each (last LR through, first LR failing], can hold the same edge: the search's has
+    both ends, and the two overlap by more than a shared end."""
+    low, high = bracket
+    if low is None or high is None:
+        return False
+    return max(low, band[0] or 0.0) < min(high, band[1] or math.inf)
+
+
+def compare(truth: JsonObject, search: JsonObject) -> TruthComparison:
+    """The checks of a search's summary (summary.json keys) against the truth's conclusion, each one that can
+    fail; refused in one line where the truth has fewer than TRUTH_SEEDS seeds at an LR they read (its basin's
+    LRs and the clearly worse LRs either side, and the LRs that bound its edge)."""
+    t_basin, s_basin = truth.get("basin"), search.get("basin")
+    band = truth_edge_band(truth)
+    first_fail = truth.get("divergence_lr")
+    check_truth_seeds(truth, [*(t_basin["lrs"] if t_basin else []), *(t_basin["low"] if t_basin else []),
+                              *(t_basin["high"] if t_basin else []), *band, first_fail])
+    best, (lowest, highest) = search.get("best_lr"), basin_lrs(t_basin)
+    in_basin = best is not None and lowest is not None and lowest / SAME_LR <= best <= highest * SAME_LR
     low, high = search.get("edge_lr_low"), search.get("divergence_lr")
-    bracket_holds = first_fail is not None and high is not None and (low is None or low < first_fail) \
-        and first_fail <= high
     return TruthComparison(
-        best_lr_in_truth_basin=in_basin,
-        best_lr_within_truth_basin_bounds=bool(t_basin and best is not None
-                                               and _overlap((best, best), region_span(t_basin))),
-        truth_basin=region_span(t_basin), search_best_lr=best,
-        bracket_holds_first_failing_lr=bracket_holds,
+        best_lr_in_truth_basin=in_basin, truth_basin_lrs=(lowest, highest), search_best_lr=best,
+        bracket_holds_first_failing_lr=None not in (first_fail, low, high) and low < first_fail <= high,
         truth_first_failing_lr=first_fail, truth_last_lr_through=truth.get("edge_lr_low"),
-        search_bracket=(low, high),
-        edges_overlap=first_fail is not None and high is not None
-        and _overlap((truth.get("edge_lr_low"), first_fail), (low, high)),
+        truth_edge_band=band, search_bracket=(low, high),
+        edge_brackets_overlap=first_fail is not None and edge_brackets_overlap(band, (low, high)),
         basins_overlap=bool(t_basin and s_basin and _overlap(region_span(t_basin), region_span(s_basin))),
         degraded_overlap=bool(truth.get("degraded") and search.get("degraded")
                               and _overlap(region_span(truth["degraded"]), region_span(search["degraded"]))),

@@ -90,14 +90,14 @@ def edge_runs(runs: Iterable[Run], edge: Bracket) -> tuple[list[Run], list[Run]]
 
 @dataclass(frozen=True)
 class StableEnd:
-    """A run at the bracket's stable end."""
+    """A run at the bracket's stable end (at least one of them trained through; the others may not have)."""
 
     seed: int
     """The run's seed."""
     tokens: int
-    """Tokens it trained (its whole budget)."""
+    """Tokens it trained (its whole budget where it trained through)."""
     how: str = THROUGH
-    """How this end was established, in words."""
+    """What the run did, in words (THROUGH, or how it ended short of that)."""
 
 
 @dataclass(frozen=True)
@@ -145,10 +145,23 @@ def edge_confirmation(runs: Iterable[Run], edge: Bracket) -> EdgeConfirmation:
     failed = [r for r in diverged if r.diverged]
     decided = min((r.diverged_tokens for r in failed if r.diverged_tokens is not None), default=None)
     return EdgeConfirmation(
-        tuple(StableEnd(r.seed, r.tokens) for r in stable),
+        tuple(StableEnd(r.seed, r.tokens, _how_stable(r)) for r in stable),
         tuple(DivergedEnd(r.seed, r.tokens, r.diverged_tokens, _how_diverged(r), r.divergence_confirmed(), r.stage)
               for r in failed),
         decided, bool(stable) and bool(failed) and all(r.divergence_confirmed() for r in failed))
+
+
+def _how_stable(run: Run) -> str:
+    """What a run at the stable end did: only a run that trained through proves the LR trains through."""
+    if run.trained_through():
+        return THROUGH
+    if run.diverged:
+        return f"diverged at {run.tokens:,} tokens"
+    if run.outcome is None:
+        return f"still training ({run.tokens:,} tokens so far)"
+    ended = {"stopped_early": "stopped early (cut by the scheduler)", "completed": "completed short of its budget"}
+    return (f"{ended.get(run.outcome, f'ended ({run.outcome})')} at {run.tokens:,} of {run.budget_tokens:,} tokens: "
+            "not a proof that it trains through")
 
 
 def _how_diverged(run: Run) -> str:

@@ -106,9 +106,15 @@ class Degraded:
     """(multiple of the best LR, excess loss there): at the DEGRADED_AT multiples within the LRs tried,
     interpolated in log LR."""
     per_doubling: float
-    """The least-squares slope of the excess against log2 LR (nats per doubling of the LR)."""
+    """The least-squares slope of the excess against log2 LR (nats per doubling of the LR): a mean rate."""
     per_doubling_se: float | None
-    """Its standard error (None with fewer than 3 points)."""
+    """Its standard error as if the curve were a straight line (None with fewer than 3 points): the scatter of a
+    saturating curve about a line, not seed noise, so the report prints ``neighbour_slopes`` instead."""
+    neighbour_slopes: tuple[float, ...] = ()
+    """The slope between each two neighbouring LRs, from the basin's last LR up (nats per doubling): how far
+    the rate is from one number (not in summary.json)."""
+    seeds: tuple[int, ...] = ()
+    """How many seeds each LR the rate rests on has, from the basin's last LR up (not in summary.json)."""
 
     def to_json(self) -> JsonObject:
         return {"low": list(self.low), "high": list(self.high),
@@ -166,7 +172,8 @@ def _degraded(above: list[LrResult], best: LrResult, edge: Bracket) -> Degraded 
     """The LRs above the basin's last one (``above[0]``) that trained through, below the edge: each one's
     loss over the best's, that excess at round multiples of the best LR (interpolated in log LR between
     the LRs tried, never beyond them), and the least-squares slope of loss against log2 LR with its
-    standard error (a mean rate: the curve is rarely a straight line)."""
+    straight-line standard error (a mean rate: the curve is rarely a straight line), and the slopes between
+    neighbouring LRs that show how far from one."""
     top = [r for r in above if edge.diverged_lr is None or r.lr < edge.diverged_lr]
     if len(top) < 2:
         return None
@@ -174,7 +181,9 @@ def _degraded(above: list[LrResult], best: LrResult, edge: Bracket) -> Degraded 
     xs, ys = [math.log2(r.lr / best.lr) for r in top], [r.mean - best.mean for r in top]
     at = tuple((f, _interpolate(xs, ys, math.log2(f))) for f in DEGRADED_AT if xs[0] <= math.log2(f) <= xs[-1])
     slope, error = _slope(xs, ys)
-    return Degraded((top[0].lr, top[1].lr), (top[-1].lr, edge.diverged_lr), points, at, slope, error)
+    between = tuple((y1 - y0) / (x1 - x0) for x0, y0, x1, y1 in zip(xs, ys, xs[1:], ys[1:], strict=False))
+    return Degraded((top[0].lr, top[1].lr), (top[-1].lr, edge.diverged_lr), points, at, slope, error, between,
+                    tuple(len(r.losses) for r in top))
 
 
 def _interpolate(xs: list[float], ys: list[float], x: float) -> float:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from lmtune.report.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, NEAR_EDGE_BELOW, TrialRecord, first_growth
 from lmtune.report.summary import SweepSummary
-from lmtune.report.text import lr, ratio_range_text, tokens
+from lmtune.report.text import lr, ratio_range_text, tokens, too_wide
+from lmtune.sweep.bracket import THROUGH
 from lmtune.training.divergence import describe_spikes
 
 
@@ -47,8 +48,10 @@ def _confirmation(summary: SweepSummary) -> list[str]:
     bracket = summary.conclusion.edge
     text += f"Diverged end, lr {bracket.diverged_lr:.3g}: {how}."
     if bracket.stable_lr is not None and confirmation.stable_end:
-        text += (f" Stable end, lr {bracket.stable_lr:.3g}: trained its whole budget "
-                 f"({tokens(confirmation.stable_end[0].tokens)} tokens) without diverging.")
+        # each run as it ended: a run the scheduler cut at the stable LR proves nothing about it
+        each = "; ".join(f"seed {e.seed}: {e.how}" + (f" ({tokens(e.tokens)} tokens)" if e.how == THROUGH else "")
+                         for e in confirmation.stable_end)
+        text += f" Stable end, lr {bracket.stable_lr:.3g}: {each}."
     if not confirmation.confirmed:
         text += " **Not confirmed by training**: a run that only the stopper's rule judged has not been retrained."
     return [text]
@@ -79,12 +82,14 @@ def _edge_ratio(summary: SweepSummary) -> list[str]:
     if summary.edge_ratio is None:
         return ["No best LR, so no edge ratio."]
     smallest, largest = summary.conclusion.edge_ratio_range
+    reading = summary.edge_range_reading
     text = (f"Edge / best LR: {summary.conclusion.edge.diverged_lr:.3g} / {summary.best_lr:.3g} = "
             f"**{summary.edge_ratio:.3g}** as a point value; with the bracket and the best LR's interval, it is "
-            f"**{ratio_range_text(smallest, largest)}**.")
-    reading = summary.edge_range_reading
+            f"**{ratio_range_text(smallest, largest, reading)}**.")
     if reading:
         return [text + f" The whole range reads: **{reading}**."]
+    if too_wide(smallest, largest):  # the text says what would resolve it
+        return [text]
     return [text + " That range spans more than one reading of the rule of thumb below (or is open), so none is "
                    "given: more seeds, or LRs closer to the best, narrow it."]
 

@@ -71,7 +71,7 @@ def landscape(summary: SweepSummary) -> list[str]:
                   f"upper end to the edge, lr {lr(degraded.points[0].lr)} … {lr(worst.lr)}"
                   + (" (one seed each: every point is uncertain by at least the run-to-run spread above)" if single
                      else "") + f". The full-budget loss over the best's: {at} the best LR (nats, interpolated "
-                  f"in log LR between the LRs tried); on average {per_doubling(degraded)} (least squares; the "
+                  f"in log LR between the LRs tried); {per_doubling(degraded)} (a least-squares mean rate: the "
                   f"curve is not a straight line), and {worst.excess:+.3f} nats at {worst.ratio_to_best:.3g}× "
                   "the best LR, the last LR before the edge."]
     else:

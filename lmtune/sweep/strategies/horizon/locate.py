@@ -6,7 +6,7 @@ locate LR* between grid points, where the grid alone only says "somewhere betwee
 crown's neighbourhood: the fit and the report's table then talk about the same LR; a one-seed LR that beats the
 crowned best enters the fit with the weight of its one seed, not as the winner.
 
-The uncertainty is the seeds': each LR's mean is known to sigma / sqrt(seeds) (sigma pooled near the best,
+The uncertainty comes from the seeds: each LR's mean is known to sigma / sqrt(seeds) (sigma pooled near the best,
 lmtune.sweep.runs.pooled_seed_spread, with its degrees of freedom), and LR*'s 90% interval is every LR at which
 the fitted curve's slope is within t standard errors of flat (Fieller's interval: exact for a quadratic with
 normal noise, unlike the delta method or a bootstrap around the fitted curve, which both shrink when the noise
