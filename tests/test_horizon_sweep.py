@@ -1,8 +1,9 @@
 """The horizon search as a user runs it: real Ray Tune on a local cluster, real training of a tiny model at
 two budgets below a target under a warmup-stable-decay schedule (so a larger budget's run continues the same
-LR and seed's smaller one), the fit, the confirmation at the target, the report; and the benchmark's check at
-test size: the predicted LR against a grid trained at the target from scratch with nothing stopping it (the
-truth), which also shows each continued target run ended exactly as from scratch."""
+LR and seed's smaller one), the refinement around each budget's best, the fit, the confirmation at the target on
+two seeds, the report; and the benchmark's check at test size: the predicted LR against a grid trained at the
+target from scratch on three seeds with nothing stopping it (the truth, whose own seeds give the check's
+tolerance), which also shows each continued target run ended exactly as from scratch."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_TRIAL, run_lmtune, trial_dirs
 
-from lmtune.report.truth import compare_horizon, read_truth, truth_conclusion
+from lmtune.report.truth import TRUTH_SEEDS, compare_horizon, read_truth, truth_conclusion
 from lmtune.sweep.record import read_horizon_state
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import apply_overrides
@@ -20,7 +21,8 @@ from lmtune.training.loop import train
 
 pytestmark = pytest.mark.slow
 
-# Target 96 steps of 256 tokens; searched budgets 12 and 24 steps (1/8 and 1/4 of it).
+# Target 96 steps of 256 tokens; searched budgets 12 and 24 steps (1/8 and 1/4 of it). Each budget: its grid,
+# seeds, refinement (2 LRs x 2 seeds), walls where needed, one edge probe; the confirmation: 3 LRs x 2 seeds.
 TINY_HORIZON = f"""\
 description: tiny horizon search for the tests
 search: horizon
@@ -29,7 +31,7 @@ set: {json.dumps({**TINY_TRIAL, "steps": 96, "warmup_steps": 4, "eval_interval":
                          "schedule": "wsd"})}
 scheduler: {{name: none}}
 horizon: {{budgets: 2, lr_min: 0.01, lr_max: 0.04, ratio: 2, below: 1, above: 1, max_extensions: 2, seeds: 2,
-           edge_probes: 1, edge_ratio: 8, edge_tolerance: 8, confirm_seeds: 1, resamples: 500}}
+           edge_probes: 1, edge_ratio: 8, edge_tolerance: 8, confirm_seeds: 2}}
 """
 
 
@@ -68,19 +70,29 @@ def test_the_report_gives_the_fit_the_prediction_and_the_target_runs(horizon_swe
     assert set(s["horizon_fit"]) >= {"beta", "beta_interval", "intercept", "intercept_interval"}
     confirmed = sorted(r["lr"] for r in s["confirmed"]["losses"])
     assert [lr / s["predicted_lr"] for lr in confirmed] == pytest.approx([0.5, 1.0, 2.0], rel=0.02)
+    assert all(sorted(r["seeds"]) == [0, 1] for r in s["confirmed"]["losses"])
+    assert s["confirmed"]["in_basin"] in (True, False, "undetermined")
     assert (horizon_sweep["dir"] / "report" / "horizon.png").stat().st_size > 10_000
 
 
 def test_run_and_analyze_print_the_same_prediction(horizon_sweep):
-    predicted = f"predicted best lr at {horizon_sweep['summary']['target_tokens']:,} tokens (the target): " \
+    predicted = f"predicted best lr at {horizon_sweep['summary']['horizon_target_tokens']:,} tokens (the target): " \
                 f"{horizon_sweep['summary']['predicted_lr']:.3g}"
     assert predicted in horizon_sweep["run"].stdout
     assert predicted in horizon_sweep["analyze"].stdout
 
 
-def test_the_search_state_and_the_report_fit_the_same_line(horizon_sweep):
-    state = read_horizon_state(horizon_sweep["dir"])
-    assert state["fit"]["predicted_lr"] == pytest.approx(horizon_sweep["summary"]["predicted_lr"], rel=1e-9)
+def test_the_search_states_fit_made_during_the_sweep_is_the_reports_from_the_trials_files(horizon_sweep):
+    """The search fitted from the results Tune handed it, before the confirmation ran; analyze fits again from the
+    trials' files on disk: the same LRs crowned and located at each budget, and the same line."""
+    fit, s = read_horizon_state(horizon_sweep["dir"])["fit"], horizon_sweep["summary"]
+    budgets = {b["tokens"]: b for b in s["budgets"]}
+    for point in fit["points"]:
+        assert point["crowned_lr"] == budgets[point["tokens"]]["crowned_lr"]
+        assert point["lr"] == pytest.approx(budgets[point["tokens"]]["located_lr"], rel=1e-9)
+    assert fit["beta"] == pytest.approx(s["horizon_fit"]["beta"], rel=1e-9, abs=1e-12)
+    assert fit["predicted_lr"] == pytest.approx(s["predicted_lr"], rel=1e-9)
+    assert fit["predicted_lr_interval"] == pytest.approx(s["predicted_lr_interval"], rel=1e-9)
 
 
 def test_larger_budgets_continued_smaller_ones_and_trained_fewer_tokens_than_their_budgets(horizon_sweep):
@@ -93,29 +105,32 @@ def test_larger_budgets_continued_smaller_ones_and_trained_fewer_tokens_than_the
 
 @pytest.fixture(scope="module")
 def truth(horizon_sweep, tmp_path_factory) -> dict:
-    """LRs 2x apart and the target runs' own LRs, one seed, each trained to the target budget from scratch with
-    nothing stopping it."""
+    """The target runs' own LRs (the prediction and 2x either side) and 2x beyond them each way, TRUTH_SEEDS seeds
+    each, trained to the target budget from scratch with nothing stopping it: five LRs 2x apart around the
+    prediction, so that the truth's best is found on its own seeds wherever within 4x of the prediction it lies."""
     base = SweepRecord.read(horizon_sweep["dir"]).plan.base
     truth_dir = tmp_path_factory.mktemp("truth")
-    targets = [r["lr"] for r in horizon_sweep["summary"]["confirmed"]["losses"]]
-    for lr in sorted({0.005, 0.01, 0.02, 0.04, 0.08, 0.16, *targets}):
-        train(apply_overrides(base, {"lr": lr, "seed": 0}), truth_dir / f"lr={lr}_seed=0")
+    targets = sorted({r["lr"] for r in horizon_sweep["summary"]["confirmed"]["losses"]})
+    for lr in [targets[0] / 2, *targets, targets[-1] * 2]:
+        for seed in range(TRUTH_SEEDS):
+            train(apply_overrides(base, {"lr": lr, "seed": seed}), truth_dir / f"lr={lr}_seed={seed}")
     return {"runs": read_truth(truth_dir), "targets": targets}
 
 
 def test_a_target_run_continued_from_a_smaller_budget_ends_exactly_as_from_scratch(horizon_sweep, truth):
     trials = [json.loads((d / "trial.json").read_text())["params"] for d in trial_dirs(horizon_sweep["dir"]).values()]
     assert any(p.get("fork_from") for p in trials if p["stage"] == "target")
-    scratch = {r.lr: r.end_val for r in truth["runs"]}
+    scratch = {(r.lr, r.seed): r.end_val for r in truth["runs"]}
     for row in horizon_sweep["summary"]["confirmed"]["losses"]:
-        assert row["losses"] == [scratch[row["lr"]]], row
+        assert row["losses"] == [scratch[row["lr"], seed] for seed in row["seeds"]], row
 
 
 def test_the_prediction_agrees_with_a_small_ground_truth_grid_at_the_target(horizon_sweep, truth):
     """The benchmark's check at test size: the predicted LR's loss on the truth's curve within 2 standard
-    errors of its best (the spread from the sweep's own seeds: one seed per truth LR gives none)."""
+    errors of the truth's best, the standard error from the truth's own seeds (none from the sweep under test)."""
     runs = truth["runs"]
     conclusion = truth_conclusion(runs)
-    conclusion["seed_spread"] = max(b["seed_spread"] or 0 for b in horizon_sweep["summary"]["budgets"][:-1])
+    assert len(conclusion["best_lr_seed_losses"]) == TRUTH_SEEDS and conclusion["seed_spread"] is not None
     check = compare_horizon(conclusion, horizon_sweep["summary"], sum(r.steps * r.tokens_per_step for r in runs))
+    assert check.truth_two_standard_errors is not None
     assert check.predicted_lr_in_truth_basin, check

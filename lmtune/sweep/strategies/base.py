@@ -280,7 +280,10 @@ def settings_section(raw: Any, name: str, cls: type, fail: Fail, retired: dict[s
     defaults = cls()
     for key, value in raw.items():
         default = getattr(defaults, key)
-        if isinstance(default, str):
+        if isinstance(default, bool):  # (a switch, e.g. horizon.refine: a number is no answer to it)
+            if not isinstance(value, bool):
+                raise fail(f"{name}.{key}", f"must be true or false (got {shown(value)})")
+        elif isinstance(default, str):
             if not isinstance(value, str):
                 raise fail(f"{name}.{key}", "must be a string")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

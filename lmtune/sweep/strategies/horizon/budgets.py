@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from lmtune.errors import LmtuneError
+from lmtune.sweep.bracket import bracket
 from lmtune.sweep.runs import Budget, Run, effective_runs, full_budget_ranking
 from lmtune.sweep.strategies.horizon.fit import HorizonFit, fit_horizon
 from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
@@ -23,8 +24,11 @@ def locate_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budge
     """Each searched budget's LR* (None: no LR trained it through), smallest budget first. The edge probes are
     left out: they are one seed each, far above the basin, and may end after the fit was made."""
     runs = [r for r in runs if r.stage != "edge"]  # one-seed probes for failure, far above the basin
-    return [locate_best_lr(full_budget_ranking(runs_at(runs, steps, target)), steps * target.tokens_per_step)
-            for steps in settings.budget_steps(target.steps)]
+    located = []
+    for steps in settings.budget_steps(target.steps):
+        at = runs_at(runs, steps, target)
+        located.append(locate_best_lr(full_budget_ranking(at), steps * target.tokens_per_step, bracket(at)))
+    return located
 
 
 def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:

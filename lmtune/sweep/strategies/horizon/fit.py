@@ -24,7 +24,8 @@ import numpy as np
 
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.horizon.locate import Z90, LocatedLr
+from lmtune.sweep.strategies.horizon.locate import LocatedLr
+from lmtune.sweep.strategies.horizon.stats import Z90, chi2_survival
 
 # Below this lack-of-fit p-value the power law is said not to hold across the searched budgets.
 LAW_P = 0.05
@@ -119,23 +120,6 @@ def fit_horizon(points: Sequence[LocatedLr], target_tokens: int) -> HorizonFit:
     return HorizonFit(float(-b), beta_interval, float(a), (float(a) - half * a_se, float(a) + half * a_se),
                       target_tokens, math.exp(predicted), interval, tuple(sorted(points, key=lambda p: p.tokens)),
                       chi2, dof, scale)
-
-
-def chi2_survival(chi2: float, dof: int) -> float:
-    """P(X >= chi2) for X chi-square with ``dof`` degrees of freedom (closed forms; no scipy)."""
-    half = chi2 / 2
-    if dof % 2 == 0:
-        term, total = 1.0, 1.0
-        for k in range(1, dof // 2):
-            term *= half / k
-            total += term
-        return math.exp(-half) * total
-    total = math.erfc(math.sqrt(half))
-    term = math.sqrt(half) * math.exp(-half) / math.gamma(1.5)
-    for k in range(1, (dof + 1) // 2):
-        total += term
-        term *= half / (k + 0.5)
-    return min(1.0, total)
 
 
 def _pair(values: Sequence[float]) -> tuple[float, float]:

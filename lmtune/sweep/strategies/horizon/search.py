@@ -123,12 +123,14 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
                 self._extend(steps)
             elif not self._planned("seeds", steps):
                 self._seeds(steps)
-            elif not self._busy(steps, "seeds"):
+            elif not self._busy(steps, "seeds", "refine", "wall"):  # (a half-run refine LR is no contender)
                 self._reseed(steps)
-                if not self._contenders(steps) and not self._planned("refine", steps):
-                    self._refine(steps)
-                elif self._planned("refine", steps) and not self._busy(steps, "refine", "wall"):
-                    self._wall(steps)
+                # refine and walls around the crown as it stands once its contenders have their seeds
+                if not self._busy(steps, "seeds") and not self._contenders(steps):
+                    if not self._planned("refine", steps):
+                        self._refine(steps)
+                    else:
+                        self._wall(steps)
             self._edge(steps)
         if not self._planned("target", self.budget.steps) and all(self._settled(s) for s in budgets):
             self._confirm()
@@ -278,11 +280,19 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         walls = sum(d.stage == "wall" and d.steps == steps for d in self.decisions)
         if not self._planned("refine", steps) or walls >= self.settings.walls:
             return None
-        low, high = best_lr_interval(full_budget_ranking(self.runs_at(steps)))
-        tried = self._tried(steps)
-        beyond = (tried[0] / self.settings.ratio if low is None else
-                  tried[-1] * self.settings.ratio if high is None else None)
-        return beyond if beyond is not None and _accepted(beyond) else None
+        # the LRs as the fit sees them (no edge probes: budgets.locate_budgets), and beyond those trained through:
+        # a wall past an LR that failed would fail too
+        ranking = full_budget_ranking(r for r in self.runs_at(steps) if r.stage != "edge")
+        if not ranking:
+            return None
+        low, high = best_lr_interval(ranking)
+        lrs = sorted(r.lr for r in ranking)
+        beyond = (lrs[0] / self.settings.ratio if low is None else
+                  lrs[-1] * self.settings.ratio if high is None else None)
+        failed = bracket(self.runs_at(steps)).diverged_lr
+        if beyond is None or not _accepted(beyond) or (failed is not None and beyond * SAME_LR >= failed):
+            return None
+        return beyond
 
     def _wall(self, steps: int) -> None:
         lr = self._wall_lr(steps)
