@@ -114,8 +114,19 @@ def located_text(at: LocatedLr | None) -> str:
 def _edge_text(b: BudgetConclusion) -> str:
     edge = b.conclusion.edge
     if edge.diverged_lr:
-        return f"{lr(edge.stable_lr, '?')} – {lr(edge.diverged_lr)}"
-    return f"none failed (≤ {lr(edge.stable_lr, '?')})"
+        return (f"{lr(edge.stable_lr)} – {lr(edge.diverged_lr)}" if edge.stable_lr is not None
+                else f"fails from {lr(edge.diverged_lr)} (no LR below it trained through)")
+    return f"none failed (≤ {lr(edge.stable_lr)})" if edge.stable_lr is not None else "—"
+
+
+def _interval_text(low: float | None, high: float | None) -> str:
+    """Where the crowned LR may lie, an unbounded end in words."""
+    if low is not None and high is not None:
+        return f"{lr(low)} – {lr(high)}"
+    if low is None and high is None:
+        return "not bounded by the LRs tried"
+    return (f"below {lr(high)} (no lower LR clearly worse)" if low is None
+            else f"above {lr(low)} (no higher LR clearly worse)")
 
 
 def budget_table(result: HorizonResult) -> list[str]:
@@ -132,7 +143,7 @@ def _budget_row(b: BudgetConclusion, target: int) -> list[str]:
     low, high = c.best_lr_interval
     is_target = b.tokens == target
     return [f"{b.steps:,}" + (" (target)" if is_target else ""), tokens(b.tokens), str(b.trials), lr(c.best_lr),
-            f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—", f"{lr(low, '?')} – {lr(high, '?')}",
+            f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—", _interval_text(low, high),
             "predicted (below)" if is_target else located_text(b.located), _edge_text(b)]
 
 
@@ -142,8 +153,8 @@ def budget_line(b: BudgetConclusion) -> str:
         return f"{b.steps} steps ({b.tokens:,} tokens): no LR trained it through yet"
     losses = c.best.losses
     spread = f" ± {c.best.spread:.4f} ({len(losses)} seeds)" if len(losses) > 1 else " (one seed)"
-    edge = (f"; edge (one seed) between {lr(c.edge.stable_lr, '?')} (trained through) and "
-            f"{lr(c.edge.diverged_lr, '?')} (failed)" if c.edge.diverged_lr else "; no LR tried failed")
+    edge = (f"; edge (one seed) {_edge_text(b)} (trains through – fails)" if c.edge.diverged_lr
+            else "; no LR tried failed")
     at = b.located
     star = f"; LR* {located_text(at)}" if at is None or at.located else f"; LR* not located ({at.why.split(':')[0]})"
     return (f"{b.steps} steps ({b.tokens:,} tokens): crowned lr {c.best.lr:.3g}, val {c.best.mean:.4f}{spread}"
