@@ -11,14 +11,14 @@ lmtune.sweep.strategies.horizon.locate) rather than read off the grid.
 
 What these defaults resolve, by simulation (benchmarks/horizon_coverage.py: the real search on simulated
 runs, quick_horizon's settings, 1,000 searches per case, beta = 0.3 across D/16-D/4): with a sharp basin
-(the loss 0.1 nats up at e x LR*, run-to-run sd 0.01) beta's 90% interval excludes 0 in 95% of searches;
-with a flat one (0.04 nats, sd 0.012) in 26%; with the sds measured on the built-in corpus at these budgets
-(0.105, 0.040, 0.029 nats at 40, 81, 162 steps) in 19%. Whatever is resolved, the 90% intervals hold the
-true LR* at the target in 88-91% of those searches. More budgets or seeds buy resolution at a price (same
-simulation, built-in noise, 100 searches each; the sd at D/2 taken as 0.02, between the 0.029 measured at D/4
-and 0.012 at D): the largest budget at D/2 resolves 26% (its runs cost twice as much), D/2 with 3 seeds 35%,
-and four budgets D/2..D/16 43% (+30% trials). Where beta is not resolved,
-the report says so and the prediction's interval includes the largest budget's LR*.
+(the loss 0.1 nats up at e x LR*, run-to-run sd 0.01) beta's 90% interval excludes 0 in 90% of searches;
+with a flat one (0.04 nats, sd 0.012) in 27%; with the sds measured on the built-in corpus at these budgets
+(0.105, 0.040, 0.029 nats at 40, 81, 162 steps) in 20%. Whatever is resolved, the 90% intervals hold the
+true LR* at the target in 86-90% of those searches. More budgets or seeds buy resolution at a price (same
+simulation, built-in noise, 200 searches each; the sd at D/2 taken as 0.02, between the 0.029 measured at D/4
+and 0.012 at D): 3 seeds resolve 23% (+40% trials), the largest budget at D/2 30% (its runs cost twice as
+much), D/2 with 3 seeds 40%, four budgets D/2..D/16 38%. Where beta is not resolved, the report says so and
+the prediction's interval includes the largest budget's LR*.
 """
 
 from __future__ import annotations
