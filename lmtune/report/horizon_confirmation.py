@@ -27,6 +27,7 @@ from lmtune.sweep.runs import (
     effective_runs,
     full_budget_ranking,
     pooled_seed_spread,
+    standard_error,
 )
 
 UNDETERMINED = "undetermined"
@@ -102,7 +103,7 @@ def confirmation(target_runs: Sequence[Run], predicted_lr: float | None, search_
         return undetermined(f"the predicted LR ({predicted_lr:.3g}) has no run that trained the target through")
     sigma = pooled_seed_spread(ranking)
     excess = predicted.mean - best.mean
-    se = None if sigma is None else sigma * math.sqrt(1 / len(predicted.losses) + 1 / len(best.losses))
+    se = standard_error(predicted, best, sigma)
     in_basin, verdict = _verdict(ranking, best, sigma, excess, se, _diverged_above(runs, best.lr))
     if max(predicted.lr / predicted_lr, predicted_lr / predicted.lr) >= SAME_LR:
         verdict += (f"; judged at {predicted.lr:.3g}, the LR trained at the target nearest the prediction "

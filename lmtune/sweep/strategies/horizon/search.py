@@ -231,7 +231,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     def _seeds(self, steps: int) -> None:
         best, _ = self._best(steps)
-        seeds = [self.budget.seed + k for k in range(1, self.settings.seeds)]
+        seeds = self._seeds_of(self.settings.seeds)[1:]
         if best is None or not seeds:
             why = "one seed per LR (seeds: 1)" if not seeds else "no LR trained this budget through"
             self._plan("seeds", steps, [], why)
@@ -257,6 +257,10 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
                    ", ".join(f"lr {r.lr:.3g}" for r in contenders) + f" beat the best ({best.lr:.3g}) on the seeds "
                    "they share: given its seeds before the budget's best LR is settled")
 
+    def _seeds_of(self, count: int) -> list[int]:
+        """The first ``count`` seeds of the search: the base seed, then base + 1, ..."""
+        return [self.budget.seed + k for k in range(count)]
+
     def _refine(self, steps: int) -> None:
         """The LRs halfway (in log) between the crowned best and its neighbours, ``seeds`` runs each: LR* is then
         located on five LRs sqrt(ratio) apart, not on the coarse grid's three."""
@@ -268,7 +272,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         tried = self._tried(steps)
         lrs = [math.sqrt(best.lr * lr) for lr in self._neighbours(steps, best.lr) if not _same(lr, best.lr)]
         lrs = [lr for lr in lrs if not any(_same(lr, t) for t in tried)]
-        seeds = [self.budget.seed + k for k in range(self.settings.seeds)]
+        seeds = self._seeds_of(self.settings.seeds)
         self._plan("refine", steps, [Planned("refine", steps, lr, s) for lr in lrs for s in seeds],
                    f"LR* located between grid points: {', '.join(f'{lr:.3g}' for lr in lrs)}, halfway (in log) "
                    f"between the best ({best.lr:.3g}) and its neighbours, {len(seeds)} seed"
@@ -298,7 +302,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         lr = self._wall_lr(steps)
         if lr is None:
             return
-        seeds = [self.budget.seed + k for k in range(self.settings.seeds)]
+        seeds = self._seeds_of(self.settings.seeds)
         side = "below" if lr < min(self._tried(steps)) else "above"
         self._plan("wall", steps, [Planned("wall", steps, lr, s) for s in seeds],
                    f"no LR {side} the best is clearly worse than it: {lr:.3g}, one grid step beyond the LRs tried, "
@@ -347,7 +351,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
             return
         lrs = self.settings.confirmation_lrs(self.fit.predicted_lr)
         low, high = self.fit.predicted_lr_interval
-        seeds = [self.budget.seed + k for k in range(self.settings.confirm_seeds)]
+        seeds = self._seeds_of(self.settings.confirm_seeds)
         resolved = "" if self.fit.resolved else ", beta not resolved by these budgets"
         self._plan("target", target, [Planned("target", target, lr, s) for lr in lrs for s in seeds],
                    f"the fit predicts {self.fit.predicted_lr:.3g} (90% interval {low:.3g}-{high:.3g}, beta "
