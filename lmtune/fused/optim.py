@@ -3,9 +3,10 @@
 Each parameter of a ``FusedTransformerLM`` has the members on its first dimension, so a member's
 learning rate, weight decay, betas and eps are (K,) tensors broadcast along it. The arithmetic is
 torch.optim.AdamW's (decoupled weight decay, bias-corrected moments), so a member trains exactly as
-it would alone, and ``member_optimizer_state`` hands a member's moments back as an ordinary AdamW
-state dict. A member whose ``active`` flag is off is frozen: nothing of it changes, not even when its
-gradient is NaN.
+it would alone, and ``member_moments`` hands a member's moments back for an ordinary AdamW state dict.
+Each parameter also has the model's own multipliers of the LR and the weight decay (μP's, all 1 under SP),
+applied as ``build_optimizer``'s param groups apply them: lr * lr_scale, weight_decay * weight_decay_scale.
+A member whose ``active`` flag is off is frozen: nothing of it changes, not even when its gradient is NaN.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from lmtune.training.config import TrainConfig
+from lmtune.training.model import TransformerLM
 
 
 @dataclass
@@ -49,13 +51,17 @@ def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 class MemberAdamW:
     """AdamW over a fused model's parameters, every hyperparameter per member.
 
-    Weight decay applies to what is a matrix within one member (ndim >= 3 here: embeddings and linear
-    weights), never to RMSNorm gains, as ``build_optimizer`` does for one model.
+    Weight decay applies to the matrices (embeddings and linear weights), never to RMSNorm gains, as
+    ``build_optimizer`` does for one model; ``model`` is the fused model's stacked TransformerLM, whose
+    multipliers are a member's.
     """
 
-    def __init__(self, model: nn.Module, hyper: MemberHyperparameters):
+    def __init__(self, model: TransformerLM, hyper: MemberHyperparameters):
         self.named = list(model.named_parameters())
         self.hyper = hyper
+        self.lr_scale = model.lr_multipliers()
+        self.decay_scale = model.weight_decay_multipliers()
+        self.distinct_lr_scales = sorted(set(self.lr_scale.values()))
         first = self.named[0][1]
         self.steps = torch.zeros(first.shape[0], dtype=first.dtype, device=first.device)
         self.exp_avg = {name: torch.zeros_like(p) for name, p in self.named}
@@ -67,18 +73,23 @@ class MemberAdamW:
         tensor is updated in place (a compiled step then writes into the same memory every time)."""
         h = self.hyper
         self.steps.copy_(torch.where(active, self.steps + 1, self.steps))
-        step_size = lrs / (1 - h.beta1 ** self.steps)
+        bias_correction1 = 1 - h.beta1 ** self.steps
         bias_correction2_sqrt = (1 - h.beta2 ** self.steps).sqrt()
+        # Each distinct LR multiplier's LRs and step sizes, once (SP: one, and no multiplication at all).
+        scaled = {s: lrs if s == 1.0 else lrs * s for s in self.distinct_lr_scales}
+        step_sizes = {s: lr / bias_correction1 for s, lr in scaled.items()}
         for name, p in self.named:
             grad = p.grad
             if grad is None:
                 continue
             on = _per_member(active, p)
-            decay = _per_member(lrs * h.weight_decay, p) if p.dim() >= 3 else torch.zeros_like(on, dtype=p.dtype)
+            lr_scale, decay_scale = self.lr_scale[name], self.decay_scale[name]
+            wd = h.weight_decay if decay_scale == 1.0 else h.weight_decay * decay_scale
+            decay = _per_member(scaled[lr_scale] * wd, p) if decay_scale > 0 else torch.zeros_like(on, dtype=p.dtype)
             m = self.exp_avg[name].lerp(grad, _per_member(1 - h.beta1, p))
             v = self.exp_avg_sq[name] * _per_member(h.beta2, p) + _per_member(1 - h.beta2, p) * grad * grad
             denom = v.sqrt() / _per_member(bias_correction2_sqrt, p) + _per_member(h.eps, p)
-            updated = p * (1 - decay) - _per_member(step_size, p) * m / denom
+            updated = p * (1 - decay) - _per_member(step_sizes[lr_scale], p) * m / denom
             p.copy_(torch.where(on, updated, p))
             self.exp_avg[name].copy_(torch.where(on, m, self.exp_avg[name]))
             self.exp_avg_sq[name].copy_(torch.where(on, v, self.exp_avg_sq[name]))

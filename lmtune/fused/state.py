@@ -17,14 +17,13 @@ from lmtune.fused.model import FusedTransformerLM
 from lmtune.fused.optim import MemberAdamW, MemberHyperparameters
 from lmtune.training.config import RunConfig
 from lmtune.training.model import TransformerLM
-from lmtune.training.state import TrainState, TrainStateDict, build_optimizer, seed_everything
+from lmtune.training.state import TrainState, TrainStateDict, build_optimizer, optimizer_order, seed_everything
 
 
 def adamw_order(model: FusedTransformerLM) -> list[str]:
-    """Parameter names in the order ``build_optimizer`` lists a member's (its state dict's integer keys):
-    the matrices (ndim >= 3 with the member dimension), then the gains."""
-    named = list(model.stacked.named_parameters())
-    return [n for n, p in named if p.ndim >= 3] + [n for n, p in named if p.ndim < 3]
+    """Parameter names in the order ``build_optimizer`` lists a member's (its state dict's integer keys): its
+    param groups' (by name and multiplier, so the stacked model's are a member's)."""
+    return optimizer_order(model.stacked)
 
 
 @dataclass

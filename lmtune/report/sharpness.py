@@ -32,6 +32,7 @@ from lmtune.training.checkpoint import Checkpoint, load_checkpoint
 from lmtune.training.config import ModelConfig
 from lmtune.training.model import TransformerLM
 from lmtune.training.schedule import scheduled_lr
+from lmtune.training.state import optimizer_order
 
 log = logging.getLogger(__name__)
 
@@ -210,9 +211,9 @@ def _model_config(model: ModelConfig | None, state: Checkpoint) -> ModelConfig:
 
 
 def _optimizer_order(model: TransformerLM) -> list[torch.Tensor]:
-    """Parameters in the order build_optimizer (lmtune.training.state) gives AdamW: matrices, then the rest."""
-    params = list(model.parameters())
-    return [p for p in params if p.ndim >= 2] + [p for p in params if p.ndim < 2]
+    """Parameters in the order build_optimizer (lmtune.training.state) gives AdamW: its param groups'."""
+    params = dict(model.named_parameters())
+    return [params[name] for name in optimizer_order(model)]
 
 
 def _second_moments(model: TransformerLM, optimizer_state: StateDict) -> tuple[Vector, int] | None:

@@ -18,9 +18,12 @@ from lmtune.training.metric_registry import RowValue
 # What two runs must share for their losses to be one truth, by group (a refusal names the group and field):
 # everything that shapes the loss curve but the LR and seed. How often a run logs, evaluates or checkpoints,
 # its device and compilation are bookkeeping; ``run_steps`` is the budget a search cuts its runs to.
+# μP's fields (lmtune.training.model): a grid.json written before they existed trained the SP model.
+PARAMETRIZATION_FIELDS = ("parametrization", "mup_base_width", "mup_base_head_dim")
+OLDER_MODEL = {"parametrization": "sp", "mup_base_width": 128, "mup_base_head_dim": 32}
 SETTING: dict[str, tuple[str, ...]] = {
     "model": ("vocab_size", "d_model", "d_ff", "n_layers", "n_heads", "rope_theta", "norm_eps", "qk_norm",
-              "z_loss"),
+              "z_loss", *PARAMETRIZATION_FIELDS),
     "budget": ("steps", "batch_size", "context_length", "tokens"),
     "schedule": ("schedule", "warmup_steps", "min_lr_ratio", "cooldown_fraction", "cooldown_shape"),
     "optimizer": ("weight_decay", "beta1", "beta2", "eps", "grad_clip"),
@@ -56,6 +59,8 @@ class Setting:
         """grid.json's ``setting`` (a group or field it lacks: unknown, None)."""
         groups = {group: {k: v for k, v in (raw.get(group) or {}).items() if not isinstance(v, (list, dict))}
                   for group in SETTING if isinstance(raw.get(group) or {}, dict)}
+        if "model" in groups and "parametrization" not in groups["model"]:
+            groups["model"].update(OLDER_MODEL)
         data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
         return cls(groups, TruthData(str(data.get("dir") or ""), str(data.get("content_hash") or "")))
 

@@ -42,6 +42,14 @@ class ModelConfig:
     """RMSNorm on per-head queries and keys (Wortsman et al. 2023): tames attention-logit growth."""
     z_loss: float = 0.0
     """Coefficient on log^2 Z of the output softmax (Wortsman et al. 2023): tames output-logit drift."""
+    parametrization: str = "sp"
+    """sp (standard: today's model) | mup (maximal-update parametrization, Yang et al. 2022: an LR tuned at
+    one width transfers to wider models; see lmtune.training.model)."""
+    mup_base_width: int = 128
+    """mup only: the d_model at which mup equals sp (the width multiplier is d_model / mup_base_width)."""
+    mup_base_head_dim: int = 32
+    """mup only: the head dimension at which mup's attention scale sqrt(mup_base_head_dim) / head_dim equals
+    sp's 1/sqrt(head_dim) (a family that keeps d_model/n_heads fixed as it widens never changes the scale)."""
 
 
 @dataclass
@@ -187,7 +195,9 @@ BUDGETS: dict[str, dict[str, Setting]] = {
 
 MODEL_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+PARAMETRIZATIONS = ("sp", "mup")
 CHOICES = {
+    "parametrization": PARAMETRIZATIONS,
     "device": None,  # validated by the device module (cuda:N etc.)
     "compile": ("auto", "on", "off"),
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
@@ -307,6 +317,8 @@ def validate(config: RunConfig, where: str = "config") -> None:
     need(math.isfinite(m.rope_theta) and m.rope_theta > 0, "rope_theta must be a positive number")
     need(math.isfinite(m.norm_eps) and m.norm_eps > 0, f"norm_eps must be a positive number (got {m.norm_eps})")
     need(math.isfinite(m.z_loss) and m.z_loss >= 0, "z_loss must be >= 0")
+    for name in ("mup_base_width", "mup_base_head_dim"):
+        need(getattr(m, name) > 0, f"{name} must be a positive integer (got {getattr(m, name)})")
     need(math.isfinite(t.lr) and 0 < t.lr <= MAX_LR,
          f"lr must be a positive finite number at most {MAX_LR:g} (got {t.lr}); nothing trains there")
     need(0 <= t.seed <= MAX_SEED, f"seed must be an integer in [0, 2**32 - 1] (got {t.seed})")
@@ -333,8 +345,8 @@ def validate(config: RunConfig, where: str = "config") -> None:
         need(getattr(t, name) > 0, f"{name} must be a positive integer (got {getattr(t, name)})")
     for name, choices in CHOICES.items():
         if choices is not None:
-            need(getattr(t, name) in choices,
-                 f"{name} must be one of {', '.join(choices)} (got {shown(getattr(t, name))})")
+            value = getattr(m if name in MODEL_FIELDS else t, name)
+            need(value in choices, f"{name} must be one of {', '.join(choices)} (got {shown(value)})")
     if t.compile_backend != "auto":
         import torch
 

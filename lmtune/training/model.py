@@ -13,6 +13,25 @@ directions); the two projections that write into the residual stream (attention 
 SwiGLU down projection) are further scaled by 1/sqrt(2 n_layers) so the residual stream's variance
 does not grow with depth (GPT-2). The token embedding is truncated normal with std 1, which the
 first pre-norm RMSNorm rescales anyway. RMSNorm gains start at 1.
+
+Parametrization (ModelConfig.parametrization). "sp", the standard one, is all of the above: one learning
+rate for every parameter. Under it the best LR shifts as the model widens, because Adam moves every weight
+by about lr per step whatever its fan-in, so a hidden matrix's effect on its output grows with the width.
+"mup" is the maximal-update parametrization (Yang et al. 2022, "Tensor Programs V", Table 3; the microsoft/mup
+package's MuAdam and MuReadout), which makes the best LR transfer across widths. With the width multiplier
+m = d_model / mup_base_width (d_ff and the heads are assumed to widen with d_model), under AdamW:
+- the hidden matrices (attention qkv/out, SwiGLU gate/up/down: both dimensions grow) take lr/m, and m times
+  the weight decay, so AdamW's per-step shrink lr * wd stays width-independent (MuAdam, decoupled_wd=False);
+  their init is SP's, whose variance already falls as 1/fan_in when both dimensions grow together;
+- the embedding and the output layer keep the full lr; the output layer's 1/m lives in the forward instead
+  (logits = lm_head(h) / m, MuReadout's output multiplier), and its init std is the base shape's,
+  sqrt(2 / (mup_base_width + vocab)), constant in width (MuReadout's rescale by sqrt(m));
+- attention scores are q.k * sqrt(mup_base_head_dim) / head_dim (1/d_head, not 1/sqrt(d_head): under μP q and
+  k become correlated as the head widens).
+At d_model == mup_base_width and head_dim == mup_base_head_dim every one of these equals SP, bit for bit.
+Lingle 2024 ("A Large-Scale Exploration of μ-Transfer") found trainable RMSNorm gains and the attention scale
+to be where μ-transfer can break; this model keeps its RMSNorm gains (LR multiplier 1, no decay), so check
+transfer on it (lmtune.tools.coord_check) rather than assume it.
 """
 
 from __future__ import annotations
@@ -45,18 +64,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """q.k times ``scale`` (None: SP's 1/sqrt(head_dim), divided as ever)."""
+    product = q @ k.transpose(-2, -1)
+    return product / math.sqrt(q.shape[-1]) if scale is None else product * scale
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Plain masked-softmax attention (explicit T x T mask): the slow, obviously-correct path."""
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    scores = attention_scores(q, k, scale)
     t = q.shape[-2]
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(dim=-1) @ v
 
 
-def causal_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Attention logits q.k/sqrt(d) in float32, the positions a causal mask hides at -inf."""
-    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+def causal_logits(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Attention logits q.k/sqrt(d) (or q.k * ``scale``) in float32, the positions a causal mask hides at -inf."""
+    scores = attention_scores(q.float(), k.float(), scale)
     t = q.shape[-2]
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     return scores.masked_fill(~mask, float("-inf"))
@@ -72,6 +97,8 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.use_sdpa = True
+        self.scale = attention_scale(cfg)
+        """The softmax scale: None for SP's 1/sqrt(head_dim) (μP's too at its base head dimension)."""
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         b, t, d = x.shape
@@ -84,16 +111,29 @@ class Attention(nn.Module):
         b, t, d = x.shape
         q, k, v = self.project(x, cos, sin)
         if self.use_sdpa:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         else:
-            y = reference_attention(q, k, v)
+            y = reference_attention(q, k, v, self.scale)
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
     @torch.no_grad()
     def max_logit(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Largest causal attention logit q.k/sqrt(d): the quantity whose growth breaks small models."""
         q, k, _ = self.project(x, cos, sin)
-        return causal_logits(q, k).amax()
+        return causal_logits(q, k, self.scale).amax()
+
+
+def attention_scale(cfg: ModelConfig) -> float | None:
+    """μP's 1/d_head softmax scale, sqrt(mup_base_head_dim) / head_dim; None (SDPA's default 1/sqrt(head_dim))
+    under SP and wherever μP's equals it, so the base shape's arithmetic is SP's exactly."""
+    head_dim = cfg.d_model // cfg.n_heads
+    if cfg.parametrization == "sp" or head_dim == cfg.mup_base_head_dim:
+        return None
+    return math.sqrt(cfg.mup_base_head_dim) / head_dim
+
+
+# The matrices inside a block whose both dimensions grow with the width (μP's "hidden" weights).
+HIDDEN = ("attn.qkv.weight", "attn.out.weight", "ffn.gate.weight", "ffn.up.weight", "ffn.down.weight")
 
 
 class SwiGLU(nn.Module):
@@ -134,11 +174,34 @@ class TransformerLM(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
+    @property
+    def width_multiplier(self) -> float:
+        """μP's m = d_model / mup_base_width (1.0 under SP)."""
+        if self.cfg.parametrization == "sp":
+            return 1.0
+        return self.cfg.d_model / self.cfg.mup_base_width
+
+    def lr_multipliers(self) -> dict[str, float]:
+        """Each parameter's learning rate over the schedule's, by name: 1/m for μP's hidden matrices (Adam's
+        rule), 1.0 for everything else and for every parameter under SP."""
+        hidden = 1.0 / self.width_multiplier
+        return {name: hidden if name.endswith(HIDDEN) else 1.0 for name, _ in self.named_parameters()}
+
+    def weight_decay_multipliers(self) -> dict[str, float]:
+        """Each parameter's weight decay over the config's, by name: 0 for the RMSNorm gains (never decayed),
+        m for μP's hidden matrices (so lr * wd is width-independent), 1.0 for the rest."""
+        gains = {f"{owner}.weight" for owner, module in self.named_modules()
+                 if isinstance(module, nn.RMSNorm)}
+        return {name: 0.0 if name in gains else self.width_multiplier if name.endswith(HIDDEN) else 1.0
+                for name, _ in self.named_parameters()}
+
     def reset_parameters(self) -> None:
         residual_scale = 1.0 / math.sqrt(2 * self.cfg.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 fan_out, fan_in = module.weight.shape
+                if name == "lm_head" and self.cfg.parametrization == "mup":
+                    fan_in = self.cfg.mup_base_width  # the base shape's std, constant in width (MuReadout)
                 std = math.sqrt(2.0 / (fan_in + fan_out))
                 if name.endswith("attn.out") or name.endswith("ffn.down"):
                     std *= residual_scale
@@ -156,10 +219,15 @@ class TransformerLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, vocab) without targets; with targets, the mean loss (cross-entropy + z-loss)."""
-        logits = self.lm_head(self.hidden(idx))
+        logits = self.readout(self.hidden(idx))
         if targets is None:
             return logits
         return lm_loss(logits, targets, self.cfg.z_loss)
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of the final hidden states: lm_head's, divided by m under μP (its output multiplier)."""
+        logits = self.lm_head(hidden)
+        return logits if self.cfg.parametrization == "sp" else logits / self.width_multiplier
 
     @torch.no_grad()
     def stability_probes(self, idx: torch.Tensor) -> dict[str, float]:
@@ -174,7 +242,7 @@ class TransformerLM(nn.Module):
         for block in self.blocks:
             attn_max = torch.maximum(attn_max, block.attn.max_logit(block.attn_norm(x), self.rope_cos, self.rope_sin))
             x = block(x, self.rope_cos, self.rope_sin)
-        logits = self.lm_head(self.final_norm(x)).float()
+        logits = self.readout(self.final_norm(x)).float()
         return {
             "attn_logit_max": attn_max,
             "output_logit_max": logits.abs().amax(),

@@ -13,7 +13,6 @@ from typing import NotRequired, TypedDict
 
 import numpy as np
 import torch
-from torch import nn
 from torch.optim.optimizer import StateDict
 
 from lmtune.training.config import RunConfig
@@ -83,17 +82,45 @@ class TrainState:
         restore_rng_state(saved["rng"], device)
 
 
-def build_optimizer(model: nn.Module, config: RunConfig, device: torch.device,
+@dataclass(frozen=True)
+class ParamGroup:
+    """One of ``build_optimizer``'s AdamW parameter groups, by the parameters' names."""
+
+    names: tuple[str, ...]
+    """Its parameters (TransformerLM's names, in the model's order)."""
+    weight_decay_scale: float
+    """Its weight decay over the config's: 0 (RMSNorm gains), 1, or m (μP's hidden matrices)."""
+    lr_scale: float
+    """Its learning rate over the schedule's: 1, or 1/m (μP's hidden matrices)."""
+
+
+def param_groups(model: TransformerLM) -> list[ParamGroup]:
+    """The parameters grouped by (weight decay, LR) multiplier: the decayed groups first, then the gains,
+    each in the order of its first parameter. Under SP (or μP at its base width) that is today's two groups,
+    the matrices and the gains, so the optimizer's state-dict indices stay what older checkpoints hold."""
+    decay, lr = model.weight_decay_multipliers(), model.lr_multipliers()
+    groups: dict[tuple[float, float], list[str]] = {}
+    for name in sorted(decay, key=lambda n: decay[n] == 0.0):  # stable: the model's order within each part
+        groups.setdefault((decay[name], lr[name]), []).append(name)
+    return [ParamGroup(tuple(names), wd, scale) for (wd, scale), names in groups.items()]
+
+
+def optimizer_order(model: TransformerLM) -> list[str]:
+    """Parameter names in the order ``build_optimizer`` lists them (its state dict's integer keys)."""
+    return [name for group in param_groups(model) for name in group.names]
+
+
+def build_optimizer(model: TransformerLM, config: RunConfig, device: torch.device,
                     fused: bool | None = None) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on RMSNorm gains); fused kernels (one launch for every
-    parameter, no host sync) on CUDA, or wherever ``fused`` asks; else torch's foreach implementation."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    """AdamW with weight decay on matrices only (not on RMSNorm gains), a group per ``param_groups`` entry whose
+    ``lr_scale`` the step multiplies the schedule's LR by; fused kernels (one launch for every parameter, no
+    host sync) on CUDA, or wherever ``fused`` asks; else torch's foreach implementation."""
+    params = dict(model.named_parameters())
     t = config.train
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=device.type == "cuda" if fused is None else fused,
-    )
+    groups = [{"params": [params[n] for n in g.names], "weight_decay": t.weight_decay * g.weight_decay_scale,
+               "lr": t.lr * g.lr_scale, "lr_scale": g.lr_scale} for g in param_groups(model)]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                             fused=device.type == "cuda" if fused is None else fused)
 
 
 def seed_everything(seed: int) -> None:

@@ -94,7 +94,8 @@ class StepResult:
 
 def train_step(state: TrainState, runtime: Runtime, x: torch.Tensor, y: torch.Tensor, lr: float,
                settings: TrainConfig, measure: bool = False) -> StepResult:
-    """One optimizer step at learning rate ``lr`` on the batch (x, y) of ``settings.batch_size`` windows.
+    """One optimizer step at learning rate ``lr`` (times each parameter group's ``lr_scale``: μP's multipliers)
+    on the batch (x, y) of ``settings.batch_size`` windows.
 
     The batch is split into ``settings.grad_accum_steps`` equal micro-batches whose gradients add up
     to the gradient of the whole batch's mean loss. On CPU a non-finite loss or gradient norm refuses
@@ -103,7 +104,7 @@ def train_step(state: TrainState, runtime: Runtime, x: torch.Tensor, y: torch.Te
     step) also measures the step's ``measured`` metrics, on the device.
     """
     for group in state.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # μP's per-group multiplier (absent: older checkpoints)
     loss = forward_backward(runtime, x, y, settings.grad_accum_steps)
     grad_norm = clip_gradients(state.model, settings.grad_clip)
     finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
