@@ -7,6 +7,7 @@
     results/NAME/decisions/asha_state.json      ASHA's rung records (lmtune.sweep.asha_scheduler.PersistentASHA)
     results/NAME/decisions/edge_search.json     the edge search's state and decisions (search: edge)
     results/NAME/decisions/horizon_search.json  the horizon search's state and decisions (search: horizon)
+    results/NAME/decisions/width_search.json    the width search's state and decisions (search: width)
     results/NAME/<trial folder>/trial.json      which Tune trial a folder holds, and its parameters
     results/NAME/.lmtune.lock                   held by the one process writing the sweep (its pid inside)
 
@@ -43,6 +44,7 @@ LEDGER_NAME = "trial_outcomes.json"
 ASHA_STATE_NAME = "asha_state.json"
 EDGE_STATE_NAME = "edge_search.json"
 HORIZON_STATE_NAME = "horizon_search.json"
+WIDTH_STATE_NAME = "width_search.json"
 TRIAL_FILE = "trial.json"
 # Periodic checkpoints on their way to Tune (lmtune.sweep.trainable.staging_dir); Tune keeps each in the trial
 # folder's checkpoint_NNNNNN/ (a fused group's: one subfolder per member, named as the member's folder).
@@ -159,6 +161,15 @@ def read_edge_state(sweep_dir: Path) -> JsonObject | None:
 def read_horizon_state(sweep_dir: Path) -> JsonObject | None:
     """decisions/horizon_search.json (the horizon search's state), or None: absent, or unreadable (warned)."""
     return read_search_state(horizon_state_path(sweep_dir))
+
+
+def width_state_path(sweep_dir: Path) -> Path:
+    return decisions_dir(sweep_dir) / WIDTH_STATE_NAME
+
+
+def read_width_state(sweep_dir: Path) -> JsonObject | None:
+    """decisions/width_search.json (the width search's state), or None: absent, or unreadable (warned)."""
+    return read_search_state(width_state_path(sweep_dir))
 
 
 _WARNED: set[tuple[str, str]] = set()  # (path, problem) already warned about: said once per process

@@ -48,13 +48,19 @@ class Budget:
     """Token counts at which LRs are compared (ASHA's rungs), the last one the full budget."""
     schedule: str = "cosine"
     """The LR schedule (cosine | wsd): under WSD a run of one budget can continue another's (lmtune.training.fork)."""
+    d_model: int = 0
+    """The model's width (the width search's target; 0: not recorded)."""
+    d_ff: int = 0
+    """Its feed-forward width (a narrower model of the width search keeps d_ff / d_model)."""
+    n_heads: int = 0
+    """Its attention heads (a narrower model keeps the head dimension d_model / n_heads)."""
 
     @classmethod
     def of_run(cls, config: RunConfig, asha: AshaBudget | None) -> Budget:
         """The budget of a RunConfig (its tokens: RunConfig's own), compared at ASHA's rungs (None: at its end)."""
-        t = config.train
+        t, m = config.train, config.model
         return cls(t.steps, t.warmup_steps, config.tokens_per_step, t.seed,
-                   comparison_rungs(config.total_tokens, asha), t.schedule)
+                   comparison_rungs(config.total_tokens, asha), t.schedule, m.d_model, m.d_ff, m.n_heads)
 
     @property
     def full_tokens(self) -> int:

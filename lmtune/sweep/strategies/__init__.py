@@ -8,8 +8,10 @@ from lmtune.sweep.strategies.edge import EdgeStrategy
 from lmtune.sweep.strategies.grid import GridSearch
 from lmtune.sweep.strategies.horizon import HorizonStrategy
 from lmtune.sweep.strategies.optuna_search import OptunaSearch
+from lmtune.sweep.strategies.width import WidthStrategy
 
 STRATEGIES: dict[str, type[SearchStrategy]] = {
-    s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy)}
+    s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy, WidthStrategy)}
 
-__all__ = ["STRATEGIES", "EdgeStrategy", "GridSearch", "HorizonStrategy", "OptunaSearch", "SearchStrategy"]
+__all__ = ["STRATEGIES", "EdgeStrategy", "GridSearch", "HorizonStrategy", "OptunaSearch", "SearchStrategy",
+           "WidthStrategy"]

@@ -27,6 +27,8 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
     settings_class: ClassVar[type]
     planned_class: ClassVar[type]
     decision_class: ClassVar[type]
+    renamed: ClassVar[dict[str, str]] = {}
+    """Keys of its plans and decisions an earlier version's state file named otherwise: old name -> new."""
 
     def __init__(self, settings, budget: Budget, max_pending: int = 1):
         self.settings, self.budget, self.max_pending = settings, budget, max_pending
@@ -92,13 +94,17 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
         search = cls(cls.settings_class(**{k: v for k, v in data["settings"].items() if k in known}),
                      Budget(**{**budget, "rungs": tuple(budget["rungs"])}), data.get("max_pending", 1))
         search.runs = {tid: Run.from_json(run) for tid, run in data["runs"].items()}
-        search.plans = {tid: _plan(cls.planned_class, p) for tid, p in data["plans"].items()}
-        search.queue = [_plan(cls.planned_class, p) for p in data["queue"]]
-        search.decisions = [cls.decision_class(**d) for d in data["decisions"]]
+        search.plans = {tid: _plan(cls.planned_class, cls._renamed(p)) for tid, p in data["plans"].items()}
+        search.queue = [_plan(cls.planned_class, cls._renamed(p)) for p in data["queue"]]
+        search.decisions = [cls.decision_class(**cls._renamed(d)) for d in data["decisions"]]
         search.finished = data["finished"]
         search.interrupted = dict(data.get("interrupted") or {})
         search._restore(data)
         return search
+
+    @classmethod
+    def _renamed(cls, data: JsonObject) -> JsonObject:
+        return {cls.renamed.get(k, k): v for k, v in data.items()}
 
     def _restore(self, data: JsonObject) -> None:
         """The subclass's own keys of ``to_json``."""

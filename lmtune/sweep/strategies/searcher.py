@@ -27,12 +27,14 @@ from lmtune.sweep.record import (
     read_search_state,
     rebased,
     trial_folders,
+    width_state_path,
 )
 from lmtune.sweep.runs import INTERRUPTED
 from lmtune.sweep.stopping import outcome_of
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
+from lmtune.sweep.strategies.width.search import WidthSearch
 from lmtune.sweep.tune_types import TuneParams, TuneResult
 from lmtune.training.lr_range import read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics
@@ -175,3 +177,9 @@ class HorizonSearcher(DecidingSearcher):
     search_class = HorizonSearch
     label = "horizon search"
     state_file = staticmethod(horizon_state_path)
+
+
+class WidthSearcher(DecidingSearcher):
+    search_class = WidthSearch
+    label = "width search"
+    state_file = staticmethod(width_state_path)

@@ -98,28 +98,91 @@ def fit_horizon(points: Sequence[LocatedLr], target_tokens: int) -> HorizonFit:
     if len({p.tokens for p in usable}) < 2:
         raise LmtuneError("a horizon fit needs LR* at two or more budgets (each budget's best LR not at the end "
                           "of its LRs)")
-    x = np.log([float(p.tokens) for p in usable])
-    y = np.log([p.lr for p in usable])
-    weights = 1.0 / np.asarray([max(p.log_se, 1e-6) for p in usable]) ** 2
-    design = np.stack([np.ones_like(x), x], axis=1)
+    law = fit_power_law([float(p.tokens) for p in usable], usable, float(target_tokens))
+    return HorizonFit(law.exponent, law.exponent_interval, law.intercept, law.intercept_interval, target_tokens,
+                      law.predicted_lr, law.predicted_lr_interval, tuple(sorted(points, key=lambda p: p.tokens)),
+                      law.chi2, law.dof, law.scale)
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """ln LR* = intercept - exponent ln x, fitted by weighted least squares, and what it predicts at a target x."""
+
+    exponent: float
+    """LR* moves as x^-exponent."""
+    exponent_interval: tuple[float, float]
+    """The exponent's 90% interval."""
+    intercept: float
+    """ln LR* at x = 1."""
+    intercept_interval: tuple[float, float]
+    predicted_lr: float
+    """LR* at the target x."""
+    predicted_lr_interval: tuple[float, float]
+    """Its 90% interval (widened to the largest x's LR* interval when the exponent is not resolved)."""
+    chi2: float
+    dof: int
+    scale: float
+    """The factor the intervals were widened by for lack of fit (1: none)."""
+
+    @property
+    def resolved(self) -> bool:
+        """The exponent's 90% interval excludes 0: LR* moves along x."""
+        low, high = self.exponent_interval
+        return low > 0 or high < 0
+
+    @property
+    def lack_of_fit_p(self) -> float | None:
+        """P(chi2 this large | the law holds); None with 2 points (no residual)."""
+        return chi2_survival(self.chi2, self.dof) if self.dof > 0 else None
+
+    @property
+    def law_holds(self) -> bool | None:
+        """False when the points' LR*s are further from the line than their errors allow (p < LAW_P)."""
+        p = self.lack_of_fit_p
+        return None if p is None else p >= LAW_P
+
+    def to_json(self) -> JsonObject:
+        return {"exponent": self.exponent, "exponent_interval": list(self.exponent_interval),
+                "intercept": self.intercept, "intercept_interval": list(self.intercept_interval),
+                "predicted_lr": self.predicted_lr, "predicted_lr_interval": list(self.predicted_lr_interval),
+                "chi2": self.chi2, "dof": self.dof, "scale": self.scale, "resolved": self.resolved,
+                "lack_of_fit_p": self.lack_of_fit_p, "law_holds": self.law_holds}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> PowerLaw:
+        return cls(float(data["exponent"]), _pair(data["exponent_interval"]), float(data["intercept"]),
+                   _pair(data["intercept_interval"]), float(data["predicted_lr"]),
+                   _pair(data["predicted_lr_interval"]), float(data["chi2"]), int(data["dof"]), float(data["scale"]))
+
+
+def fit_power_law(x: Sequence[float], points: Sequence[LocatedLr], target_x: float) -> PowerLaw:
+    """The weighted line ln LR* = a + b ln x through ``points`` (their LR*s at ``x``, each known to its log SE),
+    its prediction at ``target_x``; 90% intervals widened by the Birge ratio when the residuals exceed their
+    errors. When the slope is not resolved the prediction's interval also takes in the largest x's LR* interval
+    (LR* may not move at all). Needs two distinct x."""
+    order = np.argsort(x)
+    logx = np.log(np.asarray(x, dtype=float)[order])
+    ordered = [points[i] for i in order]
+    y = np.log([p.lr for p in ordered])
+    weights = 1.0 / np.asarray([max(p.log_se, 1e-6) for p in ordered]) ** 2
+    design = np.stack([np.ones_like(logx), logx], axis=1)
     covariance = np.linalg.inv(design.T @ (design * weights[:, None]))
     a, b = covariance @ (design * weights[:, None]).T @ y
-    residuals = y - (a + b * x)
-    chi2, dof = float(np.sum(weights * residuals ** 2)), len(usable) - 2
+    residuals = y - (a + b * logx)
+    chi2, dof = float(np.sum(weights * residuals ** 2)), len(ordered) - 2
     scale = math.sqrt(chi2 / dof) if dof > 0 and chi2 > dof else 1.0
     half = Z90 * scale
-    at_target = np.array([1.0, math.log(target_tokens)])
+    at_target = np.array([1.0, math.log(target_x)])
     predicted, predicted_se = float(at_target @ [a, b]), math.sqrt(float(at_target @ covariance @ at_target))
-    beta_se, a_se = math.sqrt(covariance[1, 1]), math.sqrt(covariance[0, 0])
-    beta_interval = (float(-b) - half * beta_se, float(-b) + half * beta_se)
+    slope_se, a_se = math.sqrt(covariance[1, 1]), math.sqrt(covariance[0, 0])
+    exponent_interval = (float(-b) - half * slope_se, float(-b) + half * slope_se)
     interval = (math.exp(predicted - half * predicted_se), math.exp(predicted + half * predicted_se))
-    if not (beta_interval[0] > 0 or beta_interval[1] < 0):
-        # beta not resolved: LR* may not move at all, so the target's may be the largest budget's
-        low, high = usable[-1].interval()
+    if not (exponent_interval[0] > 0 or exponent_interval[1] < 0):
+        # not resolved: LR* may not move at all, so the target's may be the largest x's
+        low, high = ordered[-1].interval()
         interval = (min(interval[0], low), max(interval[1], high))
-    return HorizonFit(float(-b), beta_interval, float(a), (float(a) - half * a_se, float(a) + half * a_se),
-                      target_tokens, math.exp(predicted), interval, tuple(sorted(points, key=lambda p: p.tokens)),
-                      chi2, dof, scale)
+    return PowerLaw(float(-b), exponent_interval, float(a), (float(a) - half * a_se, float(a) + half * a_se),
+                    math.exp(predicted), interval, chi2, dof, scale)
 
 
 def _pair(values: Sequence[float]) -> tuple[float, float]:

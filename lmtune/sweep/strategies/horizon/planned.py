@@ -1,4 +1,5 @@
-"""What the horizon search plans: a stage's decision at one budget, and each trial it asks Tune for."""
+"""What the horizon search plans: a stage's decision at one point of its axis (a budget, or a width), and each
+trial it asks Tune for."""
 
 from __future__ import annotations
 
@@ -9,20 +10,22 @@ from lmtune.sweep.tune_types import TuneParams
 
 @dataclass(frozen=True)
 class Decision:
-    """A stage's plan at one budget: the LRs it asked for, and why."""
+    """A stage's plan at one point: the LRs it asked for, and why."""
 
     stage: str
-    steps: int
+    point: int
+    """The budget in steps (search: horizon) or the width, d_model (search: width)."""
     lrs: list[float]
     why: str
 
 
 @dataclass
 class Planned:
-    """A trial the search asks for: its stage, budget (steps), LR and seed, and why."""
+    """A trial the search asks for: its stage, point (budget in steps, or width), LR and seed, and why."""
 
     stage: str
-    steps: int
+    point: int
+    """The budget in steps (search: horizon) or the width, d_model (search: width)."""
     lr: float
     seed: int
     why: str = ""
@@ -31,8 +34,8 @@ class Planned:
     continues from where it ended (the same run as from scratch: lmtune.training.fork)."""
 
     def config(self) -> TuneParams:
-        """The trial's Tune config: the budget is its ``steps`` (its schedule decays over them)."""
-        config: TuneParams = {"stage": self.stage, "steps": self.steps, "lr": self.lr, "seed": self.seed}
+        """The trial's Tune config, but for what its point sets (the search's axis adds it: SearchAxis.params)."""
+        config: TuneParams = {"stage": self.stage, "lr": self.lr, "seed": self.seed}
         if self.fork_from:
             config["fork_from"] = self.fork_from
         return config

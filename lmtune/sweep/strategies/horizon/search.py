@@ -33,10 +33,11 @@ from lmtune.files import JsonObject
 from lmtune.sweep.bracket import bracket
 from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.landscape import best_lr_interval
-from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, full_budget_ranking
+from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, effective_runs, full_budget_ranking
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
-from lmtune.sweep.strategies.horizon.budgets import fit_budgets, runs_at
+from lmtune.sweep.strategies.horizon.axis import SearchAxis, TokenAxis
+from lmtune.sweep.strategies.horizon.budgets import fit_budgets
 from lmtune.sweep.strategies.horizon.fit import HorizonFit
 from lmtune.sweep.strategies.horizon.planned import Decision, Planned
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
@@ -54,17 +55,23 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
     settings_class = HorizonSettings
     planned_class = Planned
     decision_class = Decision
+    renamed = {"steps": "point"}  # (a state file of an earlier version)
 
     def __init__(self, settings: HorizonSettings, budget: Budget, max_pending: int = 1):
         super().__init__(settings, budget, max_pending)
-        self.seed_rounds: dict[int, int] = {}  # budget steps -> further seed rounds given
+        self.axis: SearchAxis = self.make_axis()
+        self.seed_rounds: dict[int, int] = {}  # point -> further seed rounds given
         self.fit: HorizonFit | None = None
         self.fit_problem: str | None = None
 
+    def make_axis(self) -> SearchAxis:
+        """The budgets D/16, D/8, D/4 (by default) of the target D, the space's steps."""
+        return TokenAxis(self.budget, tuple(self.settings.budget_steps(self.budget.steps)))
+
     @property
-    def budgets(self) -> list[int]:
-        """The searched budgets in steps, smallest first."""
-        return self.settings.budget_steps(self.budget.steps)
+    def points(self) -> list[int]:
+        """The searched points (budgets in steps; widths for a width search), smallest first."""
+        return self.axis.points
 
     # -- what Tune asks and tells ------------------------------------------------------------
 
@@ -85,17 +92,18 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         planned = next((p for p in self.queue if p.stage != "edge"), self.queue[0])
         self.queue.remove(planned)
         planned.fork_from = self._fork_source(planned)
-        tokens = planned.steps * self.budget.tokens_per_step
-        self.runs[trial_id] = Run(planned.lr, planned.seed, planned.stage, tokens, tokens, trial_id=trial_id)
+        tokens = self.axis.budget_tokens(planned.point)
+        self.runs[trial_id] = Run(planned.lr, planned.seed, planned.stage, tokens, tokens,
+                                  others=self.axis.others(planned.point), trial_id=trial_id)
         self.plans[trial_id] = planned
-        return planned.config()
+        return {**planned.config(), **self.axis.params(planned.point)}
 
     def _fork_source(self, planned: Planned) -> str | None:
         """Under WSD, the trial id of the same LR and seed's run at the largest smaller budget that trained it
-        through: this run continues it from where its stable phase ended instead of training those steps again."""
+        through: this run continues it from where its stable phase ended instead of training those point again."""
         if self.budget.schedule != "wsd":
             return None
-        tokens = planned.steps * self.budget.tokens_per_step
+        tokens = self.axis.budget_tokens(planned.point)
         sources = [(r.budget_tokens, tid) for tid, r in self.runs.items()
                    if r.seed == planned.seed and _same(r.lr, planned.lr) and r.budget_tokens < tokens
                    and r.trained_through()]
@@ -103,41 +111,41 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     # -- what the runs show ------------------------------------------------------------------
 
-    def runs_at(self, steps: int) -> list[Run]:
-        return runs_at(self.runs.values(), steps, self.budget)
+    def runs_at(self, point: int) -> list[Run]:
+        return effective_runs(r for r in self.runs.values() if self.axis.holds(r, point))
 
     # -- deciding ----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        budgets = self.budgets
-        for i, steps in enumerate(budgets):
-            if not self._planned("grid", steps):
+        points = self.points
+        for i, point in enumerate(points):
+            if not self._planned("grid", point):
                 if i == 0:
-                    self._first_grid(steps)
-                elif self._grid_settled(budgets[i - 1]):
-                    self._next_grid(budgets[i - 1], steps)
+                    self._first_grid(point)
+                elif self._grid_settled(points[i - 1]):
+                    self._next_grid(points[i - 1], point)
                 continue
-            if self._busy(steps, "grid", "extend"):
+            if self._busy(point, "grid", "extend"):
                 continue
-            if not self._grid_settled(steps):
-                self._extend(steps)
-            elif not self._planned("seeds", steps):
-                self._seeds(steps)
-            elif not self._busy(steps, "seeds", "refine", "wall"):  # (a half-run refine LR is no contender)
-                self._reseed(steps)
+            if not self._grid_settled(point):
+                self._extend(point)
+            elif not self._planned("seeds", point):
+                self._seeds(point)
+            elif not self._busy(point, "seeds", "refine", "wall"):  # (a half-run refine LR is no contender)
+                self._reseed(point)
                 # refine and walls around the crown as it stands once its contenders have their seeds
-                if not self._busy(steps, "seeds") and not self._contenders(steps):
-                    if not self._planned("refine", steps):
-                        self._refine(steps)
+                if not self._busy(point, "seeds") and not self._contenders(point):
+                    if not self._planned("refine", point):
+                        self._refine(point)
                     else:
-                        self._wall(steps)
-            self._edge(steps)
-        if not self._planned("target", self.budget.steps) and all(self._settled(s) for s in budgets):
+                        self._wall(point)
+            self._edge(point)
+        if not self._planned("target", self.axis.target) and all(self._settled(s) for s in points):
             self._confirm()
-        if self._planned("target", self.budget.steps) and not self.queue and not self._busy():
+        if self._planned("target", self.axis.target) and not self.queue and not self._busy():
             self.finished = True
 
-    def _plan(self, stage: str, steps: int, planned: list[Planned], why: str) -> None:
+    def _plan(self, stage: str, point: int, planned: list[Planned], why: str) -> None:
         known = {p.lr for p in [*self.plans.values(), *self.queue]}
         # A larger budget's grid, its probes and the confirmation follow results and may step past the LRs a trial
         # accepts (the settings bound only the smallest budget's): those are left out, and the decision says so.
@@ -151,109 +159,111 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
             # readable, and one LR is one number at every budget and seed (so a run can continue another's)
             p.lr = next((lr for lr in known if _same(lr, p.lr)), float(f"{p.lr:.4g}"))
         self.queue += planned
-        self.decisions.append(Decision(stage, steps, [p.lr for p in planned], why))
+        self.decisions.append(Decision(stage, point, [p.lr for p in planned], why))
 
-    def _planned(self, stage: str, steps: int) -> bool:
-        return any(d.stage == stage and d.steps == steps for d in self.decisions)
+    def _planned(self, stage: str, point: int) -> bool:
+        return any(d.stage == stage and d.point == point for d in self.decisions)
 
-    def _busy(self, steps: int | None = None, *stages: str) -> bool:
-        """A trial at budget ``steps`` (any, if None) of one of ``stages`` (any, if none) is queued or running."""
+    def _busy(self, point: int | None = None, *stages: str) -> bool:
+        """A trial at budget ``point`` (any, if None) of one of ``stages`` (any, if none) is queued or running."""
         def matches(stage: str, at: int) -> bool:
-            return (steps is None or at == steps) and (not stages or stage in stages)
+            return (point is None or at == point) and (not stages or stage in stages)
 
-        running = [(self.plans[tid].stage, self.plans[tid].steps) for tid, r in self.runs.items()
+        running = [(self.plans[tid].stage, self.plans[tid].point) for tid, r in self.runs.items()
                    if not r.done and tid in self.plans]
-        return any(matches(p.stage, p.steps) for p in self.queue) or any(matches(*s) for s in running)
+        return any(matches(p.stage, p.point) for p in self.queue) or any(matches(*s) for s in running)
 
-    def _tried(self, steps: int) -> list[float]:
-        return sorted({p.lr for p in [*self.plans.values(), *self.queue] if p.steps == steps})
+    def _tried(self, point: int) -> list[float]:
+        return sorted({p.lr for p in [*self.plans.values(), *self.queue] if p.point == point})
 
-    def _best(self, steps: int):
-        return crown(full_budget_ranking(self.runs_at(steps)))
+    def _best(self, point: int):
+        return crown(full_budget_ranking(self.runs_at(point)))
 
-    def _grid_settled(self, steps: int) -> bool:
+    def _grid_settled(self, point: int) -> bool:
         """Its grid (and extensions) ran, and its best LR is not at an end that may still be extended."""
-        if not self._planned("grid", steps) or self._busy(steps, "grid", "extend"):
+        if not self._planned("grid", point) or self._busy(point, "grid", "extend"):
             return False
-        return self._extension(steps) is None
+        return self._extension(point) is None
 
-    def _settled(self, steps: int) -> bool:
+    def _settled(self, point: int) -> bool:
         """Its best LR is decided: grid, extensions and seeds ran, and no LR with fewer seeds contends."""
-        return (self._grid_settled(steps) and self._planned("seeds", steps) and self._planned("refine", steps)
-                and not self._busy(steps, *SETTLING) and not self._contenders(steps) and self._wall_lr(steps) is None)
+        return (self._grid_settled(point) and self._planned("seeds", point) and self._planned("refine", point)
+                and not self._busy(point, *SETTLING) and not self._contenders(point) and self._wall_lr(point) is None)
 
-    def _first_grid(self, steps: int) -> None:
+    def _first_grid(self, point: int) -> None:
         s = self.settings
         lrs = s.first_grid()
-        self._plan("grid", steps, [Planned("grid", steps, lr, self.budget.seed) for lr in lrs],
-                   f"{len(lrs)} LRs {s.ratio:g}x apart from {s.lr_min:g} to {lrs[-1]:.3g} at the smallest budget")
+        self._plan("grid", point, [Planned("grid", point, lr, self.budget.seed) for lr in lrs],
+                   f"{len(lrs)} LRs {s.ratio:g}x apart from {s.lr_min:g} to {lrs[-1]:.3g} at the smallest "
+                   f"{self.axis.name}")
 
-    def _next_grid(self, smaller: int, steps: int) -> None:
+    def _next_grid(self, smaller: int, point: int) -> None:
         best, _ = self._best(smaller)
         if best is None:
             lrs = self.settings.first_grid()
-            self._plan("grid", steps, [Planned("grid", steps, lr, self.budget.seed) for lr in lrs],
-                       f"no LR trained the {smaller}-step budget through: the smallest budget's grid again")
+            self._plan("grid", point, [Planned("grid", point, lr, self.budget.seed) for lr in lrs],
+                       f"no LR trained the {self.axis.label(smaller)} through: the smallest {self.axis.name}'s "
+                       "grid again")
             return
         lrs = self.settings.grid_around(best.lr)
-        self._plan("grid", steps, [Planned("grid", steps, lr, self.budget.seed) for lr in lrs],
-                   f"{len(lrs)} LRs {self.settings.ratio:g}x apart around the {smaller}-step budget's best "
+        self._plan("grid", point, [Planned("grid", point, lr, self.budget.seed) for lr in lrs],
+                   f"{len(lrs)} LRs {self.settings.ratio:g}x apart around the {self.axis.label(smaller)}'s best "
                    f"({best.lr:.3g}), {self.settings.below} below and {self.settings.above} above it: the best LR "
-                   "falls as the budget grows")
+                   f"falls as the {self.axis.name} grows")
 
-    def _extension(self, steps: int) -> float | None:
+    def _extension(self, point: int) -> float | None:
         """The LR beyond the grid's end when the best lies there and extensions remain (None otherwise)."""
-        best, _ = self._best(steps)
-        lrs = self._tried(steps)
-        extended = sum(d.stage == "extend" and d.steps == steps for d in self.decisions)
+        best, _ = self._best(point)
+        lrs = self._tried(point)
+        extended = sum(d.stage == "extend" and d.point == point for d in self.decisions)
         if best is None or extended >= self.settings.max_extensions or len(lrs) < 2:
             return None
         if _same(best.lr, lrs[0]):
             beyond = lrs[0] / self.settings.ratio
-        elif _same(best.lr, lrs[-1]) and not any(r.diverged for r in self.runs_at(steps)):
+        elif _same(best.lr, lrs[-1]) and not any(r.diverged for r in self.runs_at(point)):
             beyond = lrs[-1] * self.settings.ratio
         else:
             return None
         return beyond if _accepted(beyond) else None  # no trial trains past the LR limits: the grid ends there
 
-    def _extend(self, steps: int) -> None:
-        lr = self._extension(steps)
+    def _extend(self, point: int) -> None:
+        lr = self._extension(point)
         if lr is None:
             return
-        self._plan("extend", steps, [Planned("extend", steps, lr, self.budget.seed)],
+        self._plan("extend", point, [Planned("extend", point, lr, self.budget.seed)],
                    f"the best LR lies at the grid's end: one more LR, {lr:.3g}")
 
-    def _neighbours(self, steps: int, lr: float) -> list[float]:
+    def _neighbours(self, point: int, lr: float) -> list[float]:
         """``lr`` and the next lower and higher LRs that trained this budget through."""
-        lrs = sorted(r.lr for r in full_budget_ranking(self.runs_at(steps)))
+        lrs = sorted(r.lr for r in full_budget_ranking(self.runs_at(point)))
         i = next(k for k, x in enumerate(lrs) if _same(x, lr))
         return lrs[max(0, i - 1): i + 2]
 
-    def _seeds(self, steps: int) -> None:
-        best, _ = self._best(steps)
+    def _seeds(self, point: int) -> None:
+        best, _ = self._best(point)
         seeds = self._seeds_of(self.settings.seeds)[1:]
         if best is None or not seeds:
             why = "one seed per LR (seeds: 1)" if not seeds else "no LR trained this budget through"
-            self._plan("seeds", steps, [], why)
+            self._plan("seeds", point, [], why)
             return
-        lrs = self._neighbours(steps, best.lr)
-        self._plan("seeds", steps, [Planned("seeds", steps, lr, s) for lr in lrs for s in seeds],
+        lrs = self._neighbours(point, best.lr)
+        self._plan("seeds", point, [Planned("seeds", point, lr, s) for lr in lrs for s in seeds],
                    f"the best LR ({best.lr:.3g}) and its neighbours again with seeds {', '.join(map(str, seeds))}: "
                    "the best is chosen on the mean, and the seed spread is the fit's uncertainty")
 
-    def _contenders(self, steps: int):
-        if self.settings.seeds == 1 or self.seed_rounds.get(steps, 0) >= self.settings.seed_rounds:
+    def _contenders(self, point: int):
+        if self.settings.seeds == 1 or self.seed_rounds.get(point, 0) >= self.settings.seed_rounds:
             return []
-        return self._best(steps)[1]
+        return self._best(point)[1]
 
-    def _reseed(self, steps: int) -> None:
-        contenders = self._contenders(steps)
+    def _reseed(self, point: int) -> None:
+        contenders = self._contenders(point)
         if not contenders:
             return
-        best, _ = self._best(steps)
-        self.seed_rounds[steps] = self.seed_rounds.get(steps, 0) + 1
-        planned = [Planned("seeds", steps, r.lr, s) for r in contenders for s in best.seeds if s not in r.seeds]
-        self._plan("seeds", steps, planned,
+        best, _ = self._best(point)
+        self.seed_rounds[point] = self.seed_rounds.get(point, 0) + 1
+        planned = [Planned("seeds", point, r.lr, s) for r in contenders for s in best.seeds if s not in r.seeds]
+        self._plan("seeds", point, planned,
                    ", ".join(f"lr {r.lr:.3g}" for r in contenders) + f" beat the best ({best.lr:.3g}) on the seeds "
                    "they share: given its seeds before the budget's best LR is settled")
 
@@ -261,64 +271,64 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         """The first ``count`` seeds of the search: the base seed, then base + 1, ..."""
         return [self.budget.seed + k for k in range(count)]
 
-    def _refine(self, steps: int) -> None:
+    def _refine(self, point: int) -> None:
         """The LRs halfway (in log) between the crowned best and its neighbours, ``seeds`` runs each: LR* is then
         located on five LRs sqrt(ratio) apart, not on the coarse grid's three."""
-        best, _ = self._best(steps)
+        best, _ = self._best(point)
         if best is None or not self.settings.refine:
-            self._plan("refine", steps, [], "no LR trained this budget through" if best is None
+            self._plan("refine", point, [], "no LR trained this budget through" if best is None
                        else "refine: false (LR* located on the grid's own LRs)")
             return
-        tried = self._tried(steps)
-        lrs = [math.sqrt(best.lr * lr) for lr in self._neighbours(steps, best.lr) if not _same(lr, best.lr)]
+        tried = self._tried(point)
+        lrs = [math.sqrt(best.lr * lr) for lr in self._neighbours(point, best.lr) if not _same(lr, best.lr)]
         lrs = [lr for lr in lrs if not any(_same(lr, t) for t in tried)]
         seeds = self._seeds_of(self.settings.seeds)
-        self._plan("refine", steps, [Planned("refine", steps, lr, s) for lr in lrs for s in seeds],
+        self._plan("refine", point, [Planned("refine", point, lr, s) for lr in lrs for s in seeds],
                    f"LR* located between grid points: {', '.join(f'{lr:.3g}' for lr in lrs)}, halfway (in log) "
                    f"between the best ({best.lr:.3g}) and its neighbours, {len(seeds)} seed"
                    f"{'s' * (len(seeds) > 1)} each")
 
-    def _wall_lr(self, steps: int) -> float | None:
+    def _wall_lr(self, point: int) -> float | None:
         """One LR beyond the LRs tried on a side where none is clearly worse than the best, while walls remain: LR*
         is bounded only between LRs clearly worse (lmtune.sweep.landscape.best_lr_interval). None: no wall needed."""
-        walls = sum(d.stage == "wall" and d.steps == steps for d in self.decisions)
-        if not self._planned("refine", steps) or walls >= self.settings.walls:
+        walls = sum(d.stage == "wall" and d.point == point for d in self.decisions)
+        if not self._planned("refine", point) or walls >= self.settings.walls:
             return None
         # the LRs as the fit sees them (no edge probes: budgets.locate_budgets), and beyond those trained through:
         # a wall past an LR that failed would fail too
-        ranking = full_budget_ranking(r for r in self.runs_at(steps) if r.stage != "edge")
+        ranking = full_budget_ranking(r for r in self.runs_at(point) if r.stage != "edge")
         if not ranking:
             return None
         low, high = best_lr_interval(ranking)
         lrs = sorted(r.lr for r in ranking)
         beyond = (lrs[0] / self.settings.ratio if low is None else
                   lrs[-1] * self.settings.ratio if high is None else None)
-        failed = bracket(self.runs_at(steps)).diverged_lr
+        failed = bracket(self.runs_at(point)).diverged_lr
         if beyond is None or not _accepted(beyond) or (failed is not None and beyond * SAME_LR >= failed):
             return None
         return beyond
 
-    def _wall(self, steps: int) -> None:
-        lr = self._wall_lr(steps)
+    def _wall(self, point: int) -> None:
+        lr = self._wall_lr(point)
         if lr is None:
             return
         seeds = self._seeds_of(self.settings.seeds)
-        side = "below" if lr < min(self._tried(steps)) else "above"
-        self._plan("wall", steps, [Planned("wall", steps, lr, s) for s in seeds],
+        side = "below" if lr < min(self._tried(point)) else "above"
+        self._plan("wall", point, [Planned("wall", point, lr, s) for s in seeds],
                    f"no LR {side} the best is clearly worse than it: {lr:.3g}, one grid step beyond the LRs tried, "
                    f"so that LR* is bounded {side}")
 
-    def _edge(self, steps: int) -> None:
+    def _edge(self, point: int) -> None:
         """The next probe for where training fails at this budget, once its grid is settled. The edge moves
         little from one budget to the next, so the smaller budget's bracket is probed first."""
-        if self._edge_done(steps) or self._busy(steps, "edge") or not self._grid_settled(steps):
+        if self._edge_done(point) or self._busy(point, "edge") or not self._grid_settled(point):
             return
-        i = self.budgets.index(steps)
-        if i > 0 and not self._edge_done(self.budgets[i - 1]):
+        i = self.points.index(point)
+        if i > 0 and not self._edge_done(self.points[i - 1]):
             return  # its bracket is the best first guess of this one's
-        edge = bracket(self.runs_at(steps))
+        edge = bracket(self.runs_at(point))
         if edge.diverged_lr is None:
-            lr = next((x for x in self._smaller_bracket(steps) if x > edge.stable_lr * SAME_LR), None)
+            lr = next((x for x in self._smaller_bracket(point) if x > edge.stable_lr * SAME_LR), None)
             why = f"every LR up to {edge.stable_lr:.3g} trained through: "
             why += (f"{lr:.3g}, an end of the smaller budget's bracket" if lr is not None
                     else f"a probe {self.settings.edge_ratio:g}x above")
@@ -326,21 +336,21 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         else:
             lr = math.sqrt(edge.stable_lr * edge.diverged_lr)
             why = f"bracket [{edge.stable_lr:.3g}, {edge.diverged_lr:.3g}] {edge.ratio:.2f} wide: its midpoint"
-        self._plan("edge", steps, [Planned("edge", steps, lr, self.budget.seed)], why)
+        self._plan("edge", point, [Planned("edge", point, lr, self.budget.seed)], why)
 
-    def _edge_done(self, steps: int) -> bool:
+    def _edge_done(self, point: int) -> bool:
         """No further edge probe at this budget: its bracket is resolved, or it cannot be, or probes ran out."""
-        probes = sum(d.stage == "edge" and d.steps == steps for d in self.decisions)
-        edge = bracket(self.runs_at(steps))
+        probes = sum(d.stage == "edge" and d.point == point for d in self.decisions)
+        edge = bracket(self.runs_at(point))
         return (probes >= self.settings.edge_probes or edge.stable_lr is None
-                or edge.resolved(self.settings.edge_tolerance)) and not self._busy(steps, "edge")
+                or edge.resolved(self.settings.edge_tolerance)) and not self._busy(point, "edge")
 
-    def _smaller_bracket(self, steps: int) -> list[float]:
+    def _smaller_bracket(self, point: int) -> list[float]:
         """The next smaller budget's edge bracket (its ends that are known), low end first."""
-        i = self.budgets.index(steps)
+        i = self.points.index(point)
         if i == 0:
             return []
-        edge = bracket(self.runs_at(self.budgets[i - 1]))
+        edge = bracket(self.runs_at(self.points[i - 1]))
         return [lr for lr in (edge.stable_lr, edge.diverged_lr) if lr is not None]
 
     def _confirm(self) -> None:
@@ -364,7 +374,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
     def conclusion(self) -> JsonObject:
         """Per budget, what its runs show (best LR, seeds, edge), the fit and the confirmation."""
         per_budget = {str(s): conclude(self.runs_at(s), self.budget.at_steps(s)).to_json()
-                      for s in [*self.budgets, self.budget.steps]}
+                      for s in [*self.points, self.budget.steps]}
         return {"budgets": per_budget, "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
 
     def to_json(self) -> JsonObject:

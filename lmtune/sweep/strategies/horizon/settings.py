@@ -42,49 +42,45 @@ MIN_LR = sys.float_info.min
 
 
 @dataclass(frozen=True)
-class HorizonSettings:
-    """The ``horizon:`` section of a space with ``search: horizon``."""
+class LrSearchSettings:
+    """What the horizon and width searches share: the LR search at each point (budget or width), its seeds,
+    edge probes and the confirmation at the target. (A point is a budget for ``search: horizon``, a width for
+    ``search: width``.)"""
 
-    largest_fraction: float = 0.25
-    """The largest budget searched, as a fraction of the target budget (the space's steps)."""
-    budgets: int = 3
-    """How many budgets are searched."""
-    budget_ratio: float = 2.0
-    """Each searched budget is this factor smaller than the next."""
     lr_min: float = 1e-4
-    """The smallest budget's grid starts here ..."""
+    """The smallest point's grid starts here ..."""
     lr_max: float = 0.1
     """... and ends at the first LR at or above this."""
     ratio: float = 2.0
-    """Neighbouring LRs of a budget's grid differ by this factor."""
+    """Neighbouring LRs of a point's grid differ by this factor."""
     below: int = 2
-    """A larger budget's grid: the next smaller budget's best LR and this many grid steps below it (the best
-    LR falls as the budget grows) ..."""
+    """A larger point's grid: the next smaller point's best LR and this many grid steps below it (the best
+    LR falls as the budget, or the width under SP, grows) ..."""
     above: int = 1
     """... and this many above it."""
     max_extensions: int = 3
     """A grid whose best LR lies at its end is extended by one LR beyond it, at most this many times."""
     seeds: int = 3
-    """Runs of each budget's best LR and of its two neighbours, the first seed included: the best LR is
+    """Runs of each point's best LR and of its two neighbours, the first seed included: the best LR is
     chosen on the mean, and its seed spread is the fit's uncertainty."""
     seed_rounds: int = 1
-    """Further rounds of seeds for an LR that beats a budget's crowned best seed for seed."""
+    """Further rounds of seeds for an LR that beats a point's crowned best seed for seed."""
     refine: bool = True
     """Once a budget's best LR is settled, train the LRs halfway (in log) between it and its neighbours with
     ``seeds`` seeds each (2 x seeds runs per budget), so that LR* is located on five LRs sqrt(ratio) apart:
     finer than the shift of LR* between budgets budget_ratio apart (2^0.3 = 1.23x for beta = 0.3)."""
     edge_probes: int = 3
-    """Full-budget probes per budget for where training fails (0: none): from the budget's highest LR that
+    """Full-budget probes per point for where training fails (0: none): from the point's highest LR that
     trained through, edge_ratio x up until one fails, then halving the bracket in log LR."""
     edge_ratio: float = 4.0
     """The step of an edge probe above the highest LR that trained through."""
     edge_tolerance: float = 2.0
     """The edge probes stop once failed LR / trained-through LR <= this."""
     walls: int = 2
-    """At most this many LRs per budget added a grid step beyond those tried, ``seeds`` runs each, where no LR on
+    """At most this many LRs per point added a grid step beyond those tried, ``seeds`` runs each, where no LR on
     that side of the best is clearly worse than it: an LR* is bounded only between LRs clearly worse."""
     confirm_ratio: float = 2.0
-    """Confirmation at the target budget: the predicted LR, and it divided and multiplied by this."""
+    """Confirmation at the target: the predicted LR, and it divided and multiplied by this."""
     confirm_seeds: int = 2
     """Runs of each confirmation LR: with 2, the target's own seed spread says whether the prediction lies in
     the target's basin (with 1 it borrows the largest budget's, and usually cannot tell)."""
@@ -93,10 +89,7 @@ class HorizonSettings:
         """(key, what is wrong and the fix) for each setting no search could use; once each is usable, for each
         that would make trials no run accepts, or ask for more than a search could ever run (``bounds``)."""
         checks = [
-            ("largest_fraction", 0 < self.largest_fraction < 1,
-             "must be between 0 and 1 (a fraction of the target budget, e.g. 0.25)"),
-            ("budgets", self.budgets >= 2, "must be at least 2 (a line needs two budgets; 3 shows its residual)"),
-            ("budget_ratio", self.budget_ratio > 1, "must be above 1, e.g. 2"),
+            *self.point_checks(),
             ("lr_min", self.lr_min > 0, "must be > 0, e.g. 1e-4"),
             ("lr_max", self.lr_max > self.lr_min, f"must be above lr_min ({self.lr_min:g})"),
             ("ratio", self.ratio > 1, "must be above 1, e.g. 2"),
@@ -122,11 +115,7 @@ class HorizonSettings:
         MAX_LR) or beyond any search a user would run. Assumes every setting is usable (``problems``)."""
         size = self.grid_size()
         checks = [
-            ("budgets", self.budgets <= MAX_BUDGETS,
-             f"must be at most {MAX_BUDGETS} (each budget is an LR search of its own; the fit needs 3)"),
-            ("budget_ratio", self._log_smallest_fraction() >= math.log(MIN_BUDGET_FRACTION),
-             f"makes the smallest of {self.budgets} budgets (largest_fraction / budget_ratio^(budgets - 1)) less "
-             f"than {MIN_BUDGET_FRACTION:g} of the target: give a smaller budget_ratio or fewer budgets"),
+            *self.point_bounds(),
             ("seeds", self.seeds <= MAX_SEEDS, f"must be at most {MAX_SEEDS}"),
             ("walls", self.walls <= MAX_BUDGETS,
              f"must be at most {MAX_BUDGETS} (each wall is a grid step further out)"),
@@ -167,18 +156,66 @@ class HorizonSettings:
              f"{_fits(log_max - extended, math.log(self.edge_ratio))}"),
         ]
 
-    def _log_smallest_fraction(self) -> float:
-        """ln of the smallest budget's fraction of the target (budget_ratio^budgets itself may overflow)."""
-        return math.log(self.largest_fraction) - (self.budgets - 1) * math.log(self.budget_ratio)
+    def point_checks(self) -> list[tuple[str, bool, str]]:
+        """The checks of the settings that choose the points (the subclass's: budgets, or widths)."""
+        return []
 
-    def grid_size(self) -> int:
-        """How many LRs the smallest budget's grid holds, known before any is built."""
-        span = math.log(self.lr_max) - math.log(self.lr_min)  # (lr_max / lr_min may overflow)
-        return max(2, math.ceil(span / math.log(self.ratio) - 1e-9) + 1)
+    def point_bounds(self) -> list[tuple[str, bool, str]]:
+        """Their bounds, once each is usable."""
+        return []
 
     def added_seeds(self) -> int:
         """How far past the base seed the search's seeds go: its seeds stage and its confirmation."""
         return max(self.seeds, self.confirm_seeds) - 1
+
+    def first_grid(self) -> list[float]:
+        """The smallest point's LRs: lr_min up to the first at or above lr_max, ``ratio`` apart."""
+        return [self.lr_min * self.ratio ** k for k in range(self.grid_size())]
+
+    def grid_around(self, best_lr: float) -> list[float]:
+        """A larger point's LRs around the smaller point's best: ``below`` steps down, ``above`` up."""
+        return [best_lr * self.ratio ** k for k in range(-self.below, self.above + 1)]
+
+    def confirmation_lrs(self, predicted_lr: float) -> list[float]:
+        return [predicted_lr / self.confirm_ratio, predicted_lr, predicted_lr * self.confirm_ratio]
+
+    def grid_size(self) -> int:
+        """How many LRs the smallest point's grid holds, known before any is built."""
+        span = math.log(self.lr_max) - math.log(self.lr_min)  # (lr_max / lr_min may overflow)
+        return max(2, math.ceil(span / math.log(self.ratio) - 1e-9) + 1)
+
+
+@dataclass(frozen=True)
+class HorizonSettings(LrSearchSettings):
+    """The ``horizon:`` section of a space with ``search: horizon``."""
+
+    largest_fraction: float = 0.25
+    """The largest budget searched, as a fraction of the target budget (the space's steps)."""
+    budgets: int = 3
+    """How many budgets are searched."""
+    budget_ratio: float = 2.0
+    """Each searched budget is this factor smaller than the next."""
+
+    def point_checks(self) -> list[tuple[str, bool, str]]:
+        return [
+            ("largest_fraction", 0 < self.largest_fraction < 1,
+             "must be between 0 and 1 (a fraction of the target budget, e.g. 0.25)"),
+            ("budgets", self.budgets >= 2, "must be at least 2 (a line needs two budgets; 3 shows its residual)"),
+            ("budget_ratio", self.budget_ratio > 1, "must be above 1, e.g. 2"),
+        ]
+
+    def point_bounds(self) -> list[tuple[str, bool, str]]:
+        return [
+            ("budgets", self.budgets <= MAX_BUDGETS,
+             f"must be at most {MAX_BUDGETS} (each budget is an LR search of its own; the fit needs 3)"),
+            ("budget_ratio", self._log_smallest_fraction() >= math.log(MIN_BUDGET_FRACTION),
+             f"makes the smallest of {self.budgets} budgets (largest_fraction / budget_ratio^(budgets - 1)) less "
+             f"than {MIN_BUDGET_FRACTION:g} of the target: give a smaller budget_ratio or fewer budgets"),
+        ]
+
+    def _log_smallest_fraction(self) -> float:
+        """ln of the smallest budget's fraction of the target (budget_ratio^budgets itself may overflow)."""
+        return math.log(self.largest_fraction) - (self.budgets - 1) * math.log(self.budget_ratio)
 
     def budget_steps(self, target_steps: int) -> list[int]:
         """The searched budgets in steps, smallest first."""
@@ -197,16 +234,6 @@ class HorizonSettings:
                               f"outlast the {warmup_steps} warm-up steps; give a larger steps, a smaller "
                               "warmup_steps or fewer horizon.budgets")
 
-    def first_grid(self) -> list[float]:
-        """The smallest budget's LRs: lr_min up to the first at or above lr_max, ``ratio`` apart."""
-        return [self.lr_min * self.ratio ** k for k in range(self.grid_size())]
-
-    def grid_around(self, best_lr: float) -> list[float]:
-        """A larger budget's LRs around the smaller budget's best: ``below`` steps down, ``above`` up."""
-        return [best_lr * self.ratio ** k for k in range(-self.below, self.above + 1)]
-
-    def confirmation_lrs(self, predicted_lr: float) -> list[float]:
-        return [predicted_lr / self.confirm_ratio, predicted_lr, predicted_lr * self.confirm_ratio]
 
 
 def _within(log_value: float, log_limit: float) -> bool:

@@ -1,0 +1,94 @@
+"""``search: width``: the best LR for the model the user will train, predicted from the best LR of narrower copies of
+it (a power law in the width, or μP's flat line) and confirmed at the target width (the stages:
+lmtune.sweep.strategies.width.search; the fit: lmtune.sweep.strategies.width.conclusion)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from lmtune.files import JsonObject
+from lmtune.sweep.record import read_width_state
+from lmtune.sweep.runs import Budget
+from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
+from lmtune.sweep.strategies.width.search import WidthSearch
+from lmtune.sweep.strategies.width.settings import WidthSettings, check_widths, proxy_shape
+from lmtune.training.config import RunConfig, apply_overrides
+
+# What the width search sets per trial itself (seed: the base seed may be set; further seeds are added; d_model,
+# d_ff and n_heads: the space's are the target's, and each proxy trial sets its own).
+WIDTH_OWNS = ("lr", "run_steps")
+
+
+@dataclass(frozen=True)
+class WidthStrategy(DecidingDefaults):
+    settings: WidthSettings
+
+    name: ClassVar[str] = "width"
+    keys: ClassVar[frozenset[str]] = frozenset({"width", "params"})  # params: to say it has none
+    settings_class: ClassVar[type] = WidthSettings
+    owns: ClassVar[tuple[str, ...]] = WIDTH_OWNS
+
+    @classmethod
+    def parse(cls, raw: JsonObject, fail: Fail) -> WidthStrategy:
+        if raw.get("params"):
+            raise fail("params", "search: width chooses the learning rates itself; remove params (tune it with the "
+                                 "width: section)")
+        scheduler = raw.get("scheduler")
+        if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none":
+            raise fail("scheduler.name", "search: width trains every run to its whole budget (LRs are compared only "
+                                         "there); set scheduler: {name: none} or remove scheduler")
+        section = raw.get("width")
+        if not isinstance(section, dict) or "widths" not in section:
+            raise fail("width.widths", "list the proxy widths (d_model) below the space's, e.g. "
+                                       "widths: [64, 128, 256]")
+        widths = section["widths"]
+        if not isinstance(widths, list) or not all(isinstance(w, int) and not isinstance(w, bool) for w in widths):
+            raise fail("width.widths", "must be a list of whole numbers (d_model of each proxy), e.g. [64, 128, 256]")
+        rest = settings_section({k: v for k, v in section.items() if k != "widths"}, "width", WidthSettings, fail)
+        settings = WidthSettings(**{**asdict(rest), "widths": tuple(widths)})
+        for key, message in settings.problems():
+            raise fail(f"width.{key}", message)
+        return cls(settings)
+
+    def check_base(self, base: RunConfig) -> None:
+        super().check_base(base)
+        target = Budget.of_run(base, None)
+        check_widths(self.settings, target)
+        for width in self.settings.widths:  # each proxy must be a model a run accepts
+            apply_overrides(base, proxy_shape(target, width), where=f"width: the d_model {width} proxy")
+
+    def describe(self, fuse: int) -> str:
+        s = self.settings
+        edge = f", up to {s.edge_probes} probes per width for where training fails" if s.edge_probes else ""
+        return (f"width search: the best LR at d_model {', '.join(map(str, sorted(s.widths)))}, each a grid "
+                f"{s.ratio:g}x apart trained to the whole budget with {s.seeds} seeds of the best and its neighbours"
+                f"{', LR* located between grid points' if s.refine else ''}{edge}; ln LR* fitted against ln width and "
+                f"the predicted LR confirmed at the space's d_model with {s.confirm_ratio:g}x either side, "
+                f"{s.confirm_seeds} seed{'s' * (s.confirm_seeds > 1)} each")
+
+    def searcher(self, budget: Budget, sweep_dir: Path):
+        from lmtune.sweep.strategies.searcher import WidthSearcher
+
+        return WidthSearcher(WidthSearch(self.settings, budget), sweep_dir), -1  # until it says it has finished
+
+    def progress_columns(self, fuse: int) -> list[str]:
+        return ["stage", "d_model", "lr", "seed"]
+
+    def asha_stages(self) -> frozenset[str]:
+        return frozenset()  # every run trains its whole budget
+
+    def finished(self, sweep_dir: Path) -> bool:
+        return bool((read_width_state(sweep_dir) or {}).get("finished"))
+
+    def expected_trials(self) -> tuple[int, int]:
+        s = self.settings
+        # Per width: its grid (the narrowest spans lr_min..lr_max), the extra seeds of the best and its neighbours,
+        # the refinement LRs and the walls, the edge probes; then the target's confirmation runs.
+        first = math.ceil(math.log(s.lr_max / s.lr_min) / math.log(s.ratio)) + 1
+        grids = first + (len(s.widths) - 1) * (s.below + s.above + 1)
+        settling = 3 * (s.seeds - 1) + (2 if s.refine else 0) * s.seeds + s.walls * s.seeds
+        trials = grids + len(s.widths) * (settling + s.edge_probes) + 3 * s.confirm_seeds
+        return trials, 0

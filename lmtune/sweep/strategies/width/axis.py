@@ -1,0 +1,47 @@
+"""The width search's axis: the proxies' d_model, then the target's (lmtune.sweep.strategies.horizon.axis)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmtune.sweep.runs import Budget, Run
+from lmtune.sweep.strategies.width.settings import proxy_shape
+from lmtune.sweep.tune_types import TuneParams
+
+
+@dataclass(frozen=True)
+class WidthAxis:
+    """Model widths at one token budget: a trial sets d_model (d_ff and n_heads with it); every run's budget is
+    the space's."""
+
+    budget: Budget
+    """The space's budget and model (the target)."""
+    widths: tuple[int, ...]
+    """The proxies' d_model, smallest first."""
+    name: str = "width"
+
+    @property
+    def points(self) -> list[int]:
+        return sorted(self.widths)
+
+    @property
+    def target(self) -> int:
+        return self.budget.d_model
+
+    def params(self, point: int) -> TuneParams:
+        return proxy_shape(self.budget, point)
+
+    def budget_tokens(self, point: int) -> int:
+        return self.budget.full_tokens
+
+    def holds(self, run: Run, point: int) -> bool:
+        return dict(run.others).get("d_model") == point
+
+    def others(self, point: int) -> tuple[tuple[str, object], ...]:
+        return tuple(sorted(self.params(point).items()))
+
+    def scale(self, point: int) -> float:
+        return float(point)
+
+    def label(self, point: int) -> str:
+        return f"d_model {point}"

@@ -1,0 +1,131 @@
+"""What a width search's runs conclude, Ray-free and typed: each width's conclusion at the budget's full token count
+(lmtune.sweep.conclusion.conclude), each proxy's located LR* (lmtune.sweep.strategies.horizon.locate) and the power
+law ln LR* = a - gamma ln width through them. The search (deciding when to confirm) and the report
+(lmtune.report.width) both call these, so they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject
+from lmtune.sweep.bracket import bracket
+from lmtune.sweep.conclusion import Conclusion, conclude
+from lmtune.sweep.runs import Budget, Run, effective_runs, full_budget_ranking
+from lmtune.sweep.strategies.horizon.fit import PowerLaw, fit_power_law
+from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
+from lmtune.sweep.strategies.width.axis import WidthAxis
+from lmtune.sweep.strategies.width.settings import WidthSettings
+
+
+@dataclass(frozen=True)
+class WidthFit:
+    """ln LR* = a - gamma ln width through the proxies' located LR*s, and LR* it predicts at the target width."""
+
+    widths: tuple[int, ...]
+    """The proxies fitted (those whose LR* has a finite SE), narrowest first."""
+    points: tuple[LocatedLr, ...]
+    """Their located LR*s, in the same order."""
+    target_width: int
+    """The width the prediction is for (the space's d_model)."""
+    law: PowerLaw
+    """The fit: its exponent is gamma (LR* ~ width^-gamma); under μP gamma should be 0."""
+
+    @property
+    def gamma(self) -> float:
+        return self.law.exponent
+
+    @property
+    def predicted_lr(self) -> float:
+        return self.law.predicted_lr
+
+    @property
+    def predicted_lr_interval(self) -> tuple[float, float]:
+        return self.law.predicted_lr_interval
+
+    @property
+    def resolved(self) -> bool:
+        """Whether these widths tell LR* moves: gamma's 90% interval excludes 0."""
+        return self.law.resolved
+
+    def to_json(self) -> JsonObject:
+        return {"widths": list(self.widths), "points": [p.to_json() for p in self.points],
+                "target_width": self.target_width, **self.law.to_json()}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> WidthFit:
+        return cls(tuple(int(w) for w in data["widths"]), tuple(LocatedLr.from_json(p) for p in data["points"]),
+                   int(data["target_width"]), PowerLaw.from_json(data))
+
+
+@dataclass(frozen=True)
+class WidthPoint:
+    """One width's runs, compared at the budget's full token count."""
+
+    width: int
+    """d_model."""
+    trials: int
+    """The runs that stand at this width."""
+    conclusion: Conclusion
+    """What this width's runs conclude (lmtune.sweep.conclusion.conclude)."""
+    located: LocatedLr | None
+    """Its LR* located between grid points around the crowned best (None: the target, or no LR trained it)."""
+
+
+@dataclass(frozen=True)
+class WidthConclusion:
+    """Every width's conclusion and the fit through the proxies."""
+
+    points: tuple[WidthPoint, ...]
+    """The proxies, narrowest first, then the target."""
+    fit: WidthFit | None
+    """The power law in width (None: it cannot be fitted)."""
+    fit_problem: str | None
+    """Why there is no fit."""
+
+
+def runs_at_width(runs: Iterable[Run], width: int, target: Budget) -> list[Run]:
+    """The runs (those that stand: lmtune.sweep.runs.effective_runs) trained at ``width``."""
+    axis = WidthAxis(target, ())
+    return effective_runs(r for r in runs if axis.holds(r, width))
+
+
+def locate_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> list[LocatedLr | None]:
+    """Each proxy's LR* (None: no LR trained it through), narrowest first; the edge probes left out (one seed each,
+    far above the basin)."""
+    runs = [r for r in runs if r.stage != "edge"]
+    located = []
+    for width in sorted(settings.widths):
+        at = runs_at_width(runs, width, target)
+        located.append(locate_best_lr(full_budget_ranking(at), target.full_tokens, bracket(at)))
+    return located
+
+
+def fit_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> tuple[WidthFit | None, str | None]:
+    """The power law through the located LR* of every proxy that has one, predicting the target width's; or None
+    and why it cannot be fitted."""
+    pairs = [(w, p) for w, p in zip(sorted(settings.widths), locate_widths(runs, settings, target), strict=True)
+             if p is not None and p.usable]
+    if len(pairs) < 2:
+        return None, ("a width fit needs LR* at two or more widths (each width's best LR not at the end of its LRs, "
+                      "and trained through)")
+    try:
+        law = fit_power_law([float(w) for w, _ in pairs], [p for _, p in pairs], float(target.d_model))
+    except (LmtuneError, ValueError) as err:
+        return None, str(err)
+    return WidthFit(tuple(w for w, _ in pairs), tuple(p for _, p in pairs), target.d_model, law), None
+
+
+def conclude_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> WidthConclusion:
+    """Each width's conclusion (the proxies, then the target) and the fit."""
+    runs = list(runs)
+    located = locate_widths(runs, settings, target)
+    points = []
+    for i, width in enumerate([*sorted(settings.widths), target.d_model]):
+        at = runs_at_width(runs, width, target)
+        points.append(WidthPoint(width, len(at), conclude(at, target.at_steps(target.steps)),
+                                 located[i] if i < len(located) else None))
+    fit, problem = fit_widths(runs, settings, target)
+    return WidthConclusion(tuple(points), fit, problem)
