@@ -1,5 +1,6 @@
 """``python -m lmtune.bench``: time lmtune's training step against a naive baseline (lmtune.tools.throughput),
-or with ``--concurrency 1,2,4`` several training processes at once and the trials-per-GPU they suggest."""
+or with ``--concurrency 1,2,4`` several training processes at once and the trials-per-GPU they suggest; or,
+with ``--coord-check``, no timing: μP's coordinate check across widths (lmtune.training.coord_check)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from pathlib import Path
 import torch
 
 from lmtune.cli import prog
+from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import check_destination
+from lmtune.report.coord_figure import plot_coord_check
 from lmtune.sweep.placement import recommend_trials_per_gpu
 from lmtune.tools.projection import DEVICES, project, projection_table
 from lmtune.tools.throughput.benchmark import COMPILE_MODES, CONFIGS, bench_config, fused_tokens_per_s, run_bench
@@ -25,10 +28,22 @@ from lmtune.tools.throughput.machine import full_device_name, git_commit
 from lmtune.tools.throughput.results import BenchResult, ConcurrencyReport, FuseReport, FuseRow
 from lmtune.training.compile import should_compile
 from lmtune.training.config import RunConfig, parse_set_args
+from lmtune.training.coord_check import (
+    DEFAULT_LR,
+    PARAMETRIZATIONS,
+    check_inputs,
+    coord_check,
+    slope_table,
+    write_checks,
+)
 from lmtune.training.device import autocast_dtype, resolve_device
 from lmtune.training.memory import available_memory_bytes, check_fits, run_memory_bytes
 
 DEFAULT_RESULTS = Path("benchmarks/results.jsonl")
+# --coord-check's defaults: the quick budget's shape (head dim 32, 2 layers, context 128) at 4 sequences a batch,
+# widths from 64 (narrower ones read as shrinking under μP: their updates are still mostly noise); about 2 minutes
+# on a CPU core for both parametrizations.
+COORD_BUDGET, COORD_BATCH, COORD_WIDTHS, COORD_OUT = "quick", 4, "64,128,256,512", Path("results/coord_check")
 
 
 def _fmt_bytes(n: float | None) -> str:
@@ -69,10 +84,12 @@ def format_result(r: BenchResult) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog("bench"), description="Time lmtune's training step.")
-    p.add_argument("--budget", "--config", dest="config", default="default", choices=list(CONFIGS),
-                   help="named model/budget, as in run and train (default: default; --config is its older name)")
-    p.add_argument("--batch-size", type=int, help="batch size (default: the config's)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per repeat (default 10)")
+    p.add_argument("--budget", "--config", dest="config", choices=list(CONFIGS),
+                   help="named model/budget, as in run and train (default: default; --coord-check: "
+                   f"{COORD_BUDGET}; --config is its older name)")
+    p.add_argument("--batch-size", type=int, help=f"batch size (default: the config's; --coord-check: {COORD_BATCH})")
+    p.add_argument("--steps", type=int, help="timed steps per repeat (default 10; --coord-check: steps at the "
+                   "constant LR, default 5)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is reported (default 3)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first, compilation included (default 3)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
@@ -88,6 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "processes at once and against one alone (K runs one after another)")
     p.add_argument("--project", metavar="DEVICE", help="no timing: an ESTIMATE of what DEVICE (h100, a100, 4090, "
                    "m3max or all) should do with --budget, from the model's FLOPs and memory traffic per token")
+    p.add_argument("--coord-check", action="store_true", help="no timing: μP's coordinate check, each layer's "
+                   "activation and update scale across --widths after --steps steps (flat under mup, growing "
+                   "under sp); writes coord_check.json and coord_check.png to --out")
+    p.add_argument("--widths", default=COORD_WIDTHS, help="--coord-check: d_model values, multiples of the "
+                   f"budget's head dimension (default {COORD_WIDTHS})")
+    p.add_argument("--parametrization", default="both", choices=[*PARAMETRIZATIONS, "both"],
+                   help="--coord-check: sp, mup or both (default both)")
+    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"--coord-check: the constant LR (default "
+                   f"{DEFAULT_LR:g})")
+    p.add_argument("--seeds", type=int, default=3, help="--coord-check: initialisations averaged (default 3)")
+    p.add_argument("--data", type=Path, help="--coord-check: prepared data dir (default: the built-in corpus)")
+    p.add_argument("--out", type=Path, default=COORD_OUT, help=f"--coord-check: folder (default {COORD_OUT})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--record", action="store_true", help="append the JSON object to --results-file")
     p.add_argument("--results-file", type=Path, default=DEFAULT_RESULTS, help=f"default {DEFAULT_RESULTS}")
@@ -97,13 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_ks(text: str, flag: str = "--concurrency") -> list[int]:
+def _parse_ks(text: str, flag: str = "--concurrency", example: str = "1,2,4,7") -> list[int]:
     try:
         ks = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         ks = []
     if not ks or min(ks) < 1:
-        raise LmtuneError(f"{flag} {shown(text)}: give positive integers separated by commas, e.g. 1,2,4,7")
+        raise LmtuneError(f"{flag} {shown(text)}: give positive integers separated by commas, e.g. {example}")
     return ks
 
 
@@ -146,6 +175,10 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.WARNING)
+    if args.coord_check:
+        return _main_coord_check(args)
+    args.config = args.config or "default"
+    args.steps = 10 if args.steps is None else args.steps
     overrides = parse_set_args(args.set)
     compile_choice = "auto" if args.compile == "both" else args.compile
     config = bench_config(args.config, args.batch_size, overrides, args.device, compile_choice)
@@ -185,6 +218,38 @@ def _main_project(args: argparse.Namespace, config: RunConfig) -> int:
         print(json.dumps([dataclasses.asdict(project(config, d)) for d in devices], sort_keys=True))
     else:
         print("\n".join(projection_table(config, devices)))
+    return 0
+
+
+def _main_coord_check(args: argparse.Namespace) -> int:
+    """μP's coordinate check of the budget's model, sp and/or mup: a table of slopes, JSON and a figure."""
+    given = (("--concurrency", args.concurrency), ("--fuse", args.fuse), ("--json", args.json),
+             ("--project", args.project is not None), ("--record", args.record))
+    others = [flag for flag, present in given if present]
+    if others:
+        raise LmtuneError(f"--coord-check measures no timing; drop {', '.join(others)}")
+    widths = _parse_ks(args.widths, flag="--widths", example="64,128,256")
+    overrides = parse_set_args(args.set)
+    batch_size = COORD_BATCH if args.batch_size is None else args.batch_size
+    config = bench_config(args.config or COORD_BUDGET, batch_size, overrides, args.device, "off")
+    config.vocab_from_data = "vocab_size" not in overrides
+    names = list(PARAMETRIZATIONS) if args.parametrization == "both" else [args.parametrization]
+    steps = 5 if args.steps is None else args.steps
+    for name in names:  # before the corpus is built, which takes a while the first time
+        check_inputs(config, widths, name, steps, args.seeds, args.lr, where="--")
+    check_destination(args.out, "--out")
+    config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())
+    device = resolve_device(config.train.device)
+    checks = [coord_check(config, widths, name, steps=steps, lr=args.lr, seeds=args.seeds, device=device)
+              for name in names]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_checks(args.out / "coord_check.json", checks)
+    plot_coord_check(checks, args.out / "coord_check.png")
+    print(f"lmtune bench --coord-check: widths {','.join(map(str, checks[0].widths))}, {steps} steps at lr "
+          f"{args.lr:g}, {args.seeds} seeds, data {config.data_dir}, device {device}")
+    print(f"slope of ln(scale) vs ln(width) after step {steps} (about 0: flat; about +1: grows like width)")
+    print("\n".join(slope_table(checks)))
+    print(f"wrote {args.out / 'coord_check.json'} and {args.out / 'coord_check.png'}")
     return 0
 
 

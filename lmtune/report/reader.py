@@ -24,6 +24,7 @@ from lmtune.sweep.record import (
     read_edge_state,
     read_horizon_state,
     read_outcomes,
+    read_width_state,
     readable_trial,
     trial_folders,
     tune_ended,
@@ -85,7 +86,8 @@ def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
     ledger = read_outcomes(sweep_dir)
     # Trials a deciding search planned again after a driver restart (Ray never recorded them): ended.
     interrupted = {**((read_edge_state(sweep_dir) or {}).get("interrupted") or {}),
-                   **((read_horizon_state(sweep_dir) or {}).get("interrupted") or {})}
+                   **((read_horizon_state(sweep_dir) or {}).get("interrupted") or {}),
+                   **((read_width_state(sweep_dir) or {}).get("interrupted") or {})}
     ledger.update({t: {"outcome": "ended", "reason": why} for t, why in interrupted.items() if t not in ledger})
     trials = [t for t in (trial_record(folder, ledger.get(folder.trial_id) or {}, record.divergence_rule)
                           for folder in trial_folders(sweep_dir)

@@ -31,7 +31,7 @@ m = d_model / mup_base_width (d_ff and the heads are assumed to widen with d_mod
 At d_model == mup_base_width and head_dim == mup_base_head_dim every one of these equals SP, bit for bit.
 Lingle 2024 ("A Large-Scale Exploration of μ-Transfer") found trainable RMSNorm gains and the attention scale
 to be where μ-transfer can break; this model keeps its RMSNorm gains (LR multiplier 1, no decay), so check
-transfer on it (lmtune.tools.coord_check) rather than assume it.
+transfer on it (lmtune.training.coord_check) rather than assume it.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
+from lmtune.sweep.conclusion import Conclusion  # noqa: E402
 from lmtune.sweep.runs import Budget, LrResult, format_tokens, standard_error  # noqa: E402
 from lmtune.sweep.strategies.horizon.conclusion import BudgetConclusion  # noqa: E402
 from lmtune.sweep.strategies.horizon.fit import HorizonFit  # noqa: E402
@@ -140,13 +141,18 @@ def budget_table(result: HorizonResult) -> list[str]:
 
 def _budget_row(b: BudgetConclusion, target: int) -> list[str]:
     c = b.conclusion
-    losses = c.best.losses if c.best else ()
-    spread = f" ± {c.best.spread:.4f}" if len(losses) > 1 else ""
     low, high = c.best_lr_interval
     is_target = b.tokens == target
     return [f"{b.steps:,}" + (" (target)" if is_target else ""), tokens(b.tokens), str(b.trials), lr(c.best_lr),
-            f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—", _interval_text(low, high),
+            best_loss_text(c), _interval_text(low, high),
             "predicted (below)" if is_target else located_text(b.located), _edge_text(b)]
+
+
+def best_loss_text(c: Conclusion) -> str:
+    """The crowned LR's mean loss ± its sd over seeds (the seeds), for a table cell."""
+    losses = c.best.losses if c.best else ()
+    spread = f" ± {c.best.spread:.4f}" if len(losses) > 1 else ""
+    return f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—"
 
 
 def budget_line(b: BudgetConclusion) -> str:
@@ -226,21 +232,26 @@ def _confirmed_lines(result: HorizonResult) -> list[str]:
 
 
 def _confirmed(result: HorizonResult) -> list[str]:
-    confirmed = result.confirmed
+    return confirmation_markdown(result.confirmed, result.predicted_lr, _cost(result.confirmed), "the target budget")
+
+
+def confirmation_markdown(confirmed: TargetConfirmation, predicted: float | None, cost: str, where: str) -> list[str]:
+    """The confirmation's runs (each LR's loss above the crowned best ± SE), its verdict and ``cost`` (in words),
+    at ``where`` ("the target budget")."""
     if not confirmed.losses:
         return [f"**Confirmation**: {confirmed.verdict}.", ""]
-    predicted, best = result.predicted_lr, next((r for r in confirmed.losses if r.lr == confirmed.best_lr), None)
+    best = next((r for r in confirmed.losses if r.lr == confirmed.best_lr), None)
 
     def above(r: LrResult) -> str:
         se = standard_error(r, best, confirmed.seed_sd) if best else None
         return "—" if best is None else f"{r.mean - best.mean:+.4f}" + (f" ± {se:.4f}" if se else "")
 
-    rows = [[lr(r.lr), f"{r.lr / predicted:.2g}x", ", ".join(f"{v:.4f}" for v in r.losses), fmt(r.mean), above(r)]
-            for r in confirmed.losses]
-    return ["**Confirmation** at the target budget (each LR's loss above the crowned best ± the SE of the "
+    rows = [[lr(r.lr), f"{r.lr / predicted:.2g}x" if predicted else "—", ", ".join(f"{v:.4f}" for v in r.losses),
+             fmt(r.mean), above(r)] for r in confirmed.losses]
+    return [f"**Confirmation** at {where} (each LR's loss above the crowned best ± the SE of the "
             "difference, from the target runs' own seeds):", "",
             *table(["lr", "of the prediction", "val loss per seed", "mean", "above the best ± SE"], rows), "",
-            f"**Verdict**: {confirmed.verdict}. Its cost: {_cost(confirmed)}.", ""]
+            f"**Verdict**: {confirmed.verdict}. Its cost: {cost}.", ""]
 
 
 def plot_horizon(path: Path, summary: SweepSummary) -> Path:

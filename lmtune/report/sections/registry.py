@@ -6,10 +6,11 @@ from lmtune.report.sections.base import ReportSection
 from lmtune.report.sections.edge import EdgeSection
 from lmtune.report.sections.horizon import HorizonSection
 from lmtune.report.sections.plain import PlainSection
+from lmtune.report.sections.width import WidthSection
 from lmtune.sweep.sweep_file import SweepRecord
 
 SECTIONS: dict[str, ReportSection] = {"edge": EdgeSection(), "horizon": HorizonSection(),
-                                      "optuna": PlainSection("optuna")}
+                                      "optuna": PlainSection("optuna"), "width": WidthSection()}
 
 
 def section_for(search: str) -> ReportSection:

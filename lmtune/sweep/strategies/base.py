@@ -286,6 +286,10 @@ def settings_section(raw: Any, name: str, cls: type, fail: Fail, retired: dict[s
         elif isinstance(default, str):
             if not isinstance(value, str):
                 raise fail(f"{name}.{key}", "must be a string")
+        elif isinstance(default, tuple):  # (a list of whole numbers, e.g. width.widths read back from sweep.json)
+            if not isinstance(value, list | tuple) or not all(type(v) is int for v in value):
+                raise fail(f"{name}.{key}", f"must be a list of whole numbers (got {shown(value)})")
+            value = tuple(value)
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise fail(f"{name}.{key}", f"must be a finite number (got {shown(value)})")
         elif isinstance(default, int) and not float(value).is_integer():
