@@ -278,9 +278,14 @@ def print_comparison(args: argparse.Namespace) -> None:
     check_comparable(args.truth, runs[0].setting, args.sweep, SweepRecord.read(args.sweep))
     summary = read_report(args.sweep)
     truth = truth_conclusion(runs)
-    if "predicted_lr" in summary:  # a horizon search: its prediction against the truth at its target budget
+    if "predicted_lr" in summary:  # a horizon or width search: its prediction against the truth at its target
         tokens = sum(r.steps * r.tokens_per_step for r in runs)
-        print(json.dumps(compare_horizon(truth, summary, tokens).to_json(), indent=1))
+        comparison = compare_horizon(truth, summary, tokens).to_json()
+        if summary.get("search_flops"):  # a width search's runs differ in width: they compare by FLOPs, not tokens
+            per_token = summary["target_run_flops"] / (runs[0].steps * runs[0].tokens_per_step)
+            comparison.update(search_flops=summary["search_flops"], truth_flops=tokens * per_token,
+                              search_over_truth_flops=summary["search_flops"] / (tokens * per_token))
+        print(json.dumps(comparison, indent=1))
         return
     print(json.dumps(compare(truth, summary).to_json(), indent=1))
 
