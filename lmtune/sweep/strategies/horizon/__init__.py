@@ -4,7 +4,6 @@ lmtune.sweep.strategies.horizon.search; the fit: lmtune.sweep.strategies.horizon
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -32,10 +31,7 @@ class HorizonStrategy(DecidingDefaults):
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail) -> HorizonStrategy:
-        scheduler = raw.get("scheduler")  # (params, if any, are refused first, by the shared parse)
-        if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none" and not raw.get("params"):
-            raise fail("scheduler.name", "search: horizon trains every run to its whole budget (LRs are compared "
-                                         "only there); set scheduler: {name: none} or remove scheduler")
+        refuse_early_stopping(raw, fail, cls.name)
         return super().parse(raw, fail)
 
     def check_base(self, base: RunConfig) -> None:
@@ -69,16 +65,18 @@ class HorizonStrategy(DecidingDefaults):
         return bool((read_horizon_state(sweep_dir) or {}).get("finished"))
 
     def expected_trials(self) -> tuple[int, int]:
-        s = self.settings
-        # Per budget: its grid (the smallest spans lr_min..lr_max), the best and its neighbours' extra seeds, the two
-        # refinement LRs and the walls (``seeds`` runs each), the edge probes; then the target's confirmation runs.
-        # Each run may keep a stable.pt for a larger budget.
-        first = math.ceil(math.log(s.lr_max / s.lr_min) / math.log(s.ratio)) + 1
-        grids = first + (s.budgets - 1) * (s.below + s.above + 1)
-        settling = 3 * (s.seeds - 1) + (2 if s.refine else 0) * s.seeds + s.walls * s.seeds
-        trials = grids + s.budgets * (settling + s.edge_probes) + 3 * s.confirm_seeds
-        return trials, trials
+        trials = self.settings.expected_trials(self.settings.budgets)
+        return trials, trials  # each run may keep a stable.pt for a larger budget
 
     def held_checkpoints(self, outcome: str) -> frozenset[str]:
         return frozenset({"stable"})  # a larger budget's run of the same LR and seed forks from it
 
+
+
+def refuse_early_stopping(raw: JsonObject, fail: Fail, search: str) -> None:
+    """A horizon or width search compares LRs only at a run's whole budget: a scheduler that cuts runs is refused
+    (params, if any, are refused first, by the shared parse)."""
+    scheduler = raw.get("scheduler")
+    if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none" and not raw.get("params"):
+        raise fail("scheduler.name", f"search: {search} trains every run to its whole budget (LRs are compared "
+                                     "only there); set scheduler: {name: none} or remove scheduler")

@@ -54,21 +54,25 @@ class HorizonFit:
     """The factor the intervals were widened by for lack of fit (1: none)."""
 
     @property
+    def law(self) -> PowerLaw:
+        """The fit as a power law in tokens (its exponent is beta)."""
+        return PowerLaw(self.beta, self.beta_interval, self.intercept, self.intercept_interval, self.predicted_lr,
+                        self.predicted_lr_interval, self.chi2, self.dof, self.scale)
+
+    @property
     def resolved(self) -> bool:
         """Whether these budgets tell LR* moves: beta's 90% interval excludes 0."""
-        low, high = self.beta_interval
-        return low > 0 or high < 0
+        return self.law.resolved
 
     @property
     def lack_of_fit_p(self) -> float | None:
         """P(chi2 this large | the law holds); None with 2 budgets (no residual)."""
-        return chi2_survival(self.chi2, self.dof) if self.dof > 0 else None
+        return self.law.lack_of_fit_p
 
     @property
     def law_holds(self) -> bool | None:
         """False when the budgets' LR*s are further from the line than their errors allow (p < LAW_P)."""
-        p = self.lack_of_fit_p
-        return None if p is None else p >= LAW_P
+        return self.law.law_holds
 
     @property
     def best_lrs(self) -> dict[int, float]:

@@ -179,6 +179,14 @@ class LrSearchSettings:
     def confirmation_lrs(self, predicted_lr: float) -> list[float]:
         return [predicted_lr / self.confirm_ratio, predicted_lr, predicted_lr * self.confirm_ratio]
 
+    def expected_trials(self, points: int) -> int:
+        """The trials a search over ``points`` points plans, roughly: per point its grid (the smallest spans
+        lr_min..lr_max), the extra seeds of the best and its neighbours, the refinement LRs and the walls, the
+        edge probes; then the confirmation's runs at the target."""
+        grids = self.grid_size() + (points - 1) * (self.below + self.above + 1)
+        settling = 3 * (self.seeds - 1) + (2 if self.refine else 0) * self.seeds + self.walls * self.seeds
+        return grids + points * (settling + self.edge_probes) + 3 * self.confirm_seeds
+
     def grid_size(self) -> int:
         """How many LRs the smallest point's grid holds, known before any is built."""
         span = math.log(self.lr_max) - math.log(self.lr_min)  # (lr_max / lr_min may overflow)

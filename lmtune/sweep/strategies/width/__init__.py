@@ -4,7 +4,6 @@ lmtune.sweep.strategies.width.search; the fit: lmtune.sweep.strategies.width.con
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -13,6 +12,7 @@ from lmtune.files import JsonObject
 from lmtune.sweep.record import read_width_state
 from lmtune.sweep.runs import Budget
 from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
+from lmtune.sweep.strategies.horizon import refuse_early_stopping
 from lmtune.sweep.strategies.width.search import WidthSearch
 from lmtune.sweep.strategies.width.settings import WidthSettings, check_widths, proxy_shape
 from lmtune.training.config import RunConfig, apply_overrides
@@ -36,10 +36,7 @@ class WidthStrategy(DecidingDefaults):
         if raw.get("params"):
             raise fail("params", "search: width chooses the learning rates itself; remove params (tune it with the "
                                  "width: section)")
-        scheduler = raw.get("scheduler")
-        if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none":
-            raise fail("scheduler.name", "search: width trains every run to its whole budget (LRs are compared only "
-                                         "there); set scheduler: {name: none} or remove scheduler")
+        refuse_early_stopping(raw, fail, cls.name)
         section = raw.get("width")
         if not isinstance(section, dict) or "widths" not in section:
             raise fail("width.widths", "list the proxy widths (d_model) below the space's, e.g. "
@@ -84,11 +81,4 @@ class WidthStrategy(DecidingDefaults):
         return bool((read_width_state(sweep_dir) or {}).get("finished"))
 
     def expected_trials(self) -> tuple[int, int]:
-        s = self.settings
-        # Per width: its grid (the narrowest spans lr_min..lr_max), the extra seeds of the best and its neighbours,
-        # the refinement LRs and the walls, the edge probes; then the target's confirmation runs.
-        first = math.ceil(math.log(s.lr_max / s.lr_min) / math.log(s.ratio)) + 1
-        grids = first + (len(s.widths) - 1) * (s.below + s.above + 1)
-        settling = 3 * (s.seeds - 1) + (2 if s.refine else 0) * s.seeds + s.walls * s.seeds
-        trials = grids + len(s.widths) * (settling + s.edge_probes) + 3 * s.confirm_seeds
-        return trials, 0
+        return self.settings.expected_trials(len(self.settings.widths)), 0
