@@ -72,3 +72,13 @@ def test_each_run_at_the_edges_stable_end_is_described_as_it_ended():
     assert ends[0] == THROUGH
     assert ends[1].startswith("stopped early (cut by the scheduler) at 16,896 of 153,600 tokens")
     assert ends[2] == "still training (50,688 tokens so far)"
+
+
+def test_a_degraded_region_with_no_round_multiple_of_the_best_lr_states_its_rate_without_a_gap():
+    """The degraded region holds one LR, 1.5x the best: no multiple of the best (2x, 4x, ...) lies within the LRs
+    tried, so only its rate is said (the line once read "loss over the best's  the best LR")."""
+    runs = [run(lr, loss, seed=s) for lr, loss in ((0.00425, 1.95), (0.0085, 1.84), (0.0127, 1.89)) for s in (0, 1)]
+    degraded = conclude(runs, BUDGET).landscape
+    assert degraded.degraded is not None and degraded.degraded.excess_at == ()
+    line = region_lines(degraded)[-1]
+    assert line.startswith("degraded: +") and "over the best's" not in line

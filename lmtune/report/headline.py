@@ -67,6 +67,7 @@ def region_lines(regions: Landscape) -> list[str]:
                      f"{basin_ends(low, high)}")
     if degraded:
         at = ", ".join(f"{excess:+.2f} at {factor}x" for factor, excess in degraded.excess_at)
-        lines.append(f"degraded: loss over the best's {at} the best LR (nats); {per_doubling(degraded)} above the "
-                     "basin")
+        # (no round multiple of the best LR within the degraded LRs: only its rate is said)
+        over = f"loss over the best's {at} the best LR (nats); " if at else ""
+        lines.append(f"degraded: {over}{per_doubling(degraded)} above the basin")
     return lines

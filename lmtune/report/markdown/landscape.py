@@ -70,8 +70,9 @@ def landscape(summary: SweepSummary) -> list[str]:
         lines += [f"- **Degraded** (trains through its budget without diverging, loss clearly worse): from the basin's "
                   f"upper end to the edge, lr {lr(degraded.points[0].lr)} … {lr(worst.lr)}"
                   + (" (one seed each: every point is uncertain by at least the run-to-run spread above)" if single
-                     else "") + f". The full-budget loss over the best's: {at} the best LR (nats, interpolated "
-                  f"in log LR between the LRs tried); {per_doubling(degraded)} (a least-squares mean rate: the "
+                     else "") + (f". The full-budget loss over the best's: {at} the best LR (nats, interpolated "
+                                 "in log LR between the LRs tried)" if at else "")
+                  + f"; {per_doubling(degraded)} (a least-squares mean rate: the "
                   f"curve is not a straight line), and {worst.excess:+.3f} nats at {worst.ratio_to_best:.3g}× "
                   "the best LR, the last LR before the edge."]
     else:
