@@ -212,7 +212,7 @@ def test_a_coord_check_is_measured_once_kept_in_the_sweep_folder_and_read_back(t
     again = sweep_coord_check(tmp_path, base, [32, 64])
     assert again.check == first.check  # read back, not measured again
     lines = coord_check_lines(again)
-    assert "MUP at d_model 32, 64" in lines[0] and again.verdict.reason in lines[0]
+    assert "μP at d_model 32, 64" in lines[0] and again.verdict.reason in lines[0]
     assert json.loads(json.dumps(again.to_json()))["flat"] == again.verdict.flat
     assert {row.split("|")[1].strip() for row in lines[4:]} >= {"embed", "logits"}
 

@@ -130,7 +130,8 @@ def coord_check_lines(coord: SweepCoordCheck | None) -> list[str]:
     if coord.check is None:
         return [f"**Coord check**: {coord.note}."]
     c, v = coord.check, coord.verdict
-    lines = [f"**Coord check** ({COORD_FIGURE}; {coord.note}): {c.parametrization.upper()} at d_model "
+    name = "μP" if c.parametrization == "mup" else "SP"
+    lines = [f"**Coord check** ({COORD_FIGURE}; {coord.note}): {name} at d_model "
              f"{', '.join(map(str, c.widths))}, {c.steps} steps at a constant lr {c.lr:g}, {c.seeds} seeds. Each "
              "layer's slope of ln(scale) against ln(width): about 0 flat (μP's promise), about +1 growing like "
              f"width (SP with Adam). {v.reason}.", ""]
