@@ -270,7 +270,7 @@ def read_report(sweep: Path) -> dict:
 
 
 def print_comparison(args: argparse.Namespace) -> None:
-    from lmtune.report.truth import compare, compare_horizon, read_truth, truth_conclusion
+    from lmtune.report.truth import compare, compare_horizon, read_truth, truth_conclusion, truth_located_lr
     from lmtune.report.truth_setting import check_comparable
     from lmtune.sweep.sweep_file import SweepRecord
 
@@ -281,6 +281,10 @@ def print_comparison(args: argparse.Namespace) -> None:
     if "predicted_lr" in summary:  # a horizon or width search: its prediction against the truth at its target
         tokens = sum(r.steps * r.tokens_per_step for r in runs)
         comparison = compare_horizon(truth, summary, tokens).to_json()
+        located, (low, high) = truth_located_lr(runs), summary.get("predicted_lr_interval") or (None, None)
+        if located is not None and located.usable:  # the truth's LR* between its grid points, by the search's rule
+            comparison.update(truth_located_lr=located.lr, truth_located_lr_interval=list(located.interval()),
+                              interval_holds_truth_located_lr=bool(low and high and low <= located.lr <= high))
         if summary.get("search_flops"):  # a width search's runs differ in width: they compare by FLOPs, not tokens
             per_token = summary["target_run_flops"] / (runs[0].steps * runs[0].tokens_per_step)
             comparison.update(search_flops=summary["search_flops"], truth_flops=tokens * per_token,

@@ -17,7 +17,7 @@ from conftest import TINY_MODEL, assert_refused, grid_sweep_record, run_python, 
 
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
-from lmtune.report.truth import TruthRun, compare, compare_horizon, truth_conclusion
+from lmtune.report.truth import TruthRun, compare, compare_horizon, truth_conclusion, truth_located_lr
 from lmtune.report.truth_setting import Setting, TruthData
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.sweep_file import DataRecord
@@ -227,6 +227,12 @@ def constructed_truth(means: dict[float, float], failing: dict[float, int] | Non
                       seeds: int = 3) -> dict:
     """truth_conclusion of a grid of ``seeds`` seeds (at most 3) per LR, each LR's losses spread SD about its mean;
     ``failing``: LR -> how many of its seeds failed (the first ones)."""
+    return truth_conclusion(constructed_runs(means, failing, seeds))
+
+
+def constructed_runs(means: dict[float, float], failing: dict[float, int] | None = None,
+                     seeds: int = 3) -> list[TruthRun]:
+    """The runs of ``constructed_truth``."""
     offsets, full, runs = [-SD, 0.0, SD][:seeds], 100 * 64, []
     for lr in sorted({*means, *(failing or {})}):
         for seed in range(seeds):
@@ -234,7 +240,7 @@ def constructed_truth(means: dict[float, float], failing: dict[float, int] | Non
             loss = None if failed else means[lr] + offsets[seed]
             runs.append(TruthRun(lr, seed, 100, 64, math.log(256), {} if failed else {full: loss}, loss, failed,
                                  failed, 0, None, Setting({}, TruthData())))
-    return truth_conclusion(runs)
+    return runs
 
 
 # 0.004-0.016 lie within 2 SE of the best (0.008); 0.002 and 0.032, the LRs clearly worse, bound it 16x apart.
@@ -295,3 +301,13 @@ def test_a_prediction_whose_truth_loss_is_two_and_a_half_standard_errors_above_t
 def test_a_prediction_read_between_two_truth_lrs_within_two_standard_errors_of_the_best_passes():
     check = compare_horizon(constructed_truth(HORIZON_MEANS), {"predicted_lr": 0.008 * 2 ** 0.5}, 1)
     assert check.predicted_excess_in_truth == pytest.approx(0.625 * TWO_SE) and check.predicted_lr_in_truth_basin
+
+
+def test_the_truths_own_lr_star_is_located_between_its_grid_points_not_read_off_its_grid():
+    """Losses an exact parabola in ln LR about 0.006 on a grid 2x apart: the crowned grid LR is 0.004 or 0.008, the
+    located LR* the parabola's minimum, within its interval (what a prediction's interval is checked against)."""
+    means = {lr: 2.0 + 0.1 * math.log(lr / 0.006) ** 2 for lr in (0.001, 0.002, 0.004, 0.008, 0.016, 0.032)}
+    located = truth_located_lr(constructed_runs(means))
+    assert located.located and located.lr == pytest.approx(0.006, rel=1e-6)
+    low, high = located.interval()
+    assert low < 0.006 < high and high / low < 2

@@ -25,9 +25,11 @@ from pathlib import Path
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, JsonValue
 from lmtune.report.truth_setting import Setting, data_of, setting_differences, setting_of
+from lmtune.sweep.bracket import bracket
 from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.record import run_config_of
-from lmtune.sweep.runs import SAME_LR, SIGNIFICANCE_SE, Budget, Run
+from lmtune.sweep.runs import SAME_LR, SIGNIFICANCE_SE, Budget, Run, full_budget_ranking
+from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
 from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
 from lmtune.training.metric_registry import Row
 from lmtune.training.metrics import METRICS_FILE, read_metrics
@@ -133,12 +135,26 @@ def truth_conclusion(runs: list[TruthRun]) -> JsonObject:
     that failed."""
     first = runs[0]
     full = first.steps * first.tokens_per_step
-    as_runs = [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
-                   divergence=WHOLE_RUN) for r in runs]
+    as_runs = _as_runs(runs)
     grid = [{"lr": lr, "seeds_through": sorted(r.seed for r in runs if r.lr == lr and not r.failed),
              "seeds_failed": sorted(r.seed for r in runs if r.lr == lr and r.failed)}
             for lr in sorted({r.lr for r in runs})]
     return {**conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,))).to_json(), "grid": grid}
+
+
+def truth_located_lr(runs: list[TruthRun]) -> LocatedLr | None:
+    """The truth's own LR* located between its grid points, by the search's rule (a weighted quadratic in ln LR
+    around its crowned best, Fieller's 90% interval: lmtune.sweep.strategies.horizon.locate): what a prediction's
+    interval is checked against, rather than the crowned grid LR, whose precision is the grid's gap."""
+    as_runs = _as_runs(runs)
+    return locate_best_lr(full_budget_ranking(as_runs), as_runs[0].budget_tokens, bracket(as_runs))
+
+
+def _as_runs(runs: list[TruthRun]) -> list[Run]:
+    """The truth's runs as the searches see runs: every one trained its whole budget (or failed on it)."""
+    full = runs[0].steps * runs[0].tokens_per_step
+    return [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
+                divergence=WHOLE_RUN) for r in runs]
 
 
 def check_truth_seeds(truth: JsonObject, lrs: list[float | None]) -> None:
