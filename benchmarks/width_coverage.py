@@ -1,0 +1,103 @@
+"""How often the width search's 90% intervals hold what they claim: simulated searches, Ray-free.
+
+Each simulated search is the real lmtune width search (lmtune.sweep.strategies.width.search.WidthSearch, with
+quick_width's settings: proxies d_model 32, 64 and 128, target 256) driven by runs that "train" instantly: a run's
+final val loss is a curve in ln LR around the width's true best LR (loss = floor + curvature x^2 exp(skew x),
+x = ln(LR / LR*)) plus seed noise drawn for every run. The true LR* falls as width^-gamma: gamma = 1 is what the SP
+truths on the built-in corpus showed from d_model 128 to 256 (x0.50), gamma = 0 is μP's promise (the μP truths:
+x1.08). The noise is the run-to-run sd the searches measured at each width on the built-in corpus.
+
+    python benchmarks/width_coverage.py --searches 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lmtune.sweep.runs import Budget  # noqa: E402 (lmtune from this checkout)
+from lmtune.sweep.strategies.base import FINISHED, WAIT  # noqa: E402
+from lmtune.sweep.strategies.width.search import WidthSearch  # noqa: E402
+from lmtune.sweep.strategies.width.settings import WidthSettings  # noqa: E402
+
+TARGET = Budget(steps=162, warmup_steps=18, tokens_per_step=1024, seed=0, rungs=(162 * 1024,), d_model=256, d_ff=768,
+                n_heads=8)
+# quick_width's settings (search_spaces/quick_width.yaml); the confirmation adds nothing to the fit: 1 seed.
+SETTINGS = WidthSettings(widths=(32, 64, 128), lr_min=0.004, lr_max=0.06, ratio=1.5, seeds=2, edge_probes=0,
+                         confirm_seeds=1)
+# Run-to-run sd by width as the two searches measured it (the crowned LR's 2 seeds, pooled over SP and μP;
+# qw-sp and qw-mup in benchmarks/README.md): 0.035/0.094 at 32, 0.084/0.011 at 64, 0.034 at 128.
+NOISE = {32: 0.07, 64: 0.06, 128: 0.034, 256: 0.02}
+# The loss rise at e x LR*: the d_model-256 truths rose 0.24 (SP) and 0.17 (μP) nats at about 2.4x their LR*.
+CURVATURE, SKEW = 0.25, 0.3
+
+
+@dataclass(frozen=True)
+class Outcome:
+    covered: bool
+    """The predicted LR's 90% interval holds the true LR* at the target width."""
+    gamma_covered: bool
+    resolved: bool
+    ratio: float
+    """The predicted interval's high / low."""
+    log_error: float
+    """ln(predicted / true)."""
+    trials: int
+
+
+def simulate(gamma: float, seed: int) -> Outcome | None:
+    rng = np.random.default_rng(seed)
+    at_target = 0.006 * math.exp(rng.uniform(-0.4, 0.4))  # the grid falls differently on the truth each time
+
+    def best(width: int) -> float:
+        return at_target * (width / TARGET.d_model) ** -gamma
+
+    search, trials = WidthSearch(SETTINGS, TARGET), 0
+    while search.width_fit is None and search.fit_problem is None and trials < 400:
+        config = search.suggest(f"t{trials:04d}")
+        if config in (FINISHED, WAIT):
+            break
+        x = math.log(config["lr"] / best(config["d_model"]))
+        loss = 2.0 + CURVATURE * x * x * math.exp(SKEW * x) + NOISE[config["d_model"]] * rng.standard_normal()
+        search.observe(f"t{trials:04d}", {"tokens": TARGET.full_tokens, "val_loss": float(loss)})
+        search.complete(f"t{trials:04d}", "completed", {"tokens": TARGET.full_tokens})
+        trials += 1
+    fit = search.width_fit
+    if fit is None:
+        return None
+    low, high = fit.predicted_lr_interval
+    glow, ghigh = fit.law.exponent_interval
+    return Outcome(low <= best(TARGET.d_model) <= high, glow <= gamma <= ghigh, fit.resolved, high / low,
+                   math.log(fit.predicted_lr / best(TARGET.d_model)), trials)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--searches", type=int, default=200)
+    args = parser.parse_args(argv)
+    print("| true gamma | searches fitted | 90% interval holds LR* at 256 | gamma's interval holds gamma | "
+          "gamma resolved | median interval | rms ln error | median trials |")
+    print("|---|---|---|---|---|---|---|---|")
+    for gamma in (1.0, 0.0):
+        outcomes = [simulate(gamma, k) for k in range(args.searches)]
+        fitted = [o for o in outcomes if o is not None]
+        n = len(fitted)
+        covered = sum(o.covered for o in fitted) / n
+        print(f"| {gamma:g} | {n}/{len(outcomes)} | {covered:.0%} ± {math.sqrt(covered * (1 - covered) / n):.0%} | "
+              f"{sum(o.gamma_covered for o in fitted) / n:.0%} | {sum(o.resolved for o in fitted) / n:.0%} | "
+              f"{np.median([o.ratio for o in fitted]):.1f}x | "
+              f"{np.sqrt(np.mean([o.log_error ** 2 for o in fitted])):.2f} | "
+              f"{np.median([o.trials for o in fitted]):.0f} |")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
