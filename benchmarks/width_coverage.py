@@ -8,6 +8,7 @@ truths on the built-in corpus showed from d_model 128 to 256 (x0.50), gamma = 0 
 x1.08). The noise is the run-to-run sd the searches measured at each width on the built-in corpus.
 
     python benchmarks/width_coverage.py --searches 200
+    python benchmarks/width_coverage.py --variants --searches 150   # other settings: coverage, width and FLOPs
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,16 +52,24 @@ class Outcome:
     log_error: float
     """ln(predicted / true)."""
     trials: int
+    flops: float
+    """Training FLOPs, with a 6-run confirmation at the target, at the quick family's measured per-run cost."""
 
 
-def simulate(gamma: float, seed: int) -> Outcome | None:
+# One run's training FLOPs at each width (quick_edge's budget, the built-in corpus's vocabulary; qw-sp's report), and
+# the edge search's at d_model 256 (edge-w256: 3.27M tokens), to state a search's cost as a share of it.
+RUN_FLOPS = {32: 0.156e12, 64: 0.365e12, 128: 0.942e12, 256: 2.731e12}
+EDGE_SEARCH_FLOPS = 53.9e12
+
+
+def simulate(gamma: float, seed: int, settings: WidthSettings = SETTINGS) -> Outcome | None:
     rng = np.random.default_rng(seed)
     at_target = 0.006 * math.exp(rng.uniform(-0.4, 0.4))  # the grid falls differently on the truth each time
 
     def best(width: int) -> float:
         return at_target * (width / TARGET.d_model) ** -gamma
 
-    search, trials = WidthSearch(SETTINGS, TARGET), 0
+    search, trials, per_width = WidthSearch(settings, TARGET), 0, Counter()
     while search.width_fit is None and search.fit_problem is None and trials < 400:
         config = search.suggest(f"t{trials:04d}")
         if config in (FINISHED, WAIT):
@@ -68,20 +78,49 @@ def simulate(gamma: float, seed: int) -> Outcome | None:
         loss = 2.0 + CURVATURE * x * x * math.exp(SKEW * x) + NOISE[config["d_model"]] * rng.standard_normal()
         search.observe(f"t{trials:04d}", {"tokens": TARGET.full_tokens, "val_loss": float(loss)})
         search.complete(f"t{trials:04d}", "completed", {"tokens": TARGET.full_tokens})
+        per_width[config["d_model"]] += 1
         trials += 1
     fit = search.width_fit
     if fit is None:
         return None
     low, high = fit.predicted_lr_interval
     glow, ghigh = fit.law.exponent_interval
+    flops = sum(RUN_FLOPS[w] * n for w, n in per_width.items()) + 6 * RUN_FLOPS[TARGET.d_model]
     return Outcome(low <= best(TARGET.d_model) <= high, glow <= gamma <= ghigh, fit.resolved, high / low,
-                   math.log(fit.predicted_lr / best(TARGET.d_model)), trials)
+                   math.log(fit.predicted_lr / best(TARGET.d_model)), trials, flops)
+
+
+# What other settings would buy (the FLOPs question: can the search cost <= 50% of an edge search at the target?).
+VARIANTS = {
+    "shipped (32, 64, 128; refine)": SETTINGS,
+    "no refine": replace(SETTINGS, refine=False),
+    "no refine, 1 wall, grid 1 below / 1 above": replace(SETTINGS, refine=False, walls=1, below=1, above=1),
+    "proxies 32, 64 only": replace(SETTINGS, widths=(32, 64)),
+    "proxies 32, 64, 3 seeds": replace(SETTINGS, widths=(32, 64), seeds=3),
+    "proxies 32, 64, 4 seeds": replace(SETTINGS, widths=(32, 64), seeds=4),
+}
+
+
+def variants(searches: int) -> None:
+    print("| settings | true gamma | 90% interval holds LR* | median interval | FLOPs / edge search at 256 (median) |")
+    print("|---|---|---|---|---|")
+    for name, settings in VARIANTS.items():
+        for gamma in (1.0, 0.0):
+            fitted = [o for o in (simulate(gamma, k, settings) for k in range(searches)) if o is not None]
+            print(f"| {name} | {gamma:g} | {sum(o.covered for o in fitted) / len(fitted):.0%} | "
+                  f"{np.median([o.ratio for o in fitted]):.1f}x | "
+                  f"{np.median([o.flops for o in fitted]) / EDGE_SEARCH_FLOPS:.0%} |")
+            sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--searches", type=int, default=200)
+    parser.add_argument("--variants", action="store_true", help="instead: other settings' coverage and FLOPs")
     args = parser.parse_args(argv)
+    if args.variants:
+        variants(args.searches)
+        return 0
     print("| true gamma | searches fitted | 90% interval holds LR* at 256 | gamma's interval holds gamma | "
           "gamma resolved | median interval | rms ln error | median trials |")
     print("|---|---|---|---|---|---|---|---|")
