@@ -287,20 +287,25 @@ def plot_horizon(path: Path, summary: SweepSummary) -> Path:
     return save_figure(fig, path)
 
 
-def _plot_fit(ax, result: HorizonResult) -> None:
-    searched = [b for b in result.budgets[:-1] if b.conclusion.best_lr]
-    for b in searched:
-        ax.plot([b.tokens], [b.conclusion.best_lr], "o", mfc="none", color="tab:blue", markersize=9)
-        at = b.located
+def plot_located(ax, points: list[tuple[float, float, LocatedLr | None]], what: str) -> None:
+    """Each searched point's crowned grid LR (an open circle) and its located LR* with its 90% interval (a point
+    that could not be located: a grey diamond over the span it may lie in), at x; ``what``: "budget", "proxy"."""
+    for x, crowned, at in points:
+        ax.plot([x], [crowned], "o", mfc="none", color="tab:blue", markersize=9)
         if at is not None and at.usable:
             low, high = at.interval()
-            ax.errorbar([b.tokens], [at.lr], yerr=[[at.lr - low], [high - at.lr]], capsize=4,
+            ax.errorbar([x], [at.lr], yerr=[[at.lr - low], [high - at.lr]], capsize=4,
                         fmt="o" if at.located else "D", color="tab:blue" if at.located else "tab:gray")
-    ax.plot([], [], "o", mfc="none", color="tab:blue", markersize=9, label="crowned grid LR of a searched budget")
+    ax.plot([], [], "o", mfc="none", color="tab:blue", markersize=9, label=f"crowned grid LR of a {what}")
     ax.errorbar([], [], yerr=[], fmt="o", color="tab:blue", capsize=4, label="located LR* (90% interval)")
-    if any(b.located is not None and not b.located.located and b.located.usable for b in searched):
+    if any(at is not None and not at.located and at.usable for _, _, at in points):
         ax.errorbar([], [], yerr=[], fmt="D", color="tab:gray", capsize=4,
                     label="LR* not located: carried as the span it may lie in")
+
+
+def _plot_fit(ax, result: HorizonResult) -> None:
+    searched = [b for b in result.budgets[:-1] if b.conclusion.best_lr]
+    plot_located(ax, [(b.tokens, b.conclusion.best_lr, b.located) for b in searched], "searched budget")
     fit, target = result.fit, result.target_tokens
     if fit is not None and searched:
         xs = np.geomspace(min(b.tokens for b in searched), target, 50)

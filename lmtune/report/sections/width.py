@@ -18,7 +18,12 @@ from lmtune.report.comparison import Pair, record_runs  # noqa: E402
 from lmtune.report.coord_figure import plot_coord_check  # noqa: E402
 from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
-from lmtune.report.sections.horizon import best_loss_text, confirmation_markdown, located_text  # noqa: E402
+from lmtune.report.sections.horizon import (  # noqa: E402
+    best_loss_text,
+    confirmation_markdown,
+    located_text,
+    plot_located,
+)
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
 from lmtune.report.width import WidthResult, WidthRow, width_settings, width_summary  # noqa: E402
@@ -293,18 +298,7 @@ def plot_width(path: Path, summary: SweepSummary) -> Path:
 def _plot_fit(ax, result: WidthResult) -> None:
     searched = [row.point for row in result.widths if row.point.width != result.target_width
                 and row.point.conclusion.best_lr]
-    for p in searched:
-        ax.plot([p.width], [p.conclusion.best_lr], "o", mfc="none", color="tab:blue", markersize=9)
-        at = p.located
-        if at is not None and at.usable:
-            low, high = at.interval()
-            ax.errorbar([p.width], [at.lr], yerr=[[at.lr - low], [high - at.lr]], capsize=4,
-                        fmt="o" if at.located else "D", color="tab:blue" if at.located else "tab:gray")
-    ax.plot([], [], "o", mfc="none", color="tab:blue", markersize=9, label="crowned grid LR of a proxy")
-    ax.errorbar([], [], yerr=[], fmt="o", color="tab:blue", capsize=4, label="located LR* (90% interval)")
-    if any(p.located is not None and not p.located.located and p.located.usable for p in searched):
-        ax.errorbar([], [], yerr=[], fmt="D", color="tab:gray", capsize=4,
-                    label="LR* not located: carried as the span it may lie in")
+    plot_located(ax, [(p.width, p.conclusion.best_lr, p.located) for p in searched], "proxy")
     fit, target = result.fit, result.target_width
     if fit is not None:
         xs = np.geomspace(min(fit.widths), target, 50)
