@@ -56,7 +56,7 @@ def test_the_search_finishes_and_every_trial_trains_its_own_budget_through(horiz
     for trial_id, folder in trial_dirs(horizon_sweep["dir"]).items():
         config = json.loads((folder / "config.json").read_text())
         steps[trial_id] = config["train"]["steps"]
-        assert config["train"]["steps"] == state["plans"][trial_id]["steps"]
+        assert config["train"]["steps"] == state["plans"][trial_id]["point"]
     assert set(steps.values()) == {12, 24, 96}
 
 
