@@ -70,7 +70,7 @@ def simulate(gamma: float, seed: int, settings: WidthSettings = SETTINGS) -> Out
         return at_target * (width / TARGET.d_model) ** -gamma
 
     search, trials, per_width = WidthSearch(settings, TARGET), 0, Counter()
-    while search.width_fit is None and search.fit_problem is None and trials < 400:
+    while search.fit is None and search.fit_problem is None and trials < 400:
         config = search.suggest(f"t{trials:04d}")
         if config in (FINISHED, WAIT):
             break
@@ -80,7 +80,7 @@ def simulate(gamma: float, seed: int, settings: WidthSettings = SETTINGS) -> Out
         search.complete(f"t{trials:04d}", "completed", {"tokens": TARGET.full_tokens})
         per_width[config["d_model"]] += 1
         trials += 1
-    fit = search.width_fit
+    fit = search.fit
     if fit is None:
         return None
     low, high = fit.predicted_lr_interval

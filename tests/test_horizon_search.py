@@ -127,13 +127,13 @@ def assert_refined_around(search: HorizonSearch, sweep: SimulatedSweep, steps: i
 
 def test_it_searches_the_target_over_16_8_and_4_by_default(finished):
     search, sweep = finished
-    assert search.points == [40, 81, 162]
+    assert search.axis.points == [40, 81, 162]
     assert {t["steps"] for t in sweep.trials} == {40, 81, 162, 648}
 
 
 def test_each_budgets_best_lr_is_the_grid_lr_nearest_the_true_one_on_every_seed(finished):
     search, _ = finished
-    for steps in search.points:
+    for steps in search.axis.points:
         c = search.conclusion()["budgets"][str(steps)]
         tried = sorted({r.lr for r in search.runs_at(steps) if not r.diverged})
         nearest = min(tried, key=lambda lr: abs(math.log(lr / best_lr(steps))))
@@ -171,13 +171,13 @@ def test_confirmation_waits_until_every_budgets_best_lr_is_settled_and_refined(f
 
 def test_refine_trains_the_two_lrs_halfway_between_the_best_and_its_neighbours_on_every_seed(finished):
     search, sweep = finished
-    for steps in search.points:
+    for steps in search.axis.points:
         assert_refined_around(search, sweep, steps)
 
 
 def test_each_budgets_edge_is_bracketed_around_where_training_fails(finished):
     search, _ = finished
-    for steps in search.points:
+    for steps in search.axis.points:
         c = search.conclusion()["budgets"][str(steps)]
         assert c["edge_lr_low"] < edge_lr(steps) <= c["divergence_lr"]
         assert c["bracket_ratio"] <= SETTINGS.edge_tolerance
@@ -197,7 +197,7 @@ def test_seed_noise_makes_contenders_which_get_the_crowned_bests_seeds_before_th
 
 def test_with_noise_refine_is_planned_around_the_crown_the_contenders_left(noisy):
     search, sweep = noisy
-    for steps in search.points:
+    for steps in search.axis.points:
         assert_refined_around(search, sweep, steps)
 
 
@@ -209,8 +209,8 @@ def test_no_run_is_trained_twice(noisy):
 
 def test_the_fit_is_centred_at_each_budget_on_the_lr_the_report_crowns(noisy):
     search, _ = noisy
-    assert len(search.fit.points) == len(search.points)
-    for point, steps in zip(search.fit.points, search.points, strict=True):
+    assert len(search.fit.points) == len(search.axis.points)
+    for point, steps in zip(search.fit.points, search.axis.points, strict=True):
         assert point.crowned_lr == crown(full_budget_ranking(search.runs_at(steps)))[0].lr
 
 

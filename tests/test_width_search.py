@@ -88,7 +88,7 @@ def test_the_widths_are_searched_narrowest_first_and_only_the_confirmation_train
 
 def test_under_sp_the_fit_resolves_the_fall_with_width_and_its_interval_holds_the_true_target_lr(standard):
     search, sweep = standard
-    fit = search.width_fit
+    fit = search.fit
     low, high = fit.law.exponent_interval
     assert fit.resolved and low <= 1.0 <= high
     plo, phi = fit.predicted_lr_interval
@@ -97,7 +97,7 @@ def test_under_sp_the_fit_resolves_the_fall_with_width_and_its_interval_holds_th
 
 def test_under_a_flat_optimum_the_fit_says_the_lr_does_not_move_and_predicts_the_proxies_lr(flat):
     search, sweep = flat
-    fit = search.width_fit
+    fit = search.fit
     low, high = fit.law.exponent_interval
     assert low <= 0.0 <= high and not fit.resolved
     plo, phi = fit.predicted_lr_interval
@@ -107,7 +107,7 @@ def test_under_a_flat_optimum_the_fit_says_the_lr_does_not_move_and_predicts_the
 def test_the_confirmation_trains_the_prediction_and_its_neighbours_on_two_seeds_at_the_target(standard):
     search, sweep = standard
     confirm = [t for t in sweep.trials if t["stage"] == "target"]
-    predicted = search.width_fit.predicted_lr
+    predicted = search.fit.predicted_lr
     lrs = sorted({t["lr"] for t in confirm})
     # (an LR within SAME_LR of one already tried is that LR: one LR is one number across widths)
     assert lrs == pytest.approx([predicted / 2, predicted, predicted * 2], rel=0.02)

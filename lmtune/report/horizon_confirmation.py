@@ -27,6 +27,7 @@ from lmtune.sweep.runs import (
     effective_runs,
     full_budget_ranking,
     pooled_seed_spread,
+    same_lr,
     standard_error,
 )
 
@@ -105,7 +106,7 @@ def confirmation(target_runs: Sequence[Run], predicted_lr: float | None, search_
     excess = predicted.mean - best.mean
     se = standard_error(predicted, best, sigma)
     in_basin, verdict = _verdict(ranking, best, sigma, excess, se, _diverged_above(runs, best.lr))
-    if max(predicted.lr / predicted_lr, predicted_lr / predicted.lr) >= SAME_LR:
+    if not same_lr(predicted.lr, predicted_lr):
         verdict += (f"; judged at {predicted.lr:.3g}, the LR trained at the target nearest the prediction "
                     f"({predicted_lr:.3g}): its runs were planned on the search's own fit")
     return TargetConfirmation(*base, predicted.lr, excess, se, sigma, best.lr / predicted_lr, in_basin, verdict,

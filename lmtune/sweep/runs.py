@@ -35,6 +35,11 @@ INTERRUPTED = ("interrupted: the sweep's driver stopped while it ran, before Ray
                "ran its plan again in another trial")
 
 
+
+def same_lr(a: float, b: float) -> bool:
+    """Two LRs closer than SAME_LR: one LR."""
+    return max(a, b) / min(a, b) < SAME_LR
+
 @dataclass(frozen=True)
 class Budget:
     """What the analysis needs of the sweep's base config."""

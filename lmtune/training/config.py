@@ -302,6 +302,11 @@ MAX_LR = 1e6
 MAX_SEED = 2**32 - 1
 
 
+def accepted_lr(lr: float) -> bool:
+    """An LR a run accepts: finite, above 0, at most MAX_LR."""
+    return math.isfinite(lr) and 0 < lr <= MAX_LR
+
+
 def validate(config: RunConfig, where: str = "config") -> None:
     """Raise LmtuneError (one line) for values no training run could use."""
     m, t = config.model, config.train
@@ -319,7 +324,7 @@ def validate(config: RunConfig, where: str = "config") -> None:
     need(math.isfinite(m.z_loss) and m.z_loss >= 0, "z_loss must be >= 0")
     for name in ("mup_base_width", "mup_base_head_dim"):
         need(getattr(m, name) > 0, f"{name} must be a positive integer (got {getattr(m, name)})")
-    need(math.isfinite(t.lr) and 0 < t.lr <= MAX_LR,
+    need(accepted_lr(t.lr),
          f"lr must be a positive finite number at most {MAX_LR:g} (got {t.lr}); nothing trains there")
     need(0 <= t.seed <= MAX_SEED, f"seed must be an integer in [0, 2**32 - 1] (got {t.seed})")
     need(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from lmtune.files import JsonObject
 from lmtune.sweep.bracket import bisect_lrs, bracket, needs_confirmation
 from lmtune.sweep.conclusion import conclude
-from lmtune.sweep.runs import SAME_LR, Budget, LrResult, Run, crown, effective_runs, full_budget_ranking
+from lmtune.sweep.runs import Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
@@ -281,7 +281,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
                "continued from its last checkpoint)")
         if reruns:
             why += "; re-run to the full budget: " + "; ".join(reason for _, reason in reruns)
-        extra = [lr for lr, _ in reruns if not any(max(lr, x) / min(lr, x) < SAME_LR for x in lrs)]
+        extra = [lr for lr, _ in reruns if not any(same_lr(lr, x) for x in lrs)]
         cut = self._cut_runs()
         planned = [Planned("refine", lr, self.budget.seed, continue_from=cut.get(lr)) for lr in sorted(lrs + extra)]
         self._plan("refine", planned, why)

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from lmtune.errors import LmtuneError
-from lmtune.sweep.runs import SAME_LR, Budget, LrResult, Run, crowned_ranking, format_tokens
+from lmtune.sweep.runs import Budget, LrResult, Run, crowned_ranking, format_tokens, same_lr
 from lmtune.sweep.strategies.base import MAX_SEEDS, failed_checks
 from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
 from lmtune.training.config import MAX_LR
@@ -188,14 +188,14 @@ def refine_lrs(best: LrResult, runs: list[Run], edge_lr: float | None, settings:
     for lr in sorted(_snap(lr, tried) for lr in candidates):
         if edge_lr is not None and lr >= edge_lr:
             continue
-        if not any(max(lr, other) / min(lr, other) < SAME_LR for other in covered + chosen):
+        if not any(same_lr(lr, other) for other in covered + chosen):
             chosen.append(lr)
     return chosen
 
 
 def _snap(lr: float, tried: list[float]) -> float:
     """An LR already tried within SAME_LR of ``lr`` (so a re-run shares its LR exactly), else ``lr``."""
-    return next((other for other in tried if max(lr, other) / min(lr, other) < SAME_LR), lr)
+    return next((other for other in tried if same_lr(lr, other)), lr)
 
 
 def _full_budget_at_first_seed(run: Run, seed: int) -> bool:

@@ -72,7 +72,6 @@ class HorizonStrategy(DecidingDefaults):
         return frozenset({"stable"})  # a larger budget's run of the same LR and seed forks from it
 
 
-
 def refuse_early_stopping(raw: JsonObject, fail: Fail, search: str) -> None:
     """A horizon or width search compares LRs only at a run's whole budget: a scheduler that cuts runs is refused
     (params, if any, are refused first, by the shared parse)."""

@@ -8,10 +8,11 @@ the target, what a trial at a point sets, and which runs belong to it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from lmtune.sweep.runs import Budget, Run
+from lmtune.sweep.runs import Budget, Run, effective_runs
 from lmtune.sweep.tune_types import TuneParams
 
 
@@ -32,17 +33,14 @@ class SearchAxis(Protocol):
     def params(self, point: int) -> TuneParams:
         """What a trial at ``point`` sets besides its stage, LR and seed."""
 
-    def budget_tokens(self, point: int) -> int:
-        """The full token count of a run at ``point`` (where its LRs are compared)."""
+    def budget_at(self, point: int) -> Budget:
+        """The budget of a run at ``point``, compared at its full token count only."""
 
     def holds(self, run: Run, point: int) -> bool:
         """Whether ``run`` was trained at ``point``."""
 
     def others(self, point: int) -> tuple[tuple[str, object], ...]:
         """A run's ``others`` at ``point`` (lmtune.sweep.runs.Run.others: what besides the LR tells runs apart)."""
-
-    def scale(self, point: int) -> float:
-        """The power law's variable at ``point`` (tokens, or width)."""
 
     def label(self, point: int) -> str:
         """``point`` in words ("162-step budget", "d_model 64")."""
@@ -70,17 +68,19 @@ class TokenAxis:
     def params(self, point: int) -> TuneParams:
         return {"steps": point}
 
-    def budget_tokens(self, point: int) -> int:
-        return point * self.budget.tokens_per_step
+    def budget_at(self, point: int) -> Budget:
+        return self.budget.at_steps(point)
 
     def holds(self, run: Run, point: int) -> bool:
-        return run.budget_tokens == self.budget_tokens(point)
+        return run.budget_tokens == point * self.budget.tokens_per_step
 
     def others(self, point: int) -> tuple[tuple[str, object], ...]:
         return ()  # a budget tells runs apart by their budget_tokens
 
-    def scale(self, point: int) -> float:
-        return float(self.budget_tokens(point))
-
     def label(self, point: int) -> str:
         return f"{point}-step budget"
+
+
+def runs_at(axis: SearchAxis, runs: Iterable[Run], point: int) -> list[Run]:
+    """The runs trained at ``point`` that stand (lmtune.sweep.runs.effective_runs)."""
+    return effective_runs(r for r in runs if axis.holds(r, point))

@@ -8,7 +8,9 @@ from collections.abc import Iterable
 
 from lmtune.errors import LmtuneError
 from lmtune.sweep.bracket import bracket
-from lmtune.sweep.runs import Budget, Run, effective_runs, full_budget_ranking
+from lmtune.sweep.runs import Budget, Run, full_budget_ranking
+from lmtune.sweep.strategies.horizon.axis import TokenAxis
+from lmtune.sweep.strategies.horizon.axis import runs_at as runs_on
 from lmtune.sweep.strategies.horizon.fit import HorizonFit, fit_horizon
 from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
@@ -16,8 +18,7 @@ from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
 def runs_at(runs: Iterable[Run], steps: int, target: Budget) -> list[Run]:
     """The runs (those that stand: lmtune.sweep.runs.effective_runs) whose budget is ``steps``."""
-    tokens = steps * target.tokens_per_step
-    return effective_runs(r for r in runs if r.budget_tokens == tokens)
+    return runs_on(TokenAxis(target, ()), runs, steps)
 
 
 def locate_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> list[LocatedLr | None]:

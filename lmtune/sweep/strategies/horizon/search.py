@@ -33,16 +33,16 @@ from lmtune.files import JsonObject
 from lmtune.sweep.bracket import bracket
 from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.landscape import best_lr_interval
-from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, effective_runs, full_budget_ranking
+from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, full_budget_ranking, same_lr
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
-from lmtune.sweep.strategies.horizon.axis import SearchAxis, TokenAxis
+from lmtune.sweep.strategies.horizon.axis import SearchAxis, TokenAxis, runs_at
 from lmtune.sweep.strategies.horizon.budgets import fit_budgets
 from lmtune.sweep.strategies.horizon.fit import HorizonFit
 from lmtune.sweep.strategies.horizon.planned import Decision, Planned
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 from lmtune.sweep.tune_types import TuneParams
-from lmtune.training.config import MAX_LR
+from lmtune.training.config import MAX_LR, accepted_lr
 
 STAGES = ("grid", "extend", "seeds", "refine", "wall", "edge", "target")  # target: the confirmation at the target
 SETTLING = ("grid", "extend", "seeds", "refine", "wall")  # the stages that decide a budget's LR*
@@ -56,6 +56,8 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
     planned_class = Planned
     decision_class = Decision
     renamed = {"steps": "point"}  # (a state file of an earlier version)
+    fit_class: type = HorizonFit
+    """What its fit is (restored from the state file as this)."""
 
     def __init__(self, settings: HorizonSettings, budget: Budget, max_pending: int = 1):
         super().__init__(settings, budget, max_pending)
@@ -67,11 +69,6 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
     def make_axis(self) -> SearchAxis:
         """The budgets D/16, D/8, D/4 (by default) of the target D, the space's steps."""
         return TokenAxis(self.budget, tuple(self.settings.budget_steps(self.budget.steps)))
-
-    @property
-    def points(self) -> list[int]:
-        """The searched points (budgets in steps; widths for a width search), smallest first."""
-        return self.axis.points
 
     # -- what Tune asks and tells ------------------------------------------------------------
 
@@ -92,7 +89,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         planned = next((p for p in self.queue if p.stage != "edge"), self.queue[0])
         self.queue.remove(planned)
         planned.fork_from = self._fork_source(planned)
-        tokens = self.axis.budget_tokens(planned.point)
+        tokens = self.axis.budget_at(planned.point).full_tokens
         self.runs[trial_id] = Run(planned.lr, planned.seed, planned.stage, tokens, tokens,
                                   others=self.axis.others(planned.point), trial_id=trial_id)
         self.plans[trial_id] = planned
@@ -100,24 +97,24 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     def _fork_source(self, planned: Planned) -> str | None:
         """Under WSD, the trial id of the same LR and seed's run at the largest smaller budget that trained it
-        through: this run continues it from where its stable phase ended instead of training those point again."""
+        through: this run continues it from where its stable phase ended instead of training those steps again."""
         if self.budget.schedule != "wsd":
             return None
-        tokens = self.axis.budget_tokens(planned.point)
+        tokens = self.axis.budget_at(planned.point).full_tokens
         sources = [(r.budget_tokens, tid) for tid, r in self.runs.items()
-                   if r.seed == planned.seed and _same(r.lr, planned.lr) and r.budget_tokens < tokens
+                   if r.seed == planned.seed and same_lr(r.lr, planned.lr) and r.budget_tokens < tokens
                    and r.trained_through()]
         return max(sources)[1] if sources else None
 
     # -- what the runs show ------------------------------------------------------------------
 
     def runs_at(self, point: int) -> list[Run]:
-        return effective_runs(r for r in self.runs.values() if self.axis.holds(r, point))
+        return runs_at(self.axis, self.runs.values(), point)
 
     # -- deciding ----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        points = self.points
+        points = self.axis.points
         for i, point in enumerate(points):
             if not self._planned("grid", point):
                 if i == 0:
@@ -149,23 +146,27 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         known = {p.lr for p in [*self.plans.values(), *self.queue]}
         # A larger budget's grid, its probes and the confirmation follow results and may step past the LRs a trial
         # accepts (the settings bound only the smallest budget's): those are left out, and the decision says so.
-        outside = sorted({p.lr for p in planned if not _accepted(p.lr)})
+        outside = sorted({p.lr for p in planned if not accepted_lr(p.lr)})
         if outside:
-            planned = [p for p in planned if _accepted(p.lr)]
+            planned = [p for p in planned if accepted_lr(p.lr)]
             why += (f"; left out: lr {', '.join(f'{lr:.3g}' for lr in outside)}, outside the LRs a trial accepts "
                     f"(above 0, at most {MAX_LR:g})")
         for p in planned:
             p.why = why
             # readable, and one LR is one number at every budget and seed (so a run can continue another's)
-            p.lr = next((lr for lr in known if _same(lr, p.lr)), float(f"{p.lr:.4g}"))
+            p.lr = next((lr for lr in known if same_lr(lr, p.lr)), float(f"{p.lr:.4g}"))
         self.queue += planned
         self.decisions.append(Decision(stage, point, [p.lr for p in planned], why))
 
     def _planned(self, stage: str, point: int) -> bool:
-        return any(d.stage == stage and d.point == point for d in self.decisions)
+        return self._decided(stage, point) > 0
+
+    def _decided(self, stage: str, point: int) -> int:
+        """How often ``stage`` was decided at ``point`` (an extension, a wall or an edge probe each time)."""
+        return sum(d.stage == stage and d.point == point for d in self.decisions)
 
     def _busy(self, point: int | None = None, *stages: str) -> bool:
-        """A trial at budget ``point`` (any, if None) of one of ``stages`` (any, if none) is queued or running."""
+        """A trial at ``point`` (any, if None) of one of ``stages`` (any, if none) is queued or running."""
         def matches(stage: str, at: int) -> bool:
             return (point is None or at == point) and (not stages or stage in stages)
 
@@ -215,16 +216,16 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         """The LR beyond the grid's end when the best lies there and extensions remain (None otherwise)."""
         best, _ = self._best(point)
         lrs = self._tried(point)
-        extended = sum(d.stage == "extend" and d.point == point for d in self.decisions)
+        extended = self._decided("extend", point)
         if best is None or extended >= self.settings.max_extensions or len(lrs) < 2:
             return None
-        if _same(best.lr, lrs[0]):
+        if same_lr(best.lr, lrs[0]):
             beyond = lrs[0] / self.settings.ratio
-        elif _same(best.lr, lrs[-1]) and not any(r.diverged for r in self.runs_at(point)):
+        elif same_lr(best.lr, lrs[-1]) and not any(r.diverged for r in self.runs_at(point)):
             beyond = lrs[-1] * self.settings.ratio
         else:
             return None
-        return beyond if _accepted(beyond) else None  # no trial trains past the LR limits: the grid ends there
+        return beyond if accepted_lr(beyond) else None  # no trial trains past the LR limits: the grid ends there
 
     def _extend(self, point: int) -> None:
         lr = self._extension(point)
@@ -236,14 +237,14 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
     def _neighbours(self, point: int, lr: float) -> list[float]:
         """``lr`` and the next lower and higher LRs that trained this budget through."""
         lrs = sorted(r.lr for r in full_budget_ranking(self.runs_at(point)))
-        i = next(k for k, x in enumerate(lrs) if _same(x, lr))
+        i = next(k for k, x in enumerate(lrs) if same_lr(x, lr))
         return lrs[max(0, i - 1): i + 2]
 
     def _seeds(self, point: int) -> None:
         best, _ = self._best(point)
         seeds = self._seeds_of(self.settings.seeds)[1:]
         if best is None or not seeds:
-            why = "one seed per LR (seeds: 1)" if not seeds else "no LR trained this budget through"
+            why = "one seed per LR (seeds: 1)" if not seeds else f"no LR trained this {self.axis.name} through"
             self._plan("seeds", point, [], why)
             return
         lrs = self._neighbours(point, best.lr)
@@ -265,7 +266,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         planned = [Planned("seeds", point, r.lr, s) for r in contenders for s in best.seeds if s not in r.seeds]
         self._plan("seeds", point, planned,
                    ", ".join(f"lr {r.lr:.3g}" for r in contenders) + f" beat the best ({best.lr:.3g}) on the seeds "
-                   "they share: given its seeds before the budget's best LR is settled")
+                   f"they share: given its seeds before the {self.axis.name}'s best LR is settled")
 
     def _seeds_of(self, count: int) -> list[int]:
         """The first ``count`` seeds of the search: the base seed, then base + 1, ..."""
@@ -276,12 +277,12 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         located on five LRs sqrt(ratio) apart, not on the coarse grid's three."""
         best, _ = self._best(point)
         if best is None or not self.settings.refine:
-            self._plan("refine", point, [], "no LR trained this budget through" if best is None
+            self._plan("refine", point, [], f"no LR trained this {self.axis.name} through" if best is None
                        else "refine: false (LR* located on the grid's own LRs)")
             return
         tried = self._tried(point)
-        lrs = [math.sqrt(best.lr * lr) for lr in self._neighbours(point, best.lr) if not _same(lr, best.lr)]
-        lrs = [lr for lr in lrs if not any(_same(lr, t) for t in tried)]
+        lrs = [math.sqrt(best.lr * lr) for lr in self._neighbours(point, best.lr) if not same_lr(lr, best.lr)]
+        lrs = [lr for lr in lrs if not any(same_lr(lr, t) for t in tried)]
         seeds = self._seeds_of(self.settings.seeds)
         self._plan("refine", point, [Planned("refine", point, lr, s) for lr in lrs for s in seeds],
                    f"LR* located between grid points: {', '.join(f'{lr:.3g}' for lr in lrs)}, halfway (in log) "
@@ -291,7 +292,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
     def _wall_lr(self, point: int) -> float | None:
         """One LR beyond the LRs tried on a side where none is clearly worse than the best, while walls remain: LR*
         is bounded only between LRs clearly worse (lmtune.sweep.landscape.best_lr_interval). None: no wall needed."""
-        walls = sum(d.stage == "wall" and d.point == point for d in self.decisions)
+        walls = self._decided("wall", point)
         if not self._planned("refine", point) or walls >= self.settings.walls:
             return None
         # the LRs as the fit sees them (no edge probes: budgets.locate_budgets), and beyond those trained through:
@@ -304,7 +305,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         beyond = (lrs[0] / self.settings.ratio if low is None else
                   lrs[-1] * self.settings.ratio if high is None else None)
         failed = bracket(self.runs_at(point)).diverged_lr
-        if beyond is None or not _accepted(beyond) or (failed is not None and beyond * SAME_LR >= failed):
+        if beyond is None or not accepted_lr(beyond) or (failed is not None and beyond * SAME_LR >= failed):
             return None
         return beyond
 
@@ -323,14 +324,14 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         little from one budget to the next, so the smaller budget's bracket is probed first."""
         if self._edge_done(point) or self._busy(point, "edge") or not self._grid_settled(point):
             return
-        i = self.points.index(point)
-        if i > 0 and not self._edge_done(self.points[i - 1]):
+        i = self.axis.points.index(point)
+        if i > 0 and not self._edge_done(self.axis.points[i - 1]):
             return  # its bracket is the best first guess of this one's
         edge = bracket(self.runs_at(point))
         if edge.diverged_lr is None:
             lr = next((x for x in self._smaller_bracket(point) if x > edge.stable_lr * SAME_LR), None)
             why = f"every LR up to {edge.stable_lr:.3g} trained through: "
-            why += (f"{lr:.3g}, an end of the smaller budget's bracket" if lr is not None
+            why += (f"{lr:.3g}, an end of the smaller {self.axis.name}'s bracket" if lr is not None
                     else f"a probe {self.settings.edge_ratio:g}x above")
             lr = lr or edge.stable_lr * self.settings.edge_ratio
         else:
@@ -340,42 +341,51 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     def _edge_done(self, point: int) -> bool:
         """No further edge probe at this budget: its bracket is resolved, or it cannot be, or probes ran out."""
-        probes = sum(d.stage == "edge" and d.point == point for d in self.decisions)
+        probes = self._decided("edge", point)
         edge = bracket(self.runs_at(point))
         return (probes >= self.settings.edge_probes or edge.stable_lr is None
                 or edge.resolved(self.settings.edge_tolerance)) and not self._busy(point, "edge")
 
     def _smaller_bracket(self, point: int) -> list[float]:
         """The next smaller budget's edge bracket (its ends that are known), low end first."""
-        i = self.points.index(point)
+        i = self.axis.points.index(point)
         if i == 0:
             return []
-        edge = bracket(self.runs_at(self.points[i - 1]))
+        edge = bracket(self.runs_at(self.axis.points[i - 1]))
         return [lr for lr in (edge.stable_lr, edge.diverged_lr) if lr is not None]
 
     def _confirm(self) -> None:
-        target = self.budget.steps
-        self.fit, self.fit_problem = fit_budgets(self.runs.values(), self.settings, self.budget)
+        target = self.axis.target
+        self.fit, self.fit_problem = self._fit()
         if self.fit is None:
             self._plan("target", target, [], f"no fit: {self.fit_problem}")
             return
         lrs = self.settings.confirmation_lrs(self.fit.predicted_lr)
         low, high = self.fit.predicted_lr_interval
         seeds = self._seeds_of(self.settings.confirm_seeds)
-        resolved = "" if self.fit.resolved else ", beta not resolved by these budgets"
+        slope, where = self._fit_words(self.fit)
         self._plan("target", target, [Planned("target", target, lr, s) for lr in lrs for s in seeds],
-                   f"the fit predicts {self.fit.predicted_lr:.3g} (90% interval {low:.3g}-{high:.3g}, beta "
-                   f"{self.fit.beta:.2f}{resolved}) at the {target}-step target: it and "
-                   f"{self.settings.confirm_ratio:g}x either side, trained at the target with {len(seeds)} "
-                   f"seed{'s' * (len(seeds) > 1)}")
+                   f"the fit predicts {self.fit.predicted_lr:.3g} (90% interval {low:.3g}-{high:.3g}, {slope}) at "
+                   f"{where}: it and {self.settings.confirm_ratio:g}x either side, trained at the target with "
+                   f"{len(seeds)} seed{'s' * (len(seeds) > 1)}")
+
+    def _fit(self) -> tuple[HorizonFit | None, str | None]:
+        """The power law through the searched points' LR*s (None and why, where there is none)."""
+        return fit_budgets(self.runs.values(), self.settings, self.budget)
+
+    def _fit_words(self, fit: HorizonFit) -> tuple[str, str]:
+        """The fit's slope and where it predicts, for the confirmation's reason."""
+        resolved = "" if fit.resolved else ", beta not resolved by these budgets"
+        return f"beta {fit.beta:.2f}{resolved}", f"the {self.axis.target}-step target"
 
     # -- state -------------------------------------------------------------------------------
 
     def conclusion(self) -> JsonObject:
-        """Per budget, what its runs show (best LR, seeds, edge), the fit and the confirmation."""
-        per_budget = {str(s): conclude(self.runs_at(s), self.budget.at_steps(s)).to_json()
-                      for s in [*self.points, self.budget.steps]}
-        return {"budgets": per_budget, "fit": self.fit.to_json() if self.fit else None, "fit_problem": self.fit_problem}
+        """Per point, what its runs show (best LR, seeds, edge), the fit and the confirmation."""
+        per_point = {str(p): conclude(self.runs_at(p), self.axis.budget_at(p)).to_json()
+                     for p in [*self.axis.points, self.axis.target]}
+        return {f"{self.axis.name}s": per_point, "fit": self.fit.to_json() if self.fit else None,
+                "fit_problem": self.fit_problem}
 
     def to_json(self) -> JsonObject:
         return {**super().to_json(), "seed_rounds": {str(k): v for k, v in self.seed_rounds.items()},
@@ -383,14 +393,6 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     def _restore(self, data: JsonObject) -> None:
         self.seed_rounds = {int(k): int(v) for k, v in (data.get("seed_rounds") or {}).items()}
-        self.fit = HorizonFit.from_json(data["fit"]) if data.get("fit") else None
+        self.fit = self.fit_class.from_json(data["fit"]) if data.get("fit") else None
         self.fit_problem = data.get("fit_problem")
 
-
-def _accepted(lr: float) -> bool:
-    """An LR a trial accepts (lmtune.training.config.validate)."""
-    return math.isfinite(lr) and 0 < lr <= MAX_LR
-
-
-def _same(a: float, b: float) -> bool:
-    return max(a, b) / min(a, b) < SAME_LR

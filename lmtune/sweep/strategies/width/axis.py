@@ -31,17 +31,14 @@ class WidthAxis:
     def params(self, point: int) -> TuneParams:
         return proxy_shape(self.budget, point)
 
-    def budget_tokens(self, point: int) -> int:
-        return self.budget.full_tokens
+    def budget_at(self, point: int) -> Budget:
+        return self.budget.at_steps(self.budget.steps)  # every width trains the space's whole budget
 
     def holds(self, run: Run, point: int) -> bool:
         return dict(run.others).get("d_model") == point
 
     def others(self, point: int) -> tuple[tuple[str, object], ...]:
         return tuple(sorted(self.params(point).items()))
-
-    def scale(self, point: int) -> float:
-        return float(point)
 
     def label(self, point: int) -> str:
         return f"d_model {point}"

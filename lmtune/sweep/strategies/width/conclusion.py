@@ -13,7 +13,8 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.sweep.bracket import bracket
 from lmtune.sweep.conclusion import Conclusion, conclude
-from lmtune.sweep.runs import Budget, Run, effective_runs, full_budget_ranking
+from lmtune.sweep.runs import Budget, Run, full_budget_ranking
+from lmtune.sweep.strategies.horizon.axis import runs_at as runs_on
 from lmtune.sweep.strategies.horizon.fit import PowerLaw, fit_power_law
 from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
 from lmtune.sweep.strategies.width.axis import WidthAxis
@@ -88,8 +89,7 @@ class WidthConclusion:
 
 def runs_at_width(runs: Iterable[Run], width: int, target: Budget) -> list[Run]:
     """The runs (those that stand: lmtune.sweep.runs.effective_runs) trained at ``width``."""
-    axis = WidthAxis(target, ())
-    return effective_runs(r for r in runs if axis.holds(r, width))
+    return runs_on(WidthAxis(target, ()), runs, width)
 
 
 def locate_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> list[LocatedLr | None]:

@@ -12,11 +12,7 @@ the target width, ``confirm_seeds`` runs each, enough to say whether the predict
 
 from __future__ import annotations
 
-from lmtune.files import JsonObject
-from lmtune.sweep.conclusion import conclude
-from lmtune.sweep.runs import Budget
 from lmtune.sweep.strategies.horizon.axis import SearchAxis
-from lmtune.sweep.strategies.horizon.planned import Planned
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.width.axis import WidthAxis
 from lmtune.sweep.strategies.width.conclusion import WidthFit, fit_widths
@@ -27,42 +23,14 @@ class WidthSearch(HorizonSearch):
     """The width search's state and decisions: deterministic and JSON-serializable, like the horizon search's."""
 
     settings_class = WidthSettings
-
-    def __init__(self, settings: WidthSettings, budget: Budget, max_pending: int = 1):
-        super().__init__(settings, budget, max_pending)
-        self.width_fit: WidthFit | None = None
+    fit_class = WidthFit
 
     def make_axis(self) -> SearchAxis:
         return WidthAxis(self.budget, tuple(self.settings.widths))
 
-    def _confirm(self) -> None:
-        target = self.axis.target
-        self.width_fit, self.fit_problem = fit_widths(self.runs.values(), self.settings, self.budget)
-        fit = self.width_fit
-        if fit is None:
-            self._plan("target", target, [], f"no fit: {self.fit_problem}")
-            return
-        lrs = self.settings.confirmation_lrs(fit.predicted_lr)
-        low, high = fit.predicted_lr_interval
-        seeds = self._seeds_of(self.settings.confirm_seeds)
+    def _fit(self) -> tuple[WidthFit | None, str | None]:
+        return fit_widths(self.runs.values(), self.settings, self.budget)
+
+    def _fit_words(self, fit: WidthFit) -> tuple[str, str]:
         moves = "" if fit.resolved else ", gamma not resolved by these widths: LR* may not move with width"
-        self._plan("target", target, [Planned("target", target, lr, s) for lr in lrs for s in seeds],
-                   f"the fit predicts {fit.predicted_lr:.3g} (90% interval {low:.3g}-{high:.3g}, gamma "
-                   f"{fit.gamma:.2f}{moves}) at the target d_model {target}: it and "
-                   f"{self.settings.confirm_ratio:g}x either side, trained at the target with {len(seeds)} "
-                   f"seed{'s' * (len(seeds) > 1)}")
-
-    def conclusion(self) -> JsonObject:
-        """Per width, what its runs show (best LR, seeds, edge), the fit and the confirmation."""
-        full = self.budget.at_steps(self.budget.steps)
-        per_width = {str(w): conclude(self.runs_at(w), full).to_json() for w in [*self.points, self.axis.target]}
-        return {"widths": per_width, "fit": self.width_fit.to_json() if self.width_fit else None,
-                "fit_problem": self.fit_problem}
-
-    def to_json(self) -> JsonObject:
-        return {**super().to_json(), "fit": self.width_fit.to_json() if self.width_fit else None}
-
-    def _restore(self, data: JsonObject) -> None:
-        self.seed_rounds = {int(k): int(v) for k, v in (data.get("seed_rounds") or {}).items()}
-        self.width_fit = WidthFit.from_json(data["fit"]) if data.get("fit") else None
-        self.fit_problem = data.get("fit_problem")
+        return f"gamma {fit.gamma:.2f}{moves}", f"the target d_model {self.axis.target}"
