@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sharpness", action="store_true",
                         help="estimate the Hessian's top eigenvalue at saved checkpoints of the best trial and "
                              "the largest non-diverged LR (slow: minutes on CPU)")
+    parser.add_argument("--samples", type=int, default=2,
+                        help="texts the best LR's model writes into the report (default 2; 0: none)")
+    parser.add_argument("--x", choices=("tokens", "wall", "both"), default="both",
+                        help="the learning curves' x axis: tokens, wall-clock time, or both figures (default both)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
     return parser
 
@@ -81,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reporting the newest sweep: {sweep_dir}")
         if others:
             print(f"other sweeps in {args.sweep}: {', '.join(p.name for p in others)}")
+    if not 0 <= args.samples <= 20:
+        raise LmtuneError(f"--samples must be from 0 to 20 (got {args.samples})")
     report = write_report(sweep_dir, out_dir=Path(args.out) if args.out else None, target=target,
-                          sharpness=args.sharpness)
+                          sharpness=args.sharpness, samples=args.samples, x=args.x)
     print("\n".join(headline(report)))
     return 0
 

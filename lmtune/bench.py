@@ -38,6 +38,8 @@ from lmtune.training.coord_check import (
 )
 from lmtune.training.device import autocast_dtype, resolve_device
 from lmtune.training.memory import available_memory_bytes, check_fits, run_memory_bytes
+from lmtune.usercode.checks import check_code
+from lmtune.usercode.config import add_code_arguments, code_from_arguments
 
 DEFAULT_RESULTS = Path("benchmarks/results.jsonl")
 # --coord-check's defaults: the quick budget's shape (head dim 32, 2 layers, context 128) at 4 sequences a batch,
@@ -52,7 +54,7 @@ def _fmt_bytes(n: float | None) -> str:
 
 def format_result(r: BenchResult) -> str:
     lines = [
-        f"lmtune bench: config {r.config}, batch {r.batch_size} x context {r.context_length}, "
+        f"lmtune bench: {r.model}, config {r.config}, batch {r.batch_size} x context {r.context_length}, "
         f"{r.params_non_embedding / 1e6:.2f}M non-embedding params",
         f"device {r.device}, torch {r.torch}, commit {r.commit}"
         + (f", load average {r.load_avg_1m:.1f}" if r.load_avg_1m is not None else ""),
@@ -62,7 +64,8 @@ def format_result(r: BenchResult) -> str:
         f"  step {r.step_s * 1e3:.1f} ms = data wait {r.data_wait_s * 1e3:.2f} ms "
         f"({100 * r.data_wait_fraction:.1f}%) + compute {r.compute_s * 1e3:.1f} ms",
         f"  MFU {100 * r.mfu:.1f}% = tokens/s x FLOPs/token / peak = {r.tokens_per_s:,.0f} x "
-        f"{r.flops_per_token / 1e6:.2f} MFLOP / {r.peak_flops / 1e12:.3g} TFLOP/s ({r.peak_flops_source})",
+        f"{r.flops_per_token / 1e6:.2f} MFLOP{' (estimated)' if r.flops_estimated else ''} / "
+        f"{r.peak_flops / 1e12:.3g} TFLOP/s ({r.peak_flops_source})",
         f"  peak memory {_fmt_bytes(r.peak_memory_bytes)} ({r.peak_memory_kind})",
     ]
     if r.host_syncs_per_step is not None:
@@ -75,7 +78,8 @@ def format_result(r: BenchResult) -> str:
                      f"(paired repeats {r.compile.speedup_paired:.2f}x) "
                      f"(compile warm-up {r.warmup_s['compiled']:.1f} s)")
     if r.naive is not None:
-        lines.append(f"naive (float32, eager, explicit-mask attention, host-built batches, plain AdamW): "
+        attention = "the model's own attention" if r.flops_estimated else "explicit-mask attention"
+        lines.append(f"naive (float32, eager, {attention}, host-built batches, plain AdamW): "
                      f"{r.naive.tokens_per_s:,.0f} tokens/s")
         lines.append(f"optimized / naive: {r.naive.speedup:.2f}x "
                      f"(median of paired repeats {r.naive.speedup_paired:.2f}x)")
@@ -98,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
                    help="torch.compile mode of the compiled timing (default: default)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="override a config field")
+    add_code_arguments(p, optimizer=False, schedule=False)
     p.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
     p.add_argument("--no-eval", action="store_true", help="skip timing the evaluation")
     p.add_argument("--concurrency", help="comma-separated K values: run K training processes at once")
@@ -175,13 +180,20 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.WARNING)
+    code = code_from_arguments(args)
+    lmtune_only = [flag for flag, given in (("--coord-check", args.coord_check), ("--concurrency", args.concurrency),
+                                            ("--fuse", args.fuse), ("--project", args.project is not None)) if given]
+    if code.user_model and lmtune_only:
+        raise LmtuneError(f"--model times your model in lmtune's loop against the naive loop; {lmtune_only[0]} "
+                          "measures lmtune's own model: drop one of them")
     if args.coord_check:
         return _main_coord_check(args)
     args.config = args.config or "default"
     args.steps = 10 if args.steps is None else args.steps
     overrides = parse_set_args(args.set)
     compile_choice = "auto" if args.compile == "both" else args.compile
-    config = bench_config(args.config, args.batch_size, overrides, args.device, compile_choice)
+    config = bench_config(args.config, args.batch_size, overrides, args.device, compile_choice, code)
+    check_code(config)
     if args.record:  # checked before the timing run, which takes minutes
         check_destination(args.results_file, "--results-file", kind="file")
     if args.project is not None:  # (an empty value is a wrong device, not "no --project")

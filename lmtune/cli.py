@@ -18,7 +18,7 @@ import textwrap
 from lmtune.errors import LmtuneError, cli_entry, shown
 
 # The CLI modules (lmtune/NAME.py, each with a main(argv)), in the order a user meets them.
-COMMANDS = ("run", "analyze", "train", "prepare", "lr_find", "bench", "diagnose", "gpu_check")
+COMMANDS = ("run", "analyze", "train", "sample", "prepare", "lr_find", "bench", "diagnose", "gpu_check")
 
 _via_console_script = False
 """Whether the command now running was started as ``lmtune COMMAND`` (its usage line then says so)."""

@@ -19,7 +19,10 @@ from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.files import check_destination
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs
 from lmtune.training.config import BUDGETS, budget_config, parse_set_args
+from lmtune.training.loop import resolve_config
 from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeTestConfig, lr_range_test
+from lmtune.usercode.checks import check_code
+from lmtune.usercode.config import add_code_arguments, code_from_arguments
 
 DEFAULTS = RangeTestConfig()
 
@@ -36,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-lr", type=float, default=DEFAULTS.max_lr, help=f"last LR (default {DEFAULTS.max_lr:g})")
     parser.add_argument("--steps", type=int, default=DEFAULTS.steps,
                         help=f"steps from --min-lr to --max-lr, 10 to {MAX_RANGE_STEPS:,} (default {DEFAULTS.steps})")
+    add_code_arguments(parser)
     parser.add_argument("--out", type=Path, help="output dir (default: results/lr_find-BUDGET-TIMESTAMP)")
     parser.add_argument("--quiet", action="store_true", help="only warnings and the result")
     return parser
@@ -54,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     check_destination(out, "--out")
     if out.exists() and any(out.iterdir()):
         raise LmtuneError(f"{out} already exists and is not an empty folder; choose another --out")
-    config = budget_config(args.budget, overrides)
+    config = budget_config(args.budget, overrides, code=code_from_arguments(args))
     config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())  # last: every refusal first
+    check_code(resolve_config(config, Path(config.data_dir)))
     result = lr_range_test(config, settings, out)
     print(f"{result.summary_line()} ({len(result.lrs)} steps, {result.tokens:,} tokens)")
     print(f"stopped: {result.stopped_because}")

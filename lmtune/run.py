@@ -24,6 +24,7 @@ from lmtune.sweep.session import Interruptions, signal_exit_code
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.sweep.storage import SweepStorage
 from lmtune.training.config import BUDGETS, parse_set_args
+from lmtune.usercode.config import add_code_arguments, code_from_arguments
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(to resume or continue it); all = every checkpoint (analyze --sharpness reads them)")
     p.add_argument("--force", action="store_true",
                    help="start even if the results disk has less free space than the sweep is estimated to need")
+    add_code_arguments(p)
     p.add_argument("--step-hook", metavar="MODULE:FUNCTION",
                    help="code of your own each trial runs: FUNCTION(config, trial_dir) before training, and what it "
                         "returns before every step, with (step, model); MODULE must be on PYTHONPATH")
@@ -102,6 +104,7 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         ship_data_mb=args.ship_data_mb, dashboard=not args.no_dashboard, dashboard_host=args.dashboard_host,
         quiet=args.quiet, wandb_project=args.wandb, command=("python -m lmtune.run", *argv),
         keep=Keep(args.keep), force=args.force, cluster_config=args.cluster_config, step_hook=args.step_hook,
+        code=code_from_arguments(args),
     )
 
 
@@ -110,7 +113,8 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
 RESUME_FIXED = {"budget": "--budget", "set": "--set", "keep": "--keep",
                 "time_budget": "--time-budget", "gpus_per_trial": "--gpus-per-trial", "fuse": "--fuse",
                 "cpus_per_trial": "--cpus-per-trial", "max_concurrent": "--max-concurrent",
-                "max_failures": "--max-failures", "wandb": "--wandb", "cluster_config": "--cluster-config"}
+                "max_failures": "--max-failures", "wandb": "--wandb", "cluster_config": "--cluster-config",
+                "model": "--model", "model_set": "--model-set", "optimizer": "--optimizer", "schedule": "--schedule"}
 
 
 def refuse_resume_changes(args: argparse.Namespace) -> None:

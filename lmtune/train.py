@@ -17,8 +17,11 @@ from lmtune.files import LOCK_FILE, check_destination
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config, parse_set_args
 from lmtune.training.fork import same_data
-from lmtune.training.loop import train
+from lmtune.training.loop import resolve_config, train
+from lmtune.training.lr_function import step_lr_function
 from lmtune.training.schedule import first_lr_difference
+from lmtune.usercode.checks import check_code
+from lmtune.usercode.config import add_code_arguments, code_from_arguments
 
 # What a resumed run may change: where and how it runs, its bookkeeping, and its LR schedule (checked to give
 # every step it already trained the same LR). The model, batch, seed, optimizer and evaluation stay the run's.
@@ -37,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                         help="override any model/training field, e.g. --set batch_size=64 (repeatable)")
+    add_code_arguments(parser)
     parser.add_argument("--wandb", metavar="PROJECT",
                         help="also log to Weights & Biases project PROJECT (needs pip install -e '.[wandb]')")
     parser.add_argument("--quiet", action="store_true", help="only warnings and the final summary")
@@ -55,7 +59,7 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
         return resumed_config(args, out, overrides), out
     if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise LmtuneError(f"{out} already holds files; pass --resume to continue it or choose another --out")
-    config = budget_config(budget, overrides)
+    config = budget_config(budget, overrides, code=code_from_arguments(args))
     config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())  # the last step: slow
     return config, out
 
@@ -74,6 +78,11 @@ def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, obj
         raise LmtuneError(f"--resume: the run in {out} trained on {saved.data_dir}, not --data {args.data}; drop "
                           "--data to continue it, or choose another --out for a new run")
     config = apply_overrides(saved, overrides)
+    config.code = code_from_arguments(args).on_top_of(saved.code)
+    if config.code != saved.code:
+        raise LmtuneError(f"--resume: the run in {out} trains {saved.code.describe()}, not {config.code.describe()} "
+                          "(or another optimizer or schedule); drop --model/--optimizer/--schedule to continue it, "
+                          "or choose another --out for a new run")
     check_resumable(saved, config, newest_checkpoint_step(out / "checkpoints"), out)
     return config
 
@@ -108,7 +117,7 @@ def check_resumable(saved: RunConfig, config: RunConfig, step: int, out: Path) -
     if changed:
         raise LmtuneError(f"--resume: --set {', '.join(changed)} would make the run in {out} another run; "
                           "continue it unchanged, or start a new run with another --out")
-    if (first := first_lr_difference(saved.train, config.train, step)) is not None:
+    if (first := first_lr_difference(step_lr_function(saved), step_lr_function(config), step)) is not None:
         at, before, after = first
         raise LmtuneError(f"--resume: the run in {out} is at step {step} and trained step {at} at lr {before:.3g}, "
                           f"where these settings give {after:.3g}; fork it from a checkpoint before that step "
@@ -126,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.WARNING if args.quiet else logging.INFO)
     config, out = run_config(args)
+    check_code(resolve_config(config, Path(config.data_dir)))  # the user's code, before anything is written
     sinks = []
     if args.wandb:
         from lmtune.training.wandb_sink import WandbSink

@@ -105,3 +105,42 @@ def encode(tok, inputs: list[Path], chunk_bytes: int, eot_id: int, split_of: Cal
     if batch:
         flush()
     bar.close()
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer at ``path`` for prompts and samples: a ``tokenizers`` JSON file (lmtune.prepare saves one as
+    tokenizer.json), a GPT-2-style ``vocab.json`` ({token: id}) with its ``merges.txt`` beside it (a byte-level BPE,
+    as CS336 students save theirs), or a folder holding either. One line when it is none of these."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from lmtune.errors import LmtuneError
+
+    path = Path(path)
+    if path.is_dir():
+        found = next((path / name for name in ("tokenizer.json", "vocab.json") if (path / name).is_file()), None)
+        if found is None:
+            raise LmtuneError(f"--tokenizer {path}: the folder holds no tokenizer.json and no vocab.json; give one of "
+                              "them")
+        path = found
+    if not path.is_file():
+        raise LmtuneError(f"--tokenizer {path}: no such file; give a tokenizer.json, or a vocab.json with merges.txt "
+                          "beside it")
+    try:
+        if path.name != "vocab.json":
+            return Tokenizer.from_file(str(path))
+        merges = path.with_name("merges.txt")
+        if not merges.is_file():
+            raise LmtuneError(f"--tokenizer {path}: a GPT-2-style vocab.json needs its merges.txt beside it "
+                              f"({merges} is missing)")
+        tok = Tokenizer(models.BPE.from_file(str(path), str(merges)))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        if tok.token_to_id(EOT) is not None:
+            tok.add_special_tokens([EOT])
+        return tok
+    except LmtuneError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the tokenizers library's parse errors, whatever they are
+        raise LmtuneError(f"--tokenizer {path}: not a tokenizer the tokenizers library reads ({type(err).__name__}: "
+                          f"{str(err).strip()[:160]}); give a tokenizer.json, or a GPT-2-style vocab.json "
+                          "({token: id}) with merges.txt") from None

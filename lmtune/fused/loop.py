@@ -38,11 +38,11 @@ from lmtune.training.compile import compile_backend
 from lmtune.training.config import RunConfig
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
+from lmtune.training.lm import flops_per_token
 from lmtune.training.loop import RunEnd, RunResult, resolve_config, save_checkpoints, training_log
+from lmtune.training.lr_function import step_lr_function
 from lmtune.training.memory import check_fits
 from lmtune.training.metrics import IntervalMeter, Row
-from lmtune.training.model import flops_per_token
-from lmtune.training.schedule import scheduled_lr
 from lmtune.training.step import Runtime
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,8 @@ class FusedRun:
         self.state = FusedState.create(configs, self.device)
         dtype = next(self.state.model.parameters()).dtype
         # Every member's learning rate at every step, on the device: no host-to-device copy per step.
-        self.lr_table = torch.tensor([[scheduled_lr(s, c.train) for c in configs] for s in range(self.t.stop_step)],
+        self.schedules = [step_lr_function(c) for c in configs]
+        self.lr_table = torch.tensor([[lr(s) for lr in self.schedules] for s in range(self.t.stop_step)],
                                      dtype=dtype, device=self.device)
 
     def running(self) -> list[Member]:
@@ -138,7 +139,7 @@ class FusedRun:
                 MemberBatches(data.train, self.configs, self.state.positions, self.device, self.state.step))
             self.val_batches = fixed_val_batches(data.val, self.t.batch_size, first.model.context_length,
                                                  self.t.eval_batches)
-            self.meter = IntervalMeter(self.device, first.tokens_per_step, flops_per_token(first.model),
+            self.meter = IntervalMeter(self.device, first.tokens_per_step, flops_per_token(first),
                                        peak_flops(self.device, self.runtime.amp_dtype or torch.float32), elapsed,
                                        members=len(self.state.positions))
             self.index_positions()
@@ -176,7 +177,7 @@ class FusedRun:
                    if bad is not None and self.state.positions[p] in live}
         taken = self.meter.take_each(step, lambda: self.state.model.stability_probes(x[..., :2, :]))
         rows = {m: row for m, row in zip(self.state.positions, taken, strict=True) if m in live}
-        lrs = [scheduled_lr(step - 1, c.train) for c in self.configs]
+        lrs = [lr(step - 1) for lr in self.schedules]
         vals = evaluate_members(self.runtime, self.val_batches, self.t.grad_accum_steps) \
             if self.t.evaluates_at(step) else [None] * len(rows)
         for m, row in rows.items():

@@ -1,6 +1,6 @@
 """AdamW and gradient clipping with hyperparameters per member of a fused model.
 
-Each parameter of a ``FusedTransformerLM`` has the members on its first dimension, so a member's
+Each parameter of a ``FusedLM`` has the members on its first dimension, so a member's
 learning rate, weight decay, betas and eps are (K,) tensors broadcast along it. The arithmetic is
 torch.optim.AdamW's (decoupled weight decay, bias-corrected moments), so a member trains exactly as
 it would alone, and ``member_moments`` hands a member's moments back for an ordinary AdamW state dict.
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from lmtune.training.config import TrainConfig
-from lmtune.training.model import TransformerLM
+from lmtune.training.lm import lr_multipliers, weight_decay_multipliers
 
 
 @dataclass
@@ -51,16 +51,16 @@ def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 class MemberAdamW:
     """AdamW over a fused model's parameters, every hyperparameter per member.
 
-    Weight decay applies to the matrices (embeddings and linear weights), never to RMSNorm gains, as
-    ``build_optimizer`` does for one model; ``model`` is the fused model's stacked TransformerLM, whose
-    multipliers are a member's.
+    Weight decay applies to the matrices (embeddings and linear weights), never to gains or biases, as
+    ``build_optimizer`` does for one model; ``model`` is the fused model's stacked model, whose multipliers
+    (lmtune.training.lm's) are a member's.
     """
 
-    def __init__(self, model: TransformerLM, hyper: MemberHyperparameters):
+    def __init__(self, model: nn.Module, hyper: MemberHyperparameters):
         self.named = list(model.named_parameters())
         self.hyper = hyper
-        self.lr_scale = model.lr_multipliers()
-        self.decay_scale = model.weight_decay_multipliers()
+        self.lr_scale = lr_multipliers(model)
+        self.decay_scale = weight_decay_multipliers(model)
         self.distinct_lr_scales = sorted(set(self.lr_scale.values()))
         first = self.named[0][1]
         self.steps = torch.zeros(first.shape[0], dtype=first.dtype, device=first.device)

@@ -12,15 +12,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from lmtune.fused.model import FusedTransformerLM
+from lmtune.fused.model import FusedLM
 from lmtune.fused.optim import MemberAdamW, MemberHyperparameters
 from lmtune.training.config import RunConfig
-from lmtune.training.model import TransformerLM
+from lmtune.training.lm import build_model
 from lmtune.training.state import TrainState, TrainStateDict, build_optimizer, optimizer_order, seed_everything
 
 
-def adamw_order(model: FusedTransformerLM) -> list[str]:
+def adamw_order(model: FusedLM) -> list[str]:
     """Parameter names in the order ``build_optimizer`` lists a member's (its state dict's integer keys): its
     param groups' (by name and multiplier, so the stacked model's are a member's)."""
     return optimizer_order(model.stacked)
@@ -28,7 +29,7 @@ def adamw_order(model: FusedTransformerLM) -> list[str]:
 
 @dataclass
 class FusedState:
-    model: FusedTransformerLM
+    model: FusedLM
     optimizer: MemberAdamW
     configs: list[RunConfig]
     """Every member's config, by the member's index in the group."""
@@ -45,13 +46,13 @@ class FusedState:
                dtype: torch.dtype = torch.float32) -> FusedState:
         """Each member initialised as ``TrainState.create`` would with its seed (one model per seed), its
         parameters in ``dtype`` (float64 to check the fusion's arithmetic against separate runs)."""
-        by_seed: dict[int, TransformerLM] = {}
+        by_seed: dict[int, nn.Module] = {}
         for config in configs:
             seed = config.train.seed
             if seed not in by_seed:
                 seed_everything(seed)
-                by_seed[seed] = TransformerLM(config.model).to(device=device, dtype=dtype)
-        model = FusedTransformerLM([by_seed[c.train.seed] for c in configs])
+                by_seed[seed] = build_model(config, device, dtype)
+        model = FusedLM([by_seed[c.train.seed] for c in configs], configs[0].model.z_loss)
         like = next(model.parameters())
         optimizer = MemberAdamW(model.stacked, MemberHyperparameters.of([c.train for c in configs], like))
         active = torch.ones(len(configs), dtype=torch.bool, device=device)
@@ -76,7 +77,7 @@ class FusedState:
     def member_train_state(self, member: int, best_val_loss: float, elapsed_s: float) -> TrainState:
         """The member as a single-model TrainState (model and AdamW state): what its checkpoint holds."""
         config, position = self.configs[member], self.positions.index(member)
-        model = TransformerLM(config.model).to(device=self.device, dtype=next(self.model.parameters()).dtype)
+        model = build_model(config, self.device, next(self.model.parameters()).dtype)
         model.load_state_dict(self.model.member_state_dict(position))
         optimizer = build_optimizer(model, config, self.device)
         params = dict(model.named_parameters())

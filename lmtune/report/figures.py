@@ -16,7 +16,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import EngFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, FuncFormatter  # noqa: E402
 
 from lmtune.report.sections.base import FigureInputs, ReportFigure  # noqa: E402
 from lmtune.report.sharpness import SharpnessRow  # noqa: E402
@@ -84,8 +84,27 @@ def _trial_label(record: TrialRecord, status: str) -> str:
     return f"lr={record.lr:.3g}{seed}{stage} ({status})"
 
 
-def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: float | None = None) -> Path:
-    """Val loss (bold) and train loss (thin) against tokens for every trial, colored by LR."""
+def _duration(seconds: float, _position: object = None) -> str:
+    """An axis tick in seconds as people read a run's length: 0.5 s, 40 s, 12 min, 3.5 h."""
+    if abs(seconds) < 10:
+        return f"{seconds:.2g} s"
+    if abs(seconds) < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if abs(seconds) < 7200 else f"{seconds / 3600:.1f} h"
+
+
+# A learning-curve figure's x axis: metrics.csv's column, its label, the name its title gives it, its tick format
+# (made anew for each figure: a formatter belongs to one axis).
+CURVE_X = {"tokens": ("tokens", "tokens", "tokens", EngFormatter),
+           "wall": ("elapsed_s", "wall-clock time (a resumed run's earlier processes included)", "wall-clock time",
+                    lambda: FuncFormatter(_duration))}
+
+
+def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: float | None = None,
+                          x: str = "tokens") -> Path:
+    """Val loss (bold) and train loss (thin) against ``x`` (tokens, or wall: the run's wall-clock time) for every
+    trial, colored by LR."""
+    x_column, x_label, x_name, x_format = CURVE_X[x]
     fig, ax = plt.subplots(figsize=(9, 5.5))
     norm, cmap = _lr_colors(records)
     low, high = _loss_limits(records)
@@ -93,7 +112,7 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
         status = classify(r)
         color = cmap(norm(r.lr))
         style = "--" if status == "stopped_early" or r.outcome == "stopped_early" else "-"
-        tokens = column(r, "tokens")
+        tokens = column(r, x_column)
         tx, ty = _finite_xy(tokens, column(r, "train_loss"))
         vx, vy = _finite_xy(tokens, column(r, "val_loss"))
         if tx.size:
@@ -119,10 +138,11 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
     if target is not None:
         ax.axhline(target, color="black", linestyle=":", linewidth=1.5, label=f"target {target:g}")
     ax.set_ylim(low, high)
-    ax.xaxis.set_major_formatter(EngFormatter())
-    ax.set_xlabel("tokens")
+    ax.xaxis.set_major_formatter(x_format())
+    ax.set_xlabel(x_label)
     ax.set_ylabel("loss (nats/token)")
-    ax.set_title("LR sweep: val loss (bold), train loss (thin); x = diverged, dashed | = stopped early")
+    ax.set_title(f"LR sweep against {x_name}: val loss (bold), train loss (thin); x = diverged, dashed | = stopped "
+                 "early", fontsize=10)
     ax.grid(alpha=0.3)
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
     fig.colorbar(sm, ax=ax, label="peak learning rate")
@@ -212,10 +232,12 @@ def _band(ax, start: float, end: float, low_gap, high_gap, color: str, label: st
             ax.axvspan(gap[0], gap[1], color=color, alpha=0.05, hatch="//", linewidth=0)
 
 
-def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | None, path: Path) -> Path:
+def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | None, path: Path,
+                     unmeasured: str = "not logged") -> Path:
     """Every metric registered for the instability figure (metric_registry.instability_panels: gradient norm,
     attention-logit max, output-logit max, the largest relative update of a layer) over tokens for the broken
-    runs, a panel each; a run whose metrics.csv lacks one (written before it was logged) is absent from it."""
+    runs, a panel each; a run whose metrics.csv lacks one (written before it was logged, or a model that does not
+    expose it) is absent from it, and a panel no run has says ``unmeasured``."""
     broken = [r for r in records if classify(r) in ("diverged", "spiked")]
     shown = ([best_record] if best_record is not None else []) + [r for r in broken if r is not best_record]
     norm, cmap = _lr_colors(records)
@@ -241,7 +263,7 @@ def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | 
         ax.set_title(metric.title)
         ax.grid(alpha=0.3, which="both")
         if not ax.lines:
-            ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="gray")
+            ax.text(0.5, 0.5, unmeasured, transform=ax.transAxes, ha="center", va="center", color="gray")
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         axes[0][0].legend(fontsize=7)
@@ -294,18 +316,22 @@ def _broken(f: FigureInputs) -> bool:
 
 def _draw_instability(f: FigureInputs, path: Path) -> Path:
     best = next((t for t in f.trials if t.trial_id == f.summary.best_trial), None)
-    return plot_instability(f.trials, best, path)
+    model = f.summary.facts.model if f.summary.facts else None
+    user = model is not None and model.user_model
+    return plot_instability(f.trials, best, path, "not measured for this model" if user else "not logged")
 
 
 # The report's figures, in the order the report lists them (after its search section's own): each one's file name
 # is defined here alone (the markdown names a figure through these). A new figure is a plot function above and an
 # entry here.
-COMPARISON = ReportFigure("lr_sweep_comparison.png", lambda f: True,
+COMPARISON = ReportFigure("lr_sweep_comparison.png", lambda f: "tokens" in f.x_axes,
                           lambda f, path: plot_sweep_comparison(f.trials, path, target=f.target))
+COMPARISON_WALL = ReportFigure("lr_sweep_comparison_wall.png", lambda f: "wall" in f.x_axes,
+                               lambda f, path: plot_sweep_comparison(f.trials, path, target=f.target, x="wall"))
 LR_VS_LOSS = ReportFigure("lr_vs_loss.png", lambda f: True, lambda f, path: plot_lr_vs_loss(path, f.summary))
 RANGE_TEST = ReportFigure("lr_range_test.png", lambda f: f.range_test is not None,
                           lambda f, path: plot_range_test(f.range_test, path))
 INSTABILITY = ReportFigure("instability.png", _broken, _draw_instability)
 SHARPNESS = ReportFigure("sharpness.png", lambda f: bool(f.sharpness),
                          lambda f, path: plot_sharpness(f.sharpness, path))
-FIGURES = (COMPARISON, LR_VS_LOSS, RANGE_TEST, INSTABILITY, SHARPNESS)
+FIGURES = (COMPARISON, COMPARISON_WALL, LR_VS_LOSS, RANGE_TEST, INSTABILITY, SHARPNESS)

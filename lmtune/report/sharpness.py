@@ -15,10 +15,11 @@ import io
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.optim.optimizer import StateDict
 
 from lmtune.data.batches import fixed_val_batches
@@ -29,9 +30,9 @@ from lmtune.report.stability import TrialRecord, classify
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.checkpoint import Checkpoint, load_checkpoint
-from lmtune.training.config import ModelConfig
-from lmtune.training.model import TransformerLM
-from lmtune.training.schedule import scheduled_lr
+from lmtune.training.config import ModelConfig, RunConfig
+from lmtune.training.lm import LanguageModelLoss, build_model, is_lmtune_model
+from lmtune.training.lr_function import step_lr_function
 from lmtune.training.state import optimizer_order
 
 log = logging.getLogger(__name__)
@@ -200,23 +201,24 @@ def preconditioned_sharpness(loss_fn: Callable[[], torch.Tensor], params: list[t
     return _top_algebraic(matvec, params, iters, tol, seed, largest)
 
 
-def _model_config(model: ModelConfig | None, state: Checkpoint) -> ModelConfig:
-    """``model``, else the one the checkpoint's own config (a RunConfig.to_dict()) names."""
-    if model is not None:
-        return model
+def _run_config(model: ModelConfig | None, state: Checkpoint) -> RunConfig:
+    """The checkpoint's own config (a RunConfig.to_dict(): its model's code and shape), its shape replaced by
+    ``model`` where given."""
     config = run_config_of(state.get("config"))
-    if config is None:
+    if config is None and model is None:
         raise LmtuneError("checkpoint has no config; pass the model config explicitly")
-    return config.model
+    if config is None:
+        return RunConfig(model=model)
+    return replace(config, model=model) if model is not None else config
 
 
-def _optimizer_order(model: TransformerLM) -> list[torch.Tensor]:
+def _optimizer_order(model: nn.Module) -> list[torch.Tensor]:
     """Parameters in the order build_optimizer (lmtune.training.state) gives AdamW: its param groups'."""
     params = dict(model.named_parameters())
     return [params[name] for name in optimizer_order(model)]
 
 
-def _second_moments(model: TransformerLM, optimizer_state: StateDict) -> tuple[Vector, int] | None:
+def _second_moments(model: nn.Module, optimizer_state: StateDict) -> tuple[Vector, int] | None:
     """Adam's exp_avg_sq per model parameter (model.parameters() order) and the step count."""
     ids = [i for group in optimizer_state.get("param_groups", []) for i in group["params"]]
     state = optimizer_state.get("state", {})
@@ -237,22 +239,25 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config: ModelConfig | None
                          seed: int = 0, largest: bool = False) -> Sharpness:
     """Sharpness and Adam-preconditioned sharpness of a training checkpoint on one fixed batch.
 
-    Computed in float32 on CPU with the reference attention path (SDPA lacks double backward on some
-    builds). ``model_config``: the model's shape (None: the checkpoint's own config's). The preconditioned
-    value is None when the checkpoint holds no optimizer state.
+    Computed in float32 on CPU, lmtune's model with its reference attention path (SDPA lacks double backward on
+    some builds; a user's model runs as written, lmtune.training.lm). ``model_config``: the model's shape (None: the
+    checkpoint's own config's). The preconditioned value is None when the checkpoint holds no optimizer state.
     ``largest``: the largest algebraic eigenvalues instead of the largest-magnitude ones.
     """
     state = load_checkpoint(Path(checkpoint_path))
-    model = TransformerLM(_model_config(model_config, state)).float()
+    config = _run_config(model_config, state)
+    model = build_model(config, torch.device("cpu"))
     model.load_state_dict(state["model"])
-    for block in model.blocks:
-        block.attn.use_sdpa = False
+    if is_lmtune_model(model):
+        for block in model.blocks:
+            block.attn.use_sdpa = False
     model.train()
     x, y = (t.to("cpu") for t in batch)
     params = list(model.parameters())
+    loss = LanguageModelLoss(model, config.model.z_loss)
 
     def loss_fn() -> torch.Tensor:
-        return model(x, y)
+        return loss(x, y)
 
     optimizer_state = state.get("optimizer")
     group = optimizer_state["param_groups"][0] if optimizer_state else {}
@@ -261,7 +266,7 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config: ModelConfig | None
     lr = group.get("lr")
     own = run_config_of(state.get("config"))
     if lr is None and own is not None:  # Step k was taken with the schedule's value at 0-based index k - 1.
-        lr = scheduled_lr(max(state["step"] - 1, 0), own.train)
+        lr = step_lr_function(own)(max(state["step"] - 1, 0))
     lr = float(lr) if lr is not None else None
 
     sharp = hessian_top_eigenvalue(loss_fn, params, iters=iters, tol=tol, seed=seed, largest=largest)

@@ -102,6 +102,41 @@ class MissingTrial:
 
 
 @dataclass(frozen=True)
+class ModelFacts:
+    """The model a sweep trained: its name (sweep.json's) and its size (its trials' summary.json)."""
+
+    name: str
+    """lmtune's TransformerLM, or the user's --model spec with its arguments."""
+    user_model: bool
+    """Whether it is the user's model (lmtune cannot see inside its attention: no attention-logit probe)."""
+    params_non_embedding: int | None = None
+    params_total: int | None = None
+    flops_per_token: float | None = None
+    flops_estimated: bool = False
+    """Whether the FLOPs (and so MFU) are estimated from the parameters' shapes (a user's model)."""
+
+    @property
+    def attention_logits_measured(self) -> bool:
+        return not self.user_model
+
+    def to_json(self) -> JsonObject:
+        return {**asdict(self), "attention_logits_measured": self.attention_logits_measured}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Text the best LR's model wrote (lmtune.report.samples)."""
+
+    seed: int
+    prompt: str
+    """The prompt, as text (or its token ids where the data has no tokenizer)."""
+    text: str
+    """The continuation, decoded (or its token ids)."""
+    tokens: int
+    """Tokens generated (fewer than the limit when the model wrote <|endoftext|>)."""
+
+
+@dataclass(frozen=True)
 class SweepFacts:
     """What ``analyze`` adds from the sweep's records beside what its runs conclude."""
 
@@ -125,13 +160,21 @@ class SweepFacts:
     """The edge search's LR range test, summarized (None: none ran)."""
     generated: str = ""
     """When the report was computed."""
+    model: ModelFacts | None = None
+    """The model the sweep trained (None: sweep.json records no plan)."""
+    samples: tuple[Sample, ...] = ()
+    """Text the best LR's model wrote (analyze only)."""
+    samples_note: str = ""
+    """Why there are no samples, where there are none."""
 
     def to_json(self) -> JsonObject:
         return {"sweep": self.sweep, "sweep_dir": self.sweep_dir,
                 "missing_trials": [asdict(m) for m in self.missing_trials], "best_trial_dir": self.best_trial_dir,
                 "best_config": self.best_config, "search_strategy": self.search_strategy,
                 "compute": self.compute if self.compute is not None else {}, "data": self.data,
-                "range_test": self.range_test, "generated": self.generated}
+                "range_test": self.range_test, "generated": self.generated,
+                "model": self.model.to_json() if self.model else None,
+                "samples": [asdict(sample) for sample in self.samples], "samples_note": self.samples_note}
 
 
 @dataclass(frozen=True)

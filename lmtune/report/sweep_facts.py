@@ -1,14 +1,18 @@
 """What the report says of a sweep from its record (sweep.json, read typed by lmtune.sweep.sweep_file): its search
-in words, the data it trained on, its budget and ASHA's rungs, the vocabulary, and the compute its trials spent."""
+in words, the data it trained on, the model, its budget and ASHA's rungs, the vocabulary, and the compute its trials
+spent."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 
 from lmtune.files import JsonObject
 from lmtune.report.stability import TrialRecord, budget_tokens, tokens_spent
+from lmtune.report.summary import ModelFacts
 from lmtune.sweep.asha import AshaBudget
 from lmtune.sweep.plan import asha_budget
+from lmtune.sweep.record import read_json_object
 from lmtune.sweep.runs import Budget
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.divergence import DivergenceRule
@@ -113,3 +117,16 @@ def search_description(record: SweepRecord, trials: list[TrialRecord]) -> str:
         text += f"; too slow when projected past the sweep's time budget of {record.time_budget_s:,.0f} s"
     lines.append(text + ".")
     return "\n\n".join(lines)
+
+
+def model_facts(record: SweepRecord, trials: Sequence[TrialRecord]) -> ModelFacts | None:
+    """The model the sweep trained: its name from sweep.json, its size from the first trial's summary.json that
+    records one (a width search's trials differ in size: the first one's)."""
+    if record.plan is None:
+        return None
+    code = record.plan.base.code
+    sizes = (read_json_object(t.checkpoint_dir.parent / "summary.json") for t in trials if t.checkpoint_dir)
+    size = next((s for s in sizes if isinstance(s.get("params_non_embedding"), int)), {})
+    flops = size.get("flops_per_token")
+    return ModelFacts(code.describe(), code.user_model, size.get("params_non_embedding"), size.get("params_total"),
+                      float(flops) if isinstance(flops, int | float) else None, bool(size.get("flops_estimated")))

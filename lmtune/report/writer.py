@@ -22,6 +22,7 @@ from lmtune.files import JsonObject, atomic_write_text, check_destination
 from lmtune.report.figures import FIGURES
 from lmtune.report.markdown import write_markdown
 from lmtune.report.reader import load_range_test, load_sweep, missing_trials
+from lmtune.report.samples import best_samples
 from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs
 from lmtune.report.sections.registry import search_of, section_for
 from lmtune.report.sharpness import sweep_sharpness, write_sharpness_csv
@@ -30,6 +31,7 @@ from lmtune.report.summary import SweepFacts, SweepSummary
 from lmtune.report.sweep_facts import (
     compute_accounting,
     data_description,
+    model_facts,
     range_summary,
     search_description,
     sweep_budget,
@@ -81,7 +83,8 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None) -> SweepReport
         best_trial_dir=str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None,
         best_config=best.params if best else None, search_strategy=search_description(record, trials),
         compute=compute_accounting(record, trials, range_tokens), data=data_description(record),
-        range_test=range_summary(range_test), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        range_test=range_summary(range_test), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        model=model_facts(record, trials))
     return SweepReport(record, trials, replace(summary, facts=facts), range_test)
 
 
@@ -99,16 +102,23 @@ class WrittenReport:
         return self.out / MARKDOWN
 
 
+# The x axes of the learning curves: tokens (lr_sweep_comparison.png) and wall-clock time (..._wall.png).
+X_AXES = {"tokens": ("tokens",), "wall": ("wall",), "both": ("tokens", "wall")}
+
+
 def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
-            sharpness: bool = False) -> JsonObject:
+            sharpness: bool = False, samples: int = 2, x: str = "both") -> JsonObject:
     """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
-    written = write_report(sweep_dir, out_dir, target, sharpness)
+    written = write_report(sweep_dir, out_dir, target, sharpness, samples, x)
     return {**written.summary.to_json(), "report_dir": str(written.out)}
 
 
 def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
-                 sharpness: bool = False) -> WrittenReport:
-    """Write the report of one sweep into ``out_dir`` (default: the sweep's report/)."""
+                 sharpness: bool = False, samples: int = 2, x: str = "both") -> WrittenReport:
+    """Write the report of one sweep into ``out_dir`` (default: the sweep's report/): with ``samples`` texts from
+    the best LR's model, learning curves against ``x`` (tokens, wall or both)."""
+    if x not in X_AXES:
+        raise LmtuneError(f"--x {x!r}: choose tokens, wall or both")
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / REPORT_DIR
     check_report_dir(out, sweep_dir)  # first: the next check's probe file would touch another sweep's report
@@ -120,13 +130,15 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | N
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(sweep_dir.resolve())}) + "\n")
     summary, trials = report.summary, report.trials
+    texts, note = best_samples(summary.facts.best_trial_dir, samples)
+    summary = replace(summary, facts=replace(summary.facts, samples=texts, samples_note=note))
     sharp_rows = sweep_sharpness(report.record, trials, summary.best_trial) if sharpness else None
     if sharp_rows is not None:
         summary = replace(summary, sharpness=tuple(sharp_rows))
         write_sharpness_csv(sharp_rows, out / "sharpness.csv")
         if not sharp_rows:
             log.warning("no checkpoint gave a sharpness estimate; sharpness.png not written")
-    drawn = write_figures(out, FigureInputs(summary, trials, report.range_test, sharp_rows, target),
+    drawn = write_figures(out, FigureInputs(summary, trials, report.range_test, sharp_rows, target, X_AXES[x]),
                           (*section_for(summary.search).figures(), *FIGURES))
     write_markdown(summary, trials, out / MARKDOWN, [figure.file for figure in drawn])
     write_tables(summary, out)

@@ -17,8 +17,8 @@ from pathlib import Path
 from lmtune.errors import LmtuneError
 from lmtune.files import existing_ancestor
 from lmtune.training.config import RunConfig, TrainConfig
+from lmtune.training.lm import model_size
 from lmtune.training.metrics import METRIC_COLUMNS
-from lmtune.training.model import count_parameters
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,13 @@ def format_bytes(n: float) -> str:
 
 
 def tensor_count(config: RunConfig) -> int:
-    """Tensors in TransformerLM's state dict, from the config alone: per block two norm gains, qkv, out,
-    gate, up and down (and the q/k norm gains); the embedding, the final norm and the output layer."""
+    """Parameter tensors of the model: in lmtune's TransformerLM, from the config alone (per block two norm gains,
+    qkv, out, gate, up and down, and the q/k norm gains; the embedding, the final norm and the output layer); in a
+    user's model, counted from its parameters (lmtune.usercode.model.parameter_shapes)."""
+    if config.code.user_model:
+        from lmtune.usercode.model import parameter_shapes
+
+        return len(parameter_shapes(config.code, config.model))
     return config.model.n_layers * (7 + 2 * config.model.qk_norm) + 3
 
 
@@ -88,7 +93,7 @@ class CheckpointBytes:
         """Estimated from the config: float32 weights (4 bytes a parameter) in best.pt; weights and AdamW's two
         moments (12 bytes a parameter) plus a 4-byte step tensor per parameter tensor in a full one; the
         fixed and per-tensor costs of torch.save's zip; the pickled history and config."""
-        params, tensors = count_parameters(config.model)["total"], tensor_count(config)
+        params, tensors = model_size(config).total, tensor_count(config)
         meta = len(pickle.dumps(config.to_dict(), protocol=2)) + FILE_BYTES
         history = history_rows(config.train) * ROW_COLUMNS * CELL_BYTES
         best = 4 * params + tensors * TENSOR_BYTES + meta

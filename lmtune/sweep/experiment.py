@@ -37,6 +37,8 @@ from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
+from lmtune.usercode.checks import check_code, check_model
+from lmtune.usercode.config import UserCode
 from lmtune.version import __version__
 
 log = logging.getLogger(__name__)
@@ -53,26 +55,32 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     if space.fuse > 1 and options.storage and "://" in options.storage:
         raise LmtuneError(f"--storage {options.storage}: fused members write beside their trial's folder, which needs "
                           "filesystem storage (a local or shared path); use fuse: 1 with URI storage")
-    return make_plan(space, options.data, options.budget, options.overrides)
+    return make_plan(space, options.data, options.budget, options.overrides, options.code)
 
 
-def make_plan(space: SearchSpace, data: Path | None, budget: str | None, overrides: dict[str, Setting]) -> SweepPlan:
-    """The plan of ``space`` on ``data`` (None: the built-in corpus, prepared on first use) with ``budget`` (None:
-    the space's) and ``overrides`` on top; every problem with the data or the settings refused here."""
+def make_plan(space: SearchSpace, data: Path | None, budget: str | None, overrides: dict[str, Setting],
+              code: UserCode | None = None) -> SweepPlan:
+    """The plan of ``space`` on ``data`` (None: the built-in corpus, prepared on first use) with ``budget`` (None: the
+    space's), ``overrides`` and the user's ``code`` (over the space's own) on top; every problem with the data, the
+    settings or the user's code refused here, before Ray starts."""
     data_dir = (data or ensure_builtin_corpus()).resolve()  # trials run in their own working dirs
-    plan = SweepPlan.create(space, base_config(space, budget or space.budget, overrides, data_dir))
+    base = base_config(space, budget or space.budget, overrides, data_dir, (code or UserCode()).on_top_of(space.code))
+    plan = SweepPlan.create(space, base)
     longest = plan.largest_value("context_length", plan.base.model.context_length)
     load_data(data_dir, longest, plan.base.model.vocab_size)  # every bad-data case fails here, before Ray starts
+    check_code(plan.base, space.fuse)
     return plan
 
 
-def base_config(space: SearchSpace, budget: str, overrides: dict[str, Setting], data_dir: Path) -> RunConfig:
-    """The config every trial starts from: budget, the space's fixed settings, then --set."""
+def base_config(space: SearchSpace, budget: str, overrides: dict[str, Setting], data_dir: Path,
+                code: UserCode) -> RunConfig:
+    """The config every trial starts from: budget, the space's fixed settings, then --set; training ``code``."""
     swept = sorted(set(overrides) & set(space.swept))
     if swept:  # each trial's own value would replace it, while sweep.json recorded it
         raise LmtuneError(f"--set {', '.join(swept)}: the space sweeps {', '.join(swept)} "
                           f"({space.strategy.owns_why()})")
-    return resolve_config(budget_config(budget, {**space.fixed, **overrides}, data_dir=str(data_dir)), data_dir)
+    config = budget_config(budget, {**space.fixed, **overrides}, data_dir=str(data_dir), code=code)
+    return resolve_config(config, data_dir)
 
 
 # Where `ray up` leaves the autoscaler's cluster config on the head (where `ray job submit` runs the driver).
@@ -137,8 +145,9 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
             search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
             max_concurrent_trials=placement.max_concurrent, trial_dirname_creator=trial_dirname,
             # A finished trial's worker process runs the next trial: no process start and imports per
-            # trial (seconds each, more than a short trial's training on a CPU).
-            reuse_actors=True,
+            # trial (seconds each, more than a short trial's training on a CPU). Not for a user's model whose builds
+            # share state (a module-level cache): the next trial would start from what the last one left there.
+            reuse_actors=not (plan.base.code.user_model and check_model(plan.base).shared),
         ),
         run_config=tune.RunConfig(
             name=options.name, storage_path=options.storage_path, stop=stopper,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmtune.sweep.disk import Keep
+from lmtune.usercode.config import UserCode
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class SweepOptions:
     """With --address: the autoscaler's config (its node types: what the cluster can scale to)."""
     step_hook: str | None = None
     """MODULE:FUNCTION each trial runs before every step (lmtune.sweep.hooks); None: none."""
+    code: UserCode = field(default_factory=UserCode)
+    """The user's code the flags name (--model, --model-set, --optimizer, --schedule), over the space's own."""
 
     @property
     def sweep_dir(self) -> Path:

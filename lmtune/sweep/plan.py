@@ -12,7 +12,7 @@ reader of sweep.json, for --resume and the report alike).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
@@ -46,6 +46,17 @@ class TrialSetup:
     """The LR range test a trial of stage "range" runs (an edge search's); None: no such trials."""
     asha: AshaBudget | None = None
     """ASHA's rungs in tokens, which a fused group applies to its members itself (None: no ASHA)."""
+    code_path: tuple[str, ...] = ()
+    """The folders the driver imported the user's code from, which a trial's process adds to its sys.path."""
+    code_objects: dict[str, object] = field(default_factory=dict)
+    """The user's code handed over in Python (lmtune.Sweep(model=MyModel)), by spec: sent to the trials as objects."""
+
+    def import_user_code(self) -> None:
+        """Make the user's code importable in this (a trial's) process, as it was in the driver's."""
+        from lmtune.usercode.imports import add_to_sys_path, adopt
+
+        add_to_sys_path(self.code_path)
+        adopt(self.code_objects)
 
 
 @dataclass(frozen=True)
@@ -69,8 +80,13 @@ class SweepPlan:
         return dataclasses.replace(plan, asha=asha_budget(space.scheduler, plan.max_trial_tokens()))
 
     def trial_setup(self) -> TrialSetup:
-        """What the sweep's trials share (lmtune.sweep.trainable.train_trial)."""
-        return TrialSetup(self.base, self.divergence_rule, self.space.strategy.range_test(), self.asha)
+        """What the sweep's trials share (lmtune.sweep.trainable.train_trial), the user's code included: the folders
+        it was imported from here (the driver has imported it: lmtune.sweep.experiment.make_plan)."""
+        from lmtune.usercode.imports import code_path, objects
+
+        specs = self.base.code.specs.values()
+        return TrialSetup(self.base, self.divergence_rule, self.space.strategy.range_test(), self.asha,
+                          tuple(code_path(specs)), objects(specs))
 
     def budget(self) -> Budget:
         """Every trial's budget as the searchers and the report see it: steps, tokens per step, seed, ASHA's rungs."""

@@ -35,6 +35,7 @@ from lmtune.files import JsonObject, JsonValue, atomic_write_json, writer_lock
 from lmtune.sweep.tune_types import TuneParams, TuneResult
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, ModelConfig, RunConfig, TrainConfig, coerce_value
+from lmtune.usercode.config import UserCode
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ def run_config_of(raw: object) -> RunConfig | None:
     if not (isinstance(budget, str) and isinstance(data_dir, str) and isinstance(vocab_from_data, bool | None)):
         return None
     return RunConfig(ModelConfig(**model), TrainConfig(**train), budget, data_dir,
-                     True if vocab_from_data is None else vocab_from_data)
+                     True if vocab_from_data is None else vocab_from_data, UserCode.from_dict(raw.get("code")))
 
 
 def read_json_object(path: Path) -> JsonObject:

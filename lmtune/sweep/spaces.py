@@ -18,6 +18,9 @@ A space is YAML data (read with ``yaml.safe_load``, never executed)::
     scheduler: {name: asha, grace_period: 0.111, reduction_factor: 3}   # or {name: none}
     stopper: {recovery_window: 1.0, min_tokens_per_s: 0}   # divergence: lmtune.training.divergence
     edge: {tolerance: 1.25, seeds: 3}   # search: edge only (lmtune.sweep.strategies.edge); it has no params
+    model: path/to/model.py:TransformerLM   # your own model (lmtune.usercode); default: lmtune's
+    model_set: {use_rope: false}        # further arguments of your model's callable
+    optimizer: mypkg.optim:AdamW        # your own optimizer; schedule: mypkg.sched:cosine, your own schedule
 
 What each search reads and builds is its strategy's (lmtune.sweep.strategies); the rest of a space is
 common to all. Every problem is one line naming the file, the key and the fix.
@@ -42,8 +45,10 @@ from lmtune.sweep.strategies import STRATEGIES, SearchStrategy
 from lmtune.sweep.strategies.base import Fail, Setting, coerce_setting, seed_refusal, settings_section
 from lmtune.training.config import BUDGETS, budget_config, field_names
 from lmtune.training.divergence import DivergenceRule
+from lmtune.usercode.config import FLAGS, UserCode, checked_model_args, normalized
 
-COMMON_KEYS = frozenset({"description", "search", "budget", "set", "scheduler", "stopper", "fuse"})
+COMMON_KEYS = frozenset({"description", "search", "budget", "set", "scheduler", "stopper", "fuse", "model", "model_set",
+                         "optimizer", "schedule"})
 SCHEDULERS = ("asha", "none")
 # Keys earlier versions had, and what replaced them.
 RETIRED_STOPPER_KEYS = {
@@ -109,6 +114,8 @@ class SearchSpace:
     """LRs trained together as one fused model per trial (lmtune.fused); 1: a trial per LR."""
     source: str = ""
     """The space file's text, as it was read."""
+    code: UserCode = field(default_factory=UserCode)
+    """Its ``model:``, ``model_set:``, ``optimizer:`` and ``schedule:``: the user's code every trial trains with."""
 
     @property
     def search(self) -> str:
@@ -142,7 +149,7 @@ class SearchSpace:
                 "budget": self.budget, **self.strategy.to_json(), "num_trials": self.num_trials,
                 "fixed": self.fixed, "fuse": self.fuse, "scheduler": asdict(self.scheduler),
                 "stopper": asdict(self.stopper), "description_of_search": self.describe_search(),
-                "yaml": self.source}
+                "yaml": self.source, **({"code": self.code.to_dict()} if self.code != UserCode() else {})}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> SearchSpace:
@@ -152,7 +159,7 @@ class SearchSpace:
                    budget=data.get("budget", ""), strategy=strategy, fixed=dict(data.get("fixed") or {}),
                    scheduler=_known(SchedulerSpec, data.get("scheduler")),
                    stopper=_known(StopperSpec, data.get("stopper")), fuse=int(data.get("fuse", 1)),
-                   source=data.get("yaml", ""))
+                   source=data.get("yaml", ""), code=UserCode.from_dict(data.get("code")))
 
 
 def _known(cls, values: JsonObject | None):
@@ -256,19 +263,31 @@ def parse_space(raw: JsonValue, path: Path, source: str = "") -> SearchSpace:
         fixed=_parse_fixed(raw.get("set") or {}, strategy, fail),
         scheduler=settings_section(raw.get("scheduler"), "scheduler", SchedulerSpec, fail),
         stopper=settings_section(raw.get("stopper"), "stopper", StopperSpec, fail, retired=RETIRED_STOPPER_KEYS),
-        source=source,
+        source=source, code=_parse_code(raw, fail),
     )
     _check_stopping(space, fail)
     space = space.fused(raw.get("fuse", 1), fail=lambda message: fail("fuse", message))
     # Every combination must make a valid run config (e.g. d_model divisible by n_heads).
     try:
-        configs = [budget_config(budget, {**space.fixed, **sample}) for sample in strategy.corner_samples()]
+        configs = [budget_config(budget, {**space.fixed, **sample}, code=space.code)
+                   for sample in strategy.corner_samples()]
     except LmtuneError as err:
         raise fail("params", f"{err}") from None
     # ... and so must the seeds a search adds past the base seed (--set seed: lmtune.sweep.plan, check_base).
     if refusal := seed_refusal(strategy, max(config.train.seed for config in configs)):
         raise fail("set.seed", refusal)
     return space
+
+
+def _parse_code(raw: JsonObject, fail: Fail) -> UserCode:
+    """The space's ``model:``, ``model_set:``, ``optimizer:`` and ``schedule:`` (a file's path relative to the current
+    directory, as --model's)."""
+    try:
+        return UserCode(**{name: normalized(raw.get(name) or "", name) for name in FLAGS},
+                        model_args=checked_model_args(raw.get("model_set"), "model_set"))
+    except LmtuneError as err:
+        key, _, message = str(err).partition(" ")
+        raise fail(key.rstrip(":"), message) from None
 
 
 def _check_keys(raw: JsonObject, strategy_class: type[SearchStrategy], fail: Fail) -> None:

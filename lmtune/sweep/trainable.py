@@ -172,6 +172,7 @@ def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | No
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     context = tune.get_context()
     trial_id = context.get_trial_id()
+    setup.import_user_code()
     if trial_id in ended:
         log.info("trial %s ended before the driver restart (trial_outcomes.json); not run again", trial_id)
         return

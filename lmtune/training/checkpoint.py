@@ -21,7 +21,7 @@ import torch
 from lmtune.files import JsonObject, atomic_write_bytes, atomic_write_text
 from lmtune.training.config import RunConfig
 from lmtune.training.metrics import Row
-from lmtune.training.state import TrainState, TrainStateDict
+from lmtune.training.state import TrainState, TrainStateDict, check_same_parameters
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,7 @@ class Checkpointer:
         else:
             saved = load_checkpoint(path) if path is not None else None
         if saved is not None:
+            check_same_parameters(state.model, saved["model"], str(path))
             state.load_state_dict(saved)
             self.restored_history = list(saved.get("history") or [])
         return path

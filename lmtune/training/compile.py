@@ -26,7 +26,7 @@ from torch import nn
 
 from lmtune.private_apis import switch_on_inductor_caches
 from lmtune.training.config import RunConfig
-from lmtune.training.model import flops_per_token
+from lmtune.training.lm import flops_per_token
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def should_compile(config: RunConfig, device: torch.device) -> bool:
         return choice == "on"
     if device.type in ("cuda", "mps"):
         return True
-    return flops_per_token(config.model) >= CPU_COMPILE_MIN_FLOPS_PER_TOKEN
+    return flops_per_token(config) >= CPU_COMPILE_MIN_FLOPS_PER_TOKEN
 
 
 def compile_backend(config: RunConfig, device: torch.device) -> str | Callable:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
 from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
+from lmtune.usercode.config import UserCode
 
 
 @dataclass
@@ -135,9 +136,11 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one training run needs: the model, the training settings, and where its data is."""
+    """Everything one training run needs: the model, the training settings, the user's own code it trains with, and
+    where its data is."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The model's shape (a user's model gets its CS336 arguments from it) and lmtune's model's switches."""
     train: TrainConfig = field(default_factory=TrainConfig)
     budget: str = "low-resource"
     """The named budget the settings started from (BUDGETS), or "custom"."""
@@ -145,6 +148,8 @@ class RunConfig:
     """A prepared data dir (python -m lmtune.prepare)."""
     vocab_from_data: bool = True
     """Take vocab_size from the data's meta.json (False once vocab_size is set explicitly)."""
+    code: UserCode = field(default_factory=UserCode)
+    """The user's model, optimizer and schedule (lmtune.usercode); empty fields: lmtune's own."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -161,7 +166,12 @@ class RunConfig:
         return self.tokens_per_step * self.train.stop_step
 
     def to_dict(self) -> JsonObject:
-        return dataclasses.asdict(self)
+        """Its JSON form (config.json, checkpoints, sweep.json's base_config); ``code`` only where the run trains the
+        user's code (absent: lmtune's own, as in files of versions before it)."""
+        data = dataclasses.asdict(self)
+        if self.code == UserCode():
+            del data["code"]
+        return data
 
     @classmethod
     def from_dict(cls, data: JsonObject) -> RunConfig:
@@ -171,6 +181,7 @@ class RunConfig:
             budget=data.get("budget", "custom"),
             data_dir=data.get("data_dir", ""),
             vocab_from_data=data.get("vocab_from_data", True),
+            code=UserCode.from_dict(data.get("code")),
         )
 
     def to_json(self) -> str:
@@ -268,7 +279,8 @@ def apply_overrides(config: RunConfig, overrides: Mapping[str, object], where: s
                 vocab_from_data = False
         else:
             train[name] = value
-    result = RunConfig(ModelConfig(**model), TrainConfig(**train), config.budget, config.data_dir, vocab_from_data)
+    result = RunConfig(ModelConfig(**model), TrainConfig(**train), config.budget, config.data_dir, vocab_from_data,
+                       dataclasses.replace(config.code, model_args=dict(config.code.model_args)))
     validate(result, where)
     return result
 
@@ -286,11 +298,12 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, str]:
     return result
 
 
-def budget_config(budget: str, overrides: Mapping[str, object] | None = None, data_dir: str = "") -> RunConfig:
-    """The named budget's config with ``overrides`` applied on top."""
+def budget_config(budget: str, overrides: Mapping[str, object] | None = None, data_dir: str = "",
+                  code: UserCode | None = None) -> RunConfig:
+    """The named budget's config with ``overrides`` applied on top, training ``code`` (None: lmtune's own)."""
     if budget not in BUDGETS:
         raise LmtuneError(f"unknown budget '{budget}'; choose one of {', '.join(BUDGETS)}")
-    base = RunConfig(budget=budget, data_dir=data_dir)
+    base = RunConfig(budget=budget, data_dir=data_dir, code=code or UserCode())
     merged = {**BUDGETS[budget], **(overrides or {})}
     return apply_overrides(base, merged, where="--set" if overrides else f"budget '{budget}'")
 
@@ -305,6 +318,26 @@ MAX_SEED = 2**32 - 1
 def accepted_lr(lr: float) -> bool:
     """An LR a run accepts: finite, above 0, at most MAX_LR."""
     return math.isfinite(lr) and 0 < lr <= MAX_LR
+
+
+# lmtune's model's own switches, which a user's model does not read (its own flags go through --model-set).
+LMTUNE_MODEL_ONLY = {"qk_norm": False, "norm_eps": ModelConfig.norm_eps, "parametrization": "sp"}
+
+
+def check_user_code(config: RunConfig, need: Callable[[bool, str], None]) -> None:
+    """Settings that only lmtune's model and schedules read, refused where the user's own code stands in for them."""
+    code = config.code
+    need(code.user_model or not code.model_args, f"--model-set {', '.join(code.model_args)}: arguments of your "
+         "model's callable, but no --model names it; give --model too")
+    if code.user_model:
+        for name, default in LMTUNE_MODEL_ONLY.items():
+            value = getattr(config.model, name)
+            need(value == default, f"{name}={shown(value)} is a switch of lmtune's model, which --model "
+                 f"{code.model} replaces (μP needs lmtune's model: its multipliers are written for it); pass "
+                 "your model's own flags with --model-set key=value")
+    if code.schedule:
+        need(config.train.schedule == "cosine", f"schedule={config.train.schedule} picks one of lmtune's schedules, "
+             f"which --schedule {code.schedule} replaces; drop one of them")
 
 
 def validate(config: RunConfig, where: str = "config") -> None:
@@ -352,6 +385,7 @@ def validate(config: RunConfig, where: str = "config") -> None:
         if choices is not None:
             value = getattr(m if name in MODEL_FIELDS else t, name)
             need(value in choices, f"{name} must be one of {', '.join(choices)} (got {shown(value)})")
+    check_user_code(config, need)
     if t.compile_backend != "auto":
         import torch
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from lmtune.files import atomic_write_bytes  # noqa: E402
 from lmtune.training.config import RunConfig  # noqa: E402
-from lmtune.training.schedule import scheduled_lr  # noqa: E402
+from lmtune.training.lr_function import step_lr_function  # noqa: E402
 
 
 def write_run_figures(out_dir: Path, rows: list[dict], config: RunConfig) -> None:
@@ -22,8 +22,8 @@ def write_run_figures(out_dir: Path, rows: list[dict], config: RunConfig) -> Non
     plot_loss_curves(rows, out_dir / "loss_curves.png", title=f"lr={t.lr:g} ({config.budget})")
     stride = max(1, t.steps // 500)
     steps = list(range(0, t.steps, stride)) + [t.steps - 1]
-    plot_lr_schedule([s + 1 for s in steps], [scheduled_lr(s, t) for s in steps],
-                     out_dir / "lr_schedule.png")
+    lr_of_step = step_lr_function(config)
+    plot_lr_schedule([s + 1 for s in steps], [lr_of_step(s) for s in steps], out_dir / "lr_schedule.png")
 
 
 def save_figure(fig, path: Path) -> Path:

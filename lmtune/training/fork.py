@@ -17,6 +17,7 @@ from lmtune.files import check_destination
 from lmtune.training.checkpoint import RunCheckpoint, load_checkpoint
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult, resolve_config, train
+from lmtune.training.lr_function import step_lr_function
 from lmtune.training.metrics import METRICS_FILE, write_metrics
 from lmtune.training.schedule import first_lr_difference
 
@@ -74,9 +75,11 @@ def check_forkable(parent: RunConfig, child: RunConfig, step: int, where: Path) 
         raise LmtuneError(f"{where}: only warmup-stable-decay runs fork (schedule: wsd on both runs)")
     differ = sorted(k for k, v in asdict(replace(p, **{k: getattr(t, k) for k in MAY_DIFFER})).items()
                     if v != getattr(t, k))
-    if differ or asdict(parent.model) != asdict(child.model) or not same_data(parent.data_dir, child.data_dir):
-        what = ", ".join(differ) or "the model or data"
+    if differ or asdict(parent.model) != asdict(child.model) or parent.code != child.code \
+            or not same_data(parent.data_dir, child.data_dir):
+        what = ", ".join(differ) or "the model, its code or the data"
         raise LmtuneError(f"{where}: the runs differ in {what}; a fork shares everything but the budget")
-    if (first := first_lr_difference(p, t, step)) is not None:  # (only their cooldowns can differ here)
+    first = first_lr_difference(step_lr_function(parent), step_lr_function(child), step)
+    if first is not None:  # (only their cooldowns can differ here)
         raise LmtuneError(f"{where} is at step {step}, after step {first[0] - 1}, where the shorter run's cooldown "
                           "begins; fork from an earlier checkpoint")

@@ -28,10 +28,10 @@ from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, NON_FINITE, WHOLE_RUN, DivergenceRule, LossWatch
 from lmtune.training.evaluate import evaluate
 from lmtune.training.figures import write_run_figures
-from lmtune.training.memory import check_fits
+from lmtune.training.lm import model_size, probe_tensors
+from lmtune.training.lr_function import step_lr_function
+from lmtune.training.memory import check_fits, out_of_memory
 from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, TensorBoardSink
-from lmtune.training.model import count_parameters, flops_per_token
-from lmtune.training.schedule import scheduled_lr
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, train_step
 
@@ -120,10 +120,11 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed, config.model.vocab_size)
         batches = cleanup.enter_context(DeviceBatches(sampler, device, start_step=state.step))
         val_batches = fixed_val_batches(data.val, t.batch_size, config.model.context_length, t.eval_batches)
-        meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config.model),
+        meter = IntervalMeter(device, config.tokens_per_step, model_size(config).flops_per_token,
                               peak_flops(device, runtime.amp_dtype or torch.float32),
                               elapsed_before_s=state.elapsed_s)
         watch = loss_watch(config, divergence, csv_sink.rows)
+        lr_of_step = step_lr_function(config)
         end = RunEnd()
         try:
             while state.step < t.stop_step:
@@ -131,8 +132,9 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
                 if before_step is not None:
                     before_step(step, state.model)
                 x, y = batches.next()
-                lr = scheduled_lr(step - 1, t)
-                result = train_step(state, runtime, x, y, lr, t, measure=t.logs_at(step))
+                lr = lr_of_step(step - 1)
+                with out_of_memory(config, step):
+                    result = train_step(state, runtime, x, y, lr, t, measure=t.logs_at(step))
                 if not result.applied:
                     end = RunEnd.non_finite("loss" if not math.isfinite(result.loss.item()) else "gradient norm", step)
                     break
@@ -162,7 +164,7 @@ def interval_row(step: int, lr: float, x: torch.Tensor, state: TrainState, runti
     how the run ended when a loss or gradient norm went non-finite."""
     if (bad_step := meter.first_nonfinite_step()) is not None:
         return None, RunEnd.non_finite("loss or gradient norm", bad_step)
-    row = {**meter.take(step, lambda: state.model.probe_tensors(x[:2])), "lr": lr, "val_loss": None}
+    row = {**meter.take(step, lambda: probe_tensors(state.model, x[:2])), "lr": lr, "val_loss": None}
     if t.evaluates_at(step):
         row["val_loss"] = evaluate(runtime, val_batches, t.grad_accum_steps)
         if not math.isfinite(row["val_loss"]):
@@ -249,7 +251,7 @@ def run_summary(config: RunConfig, state: Progress, end: RunEnd, rows: list[Row]
     """summary.json: how the run ended, its losses, tokens and speed."""
     steps = end.diverged_step - 1 if end.divergence == NON_FINITE else state.step
     last_val = next((r["val_loss"] for r in reversed(rows) if r.get("val_loss") is not None), None)
-    counts = count_parameters(config.model)
+    size = model_size(config)
     tokens = steps * config.tokens_per_step
     return {
         "status": end.status, "reason": end.reason,
@@ -262,8 +264,9 @@ def run_summary(config: RunConfig, state: Progress, end: RunEnd, rows: list[Row]
         "wall_time_s": wall_time,
         "tokens_per_s": tokens / wall_time if wall_time > 0 else None,
         "diverged_step": end.diverged_step, "diverged_how": end.divergence, "budget": config.budget,
-        "lr": config.train.lr,
-        "params_non_embedding": counts["non_embedding"], "flops_per_token": flops_per_token(config.model),
+        "lr": config.train.lr, "model": config.code.describe(),
+        "params_non_embedding": size.non_embedding, "params_total": size.total,
+        "flops_per_token": size.flops_per_token, "flops_estimated": size.estimated,
     }
 
 
@@ -284,10 +287,10 @@ def training_log(out_dir: Path):
 
 
 def log_run_start(config: RunConfig, device) -> None:
-    counts = count_parameters(config.model)
-    log.info("device=%s params: non-embedding %.2fM, total %.2fM; %.1f MFLOP/token; %d steps x %d tokens",
-             device, counts["non_embedding"] / 1e6, counts["total"] / 1e6, flops_per_token(config.model) / 1e6,
-             config.train.steps, config.tokens_per_step)
+    size = model_size(config)
+    log.info("model %s on %s: non-embedding %.2fM params, total %.2fM; %.1f MFLOP/token%s; %d steps x %d tokens",
+             config.code.describe(), device, size.non_embedding / 1e6, size.total / 1e6, size.flops_per_token / 1e6,
+             " (estimated)" if size.estimated else "", config.train.steps, config.tokens_per_step)
 
 
 def log_row(row: Row, total_steps: int) -> None:

@@ -3,12 +3,15 @@ absurd --set d_model=100000 is one line, not a 120 GB allocation."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
 from lmtune.errors import LmtuneError
 from lmtune.training.config import ModelConfig, RunConfig
+from lmtune.training.lm import model_size
 from lmtune.training.model import count_parameters
 
 
@@ -58,8 +61,15 @@ def micro_batch(config: RunConfig) -> int:
 
 def run_memory_bytes(config: RunConfig, amp: bool, members: int = 1) -> int:
     """Device memory of one run of ``config`` (a fused group: ``members`` models, their optimizer states and
-    activations), with bf16 activations when ``amp``."""
-    return members * estimate_trial_memory_bytes(config.model, micro_batch(config), amp)
+    activations), with bf16 activations when ``amp``. lmtune's model: ``estimate_trial_memory_bytes``; a user's
+    model: 16 bytes per parameter counted from the module, and the activations one forward pass of one sequence
+    keeps for backward, measured (lmtune.usercode.checks), times the micro-batch, plus 20%."""
+    if not config.code.user_model:
+        return members * estimate_trial_memory_bytes(config.model, micro_batch(config), amp)
+    from lmtune.usercode.checks import activation_bytes_per_sequence
+
+    activations = micro_batch(config) * activation_bytes_per_sequence(config, amp)
+    return members * int(1.2 * (16 * model_size(config).total + activations))
 
 
 def check_fits(config: RunConfig, device: torch.device, members: int = 1, where: str = "config") -> None:
@@ -69,7 +79,19 @@ def check_fits(config: RunConfig, device: torch.device, members: int = 1, where:
     have = available_memory_bytes(device)
     if have is not None and need > have:
         group = f"{members} fused models" if members > 1 else "the model"
-        raise LmtuneError(f"{where}: {group} ({count_parameters(config.model)['total'] * members:,} parameters, "
+        raise LmtuneError(f"{where}: {group} ({model_size(config).total * members:,} parameters, "
                           f"batch {micro_batch(config)} x {config.model.context_length}) needs about "
                           f"{need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this {device.type} has "
                           "free; use a smaller d_model, n_layers, vocab_size, batch_size or context_length")
+
+
+@contextlib.contextmanager
+def out_of_memory(config: RunConfig, step: int) -> Iterator[None]:
+    """A step that runs out of device memory is one line naming the fix, not an allocator dump (the estimate
+    ``check_fits`` refuses by is an estimate; a user's model may keep more than one forward pass showed)."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        raise LmtuneError(f"step {step}: out of device memory (batch {micro_batch(config)} x "
+                          f"{config.model.context_length} per forward pass); lower batch_size, raise "
+                          "grad_accum_steps, or use a smaller model") from None

@@ -5,6 +5,7 @@ of one length fork a cooldown at any shorter budget from a checkpoint taken befo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 SCHEDULES = ("cosine", "wsd")
@@ -76,12 +77,14 @@ def scheduled_lr(step: int, t: Schedule) -> float:
     return lr_at(step, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
 
 
-def first_lr_difference(old: Schedule, new: Schedule, steps: int) -> tuple[int, float, float] | None:
-    """Whether ``new``'s schedule trains the first ``steps`` steps at ``old``'s LRs, so that a checkpoint of
-    ``old`` after them is a state ``new`` passes through: None if so, else the first (1-based) step whose LR
-    differs and its two LRs (old, new)."""
+def first_lr_difference(old: Callable[[int], float], new: Callable[[int], float],
+                        steps: int) -> tuple[int, float, float] | None:
+    """Whether the schedule ``new`` (a step's LR by its 0-based index: ``step_lr_function``'s) trains the first
+    ``steps`` steps at ``old``'s LRs, so that a checkpoint of ``old``'s run after them is a state ``new``'s passes
+    through: None if so, else the first (1-based) step whose LR differs and its two LRs (old, new)."""
     for index in range(steps):  # step k's update uses the LR of 0-based index k - 1
-        before, after = scheduled_lr(index, old), scheduled_lr(index, new)
+        before, after = old(index), new(index)
         if not math.isclose(before, after, rel_tol=1e-12, abs_tol=0.0):
             return index + 1, before, after
     return None
+

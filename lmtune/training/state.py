@@ -13,10 +13,12 @@ from typing import NotRequired, TypedDict
 
 import numpy as np
 import torch
+from torch import nn
 from torch.optim.optimizer import StateDict
 
+from lmtune.errors import LmtuneError
 from lmtune.training.config import RunConfig
-from lmtune.training.model import TransformerLM
+from lmtune.training.lm import build_model, lr_multipliers, weight_decay_multipliers
 
 
 class RngState(TypedDict):
@@ -51,9 +53,11 @@ class TrainStateDict(TypedDict):
 
 @dataclass
 class TrainState:
-    model: TransformerLM
-    """The eager module: its parameters are what the optimizer updates and checkpoints hold."""
-    optimizer: torch.optim.AdamW
+    model: nn.Module
+    """The eager module (lmtune's TransformerLM or the user's model): its parameters are what the optimizer updates
+    and checkpoints hold."""
+    optimizer: torch.optim.Optimizer
+    """lmtune's AdamW, or the user's optimizer (--optimizer)."""
     step: int = 0
     """Optimizer steps taken (the next step is step + 1)."""
     best_val_loss: float = math.inf
@@ -65,7 +69,7 @@ class TrainState:
     def create(cls, config: RunConfig, device: torch.device) -> TrainState:
         """A freshly initialised model and optimizer: seeded, so the same config starts identically."""
         seed_everything(config.train.seed)
-        model = TransformerLM(config.model).to(device)
+        model = build_model(config, device)
         return cls(model=model, optimizer=build_optimizer(model, config, device))
 
     def state_dict(self) -> TrainStateDict:
@@ -75,6 +79,7 @@ class TrainState:
 
     def load_state_dict(self, saved: TrainStateDict) -> None:
         device = next(self.model.parameters()).device
+        check_same_parameters(self.model, saved["model"])
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.step, self.best_val_loss = saved["step"], saved["best_val_loss"]
@@ -84,43 +89,64 @@ class TrainState:
 
 @dataclass(frozen=True)
 class ParamGroup:
-    """One of ``build_optimizer``'s AdamW parameter groups, by the parameters' names."""
+    """One of ``build_optimizer``'s parameter groups, by the parameters' names."""
 
     names: tuple[str, ...]
-    """Its parameters (TransformerLM's names, in the model's order)."""
+    """Its parameters (the model's names, in the model's order)."""
     weight_decay_scale: float
     """Its weight decay over the config's: 0 (RMSNorm gains), 1, or m (μP's hidden matrices)."""
     lr_scale: float
     """Its learning rate over the schedule's: 1, or 1/m (μP's hidden matrices)."""
 
 
-def param_groups(model: TransformerLM) -> list[ParamGroup]:
-    """The parameters grouped by (weight decay, LR) multiplier: the decayed groups first, then the gains,
-    each in the order of its first parameter. Under SP (or μP at its base width) that is today's two groups,
-    the matrices and the gains, so the optimizer's state-dict indices stay what older checkpoints hold."""
-    decay, lr = model.weight_decay_multipliers(), model.lr_multipliers()
+def param_groups(model: nn.Module) -> list[ParamGroup]:
+    """The parameters grouped by (weight decay, LR) multiplier (lmtune.training.lm's): the decayed groups first,
+    then the undecayed (gains, biases), each in the order of its first parameter. Under SP (or μP at its base
+    width) that is two groups, the matrices and the gains, so the optimizer's state-dict indices stay what older
+    checkpoints hold."""
+    decay, lr = weight_decay_multipliers(model), lr_multipliers(model)
     groups: dict[tuple[float, float], list[str]] = {}
     for name in sorted(decay, key=lambda n: decay[n] == 0.0):  # stable: the model's order within each part
         groups.setdefault((decay[name], lr[name]), []).append(name)
     return [ParamGroup(tuple(names), wd, scale) for (wd, scale), names in groups.items()]
 
 
-def optimizer_order(model: TransformerLM) -> list[str]:
+def optimizer_order(model: nn.Module) -> list[str]:
     """Parameter names in the order ``build_optimizer`` lists them (its state dict's integer keys)."""
     return [name for group in param_groups(model) for name in group.names]
 
 
-def build_optimizer(model: TransformerLM, config: RunConfig, device: torch.device,
-                    fused: bool | None = None) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on RMSNorm gains), a group per ``param_groups`` entry whose
-    ``lr_scale`` the step multiplies the schedule's LR by; fused kernels (one launch for every parameter, no
-    host sync) on CUDA, or wherever ``fused`` asks; else torch's foreach implementation."""
+def build_optimizer(model: nn.Module, config: RunConfig, device: torch.device,
+                    fused: bool | None = None) -> torch.optim.Optimizer:
+    """The user's optimizer (config.code.optimizer), or AdamW: either over a group per ``param_groups`` entry, weight
+    decay on matrices only (not on gains or biases), each group's ``lr_scale`` the step multiplies the schedule's
+    LR by. lmtune's AdamW runs fused kernels (one launch for every parameter, no host sync) on CUDA, or wherever
+    ``fused`` asks; else torch's foreach implementation."""
     params = dict(model.named_parameters())
     t = config.train
     groups = [{"params": [params[n] for n in g.names], "weight_decay": t.weight_decay * g.weight_decay_scale,
                "lr": t.lr * g.lr_scale, "lr_scale": g.lr_scale} for g in param_groups(model)]
+    if config.code.optimizer:
+        from lmtune.usercode.optim import build_user_optimizer
+
+        return build_user_optimizer(config.code, groups, t)
     return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
                              fused=device.type == "cuda" if fused is None else fused)
+
+
+def check_same_parameters(model: nn.Module, saved: dict[str, torch.Tensor], where: str = "the checkpoint") -> None:
+    """One line when ``saved`` (a state dict) is not of ``model``'s parameters and buffers: names or shapes differ,
+    as when the model's code changed since the run began."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    reshaped = sorted(k for k in set(own) & set(saved) if tuple(own[k].shape) != tuple(saved[k].shape))
+    if not (missing or unexpected or reshaped):
+        return
+    found = (("missing", missing), ("not in the model", unexpected), ("of another shape", reshaped))
+    parts = [f"{label} {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" for label, names in found if names]
+    raise LmtuneError(f"{where} holds another model than the one built now ({'; '.join(parts)}): the model's code or "
+                      "shape changed since the run began; restore that code, or start a new run")
 
 
 def seed_everything(seed: int) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from lmtune.training.compile import compile_backend, compile_failed, compile_model, should_compile, warm_up
 from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.device import autocast_dtype
+from lmtune.training.lm import LanguageModelLoss, block_parameters
 from lmtune.training.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ class Runtime:
 
     device: torch.device
     forward: nn.Module
-    """The model, or its torch.compile'd wrapper: ``forward(x, y)`` is the mean loss."""
+    """The model's loss (lmtune.training.lm.LanguageModelLoss, or a fused group's), or its torch.compile'd wrapper:
+    ``forward(x, y)`` is the mean loss."""
     amp_dtype: torch.dtype | None
     """bf16 under autocast, or None for float32."""
     compiled: bool
@@ -47,11 +49,12 @@ class Runtime:
     def build(cls, model: nn.Module, config: RunConfig, device: torch.device, compile_mode: str | None = None,
               compiled: bool | None = None, train_shape: tuple[int, ...] | None = None,
               eval_shape: tuple[int, ...] | None = None) -> Runtime:
-        """Compile as ``should_compile`` says (or as ``compiled`` forces), with the config's backend, mode and
-        precision, and run the first calls at once (``warm_up``) on inputs of ``train_shape`` and
-        ``eval_shape`` (default: a micro-batch of the config's): a compile that fails there falls back to
-        eager, said once."""
+        """``model``'s loss (a single model's: lmtune.training.lm.LanguageModelLoss; a fused group computes its own),
+        compiled as ``should_compile`` says (or as ``compiled`` forces), with the config's backend, mode and
+        precision, and the first calls run at once (``warm_up``) on inputs of ``train_shape`` and ``eval_shape``
+        (default: a micro-batch of the config's): a compile that fails there falls back to eager, said once."""
         amp = autocast_dtype(config, device)
+        model = model if getattr(model, "computes_loss", False) else LanguageModelLoss(model, config.model.z_loss)
         if compiled is None:
             compiled = should_compile(config, device)
         if not compiled:
@@ -111,11 +114,12 @@ def train_step(state: TrainState, runtime: Runtime, x: torch.Tensor, y: torch.Te
     if runtime.sync_is_free and not bool(finite):
         state.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss, grad_norm, finite, applied=False)
-    before = snapshot_layers(state.model.blocks) if measure else None
+    blocks = block_parameters(state.model) if measure else []
+    before = snapshot_layers(blocks) if measure else None
     state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
     state.step += 1
-    measured = {"update_ratio": layer_update_ratios(state.model.blocks, before)} if measure else {}
+    measured = {"update_ratio": layer_update_ratios(blocks, before)} if measure else {}
     return StepResult(loss, grad_norm, finite, applied=True, measured=measured)
 
 
@@ -142,14 +146,14 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def snapshot_layers(blocks: Sequence[nn.Module]) -> list[list[torch.Tensor]]:
-    """A copy of each transformer block's parameters, before a log step's update (one model's worth of
-    memory, for that step only)."""
-    return [[p.detach().clone() for p in block.parameters()] for block in blocks]
+def snapshot_layers(blocks: Sequence[Sequence[nn.Parameter]]) -> list[list[torch.Tensor]]:
+    """A copy of each transformer block's parameters (lmtune.training.lm.block_parameters), before a log step's
+    update (one model's worth of memory, for that step only)."""
+    return [[p.detach().clone() for p in block] for block in blocks]
 
 
 @torch.no_grad()
-def layer_update_ratios(blocks: Sequence[nn.Module], before: list[list[torch.Tensor]],
+def layer_update_ratios(blocks: Sequence[Sequence[nn.Parameter]], before: list[list[torch.Tensor]],
                         members: bool = False) -> torch.Tensor:
     """||W_after - W_before|| / ||W_before|| per block, its parameters taken as one vector, on the device (no
     host sync): (n_layers,), or (K, n_layers) for a fused model, whose parameters have the members first."""
@@ -158,7 +162,7 @@ def layer_update_ratios(blocks: Sequence[nn.Module], before: list[list[torch.Ten
 
     ratios = []
     for block, old in zip(blocks, before, strict=True):
-        change = sum(squares(p - o) for p, o in zip(block.parameters(), old, strict=True))
+        change = sum(squares(p - o) for p, o in zip(block, old, strict=True))
         size = sum(squares(o) for o in old)
         ratios.append((change / size).sqrt())
     return torch.stack(ratios, dim=-1)

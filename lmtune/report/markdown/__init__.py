@@ -12,6 +12,7 @@ from lmtune.files import atomic_write_text
 from lmtune.report.markdown.edge import edge, how_runs_broke
 from lmtune.report.markdown.landscape import best_lr, landscape
 from lmtune.report.markdown.method import definitions, range_test, search_and_compute
+from lmtune.report.markdown.model import model_overview, samples
 from lmtune.report.markdown.runs import convergence, equal_tokens, overview, sensitivity, target, trials
 from lmtune.report.sections.registry import section_for
 from lmtune.report.stability import TrialRecord
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 HEADINGS = (
     "## Trials",
     "## Best learning rate",
+    "## Samples from the best LR's model",
     "## Above the best LR: basin, degraded, diverged",
     "## Edge of stability",
     "## Loss against LR at equal token counts",
@@ -39,10 +41,10 @@ def write_markdown(summary: SweepSummary, records: Sequence[TrialRecord], path: 
     """lr_sweep_analysis.md: the report's text, one section per heading in HEADINGS (and the search's own, and the
     range test's). ``figures``: the report's figure files, as the overview lists them."""
     sections = [
-        overview(summary, figures), section_for(summary.search).markdown(summary), trials(summary), best_lr(summary),
-        landscape(summary), edge(summary), equal_tokens(summary), convergence(summary), sensitivity(summary),
-        target(summary), how_runs_broke(summary, records), search_and_compute(summary), range_test(summary),
-        definitions(summary),
+        overview(summary, figures), model_overview(summary), section_for(summary.search).markdown(summary),
+        trials(summary), best_lr(summary), samples(summary), landscape(summary), edge(summary), equal_tokens(summary),
+        convergence(summary), sensitivity(summary), target(summary), how_runs_broke(summary, records),
+        search_and_compute(summary), range_test(summary), definitions(summary),
     ]
     text = "\n".join(line for section in sections for line in section)
     atomic_write_text(Path(path), text)

@@ -50,6 +50,8 @@ class FigureInputs:
     """The sharpness estimates (analyze --sharpness; None: not asked for)."""
     target: float | None
     """The target val loss given to analyze (None: none)."""
+    x_axes: tuple[str, ...] = ("tokens", "wall")
+    """The learning curves' x axes drawn: tokens, wall (wall-clock time), or both (analyze --x)."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ from lmtune.training.compile import should_compile
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.device import configure_backend, peak_flops, resolve_device, synchronize
 from lmtune.training.evaluate import evaluate
-from lmtune.training.model import count_parameters, flops_per_token
+from lmtune.training.lm import model_size
+from lmtune.usercode.config import UserCode
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,9 @@ COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")
 
 
 def bench_config(name: str, batch_size: int | None = None, overrides: dict[str, object] | None = None,
-                 device: str = "auto", compile_choice: str = "auto") -> RunConfig:
-    """The --budget ``name``'s config with the --set ``overrides`` (as parse_set_args parses them)."""
+                 device: str = "auto", compile_choice: str = "auto", code: UserCode | None = None) -> RunConfig:
+    """The --budget ``name``'s config with the --set ``overrides`` (as parse_set_args parses them), for ``code``'s
+    model (None: lmtune's)."""
     if name not in CONFIGS:
         raise LmtuneError(f"unknown --budget '{name}'; choose one of {', '.join(CONFIGS)}")
     merged = dict(overrides or {})
@@ -58,7 +60,7 @@ def bench_config(name: str, batch_size: int | None = None, overrides: dict[str, 
     merged.setdefault("device", device)
     if compile_choice in ("on", "off", "auto"):
         merged.setdefault("compile", compile_choice)
-    config = budget_config(CONFIGS[name], merged)
+    config = budget_config(CONFIGS[name], merged, code=code)
     config.vocab_from_data = False
     return config
 
@@ -157,7 +159,9 @@ def run_bench(config: RunConfig, *, steps: int = 10, repeats: int = 3, warmup: i
         interleaved_repeats(loops, device, steps, repeats, timings)
         best = max(variants, key=lambda n: timings.rate(n, steps * config.tokens_per_step))
         primary = optimized[best]
-        host_syncs, kernel = count_host_syncs(primary), sdpa_kernel_used(m, device, primary.runtime.amp_dtype)
+        kernel = sdpa_kernel_used(m, device, primary.runtime.amp_dtype) if not config.code.user_model \
+            else "the model's own"
+        host_syncs = count_host_syncs(primary)
         eval_s, eval_fraction = eval_cost(primary, config, tokens, timings, best, steps) if measure_eval \
             else (None, None)
         details = StepDetails(host_syncs, kernel, eval_s, eval_fraction)
@@ -187,7 +191,8 @@ def bench_result(config: RunConfig, config_name: str, device: torch.device, timi
                  with_barrier: bool, details: StepDetails) -> BenchResult:
     m, t = config.model, config.train
     per_repeat = steps * config.tokens_per_step
-    flops_tok = flops_per_token(m)
+    size = model_size(config)
+    flops_tok = size.flops_per_token
     dtype = primary.runtime.amp_dtype or torch.float32
     peak = peak_flops(device, dtype)
     peak_source = f"data-sheet dense {'bf16' if dtype == torch.bfloat16 else 'float32'}"
@@ -200,7 +205,7 @@ def bench_result(config: RunConfig, config_name: str, device: torch.device, timi
     return BenchResult(
         config=config_name or config.budget, device=full_device_name(device), device_type=device.type,
         torch=torch.__version__, commit=git_commit(), batch_size=t.batch_size, context_length=m.context_length,
-        params_non_embedding=count_parameters(m)["non_embedding"], steps=steps, repeats=repeats, warmup=warmup,
+        params_non_embedding=size.non_embedding, steps=steps, repeats=repeats, warmup=warmup,
         tokens_per_s=tokens_per_s, mfu=tokens_per_s * flops_tok / peak, flops_per_token=flops_tok,
         peak_flops=peak, peak_flops_source=peak_source, optimized_variant=best,
         compile_mode=compile_mode if primary.runtime.compiled else None,
@@ -220,6 +225,7 @@ def bench_result(config: RunConfig, config_name: str, device: torch.device, timi
                                   timings.paired("compiled", "eager")) if len(variants) == 2 else None,
         naive=_against_naive(timings, best, per_repeat, tokens_per_s),
         timed_span=(timings.start_unix, timings.end_unix) if with_barrier else None,
+        model=config.code.describe(), flops_estimated=size.estimated,
     )
 
 

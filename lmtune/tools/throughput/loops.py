@@ -16,9 +16,9 @@ from lmtune.fused.state import FusedState
 from lmtune.fused.step import fused_train_step
 from lmtune.training.config import RunConfig
 from lmtune.training.device import synchronize
+from lmtune.training.lm import LanguageModelLoss, build_model, flops_per_token, is_lmtune_model
+from lmtune.training.lr_function import step_lr_function
 from lmtune.training.metrics import IntervalMeter
-from lmtune.training.model import TransformerLM, flops_per_token
-from lmtune.training.schedule import scheduled_lr
 from lmtune.training.state import TrainState, seed_everything
 from lmtune.training.step import Runtime, train_step
 
@@ -49,14 +49,15 @@ class OptimizedLoop:
         self.state = TrainState.create(config, device)
         self.runtime = Runtime.build(self.state.model, config, device, compile_mode, compiled=compiled)
         self.batches = DeviceBatches(BatchSampler(tokens, t.batch_size, m.context_length, t.seed), device)
-        self.meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(m), None)
+        self.meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config), None)
+        self.lr_of_step = step_lr_function(config)
         self.wait_s = 0.0
 
     def step(self) -> None:
         t = self.config.train
         x, y = self.batches.next()
         self.wait_s += self.batches.last_wait_s
-        lr = scheduled_lr(self.state.step, t)
+        lr = self.lr_of_step(self.state.step)
         self.meter.add(self.state.step + 1, train_step(self.state, self.runtime, x, y, lr, t), 0.0)
 
     def close(self) -> None:
@@ -64,16 +65,18 @@ class OptimizedLoop:
 
 
 class NaiveLoop:
-    """The usual "before": float32, eager, explicit-mask attention, per-step host batches from Python
-    lists, AdamW without foreach/fused kernels, and the loss read back every step."""
+    """The usual "before": float32, eager, explicit-mask attention (lmtune's model; a user's model keeps its own),
+    per-step host batches from Python lists, AdamW without foreach/fused kernels, and the loss read back every step."""
 
     def __init__(self, config: RunConfig, device: torch.device, tokens: np.ndarray):
         t = config.train
         self.config, self.device, self.tokens = config, device, tokens
         seed_everything(t.seed)
-        self.model = TransformerLM(config.model).to(device)
-        for block in self.model.blocks:
-            block.attn.use_sdpa = False
+        self.model = build_model(config, device)
+        if is_lmtune_model(self.model):
+            for block in self.model.blocks:
+                block.attn.use_sdpa = False
+        self.loss = LanguageModelLoss(self.model, config.model.z_loss)
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         self.optimizer = torch.optim.AdamW(
@@ -97,7 +100,7 @@ class NaiveLoop:
         t0 = time.perf_counter()
         x, y = self._batch()
         self.wait_s += time.perf_counter() - t0
-        loss = self.model(x, y)
+        loss = self.loss(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, self.config.train.grad_clip, foreach=False)
         self.optimizer.step()

@@ -119,6 +119,10 @@ class BenchResult:
     """(start, end) Unix time of the timed phase, for concurrency workers (JSON: timed_start/end_unix)."""
     command: str | None = None
     """The command line that ran it, when the bench command did."""
+    model: str = "lmtune's TransformerLM"
+    """The model timed: lmtune's, or the user's --model (lmtune.usercode.config.UserCode.describe)."""
+    flops_estimated: bool = False
+    """flops_per_token (and so mfu) estimated from the parameters' shapes: a user's model."""
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)

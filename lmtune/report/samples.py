@@ -1,0 +1,60 @@
+"""What the best LR's model writes: samples from the best trial's best.pt for the report, as ``lmtune sample`` draws
+them (lmtune.training.sampling), on the CPU: from "Once upon a time" where the data has a tokenizer, else from the
+data's end-of-text token, shown as token ids.
+
+A sample needs the model's code: lmtune's, or the user's as the sweep imported it. Where it cannot be built here (the
+user's code is not importable on this machine, the checkpoint is gone), the report says why instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from lmtune.data.dataset import read_meta
+from lmtune.data.documents import EOT
+from lmtune.errors import LmtuneError
+from lmtune.report.summary import Sample
+from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate, load_model
+
+log = logging.getLogger(__name__)
+
+# CS336's: 256 tokens at temperature 0.8 with nucleus sampling at 0.9.
+REPORT_SAMPLING = SampleSettings(max_tokens=256, temperature=0.8, top_p=0.9)
+
+
+def best_samples(best_trial_dir: str | None, count: int) -> tuple[tuple[Sample, ...], str]:
+    """``count`` samples (seeds 0, 1, ...) from the best trial's best.pt, or none and why."""
+    if count <= 0:
+        return (), "not drawn (analyze --samples 0)"
+    checkpoint = Path(best_trial_dir) / "checkpoints" / "best.pt" if best_trial_dir else None
+    if checkpoint is None or not checkpoint.is_file():
+        return (), "not drawn: the best trial kept no checkpoints/best.pt"
+    try:
+        model, config = load_model(checkpoint, torch.device("cpu"))
+        tokenizer, stop, prompt = _prompt(config.data_dir)
+    except LmtuneError as err:
+        log.warning("no samples in the report: %s", err)
+        return (), f"not drawn: {err}"
+    samples = []
+    for seed in range(count):
+        settings = SampleSettings(REPORT_SAMPLING.max_tokens, REPORT_SAMPLING.temperature, REPORT_SAMPLING.top_p, seed)
+        ids = generate(model, prompt, settings, config.model.context_length, stop)
+        text = tokenizer.decode(ids) if tokenizer is not None else " ".join(map(str, ids))
+        shown = DEFAULT_PROMPT if tokenizer is not None else " ".join(map(str, prompt))
+        samples.append(Sample(seed, shown, text, len(ids)))
+    return tuple(samples), ""
+
+
+def _prompt(data_dir: str):
+    """(tokenizer or None, the end-of-text id or None, the prompt's ids) for the run's data."""
+    from lmtune.data.tokenizer import load_tokenizer
+
+    own = Path(data_dir) / "tokenizer.json"
+    if own.is_file():
+        tokenizer = load_tokenizer(own)
+        return tokenizer, tokenizer.token_to_id(EOT), tokenizer.encode(DEFAULT_PROMPT).ids
+    eot = read_meta(Path(data_dir)).eot_id if (Path(data_dir) / "meta.json").is_file() else None
+    return None, eot, [eot if eot is not None else 0]

@@ -1,0 +1,97 @@
+"""``python -m lmtune.sample CHECKPOINT``: generate text from a trained model (lmtune.training.sampling).
+
+The checkpoint's own config names its model (lmtune's or the user's --model, imported as the run imported it) and
+its data, whose tokenizer encodes the prompt and decodes the sample; ``--tokenizer`` gives another (a tokenizers
+JSON, or a GPT-2-style vocab.json with merges.txt: for data prepared from token ids). Without any tokenizer the
+sample is printed as token ids. Generation stops at ``<|endoftext|>`` or after --max-tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from lmtune.cli import prog
+from lmtune.data.documents import EOT
+from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
+from lmtune.training.device import resolve_device
+from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate, load_model
+
+DEFAULTS = SampleSettings()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog("sample"), description="Generate text from a trained model's checkpoint.")
+    p.add_argument("checkpoint", type=Path, help="a run's checkpoints/best.pt (or a periodic checkpoint)")
+    p.add_argument("--prompt", default=None, help=f"the text to continue (default: {DEFAULT_PROMPT!r})")
+    p.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt as token ids instead of text")
+    p.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
+                   help=f"tokens to generate at most (default {DEFAULTS.max_tokens})")
+    p.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
+                   help=f"softmax temperature; 0 always takes the most likely token (default {DEFAULTS.temperature})")
+    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p,
+                   help=f"nucleus sampling's probability mass (default {DEFAULTS.top_p})")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the draws (default 0)")
+    p.add_argument("--samples", type=int, default=1, help="samples to draw, seeds --seed, --seed+1, ... (default 1)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json, or a GPT-2-style vocab.json with merges.txt "
+                                                  "beside it (default: the run's data's tokenizer.json)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
+    return p
+
+
+def prompt_ids(args: argparse.Namespace, tokenizer) -> list[int]:
+    if args.prompt_ids is not None:
+        try:
+            return [int(part) for part in args.prompt_ids.split(",") if part.strip()]
+        except ValueError:
+            raise LmtuneError(f"--prompt-ids {shown(args.prompt_ids)}: give token ids separated by commas, e.g. "
+                              "--prompt-ids 464,3290") from None
+    if tokenizer is None:
+        raise LmtuneError("--prompt: no tokenizer to encode it (the run's data was prepared from token ids and has no "
+                          "tokenizer.json); give --tokenizer PATH, or the prompt as --prompt-ids")
+    return tokenizer.encode(args.prompt if args.prompt is not None else DEFAULT_PROMPT).ids
+
+
+def run_tokenizer(args: argparse.Namespace, data_dir: str):
+    """--tokenizer's, else the run's data's tokenizer.json, else None."""
+    from lmtune.data.tokenizer import load_tokenizer
+
+    if args.tokenizer is not None:
+        return load_tokenizer(args.tokenizer)
+    own = Path(data_dir) / "tokenizer.json"
+    return load_tokenizer(own) if own.is_file() else None
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_cli_logging(logging.WARNING)
+    settings = SampleSettings(args.max_tokens, args.temperature, args.top_p, args.seed)
+    settings.validate()
+    if not 1 <= args.samples <= 100:
+        raise LmtuneError(f"--samples must be from 1 to 100 (got {args.samples})")
+    model, config = load_model(args.checkpoint, resolve_device(args.device))
+    tokenizer = run_tokenizer(args, config.data_dir)
+    prompt = prompt_ids(args, tokenizer)
+    vocab = config.model.vocab_size
+    if any(not 0 <= i < vocab for i in prompt):
+        raise LmtuneError(f"--prompt-ids: every id must be in [0, {vocab}) (the model's vocabulary)")
+    stop = tokenizer.token_to_id(EOT) if tokenizer is not None else None
+    for k in range(args.samples):
+        ids = generate(model, prompt, SampleSettings(settings.max_tokens, settings.temperature, settings.top_p,
+                                                     settings.seed + k), config.model.context_length, stop)
+        if args.samples > 1:
+            print(f"--- sample {k + 1} (seed {settings.seed + k}) ---")
+        if tokenizer is None:
+            print("token ids (no tokenizer: the data was prepared from token ids; give --tokenizer to read text):")
+            print(" ".join(map(str, prompt)) + " | " + " ".join(map(str, ids)))
+        else:
+            print(tokenizer.decode(prompt + ids))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""Text from a trained model: a checkpoint's model (lmtune's or the user's, as its config names it) loaded back, and
+tokens drawn one at a time with temperature and nucleus (top-p) sampling until ``<|endoftext|>`` or the token limit.
+
+    model, config = load_model(Path("results/NAME/TRIAL/checkpoints/best.pt"), device)
+    ids = generate(model, prompt_ids, SampleSettings(max_tokens=256, temperature=0.8, top_p=0.9), ...)
+
+No KV cache: each new token runs the model over the last ``context_length`` tokens, as a CS336 model's forward
+takes them (a few seconds for 256 tokens of the 17M model on a CPU).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lmtune.errors import LmtuneError
+from lmtune.training.checkpoint import load_checkpoint
+from lmtune.training.config import RunConfig
+from lmtune.training.lm import build_model
+from lmtune.training.state import check_same_parameters
+
+# The prompt a sample starts from unless told otherwise (CS336's: its models learn TinyStories).
+DEFAULT_PROMPT = "Once upon a time"
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    """How tokens are drawn."""
+
+    max_tokens: int = 256
+    """Tokens generated at most (fewer when the model ends the text)."""
+    temperature: float = 0.8
+    """Logits are divided by it before the softmax (0: always the most likely token)."""
+    top_p: float = 0.9
+    """Nucleus sampling: the smallest set of most likely tokens whose probabilities sum to at least this."""
+    seed: int = 0
+    """The draws' random seed."""
+
+    def validate(self) -> None:
+        if not 1 <= self.max_tokens <= 100_000:
+            raise LmtuneError(f"--max-tokens must be from 1 to 100,000 (got {self.max_tokens})")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise LmtuneError(f"--temperature must be a number >= 0 (0: greedy; got {self.temperature})")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise LmtuneError(f"--top-p must be in (0, 1] (got {self.top_p})")
+
+
+def load_model(checkpoint: Path, device: torch.device) -> tuple[nn.Module, RunConfig]:
+    """The model a checkpoint holds (best.pt, or a periodic one), built as its own config says (the user's code
+    imported as the run imported it), in eval mode on ``device``; one line when the file cannot serve."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise LmtuneError(f"{checkpoint}: no such checkpoint file; give a run's checkpoints/best.pt")
+    try:
+        saved = load_checkpoint(checkpoint)
+        config = RunConfig.from_dict(saved["config"])
+        weights = saved["model"]
+    except (ValueError, RuntimeError, EOFError, OSError, KeyError, TypeError, pickle.UnpicklingError) as err:
+        raise LmtuneError(f"{checkpoint} is not a usable lmtune checkpoint ({type(err).__name__}: {err}); give a "
+                          "run's checkpoints/best.pt") from None
+    model = build_model(config, device)
+    check_same_parameters(model, weights, str(checkpoint))
+    model.load_state_dict(weights)
+    return model.eval(), config
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt: list[int], settings: SampleSettings, context_length: int,
+             stop_id: int | None = None) -> list[int]:
+    """Up to ``settings.max_tokens`` token ids following ``prompt`` (which must hold at least one token), ending
+    before ``stop_id`` when the model draws it."""
+    if not prompt:
+        raise LmtuneError("the prompt holds no tokens; give a prompt of at least one token")
+    device = next(model.parameters()).device
+    generator = torch.Generator(device="cpu").manual_seed(settings.seed)
+    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    generated: list[int] = []
+    for _ in range(settings.max_tokens):
+        logits = model(ids[:, -context_length:])[0, -1].float().cpu()
+        token = next_token(logits, settings, generator)
+        if token == stop_id:
+            break
+        generated.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
+    return generated
+
+
+def next_token(logits: torch.Tensor, settings: SampleSettings, generator: torch.Generator) -> int:
+    """One token from ``logits`` (vocab,): the most likely at temperature 0, else drawn from the nucleus."""
+    if settings.temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / settings.temperature, dim=-1)
+    ordered, order = probs.sort(descending=True)
+    # Keep a token while the probability of those before it is below top_p: the first token is always kept.
+    keep = (ordered.cumsum(0) - ordered) < settings.top_p
+    nucleus = ordered * keep
+    choice = torch.multinomial(nucleus / nucleus.sum(), 1, generator=generator)
+    return int(order[choice])

@@ -1,0 +1,252 @@
+"""The user's code, checked before any step trains: each problem one line naming it and its fix, nothing written.
+
+``check_code(config)`` is what every command (train, run, lr_find, bench) and the Python API call at their edge. On
+a throw-away copy of the model, built on the CPU at the run's shape:
+
+- it builds: the import, the call and its arguments (lmtune.usercode.model);
+- ``forward(token_ids[2, T])`` returns one floating-point tensor of shape [2, T, vocab_size], finite;
+- those are logits: not probabilities (every row summing to one) nor log-probabilities (every row's logsumexp 0),
+  from which the cross-entropy lmtune computes would be wrong;
+- it is causal: changing the later half of the tokens leaves the earlier positions' logits unchanged (otherwise the
+  model sees the tokens it predicts, and its loss means nothing);
+- every trainable parameter gets a gradient from the loss (a warning, naming those that do not);
+- a second build shares no parameter or buffer with the first (a module-level cache): such a model cannot fuse, and
+  its trials each get a process of their own (``CodeCheck.shared``).
+
+The optimizer and the schedule are checked by lmtune.usercode.optim. ``fusing_refusal`` says why a model cannot be
+trained as a fused group (lmtune.fused), trying one fused step; ``activation_bytes_per_sequence`` measures what one
+sequence's forward pass keeps for backward, for the memory check.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from torch import nn
+
+from lmtune.errors import LmtuneError
+from lmtune.training.config import RunConfig
+from lmtune.training.lm import LanguageModelLoss, build_model
+from lmtune.training.model import lm_loss
+from lmtune.training.state import seed_everything
+
+log = logging.getLogger(__name__)
+
+CPU = torch.device("cpu")
+# The window the checks run the model on: long enough to see a causal mask, short enough to be quick at any size.
+CHECK_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class CodeCheck:
+    """What the checks found of a model that passed them."""
+
+    parameters: int
+    """Its parameters (each tied one once)."""
+    shared: tuple[str, ...] = ()
+    """The parameters and buffers two builds of it share (a module-level cache): it cannot fuse, and each of its
+    trials runs in a process of its own."""
+    no_gradient: tuple[str, ...] = ()
+    """Trainable parameters the loss gives no gradient (they do not train)."""
+
+
+_checked: dict[tuple, CodeCheck] = {}
+
+
+def _key(config: RunConfig, *extra: object) -> tuple:
+    return (repr(config.code.to_dict()), repr(sorted(asdict(config.model).items())), *extra)
+
+
+def check_code(config: RunConfig, fuse: int = 1) -> CodeCheck | None:
+    """Every check of the user's code in ``config`` (None where it brings none): the model's, the optimizer's, the
+    schedule's and, for ``fuse`` > 1 models per trial, whether it fuses. LmtuneError, one line, at the first
+    problem."""
+    from lmtune.usercode.optim import check_optimizer, user_schedule
+
+    code = config.code
+    found = check_model(config) if code.user_model else None
+    if code.optimizer:
+        check_optimizer(config)
+    if code.schedule:
+        user_schedule(config)
+    if fuse > 1 and (refusal := fusing_refusal(config)):
+        raise LmtuneError(f"--fuse {fuse}: {refusal}; use --fuse 1 (a trial per LR)")
+    return found
+
+
+def check_model(config: RunConfig) -> CodeCheck:
+    """The user's model's checks (cached per process for one code and shape)."""
+    key = _key(config)
+    if key not in _checked:
+        _checked[key] = _check_model(config)
+    return _checked[key]
+
+
+def _check_model(config: RunConfig) -> CodeCheck:
+    spec, vocab = config.code.model, config.model.vocab_size
+    first = _fresh(config)
+    if not any(p.requires_grad for p in first.parameters()):
+        raise LmtuneError(f"--model {spec}: the model has no trainable parameters; nothing would train")
+    x = torch.randint(0, vocab, (2, min(CHECK_TOKENS, config.model.context_length)),
+                      generator=torch.Generator().manual_seed(0))
+    first.eval()
+    with torch.no_grad():
+        logits = _logits(first, x, spec, vocab)
+        _check_logits(logits, spec)
+        _check_causal(first, x, logits, spec, vocab)
+    first.train()
+    no_gradient = _without_gradient(first, x, config)
+    second = _fresh(config)
+    shared = _shared_tensors(first, second)
+    if shared:
+        log.warning("--model %s: two builds of the model share %s (a module-level cache): it cannot fuse, and each "
+                    "trial runs in a process of its own", spec, ", ".join(shared[:4]))
+    return CodeCheck(len({id(p) for p in first.parameters()}), tuple(shared), tuple(no_gradient))
+
+
+def _fresh(config: RunConfig) -> nn.Module:
+    seed_everything(config.train.seed)
+    return build_model(config, CPU)
+
+
+def _logits(model: nn.Module, x: torch.Tensor, spec: str, vocab: int) -> torch.Tensor:
+    shape = tuple(x.shape)
+    try:
+        out = model(x)
+    except Exception as err:  # noqa: BLE001 - anything the user's forward raises
+        raise LmtuneError(f"--model {spec}: forward(token_ids of shape {shape}, int64) raised {type(err).__name__}: "
+                          f"{str(err).strip()[:200]}; lmtune feeds windows of up to context_length token ids and "
+                          "needs logits back") from None
+    if not isinstance(out, torch.Tensor):
+        raise LmtuneError(f"--model {spec}: forward(token_ids) returned a {type(out).__name__}, not a tensor of "
+                          f"logits (batch, seq, vocab_size={vocab}); return the logits alone (a factory can wrap "
+                          "your model in a module that does)")
+    if tuple(out.shape) != (*shape, vocab) or not out.is_floating_point():
+        raise LmtuneError(f"--model {spec}: forward(token_ids of shape {shape}) gave a {str(out.dtype)[6:]} tensor "
+                          f"of shape {tuple(out.shape)}; lmtune needs floating-point logits of shape "
+                          f"{(*shape, vocab)} (batch, seq, vocab_size)")
+    return out.float()
+
+
+def _check_logits(logits: torch.Tensor, spec: str) -> None:
+    if not torch.isfinite(logits).all():
+        raise LmtuneError(f"--model {spec}: a freshly built model gives non-finite logits (NaN or inf) before any "
+                          "training; check its initialisation")
+    ones = torch.ones(logits.shape[:-1])
+    if (logits >= 0).all() and torch.allclose(logits.sum(-1), ones, atol=1e-3):
+        raise LmtuneError(f"--model {spec}: forward returns probabilities (every row sums to 1): lmtune computes the "
+                          "cross-entropy from logits, so the loss would be wrong; return the logits, before softmax")
+    if (logits <= 0).all() and torch.allclose(logits.logsumexp(-1), torch.zeros_like(ones), atol=1e-3):
+        raise LmtuneError(f"--model {spec}: forward returns log-probabilities (every row's logsumexp is 0): lmtune "
+                          "computes the cross-entropy from logits; return the logits, before log_softmax")
+
+
+def _check_causal(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, spec: str, vocab: int) -> None:
+    """Changing the second half of the tokens must leave the first half's logits as they were."""
+    cut = x.shape[1] // 2
+    changed = x.clone()
+    changed[:, cut:] = (x[:, cut:] + 1) % vocab
+    other = model(changed).float()
+    difference = (other[:, :cut] - logits[:, :cut]).abs().amax(dim=(0, 2))
+    tolerance = 1e-4 * max(1.0, float(logits.abs().max()))
+    if (difference > tolerance).any():
+        position = int((difference > tolerance).nonzero()[0])
+        raise LmtuneError(f"--model {spec}: is not causal: changing the tokens at positions {cut} and later changed "
+                          f"the logits at position {position} (by {float(difference[position]):.3g}); each position "
+                          "must see only itself and earlier tokens (a causal attention mask), or the next-token "
+                          "loss is meaningless")
+
+
+def _without_gradient(model: nn.Module, x: torch.Tensor, config: RunConfig) -> list[str]:
+    """The trainable parameters the loss of one step gives no (or an all-zero) gradient, warned about."""
+    loss = lm_loss(model(x[:, :-1]), x[:, 1:], config.model.z_loss)
+    loss.backward()
+    missing = [name for name, p in model.named_parameters()
+               if p.requires_grad and (p.grad is None or not bool(p.grad.any()))]
+    model.zero_grad(set_to_none=True)
+    if missing:
+        log.warning("--model %s: %d parameter(s) get no gradient from the loss and will not train: %s",
+                    config.code.model, len(missing), ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else ""))
+    return missing
+
+
+def _shared_tensors(first: nn.Module, second: nn.Module) -> list[str]:
+    """Names of ``first``'s parameters and buffers whose memory ``second`` holds too."""
+    def storages(model: nn.Module) -> dict[int, str]:
+        named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        return {t.untyped_storage().data_ptr(): name for name, t in named if t.numel() > 0}
+
+    theirs = storages(second)
+    return sorted(name for pointer, name in storages(first).items() if pointer in theirs)
+
+
+def fusing_refusal(config: RunConfig) -> str | None:
+    """Why ``config``'s model cannot train as a fused group (None: it can). lmtune's own model always fuses; a
+    user's must run under torch.func.vmap, share nothing between builds, and train with lmtune's AdamW (a fused
+    group updates its members with its own, lmtune.fused.optim)."""
+    code = config.code
+    if code.optimizer:
+        return (f"a fused group trains its members with lmtune's AdamW (lmtune.fused.optim), not --optimizer "
+                f"{code.optimizer}")
+    if not code.user_model:
+        return None
+    shared = check_model(config).shared
+    if shared:
+        return (f"two builds of --model {code.model} share {', '.join(shared[:3])} (a module-level cache), which "
+                "fused members would then share too; create them inside the model's __init__")
+    key = _key(config, "fuses")
+    if key not in _checked:
+        _checked[key] = _try_fusing(config)
+    return _checked[key]
+
+
+def _try_fusing(config: RunConfig) -> str | None:
+    """One fused forward and backward of two members against each member alone: None when they agree."""
+    from lmtune.fused.model import FusedLM
+
+    members = [_fresh(replace(config, train=replace(config.train, seed=seed))) for seed in (0, 1)]
+    x = torch.randint(0, config.model.vocab_size, (2, min(CHECK_TOKENS, config.model.context_length) + 1),
+                      generator=torch.Generator().manual_seed(1))
+    inputs, targets = x[:, :-1], x[:, 1:]
+    try:
+        fused = FusedLM(members, config.model.z_loss)
+        losses = fused(inputs, targets)
+        losses.sum().backward()
+    except Exception as err:  # noqa: BLE001 - whatever vmap cannot run in the user's forward
+        text = str(err).strip().splitlines()[0][:120] if str(err).strip() else ""
+        return (f"torch.func.vmap cannot run --model {config.code.model}'s forward ({type(err).__name__}: {text}), "
+                "so its members cannot be trained as one fused model")
+    alone = torch.stack([LanguageModelLoss(m, config.model.z_loss)(inputs, targets) for m in members])
+    if not torch.allclose(losses.detach(), alone.detach(), rtol=1e-4, atol=1e-5):
+        return (f"under torch.func.vmap, --model {config.code.model}'s members give other losses than each model "
+                f"alone ({losses.tolist()} against {alone.tolist()}), so fusing would not train the same runs")
+    return None
+
+
+_activations: dict[tuple, int] = {}
+
+
+def activation_bytes_per_sequence(config: RunConfig, amp: bool) -> int:
+    """Bytes one sequence of context_length tokens keeps for backward in ``config``'s model (bf16 autocast when
+    ``amp``): every tensor its forward pass and the loss save, measured once per process on the CPU; the
+    parameters themselves (saved too) are left out, as they are counted apart."""
+    key = _key(config, amp)
+    if key not in _activations:
+        model = _fresh(config)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in params:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        x = torch.zeros(1, config.model.context_length + 1, dtype=torch.long)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            LanguageModelLoss(model, config.model.z_loss)(x[:, :-1], x[:, 1:])
+        _activations[key] = sum(saved.values())
+    return _activations[key]

@@ -1,0 +1,184 @@
+"""Which of the user's own code a run trains with: ``UserCode``, a section of every RunConfig (lmtune's own model,
+AdamW and schedules where a field is empty).
+
+A code field names a Python object as ``MODULE:NAME`` (a module importable from the current directory or
+``PYTHONPATH``: ``mypkg.model:TransformerLM``) or ``PATH.py:NAME`` (a file: ``examples/cs336_model.py:TransformerLM``).
+``normalized`` checks the form once, at the edge, and makes a file's path absolute, so a trial whose working
+directory is its own folder finds the same file. Nothing here imports the code: lmtune.usercode.imports does.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmtune.errors import LmtuneError, shown
+
+# The flag (and space-file key) of each code field, for messages.
+FLAGS = {"model": "--model", "optimizer": "--optimizer", "schedule": "--schedule"}
+# What each names, for messages: how lmtune calls it.
+CALLED_AS = {
+    "model": "MODULE:CALLABLE, called as CALLABLE(vocab_size=, context_length=, d_model=, num_layers=, num_heads=, "
+             "d_ff=, rope_theta=) and returning an nn.Module whose forward(token_ids) gives logits",
+    "optimizer": "MODULE:CLASS, a torch.optim.Optimizer called as CLASS(param_groups, lr=, betas=, eps=, "
+                 "weight_decay=)",
+    "schedule": "MODULE:FUNCTION, called as FUNCTION(it, max_learning_rate, min_learning_rate, warmup_iters, "
+                "cosine_cycle_iters)",
+}
+_QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# A factory argument's value: what --model-set key=value and a space's model_set: give (YAML scalars).
+ModelArg = int | float | bool | str
+
+
+@dataclass
+class UserCode:
+    """The user's model, optimizer and schedule (each '' : lmtune's own), and the model's further arguments."""
+
+    model: str = ""
+    """MODULE:CALLABLE (or PATH.py:CALLABLE) building the model; '' : lmtune's TransformerLM."""
+    model_args: dict[str, ModelArg] = field(default_factory=dict)
+    """Keyword arguments of the user's own the model's callable also gets (--model-set key=value)."""
+    optimizer: str = ""
+    """MODULE:CLASS, a torch.optim.Optimizer; '' : lmtune's AdamW."""
+    schedule: str = ""
+    """MODULE:FUNCTION giving the LR of a step; '' : lmtune's schedule (TrainConfig.schedule)."""
+
+    @property
+    def user_model(self) -> bool:
+        return bool(self.model)
+
+    @property
+    def specs(self) -> dict[str, str]:
+        """The code fields that are set, by field name."""
+        return {name: spec for name in FLAGS if (spec := getattr(self, name))}
+
+    def on_top_of(self, base: UserCode) -> UserCode:
+        """This code over ``base`` (a space's, a resumed run's): each field set here replaces base's, the model's
+        arguments are base's updated by these."""
+        return UserCode(self.model or base.model, {**base.model_args, **self.model_args},
+                        self.optimizer or base.optimizer, self.schedule or base.schedule)
+
+    def describe(self) -> str:
+        """The model in words: its spec and arguments, or lmtune's own."""
+        if not self.model:
+            return "lmtune's TransformerLM"
+        args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.model_args.items()))
+        return f"{self.model}" + (f" ({args})" if args else "")
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "model_args": dict(self.model_args), "optimizer": self.optimizer,
+                "schedule": self.schedule}
+
+    @classmethod
+    def from_dict(cls, data: object) -> UserCode:
+        """From ``to_dict``'s form (a config.json or sweep.json of a version without it: lmtune's own code)."""
+        if not isinstance(data, Mapping):
+            return cls()
+        args = data.get("model_args") or {}
+        return cls(**{name: str(data.get(name) or "") for name in FLAGS},
+                   model_args={str(k): v for k, v in args.items()} if isinstance(args, Mapping) else {})
+
+
+def normalized(spec: str, flag: str, base: Path | None = None) -> str:
+    """``spec`` checked for its form and, for a file, with its path made absolute (relative to ``base``, default the
+    current directory) and the file required to exist; '' stays ''. One line naming ``flag`` otherwise."""
+    spec = spec.strip() if isinstance(spec, str) else spec
+    if not isinstance(spec, str):
+        raise LmtuneError(f"{flag} {shown(spec)}: give MODULE:NAME or path/to/file.py:NAME as text")
+    if not spec:
+        return ""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not _QUALNAME.fullmatch(name):
+        raise LmtuneError(f"{flag} {shown(spec)}: give MODULE:NAME or path/to/file.py:NAME, e.g. "
+                          "mypackage.model:TransformerLM or examples/cs336_model.py:TransformerLM")
+    if is_file_spec(where):
+        path = Path(where).expanduser()
+        path = (base or Path.cwd()) / path if not path.is_absolute() else path
+        if not path.is_file():
+            raise LmtuneError(f"{flag} {shown(spec)}: no file {path}; give the path of your .py file (relative to "
+                              "the current directory) or an importable MODULE:NAME")
+        return f"{path.resolve()}:{name}"
+    if not all(part.isidentifier() for part in where.split(".")):
+        raise LmtuneError(f"{flag} {shown(spec)}: {where!r} is neither a module name (dotted identifiers) nor a .py "
+                          "file; give MODULE:NAME or path/to/file.py:NAME")
+    return f"{where}:{name}"
+
+
+def is_file_spec(where: str) -> bool:
+    """Whether a spec's part before the colon names a file (ends in .py or holds a path separator)."""
+    return where.endswith(".py") or "/" in where or "\\" in where
+
+
+def parse_model_args(pairs: list[str] | None, flag: str = "--model-set") -> dict[str, ModelArg]:
+    """``--model-set key=value`` pairs as typed values: true/false, integers and numbers as such, text otherwise."""
+    result: dict[str, ModelArg] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise LmtuneError(f"{flag} {shown(pair)}: expected key=value with key an argument name of your model's "
+                              "callable, e.g. --model-set use_rope=false")
+        result[key] = scalar(value.strip())
+    return result
+
+
+def scalar(text: str) -> ModelArg:
+    """A --model-set value as YAML would read it: a bool, an int, a float, or the text itself."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            value = kind(text)
+        except ValueError:
+            continue
+        if kind is float and not math.isfinite(value):
+            break
+        return value
+    return text
+
+
+def checked_model_args(args: object, where: str) -> dict[str, ModelArg]:
+    """A space's ``model_set:`` (or the Python API's ``model_set=``): a mapping of argument names to scalars."""
+    if args is None:
+        return {}
+    if not isinstance(args, Mapping):
+        raise LmtuneError(f"{where}: must be a mapping of your model's argument names to values, e.g. "
+                          "{use_rope: false}")
+    result = {}
+    for key, value in args.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise LmtuneError(f"{where}: {shown(key)} is not an argument name")
+        if not isinstance(value, int | float | bool | str) or (isinstance(value, float) and not math.isfinite(value)):
+            raise LmtuneError(f"{where}.{key}: {shown(value)} is not a number, true/false or text")
+        result[key] = value
+    return result
+
+
+def add_code_arguments(parser, optimizer: bool = True, schedule: bool = True) -> None:
+    """The flags that name the user's code, on an argparse parser (train, run, lr_find, bench)."""
+    parser.add_argument("--model", metavar="MODULE:CALLABLE",
+                        help="your own model: MODULE:CALLABLE or path/to/file.py:CALLABLE, called as CALLABLE("
+                             "vocab_size=, context_length=, d_model=, num_layers=, num_heads=, d_ff=, rope_theta=[, "
+                             "device=, dtype=]) and returning an nn.Module whose forward(token_ids) gives logits "
+                             "(default: lmtune's TransformerLM)")
+    parser.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a further keyword argument of your model's callable, e.g. --model-set use_rope=false "
+                             "(repeatable)")
+    if optimizer:
+        parser.add_argument("--optimizer", metavar="MODULE:CLASS",
+                            help="your own torch.optim.Optimizer, called as CLASS(param_groups, lr=, betas=, eps=, "
+                                 "weight_decay=) (default: lmtune's AdamW)")
+    if schedule:
+        parser.add_argument("--schedule", metavar="MODULE:FUNCTION",
+                            help="your own LR schedule, called as FUNCTION(it, max_learning_rate, min_learning_rate, "
+                                 "warmup_iters, cosine_cycle_iters) (default: lmtune's cosine, or --set schedule=wsd)")
+
+
+def code_from_arguments(args) -> UserCode:
+    """The code the flags name (fields of flags not given: empty)."""
+    return UserCode(**{name: normalized(getattr(args, name, None) or "", flag) for name, flag in FLAGS.items()},
+                    model_args=parse_model_args(getattr(args, "model_set", None)))

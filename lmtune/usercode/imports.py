@@ -1,0 +1,155 @@
+"""Importing the user's code from a spec (``MODULE:NAME`` or ``PATH.py:NAME``; lmtune.usercode.config), in the driver
+and again in every trial process, each problem one line naming the flag and the fix.
+
+A module is looked up as ``python -m`` would: from the current directory (added to ``sys.path`` when the console
+script started without it) and ``PYTHONPATH``. A file is loaded as a module of its own, its folder put on
+``sys.path`` first so that it can import its neighbours. ``code_path`` lists the folders the code came from, which a
+sweep's trials add to their own ``sys.path``; an object handed over in Python (``lmtune.Sweep(model=MyModel)``) is
+``register``ed under a spec and travels to the trials as an object (``objects``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
+
+from lmtune.errors import LmtuneError, shown
+from lmtune.usercode.config import is_file_spec
+
+_REGISTERED: dict[str, object] = {}
+"""Objects handed over in Python, by the spec they stand for."""
+_LOADED: dict[str, object] = {}
+
+
+def load(spec: str, flag: str) -> object:
+    """The object ``spec`` names (cached per process). LmtuneError, one line, when it cannot be imported."""
+    if spec in _REGISTERED:
+        return _REGISTERED[spec]
+    if spec not in _LOADED:
+        where, _, name = spec.rpartition(":")
+        module = _file_module(where, spec, flag) if is_file_spec(where) else _module(where, spec, flag)
+        target: object = module
+        for part in name.split("."):
+            if not hasattr(target, part):
+                own = [n for n, v in vars(module).items() if not n.startswith("_") and callable(v)
+                       and getattr(v, "__module__", None) == module.__name__]
+                raise LmtuneError(f"{flag} {shown(spec)}: {Path(where).name if is_file_spec(where) else where} has "
+                                  f"no {name!r} (it defines: {', '.join(sorted(own))[:200] or 'no class or function'});"
+                                  " name one of those")
+            target = getattr(target, part)
+        _LOADED[spec] = target
+    return _LOADED[spec]
+
+
+def _module(name: str, spec: str, flag: str):
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:  # the console script starts without it; python -m with it
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name and name.startswith(err.name) and (err.name == name or name[len(err.name)] == "."):
+            raise LmtuneError(f"{flag} {shown(spec)}: no module named {err.name!r} from {cwd} or PYTHONPATH; run "
+                              "from the folder that holds it, add that folder to PYTHONPATH, or give the file: "
+                              f"path/to/{name.split('.')[-1]}.py:{spec.rpartition(':')[2]}") from None
+        raise LmtuneError(f"{flag} {shown(spec)}: importing {name} failed: {_where_it_failed(err)}") from None
+    except Exception as err:  # noqa: BLE001 - anything the user's module raises while it is imported
+        raise LmtuneError(f"{flag} {shown(spec)}: importing {name} failed: {_where_it_failed(err)}") from None
+
+
+def _file_module(where: str, spec: str, flag: str):
+    path = Path(where).resolve()
+    if not path.is_file():
+        raise LmtuneError(f"{flag} {shown(spec)}: no file {path} on this machine; give the path of your .py file, or "
+                          "install your code on every node and name it as MODULE:NAME")
+    # One module per file, named after its path, so two files of one name never collide.
+    name = f"lmtune_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # before running it: dataclasses, pickling and torch.compile look it up there
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - anything the user's file raises while it runs
+        del sys.modules[name]
+        raise LmtuneError(f"{flag} {shown(spec)}: running {path.name} failed: {_where_it_failed(err)}") from None
+    return module
+
+
+def _where_it_failed(err: BaseException) -> str:
+    """The error and the innermost line of the user's code it came from, as one line."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
+    at = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    if isinstance(err, SyntaxError):
+        at = f" ({Path(err.filename or '?').name}:{err.lineno})"
+        return f"SyntaxError: {err.msg}{at}; fix it and run again"
+    text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}{at}; fix it and run again"
+
+
+def code_path(specs: Iterable[str]) -> list[str]:
+    """The folders the code of ``specs`` was imported from (each spec loaded first): a file's folder, a module's
+    entry of ``sys.path``; what another process adds to its ``sys.path`` to import the same code."""
+    folders: list[str] = []
+    for spec in specs:
+        if spec in _REGISTERED:
+            continue
+        where = spec.rpartition(":")[0]
+        if is_file_spec(where):
+            folder = str(Path(where).resolve().parent)
+        else:  # the folder holding the top-level module or package
+            top = sys.modules.get(where.split(".")[0])
+            origin = getattr(top, "__file__", None)
+            locations = list(getattr(top, "__path__", []))
+            if origin is None and not locations:
+                continue
+            path = Path(origin).resolve() if origin else Path(locations[0]).resolve() / "__init__.py"
+            folder = str(path.parents[1] if path.name == "__init__.py" else path.parent)
+        if folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def add_to_sys_path(folders: Iterable[str]) -> None:
+    """Put ``folders`` (``code_path``'s) at the end of this process's ``sys.path`` where they are missing."""
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
+def register(obj: object) -> str:
+    """A spec for an object handed over in Python (a class or function): its module and name where importing them
+    gives this very object, else ``python:NAME`` (a class of a script, or of a notebook), kept in this process and
+    sent to the trials as the object itself (``objects``)."""
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not callable(obj) or not name:
+        raise LmtuneError(f"{shown(obj)} is not a class or function; give one, or its MODULE:NAME")
+    if module and module != "__main__" and "<locals>" not in name:
+        try:
+            if load(f"{module}:{name}", "model") is obj:
+                return f"{module}:{name}"
+        except LmtuneError:
+            pass
+    spec = f"python:{name.replace('<locals>.', '')}"
+    _REGISTERED[spec] = obj
+    return spec
+
+
+def objects(specs: Iterable[str]) -> dict[str, object]:
+    """The registered objects among ``specs``: what a trial process must be handed, having no module to import."""
+    return {spec: _REGISTERED[spec] for spec in specs if spec in _REGISTERED}
+
+
+def adopt(registered: dict[str, object]) -> None:
+    """Take objects registered in another process (``objects``) as this process's own."""
+    _REGISTERED.update(registered)

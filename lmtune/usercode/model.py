@@ -1,0 +1,145 @@
+"""Building the user's model: its callable (``--model``) called with CS336's constructor arguments from lmtune's
+config, plus the user's own (``--model-set``), and ``device``/``dtype`` where its signature takes them.
+
+    TransformerLM(vocab_size=, context_length=, d_model=, num_layers=, num_heads=, d_ff=, rope_theta=,
+                  device=, dtype=, **model_args)
+
+A callable shaped otherwise (other names, other order, a config object) is refused in one line that names the
+argument, before anything is built: its user writes a small factory that maps these arguments to theirs, as CS336's
+``tests/adapters.py`` does. A model that leaves its weights elsewhere than the ``device``/``dtype`` it was given is
+moved there, and told once.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+import torch
+from torch import nn
+
+from lmtune.errors import LmtuneError, shown
+from lmtune.training.config import ModelConfig
+from lmtune.usercode.config import UserCode
+from lmtune.usercode.imports import load
+
+log = logging.getLogger(__name__)
+
+# CS336's constructor arguments, and the ModelConfig field each takes its value from.
+CONSTRUCTOR_ARGS = {"vocab_size": "vocab_size", "context_length": "context_length", "d_model": "d_model",
+                    "num_layers": "n_layers", "num_heads": "n_heads", "d_ff": "d_ff", "rope_theta": "rope_theta"}
+PLACEMENT_ARGS = ("device", "dtype")
+FACTORY_FIX = "write a factory in your module that takes lmtune's arguments and builds your model (README: Your model)"
+
+_told: set[tuple[str, str]] = set()
+"""(spec, what) already said in this process: a model moved to its device or dtype is told once."""
+
+
+def constructor_kwargs(code: UserCode, model: ModelConfig) -> dict[str, object]:
+    """The keyword arguments the model's callable gets (without device and dtype)."""
+    clash = sorted(set(code.model_args) & (set(CONSTRUCTOR_ARGS) | set(PLACEMENT_ARGS)))
+    if clash:
+        raise LmtuneError(f"--model-set {clash[0]}: lmtune passes {clash[0]} itself; set the model's shape with "
+                          f"--set {CONSTRUCTOR_ARGS.get(clash[0], clash[0])}=VALUE")
+    return {**{arg: getattr(model, field) for arg, field in CONSTRUCTOR_ARGS.items()}, **code.model_args}
+
+
+def accepted_placement(factory: object, kwargs: dict[str, object], spec: str) -> tuple[str, ...]:
+    """Which of device and dtype the callable takes; refuses, naming it, an argument lmtune passes that it does not
+    take, or one it requires that lmtune does not pass."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C extension: nothing to read, the call itself will tell
+        return ()
+    params = signature.parameters
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for name in kwargs:
+        if name not in params and not open_ended:
+            if name in CONSTRUCTOR_ARGS:
+                raise LmtuneError(f"--model {spec}: its callable takes no argument {name!r}, which lmtune passes "
+                                  f"(it takes: {', '.join(params) or 'nothing'}); {FACTORY_FIX}")
+            raise LmtuneError(f"--model-set {name}: {spec} takes no argument {name!r} (it takes: "
+                              f"{', '.join(params) or 'nothing'}); drop it or correct its name")
+    for name, param in params.items():
+        required = param.default is param.empty and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+        if required and (name not in kwargs or param.kind is param.POSITIONAL_ONLY) and name not in PLACEMENT_ARGS:
+            raise LmtuneError(f"--model {spec}: its callable requires {name!r}, which lmtune does not pass (it passes "
+                              f"{', '.join(kwargs)}, device and dtype by keyword); {FACTORY_FIX}")
+    return tuple(name for name in PLACEMENT_ARGS if name in params or open_ended)
+
+
+def build_user_model(code: UserCode, model: ModelConfig, device: torch.device,
+                     dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The user's model at ``model``'s shape on ``device`` in ``dtype`` (parameters and floating buffers)."""
+    factory = load(code.model, "--model")
+    if not callable(factory):
+        raise LmtuneError(f"--model {code.model}: names a {type(factory).__name__}, not a class or function; name "
+                          "the callable that builds your model")
+    kwargs = constructor_kwargs(code, model)
+    placement = {"device": device, "dtype": dtype}
+    extra = {name: placement[name] for name in accepted_placement(factory, kwargs, code.model)}
+    try:
+        built = factory(**kwargs, **extra)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 - anything the user's constructor raises
+        args = ", ".join(f"{k}={shown(v)}" for k, v in kwargs.items())
+        raise LmtuneError(f"--model {code.model}: building it with ({args}) raised {type(err).__name__}: "
+                          f"{str(err).strip()[:200]}; check the model's code or its arguments") from None
+    if not isinstance(built, nn.Module):
+        raise LmtuneError(f"--model {code.model}: returned a {type(built).__name__}, not a torch.nn.Module; "
+                          "name the class (or a function returning an instance) of your model")
+    return placed(built, code.model, device, dtype)
+
+
+def placed(model: nn.Module, spec: str, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """``model`` with every parameter and buffer on ``device`` and its floating-point ones in ``dtype``: moved when
+    its constructor left them elsewhere (it ignored, or did not take, the device/dtype it was given), said once."""
+    tensors = [*model.parameters(), *model.buffers()]
+    elsewhere = any(not same_device(t.device, device) for t in tensors)
+    other_dtype = any(t.is_floating_point() and t.dtype != dtype for t in model.parameters())
+    if elsewhere:
+        tell(spec, "device", f"{spec} built its weights off {device}: lmtune moved them there")
+        model = model.to(device)
+    if other_dtype:
+        tell(spec, "dtype", f"{spec} built parameters in a dtype other than {dtype}: lmtune converted them "
+                            "(it trains in float32, with bf16 autocast where the device has it)")
+        model = model.to(dtype)
+    return model
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` is ``b`` (``cuda`` without an index meaning the current device)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index is None or b.index is None:
+        return True
+    return a.index == b.index
+
+
+def tell(spec: str, what: str, message: str) -> None:
+    if (spec, what) not in _told:
+        _told.add((spec, what))
+        log.warning("%s", message)
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes(code_key: tuple, model_key: tuple) -> tuple[tuple[int, ...], ...]:
+    code, model = UserCode(code_key[0], dict(code_key[1])), ModelConfig(**dict(model_key))
+    try:  # the meta device: shapes without memory
+        with torch.device("meta"):
+            built = build_user_model(code, model, torch.device("meta"))
+    except LmtuneError:
+        raise
+    except Exception:  # noqa: BLE001 - a constructor that cannot run on meta tensors: build it for real, once
+        built = build_user_model(code, model, torch.device("cpu"))
+    unique = {id(p): p for p in built.parameters()}
+    return tuple(tuple(p.shape) for p in unique.values())
+
+
+def parameter_shapes(code: UserCode, model: ModelConfig) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the user's model's parameters at ``model``'s shape (each tied parameter once)."""
+    from dataclasses import asdict
+
+    return _shapes((code.model, tuple(sorted(code.model_args.items()))), tuple(sorted(asdict(model).items())))
