@@ -48,7 +48,7 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * g, computed in float32 whatever the input's dtype."""
+    """x / sqrt(mean(x^2) + eps) * g, computed in at least float32 whatever the input's dtype."""
 
     def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
@@ -57,7 +57,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(x.dtype, torch.float32))
         normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * self.weight).to(in_dtype)
 

@@ -21,6 +21,7 @@ handed to your ``Tuner`` through Tune's public interfaces.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import BUDGETS, budget_config
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import resolve_config
+from lmtune.usercode.checks import check_code
+from lmtune.usercode.config import UserCode, checked_model_args, normalized
+from lmtune.usercode.imports import code_path, objects, register
 
 PYTHON_SPACE = Path("<python>")
 
@@ -53,21 +57,44 @@ class DivergenceStopper(TrialStopper):
         super().__init__(None, time_budget_s=time_budget_s, min_tokens_per_s=min_tokens_per_s)
 
 
-def trainable(data: str | Path | None = None, budget: str = "quick", divergence: DivergenceRule = DEFAULT_RULE,
-              **fields: Any):
-    """A Tune function trainable that trains lmtune's model on ``data`` (a prepared data dir; None: the built-in
-    corpus) with the ``budget`` preset and any RunConfig field in ``fields`` (``lr=3e-3, steps=300``); each
-    trial's ``param_space`` values (lr, seed, batch_size, ...) go on top. It reports ``val_loss`` (at each
-    evaluation), ``train_loss`` and ``tokens`` (use ``time_attr="tokens"`` in a scheduler) with a
-    tune.Checkpoint at each checkpoint interval, and resumes from Tune's checkpoint when restored."""
+def trainable(data: str | Path | None = None, budget: str = "quick", divergence: DivergenceRule = DEFAULT_RULE, *,
+              model: str | Callable | None = None, model_set: dict[str, Any] | None = None,
+              optimizer: str | type | None = None, schedule: str | Callable | None = None, **fields: Any):
+    """A Tune function trainable that trains a model on ``data`` (a prepared data dir; None: the built-in corpus)
+    with the ``budget`` preset and any RunConfig field in ``fields`` (``lr=3e-3, steps=300``); each trial's
+    ``param_space`` values (lr, seed, batch_size, ...) go on top. The model is lmtune's, or yours: ``model`` (a
+    class or function, or its "pkg.mod:Name" / "path/to/file.py:Name") called with CS336's constructor arguments and
+    ``model_set``; ``optimizer`` and ``schedule`` likewise (lmtune.usercode; checked here, before Tune starts). It
+    reports ``val_loss`` (at each evaluation), ``train_loss`` and ``tokens`` (use ``time_attr="tokens"`` in a
+    scheduler) with a tune.Checkpoint at each checkpoint interval, and resumes from Tune's checkpoint when
+    restored."""
     if budget not in BUDGETS:
         raise LmtuneError(f"budget {budget!r}: use one of {', '.join(BUDGETS)}")
     data_dir = Path(data).resolve() if data is not None else None
     from lmtune.data.prepare import ensure_builtin_corpus
 
     data_dir = data_dir or ensure_builtin_corpus().resolve()
-    config = resolve_config(budget_config(budget, fields, data_dir=str(data_dir)), data_dir)
-    return tune.with_parameters(train_trial, setup=TrialSetup(config, divergence))
+    code = user_code(model, model_set, optimizer, schedule)
+    config = resolve_config(budget_config(budget, fields, data_dir=str(data_dir), code=code), data_dir)
+    check_code(config)
+    specs = code.specs.values()
+    setup = TrialSetup(config, divergence, code_path=tuple(code_path(specs)), code_objects=objects(specs))
+    return tune.with_parameters(train_trial, setup=setup)
+
+
+def user_code(model: str | Callable | None = None, model_set: dict[str, Any] | None = None,
+              optimizer: str | type | None = None, schedule: str | Callable | None = None) -> UserCode:
+    """The user's code as the Python API takes it: each a spec ("pkg.mod:Name", "path/to/file.py:Name") or the class
+    or function itself (a class of your script is sent to the trials as an object)."""
+    def spec(value: object, name: str) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, str):
+            return normalized(value, name)
+        return register(value)
+
+    return UserCode(spec(model, "model"), checked_model_args(model_set, "model_set"), spec(optimizer, "optimizer"),
+                    spec(schedule, "schedule"))
 
 
 class Sweep:
@@ -75,10 +102,15 @@ class Sweep:
     of the same keys), on ``data`` (None: the built-in corpus) with ``budget`` (None: the space's) and any run
     setting in ``overrides`` on top; validated here, as ``python -m lmtune.run`` validates it."""
 
-    def __init__(self, space: str | Path | JsonObject, data: str | Path | None = None, budget: str | None = None,
-                 **overrides: Any):
+    def __init__(self, space: str | Path | JsonObject, data: str | Path | None = None, budget: str | None = None, *,
+                 model: str | Callable | None = None, model_set: dict[str, Any] | None = None,
+                 optimizer: str | type | None = None, schedule: str | Callable | None = None, **overrides: Any):
+        """``model``, ``model_set``, ``optimizer``, ``schedule``: your own code (as ``lmtune.trainable`` takes it), over
+        the space's; checked here, before Tune starts."""
         self.space = _space(space)
-        self.plan: SweepPlan = make_plan(self.space, Path(data) if data is not None else None, budget, overrides)
+        code = user_code(model, model_set, optimizer, schedule)
+        self.plan: SweepPlan = make_plan(self.space, Path(data) if data is not None else None, budget, overrides,
+                                         code)
         self._searcher: tuple[Searcher | None, int] | None = None
 
     def trainable(self):

@@ -21,6 +21,7 @@ import torch
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.sweep.record import trial_id_in
 from lmtune.training.config import RunConfig, budget_config
+from lmtune.usercode.config import UserCode
 
 # One intra-op thread: the tests' models are tiny, the CI/dev machines have 2 shared cores, and
 # measured on them a quick-budget run took 122 s with 1 thread vs 436 s with 2 (oversubscription).
@@ -49,12 +50,25 @@ def builtin_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def make_tiny_config(builtin_data: Path) -> Callable[..., RunConfig]:
-    """``make_tiny_config(**overrides)``: a fresh tiny config on the built-in corpus (usable from any scope)."""
+    """``make_tiny_config(code=None, **overrides)``: a fresh tiny config on the built-in corpus (usable from any
+    scope), training ``code`` (a UserCode: the user's model; None: lmtune's)."""
 
-    def make(**overrides) -> RunConfig:
-        return budget_config("quick", {**TINY, **overrides}, data_dir=str(builtin_data))
+    def make(code=None, **overrides) -> RunConfig:
+        return budget_config("quick", {**TINY, **overrides}, data_dir=str(builtin_data), code=code)
 
     return make
+
+
+# The user's models of the tests (tests/user_models/) and lmtune's example (examples/cs336_model.py).
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = f"{REPO / 'examples' / 'cs336_model.py'}:TransformerLM"
+USER_MODELS = Path(__file__).resolve().parent / "user_models"
+
+
+def user_model(name: str, **model_args) -> UserCode:
+    """The UserCode of a model of tests/user_models ("file.py:Name"), or of the example ("example")."""
+    spec = EXAMPLE if name == "example" else f"{USER_MODELS / name}"
+    return UserCode(model=spec, model_args=model_args)
 
 
 @pytest.fixture

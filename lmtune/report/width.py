@@ -24,7 +24,7 @@ from lmtune.sweep.strategies.width import WidthStrategy
 from lmtune.sweep.strategies.width.conclusion import WidthFit, WidthPoint, conclude_widths, runs_at_width
 from lmtune.sweep.strategies.width.settings import WidthSettings, proxy_shape
 from lmtune.training.config import RunConfig, apply_overrides
-from lmtune.training.model import count_parameters, flops_per_token
+from lmtune.training.lm import flops_per_token, model_size
 
 # What a width search's trial sets of the model (lmtune.sweep.strategies.width.settings.proxy_shape).
 SHAPE_KEYS = ("d_model", "d_ff", "n_heads")
@@ -43,9 +43,9 @@ class WidthRow:
     point: WidthPoint
     """Its runs' conclusion and located LR* (lmtune.sweep.strategies.width.conclusion)."""
     params: int
-    """Its non-embedding parameters (lmtune.training.model.count_parameters)."""
+    """Its non-embedding parameters (lmtune.training.lm.model_size)."""
     flops_per_token: float
-    """Its training FLOPs per token (lmtune.training.model.flops_per_token)."""
+    """Its training FLOPs per token (lmtune.training.lm.model_size; estimated for a user's model)."""
 
     def to_json(self) -> JsonObject:
         c, at = self.point.conclusion, self.point.located
@@ -155,13 +155,13 @@ def width_summary(runs: Sequence[Run], settings: WidthSettings, base: RunConfig,
 
     rows = []
     for point in found.points:
-        model = model_of(proxy_shape(target, point.width)).model
-        rows.append(WidthRow(point, count_parameters(model)["non_embedding"], flops_per_token(model)))
+        size = model_size(model_of(proxy_shape(target, point.width)))
+        rows.append(WidthRow(point, size.non_embedding, size.flops_per_token))
     # every trial's own model, the runs that others replaced too: FLOPs spent, not the plan's
-    cost = [(run, run.tokens * flops_per_token(model_of(dict(run.others)).model)) for run in runs]
+    cost = [(run, run.tokens * flops_per_token(model_of(dict(run.others)))) for run in runs]
     confirming = {id(run) for run in runs if dict(run.others).get("d_model") == target.d_model}
     mup = base.model.parametrization == "mup"
     return WidthResult(tuple(rows), target.d_model, base.model.parametrization,
                        base.model.mup_base_width if mup else None, fit, found.fit_problem, confirmed,
                        sum(f for _, f in cost), sum(f for run, f in cost if id(run) in confirming),
-                       target.full_tokens * flops_per_token(base.model), sweep_dir)
+                       target.full_tokens * flops_per_token(base), sweep_dir)

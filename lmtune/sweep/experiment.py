@@ -39,6 +39,7 @@ from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
 from lmtune.usercode.checks import check_code, check_model
 from lmtune.usercode.config import UserCode
+from lmtune.usercode.model import parameter_fingerprint
 from lmtune.version import __version__
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,18 @@ def build_trainable(plan: SweepPlan, resources: dict[str, float], shipped: Shipp
     return tune.with_resources(trainable, resources)
 
 
+def check_resumed_code(record: SweepRecord) -> None:
+    """A resumed sweep's user code, checked before Ray starts: it imports, passes lmtune's checks, and builds a model
+    of the parameters the sweep began with (the trials' checkpoints hold those)."""
+    plan = record.plan
+    check_code(plan.base, plan.space.fuse)
+    code, model = plan.base.code, plan.base.model
+    if record.model_fingerprint and parameter_fingerprint(code, model) != record.model_fingerprint:
+        raise LmtuneError(f"--resume: --model {code.model} now builds a model of other parameters (names or shapes) "
+                          "than when the sweep started, so its trials' checkpoints cannot continue; restore the "
+                          "model's code as it was, or start a new sweep")
+
+
 def ship_data(options: SweepOptions, data_dir: Path) -> ShippedData | None:
     """On a cluster, put the prepared data in Ray's object store once (up to --ship-data-mb) so a
     node without it still runs its trials; on one machine the files are read in place."""
@@ -230,10 +243,12 @@ def sweep_record(options: SweepOptions, plan: SweepPlan, placement: Placement) -
 
 
 def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
-    """sweep.json of a sweep of ``plan`` named ``name``: the plan, its data, the versions and the machine, and
-    ``where`` it ran (SweepRecord's other fields)."""
+    """sweep.json of a sweep of ``plan`` named ``name``: the plan, its data, the versions and the machine, a user's
+    model's fingerprint, and ``where`` it ran (SweepRecord's other fields)."""
     data_dir = Path(plan.base.data_dir)
+    base = plan.base
     return SweepRecord(
+        model_fingerprint=parameter_fingerprint(base.code, base.model) if base.code.user_model else "",
         name=name, plan=plan, data=DataRecord(str(data_dir.resolve()), read_meta(data_dir)),
         versions={"lmtune": __version__, "torch": torch.__version__, "ray": ray.__version__,
                   "optuna": optuna.__version__, "python": platform.python_version()},

@@ -26,6 +26,7 @@ from lmtune.sweep.disk import DiskNeed, Keep, check_free_disk, disk_need, format
 from lmtune.sweep.experiment import (
     build_trainable,
     build_tuner,
+    check_resumed_code,
     disk_reserve,
     place_on_cluster,
     plan_sweep,
@@ -112,7 +113,10 @@ def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     if not is_sweep_dir(sweep_dir):
         raise LmtuneError(f"--resume: {sweep_dir} is not an lmtune sweep (no {SWEEP_FILE}); "
                           "give the --name of a sweep")
-    check_resume_inputs(options, SweepRecord.read(sweep_dir))  # before the lock: a refusal writes nothing
+    record = SweepRecord.read(sweep_dir)
+    check_resume_inputs(options, record)  # before the lock: a refusal writes nothing
+    if record.plan is not None:
+        check_resumed_code(record)  # the user's code imports, passes its checks and builds the sweep's model
     preflight_write_check(sweep_dir)
     with sole_writer(sweep_dir, new=False):
         return _resume_held_sweep(options, sweep_dir, echo)

@@ -76,6 +76,9 @@ class SweepRecord:
     """When it was resumed, as start_time, oldest first."""
     keep: Keep = Keep.BEST
     """What an ended trial keeps (--keep; lmtune.sweep.retention)."""
+    model_fingerprint: str = ""
+    """A user's model: its parameters' names and shapes at the base config, as a digest
+    (lmtune.usercode.model.parameter_fingerprint), which a resume checks its code still builds; "": lmtune's model."""
 
     @property
     def num_trials(self) -> int | None:
@@ -97,7 +100,8 @@ class SweepRecord:
                 "hardware": self.hardware, "resources_per_trial": self.resources_per_trial,
                 "max_concurrent": self.max_concurrent, "time_budget_s": self.time_budget_s, "address": self.address,
                 "start_time": self.start_time, "command": list(self.command), "resumed_at": list(self.resumed_at),
-                "keep": str(self.keep)}
+                "keep": str(self.keep), **({"model_fingerprint": self.model_fingerprint} if self.model_fingerprint
+                                           else {})}
 
     def write(self, sweep_dir: Path) -> None:
         atomic_write_json(Path(sweep_dir) / SWEEP_FILE, self.to_json())
@@ -135,7 +139,8 @@ class SweepRecord:
             max_concurrent=_maybe(int, raw.get("max_concurrent")),
             time_budget_s=_maybe(float, raw.get("time_budget_s")), address=raw.get("address"),
             start_time=raw.get("start_time", ""), command=tuple(raw.get("command") or ()),
-            resumed_at=tuple(raw.get("resumed_at") or ()), keep=Keep(keep) if keep in set(Keep) else Keep.BEST)
+            resumed_at=tuple(raw.get("resumed_at") or ()), keep=Keep(keep) if keep in set(Keep) else Keep.BEST,
+            model_fingerprint=raw.get("model_fingerprint", ""))
 
 
 def _maybe(kind: type, value: Any) -> Any:
@@ -178,7 +183,7 @@ SWEEP_JSON: dict[str, object] = {
     "name": str, "space": dict, "budget": str, "base_config": dict, "asha": dict | None, "data": dict,
     "versions": dict, "hardware": dict, "resources_per_trial": dict[str, float], "max_concurrent": int | None,
     "time_budget_s": float | None, "address": str | None, "start_time": str, "command": list[str],
-    "resumed_at": list[str], "keep": str}
+    "resumed_at": list[str], "keep": str, "model_fingerprint": str}
 # What a JSON value of each type is called in a refusal.
 JSON_WORDS = {dict: "a mapping", list: "a list", str: "a string", int: "a whole number", float: "a number",
               bool: "true or false"}

@@ -114,8 +114,8 @@ class ModelSize:
 
 
 def model_size(config: RunConfig) -> ModelSize:
-    """The size of the model ``config`` describes, without training it (a user's model is built on the meta device:
-    no memory for its weights)."""
+    """The size of the model ``config`` describes, without training it (a user's model is built once on the CPU to
+    count it, lmtune.usercode.model.named_parameter_shapes)."""
     m = config.model
     if not config.code.user_model:
         counts = count_parameters(m)

@@ -6,13 +6,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 
 import torch
 
 from lmtune.errors import LmtuneError
 from lmtune.training.config import ModelConfig, RunConfig
-from lmtune.training.lm import model_size
+from lmtune.training.lm import LanguageModelLoss, build_model, model_size
 from lmtune.training.model import count_parameters
+from lmtune.training.state import seed_everything
 
 
 def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp: bool) -> int:
@@ -62,21 +64,22 @@ def micro_batch(config: RunConfig) -> int:
 def run_memory_bytes(config: RunConfig, amp: bool, members: int = 1) -> int:
     """Device memory of one run of ``config`` (a fused group: ``members`` models, their optimizer states and
     activations), with bf16 activations when ``amp``. lmtune's model: ``estimate_trial_memory_bytes``; a user's
-    model: 16 bytes per parameter counted from the module, and the activations one forward pass of one sequence
-    keeps for backward, measured (lmtune.usercode.checks), times the micro-batch, plus 20%."""
+    model: 16 bytes per parameter counted from the module, and the activations of one micro-batch, measured
+    (``measured_activations``), plus 20%."""
     if not config.code.user_model:
         return members * estimate_trial_memory_bytes(config.model, micro_batch(config), amp)
-    from lmtune.usercode.checks import activation_bytes_per_sequence
-
-    activations = micro_batch(config) * activation_bytes_per_sequence(config, amp)
+    activations = measured_activations(config, amp).of(micro_batch(config))
     return members * int(1.2 * (16 * model_size(config).total + activations))
 
 
 def check_fits(config: RunConfig, device: torch.device, members: int = 1, where: str = "config") -> None:
     """Refuse, in one line, a run (or a fused group of ``members``) whose estimated memory exceeds what
-    ``device`` has: the estimate is the one the sweep's packing uses, without bf16 on the CPU."""
-    need = run_memory_bytes(config, amp=device.type != "cpu", members=members)
+    ``device`` has: the estimate is the one the sweep's packing uses, without bf16 on the CPU. A user's model whose
+    weights and optimizer state alone do not fit is refused before its activations are measured (which builds it)."""
     have = available_memory_bytes(device)
+    persistent = 16 * model_size(config).total * members
+    user_too_big = config.code.user_model and have is not None and persistent > have
+    need = persistent if user_too_big else run_memory_bytes(config, amp=device.type != "cpu", members=members)
     if have is not None and need > have:
         group = f"{members} fused models" if members > 1 else "the model"
         raise LmtuneError(f"{where}: {group} ({model_size(config).total * members:,} parameters, "
@@ -95,3 +98,48 @@ def out_of_memory(config: RunConfig, step: int) -> Iterator[None]:
         raise LmtuneError(f"step {step}: out of device memory (batch {micro_batch(config)} x "
                           f"{config.model.context_length} per forward pass); lower batch_size, raise "
                           "grad_accum_steps, or use a smaller model") from None
+
+
+@dataclass(frozen=True)
+class ActivationBytes:
+    """What a forward pass keeps for backward: a part whatever the batch (autocast's low-precision copies of the
+    weights) and a part per sequence."""
+
+    fixed: int
+    per_sequence: int
+
+    def of(self, batch: int) -> int:
+        return self.fixed + batch * self.per_sequence
+
+
+_activations: dict[tuple, ActivationBytes] = {}
+
+
+def measured_activations(config: RunConfig, amp: bool) -> ActivationBytes:
+    """What a forward pass of ``config``'s model and the loss keep for backward (bf16 autocast when ``amp``), measured
+    once per process on the CPU from batches of one and two sequences of context_length tokens: every tensor saved
+    for backward but the parameters themselves (counted apart)."""
+    key = (repr(config.code.to_dict()), repr(sorted(asdict(config.model).items())), amp)
+    if key not in _activations:
+        seed_everything(config.train.seed)
+        model = build_model(config, torch.device("cpu"))
+        one, two = (_saved_bytes(model, config, batch, amp) for batch in (1, 2))
+        _activations[key] = ActivationBytes(max(0, 2 * one - two), max(0, two - one))
+    return _activations[key]
+
+
+def _saved_bytes(model: torch.nn.Module, config: RunConfig, batch: int, amp: bool) -> int:
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    x = torch.zeros(batch, config.model.context_length + 1, dtype=torch.long)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        LanguageModelLoss(model, config.model.z_loss)(x[:, :-1], x[:, 1:])
+    return sum(saved.values())

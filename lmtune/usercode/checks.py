@@ -14,13 +14,13 @@ a throw-away copy of the model, built on the CPU at the run's shape:
   its trials each get a process of their own (``CodeCheck.shared``).
 
 The optimizer and the schedule are checked by lmtune.usercode.optim. ``fusing_refusal`` says why a model cannot be
-trained as a fused group (lmtune.fused), trying one fused step; ``activation_bytes_per_sequence`` measures what one
-sequence's forward pass keeps for backward, for the memory check.
+trained as a fused group (lmtune.fused), trying one fused step.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -31,6 +31,7 @@ from lmtune.training.config import RunConfig
 from lmtune.training.lm import LanguageModelLoss, build_model
 from lmtune.training.model import lm_loss
 from lmtune.training.state import seed_everything
+from lmtune.usercode.model import check_host_memory
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def check_model(config: RunConfig) -> CodeCheck:
 
 def _check_model(config: RunConfig) -> CodeCheck:
     spec, vocab = config.code.model, config.model.vocab_size
+    check_host_memory(config.code, config.model)
     first = _fresh(config)
     if not any(p.requires_grad for p in first.parameters()):
         raise LmtuneError(f"--model {spec}: the model has no trainable parameters; nothing would train")
@@ -159,9 +161,20 @@ def _check_causal(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, spec:
                           "loss is meaningless")
 
 
+# A fresh model's loss this many times ln(vocab) is warned about: lmtune's divergence rule measures from ln(vocab).
+HIGH_INITIAL_LOSS = 1.5
+
+
 def _without_gradient(model: nn.Module, x: torch.Tensor, config: RunConfig) -> list[str]:
-    """The trainable parameters the loss of one step gives no (or an all-zero) gradient, warned about."""
+    """The trainable parameters the loss of one step gives no (or an all-zero) gradient, warned about; and a fresh
+    model's loss far above ln(vocab), which lmtune's divergence rule takes as where a fresh model starts."""
     loss = lm_loss(model(x[:, :-1]), x[:, 1:], config.model.z_loss)
+    uniform = math.log(config.model.vocab_size)
+    if float(loss) > HIGH_INITIAL_LOSS * uniform:
+        log.warning("--model %s: a fresh model's loss is %.1f nats, far above ln(vocab) = %.2f (a uniform guess), "
+                    "where lmtune's divergence rule starts: a run whose budget ends above %.2f is judged diverged; "
+                    "a smaller initialization of the output layer starts the model near it", config.code.model,
+                    float(loss), uniform, uniform)
     loss.backward()
     missing = [name for name, p in model.named_parameters()
                if p.requires_grad and (p.grad is None or not bool(p.grad.any()))]
@@ -223,30 +236,3 @@ def _try_fusing(config: RunConfig) -> str | None:
         return (f"under torch.func.vmap, --model {config.code.model}'s members give other losses than each model "
                 f"alone ({losses.tolist()} against {alone.tolist()}), so fusing would not train the same runs")
     return None
-
-
-_activations: dict[tuple, int] = {}
-
-
-def activation_bytes_per_sequence(config: RunConfig, amp: bool) -> int:
-    """Bytes one sequence of context_length tokens keeps for backward in ``config``'s model (bf16 autocast when
-    ``amp``): every tensor its forward pass and the loss save, measured once per process on the CPU; the
-    parameters themselves (saved too) are left out, as they are counted apart."""
-    key = _key(config, amp)
-    if key not in _activations:
-        model = _fresh(config)
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        saved: dict[int, int] = {}
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in params:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        x = torch.zeros(1, config.model.context_length + 1, dtype=torch.long)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            LanguageModelLoss(model, config.model.z_loss)(x[:, :-1], x[:, 1:])
-        _activations[key] = sum(saved.values())
-    return _activations[key]

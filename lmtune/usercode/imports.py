@@ -22,6 +22,8 @@ from pathlib import Path
 from lmtune.errors import LmtuneError, shown
 from lmtune.usercode.config import is_file_spec
 
+HANDED_OVER = "python"
+"""The module part of the spec of an object handed over in Python that no import gives back (python:NAME)."""
 _REGISTERED: dict[str, object] = {}
 """Objects handed over in Python, by the spec they stand for."""
 _LOADED: dict[str, object] = {}
@@ -31,6 +33,10 @@ def load(spec: str, flag: str) -> object:
     """The object ``spec`` names (cached per process). LmtuneError, one line, when it cannot be imported."""
     if spec in _REGISTERED:
         return _REGISTERED[spec]
+    if spec.startswith(f"{HANDED_OVER}:"):
+        raise LmtuneError(f"{flag} {shown(spec)}: was handed over as a Python object by the script that started the "
+                          "run, and there is none here; run it from that script (lmtune.Sweep(model=...)), or name "
+                          "the code as MODULE:NAME or path/to/file.py:NAME")
     if spec not in _LOADED:
         where, _, name = spec.rpartition(":")
         module = _file_module(where, spec, flag) if is_file_spec(where) else _module(where, spec, flag)
@@ -140,7 +146,7 @@ def register(obj: object) -> str:
                 return f"{module}:{name}"
         except LmtuneError:
             pass
-    spec = f"python:{name.replace('<locals>.', '')}"
+    spec = f"{HANDED_OVER}:{name.replace('<locals>.', '')}"
     _REGISTERED[spec] = obj
     return spec
 

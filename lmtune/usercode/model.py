@@ -13,8 +13,10 @@ moved there, and told once.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import logging
+from dataclasses import asdict
 
 import torch
 from torch import nn
@@ -124,22 +126,45 @@ def tell(spec: str, what: str, message: str) -> None:
         log.warning("%s", message)
 
 
+def check_host_memory(code: UserCode, model: ModelConfig, builds: int = 3) -> None:
+    """Refuse, in one line, a shape at which building the user's model ``builds`` times on the CPU (lmtune's checks
+    do, and its size is counted from a build) would not fit in the host's memory, judged by what a CS336-shaped
+    model of that shape holds (the user's model is not built to find out)."""
+    from lmtune.training.memory import available_memory_bytes
+    from lmtune.training.model import count_parameters
+
+    params = count_parameters(model)["total"]
+    need, have = builds * 4 * params, available_memory_bytes(torch.device("cpu"))
+    if have is not None and need > have:
+        raise LmtuneError(f"--model {code.model}: at d_model {model.d_model}, {model.n_layers} layers, d_ff "
+                          f"{model.d_ff} and vocab {model.vocab_size}, a model of this shape has about {params:,} "
+                          f"parameters; lmtune builds it on the CPU to check and count it, which needs about "
+                          f"{need / 2**30:.1f} GiB of the {have / 2**30:.1f} GiB free; use a smaller d_model, "
+                          "n_layers, d_ff or vocab_size")
+
+
 @functools.lru_cache(maxsize=64)
-def _shapes(code_key: tuple, model_key: tuple) -> tuple[tuple[int, ...], ...]:
+def _named_shapes(code_key: tuple, model_key: tuple) -> tuple[tuple[str, tuple[int, ...]], ...]:
     code, model = UserCode(code_key[0], dict(code_key[1])), ModelConfig(**dict(model_key))
-    try:  # the meta device: shapes without memory
-        with torch.device("meta"):
-            built = build_user_model(code, model, torch.device("meta"))
-    except LmtuneError:
-        raise
-    except Exception:  # noqa: BLE001 - a constructor that cannot run on meta tensors: build it for real, once
-        built = build_user_model(code, model, torch.device("cpu"))
-    unique = {id(p): p for p in built.parameters()}
-    return tuple(tuple(p.shape) for p in unique.values())
+    check_host_memory(code, model)
+    # Built for real on the CPU, not on the meta device: a module-level cache of the user's (a shared RoPE) would
+    # keep meta tensors and break every later build.
+    built = build_user_model(code, model, torch.device("cpu"))
+    return tuple((name, tuple(p.shape)) for name, p in built.named_parameters())
+
+
+def named_parameter_shapes(code: UserCode, model: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of each of the user's model's parameters at ``model``'s shape (a tied one once), from one build
+    on the CPU, cached per process."""
+    return _named_shapes((code.model, tuple(sorted(code.model_args.items()))), tuple(sorted(asdict(model).items())))
 
 
 def parameter_shapes(code: UserCode, model: ModelConfig) -> tuple[tuple[int, ...], ...]:
     """The shapes of the user's model's parameters at ``model``'s shape (each tied parameter once)."""
-    from dataclasses import asdict
+    return tuple(shape for _, shape in named_parameter_shapes(code, model))
 
-    return _shapes((code.model, tuple(sorted(code.model_args.items()))), tuple(sorted(asdict(model).items())))
+
+def parameter_fingerprint(code: UserCode, model: ModelConfig) -> str:
+    """A digest of the user's model's parameter names and shapes: it changes when its code builds another model."""
+    text = ";".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in named_parameter_shapes(code, model))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

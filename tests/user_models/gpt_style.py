@@ -1,6 +1,6 @@
 """A user's model shaped otherwise than CS336's constructor: a GPT-2-style decoder (learned positions, LayerNorm with
-biases, GELU MLP, torch's SDPA, the output tied to the embedding, blocks under ``h.N``), built from its own config
-object and argument names. ``make`` is the small factory its user writes so lmtune can build it."""
+biases, GELU MLP, torch's SDPA, the output tied to the embedding, GPT-2's initialization, blocks under ``h.N``), built
+from its own config object and argument names. ``make`` is the small factory its user writes so lmtune can build it."""
 
 from __future__ import annotations
 
@@ -49,6 +49,11 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.width)
         self.head = nn.Linear(cfg.width, cfg.vocab, bias=False)
         self.head.weight = self.wte.weight  # tied
+        for module in self.modules():  # GPT-2's initialization, as nanoGPT writes it
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[-1], device=idx.device))

@@ -16,6 +16,7 @@ from lmtune.sweep.strategies.horizon import refuse_early_stopping
 from lmtune.sweep.strategies.width.search import WidthSearch
 from lmtune.sweep.strategies.width.settings import WidthSettings, check_widths, proxy_shape
 from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.lm import model_size
 
 # What the width search sets per trial itself (seed: the base seed may be set; further seeds are added; d_model,
 # d_ff and n_heads: the space's are the target's, and each proxy trial sets its own).
@@ -54,8 +55,9 @@ class WidthStrategy(DecidingDefaults):
         super().check_base(base)
         target = Budget.of_run(base, None)
         check_widths(self.settings, target)
-        for width in self.settings.widths:  # each proxy must be a model a run accepts
-            apply_overrides(base, proxy_shape(target, width), where=f"width: the d_model {width} proxy")
+        for width in self.settings.widths:  # each proxy must be a model a run accepts (a user's: one it builds)
+            proxy = apply_overrides(base, proxy_shape(target, width), where=f"width: the d_model {width} proxy")
+            model_size(proxy)
 
     def describe(self, fuse: int) -> str:
         s = self.settings
