@@ -36,8 +36,8 @@ from lmtune.training.coord_check import (
     slope_table,
     write_checks,
 )
-from lmtune.training.device import autocast_dtype, resolve_device
-from lmtune.training.memory import available_memory_bytes, check_fits, run_memory_bytes
+from lmtune.training.device import autocast_dtype, available_memory_bytes, resolve_device
+from lmtune.training.memory import check_fits, run_memory_bytes
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import add_code_arguments, code_from_arguments
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import user_model
 
 from lmtune.data.batches import BatchSampler
 from lmtune.data.dataset import load_data
@@ -15,6 +16,7 @@ from lmtune.fused.loop import train_fused
 from lmtune.fused.state import FusedState
 from lmtune.fused.step import fused_train_step
 from lmtune.training.checkpoint import STABLE_NAME, load_checkpoint
+from lmtune.training.lm import LanguageModelLoss, probe_tensors
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 from lmtune.training.schedule import lr_at, scheduled_lr
@@ -44,7 +46,8 @@ def _separate_runs(configs, batches):
     for config in configs:
         state = TrainState.create(config, torch.device("cpu"))
         state.model.double()
-        runtime = Runtime(torch.device("cpu"), state.model, None, compiled=False)
+        runtime = Runtime(torch.device("cpu"), LanguageModelLoss(state.model, config.model.z_loss), None,
+                          compiled=False)
         t = config.train
         losses, norms = [], []
         for step, (x, y) in enumerate(batches):
@@ -72,8 +75,10 @@ def _close(a: float, b: float, rel: float = 1e-9) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
 
 
-# The model options that act on more than a matmul: per-head q/k RMSNorm and the z-loss on the logits.
-MODEL_OPTIONS = [pytest.param({}, id="plain"), pytest.param({"qk_norm": True, "z_loss": 1e-3}, id="qk_norm+z_loss")]
+# The model options that act on more than a matmul: per-head q/k RMSNorm and the z-loss on the logits; and a model of
+# the user's own (lmtune's example: its own Linear, RoPE and attention, run under vmap as written).
+MODEL_OPTIONS = [pytest.param({}, id="plain"), pytest.param({"qk_norm": True, "z_loss": 1e-3}, id="qk_norm+z_loss"),
+                 pytest.param({"code": user_model("example"), "z_loss": 1e-3}, id="the example model")]
 
 
 @pytest.mark.parametrize("options", MODEL_OPTIONS)
@@ -102,7 +107,7 @@ def test_each_members_stability_probes_are_its_own_models(make_tiny_config, opti
     fused = state.model.stability_probes(x)
     for k, config in enumerate(configs):
         alone = TrainState.create(config, torch.device("cpu")).model.double()
-        for name, value in alone.stability_probes(x).items():
+        for name, value in probe_tensors(alone, x).items():
             assert _close(fused[name][k].item(), value), (k, name)
 
 

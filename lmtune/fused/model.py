@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lmtune.training.lm import probe_tensors
+from lmtune.training.lm import lr_multipliers, probe_tensors, weight_decay_multipliers
 from lmtune.training.model import lm_loss
 
 # CPU's flash attention has no vmap rule, so vmap runs it once per member and warns at every call; on the
@@ -44,6 +44,11 @@ class FusedLM(nn.Module):
         """The fused model whose member k is ``models[k]`` (one config, device and dtype), copied."""
         super().__init__()
         self.z_loss = z_loss
+        self.weight_decay_multipliers = weight_decay_multipliers(models[0])
+        """A member's weight-decay multipliers by parameter name (lmtune.training.lm's): a member's, not the stacked
+        model's, whose every parameter has one dimension more (the shape rule would decay its gains)."""
+        self.lr_multipliers = lr_multipliers(models[0])
+        """A member's LR multipliers by parameter name."""
         self.stacked = copy.deepcopy(models[0])
         """The model whose every parameter has the members on its first dimension."""
         stacked, _ = stack_module_state(models)  # (by each parameter's first name: a tied one once)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lmtune.fused.model import FusedLM
 from lmtune.training.config import TrainConfig
-from lmtune.training.lm import lr_multipliers, weight_decay_multipliers
 
 
 @dataclass
@@ -52,15 +52,14 @@ class MemberAdamW:
     """AdamW over a fused model's parameters, every hyperparameter per member.
 
     Weight decay applies to the matrices (embeddings and linear weights), never to gains or biases, as
-    ``build_optimizer`` does for one model; ``model`` is the fused model's stacked model, whose multipliers
-    (lmtune.training.lm's) are a member's.
+    ``build_optimizer`` does for one model: ``model``'s multipliers are a member's (lmtune.fused.model.FusedLM).
     """
 
-    def __init__(self, model: nn.Module, hyper: MemberHyperparameters):
-        self.named = list(model.named_parameters())
+    def __init__(self, model: FusedLM, hyper: MemberHyperparameters):
+        self.named = list(model.stacked.named_parameters())
         self.hyper = hyper
-        self.lr_scale = lr_multipliers(model)
-        self.decay_scale = weight_decay_multipliers(model)
+        self.lr_scale = model.lr_multipliers
+        self.decay_scale = model.weight_decay_multipliers
         self.distinct_lr_scales = sorted(set(self.lr_scale.values()))
         first = self.named[0][1]
         self.steps = torch.zeros(first.shape[0], dtype=first.dtype, device=first.device)

@@ -18,13 +18,13 @@ from lmtune.fused.model import FusedLM
 from lmtune.fused.optim import MemberAdamW, MemberHyperparameters
 from lmtune.training.config import RunConfig
 from lmtune.training.lm import build_model
-from lmtune.training.state import TrainState, TrainStateDict, build_optimizer, optimizer_order, seed_everything
+from lmtune.training.state import TrainState, TrainStateDict, build_optimizer, grouped, seed_everything
 
 
 def adamw_order(model: FusedLM) -> list[str]:
     """Parameter names in the order ``build_optimizer`` lists a member's (its state dict's integer keys): its
-    param groups' (by name and multiplier, so the stacked model's are a member's)."""
-    return optimizer_order(model.stacked)
+    param groups' (by name and a member's multipliers)."""
+    return [name for group in grouped(model.weight_decay_multipliers, model.lr_multipliers) for name in group.names]
 
 
 @dataclass
@@ -54,7 +54,7 @@ class FusedState:
                 by_seed[seed] = build_model(config, device, dtype)
         model = FusedLM([by_seed[c.train.seed] for c in configs], configs[0].model.z_loss)
         like = next(model.parameters())
-        optimizer = MemberAdamW(model.stacked, MemberHyperparameters.of([c.train for c in configs], like))
+        optimizer = MemberAdamW(model, MemberHyperparameters.of([c.train for c in configs], like))
         active = torch.ones(len(configs), dtype=torch.bool, device=device)
         return cls(model, optimizer, list(configs), list(range(len(configs))), active)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import types
 from dataclasses import dataclass
 
@@ -164,3 +165,23 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     if device.type == "mps":
         return torch.mps.driver_allocated_memory()
     return None
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    """Memory a run on ``device`` can use: a CUDA GPU's total, MPS's recommended working set, the host's
+    available RAM (MemAvailable, else physical RAM) for the CPU; None where it cannot be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "mps":
+        return int(torch.mps.recommended_max_memory())
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

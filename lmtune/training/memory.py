@@ -4,7 +4,6 @@ absurd --set d_model=100000 is one line, not a 120 GB allocation."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
@@ -12,6 +11,7 @@ import torch
 
 from lmtune.errors import LmtuneError
 from lmtune.training.config import ModelConfig, RunConfig
+from lmtune.training.device import available_memory_bytes
 from lmtune.training.lm import LanguageModelLoss, build_model, model_size
 from lmtune.training.model import count_parameters
 from lmtune.training.state import seed_everything
@@ -34,26 +34,6 @@ def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp:
     tokens = batch_size * m.context_length
     per_token = m.n_layers * (10 * m.d_model + 4 * m.d_ff) * act_bytes + m.vocab_size * (act_bytes + 8)
     return int(1.2 * (16 * params + tokens * per_token))
-
-
-def available_memory_bytes(device: torch.device) -> int | None:
-    """Memory a run on ``device`` can use: a CUDA GPU's total, MPS's recommended working set, the host's
-    available RAM (MemAvailable, else physical RAM) for the CPU; None where it cannot be read."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    if device.type == "mps":
-        return int(torch.mps.recommended_max_memory())
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def micro_batch(config: RunConfig) -> int:

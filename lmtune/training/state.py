@@ -104,7 +104,12 @@ def param_groups(model: nn.Module) -> list[ParamGroup]:
     then the undecayed (gains, biases), each in the order of its first parameter. Under SP (or μP at its base
     width) that is two groups, the matrices and the gains, so the optimizer's state-dict indices stay what older
     checkpoints hold."""
-    decay, lr = weight_decay_multipliers(model), lr_multipliers(model)
+    return grouped(weight_decay_multipliers(model), lr_multipliers(model))
+
+
+def grouped(decay: dict[str, float], lr: dict[str, float]) -> list[ParamGroup]:
+    """``param_groups`` of a model whose parameters' multipliers are ``decay`` and ``lr`` (by name, in the model's
+    order)."""
     groups: dict[tuple[float, float], list[str]] = {}
     for name in sorted(decay, key=lambda n: decay[n] == 0.0):  # stable: the model's order within each part
         groups.setdefault((decay[name], lr[name]), []).append(name)

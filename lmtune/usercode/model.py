@@ -23,6 +23,8 @@ from torch import nn
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.training.config import ModelConfig
+from lmtune.training.device import available_memory_bytes
+from lmtune.training.model import count_parameters
 from lmtune.usercode.config import UserCode
 from lmtune.usercode.imports import load
 
@@ -73,13 +75,15 @@ def accepted_placement(factory: object, kwargs: dict[str, object], spec: str) ->
 
 def build_user_model(code: UserCode, model: ModelConfig, device: torch.device,
                      dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The user's model at ``model``'s shape on ``device`` in ``dtype`` (parameters and floating buffers)."""
+    """The user's model at ``model``'s shape on ``device``, built (and so initialised) in float32 as it trains, its
+    parameters then converted to ``dtype`` where another is asked for (float64 to check arithmetic): the same
+    weights whatever the dtype, as lmtune's own model's."""
     factory = load(code.model, "--model")
     if not callable(factory):
         raise LmtuneError(f"--model {code.model}: names a {type(factory).__name__}, not a class or function; name "
                           "the callable that builds your model")
     kwargs = constructor_kwargs(code, model)
-    placement = {"device": device, "dtype": dtype}
+    placement = {"device": device, "dtype": torch.float32}
     extra = {name: placement[name] for name in accepted_placement(factory, kwargs, code.model)}
     try:
         built = factory(**kwargs, **extra)
@@ -92,7 +96,8 @@ def build_user_model(code: UserCode, model: ModelConfig, device: torch.device,
     if not isinstance(built, nn.Module):
         raise LmtuneError(f"--model {code.model}: returned a {type(built).__name__}, not a torch.nn.Module; "
                           "name the class (or a function returning an instance) of your model")
-    return placed(built, code.model, device, dtype)
+    built = placed(built, code.model, device, torch.float32)
+    return built if dtype == torch.float32 else built.to(dtype)
 
 
 def placed(model: nn.Module, spec: str, device: torch.device, dtype: torch.dtype) -> nn.Module:
@@ -130,9 +135,6 @@ def check_host_memory(code: UserCode, model: ModelConfig, builds: int = 3) -> No
     """Refuse, in one line, a shape at which building the user's model ``builds`` times on the CPU (lmtune's checks
     do, and its size is counted from a build) would not fit in the host's memory, judged by what a CS336-shaped
     model of that shape holds (the user's model is not built to find out)."""
-    from lmtune.training.memory import available_memory_bytes
-    from lmtune.training.model import count_parameters
-
     params = count_parameters(model)["total"]
     need, have = builds * 4 * params, available_memory_bytes(torch.device("cpu"))
     if have is not None and need > have:
