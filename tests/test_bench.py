@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from conftest import BENCH_MODEL, set_args
+from conftest import BENCH_MODEL, EXAMPLE, assert_refused, set_args
 
 from lmtune import bench
 from lmtune.errors import LmtuneError
@@ -112,3 +112,16 @@ def test_the_projection_is_labelled_an_estimate_and_keeps_below_its_roofline(cap
     assert 0 < low < high <= h100["bound_tokens_per_s"]
     assert high == pytest.approx(0.33 * 989e12 / h100["flops_per_token"])  # the published 1/3 of the peak
     assert bench.main(["--project", "tpu"]) == 2
+
+
+def test_bench_times_a_users_model_in_lmtunes_loop_against_the_naive_loop_on_the_same_model(capsys):
+    assert bench.main([*TINY, "--model", EXAMPLE, "--no-eval", "--json"]) == 0
+    out = _json_out(capsys)
+    assert out["model"] == EXAMPLE and out["flops_estimated"] and out["attention_kernel"] == "the model's own"
+    assert _positive_finite(out["tokens_per_s"]) and _positive_finite(out["naive_tokens_per_s"])
+    assert out["speedup_vs_naive"] == pytest.approx(out["tokens_per_s"] / out["naive_tokens_per_s"])
+
+
+@pytest.mark.parametrize("flag", [["--coord-check"], ["--concurrency", "1,2"], ["--fuse", "2"], ["--project", "h100"]])
+def test_bench_refuses_a_users_model_with_a_measurement_of_lmtunes_own(capsys, flag):
+    assert_refused(bench.main, [*TINY, "--model", EXAMPLE, *flag], capsys, flag[0], "lmtune's own model")

@@ -170,11 +170,11 @@ def _without_gradient(model: nn.Module, x: torch.Tensor, config: RunConfig) -> l
     model's loss far above ln(vocab), which lmtune's divergence rule takes as where a fresh model starts."""
     loss = lm_loss(model(x[:, :-1]), x[:, 1:], config.model.z_loss)
     uniform = math.log(config.model.vocab_size)
-    if float(loss) > HIGH_INITIAL_LOSS * uniform:
+    if float(loss.detach()) > HIGH_INITIAL_LOSS * uniform:
         log.warning("--model %s: a fresh model's loss is %.1f nats, far above ln(vocab) = %.2f (a uniform guess), "
                     "where lmtune's divergence rule starts: a run whose budget ends above %.2f is judged diverged; "
                     "a smaller initialization of the output layer starts the model near it", config.code.model,
-                    float(loss), uniform, uniform)
+                    float(loss.detach()), uniform, uniform)
     loss.backward()
     missing = [name for name, p in model.named_parameters()
                if p.requires_grad and (p.grad is None or not bool(p.grad.any()))]

@@ -1,0 +1,123 @@
+"""lmtune sample: text from a run's checkpoint, lmtune's model or the user's, decoded with the data's tokenizer (or
+another: a tokenizers JSON, a GPT-2-style vocab.json with merges.txt), token ids where there is none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY, assert_refused, run_lmtune, user_model
+
+from lmtune.data.prepare import prepare_tokens
+from lmtune.errors import LmtuneError
+from lmtune.sample import main
+from lmtune.training.config import budget_config
+from lmtune.training.loop import train
+from lmtune.training.sampling import SampleSettings, generate, next_token
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, builtin_data) -> dict[str, Path]:
+    """best.pt of a short run of lmtune's model and of the example model on the built-in corpus."""
+    root = tmp_path_factory.mktemp("sample")
+    found = {}
+    for name, code in (("lmtune", None), ("example", user_model("example"))):
+        config = budget_config("quick", {**TINY, "lr": 1e-2}, data_dir=str(builtin_data), code=code)
+        train(config, root / name)
+        found[name] = root / name / "checkpoints" / "best.pt"
+    return found
+
+
+@pytest.mark.parametrize("name", ["lmtune", "example"])
+def test_a_sample_continues_the_prompt_in_the_datas_own_words(checkpoints, name, capsys):
+    assert main([str(checkpoints[name]), "--prompt", "Once upon a time", "--max-tokens", "12"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Once upon a time") and len(text.strip()) > len("Once upon a time")
+
+
+def test_temperature_zero_gives_one_text_and_seeds_give_others(checkpoints, capsys):
+    def sample(*args: str) -> str:
+        assert main([str(checkpoints["example"]), "--max-tokens", "16", *args]) == 0
+        return capsys.readouterr().out
+
+    assert sample("--temperature", "0", "--seed", "1") == sample("--temperature", "0", "--seed", "2")
+    assert sample("--seed", "3") == sample("--seed", "3")
+    drawn = sample("--samples", "3", "--temperature", "1.5", "--top-p", "1")
+    assert drawn.count("--- sample") == 3 and len(set(drawn.split("--- sample")[1:])) == 3
+
+
+class Always(torch.nn.Module):
+    """A stand-in model whose every next token is ``token``."""
+
+    def __init__(self, vocab: int, token: int):
+        super().__init__()
+        self.vocab, self.token = vocab, token
+        self.unused = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids):
+        logits = torch.full((*ids.shape, self.vocab), -10.0)
+        logits[..., self.token] = 10.0
+        return logits
+
+
+def test_generation_stops_before_the_end_of_text_token():
+    assert generate(Always(8, 5), [1, 2], SampleSettings(max_tokens=10), context_length=4, stop_id=5) == []
+    assert generate(Always(8, 3), [1, 2], SampleSettings(max_tokens=10), context_length=4, stop_id=5) == [3] * 10
+
+
+def test_nucleus_sampling_draws_only_from_the_top_p_mass():
+    logits = torch.log(torch.tensor([0.6, 0.35, 0.04, 0.01]))
+    generator = torch.Generator().manual_seed(0)
+    drawn = {next_token(logits, SampleSettings(temperature=1.0, top_p=0.9), generator) for _ in range(200)}
+    assert drawn == {0, 1}
+
+
+def test_a_gpt2_style_vocab_and_merges_decodes_as_the_datas_own_tokenizer(checkpoints, builtin_data, tmp_path,
+                                                                          capsys):
+    from tokenizers import Tokenizer
+
+    Tokenizer.from_file(str(builtin_data / "tokenizer.json")).model.save(str(tmp_path))  # vocab.json, merges.txt
+    args = [str(checkpoints["lmtune"]), "--max-tokens", "12", "--temperature", "0"]
+    assert main(args) == 0
+    own = capsys.readouterr().out
+    assert main([*args, "--tokenizer", str(tmp_path / "vocab.json")]) == 0
+    assert capsys.readouterr().out == own
+
+
+def test_without_a_tokenizer_a_text_prompt_is_refused_and_ids_are_printed(tmp_path, capsys):
+    tokens = np.random.default_rng(0).integers(0, 300, size=60_000, dtype=np.uint16)
+    np.save(tmp_path / "ids.npy", tokens)
+    data = prepare_tokens(tmp_path / "ids.npy", tmp_path / "data")
+    config = budget_config("quick", {**TINY, "steps": 10}, data_dir=str(data))
+    train(config, tmp_path / "run")
+    best = str(tmp_path / "run" / "checkpoints" / "best.pt")
+    assert_refused(main, [best], capsys, "no tokenizer to encode it", "--prompt-ids")
+    assert main([best, "--prompt-ids", "3,4,5", "--max-tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "token ids (no tokenizer" in out and out.splitlines()[1].startswith("3 4 5 | ")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--max-tokens", "0"], "--max-tokens must be"), (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--temperature", "-1"], "--temperature must be"), (["--prompt-ids", "1,x"], "--prompt-ids"),
+    (["--prompt-ids", "99999"], "every id must be in [0,"), (["--tokenizer", "/nonexistent.json"], "no such file")])
+def test_bad_sampling_input_is_one_line(checkpoints, args, fragment, capsys):
+    assert_refused(main, [str(checkpoints["lmtune"]), *args], capsys, fragment)
+
+
+def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
+    (tmp_path / "best.pt").write_bytes(b"not a checkpoint")
+    assert_refused(main, [str(tmp_path / "best.pt")], capsys, "is not a usable lmtune checkpoint")
+    assert_refused(main, [str(tmp_path / "none.pt")], capsys, "no such checkpoint file")
+
+
+def test_the_console_script_samples_too(checkpoints):
+    proc = run_lmtune("sample", str(checkpoints["example"]), "--max-tokens", "8")
+    assert proc.returncode == 0 and proc.stdout.startswith("Once upon a time"), proc.stderr[-2000:]
+
+
+def test_the_settings_refuse_what_no_sampler_can_use():
+    with pytest.raises(LmtuneError):
+        SampleSettings(max_tokens=10**9).validate()
