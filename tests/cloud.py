@@ -382,11 +382,14 @@ class FakeCluster:
         return subprocess.run([str(VENV_BIN / "ray"), *args], env=env, capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
 
-    def submit_job(self, submission_id: str, entrypoint: list[str], env_vars: dict[str, str]) -> str:
-        """``ray job submit --no-wait`` of ``entrypoint`` with ``env_vars`` in its runtime env; returns the
-        command's output."""
+    def submit_job(self, submission_id: str, entrypoint: list[str], env_vars: dict[str, str],
+                   py_modules: list[str] = ()) -> str:
+        """``ray job submit --no-wait`` of ``entrypoint`` with ``env_vars`` in its runtime env, and ``py_modules``
+        (local package folders Ray ships to every node, as the README tells a user to ship their model's code);
+        returns the command's output."""
+        runtime_env = {"env_vars": env_vars, **({"py_modules": list(py_modules)} if py_modules else {})}
         proc = self.ray_cli("job", "submit", "--address", self.dashboard_url, "--submission-id", submission_id,
-                            "--no-wait", "--runtime-env-json", json.dumps({"env_vars": env_vars}), "--", *entrypoint)
+                            "--no-wait", "--runtime-env-json", json.dumps(runtime_env), "--", *entrypoint)
         assert proc.returncode == 0, f"ray job submit failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc.stdout + proc.stderr
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,11 @@ from tests.conftest import run_python
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def readme_example() -> str:
-    """The Python block after the README's <!-- python-api-example --> marker."""
+def readme_example(marker: str = "python-api-example") -> str:
+    """The Python block after the README's <!-- MARKER --> marker."""
     text = README.read_text()
-    match = re.search(r"<!-- python-api-example -->\s*```python\n(.*?)```", text, re.S)
-    assert match, "README.md lost its Python API example"
+    match = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", text, re.S)
+    assert match, f"README.md lost its Python example {marker}"
     return match.group(1)
 
 
@@ -44,3 +46,17 @@ def test_the_readmes_python_example_runs_and_tune_names_the_best_lr_the_report_d
     again = summarize_sweep(sweep).summary  # the CLI's reader reads what the example left
     assert f"{again.best_lr:.4g}" == report_lr
     assert again.status_counts.get("stopped_early", 0) >= 1  # ASHA cut the coarse grid
+
+
+@pytest.mark.slow
+def test_the_readmes_python_example_of_a_users_model_runs_and_its_report_names_the_model(tmp_path):
+    shutil.copytree(README.parent / "examples", tmp_path / "examples")  # a folder holding examples/, as the README's
+    script = tmp_path / "mine.py"
+    script.write_text(readme_example("python-api-model-example"))
+    proc = run_python(str(script), cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    model = str((tmp_path / "examples" / "cs336_model.py").resolve())
+    assert re.search(rf"{re.escape(model)}:TransformerLM \(use_rope=True\): best lr \S+", proc.stdout), \
+        proc.stdout[-2000:]
+    summary = json.loads((tmp_path / "results" / "mine" / "report" / "summary.json").read_text())
+    assert summary["model"]["user_model"] and len(summary["samples"]) == 2

@@ -11,6 +11,8 @@ One scenario, run once for the module (``rehearsal``), then one test per behavio
   3. with two trials finished, the job is stopped (`ray job stop`: the driver is killed), and the sweep is
      resumed by a new job from the bucket alone (a fresh --results folder on the head);
   4. `lmtune analyze s3://...` reads the sweep from the bucket on "the laptop" (this process's side).
+Every trial trains a model of the user's own (tests/user_models/gpt_style.py), its package shipped to the nodes by
+the jobs' runtime env (py_modules) and named as a module (--model mymodels.gpt_style:make), as the README says.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from cloud import FakeCluster, S3Server, bucket_files, poll, read_text
-from conftest import ENV, TINY_TRIAL, run_lmtune, write_grid_space
+from conftest import ENV, TINY_TRIAL, USER_MODELS, run_lmtune, write_grid_space
 
 from lmtune.training.metrics import read_metrics
 
@@ -47,6 +49,8 @@ TRIAL_FILES = ("trial.json", "metrics.csv", "summary.json")
 LEDGER = "decisions/trial_outcomes.json"
 PLACEMENT_LINE = re.compile(r"([0-9.]+) CPU \+ ([0-9.]+) GPU per trial, up to (\d+) at once")
 RUN_JOB, RESUME_JOB = "rehearsal-run", "rehearsal-resume"
+# The user's model, as a package of theirs that the jobs ship to every node (Ray's runtime_env py_modules).
+USER_PACKAGE, USER_MODEL = "mymodels", "mymodels.gpt_style:make"
 
 
 @dataclass
@@ -234,6 +238,15 @@ def sweep_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "lmtune.run", *args]
 
 
+def user_package(root: Path) -> Path:
+    """The user's package holding their model (tests/user_models/gpt_style.py), in a folder of its own."""
+    package = root / USER_PACKAGE
+    package.mkdir(exist_ok=True)
+    (package / "__init__.py").write_text("")
+    shutil.copy(USER_MODELS / "gpt_style.py", package / "gpt_style.py")
+    return package
+
+
 def run_scenario(r: Rehearsal, data: Path) -> None:
     cluster, storage = r.cluster, r.s3.uri(f"{BUCKET}/sweeps")
     r.head_id = next(n["node_id"] for n in cluster.nodes() if n["is_head_node"])
@@ -241,10 +254,11 @@ def run_scenario(r: Rehearsal, data: Path) -> None:
     r.event("cluster started")
     space = write_grid_space(cluster.root / "space.yaml", LRS, steps=STEPS, checkpoint_interval=CHECKPOINT_INTERVAL,
                              batch_size=BATCH_SIZE)
+    package = user_package(cluster.root)
     cluster.submit_job(RUN_JOB, sweep_command(
-        "--space", str(space), "--address", "auto", "--storage", storage, "--name", NAME,
+        "--space", str(space), "--address", "auto", "--storage", storage, "--name", NAME, "--model", USER_MODEL,
         "--cluster-config", str(cluster.config_path), "--results", str(cluster.root / "head_results"),
-        "--data", str(data), "--quiet", "--no-dashboard"), env_vars=r.s3.env)
+        "--data", str(data), "--quiet", "--no-dashboard"), env_vars=r.s3.env, py_modules=[str(package)])
     r.event("sweep submitted")
 
     def job_running(job: str) -> bool:
@@ -327,7 +341,8 @@ def run_scenario(r: Rehearsal, data: Path) -> None:
     # 3. The sweep resumed by a new job, from the bucket alone (a results folder the first job never saw).
     cluster.submit_job(RESUME_JOB, sweep_command(
         "--name", NAME, "--resume", "--address", "auto", "--storage", storage,
-        "--results", str(cluster.root / "head_results_resume"), "--quiet", "--no-dashboard"), env_vars=r.s3.env)
+        "--results", str(cluster.root / "head_results_resume"), "--quiet", "--no-dashboard"), env_vars=r.s3.env,
+        py_modules=[str(package)])
     r.event("resume submitted")
     r.resume_status = cluster.wait_job(RESUME_JOB, 240)
     save_job_log(cluster, RESUME_JOB, r.log_dir)
@@ -374,6 +389,19 @@ def _overlap(a: list[tuple[int, str]], b: list[tuple[int, str]]) -> bool:
     return any(ta == tb and na != nb for ta, na in a for tb, nb in b)
 
 
+def test_every_trial_trained_the_users_model_shipped_to_the_worker_nodes(rehearsal: Rehearsal):
+    r = rehearsal
+    r.need("resumed sweep ended")
+    files = r.files()
+    for folder in finished(files):
+        config, summary = json.loads(r.read(f"{folder}/config.json")), json.loads(r.read(f"{folder}/summary.json"))
+        assert config["code"]["model"] == USER_MODEL and summary["model"] == USER_MODEL, (folder, config["code"])
+        assert summary["flops_estimated"] and summary["status"] == "completed", summary
+        nodes = {row["node_id"] for row in result_rows(r, folder)}
+        assert nodes and r.head_id not in nodes, (folder, nodes)  # trained on worker nodes only
+    assert json.loads(r.read("sweep.json"))["model_fingerprint"]
+
+
 def test_the_sweeps_records_and_checkpoints_are_in_the_bucket(rehearsal: Rehearsal):
     r = rehearsal
     r.need("worker killed")
@@ -414,7 +442,8 @@ def test_a_trial_on_a_killed_worker_resumes_from_its_checkpoint_elsewhere_and_en
     out = tmp_path / "uninterrupted"
     out.mkdir()
     (out / "config.json").write_text(r.read(f"{folder}/config.json"))
-    proc = run_lmtune("train", "--out", str(out), "--resume", "--quiet", timeout=300)
+    user_package(tmp_path)  # the user's package, importable here as on the nodes
+    proc = run_lmtune("train", "--out", str(out), "--resume", "--quiet", timeout=300, env={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     local = json.loads((out / "summary.json").read_text())
     print(f"\nkilled trial {folder}: final val loss {summary['final_val_loss']!r} in the sweep, "

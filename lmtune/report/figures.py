@@ -90,7 +90,10 @@ def _duration(seconds: float, _position: object = None) -> str:
         return f"{seconds:.2g} s"
     if abs(seconds) < 120:
         return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if abs(seconds) < 7200 else f"{seconds / 3600:.1f} h"
+    minutes = seconds / 60
+    if abs(minutes) < 120:  # (a decimal below 10 minutes: ticks 20 s apart must not read alike)
+        return f"{minutes:.1f}".removesuffix(".0") + " min" if abs(minutes) < 10 else f"{minutes:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 # A learning-curve figure's x axis: metrics.csv's column, its label, the name its title gives it, its tick format
@@ -256,14 +259,17 @@ def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | 
             ax.plot(x[keep], y[keep], color="black" if is_best else cmap(norm(r.lr)),
                     linewidth=2.2 if is_best else 1.3, zorder=3 if is_best else 2,
                     label=f"{'best ' if is_best else ''}lr={r.lr:.3g} ({classify(r)})")
+        ax.set_title(metric.title)
+        if not ax.lines:  # an empty panel: the words, no axes
+            ax.text(0.5, 0.5, unmeasured, transform=ax.transAxes, ha="center", va="center", color="gray")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
         if metric.log_scale:
             ax.set_yscale("log")
         ax.xaxis.set_major_formatter(EngFormatter())
         ax.set_xlabel("tokens")
-        ax.set_title(metric.title)
         ax.grid(alpha=0.3, which="both")
-        if not ax.lines:
-            ax.text(0.5, 0.5, unmeasured, transform=ax.transAxes, ha="center", va="center", color="gray")
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         axes[0][0].legend(fontsize=7)

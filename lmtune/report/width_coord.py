@@ -56,6 +56,9 @@ def sweep_coord_check(sweep_dir: Path | None, base: RunConfig, widths: list[int]
             return SweepCoordCheck(None, f"{path} is unreadable ({err}); delete it to measure again")
         if found:
             return SweepCoordCheck(found[0], f"measured at the first report, kept in {path}")
+    if base.code.user_model:  # (its per-layer hooks are written for lmtune's model, as μP is)
+        return SweepCoordCheck(None, f"not measured for this model: the coord check measures lmtune's own model's "
+                                     f"layers, not {base.code.model}'s")
     if not base.data_dir or not Path(base.data_dir).is_dir():
         return SweepCoordCheck(None, f"not measured: the sweep's data dir {base.data_dir or '(none)'} is not here")
     log.info("coord check: %s at d_model %s, 5 steps, 3 seeds", parametrization, ", ".join(map(str, widths)))

@@ -74,6 +74,9 @@ def check_code(config: RunConfig, fuse: int = 1) -> CodeCheck | None:
         user_schedule(config)
     if fuse > 1 and (refusal := fusing_refusal(config)):
         raise LmtuneError(f"--fuse {fuse}: {refusal}; use --fuse 1 (a trial per LR)")
+    if found is not None and found.shared:
+        log.warning("--model %s: two builds of the model share %s (a module-level cache): it cannot fuse, and each "
+                    "trial of a sweep runs in a process of its own", code.model, ", ".join(found.shared[:4]))
     return found
 
 
@@ -102,9 +105,6 @@ def _check_model(config: RunConfig) -> CodeCheck:
     no_gradient = _without_gradient(first, x, config)
     second = _fresh(config)
     shared = _shared_tensors(first, second)
-    if shared:
-        log.warning("--model %s: two builds of the model share %s (a module-level cache): it cannot fuse, and each "
-                    "trial runs in a process of its own", spec, ", ".join(shared[:4]))
     return CodeCheck(len({id(p) for p in first.parameters()}), tuple(shared), tuple(no_gradient))
 
 

@@ -1,0 +1,179 @@
+"""Sweeps of the user's own model as a user runs them: real Ray Tune on a local cluster, real training.
+
+- the edge search on lmtune's example model (examples/cs336_model.py), stopped with Ctrl-C and resumed, then the
+  report: it names the model, says what is not measured of it, estimates its FLOPs, shows the best LR's samples
+  and the learning curves against wall-clock time;
+- a grid on the example model with two LRs fused per trial;
+- a model whose builds share a module (a module-level RoPE cache): fusing refused before Ray starts, and each of
+  its trials run in a process of its own;
+- the width search under SP with a model whose constructor needs a factory: the factory builds every proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import (
+    EXAMPLE,
+    TINY_TRIAL,
+    USER_MODELS,
+    assert_one_line_error,
+    assert_real_picture,
+    finish,
+    run_lmtune,
+    start_lmtune,
+    trial_dirs,
+    wait_until,
+    write_grid_space,
+)
+
+from lmtune.sweep.record import read_edge_state, read_outcomes, read_width_state
+
+pytestmark = pytest.mark.slow
+
+# The README's Python example's edge search, on the example model.
+TINY_EDGE = {"search": "edge", "budget": "quick",
+             "set": {**TINY_TRIAL, "steps": 36, "warmup_steps": 4, "log_interval": 4, "eval_interval": 4,
+                     "checkpoint_interval": 4},
+             "scheduler": {"name": "asha", "grace_period": 0.11111111, "reduction_factor": 3},
+             "edge": {"range_steps": 40, "tolerance": 2.0, "refine_points": 2, "seeds": 2, "seed_lrs": 1}}
+
+
+def common(tmp: Path, data: Path, name: str) -> list[str]:
+    return ["--name", name, "--results", str(tmp / "results"), "--data", str(data), "--num-cpus", "2",
+            "--no-dashboard", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def example_edge(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The edge search on the example model, Ctrl-C once three trials have ended, resumed to its end, analyzed."""
+    tmp = tmp_path_factory.mktemp("example_edge")
+    (tmp / "edge.yaml").write_text(json.dumps(TINY_EDGE))
+    sweep_dir = tmp / "results" / "edge"
+    proc = start_lmtune("run", "--space", str(tmp / "edge.yaml"), "--model", EXAMPLE,
+                        *common(tmp, builtin_data, "edge"))
+    wait_until(lambda: len(read_outcomes(sweep_dir)) >= 3, proc, 300, "three ended trials", poll_s=0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    interrupted = finish(proc, 120)
+    ended = {t: e["outcome"] for t, e in read_outcomes(sweep_dir).items()}
+    resumed = run_lmtune("run", "--resume", *common(tmp, builtin_data, "edge")[:4], "--no-dashboard", "--quiet")
+    analyze = run_lmtune("analyze", str(sweep_dir))
+    return {"dir": sweep_dir, "interrupted": (proc.returncode, interrupted), "ended_before": ended,
+            "resumed": resumed, "analyze": analyze}
+
+
+def test_the_interrupted_search_on_the_users_model_resumes_and_finishes(example_edge):
+    code, out = example_edge["interrupted"]
+    assert code == 130 and "resume it with" in out, out[-3000:]
+    assert example_edge["resumed"].returncode == 0, example_edge["resumed"].stderr[-3000:]
+    sweep_dir = example_edge["dir"]
+    assert read_edge_state(sweep_dir)["finished"]
+    ledger = read_outcomes(sweep_dir)
+    assert all(ledger[t]["outcome"] == o for t, o in example_edge["ended_before"].items())  # decided: not rerun
+    for folder in trial_dirs(sweep_dir).values():
+        assert json.loads((folder / "config.json").read_text())["code"]["model"] == EXAMPLE
+
+
+def test_the_report_of_the_users_model_names_it_and_says_what_is_estimated_and_not_measured(example_edge):
+    assert example_edge["analyze"].returncode == 0, example_edge["analyze"].stderr[-3000:]
+    report = example_edge["dir"] / "report"
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["model"]["name"] == EXAMPLE and summary["model"]["flops_estimated"]
+    assert not summary["model"]["attention_logits_measured"]
+    text = (report / "lr_sweep_analysis.md").read_text()
+    assert f"your `{EXAMPLE}`" in text and "Its attention logits are not measured for this model" in text
+    assert "estimated from its parameters' shapes" in text
+
+
+def test_the_report_shows_the_best_lrs_samples_and_curves_against_wall_clock_time(example_edge):
+    report = example_edge["dir"] / "report"
+    summary = json.loads((report / "summary.json").read_text())
+    assert [s["seed"] for s in summary["samples"]] == [0, 1], summary["samples_note"]
+    assert all(s["prompt"] == "Once upon a time" and s["tokens"] > 0 for s in summary["samples"])
+    text = (report / "lr_sweep_analysis.md").read_text()
+    assert "## Samples from the best LR's model" in text and "> Once upon a time" in text
+    assert_real_picture(report / "lr_sweep_comparison_wall.png")
+    assert "`lr_sweep_comparison_wall.png`" in text
+
+
+@pytest.fixture(scope="module")
+def fused_grid(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("fused_example")
+    space = write_grid_space(tmp / "grid.yaml", [1e-3, 3e-3, 1e-2, 3e-2], steps=20)
+    run = run_lmtune("run", "--space", str(space), "--fuse", "2", "--model", EXAMPLE, *common(tmp, builtin_data, "g"))
+    return {"run": run, "dir": tmp / "results" / "g"}
+
+
+def test_a_grid_of_the_example_model_fuses_two_lrs_per_trial(fused_grid):
+    assert fused_grid["run"].returncode == 0, fused_grid["run"].stderr[-3000:]
+    groups = [json.loads(p.read_text()) for p in fused_grid["dir"].glob("*/trial.json")
+              if "members" in json.loads(p.read_text())]
+    assert len(groups) == 2 and all(len(g["members"]) == 2 for g in groups)
+    summaries = [json.loads(p.read_text()) for p in fused_grid["dir"].glob("*/summary.json")]  # (the members)
+    assert len(summaries) == 4 and all(s["model"] == EXAMPLE and s["status"] == "completed" for s in summaries)
+
+
+SHARED = str(USER_MODELS / "shared_rope.py:CachedRopeLM")
+
+
+def test_fusing_a_model_whose_builds_share_a_module_is_refused_before_ray_starts(builtin_data, tmp_path):
+    space = write_grid_space(tmp_path / "grid.yaml", [1e-3, 3e-3])
+    proc = run_lmtune("run", "--space", str(space), "--fuse", "2", "--model", SHARED,
+                      *common(tmp_path, builtin_data, "shared"))
+    assert_one_line_error(proc.returncode, proc.stderr, "--fuse 2", "module-level cache", "--fuse 1")
+    assert not (tmp_path / "results" / "shared").exists()
+
+
+def test_each_trial_of_a_model_sharing_a_module_runs_in_a_process_of_its_own(builtin_data, tmp_path):
+    space = write_grid_space(tmp_path / "grid.yaml", [1e-3, 3e-3, 1e-2], steps=10)
+    proc = run_lmtune("run", "--space", str(space), "--model", SHARED, "--max-concurrent", "1",
+                      "--step-hook", "hooks:record_pid", *common(tmp_path, builtin_data, "shared"),
+                      env={"PYTHONPATH": str(USER_MODELS)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pids = [(d / "pid.txt").read_text() for d in trial_dirs(tmp_path / "results" / "shared").values()]
+    assert len(pids) == 3 and len(set(pids)) == 3, pids
+
+
+# The width search at test size (tests/test_width_sweep.py's, under SP, one seed): the target d_model 64, the
+# proxies 16 and 32, each built by the user's factory.
+TINY_WIDTH = {"search": "width", "budget": "quick",
+              "set": {**TINY_TRIAL, "d_model": 64, "d_ff": 128, "n_heads": 4, "steps": 24, "warmup_steps": 4,
+                      "eval_interval": 12, "checkpoint_interval": 24},
+              "scheduler": {"name": "none"},
+              "width": {"widths": [16, 32], "lr_min": 0.004, "lr_max": 0.032, "ratio": 2, "below": 1, "above": 1,
+                        "max_extensions": 2, "seeds": 1, "walls": 1, "edge_probes": 0, "confirm_seeds": 1}}
+
+
+@pytest.fixture(scope="module")
+def width_factory(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("width_factory")
+    (tmp / "width.yaml").write_text(json.dumps(TINY_WIDTH))
+    run = run_lmtune("run", "--space", str(tmp / "width.yaml"), "--model", str(USER_MODELS / "gpt_style.py:make"),
+                     *common(tmp, builtin_data, "w"), timeout=900)
+    return {"run": run, "dir": tmp / "results" / "w"}
+
+
+def test_the_width_search_under_sp_builds_every_proxy_with_the_users_factory(width_factory):
+    assert width_factory["run"].returncode == 0, width_factory["run"].stderr[-3000:]
+    assert read_width_state(width_factory["dir"])["finished"]
+    sizes = {}
+    for folder in trial_dirs(width_factory["dir"]).values():
+        d_model = json.loads((folder / "config.json").read_text())["model"]["d_model"]
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["model"].endswith("gpt_style.py:make") and summary["flops_estimated"]
+        sizes.setdefault(d_model, set()).add(summary["params_non_embedding"])
+    assert sorted(sizes) == [16, 32, 64]
+    # one model per width, each its own size: the factory built every width's
+    assert all(len(found) == 1 for found in sizes.values())
+    assert min(sizes[16]) < min(sizes[32]) < min(sizes[64])
+
+
+def test_the_width_search_refuses_mup_for_a_users_model(builtin_data, tmp_path):
+    proc = run_lmtune("run", "--space", "quick_width_mup", "--model", str(USER_MODELS / "gpt_style.py:make"),
+                      *common(tmp_path, builtin_data, "mup"))
+    assert_one_line_error(proc.returncode, proc.stderr, "parametrization='mup' is a switch of lmtune's model")
+    assert not (tmp_path / "results").exists()
