@@ -1,8 +1,8 @@
 """Sweeps of the user's own model as a user runs them: real Ray Tune on a local cluster, real training.
 
-- the edge search on lmtune's example model (examples/cs336_model.py), stopped with Ctrl-C and resumed, then the
-  report: it names the model, says what is not measured of it, estimates its FLOPs, shows the best LR's samples
-  and the learning curves against wall-clock time;
+- the README's command, the edge search on lmtune's example model (examples/cs336_model.py), at test size, stopped
+  with Ctrl-C and resumed, then the report: it names the model, says what is not measured of it, estimates its
+  FLOPs, shows the best LR's samples and the learning curves against wall-clock time;
 - a grid on the example model with two LRs fused per trial;
 - a model whose builds share a module (a module-level RoPE cache): fusing refused before Ray starts, and each of
   its trials run in a process of its own;
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from conftest import (
     assert_real_picture,
     finish,
     run_lmtune,
+    set_args,
     start_lmtune,
     trial_dirs,
     wait_until,
@@ -35,12 +38,18 @@ from lmtune.sweep.record import read_edge_state, read_outcomes, read_width_state
 
 pytestmark = pytest.mark.slow
 
-# The README's Python example's edge search, on the example model.
-TINY_EDGE = {"search": "edge", "budget": "quick",
-             "set": {**TINY_TRIAL, "steps": 36, "warmup_steps": 4, "log_interval": 4, "eval_interval": 4,
-                     "checkpoint_interval": 4},
-             "scheduler": {"name": "asha", "grace_period": 0.11111111, "reduction_factor": 3},
-             "edge": {"range_steps": 40, "tolerance": 2.0, "refine_points": 2, "seeds": 2, "seed_lrs": 1}}
+README = Path(__file__).resolve().parents[1] / "README.md"
+# The README's command, at test size: its space's model and batch shrunk (its budget, range test and search kept).
+TEST_SIZE = {"d_model": 32, "d_ff": 96, "n_layers": 1, "n_heads": 2, "context_length": 32, "batch_size": 8,
+             "eval_batches": 2}
+
+
+def readme_command() -> list[str]:
+    """The README's first command of a user's model: lmtune run --space ... --model examples/...:TransformerLM."""
+    match = re.search(r"^lmtune (run --space \S+ --model examples/cs336_model\.py:TransformerLM)$", README.read_text(),
+                      re.M)
+    assert match, "README.md lost its command for a user's model"
+    return match.group(1).split()
 
 
 def common(tmp: Path, data: Path, name: str) -> list[str]:
@@ -50,20 +59,23 @@ def common(tmp: Path, data: Path, name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def example_edge(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The edge search on the example model, Ctrl-C once three trials have ended, resumed to its end, analyzed."""
+    """The README's command (the edge search on the example model) run from a folder holding examples/, at test
+    size; Ctrl-C once three trials have ended, resumed to its end, analyzed."""
     tmp = tmp_path_factory.mktemp("example_edge")
-    (tmp / "edge.yaml").write_text(json.dumps(TINY_EDGE))
+    shutil.copytree(README.parent / "examples", tmp / "examples")
+    command, *args = readme_command()
     sweep_dir = tmp / "results" / "edge"
-    proc = start_lmtune("run", "--space", str(tmp / "edge.yaml"), "--model", EXAMPLE,
-                        *common(tmp, builtin_data, "edge"))
+    proc = start_lmtune(command, *args, *set_args(TEST_SIZE), *common(tmp, builtin_data, "edge"), cwd=tmp)
     wait_until(lambda: len(read_outcomes(sweep_dir)) >= 3, proc, 300, "three ended trials", poll_s=0.05)
     os.killpg(proc.pid, signal.SIGINT)
     interrupted = finish(proc, 120)
     ended = {t: e["outcome"] for t, e in read_outcomes(sweep_dir).items()}
-    resumed = run_lmtune("run", "--resume", *common(tmp, builtin_data, "edge")[:4], "--no-dashboard", "--quiet")
-    analyze = run_lmtune("analyze", str(sweep_dir))
+    resumed = run_lmtune("run", "--resume", *common(tmp, builtin_data, "edge")[:4], "--no-dashboard", "--quiet",
+                         cwd=tmp, timeout=900)
+    analyze = run_lmtune("analyze", str(sweep_dir), cwd=tmp)
+    model = f"{(tmp / 'examples' / 'cs336_model.py').resolve()}:TransformerLM"
     return {"dir": sweep_dir, "interrupted": (proc.returncode, interrupted), "ended_before": ended,
-            "resumed": resumed, "analyze": analyze}
+            "resumed": resumed, "analyze": analyze, "model": model}
 
 
 def test_the_interrupted_search_on_the_users_model_resumes_and_finishes(example_edge):
@@ -75,17 +87,17 @@ def test_the_interrupted_search_on_the_users_model_resumes_and_finishes(example_
     ledger = read_outcomes(sweep_dir)
     assert all(ledger[t]["outcome"] == o for t, o in example_edge["ended_before"].items())  # decided: not rerun
     for folder in trial_dirs(sweep_dir).values():
-        assert json.loads((folder / "config.json").read_text())["code"]["model"] == EXAMPLE
+        assert json.loads((folder / "config.json").read_text())["code"]["model"] == example_edge["model"]
 
 
 def test_the_report_of_the_users_model_names_it_and_says_what_is_estimated_and_not_measured(example_edge):
     assert example_edge["analyze"].returncode == 0, example_edge["analyze"].stderr[-3000:]
     report = example_edge["dir"] / "report"
     summary = json.loads((report / "summary.json").read_text())
-    assert summary["model"]["name"] == EXAMPLE and summary["model"]["flops_estimated"]
+    assert summary["model"]["name"] == example_edge["model"] and summary["model"]["flops_estimated"]
     assert not summary["model"]["attention_logits_measured"]
     text = (report / "lr_sweep_analysis.md").read_text()
-    assert f"your `{EXAMPLE}`" in text and "Its attention logits are not measured for this model" in text
+    assert f"your `{example_edge['model']}`" in text and "Its attention logits are not measured for this model" in text
     assert "estimated from its parameters' shapes" in text
 
 
