@@ -288,9 +288,10 @@ def training_log(out_dir: Path):
 
 def log_run_start(config: RunConfig, device) -> None:
     size = model_size(config)
-    log.info("model %s on %s: non-embedding %.2fM params, total %.2fM; %.1f MFLOP/token%s; %d steps x %d tokens",
-             config.code.describe(), device, size.non_embedding / 1e6, size.total / 1e6, size.flops_per_token / 1e6,
-             " (estimated)" if size.estimated else "", config.train.steps, config.tokens_per_step)
+    log.info("device=%s params: non-embedding %.2fM, total %.2fM; %.1f MFLOP/token%s; %d steps x %d tokens; model %s",
+             device, size.non_embedding / 1e6, size.total / 1e6, size.flops_per_token / 1e6,
+             " (estimated)" if size.estimated else "", config.train.steps, config.tokens_per_step,
+             config.code.describe())
 
 
 def log_row(row: Row, total_steps: int) -> None:
