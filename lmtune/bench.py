@@ -19,7 +19,6 @@ from lmtune.cli import prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import check_destination
-from lmtune.report.coord_figure import plot_coord_check
 from lmtune.sweep.placement import recommend_trials_per_gpu
 from lmtune.tools.projection import DEVICES, project, projection_table
 from lmtune.tools.throughput.benchmark import COMPILE_MODES, CONFIGS, bench_config, fused_tokens_per_s, run_bench
@@ -104,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="override a config field")
     add_code_arguments(p, optimizer=False, schedule=False)
     p.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
+    p.add_argument("--measured-peak", action="store_true",
+                   help="MFU against this device's measured matmul peak in the training dtype (an 8192^3 bf16 matmul "
+                        "on a GPU), not its data-sheet figure")
     p.add_argument("--no-eval", action="store_true", help="skip timing the evaluation")
     p.add_argument("--concurrency", help="comma-separated K values: run K training processes at once")
     p.add_argument("--fuse", help="comma-separated K values: one fused process of K members against K separate "
@@ -211,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_mode=args.compile_mode, naive=not (args.no_naive or args.worker),
         measure_eval=not (args.no_eval or args.worker),
         barrier=(args.barrier, args.barrier_count) if args.barrier else None, config_name=args.config,
+        measured_peak=args.measured_peak,
     )
     result = replace(result, command=_command(argv))
     if args.record:
@@ -256,6 +259,8 @@ def _main_coord_check(args: argparse.Namespace) -> int:
               for name in names]
     args.out.mkdir(parents=True, exist_ok=True)
     write_checks(args.out / "coord_check.json", checks)
+    from lmtune.report.coord_figure import plot_coord_check  # (matplotlib: only where a figure is drawn)
+
     plot_coord_check(checks, args.out / "coord_check.png")
     print(f"lmtune bench --coord-check: widths {','.join(map(str, checks[0].widths))}, {steps} steps at lr "
           f"{args.lr:g}, {args.seeds} seeds, data {config.data_dir}, device {device}")

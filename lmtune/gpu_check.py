@@ -1,16 +1,21 @@
 """``python -m lmtune.gpu_check`` (``bash scripts/gpu_check.sh``): measure what lmtune does on this machine's
 GPU and write it all into one JSON file to attach to a bug report.
 
-On a CUDA GPU, in order: the CUDA checks (lmtune.tools.cuda_checks), ``diagnose``, ``bench`` with the
-default and the low-resource configs (``--record``: appended to benchmarks/results.jsonl too), ``bench
---concurrency 1,2,4``, ``bench --fuse 1,2,4,7`` and a shortened ``lr_grid`` sweep. Without one, each step
-that needs CUDA is skipped with its reason, and the others run as a smoke test on a tiny model (what CI
-runs): the file then says so, and none of its figures is a GPU's.
+It runs from a plain checkout with whatever torch the machine has (``PYTHONPATH=. python3 -m lmtune.gpu_check`` or
+``bash scripts/gpu_check.sh --system``: a rented GPU box as it comes needs only torch, numpy and pyyaml). On a CUDA
+GPU, in order, each step under a time cap so that the whole check ends within 8 minutes: the environment and
+``diagnose``; the CUDA checks (lmtune.tools.cuda_checks); ``bench`` of the default 17M model at batch 128 (bf16,
+compile, fused AdamW) against the naive loop, MFU against the GPU's measured bf16 matmul peak (``--record``: appended
+to benchmarks/results.jsonl too); ``bench --concurrency 1,2,4`` and ``--fuse 1,2,4,7``; and, where Ray is installed,
+a shortened ``lr_grid`` sweep at four trials per GPU. Without a GPU, each step that needs CUDA is skipped with its
+reason and the others run as a smoke test on a tiny model (what CI runs): the file then says so, and none of its
+figures is a GPU's. A step whose packages are not installed is skipped, naming them, in the output and the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -34,6 +39,13 @@ TINY = ["--set", "d_model=32", "--set", "d_ff=64", "--set", "n_layers=1", "--set
         "--set", "context_length=32"]
 SMOKE_BENCH = ["--config", "quick", "--batch-size", "4", "--steps", "2", "--repeats", "1", "--warmup", "1",
                "--no-naive", "--no-eval", "--json", *TINY]
+# What a sweep imports besides torch, numpy and pyyaml (Ray Tune; the report's tables and figures; the built-in
+# corpus's tokenizer). lmtune's other optional packages (tensorboardX, optuna) a sweep of a grid does without.
+SWEEP_PACKAGES = ("ray", "pandas", "matplotlib", "tokenizers")
+# The packages lmtune runs with, as they are imported (a bare GPU box may lack all but torch, numpy and yaml).
+PACKAGES = ("torch", "numpy", "yaml", "tensorboardX", "optuna", "pandas", "matplotlib", "tokenizers", "ray")
+# On a GPU each step's time cap (seconds); they add up to 8 minutes.
+GPU_CAPS = {"diagnose": 40, "cuda": 50, "bench": 120, "concurrency": 75, "fuse": 75, "sweep": 120}
 
 
 @dataclass(frozen=True)
@@ -68,28 +80,41 @@ class Step:
     name: str
     command: list[str]
     needs_cuda: bool = False
+    needs: tuple[str, ...] = ()
+    """Packages (import names) it needs besides torch, numpy and pyyaml."""
     timeout_s: float = 3600.0
     json_output: bool = True
     outcome: Outcome | None = None
     """What running it did (None: not run yet)."""
 
 
+def missing_packages(names: tuple[str, ...] = PACKAGES) -> list[str]:
+    """Which of ``names`` are not installed (looked up, not imported)."""
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def plan(cuda: bool, work: Path) -> list[Step]:
     """The steps, for a CUDA GPU or (without one) as the CPU smoke test."""
     py = [sys.executable, "-m"]
     if cuda:
-        bench = [*py, "lmtune.bench", "--json", "--record"]
+        bench = [*py, "lmtune.bench", "--json", "--config", "default", "--batch-size", "128"]
+        short = ["--steps", "5", "--repeats", "2", "--warmup", "2"]
         return [
-            Step("cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False),
-            Step("diagnose", [*py, "lmtune.diagnose"], json_output=False),
-            Step("bench default", [*bench, "--config", "default"]),
-            Step("bench low-resource", [*bench, "--config", "low-resource"]),
-            Step("bench concurrency", [*py, "lmtune.bench", "--json", "--config", "default", "--concurrency", "1,2,4"]),
-            Step("bench fuse", [*py, "lmtune.bench", "--json", "--config", "default", "--fuse", "1,2,4,7"]),
-            Step("lr_grid sweep, 500 steps", [*py, "lmtune.run", "--space", "lr_grid", "--set", "steps=500",
-                                              "--set", "eval_interval=100", "--name", "gpu-check",
-                                              "--results", str(work), "--quiet", "--no-dashboard"],
-                 json_output=False),
+            Step("environment and diagnose", [*py, "lmtune.diagnose"], json_output=False,
+                 timeout_s=GPU_CAPS["diagnose"]),
+            Step("cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False,
+                 timeout_s=GPU_CAPS["cuda"]),
+            Step("bench default, batch 128, against the naive loop",
+                 [*bench, "--steps", "10", "--repeats", "3", "--warmup", "3", "--no-eval", "--measured-peak",
+                  "--record"], timeout_s=GPU_CAPS["bench"]),
+            Step("bench concurrency 1,2,4", [*bench, *short, "--concurrency", "1,2,4"],
+                 timeout_s=GPU_CAPS["concurrency"]),
+            Step("bench fuse 1,2,4,7", [*bench, *short, "--fuse", "1,2,4,7"], timeout_s=GPU_CAPS["fuse"]),
+            Step("lr_grid sweep, 200 steps, 4 trials per GPU", [
+                *py, "lmtune.run", "--space", "lr_grid", "--set", "steps=200", "--set", "warmup_steps=20",
+                "--set", "eval_interval=100", "--set", "checkpoint_interval=100", "--gpus-per-trial", "0.25",
+                "--name", "gpu-check", "--results", str(work), "--quiet", "--no-dashboard"],
+                needs=SWEEP_PACKAGES, json_output=False, timeout_s=GPU_CAPS["sweep"]),
         ]
     return [
         Step("cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False),
@@ -101,7 +126,7 @@ def plan(cuda: bool, work: Path) -> list[Step]:
         Step("sweep (CPU smoke: quick, 10 steps)", [
             *py, "lmtune.run", "--space", "quick", "--set", "steps=10", "--set", "eval_interval=5", "--set",
             "checkpoint_interval=5", "--set", "warmup_steps=2", *TINY, "--name", "gpu-check", "--results", str(work),
-            "--quiet", "--no-dashboard", "--num-cpus", "2"], json_output=False),
+            "--quiet", "--no-dashboard", "--num-cpus", "2"], needs=SWEEP_PACKAGES, json_output=False),
     ]
 
 
@@ -110,6 +135,9 @@ def run_step(step: Step, cuda: bool) -> None:
     command = shlex.join(step.command)
     if step.needs_cuda and not cuda:
         step.outcome = Outcome(command, ran=False, skipped="needs a CUDA GPU: none here")
+        return
+    if missing := missing_packages(step.needs):
+        step.outcome = Outcome(command, ran=False, skipped=f"needs {', '.join(missing)}: not installed")
         return
     started = time.perf_counter()
     try:
@@ -171,8 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         raise LmtuneError(f"{out} already exists; give another --out")
     cuda = torch.cuda.is_available()
     report = {"machine": asdict(machine()), "gpu": cuda, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "missing_packages": missing_packages(),
               "note": "measured on a CUDA GPU" if cuda else
               "no CUDA GPU here: a smoke test of the CPU paths on a tiny model; no figure is a GPU's"}
+    if report["missing_packages"]:
+        print(f"not installed: {', '.join(report['missing_packages'])} (the steps that need them are skipped)")
     with tempfile.TemporaryDirectory(prefix="lmtune-gpu-check-") as work:
         steps = plan(cuda, Path(work))
         for step in steps:
@@ -182,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             print(r.skipped or ("ok" if r.ok else f"FAILED (exit {r.returncode})")
                   + (f", {r.seconds} s" if r.seconds is not None else ""), flush=True)
     report["steps"] = [{"name": s.name, **s.outcome.to_json()} for s in steps]
+    report["skipped"] = {s.name: s.outcome.skipped for s in steps if not s.outcome.ran}
     atomic_write_text(out, json.dumps(report, indent=1, sort_keys=True) + "\n")
     failed = [s.name for s in steps if s.outcome.ran and not s.outcome.ok]
     print(f"wrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))

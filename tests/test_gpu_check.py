@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from conftest import ENV, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -48,3 +47,27 @@ def test_every_other_step_ran_and_its_figures_are_in_the_report(report):
     assert _step(report, "bench fuse")["output"]["kind"] == "fuse"
     assert any("best trial" in line for line in _step(report, "sweep")["output_tail"])
     assert any(line.startswith("torch.compile:") for line in _step(report, "diagnose")["output_tail"])
+
+
+def test_a_gpu_box_as_it_comes_runs_the_check_from_a_plain_checkout_with_only_torch_numpy_and_pyyaml(tmp_path):
+    """A virtualenv holding torch (this machine's local wheel), numpy and pyyaml and nothing else; lmtune from the
+    checkout on PYTHONPATH: every step that needs no other package runs, the others are skipped, named."""
+    from test_install import local_torch_wheel
+
+    venv = tmp_path / "bare"
+    subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(local_torch_wheel()), "numpy", "pyyaml"],
+                   check=True, capture_output=True, timeout=600)
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "lmtune.gpu_check", "--out", str(out)], cwd=tmp_path,
+                          env={**os.environ, **ENV, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["missing_packages"]) == {"tensorboardX", "optuna", "pandas", "matplotlib", "tokenizers", "ray"}
+    assert report["skipped"]["sweep (CPU smoke: quick, 10 steps)"] == \
+        "needs ray, pandas, matplotlib, tokenizers: not installed"
+    ran = [s for s in report["steps"] if s["ran"]]
+    assert [s["name"] for s in ran] == ["diagnose", "bench (CPU smoke: a tiny model)", "bench concurrency (CPU smoke)",
+                                        "bench fuse (CPU smoke)"] and all(s["ok"] for s in ran)
+    assert "not installed: tensorboardX, optuna, pandas, matplotlib, tokenizers, ray" in proc.stdout

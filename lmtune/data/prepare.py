@@ -33,7 +33,7 @@ from lmtune.data.datadir import (
     write_meta,
 )
 from lmtune.data.documents import CHUNK_BYTES, EOT, MIN_VAL_TOKENS, DocumentTally, min_val_tokens
-from lmtune.data.tokenizer import encode, train_tokenizer
+from lmtune.data.tokenizer import encode, require_tokenizers, train_tokenizer
 from lmtune.errors import LmtuneError
 from lmtune.files import check_destination
 
@@ -89,6 +89,8 @@ def prepare_text(
     ``builtin``: the key meta.json records when this is the built-in corpus."""
     inputs = [Path(p) for p in inputs]
     out = Path(out)
+    require_tokenizers("prepare trains a BPE tokenizer with it; pip install tokenizers, or prepare token ids with "
+                       "--tokens")
     _check_inputs(inputs)
     check_out(out, force)
     _check_val_fraction(val_fraction)
@@ -226,6 +228,8 @@ def ensure_builtin_corpus(root: Path = Path("data/builtin"), option: str | None 
 
     if up_to_date():
         return root
+    require_tokenizers("the built-in corpus is tokenized with it; pip install tokenizers, or give --data DIR (data "
+                       "prepared elsewhere)")
     if option is not None:
         check_destination(root, option)
     else:

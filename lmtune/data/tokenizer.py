@@ -25,6 +25,17 @@ MAX_PIECE_BYTES = 256
 _ENCODE_BATCH_CHARS = 1 << 20  # text handed to one encode_batch call; bounds memory, keeps rayon busy
 
 
+def require_tokenizers(why: str) -> None:
+    """One line when the ``tokenizers`` package is not installed (a bare GPU box may lack it): ``why`` it is
+    needed, and the fix."""
+    import importlib.util
+
+    if importlib.util.find_spec("tokenizers") is None:
+        from lmtune.errors import LmtuneError
+
+        raise LmtuneError(f"the tokenizers package is not installed: {why}")
+
+
 def train_tokenizer(inputs: list[Path], vocab_size: int, tally: DocumentTally, chunk_bytes: int, progress: bool):
     """A BPE tokenizer trained on ``inputs``; ``tally`` counts their documents on the way."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers

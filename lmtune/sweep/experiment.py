@@ -4,6 +4,7 @@ sweep's record (sweep.json)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import platform
@@ -12,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import optuna
 import ray
 import torch
 import yaml
@@ -242,6 +242,15 @@ def sweep_record(options: SweepOptions, plan: SweepPlan, placement: Placement) -
                        address=options.address, command=tuple(options.command or sys.argv), keep=options.keep)
 
 
+def installed_version(package: str) -> str | None:
+    """``package``'s installed version, without importing it (None: not installed; optuna is needed only by
+    search: optuna)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
     """sweep.json of a sweep of ``plan`` named ``name``: the plan, its data, the versions and the machine, a user's
     model's fingerprint, and ``where`` it ran (SweepRecord's other fields)."""
@@ -251,7 +260,7 @@ def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
         model_fingerprint=parameter_fingerprint(base.code, base.model) if base.code.user_model else "",
         name=name, plan=plan, data=DataRecord(str(data_dir.resolve()), read_meta(data_dir)),
         versions={"lmtune": __version__, "torch": torch.__version__, "ray": ray.__version__,
-                  "optuna": optuna.__version__, "python": platform.python_version()},
+                  "optuna": installed_version("optuna"), "python": platform.python_version()},
         hardware={"platform": platform.platform(), "cpu_count": os.cpu_count(),
                   "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]},
         start_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **where,

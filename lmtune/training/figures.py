@@ -1,41 +1,70 @@
 """Where a run's figures are drawn: loss_curves.png and lr_schedule.png, from its metrics rows; and
-``save_figure``, through which every PNG lmtune writes (the report's too) is written atomically."""
+``save_figure``, through which every PNG lmtune writes (the report's too) is written atomically.
+
+matplotlib is imported when a figure is drawn, not with this module: a machine without it (a bare GPU box) still
+trains, and its runs say once that they drew no figures (``drawable``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import logging
 import math
 from pathlib import Path
 
-import matplotlib
+from lmtune.files import atomic_write_bytes
+from lmtune.training.config import RunConfig
+from lmtune.training.lr_function import step_lr_function
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+log = logging.getLogger(__name__)
+_told = False
 
-from lmtune.files import atomic_write_bytes  # noqa: E402
-from lmtune.training.config import RunConfig  # noqa: E402
-from lmtune.training.lr_function import step_lr_function  # noqa: E402
+
+def pyplot():
+    """matplotlib's pyplot on its file-only backend (Agg: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def drawable(what: str) -> bool:
+    """Whether matplotlib is installed; said once per process where it is not (``what``: the figures skipped)."""
+    global _told
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True
+    if not _told:
+        _told = True
+        log.warning("matplotlib is not installed: %s not drawn (pip install matplotlib to have them)", what)
+    return False
 
 
 def write_run_figures(out_dir: Path, rows: list[dict], config: RunConfig) -> None:
+    if not drawable("a run's loss_curves.png and lr_schedule.png"):
+        return
     t = config.train
     plot_loss_curves(rows, out_dir / "loss_curves.png", title=f"lr={t.lr:g} ({config.budget})")
     stride = max(1, t.steps // 500)
     steps = list(range(0, t.steps, stride)) + [t.steps - 1]
     lr_of_step = step_lr_function(config)
-    plot_lr_schedule([s + 1 for s in steps], [lr_of_step(s) for s in steps], out_dir / "lr_schedule.png")
+    shape = (f"{config.code.schedule}" if config.code.schedule else
+             "linear warm-up, warmup-stable-decay" if t.schedule == "wsd" else "linear warm-up, cosine decay")
+    plot_lr_schedule([s + 1 for s in steps], [lr_of_step(s) for s in steps], out_dir / "lr_schedule.png",
+                     f"learning-rate schedule ({shape})")
 
 
 def save_figure(fig, path: Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
     atomic_write_bytes(path, buffer.getvalue())
     return path
 
 
 def plot_loss_curves(rows: list[dict], path: Path, title: str = "") -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
     train = [(r["tokens"], r["train_loss"]) for r in rows if _finite(r.get("train_loss"))]
     val = [(r["tokens"], r["val_loss"]) for r in rows if _finite(r.get("val_loss"))]
     if train:
@@ -51,12 +80,13 @@ def plot_loss_curves(rows: list[dict], path: Path, title: str = "") -> Path:
     return save_figure(fig, path)
 
 
-def plot_lr_schedule(steps: list[int], lrs: list[float], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+def plot_lr_schedule(steps: list[int], lrs: list[float], path: Path,
+                     title: str = "learning-rate schedule") -> Path:
+    fig, ax = pyplot().subplots(figsize=(7, 3.5))
     ax.plot(steps, lrs, color="tab:green")
     ax.set_xlabel("step")
     ax.set_ylabel("learning rate")
-    ax.set_title("learning-rate schedule (linear warm-up, cosine decay)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
@@ -68,7 +98,7 @@ def _finite(value) -> bool:
 def plot_range_test(result, path: Path) -> Path:
     """The LR range test (a lmtune.training.lr_range.RangeTestResult): train loss against the rising
     LR, raw and smoothed, with the steepest-descent, lowest-loss and blow-up LRs marked."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7.5, 4.5))
     raw = [(lr, v) for lr, v in zip(result.lrs, result.losses, strict=True) if _finite(v)]
     smooth = [(lr, v) for lr, v in zip(result.lrs, result.smoothed, strict=True) if _finite(v)]
     if raw:

@@ -31,7 +31,7 @@ from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_json, atomic_write_text
 from lmtune.training.config import MAX_LR, RunConfig
 from lmtune.training.device import configure_backend, resolve_device
-from lmtune.training.figures import plot_range_test
+from lmtune.training.figures import drawable, plot_range_test
 from lmtune.training.loop import resolve_config
 from lmtune.training.memory import check_fits
 from lmtune.training.state import TrainState
@@ -263,7 +263,8 @@ def write_range_test(out_dir: Path, result: RangeTestResult, settings: RangeTest
                          "" if not math.isfinite(smooth) else f"{smooth:.6f}"])
     atomic_write_text(out_dir / RANGE_CSV, buffer.getvalue())
     atomic_write_json(out_dir / RANGE_JSON, {**result.to_json(), "settings": asdict(settings)})
-    plot_range_test(result, out_dir / RANGE_FIGURE)
+    if drawable(RANGE_FIGURE):
+        plot_range_test(result, out_dir / RANGE_FIGURE)
 
 
 def read_range_test(directory: Path) -> RangeTestResult | None:

@@ -190,21 +190,34 @@ class _OutOfRange(Exception):
 
 
 class TensorBoardSink:
-    """Every finite number of every row (metric_registry.numbers) as a TensorBoard scalar (out_dir/tensorboard)."""
+    """Every finite number of every row (metric_registry.numbers) as a TensorBoard scalar (out_dir/tensorboard).
+    Without tensorboardX installed (a bare GPU box) it writes nothing and says so once per process."""
+
+    _told = False
 
     def __init__(self, out_dir: Path, resume_step: int = 0):
-        from tensorboardX import SummaryWriter
-
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            self.writer = None
+            if not TensorBoardSink._told:
+                TensorBoardSink._told = True
+                log.warning("tensorboardX is not installed: no TensorBoard events are written (metrics.csv has every "
+                            "row; pip install tensorboardX to have them)")
+            return
         # purge_step: a resumed run's events past its checkpoint are dropped, as metrics.csv's rows are.
         self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=resume_step or None)
 
     def write(self, row: Row, checkpoint: Path | None = None) -> None:
+        if self.writer is None:
+            return
         for key, value in numbers(row).items():
             self.writer.add_scalar(key, value, row["step"])
         self.writer.flush()
 
     def close(self, result: Any = None) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
     def __enter__(self) -> TensorBoardSink:
         return self

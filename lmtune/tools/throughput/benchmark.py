@@ -134,9 +134,11 @@ def interleaved_repeats(loops: dict[str, TimedLoop], device: torch.device, steps
 
 def run_bench(config: RunConfig, *, steps: int = 10, repeats: int = 3, warmup: int = 3, compile_choice: str = "auto",
               compile_mode: str = "default", naive: bool = True, measure_eval: bool = True,
-              barrier: tuple[Path, int] | None = None, config_name: str = "") -> BenchResult:
+              barrier: tuple[Path, int] | None = None, config_name: str = "",
+              measured_peak: bool = False) -> BenchResult:
     """Time the optimized step (and the naive baseline) on ``config``.
-    With ``compile_choice`` both, the faster of eager and compiled is reported as the optimized step."""
+    With ``compile_choice`` both, the faster of eager and compiled is reported as the optimized step. ``measured_peak``:
+    MFU against this device's measured matmul peak in the training dtype, not its data-sheet figure."""
     if steps < 1 or repeats < 1 or warmup < 1:
         raise LmtuneError("--steps, --repeats and --warmup must each be >= 1")
     m, t = config.model, config.train
@@ -169,7 +171,7 @@ def run_bench(config: RunConfig, *, steps: int = 10, repeats: int = 3, warmup: i
         for loop in loops.values():
             loop.close()
     return bench_result(config, config_name, device, timings, list(variants), best, primary, steps, repeats, warmup,
-                        compile_mode, barrier is not None, details)
+                        compile_mode, barrier is not None, details, measured_peak)
 
 
 @dataclass(frozen=True)
@@ -188,17 +190,18 @@ class StepDetails:
 
 def bench_result(config: RunConfig, config_name: str, device: torch.device, timings: Timings, variants: list[str],
                  best: str, primary: OptimizedLoop, steps: int, repeats: int, warmup: int, compile_mode: str,
-                 with_barrier: bool, details: StepDetails) -> BenchResult:
+                 with_barrier: bool, details: StepDetails, measured_peak: bool = False) -> BenchResult:
     m, t = config.model, config.train
     per_repeat = steps * config.tokens_per_step
     size = model_size(config)
     flops_tok = size.flops_per_token
     dtype = primary.runtime.amp_dtype or torch.float32
-    peak = peak_flops(device, dtype)
+    peak = None if measured_peak else peak_flops(device, dtype)
     peak_source = f"data-sheet dense {'bf16' if dtype == torch.bfloat16 else 'float32'}"
     if peak is None:
         peak = measured_matmul_peak(device, dtype)
-        peak_source = f"measured {str(dtype).removeprefix('torch.')} matmul on this device (no data-sheet figure)"
+        peak_source = f"measured {str(dtype).removeprefix('torch.')} matmul on this device" + \
+            ("" if measured_peak else " (no data-sheet figure)")
     tokens_per_s = timings.rate(best, per_repeat)
     walls, waits = zip(*timings.repeats[best], strict=True)
     step_s, wait_fraction = statistics.median(walls) / steps, sum(waits) / sum(walls)

@@ -1,0 +1,141 @@
+"""lmtune installed where its users already are: into an environment that has its own torch (pip and uv keep it),
+into a uv project that requires torch, and by the main job's setup (lmtune and what it runs with, no test tool).
+
+Each test builds a real environment (pip and uv resolve and install the dependencies, from their caches or the
+package index); the torch they start from is this machine's local CPU wheel, found where pip's configuration
+points (find-links), as a user's environment has a torch of its own before lmtune arrives.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ENV, REPO
+from test_packaging import NOT_SOURCE
+
+pytestmark = pytest.mark.slow
+
+# A train short enough for an install test: the tiny model for 10 steps on the built-in corpus.
+SHORT_TRAIN = ["train", "--set", "steps=10", "--set", "warmup_steps=2", "--set", "d_model=32", "--set", "d_ff=64",
+               "--set", "n_layers=1", "--set", "n_heads=2", "--set", "context_length=32", "--quiet"]
+
+
+def local_torch_wheel() -> Path:
+    """The wheel of this interpreter's torch in pip's find-links (the machine's local CPU build); a test that needs
+    it fails in CI without it and is skipped elsewhere."""
+    folders = os.environ.get("PIP_FIND_LINKS", "").split()
+    for config in (Path("/etc/xdg/pip/pip.conf"), Path("/etc/pip.conf"), Path.home() / ".config/pip/pip.conf"):
+        parser = configparser.ConfigParser()
+        if config.is_file():
+            parser.read(config)
+            folders += parser.get("global", "find-links", fallback="").split()
+    for folder in folders:
+        found = sorted(Path(folder.removeprefix("file://")).glob(f"torch-{torch.__version__}-*.whl"))
+        if found:
+            return found[0]
+    if os.environ.get("CI"):
+        pytest.fail(f"no wheel of torch {torch.__version__} in pip's find-links ({folders}): CI installs it from one")
+    pytest.skip(f"no local wheel of torch {torch.__version__} to start an environment from")
+
+
+def checkout_copy(into: Path) -> Path:
+    """The working tree as a fresh clone would have it (what runs and tools write left out)."""
+    shutil.copytree(REPO, into, ignore=lambda folder, names: (NOT_SOURCE if Path(folder) == REPO else set())
+                    | {"__pycache__"})
+    return into
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """lmtune's wheel, built from a copy of the checkout."""
+    root = tmp_path_factory.mktemp("install_wheel")
+    source = checkout_copy(root / "source")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(root / "dist"), str(source)], check=True, timeout=300)
+    return next((root / "dist").glob("lmtune-*.whl"))
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, **ENV, **extra}
+
+
+def run(*command: str | Path, cwd: Path, timeout: float = 600, **env: str) -> str:
+    proc = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=environment(**env), stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"{command}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def venv_with_torch(root: Path) -> Path:
+    """A fresh virtualenv holding the local torch wheel and nothing else: a user's environment before lmtune."""
+    run(sys.executable, "-m", "venv", root, cwd=root.parent)
+    run(root / "bin" / "python", "-m", "pip", "install", "-q", local_torch_wheel(), cwd=root.parent)
+    return root
+
+
+def torch_of(python: Path, cwd: Path) -> dict[str, str]:
+    """The torch a python imports: its version and where it lies."""
+    code = "import json, torch; print(json.dumps({'version': torch.__version__, 'file': torch.__file__}))"
+    return json.loads(run(python, "-c", code, cwd=cwd).strip().splitlines()[-1])
+
+
+def test_pip_installs_the_wheel_with_its_dependencies_and_keeps_the_torch_already_there(wheel, tmp_path):
+    venv = venv_with_torch(tmp_path / "env")
+    before = torch_of(venv / "bin" / "python", tmp_path)
+    run(venv / "bin" / "python", "-m", "pip", "install", "-q", wheel, cwd=tmp_path)
+    assert torch_of(venv / "bin" / "python", tmp_path) == before
+    listed = json.loads(run(venv / "bin" / "python", "-m", "pip", "list", "--format", "json", cwd=tmp_path))
+    assert {p["name"]: p["version"] for p in listed}["torch"] == torch.__version__
+    assert "quick_edge" in run(venv / "bin" / "lmtune", "run", "--list-spaces", cwd=tmp_path)
+
+
+def test_uv_pip_installs_the_wheel_into_an_environment_with_torch_and_trains(wheel, tmp_path):
+    venv = venv_with_torch(tmp_path / "env")
+    before = torch_of(venv / "bin" / "python", tmp_path)
+    run(shutil.which("uv") or "uv", "pip", "install", "--python", venv / "bin" / "python", wheel, cwd=tmp_path)
+    assert torch_of(venv / "bin" / "python", tmp_path) == before
+    assert "quick_edge" in run(venv / "bin" / "lmtune", "run", "--list-spaces", cwd=tmp_path)
+    assert "completed: 10 steps" in run(venv / "bin" / "lmtune", *SHORT_TRAIN, "--out", tmp_path / "run",
+                                        cwd=tmp_path)
+
+
+def test_uv_add_puts_lmtune_into_a_uv_project_that_requires_torch_and_uv_run_trains_it(wheel, tmp_path):
+    project = tmp_path / "myproject"
+    project.mkdir()
+    torch_wheel = local_torch_wheel()
+    # A CS336-style project: its own torch requirement (here the local CPU wheel, as its source), run with uv run.
+    (project / "pyproject.toml").write_text(f"""\
+[project]
+name = "myproject"
+version = "0.1.0"
+requires-python = ">=3.11"
+dependencies = ["torch>=2.6"]
+
+[tool.uv.sources]
+torch = {{ path = "{torch_wheel}" }}
+""")
+    uv = shutil.which("uv") or "uv"
+    env = {"UV_PYTHON": sys.executable, "UV_NO_PROGRESS": "1"}
+    run(uv, "add", wheel, cwd=project, timeout=900, **env)
+    assert torch_of(project / ".venv" / "bin" / "python", project)["version"] == torch.__version__
+    assert "quick_edge" in run(uv, "run", "lmtune", "run", "--list-spaces", cwd=project, **env)
+    assert "completed: 10 steps" in run(uv, "run", "lmtune", *SHORT_TRAIN, "--out", project / "run", cwd=project,
+                                        **env)
+
+
+def test_the_main_jobs_setup_installs_lmtune_and_what_it_runs_with_but_no_test_tool(tmp_path):
+    clone = checkout_copy(tmp_path / "clone")
+    listed = run("bash", "-c", "source scripts/setup.sh runtime >/dev/null && pip list --format json", cwd=clone,
+                 timeout=900)
+    names = {p["name"].lower(): p["version"] for p in json.loads(listed.strip().splitlines()[-1])}
+    assert names["torch"] == torch.__version__ and "lmtune" in names and "ray" in names
+    assert not {"pytest", "ruff", "moto", "uv", "wandb"} & set(names), sorted(names)
