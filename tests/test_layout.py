@@ -184,3 +184,18 @@ def test_no_layer_imports_a_layer_above_it():
     upward = [f"{m} imports {t}" for m, targets in import_graph().items() for t in sorted(targets)
               if layer(m) is not None and layer(t) is not None and layer(t) > layer(m)]
     assert not upward, upward
+
+
+def test_the_training_path_imports_nothing_of_the_sweep_or_the_report_nor_their_packages():
+    """lmtune train runs where only torch, numpy and pyyaml are installed (a bare GPU box): importing it loads no
+    Ray, pandas, matplotlib, optuna, tensorboardX or tokenizers, and no module of lmtune.sweep or lmtune.report."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lmtune.train, lmtune.sample\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in "
+            "('ray', 'pandas', 'matplotlib', 'optuna', 'tensorboardX', 'tokenizers', 'scipy', 'pyarrow') "
+            "or n.startswith(('lmtune.sweep', 'lmtune.report'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
