@@ -151,6 +151,12 @@ class Sweep:
         if "://" in str(results.experiment_path) or not experiment.is_dir():
             raise LmtuneError(f"{results.experiment_path}: the report reads a local experiment folder; sync it to "
                               "this machine and call lmtune.report on the folder")
+        if not any(result.metrics and result.metrics.get("step") for result in results):  # (nothing written yet)
+            errors = [result.error for result in results if result.error is not None]
+            why = (f"each of its {len(errors)} trials raised an error (the first: "
+                   f"{str(errors[0]).strip().splitlines()[-1][:200]})" if errors else "it holds no trial")
+            raise LmtuneError(f"{experiment}: no trial trained a step, so there is nothing to report: {why}; fix "
+                              "that and fit the Tuner again")
         if not (experiment / SWEEP_FILE).exists():
             plan_record(self.plan, experiment.name, command=("python (lmtune.Sweep)",)).write(experiment)
         if not ledger_path(experiment).exists():

@@ -52,10 +52,19 @@ def writer_lock(folder: Path, refusal: Callable[[str], str]) -> Iterator[None]:
 class DiskFullError(OSError):
     """A write that found no space left on its device: nothing was written (the old file, if any, stands)."""
 
-    def __init__(self, path: Path, size: int):
-        free = shutil.disk_usage(existing_ancestor(path)).free
-        super().__init__(errno.ENOSPC, f"no space left on the disk of {path.parent} to write {path.name} "
-                         f"({size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB free): free space, then resume")
+    def __init__(self, path: Path, size: int, message: str | None = None):
+        path = Path(path)
+        if message is None:
+            free = shutil.disk_usage(existing_ancestor(path)).free
+            message = (f"no space left on the disk of {path.parent} to write {path.name} ({size / 2**20:.1f} MiB; "
+                       f"{free / 2**20:.1f} MiB free): free space, then resume")
+        super().__init__(errno.ENOSPC, message)
+        self.path, self.size = path, size
+
+    def __reduce__(self):
+        # Ray copies an error from a trial's process to the driver by pickling it: rebuilt from these, not from
+        # OSError's (errno, message) pair, which this constructor does not take.
+        return type(self), (self.path, self.size, self.strerror)
 
 
 def atomic_write_bytes(path: Path, data: bytes, mirror: bool = True) -> None:

@@ -144,6 +144,23 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+def auto_cluster_address() -> str | None:
+    """The HOST:PORT ``ray.init(address="auto")`` would join (RAY_ADDRESS, else the cluster `ray start` left on
+    this machine), or None when there is none, so that the driver refuses --address auto in one line before Ray
+    starts instead of Ray's ConnectionError traceback.
+
+    Why private: no public Ray API finds the running cluster without connecting to it (ray-project/ray#28008
+    asks for one, open; ray#63771 proposed ``ray.is_cluster_running``, closed unmerged). Public API to move to:
+    that one, once there is one.
+    """
+    from ray._private.services import get_ray_address_from_environment
+
+    try:
+        return get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Ray Tune: ASHA's rung records, saved as JSON
 

@@ -6,6 +6,7 @@ Prints Ray's live trial table and, at the end, the trials' outcomes and the best
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import re
@@ -19,6 +20,15 @@ from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.hooks import load_step_hook
 from lmtune.sweep.options import SweepOptions
+from lmtune.sweep.placement import ClusterCapacity
+from lmtune.sweep.preflight import (
+    check_address_answers,
+    check_local_resources,
+    check_storage_answers,
+    checked_address,
+    checked_storage,
+    read_cluster_config,
+)
 from lmtune.sweep.runner import DISK_FULL, SweepResult, run_sweep
 from lmtune.sweep.session import Interruptions, signal_exit_code
 from lmtune.sweep.spaces import available_spaces, load_space
@@ -27,6 +37,7 @@ from lmtune.training.config import BUDGETS, parse_set_args
 from lmtune.usercode.config import add_code_arguments, code_from_arguments
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+DEFAULT_RESULTS = "results"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="experiment name: results/NAME (default: SPACE-TIMESTAMP)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a training field")
     p.add_argument("--resume", action="store_true", help="continue the interrupted sweep --name")
-    p.add_argument("--results", default="results", help="results root folder (default: results)")
+    p.add_argument("--results", default=DEFAULT_RESULTS, help="results root folder (default: results)")
     p.add_argument("--storage", help="Ray storage: a shared path or s3:// / gs:// URI (default: --results)")
     p.add_argument("--time-budget", help="sweep wall-clock budget (e.g. 4h): trials projected past it stop as too_slow")
     p.add_argument("--gpus-per-trial", type=float, help="GPU share per trial; 0.25 packs four trials per GPU")
@@ -87,25 +98,67 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         raise LmtuneError("--max-failures must be >= 0")
     if args.name is None and args.resume:
         raise LmtuneError("--resume needs --name NAME of the sweep to continue")
-    if args.wandb:
+    if args.ship_data_mb < 0:
+        raise LmtuneError("--ship-data-mb must be >= 0 (the largest data put in Ray's object store; 0: none)")
+    if args.wandb is not None:
+        if not args.wandb.strip():
+            raise LmtuneError("--wandb: give the name of the Weights & Biases project to log to, e.g. --wandb lr")
         from lmtune.training.wandb_sink import import_wandb
 
         import_wandb()
     if args.step_hook:
         load_step_hook(args.step_hook)  # (a name that imports nothing is refused before Ray starts)
+    address, results, storage = where_it_runs(args)
     space = args.space or (None if args.resume else "lr_grid")  # a resume reads its space from sweep.json
     return SweepOptions(
         space=space, name=check_name(args.name or f"{Path(space or '').stem}-{time.strftime('%Y%m%d-%H%M%S')}"),
-        results=Path(args.results), data=args.data, budget=args.budget, overrides=parse_set_args(args.set),
-        resume=args.resume, storage=args.storage, time_budget_s=parse_duration(args.time_budget),
+        results=results, data=args.data, budget=args.budget, overrides=parse_set_args(args.set),
+        resume=args.resume, storage=storage, time_budget_s=parse_duration(args.time_budget),
         gpus_per_trial=args.gpus_per_trial, fuse=args.fuse, cpus_per_trial=args.cpus_per_trial,
         max_concurrent=args.max_concurrent,
-        max_failures=args.max_failures, address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+        max_failures=args.max_failures, address=address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         ship_data_mb=args.ship_data_mb, dashboard=not args.no_dashboard, dashboard_host=args.dashboard_host,
-        quiet=args.quiet, wandb_project=args.wandb, command=("python -m lmtune.run", *argv),
+        quiet=args.quiet, wandb_project=args.wandb.strip() if args.wandb else None,
+        command=("python -m lmtune.run", *argv),
         keep=Keep(args.keep), force=args.force, cluster_config=args.cluster_config, step_hook=args.step_hook,
         code=code_from_arguments(args),
     )
+
+
+def where_it_runs(args: argparse.Namespace) -> tuple[str | None, Path, str | None]:
+    """(--address, the results folder, --storage) as the sweep uses them, their forms checked: the address's, the
+    cluster config (with --address only); a storage folder is where the sweep lives, records and trials together
+    (the results folder). Nothing here asks the network: ``check_it_can_run`` does."""
+    address = checked_address(args.address) if args.address is not None else None
+    if args.cluster_config is not None:
+        if address is None:
+            raise LmtuneError("--cluster-config describes the cluster at --address, which was not given; give "
+                              "--address too, or drop --cluster-config for a run on this machine")
+        ClusterCapacity.from_config(read_cluster_config(args.cluster_config), str(args.cluster_config))
+    results, storage = Path(args.results), None
+    if args.storage is not None:
+        storage = checked_storage(args.storage)
+        if "://" not in storage:  # a folder (local or shared by all nodes): the sweep's one home
+            if args.results != DEFAULT_RESULTS and Path(args.results).resolve() != Path(storage):
+                raise LmtuneError(f"--storage {args.storage} and --results {args.results} name two folders for one "
+                                  "sweep; give one of them")
+            results, storage = Path(storage), None
+    return address, results, storage
+
+
+def check_it_can_run(options: SweepOptions) -> None:
+    """Before Ray starts and anything is written, each within seconds: the cluster at --address answers, object
+    storage answers and has its bucket; a run on this machine asks no more CPUs or GPUs than it has (Ray would
+    wait for them forever)."""
+    if options.address is None:
+        import torch
+
+        check_local_resources(options.cpus_per_trial, options.gpus_per_trial, options.num_cpus, options.num_gpus,
+                              torch.cuda.device_count())
+    else:
+        check_address_answers(options.address)
+    if options.storage is not None:
+        check_storage_answers(options.storage)
 
 
 # What a resumed sweep keeps from its start (sweep.json and Ray's experiment state): flags that would change it.
@@ -178,6 +231,8 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         return signal_exit_code(result.stopped_by)
     if summary is None or summary.best_trial is None:
         print("no trial that neither errored nor diverged reported a finite validation loss")
+        for line in error_lines(rows):
+            print(line)
         return 1
     print("\n".join(summary_lines(summary)))
     print(f"  config: {json.dumps(summary.facts.best_config)}")
@@ -188,6 +243,12 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
     print(f"  checkpoint: {best}")
     print(f"report: {shlex.join(['python', '-m', 'lmtune.analyze', str(result.sweep_dir)])}")
     return 0
+
+
+def error_lines(rows) -> list[str]:
+    """Why the trials that errored did, each different reason once (the three most frequent), with its count."""
+    reasons = collections.Counter(row.reason for row in rows if row.status == "error" and row.reason)
+    return [f"  {n} trial{'s' if n > 1 else ''}: {reason}" for reason, n in reasons.most_common(3)]
 
 
 @cli_entry
@@ -202,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:{width}s}  {load_space(name).description}")
         return 0
     options = sweep_options(args, argv)
+    check_it_can_run(options)
     try:
         with Interruptions.caught():
             return print_result(run_sweep(options), options)

@@ -16,7 +16,7 @@ from lmtune.sweep.record import Outcome, evaluated_val_loss, rebased
 from lmtune.sweep.rungs import Rungs
 from lmtune.sweep.runs import format_tokens
 from lmtune.sweep.stopping import Ending, Members, OutcomeRecorder, format_value
-from lmtune.sweep.tune_types import TuneResult
+from lmtune.sweep.tune_types import TuneResult, check_objective
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,13 @@ class PersistentASHA(AsyncHyperBandScheduler):
         self.order: list[str] = []  # judged trials in the order they were added
         self.ended: set[str] = set()
         self.held: dict[str, list[TuneResult]] = {}  # trial -> its rung results not yet judged (for Tune's ASHA)
+
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
+        """A user's ``TuneConfig(metric=..., mode=...)`` (Tune hands it to the scheduler whatever the param space:
+        lmtune's deciding searchers, whose param space is empty, never hear it): val_loss, lowest first, or an error
+        before anything trains."""
+        check_objective("lmtune's ASHA", metric, mode)
+        return super().set_search_properties(metric, mode, **spec)
 
     def __setstate__(self, state: dict[str, object]) -> None:
         # Restored by Tune on --resume: the state file of the folder this driver resumes in.

@@ -15,7 +15,6 @@ from typing import Any
 
 import ray
 import torch
-import yaml
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
@@ -28,6 +27,7 @@ from lmtune.sweep.disk import CheckpointBytes, Keep
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import ClusterCapacity, Placement, place_trials
 from lmtune.sweep.plan import SweepPlan
+from lmtune.sweep.preflight import read_cluster_config
 from lmtune.sweep.record import asha_state_path, ledger_path
 from lmtune.sweep.retention import CheckpointPruner
 from lmtune.sweep.spaces import SearchSpace, load_space
@@ -35,6 +35,7 @@ from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
 from lmtune.sweep.strategies.base import Setting
 from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
+from lmtune.sweep.tune_types import METRIC, MODE
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
 from lmtune.usercode.checks import check_code, check_model
@@ -44,7 +45,6 @@ from lmtune.version import __version__
 
 log = logging.getLogger(__name__)
 
-METRIC, MODE = "val_loss", "min"
 
 
 def plan_sweep(options: SweepOptions) -> SweepPlan:
@@ -110,14 +110,7 @@ def cluster_capacity(options: SweepOptions) -> ClusterCapacity | None:
     path = options.cluster_config or (BOOTSTRAP_CONFIG.expanduser() if options.address else None)
     if path is None or (options.cluster_config is None and not path.is_file()):
         return None
-    try:
-        config = yaml.safe_load(Path(path).expanduser().read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise LmtuneError(f"--cluster-config {path}: cannot read it ({err}); give the autoscaler's cluster "
-                          "config file") from None
-    if not isinstance(config, dict):
-        raise LmtuneError(f"--cluster-config {path}: not a cluster config (a YAML mapping)")
-    return ClusterCapacity.from_config(config, str(path))
+    return ClusterCapacity.from_config(read_cluster_config(path), str(path))
 
 
 def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,

@@ -82,17 +82,25 @@ class ClusterCapacity:
                               "autoscaler's cluster config (the one `ray up` or `ray start --autoscaling-config` read)")
         cpus = float((types[head].get("resources") or {}).get("CPU", 0))
         gpus, workers = 0.0, 0
-        budget = int(config.get("max_workers", 10**6))
+        budget = _count(config.get("max_workers", 10**6), "max_workers", path)
         for name, spec in sorted(types.items(), key=lambda item: -float((item[1].get("resources") or {})
                                                                          .get("GPU", 0))):
             if name == head:
                 continue
-            count = min(int(spec.get("max_workers", 0)), budget - workers)
+            count = min(_count(spec.get("max_workers", 0), f"available_node_types.{name}.max_workers", path),
+                        budget - workers)
             resources = spec.get("resources") or {}
             cpus += count * float(resources.get("CPU", 0))
             gpus += count * float(resources.get("GPU", 0))
             workers += count
         return cls(cpus, gpus, workers)
+
+
+def _count(value: object, key: str, path: str) -> int:
+    """A cluster config's count of workers: a whole number >= 0, else one line."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LmtuneError(f"--cluster-config {path}: {key} is {value!r}; give a whole number of workers >= 0")
+    return value
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -109,29 +110,36 @@ def is_sweep_dir(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def sole_writer(sweep_dir: Path, *, new: bool) -> Iterator[None]:
+def sole_writer(sweep_dir: Path, *, new: bool) -> Iterator[threading.Event]:
     """This process alone writes ``sweep_dir`` while the block runs (a run, or a resume).
 
     An exclusive ``flock`` on results/NAME/.lmtune.lock: the OS releases it when the process ends,
     however it ends, so a SIGKILLed driver never leaves a stale lock; a second writer is refused in
     one line naming the holder's pid. Readers (analyze, diagnose) never take it. ``new``: create the
     folder first, refused when it exists (also when a run with the same --name made it a moment ago);
-    a new folder the run leaves without sweep.json (it failed before it started) is removed again.
+    a new folder (and the empty folders above it it made) is removed again unless the run set the event the block
+    gets (the sweep started: Tune runs it), so a start that failed (a refusal, an unreachable store, a signal
+    during set-up) leaves no folder to block the name.
     """
     sweep_dir = Path(sweep_dir)
+    made = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]  # (results/ too, on a first run)
     if new:
         try:
             sweep_dir.mkdir(parents=True)
         except FileExistsError:
-            raise LmtuneError(f"results/{sweep_dir.name} already exists; pass --resume to continue it or choose "
-                              "another --name") from None
+            raise LmtuneError(f"{sweep_dir} already exists; pass --resume to continue it or choose another "
+                              "--name") from None
+    started = threading.Event()
     try:
         with writer_lock(sweep_dir, lambda pid: f"{sweep_dir} is being written by another lmtune run (pid {pid}); "
                                                 "wait for it to end, or stop it, before you run or resume this sweep"):
-            yield
+            yield started
     finally:
-        if new and not is_sweep_dir(sweep_dir):
+        if new and not started.is_set():
             shutil.rmtree(sweep_dir, ignore_errors=True)
+            for folder in made[1:]:  # the folders above it this start made, where nothing else was put since
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 def decisions_dir(sweep_dir: Path) -> Path:

@@ -79,6 +79,11 @@ class TuneSink:
         for folder in folders:  # stored by Tune now: the run's copies would be the same bytes twice
             rotate(folder, keep=0)
 
+    def refuse(self, error: str) -> None:
+        """The trial's only result: it ends as an error before training (``error``, one line), without the
+        exception that would have Tune retry what fails the same way every time."""
+        tune.report(self.result({"step": 0, "tokens": 0, "error": error}))
+
     def close(self, result: RunResult) -> None:
         """A run that diverged ends with one more result saying where and how (the stopper's, and the
         ledger's, reason); any other run's last row was its last result."""

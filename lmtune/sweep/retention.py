@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import posixpath
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -80,6 +81,21 @@ def prune_sweep(storage_path: str, sweep_name: str, keep: Keep) -> int:
             fs.delete_dir(entry.path)
         else:
             freed += prune_trial(fs, entry.path, keep)
+    return freed
+
+
+def drop_staged_duplicates(sweep_dir: Path) -> int:
+    """A sweep stopped before its end (a full disk, a signal): each checkpoint left in the staging folder that Tune
+    holds too (the same file in the trial's checkpoint_NNNNNN/) goes, so a full disk is not kept full by two
+    copies; one only there (written, not yet handed to Tune) stays for --resume. Returns the bytes freed."""
+    freed = 0
+    staging = Path(sweep_dir) / STAGING_DIR
+    for folder in staging.glob("*") if staging.is_dir() else ():
+        held = {p.name for p in (Path(sweep_dir) / folder.name).glob("checkpoint_*/*")}
+        for path in folder.iterdir():
+            if path.name in held and path.is_file():
+                freed += path.stat().st_size if path.stat().st_nlink == 1 else 0  # (a hard link frees nothing)
+                path.unlink()
     return freed
 
 

@@ -21,7 +21,7 @@ import ray
 from ray import tune
 
 from lmtune.errors import LmtuneError
-from lmtune.files import mirrored
+from lmtune.files import existing_ancestor, mirrored
 from lmtune.sweep.disk import DiskNeed, Keep, check_free_disk, disk_need, format_bytes, free_disk
 from lmtune.sweep.experiment import (
     build_trainable,
@@ -37,7 +37,7 @@ from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import Placement
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SWEEP_FILE, Outcome, is_sweep_dir, read_outcomes, resuming_in, sole_writer
-from lmtune.sweep.retention import prune_sweep
+from lmtune.sweep.retention import drop_staged_duplicates, prune_sweep
 from lmtune.sweep.session import Echo, Interruptions, ray_session
 from lmtune.sweep.spaces import load_space
 from lmtune.sweep.storage import SweepStorage
@@ -73,12 +73,12 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
         return resume_sweep(options, echo)
     sweep_dir = options.sweep_dir
     if sweep_dir.exists():
-        raise LmtuneError(f"results/{options.name} already exists; pass --resume to continue it or choose "
-                          "another --name")
+        raise LmtuneError(f"{sweep_dir} already exists; pass --resume to continue it or choose another --name")
     plan = plan_sweep(options)
     preflight_write_check(options.results.resolve())
     storage = SweepStorage(options.storage_path, options.name)
-    with sole_writer(sweep_dir, new=True), ray_session(options, echo), mirrored_records(storage, sweep_dir):
+    with sole_writer(sweep_dir, new=True) as started, ray_session(options, echo), \
+            mirrored_records(storage, sweep_dir):
         placement = place_on_cluster(options, plan)
         check_storage_reach(options, storage)
         need = sweep_disk_need(options, plan, placement)
@@ -94,6 +94,7 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
         echo(f"{need.describe(free)}{where}; ended trials keep {KEEP_WORDS[options.keep]} (--keep)")
         tuner = build_tuner(options, plan, placement, shipped)
         Interruptions.tuning = True
+        started.set()
         result = sweep_result(sweep_dir, tuner.fit(), plan)
         return finish(options, storage, result, disk_reserve(plan, placement.max_concurrent))
 
@@ -177,10 +178,12 @@ def finish(options: SweepOptions, storage: SweepStorage, result: SweepResult, re
     if result.stopped_by is None:
         freed = prune_sweep(options.storage_path, options.name, options.keep)
         log.info("pruned %s of checkpoints nothing can use any more", format_bytes(freed))
-    elif not storage.remote and (free := free_disk(options.results.resolve())) < reserve:
-        result.stopped_by = DISK_FULL
-        result.disk_note = (f"only {format_bytes(free)} free on the disk of {options.results.resolve()}, less than "
-                            f"the next checkpoints need ({format_bytes(reserve)}); free space, then resume")
+    else:
+        drop_staged_duplicates(result.sweep_dir)
+        if not storage.remote and (free := free_disk(options.results.resolve())) < reserve:
+            result.stopped_by = DISK_FULL
+            result.disk_note = (f"only {format_bytes(free)} free on the disk of {options.results.resolve()}, less "
+                                f"than the next checkpoints need ({format_bytes(reserve)}); free space, then resume")
     if storage.remote:
         storage.download(result.sweep_dir)
     return result
@@ -260,16 +263,17 @@ def sweep_result(sweep_dir: Path, results: tune.ResultGrid, plan: SweepPlan) -> 
 
 
 def preflight_write_check(directory: Path, min_free: int = MIN_FREE_BYTES) -> None:
-    """Refuse at start, not hours later, a results folder that cannot take writes."""
+    """Refuse at start, not hours later, a results folder that cannot take writes (one not made yet: the folder
+    it would be made in; it is made with the sweep's own folder, so that a refused start leaves nothing)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".lmtune-write-test-{os.getpid()}"
+        probe = existing_ancestor(directory) / f".lmtune-write-test-{os.getpid()}"
         probe.write_bytes(b"x" * 4096)
         probe.unlink()
     except OSError as err:
         raise LmtuneError(f"cannot write to {directory} ({err.strerror or err}); choose a writable --results "
                           f"folder or fix its permissions") from None
-    free = shutil.disk_usage(directory).free
+    free = shutil.disk_usage(existing_ancestor(directory)).free
     if free < min_free:
         raise LmtuneError(f"only {free / 2**20:.0f} MiB free under {directory}; free at least "
-                          f"{min_free / 2**20:.0f} MiB or choose another --results folder")
+                          f"{min_free / 2**20:.0f} MiB or choose another --results folder (a floor --force does not "
+                          "lower: below it a checkpoint's own temporary file may not fit)")

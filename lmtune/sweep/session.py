@@ -14,6 +14,7 @@ from types import FrameType
 
 import ray
 
+from lmtune.errors import LmtuneError
 from lmtune.private_apis import (
     keep_local_ray_on_loopback,
     ray_process_group,
@@ -81,7 +82,11 @@ class _WithoutRaysRestoreHint(logging.Filter):
 def _init_ray(options: SweepOptions) -> object:
     """ray.init for a sweep: the cluster at --address, or a local instance of this process; Ray's context."""
     if options.address:
-        return ray.init(address=options.address, logging_level=logging.WARNING, configure_logging=True)
+        try:
+            return ray.init(address=options.address, logging_level=logging.WARNING, configure_logging=True)
+        except ConnectionError as err:  # (something answered there, but no Ray cluster's head)
+            raise LmtuneError(f"--address {options.address}: {err}; give the address `ray status` shows on the "
+                              "cluster's head") from None
     # "local": a new instance even when a `ray start` cluster runs on this machine (ray.init()
     # without an address would join that one, and refuse num_cpus/num_gpus). It serves nothing
     # beyond this machine: every listener on loopback (SECURITY.md).

@@ -138,7 +138,8 @@ class SearchSpace:
         refusal = self.strategy.fused_refusal(fuse)
         if refusal:
             raise fail(refusal)
-        return dataclasses.replace(self, fuse=fuse)
+        # (--fuse 1000 on a grid of 2 LRs fuses 2: what a trial holds, and so its memory and disk, is counted so)
+        return dataclasses.replace(self, fuse=self.strategy.fused_members(fuse))
 
     def describe_search(self) -> str:
         return self.strategy.describe(self.fuse)
@@ -231,6 +232,9 @@ class _AliasRefused(yaml.YAMLError):
     def __init__(self, line: int):
         super().__init__(f"alias at line {line}")
         self.line = line
+
+    def __reduce__(self):
+        return type(self), (self.line,)
 
 
 class _DataOnlyLoader(yaml.SafeLoader):

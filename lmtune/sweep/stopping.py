@@ -147,6 +147,8 @@ def outcome_of(result: TuneResult) -> tuple[Outcome, str]:
     """How a trial ended and why, from its last result alone: what the ledger records of a trial that ended by
     itself, and what a searcher without a ledger (in a user's own Tuner) learns of any trial. A trial whose last
     result is short of its budget, with no divergence in it, was cut (by ASHA or another scheduler)."""
+    if result.get("error"):  # (a trial that refused to train: TuneSink.refuse)
+        return Outcome.ERROR, f"error: {result['error']}"
     if result.get("range_test"):
         return Outcome.RANGE_TEST, result.get("range_summary") or "LR range test ended"
     diverged = TrialStopper.divergence(result)

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_bytes
+from lmtune.sweep.waiting import first_line, interruptible
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,15 @@ class SweepStorage:
         return self.download(local)
 
     def upload(self, local_root: Path, path: Path) -> None:
-        """Copy ``path`` (a file under ``local_root``) to the same place under the sweep in storage."""
+        """Copy ``path`` (a file under ``local_root``) to the same place under the sweep in storage (a signal stops
+        the driver meanwhile: lmtune.sweep.waiting)."""
+        try:
+            interruptible(lambda: self._upload(local_root, path), f"uploading {path.name} to {self.uri}")
+        except OSError as err:  # (pyarrow's: a bucket gone, credentials expired, the store down)
+            raise LmtuneError(f"{self.uri}: cannot upload {path.name} ({first_line(err)}); check the bucket and the "
+                              f"credentials, then resume the sweep") from None
+
+    def _upload(self, local_root: Path, path: Path) -> None:
         fs, remote = self.filesystem()
         target = posixpath.join(remote, Path(path).relative_to(local_root).as_posix())
         fs.create_dir(posixpath.dirname(target), recursive=True)
@@ -98,13 +107,19 @@ class SweepStorage:
             out.write(Path(path).read_bytes())
 
     def exists(self, relative: str) -> bool:
-        fs, remote = self.filesystem()
-        return fs.get_file_info(posixpath.join(remote, relative)).type != pafs.FileType.NotFound
+        def look() -> bool:
+            fs, remote = self.filesystem()
+            return fs.get_file_info(posixpath.join(remote, relative)).type != pafs.FileType.NotFound
+
+        return interruptible(look, f"looking for {relative} in {self.uri}")
 
     def download(self, local_dir: Path, records_only: bool = False) -> Path:
         """The sweep's files (no checkpoints) copied into ``local_dir``; with ``records_only``, its top-level files
         and decisions/ (what a resume needs). Files already there are replaced by storage's (storage holds the
-        sweep; the local folder is its copy). Returns ``local_dir``."""
+        sweep; the local folder is its copy). Returns ``local_dir``. A signal stops the driver meanwhile."""
+        return interruptible(lambda: self._download(local_dir, records_only), f"downloading {self.uri}")
+
+    def _download(self, local_dir: Path, records_only: bool) -> Path:
         fs, remote = self.filesystem()
         try:
             infos = fs.get_file_info(pafs.FileSelector(remote, recursive=not records_only))

@@ -30,7 +30,7 @@ from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_bytes, atomic_write_json, atomic_write_text, link_or_copy
 from lmtune.private_apis import experiment_storage, trial_storage_dir
 from lmtune.sweep.fused_trial import train_group_trial
-from lmtune.sweep.hooks import load_step_hook
+from lmtune.sweep.hooks import StepHookError, start_step_hook
 from lmtune.sweep.plan import TrialSetup
 from lmtune.sweep.record import (
     SEARCH_ONLY_PARAMS,
@@ -207,7 +207,12 @@ def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | No
         if step:
             write_trial_file(out_dir, trial_id, params, continued_from_tokens=step * config.tokens_per_step)
     sink = TuneSink(config, early_stop=params.get("early_stop", True))
-    before_step = load_step_hook(step_hook)(config, out_dir) if step_hook else None
+    try:
+        before_step = start_step_hook(step_hook, config, out_dir) if step_hook else None
+    except StepHookError as err:  # (it fails the same way on every attempt: said once, not retried)
+        atomic_write_text(out_dir / "config.json", config.to_json())
+        sink.refuse(str(err))
+        return
     result = train(config, out_dir, resume=True, sinks=[sink], before_step=before_step,
                    divergence=setup.divergence, periodic_dir=staging)
     if gpu_note:  # (the loop's own log line went to training.log; the summary says it too)

@@ -82,6 +82,9 @@ class SearchStrategy(Protocol):
     def fused_refusal(self, fuse: int) -> str | None:
         """Why ``fuse`` LRs per trial cannot apply (None: they can)."""
 
+    def fused_members(self, fuse: int) -> int:
+        """The most LRs a trial of ``fuse`` fused LRs holds (no more than the space has to fuse)."""
+
     def check_base(self, base: RunConfig) -> None:
         """Raise LmtuneError (one line naming the problem and the fix) when the sweep's base config (budget,
         fixed settings, --set) cannot serve this strategy."""
@@ -134,6 +137,9 @@ class StrategyDefaults:
         if fuse > 1:
             return f"fusing needs search: grid (search: {self.name} suggests one trial at a time); use fuse: 1"
         return None
+
+    def fused_members(self, fuse: int) -> int:
+        return fuse
 
     def asha_stages(self) -> frozenset[str] | None:
         return None

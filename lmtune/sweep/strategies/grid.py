@@ -77,6 +77,9 @@ class GridSearch(StrategyDefaults):
             return "fusing groups the LRs of params.lr, which this space does not sweep; use fuse: 1"
         return None
 
+    def fused_members(self, fuse: int) -> int:
+        return min(fuse, len(self.params.get("lr", [])) or 1)
+
     def member_groups(self, fuse: int) -> list[dict[str, Setting | list[Setting]]]:
         """The grid cut into fused trials: each combination of the other swept settings, its LRs in groups of
         up to ``fuse`` in the order listed, as {"lr": [...], other: value}."""

@@ -35,7 +35,7 @@ from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.width.search import WidthSearch
-from lmtune.sweep.tune_types import TuneParams, TuneResult
+from lmtune.sweep.tune_types import TuneParams, TuneResult, check_objective
 from lmtune.training.lr_range import read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
@@ -69,9 +69,7 @@ class DecidingSearcher(Searcher):
         """A user's ``TuneConfig(metric=..., mode=...)``: the search ranks runs by their validation loss, lowest
         first, and takes nothing else. ``config`` (the Tuner's param_space) may hold fixed values only: Tune
         adds them to every trial the search suggests."""
-        if (metric, mode) not in ((None, None), ("val_loss", "min"), ("val_loss", None), (None, "min")):
-            raise ValueError(f"the {self.label} ranks runs by val_loss, lowest first; set TuneConfig(metric="
-                             f"'val_loss', mode='min') (got metric={metric!r}, mode={mode!r})")
+        check_objective(f"the {self.label}", metric, mode)
         return True
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:

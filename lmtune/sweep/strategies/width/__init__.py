@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.sweep.record import read_width_state
 from lmtune.sweep.runs import Budget
@@ -55,6 +56,13 @@ class WidthStrategy(DecidingDefaults):
         super().check_base(base)
         target = Budget.of_run(base, None)
         check_widths(self.settings, target)
+        widths = sorted({*self.settings.widths, base.model.d_model})
+        if base.model.parametrization == "mup" and base.model.mup_base_width > widths[-1]:
+            raise LmtuneError(f"mup_base_width {base.model.mup_base_width} is above every width the search trains "
+                              f"({widths[0]} to {widths[-1]}): μP's output would be scaled up "
+                              f"{base.model.mup_base_width / widths[0]:g}x at d_model {widths[0]} (a fresh model's "
+                              "loss far above ln vocab, every run diverged); set mup_base_width to one of the widths "
+                              "(the smallest proxy, usually)")
         for width in self.settings.widths:  # each proxy must be a model a run accepts (a user's: one it builds)
             proxy = apply_overrides(base, proxy_shape(target, width), where=f"width: the d_model {width} proxy")
             model_size(proxy)
