@@ -11,7 +11,7 @@ them back: each run's full-budget loss, how long its loss stayed above ℓ₀ an
 (the truth about failure needs no window: a run fails when it ends its budget above ℓ₀ or goes
 non-finite), what the stopper's rule would have done with it, and the truth's regions (lmtune's own
 analysis applied to runs that nothing stopped). ``compare`` checks a sweep's report against them, strictly
-(lmtune.report.truth: the search's best LR inside the truth's 2-SE basin, its edge bracket overlapping the
+(benchmarks.truth: the search's best LR inside the truth's 2-SE basin, its edge bracket overlapping the
 truth's, a horizon prediction's loss within 2 SE of the truth's best), and refuses a truth with fewer than 3
 seeds at an LR a check reads.
 
@@ -35,9 +35,9 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.truth_setting import Setting  # noqa: E402 (what a truth's runs share)
 from lmtune.errors import LmtuneError, cli_entry, shown  # noqa: E402 (lmtune from this checkout)
 from lmtune.files import atomic_write_json, check_destination  # noqa: E402
-from lmtune.report.truth_setting import Setting  # noqa: E402 (what a truth's runs share)
 from lmtune.training.config import MAX_LR, MAX_SEED, budget_config, parse_set_args  # noqa: E402
 
 GRID_FILE = "grid.json"
@@ -135,7 +135,7 @@ def read_grid(out: Path) -> dict:
 def existing_truth(out: Path) -> tuple[dict, Setting | None]:
     """What --out holds: its grid.json ({} where new) and the setting of its runs (None where it has none yet);
     refused where it holds something other than a truth."""
-    from lmtune.report.truth import read_truth
+    from benchmarks.truth import read_truth
 
     if not out.is_dir() or not any(out.iterdir()):
         return {}, None
@@ -179,9 +179,9 @@ class Plan(NamedTuple):
 
 def plan_grid(args: argparse.Namespace) -> Plan:
     """Every argument checked, and nothing written but the built-in corpus where no --data is given."""
+    from benchmarks.truth_setting import data_of, setting_differences, setting_of
     from lmtune.data.dataset import load_data
     from lmtune.data.prepare import ensure_builtin_corpus
-    from lmtune.report.truth_setting import data_of, setting_differences, setting_of
     from lmtune.sweep.spaces import load_space
     from lmtune.training.loop import resolve_config
 
@@ -229,7 +229,7 @@ def train_grid(args: argparse.Namespace) -> None:
 
 
 def print_table(args: argparse.Namespace) -> None:
-    from lmtune.report.truth import read_truth, truth_conclusion
+    from benchmarks.truth import read_truth, truth_conclusion
     from lmtune.training.divergence import DivergenceRule
 
     if not 0 < args.window <= 1:  # (NaN fails this too)
@@ -270,8 +270,8 @@ def read_report(sweep: Path) -> dict:
 
 
 def print_comparison(args: argparse.Namespace) -> None:
-    from lmtune.report.truth import compare, compare_horizon, read_truth, truth_conclusion, truth_located_lr
-    from lmtune.report.truth_setting import check_comparable
+    from benchmarks.truth import compare, compare_horizon, read_truth, truth_conclusion, truth_located_lr
+    from benchmarks.truth_setting import check_comparable
     from lmtune.sweep.sweep_file import SweepRecord
 
     runs = read_truth(args.truth)

@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lmtune.sweep.runs import Budget  # noqa: E402 (lmtune from this checkout)
+from lmtune.analysis.runs import Budget  # noqa: E402 (lmtune from this checkout)
 from lmtune.sweep.strategies.base import FINISHED, WAIT  # noqa: E402
 from lmtune.sweep.strategies.width.search import WidthSearch  # noqa: E402
 from lmtune.sweep.strategies.width.settings import WidthSettings  # noqa: E402

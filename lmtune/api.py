@@ -37,7 +37,7 @@ from lmtune.sweep.record import SWEEP_FILE, Outcome, ledger_path
 from lmtune.sweep.spaces import SearchSpace, load_space, parse_space
 from lmtune.sweep.stopping import TrialStopper, outcome_of
 from lmtune.sweep.trainable import train_trial
-from lmtune.sweep.tune_types import TuneParams
+from lmtune.sweep.trial_order import TuneParams
 from lmtune.training.config import BUDGETS, budget_config
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import resolve_config

@@ -27,6 +27,12 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
+def first_line(err: BaseException) -> str:
+    """``err`` in one short line: its type and the first line of its message."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
+
+
 def cli_entry(main: Callable[..., int | None]) -> Callable[..., int]:
     """Wrap a CLI ``main`` so an LmtuneError prints ``error: ...`` and exits with status 2."""
 

@@ -18,10 +18,10 @@ from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config, parse_set_args
 from lmtune.training.fork import same_data
 from lmtune.training.loop import resolve_config, train
-from lmtune.training.lr_function import step_lr_function
 from lmtune.training.schedule import first_lr_difference
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import add_code_arguments, code_from_arguments
+from lmtune.usercode.optim import step_lr_function
 
 # What a resumed run may change: where and how it runs, its bookkeeping, and its LR schedule (checked to give
 # every step it already trained the same LR). The model, batch, seed, optimizer and evaluation stay the run's.

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import TINY_TRIAL, finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs, wait_until
 
-from lmtune.report.truth import compare, read_truth, truth_conclusion
+from benchmarks.truth import compare, read_truth, truth_conclusion
 from lmtune.sweep.record import read_edge_state, read_outcomes, trial_folders
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import RunConfig, apply_overrides

@@ -10,12 +10,11 @@ import math
 import numpy as np
 import pytest
 
+from lmtune.analysis.bracket import Bracket
+from lmtune.analysis.fit import fit_horizon
+from lmtune.analysis.locate import SIDE, LocatedLr, chi2_survival, locate_best_lr
+from lmtune.analysis.runs import LrResult, crown
 from lmtune.errors import LmtuneError
-from lmtune.sweep.bracket import Bracket
-from lmtune.sweep.runs import LrResult, crown
-from lmtune.sweep.strategies.horizon.fit import fit_horizon
-from lmtune.sweep.strategies.horizon.locate import SIDE, LocatedLr, locate_best_lr
-from lmtune.sweep.strategies.horizon.stats import chi2_survival
 
 STEP = math.sqrt(2)                             # a refined grid: LRs sqrt(2) apart ...
 GRID = [0.01 * STEP ** k for k in range(-2, 3)]  # ... five of them around 0.01

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from conftest import drive_search
 
+from lmtune.analysis.runs import Budget, crown, full_budget_ranking
 from lmtune.errors import LmtuneError
-from lmtune.sweep.runs import Budget, crown, full_budget_ranking
 from lmtune.sweep.spaces import load_space
 from lmtune.sweep.strategies.base import WAIT
 from lmtune.sweep.strategies.horizon.search import HorizonSearch

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_TRIAL, run_lmtune, trial_dirs
 
-from lmtune.report.truth import TRUTH_SEEDS, compare_horizon, read_truth, truth_conclusion
+from benchmarks.truth import TRUTH_SEEDS, compare_horizon, read_truth, truth_conclusion
 from lmtune.sweep.record import read_horizon_state
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import apply_overrides

@@ -278,10 +278,10 @@ def test_lr_find_starts_at_the_loss_of_the_datas_vocabulary(builtin_data, tmp_pa
 
 
 def test_run_and_analyze_count_a_probe_an_interruption_made_the_search_rerun_alike(tmp_path, capsys):
+    from lmtune.analysis.runs import INTERRUPTED
     from lmtune.analyze import headline
     from lmtune.report.writer import write_report
     from lmtune.sweep.record import edge_state_path, ledger_path
-    from lmtune.sweep.runs import INTERRUPTED
 
     sweep_dir = disk_sweep(tmp_path, {t: (lr, "completed", {10: 4.0, 30: loss}) for t, lr, loss in
                                       (("a", 0.001, 2.6), ("b", 0.002, 2.5), ("again", 0.002, 2.4))})

@@ -222,7 +222,7 @@ def test_analyze_leaves_out_a_trial_folder_without_config_json_with_a_warning_no
 
 
 def test_a_resumed_edge_searcher_with_a_damaged_state_file_continues_from_tunes_snapshot(tmp_path, caplog):
-    from lmtune.sweep.runs import Budget
+    from lmtune.analysis.runs import Budget
     from lmtune.sweep.strategies.edge.search import EdgeSearch
     from lmtune.sweep.strategies.edge.settings import EdgeSettings
     from lmtune.sweep.strategies.searcher import EdgeSearcher

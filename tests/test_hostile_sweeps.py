@@ -39,7 +39,7 @@ from lmtune.sweep.record import STAGING_DIR, read_outcomes, sole_writer
 from lmtune.sweep.retention import drop_staged_duplicates
 from lmtune.sweep.runner import preflight_write_check
 from lmtune.sweep.spaces import load_space
-from lmtune.sweep.waiting import interruptible
+from lmtune.sweep.storage import interruptible
 
 HOOKS = Path(__file__).resolve().parent / "user_models"
 

@@ -97,7 +97,7 @@ def test_every_function_is_shorter_than_100_lines():
 MAX_MODULE_LINES = 400
 # The layers, lowest first: a module imports only from its own layer or lower ones (the top-level modules, the
 # commands, sit above all of them; errors, files and private_apis below).
-LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "sweep", "report")
+LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "analysis", "sweep", "report")
 
 
 def _module_name(path: Path) -> str:
@@ -199,3 +199,108 @@ def test_the_training_path_imports_nothing_of_the_sweep_or_the_report_nor_their_
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_analysis_imports_nothing_of_the_sweep_or_the_report_nor_ray_nor_files():
+    """lmtune.analysis sits below both the sweep and the report: it takes typed runs and returns typed conclusions,
+    so importing all of it loads no Ray, pandas or matplotlib and no module of lmtune.sweep or lmtune.report."""
+    import subprocess
+    import sys
+
+    names = sorted(_module_name(p) for p in MODULES if _module_name(p).startswith("lmtune.analysis"))
+    code = (f"import sys, {', '.join(names)}\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('ray', 'pandas', 'matplotlib', 'pyarrow') "
+            "or n.startswith(('lmtune.sweep', 'lmtune.report'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_analysis_opens_no_file():
+    """Runs come in typed and conclusions go out typed: no module of lmtune.analysis opens, reads or writes a file."""
+    found = []
+    for path in (p for p in MODULES if p.is_relative_to(PACKAGE / "analysis")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                    ) if isinstance(node, ast.Call) else None
+            if name in ("open", "read_text", "write_text", "read_bytes", "write_bytes", "read_json_object"):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {name}")
+    assert not found, found
+
+
+def _defined_names(path: Path) -> set[str]:
+    """The names a module defines or imports at its top level (what ``lmtune.mod.NAME`` may point at)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+PACKAGE_DATA = {"lmtune.search_spaces"}  # (pyproject.toml maps search_spaces/ to it)
+
+
+def _named_path_is_real(name: str) -> bool:
+    """``lmtune.a.b[.NAME[.attr]]`` or ``lmtune/a/b.py``: the longest module prefix exists, and the first name
+    after it is one that module defines (a package's: one of its modules, or what its __init__ defines)."""
+    if name in PACKAGE_DATA or any(part.isupper() for part in re.split(r"[./]", name)):  # (NAME: a placeholder)
+        return True
+    if "/" in name:
+        return (REPO / name).exists()
+    parts = name.split(".")
+    if len(parts) == 2 and parts[1] in __import__("lmtune").__all__:  # lmtune.Sweep: imported on first use
+        return True
+    for cut in range(len(parts), 0, -1):
+        base = REPO.joinpath(*parts[:cut])
+        module = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+        if not module.exists():
+            continue
+        rest = parts[cut:]
+        if not rest:
+            return True
+        return rest[0] in _defined_names(module) or (module.name == "__init__.py" and (base / rest[0]).exists())
+    return False
+
+
+def test_every_module_path_a_docstring_comment_or_the_readme_names_exists():
+    """A moved or renamed module leaves no reader following a dead path: every ``lmtune.x.y`` and ``lmtune/x/y.py``
+    the code's docstrings and comments, the README and benchmarks/README.md name is real."""
+    pattern = re.compile(r"(?<![.\w/-])lmtune(?:\.[A-Za-z_]\w*)+|(?<![.\w/-])lmtune(?:/[A-Za-z_]\w*)+(?:\.py|/)")
+    sources = [*MODULES, REPO / "README.md", REPO / "benchmarks" / "README.md"]
+    dead = sorted({f"{path.relative_to(REPO)}: {name}" for path in sources
+                   for name in pattern.findall(path.read_text())
+                   if not _named_path_is_real(name.rstrip("/."))})
+    assert not dead, dead
+
+
+def _layout_rows() -> list[tuple[list[str], str]]:
+    """The README's Layout table: each row's first-column paths (under lmtune/) and its whole text."""
+    text = (REPO / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    return [(re.findall(r"`([^`]+)`", row.split("|")[1]), row) for row in rows]
+
+
+def test_every_path_the_layout_table_names_exists():
+    missing = [path for paths, _ in _layout_rows() for path in paths if not (PACKAGE / path).exists()]
+    assert not missing, missing
+
+
+def test_the_layout_table_lists_every_module():
+    """A module is listed by its path, or by its name (or its path below the folder) in its folder's row."""
+    rows = _layout_rows()
+    listed = {path for paths, _ in rows for path in paths}
+
+    def is_listed(module: str) -> bool:
+        if module in listed:
+            return True
+        return any(module.startswith(folder) and f"`{module[len(folder):]}`" in row
+                   for paths, row in rows for folder in paths if folder.endswith("/"))
+
+    modules = [str(p.relative_to(PACKAGE)) for p in MODULES if p.name != "__init__.py"]
+    unlisted = [m for m in modules if not is_listed(m)]
+    assert not unlisted, unlisted

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import TINY_MODEL, assert_refused, grid_sweep_record, run_python, set_args, snapshot
 
+from benchmarks.truth import TruthRun, compare, compare_horizon, truth_conclusion, truth_located_lr
+from benchmarks.truth_setting import Setting, TruthData
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
-from lmtune.report.truth import TruthRun, compare, compare_horizon, truth_conclusion, truth_located_lr
-from lmtune.report.truth_setting import Setting, TruthData
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.sweep_file import DataRecord
 

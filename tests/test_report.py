@@ -12,7 +12,7 @@ from lmtune.report.markdown import HEADINGS, write_markdown
 from lmtune.report.sharpness import Sharpness, SharpnessRow
 from lmtune.report.stability import TrialRecord, classify
 from lmtune.report.summary import SweepFacts, sweep_summary
-from lmtune.report.tables import write_tables
+from lmtune.report.writer import write_tables
 
 N = 40
 # 40 rows 25 steps apart, 512 tokens per step; ℓ₀ = ln 10000 = 9.21, where the curves start.

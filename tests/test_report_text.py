@@ -4,11 +4,11 @@ region's rate says what it rests on, and each run at the edge's stable end is de
 
 from __future__ import annotations
 
+from lmtune.analysis.bracket import THROUGH, bracket, edge_confirmation
+from lmtune.analysis.conclusion import conclude
+from lmtune.analysis.runs import Budget, Run
 from lmtune.report.headline import region_lines
 from lmtune.report.text import interval_line, ratio_range_text
-from lmtune.sweep.bracket import THROUGH, bracket, edge_confirmation
-from lmtune.sweep.conclusion import conclude
-from lmtune.sweep.runs import Budget, Run
 
 BUDGET = Budget(steps=150, warmup_steps=15, tokens_per_step=1024, seed=0, rungs=(16896, 50688, 153600))
 FULL = BUDGET.full_tokens

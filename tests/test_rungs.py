@@ -1,4 +1,4 @@
-"""ASHA's rung rule (lmtune.sweep.rungs), written once: the rungs and the cut Tune's ASHA applies to a sweep's
+"""ASHA's rung rule (lmtune.analysis.rungs), written once: the rungs and the cut Tune's ASHA applies to a sweep's
 trials (lmtune.sweep.asha_scheduler.PersistentASHA) and a fused group to its members (GroupRungs)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
+from lmtune.analysis.rungs import Rungs
 from lmtune.private_apis import asha_rungs
 from lmtune.sweep.asha_scheduler import PersistentASHA
 from lmtune.sweep.fused_trial import GroupRungs
-from lmtune.sweep.rungs import Rungs
 
 GRACE, MAX_T, RF = 100, 900, 3  # rungs at 100, 300 and 900 tokens
 

@@ -13,8 +13,8 @@ import ray
 from conftest import assert_refused, drive_search
 
 from lmtune import run as run_cli
+from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
-from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings

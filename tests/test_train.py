@@ -20,13 +20,12 @@ from lmtune.data.dataset import load_data, read_meta, unigram_entropy
 from lmtune.train import main
 from lmtune.training import checkpoint as ckpt
 from lmtune.training.config import budget_config
-from lmtune.training.evaluate import evaluate
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.metrics import METRIC_COLUMNS, read_metrics
 from lmtune.training.model import TransformerLM
 from lmtune.training.schedule import lr_at
 from lmtune.training.state import TrainState, build_optimizer
-from lmtune.training.step import Runtime, train_step
+from lmtune.training.step import Runtime, evaluate, train_step
 
 # Columns that measure time or memory, so they differ between otherwise identical runs.
 TIMING_COLUMNS = {"tokens_per_s", "mfu", "data_wait_s", "compute_s", "peak_memory_bytes", "elapsed_s"}

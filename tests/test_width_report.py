@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from conftest import DISK_CONFIG, TINY_MODEL, assert_real_picture
 
+from lmtune.analysis.locate import LocatedLr
+from lmtune.analysis.runs import Budget
 from lmtune.report.comparison import record_runs
 from lmtune.report.headline import summary_lines
 from lmtune.report.reader import load_sweep
@@ -30,9 +32,7 @@ from lmtune.report.width_coord import SweepCoordCheck, sweep_coord_check
 from lmtune.report.writer import summarize_sweep, write_report
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import ledger_path, write_trial_file
-from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import parse_space
-from lmtune.sweep.strategies.horizon.locate import LocatedLr
 from lmtune.sweep.strategies.width.conclusion import WidthFit, conclude_widths
 from lmtune.sweep.strategies.width.settings import WidthSettings, proxy_shape
 from lmtune.sweep.sweep_file import SweepRecord
@@ -223,7 +223,7 @@ def located(lr: float, log_se: float) -> LocatedLr:
 
 
 def fit_through(lrs: dict[int, float], log_se: float) -> WidthFit:
-    from lmtune.sweep.strategies.horizon.fit import fit_power_law
+    from lmtune.analysis.fit import fit_power_law
 
     points = [located(lr, log_se) for lr in lrs.values()]
     law = fit_power_law([float(w) for w in lrs], points, float(TARGET.d_model))

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from conftest import drive_search
 
+from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import load_space
 from lmtune.sweep.strategies.width.search import WidthSearch
 from lmtune.sweep.strategies.width.settings import WidthSettings

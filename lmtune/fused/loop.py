@@ -40,10 +40,10 @@ from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lm import flops_per_token
 from lmtune.training.loop import RunEnd, RunResult, resolve_config, save_checkpoints, training_log
-from lmtune.training.lr_function import step_lr_function
 from lmtune.training.memory import check_fits
 from lmtune.training.metrics import IntervalMeter, Row
 from lmtune.training.step import Runtime
+from lmtune.usercode.optim import step_lr_function
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A trial ASHA stopped at a rung is compared with the others at the rungs it reached and nowhere
 else; "final" losses are those at the end of the budget, from trials that trained all of it; the best
-LR is the lowest mean full-budget loss over its seeds (lmtune.sweep.conclusion.conclude, the rule the sweep
+LR is the lowest mean full-budget loss over its seeds (lmtune.analysis.conclusion.conclude, the rule the sweep
 itself prints). Works on the report's TrialRecords, turned into the search's Runs.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmtune.analysis.runs import INTERRUPTED, Budget, Run, effective_runs
 from lmtune.report.stability import (
     TrialRecord,
     classify,
@@ -25,7 +26,6 @@ from lmtune.report.stability import (
     tokens_trained,
     val_points,
 )
-from lmtune.sweep.runs import INTERRUPTED, Budget, Run, effective_runs
 from lmtune.training.divergence import BY_RULE, NON_FINITE, WHOLE_RUN
 
 # A stable run's attention logits above this are worth a warning: Wortsman et al. (2023) find
@@ -75,7 +75,7 @@ def divergence_of(record: TrialRecord, run: Run, tokens_per_step: int) -> tuple[
 
 
 def standing_pairs(pairs: Sequence[Pair]) -> list[Pair]:
-    """The pairs whose run stands (lmtune.sweep.runs.effective_runs): each run of the sweep counted once."""
+    """The pairs whose run stands (lmtune.analysis.runs.effective_runs): each run of the sweep counted once."""
     standing = {id(run) for run in effective_runs(run for run, _ in pairs)}
     return [(run, record) for run, record in pairs if id(run) in standing]
 
@@ -83,7 +83,7 @@ def standing_pairs(pairs: Sequence[Pair]) -> list[Pair]:
 @dataclass(frozen=True)
 class EqualTokenLosses:
     """Every standing run's val loss at exactly each comparison point (ASHA's rungs and the whole budget), by LR:
-    one loss per seed that reached it (lmtune.sweep.runs.equal_token_losses; diverged runs left out)."""
+    one loss per seed that reached it (lmtune.analysis.runs.equal_token_losses; diverged runs left out)."""
 
     table: Mapping[int, Mapping[float, Sequence[float]]]
     """Tokens -> LR -> the losses there."""

@@ -18,13 +18,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter, FuncFormatter  # noqa: E402
 
+from lmtune.analysis.runs import format_tokens  # noqa: E402
 from lmtune.report.sections.base import FigureInputs, ReportFigure  # noqa: E402
 from lmtune.report.sharpness import SharpnessRow  # noqa: E402
 from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
 from lmtune.report.summary import SweepSummary  # noqa: E402
 from lmtune.report.text import lr as _lr  # noqa: E402
 from lmtune.report.text import per_doubling  # noqa: E402
-from lmtune.sweep.runs import format_tokens  # noqa: E402
 from lmtune.training.figures import plot_range_test, save_figure  # noqa: E402
 from lmtune.training.metric_registry import instability_panels  # noqa: E402
 

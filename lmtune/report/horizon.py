@@ -13,17 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lmtune.analysis.fit import HorizonFit
+from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
 from lmtune.report.horizon_confirmation import TargetConfirmation, confirmation, search_tokens
 from lmtune.report.stability import TrialRecord
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.runs import Budget, Run
 from lmtune.sweep.strategies.horizon import HorizonStrategy
 from lmtune.sweep.strategies.horizon.conclusion import BudgetConclusion, conclude_horizon
-from lmtune.sweep.strategies.horizon.fit import HorizonFit
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
-# The per-budget keys of lmtune.sweep.conclusion.Conclusion.to_json the report carries for each budget.
+# The per-budget keys of lmtune.analysis.conclusion.Conclusion.to_json the report carries for each budget.
 BUDGET_KEYS = ("best_lr", "best_lr_mean_loss", "best_lr_spread", "best_lr_seeds", "best_lr_seed_losses",
                "best_lr_interval", "seed_spread", "basin", "edge_lr_low", "divergence_lr", "bracket_ratio",
                "ranking")

@@ -1,8 +1,8 @@
 """Whether a horizon search's prediction lies in the target budget's own basin, judged by the target runs alone
 (the confirmation: the predicted LR and confirm_ratio x either side, confirm_seeds seeds each).
 
-The verdict, with sigma the target runs' pooled seed sd (lmtune.sweep.runs.pooled_seed_spread) and best their
-crowned best (lmtune.sweep.runs.crown): the prediction's excess over the best, excess = mean(predicted) -
+The verdict, with sigma the target runs' pooled seed sd (lmtune.analysis.runs.pooled_seed_spread) and best their
+crowned best (lmtune.analysis.runs.crown): the prediction's excess over the best, excess = mean(predicted) -
 mean(best), has standard error se = sigma * sqrt(1/n_predicted + 1/n_best). It is
 - out of the basin (in_basin False) when excess > 2 se: clearly worse than the best at the target;
 - in it (True) when excess <= 2 se and the best has a clearly worse LR tried on both sides: the target's own
@@ -17,8 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lmtune.files import JsonObject
-from lmtune.sweep.runs import (
+from lmtune.analysis.runs import (
     SAME_LR,
     LrResult,
     Run,
@@ -30,6 +29,7 @@ from lmtune.sweep.runs import (
     same_lr,
     standard_error,
 )
+from lmtune.files import JsonObject
 
 UNDETERMINED = "undetermined"
 

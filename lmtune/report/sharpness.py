@@ -32,8 +32,8 @@ from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.checkpoint import Checkpoint, load_checkpoint
 from lmtune.training.config import ModelConfig, RunConfig
 from lmtune.training.lm import LanguageModelLoss, build_model, is_lmtune_model
-from lmtune.training.lr_function import step_lr_function
 from lmtune.training.state import optimizer_order
+from lmtune.usercode.optim import step_lr_function
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ import pandas as pd
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.sweep.record import Outcome, run_config_of
-from lmtune.sweep.tune_types import TuneParams
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DivergenceRule, LossWatch, Spike, judge
 from lmtune.training.metric_registry import probe_labels
@@ -51,7 +50,7 @@ class TrialRecord:
 
     trial_id: str
     lr: float
-    params: TuneParams  # every varied hyperparameter of the trial (its Tune params), lr included
+    params: JsonObject  # every varied hyperparameter of the trial (its Tune params), lr included
     outcome: str  # how the sweep ended it: one of OUTCOMES
     reason: str = ""  # e.g. "diverged at step 412, loss nan" / "stopped by ASHA at 2.6M tokens"
     stop_step: int | None = None

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from lmtune.analysis.conclusion import Conclusion, conclude
+from lmtune.analysis.runs import Budget, equal_token_losses
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.report.comparison import (
@@ -45,8 +47,6 @@ from lmtune.report.stability import (
     tokens_to_reach,
     tokens_trained,
 )
-from lmtune.sweep.conclusion import Conclusion, conclude
-from lmtune.sweep.runs import Budget, equal_token_losses
 from lmtune.training.divergence import DivergenceRule, Spike
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ class SweepSummary:
     search: str
     """The search's name (grid, optuna, edge, horizon): which report section adds its own part."""
     conclusion: Conclusion
-    """What the runs conclude at the compared budget (lmtune.sweep.conclusion)."""
+    """What the runs conclude at the compared budget (lmtune.analysis.conclusion)."""
     compared_at_tokens: int
     """The full budget every loss is compared at."""
     candidate_tokens: tuple[int, int] | None

@@ -7,13 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from lmtune.analysis.runs import AshaBudget, Budget
 from lmtune.files import JsonObject
 from lmtune.report.stability import TrialRecord, budget_tokens, tokens_spent
 from lmtune.report.summary import ModelFacts
-from lmtune.sweep.asha import AshaBudget
 from lmtune.sweep.plan import asha_budget
 from lmtune.sweep.record import read_json_object
-from lmtune.sweep.runs import Budget
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.divergence import DivergenceRule
 from lmtune.training.lr_range import RangeTestResult

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from lmtune.sweep.landscape import Degraded
-from lmtune.sweep.runs import SAME_LR
+from lmtune.analysis.landscape import Degraded
+from lmtune.analysis.runs import SAME_LR
 
 Cell = float | int | bool | str | None
 

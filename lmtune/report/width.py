@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
 from lmtune.report.horizon_confirmation import TargetConfirmation, confirmation, search_tokens
 from lmtune.report.width_coord import SweepCoordCheck
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.runs import Budget, Run
 from lmtune.sweep.strategies.width import WidthStrategy
 from lmtune.sweep.strategies.width.conclusion import WidthFit, WidthPoint, conclude_widths, runs_at_width
 from lmtune.sweep.strategies.width.settings import WidthSettings, proxy_shape

@@ -9,6 +9,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
+
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.training.config import RunConfig
@@ -72,3 +74,33 @@ def sweep_coord_check(sweep_dir: Path | None, base: RunConfig, widths: list[int]
         except OSError as err:  # (a read-only results folder: the report still has it)
             log.warning("coord check: cannot keep it in %s (%s)", path, err)
     return SweepCoordCheck(check, f"measured at the first report, kept in {path}" if path else "measured now")
+
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from lmtune.training.figures import save_figure  # noqa: E402
+
+
+def plot_coord_check(checks: list[CoordCheck], path: Path) -> Path:
+    fig, axes = plt.subplots(2, len(checks), figsize=(5.5 * len(checks), 8), sharey="row", squeeze=False,
+                             layout="constrained")
+    colors = plt.get_cmap("viridis")
+    for column, check in enumerate(checks):
+        for row, kind in enumerate(("activation", "update")):
+            ax = axes[row][column]
+            for i, layer in enumerate(check.layers):
+                table = layer.activation if kind == "activation" else layer.update
+                slope = layer.activation_slope if kind == "activation" else layer.update_slope
+                ax.plot(check.widths, [scales[-1] for scales in table], "o-", color=colors(i / len(check.layers)),
+                        label=f"{layer.name} (slope {slope:+.2f})")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(check.widths, [str(w) for w in check.widths])
+            ax.set_xlabel("width (d_model)")
+            ax.set_ylabel(f"{kind} RMS after step {check.steps}")
+            ax.set_title(f"{check.parametrization}: {kind} scale (lr {check.lr:g}, {check.seeds} seeds)")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)
+    fig.suptitle("coordinate check: slope of ln(scale) vs ln(width); about 0 is flat")
+    return save_figure(fig, path)

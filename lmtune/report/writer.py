@@ -10,6 +10,8 @@ What differs by search is the search's report section's (lmtune.report.sections)
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import math
@@ -22,6 +24,7 @@ from lmtune.files import JsonObject, atomic_write_text, check_destination
 from lmtune.report.figures import FIGURES
 from lmtune.report.markdown import write_markdown
 from lmtune.report.reader import load_range_test, load_sweep, missing_trials
+from lmtune.report.rows import varied_params
 from lmtune.report.samples import best_samples
 from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs
 from lmtune.report.sections.registry import search_of, section_for
@@ -37,7 +40,6 @@ from lmtune.report.sweep_facts import (
     sweep_budget,
     vocab_size,
 )
-from lmtune.report.tables import write_tables
 from lmtune.sweep.record import is_sweep_dir
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.lr_range import RangeTestResult
@@ -195,3 +197,24 @@ def _report_owner(folder: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return owner if isinstance(owner, str) else None
+
+
+CSV_COLUMNS = ["trial_id", "lr", "status", "final_val_loss", "best_val_loss", "tokens", "wall_time_s",
+               "tokens_per_s", "max_spike_height", "stop_step", "reason"]
+
+
+def write_tables(summary: SweepSummary, out_dir: Path) -> tuple[Path, Path]:
+    """summary.json (SweepSummary.to_json) and summary.csv (one row per trial, params flattened)."""
+    out_dir = Path(out_dir)
+    json_path, csv_path = out_dir / "summary.json", out_dir / "summary.csv"
+    atomic_write_text(json_path, json.dumps(summary.to_json(), indent=2, allow_nan=False) + "\n")
+    extra = varied_params(summary.trials)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS[:2] + extra + CSV_COLUMNS[2:])
+    for row in summary.trials:
+        values = [getattr(row, c) for c in CSV_COLUMNS]
+        values = values[:2] + [row.params.get(k) for k in extra] + values[2:]
+        writer.writerow(["" if v is None else v for v in values])
+    atomic_write_text(csv_path, buffer.getvalue())
+    return json_path, csv_path

@@ -10,13 +10,13 @@ from typing import Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
+from lmtune.analysis.rungs import Rungs
+from lmtune.analysis.runs import format_tokens
 from lmtune.files import atomic_write_json
 from lmtune.private_apis import asha_rungs, asha_stopped_count, restore_asha_rungs
 from lmtune.sweep.record import Outcome, evaluated_val_loss, rebased
-from lmtune.sweep.rungs import Rungs
-from lmtune.sweep.runs import format_tokens
 from lmtune.sweep.stopping import Ending, Members, OutcomeRecorder, format_value
-from lmtune.sweep.tune_types import TuneResult, check_objective
+from lmtune.sweep.trial_order import TrialOrder, TuneResult, check_objective
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,8 @@ class PersistentASHA(AsyncHyperBandScheduler):
             self._save()  # at once: a resume re-adds the restored trials in an order of Tune's own
 
     def _exempt(self, trial) -> bool:
-        config = getattr(trial, "config", None) or {}
-        return self.stages is not None and config.get("stage") not in self.stages
+        order = TrialOrder.from_tune(getattr(trial, "config", None) or {})
+        return self.stages is not None and order.stage not in self.stages
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
         self._ensure_loaded()

@@ -35,7 +35,7 @@ from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
 from lmtune.sweep.strategies.base import Setting
 from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
-from lmtune.sweep.tune_types import METRIC, MODE
+from lmtune.sweep.trial_order import METRIC, MODE, TrialOrder
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
 from lmtune.usercode.checks import check_code, check_model
@@ -210,9 +210,10 @@ def ship_data(options: SweepOptions, data_dir: Path) -> ShippedData | None:
 
 def trial_dirname(trial) -> str:
     config = dict(trial.config)
-    if "members" in config:  # a fused group: its LRs and the other settings its members share
-        config = {**config.pop("members"), **config}
-        config["lr"] = ",".join(_short(v) for v in config["lr"])
+    members = TrialOrder.from_tune(config).members
+    if members is not None:  # a fused group: its LRs and the other settings its members share
+        config = {**members.shared, **{k: v for k, v in config.items() if k != "members"},
+                  "lr": ",".join(_short(v) for v in members.lrs)}
     params = "_".join(f"{k}={_short(v)}" for k, v in sorted(config.items()))
     return f"{trial.trial_id}_{params}"[:120]
 

@@ -15,15 +15,15 @@ from pathlib import Path
 
 from ray import tune
 
+from lmtune.analysis.rungs import Rungs
+from lmtune.analysis.runs import format_tokens
 from lmtune.files import atomic_write_json, link_or_copy
 from lmtune.fused.loop import train_fused
 from lmtune.sweep.record import TRIAL_FILE, Outcome, write_trial_file
 from lmtune.sweep.reporting import TuneSink
-from lmtune.sweep.rungs import Rungs
-from lmtune.sweep.runs import format_tokens
 from lmtune.sweep.stopping import Ending
-from lmtune.sweep.tune_types import TuneParams, TuneResult
-from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.sweep.trial_order import TrialOrder, TuneParams, TuneResult
+from lmtune.training.config import RunConfig
 from lmtune.training.divergence import BY_RULE, DivergenceRule
 from lmtune.training.loop import RunEnd, RunResult
 from lmtune.training.metrics import Row
@@ -36,16 +36,15 @@ def member_folders(group_dir: Path, group_id: str, lrs: list[float]) -> dict[str
     return {f"{group_id}-{k}": group_dir.parent / f"{group_id}-{k}_lr={lr:.3g}" for k, lr in enumerate(lrs)}
 
 
-def train_group_trial(params: TuneParams, base: RunConfig, group_id: str, group_dir: Path,
+def train_group_trial(order: TrialOrder, params: TuneParams, base: RunConfig, group_id: str, group_dir: Path,
                       rungs: Rungs | None, divergence: DivergenceRule) -> list[RunResult]:
-    """Train the group ``params["members"]`` ({"lr": [...], other swept settings}) with each member's
-    files in its own folder; Tune hears the group through GroupTuneSink. ``rungs``: the sweep's ASHA's
-    (None: no ASHA)."""
-    group = dict(params["members"])
-    lrs, others = list(group.pop("lr")), group
+    """Train a fused order's members (its LRs, sharing its other settings) with each member's files in its own
+    folder; Tune hears the group through GroupTuneSink. ``params``: the order as Tune handed it, for the group's
+    trial.json. ``rungs``: the sweep's ASHA's (None: no ASHA)."""
+    assert order.members is not None
+    lrs, others = list(order.members.lrs), dict(order.members.shared)
     folders = member_folders(group_dir, group_id, lrs)
-    configs = [apply_overrides(base, {**others, "lr": lr}, where=f"trial {member}")
-               for member, lr in zip(folders, lrs, strict=True)]
+    configs = order.member_configs(base, list(folders))
     atomic_write_json(group_dir / TRIAL_FILE, {"trial_id": group_id, "params": params,
                                                "members": {m: f.name for m, f in folders.items()}})
     for (member, folder), lr in zip(folders.items(), lrs, strict=True):
@@ -78,7 +77,7 @@ def member_rule(config: RunConfig, rungs: Rungs | None):
 
 
 class GroupRungs:
-    """ASHA's rung rule (lmtune.sweep.rungs) among a group's members: the first evaluation at or past each rung
+    """ASHA's rung rule (lmtune.analysis.rungs) among a group's members: the first evaluation at or past each rung
     cuts the members worse than the best 1/reduction_factor of them, as Tune's ASHA cuts a trial worse than
     that cutoff of its rung's; none is cut at the trial's last report."""
 

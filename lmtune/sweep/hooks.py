@@ -17,8 +17,7 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 
-from lmtune.errors import LmtuneError, shown
-from lmtune.sweep.waiting import first_line
+from lmtune.errors import LmtuneError, first_line, shown
 from lmtune.training.config import RunConfig
 
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
+from lmtune.analysis.runs import AshaBudget, Budget
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.asha import AshaBudget
 from lmtune.sweep.record import run_config_of
-from lmtune.sweep.runs import Budget
 from lmtune.sweep.spaces import SchedulerSpec, SearchSpace
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule

@@ -24,8 +24,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import yaml
 
-from lmtune.errors import LmtuneError, shown
-from lmtune.sweep.waiting import first_line
+from lmtune.errors import LmtuneError, first_line, shown
 
 # How long a storage endpoint or a cluster address may take to answer before the sweep is refused.
 ANSWER_TIMEOUT_S = 5.0

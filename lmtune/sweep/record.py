@@ -33,7 +33,7 @@ from pathlib import Path
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, JsonValue, atomic_write_json, writer_lock
-from lmtune.sweep.tune_types import TuneParams, TuneResult
+from lmtune.sweep.trial_order import ORDER_KEYS, TuneParams, TuneResult
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, ModelConfig, RunConfig, TrainConfig, coerce_value
 from lmtune.usercode.config import UserCode
@@ -52,10 +52,9 @@ TRIAL_FILE = "trial.json"
 # folder's checkpoint_NNNNNN/ (a fused group's: one subfolder per member, named as the member's folder).
 STAGING_DIR = ".staging"
 TUNE_CHECKPOINT_GLOB = "checkpoint_*"
-# Trial parameters a search sets that are not training fields (the trainable strips them) ...
-SEARCH_ONLY_PARAMS = ("stage", "continue_from", "fork_from", "early_stop")
-# ... and every parameter that says how a search ran a trial, not which hyperparameters it compares.
-BOOKKEEPING_PARAMS = (*SEARCH_ONLY_PARAMS, "seed", "run_steps")
+# Every trial parameter that says how a search ran a trial (its order's own keys, its seed, its probe's length),
+# not which hyperparameters it compares.
+BOOKKEEPING_PARAMS = (*ORDER_KEYS, "seed", "run_steps")
 
 
 class Outcome(StrEnum):

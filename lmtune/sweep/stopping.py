@@ -24,11 +24,11 @@ from typing import Any
 
 from ray.tune import Callback, Stopper
 
+from lmtune.analysis.runs import format_tokens
 from lmtune.files import atomic_write_json
 from lmtune.sweep.disk import format_bytes, free_disk
 from lmtune.sweep.record import Outcome, rebased
-from lmtune.sweep.runs import format_tokens
-from lmtune.sweep.tune_types import TuneResult
+from lmtune.sweep.trial_order import TuneResult
 
 log = logging.getLogger(__name__)
 

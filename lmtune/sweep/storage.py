@@ -13,15 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow
 import pyarrow.fs as pafs
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, first_line
 from lmtune.files import atomic_write_bytes
-from lmtune.sweep.waiting import first_line, interruptible
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class SweepStorage:
 
     def upload(self, local_root: Path, path: Path) -> None:
         """Copy ``path`` (a file under ``local_root``) to the same place under the sweep in storage (a signal stops
-        the driver meanwhile: lmtune.sweep.waiting)."""
+        the driver meanwhile: lmtune.sweep.storage)."""
         try:
             interruptible(lambda: self._upload(local_root, path), f"uploading {path.name} to {self.uri}")
         except OSError as err:  # (pyarrow's: a bucket gone, credentials expired, the store down)
@@ -148,3 +150,29 @@ def _start_time(record: bytes) -> str | None:
         return json.loads(record).get("start_time")
     except (ValueError, AttributeError):
         return None
+
+
+# Waiting on a call that may block in a network client: in a thread of its own, the driver's main thread waiting
+# in short slices, so that SIGINT and SIGTERM still stop the sweep (Python runs signal handlers in the main thread
+# only, between bytecodes: never while it sits in a blocked C call).
+T = TypeVar("T")
+
+
+def interruptible(call: Callable[[], T], what: str) -> T:
+    """``call()`` in a thread of its own (named ``what``), waited for in short slices, so that SIGINT and SIGTERM
+    reach this thread meanwhile, even while ``call`` blocks in a network client; its value, or its exception."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = err
+
+    worker = threading.Thread(target=run, daemon=True, name=f"lmtune: {what}")
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

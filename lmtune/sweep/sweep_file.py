@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from lmtune.analysis.runs import AshaBudget
 from lmtune.data.dataset import DataMeta
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, atomic_write_json
-from lmtune.sweep.asha import AshaBudget
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SWEEP_FILE

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 import torch
 from ray import tune
 
+from lmtune.analysis.rungs import Rungs
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_bytes, atomic_write_json, atomic_write_text, link_or_copy
@@ -33,7 +34,6 @@ from lmtune.sweep.fused_trial import train_group_trial
 from lmtune.sweep.hooks import StepHookError, start_step_hook
 from lmtune.sweep.plan import TrialSetup
 from lmtune.sweep.record import (
-    SEARCH_ONLY_PARAMS,
     STAGING_DIR,
     TRIAL_FILE,
     TrialFolder,
@@ -42,8 +42,7 @@ from lmtune.sweep.record import (
     write_trial_file,
 )
 from lmtune.sweep.reporting import TuneSink, restore_tune_checkpoint
-from lmtune.sweep.rungs import Rungs
-from lmtune.sweep.tune_types import TuneParams
+from lmtune.sweep.trial_order import TrialOrder, TuneParams
 from lmtune.training.checkpoint import (
     STABLE_NAME,
     checkpoint_step,
@@ -54,7 +53,7 @@ from lmtune.training.checkpoint import (
     periodic_path,
 )
 from lmtune.training.compile import enable_shared_compile_cache
-from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.config import RunConfig
 from lmtune.training.fork import check_forkable
 from lmtune.training.loop import train
 from lmtune.training.lr_range import RangeTestConfig, lr_range_test
@@ -158,21 +157,20 @@ def compile_cache_dir(out_dir: Path) -> Path:
 
 def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | None = None,
                 ended: frozenset[str] = frozenset(), step_hook: str | None = None) -> None:
-    """Ray Tune function trainable. ``params`` are the trial's own values (lr, ...; a search that stages its
-    trials adds ``stage``); ``setup`` what the sweep's trials share. ``ended``: ids of trials the ledger says
-    already ended (set on --resume): Tune's experiment snapshot can predate that decision and resume them, and
-    they return at once instead of training again. A trial whose ``params`` hold ``members`` trains them as one
-    fused group (lmtune.sweep.fused_trial); a trial of stage "range" runs the LR range test. An edge search's
-    ``continue_from`` (a trial id) starts the run from that trial's newest checkpoint; a horizon search's
-    ``fork_from`` (a trial id, under WSD) starts it from that trial's stable.pt; ``early_stop`` False runs it
-    without the stopper's divergence rule. ``step_hook``: MODULE:FUNCTION, run in a single-model trial's process
-    (lmtune.sweep.hooks)."""
+    """Ray Tune function trainable. ``params``: the trial's order as Tune carries it, read here once as a
+    TrialOrder (lmtune.sweep.trial_order); ``setup`` what the sweep's trials share. ``ended``: ids of trials the
+    ledger says already ended (set on --resume): Tune's experiment snapshot can predate that decision and resume
+    them, and they return at once instead of training again. A fused order trains its members as one group
+    (lmtune.sweep.fused_trial); a range-test order runs the LR range test; an order with a source (continued or
+    forked) starts from that trial's checkpoint; one without early stopping runs without the stopper's
+    divergence rule. ``step_hook``: MODULE:FUNCTION, run in a single-model trial's process (lmtune.sweep.hooks)."""
     # Ray Train logs every checkpoint at INFO; with a checkpoint every few steps that floods the
     # driver's output (workers' logs are forwarded to it), while lmtune's own table says what matters.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     context = tune.get_context()
     trial_id = context.get_trial_id()
     setup.import_user_code()
+    order = TrialOrder.from_tune(params)
     if trial_id in ended:
         log.info("trial %s ended before the driver restart (trial_outcomes.json); not run again", trial_id)
         return
@@ -187,26 +185,24 @@ def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | No
     torch.compiler.reset()  # a reused worker: the last trial's compiled graphs guard on its own model
     base = copy.deepcopy(setup.base)  # (a reused worker keeps the setup: each trial gets its own copy)
     base.data_dir = str(trial_data_dir(base.data_dir, shipped))
-    if "members" in params:
+    if order.members is not None:
         asha = setup.asha  # (a fused group cuts its members at the rungs Tune's ASHA cuts trials at)
         rungs = Rungs.of(asha.grace_period, asha.reduction_factor, asha.max_t) if asha else None
-        train_group_trial(params, base, trial_id, out_dir, rungs, setup.divergence)
+        train_group_trial(order, params, base, trial_id, out_dir, rungs, setup.divergence)
         return
-    write_trial_file(out_dir, trial_id, params)
-    overrides = {k: v for k, v in params.items() if k not in SEARCH_ONLY_PARAMS}
-    config = apply_overrides(base, overrides, where=f"trial {trial_id}")
-    if params.get("stage") == "range" and setup.range_test is not None:
+    write_trial_file(out_dir, trial_id, params)  # (the record keeps the order as Tune handed it)
+    config = order.run_config(base, where=f"trial {trial_id}")
+    if order.is_range_test and setup.range_test is not None:
         run_range_test(config, setup.range_test, out_dir)
         return
     staging = staging_dir(out_dir)
     restore_tune_checkpoint(staging)
-    source = params.get("continue_from") or params.get("fork_from")
-    if source:
-        step = continue_run(out_dir.parent, str(source), out_dir, staging,
-                            fork=config if params.get("fork_from") else None)
+    if order.source:
+        step = continue_run(out_dir.parent, order.source, out_dir, staging,
+                            fork=config if order.fork_from else None)
         if step:
             write_trial_file(out_dir, trial_id, params, continued_from_tokens=step * config.tokens_per_step)
-    sink = TuneSink(config, early_stop=params.get("early_stop", True))
+    sink = TuneSink(config, early_stop=order.early_stop)
     try:
         before_step = start_step_hook(step_hook, config, out_dir) if step_hook else None
     except StepHookError as err:  # (it fails the same way on every attempt: said once, not retried)

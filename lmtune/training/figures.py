@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lmtune.files import atomic_write_bytes
 from lmtune.training.config import RunConfig
-from lmtune.training.lr_function import step_lr_function
+from lmtune.usercode.optim import step_lr_function
 
 log = logging.getLogger(__name__)
 _told = False

@@ -17,9 +17,9 @@ from lmtune.files import check_destination
 from lmtune.training.checkpoint import RunCheckpoint, load_checkpoint
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult, resolve_config, train
-from lmtune.training.lr_function import step_lr_function
 from lmtune.training.metrics import METRICS_FILE, write_metrics
 from lmtune.training.schedule import first_lr_difference
+from lmtune.usercode.optim import step_lr_function
 
 # What may differ between a run and the longer run it forks from: the budget and its bookkeeping. Anything
 # else (LR, seed, warm-up, batch, model, the cooldown's floor) would make the shared prefix a different run.

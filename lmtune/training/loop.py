@@ -8,6 +8,7 @@ summary.json, loss_curves.png and lr_schedule.png.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -23,17 +24,16 @@ from lmtune.data.batches import BatchSampler, DeviceBatches, fixed_val_batches
 from lmtune.data.dataset import load_data, read_meta
 from lmtune.files import JsonObject, atomic_write_json, atomic_write_text, writer_lock
 from lmtune.training.checkpoint import Checkpointer
-from lmtune.training.config import RunConfig, TrainConfig, apply_overrides
+from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, NON_FINITE, WHOLE_RUN, DivergenceRule, LossWatch
-from lmtune.training.evaluate import evaluate
 from lmtune.training.figures import write_run_figures
 from lmtune.training.lm import model_size, probe_tensors
-from lmtune.training.lr_function import step_lr_function
 from lmtune.training.memory import check_fits, out_of_memory
 from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, TensorBoardSink
 from lmtune.training.state import TrainState
-from lmtune.training.step import Runtime, train_step
+from lmtune.training.step import Runtime, evaluate, train_step
+from lmtune.usercode.optim import step_lr_function
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +175,10 @@ def interval_row(step: int, lr: float, x: torch.Tensor, state: TrainState, runti
 
 
 def resolve_config(config: RunConfig, data_dir: Path) -> RunConfig:
-    """A validated copy of ``config`` with vocab_size from the data's meta.json unless it was set."""
+    """A copy of ``config`` (validated where it was made: the command line, a space, a trial's order) with
+    vocab_size from the data's meta.json unless it was set."""
     meta = read_meta(data_dir)
-    config = apply_overrides(config, {}, where="config")
+    config = copy.deepcopy(config)
     if config.vocab_from_data:
         config.model.vocab_size = meta.vocab_size
     config.data_dir = str(data_dir)

@@ -12,6 +12,7 @@ warmup_steps, and steps - 1, so a cosine ends at its minimum on the last step), 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -111,3 +112,9 @@ def _lr(function: Callable, it: int, arguments: tuple, spec: str) -> float:
                           "number >= 0")
     return float(value)
 
+
+def step_lr_function(config: RunConfig) -> Callable[[int], float]:
+    """The LR of each 0-based step of the run ``config`` configures (the user's schedule is checked here)."""
+    if config.code.schedule:
+        return user_schedule(config)
+    return functools.partial(scheduled_lr, t=config.train)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lmtune.analysis.bracket import THROUGH
 from lmtune.report.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, NEAR_EDGE_BELOW, TrialRecord, first_growth
 from lmtune.report.summary import SweepSummary
 from lmtune.report.text import lr, ratio_range_text, tokens, too_wide
-from lmtune.sweep.bracket import THROUGH
 from lmtune.training.divergence import describe_spikes
 
 

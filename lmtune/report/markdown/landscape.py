@@ -3,9 +3,9 @@ the basin, degraded and diverged regions with the full-budget loss of every LR."
 
 from __future__ import annotations
 
+from lmtune.analysis.runs import SIGNIFICANCE_SE
 from lmtune.report.summary import SweepSummary
 from lmtune.report.text import between, fmt, interval_line, lr, per_doubling, table, tokens
-from lmtune.sweep.runs import SIGNIFICANCE_SE
 
 
 def best_lr(summary: SweepSummary) -> list[str]:

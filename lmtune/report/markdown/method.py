@@ -3,10 +3,10 @@ definitions every number above is given by."""
 
 from __future__ import annotations
 
+from lmtune.analysis.runs import SIGNIFICANCE_SE
 from lmtune.report.figures import RANGE_TEST
 from lmtune.report.summary import SweepSummary
 from lmtune.report.text import fmt, lr, table, tokens
-from lmtune.sweep.runs import SIGNIFICANCE_SE
 
 
 def search_and_compute(summary: SweepSummary) -> list[str]:

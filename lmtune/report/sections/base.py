@@ -1,5 +1,6 @@
-"""The protocol a search strategy's part of the report follows, and what it is given: the sweep as read from its
-folder (to summarize) and what the report's figures are drawn from."""
+"""The protocol a search strategy's part of the report follows, what it is given (the sweep as read from its
+folder, to summarize, and what the report's figures are drawn from), and the part of a search that adds nothing of
+its own (grid, optuna: ``PlainSection``, the common report alone), which the others extend."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from lmtune.analysis.runs import Budget
+from lmtune.report.comparison import StageDecision
 from lmtune.report.sharpness import SharpnessRow
 from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import SweepSummary
-from lmtune.sweep.runs import Budget
+from lmtune.report.summary import SweepSummary, sweep_summary
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.lr_range import RangeTestResult
 
@@ -85,3 +87,28 @@ class ReportSection(Protocol):
     def headline(self, summary: SweepSummary) -> list[str]:
         """Its lines before the CLIs' common ones (empty: none)."""
         ...
+
+
+@dataclass(frozen=True)
+class PlainSection:
+    """A grid or Optuna sweep: the common report alone."""
+
+    name: str = "grid"
+    """The search's name."""
+
+    def summarize(self, sweep: SweepInputs) -> SweepSummary:
+        return sweep_summary(sweep.trials, sweep.budget, target=sweep.target, vocab_size=sweep.vocab_size,
+                             decisions=self.decisions(sweep), range_tokens=sweep.range_tokens, search=self.name)
+
+    def decisions(self, sweep: SweepInputs) -> list[StageDecision]:
+        """The search's reasons for its stages (none: one stage)."""
+        return []
+
+    def markdown(self, summary: SweepSummary) -> list[str]:
+        return []
+
+    def figures(self) -> tuple[ReportFigure, ...]:
+        return ()
+
+    def headline(self, summary: SweepSummary) -> list[str]:
+        return []

@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmtune.report.comparison import StageDecision
-from lmtune.report.sections.base import SweepInputs
-from lmtune.report.sections.plain import PlainSection
+from lmtune.report.sections.base import PlainSection, SweepInputs
 from lmtune.sweep.record import read_edge_state
 
 

@@ -14,6 +14,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter, NullFormatter  # noqa: E402
 
+from lmtune.analysis.conclusion import Conclusion  # noqa: E402
+from lmtune.analysis.fit import HorizonFit  # noqa: E402
+from lmtune.analysis.locate import LocatedLr  # noqa: E402
+from lmtune.analysis.runs import Budget, LrResult, format_tokens, standard_error  # noqa: E402
 from lmtune.report.comparison import record_runs  # noqa: E402
 from lmtune.report.horizon import HorizonResult, horizon_settings, horizon_summary, records_at  # noqa: E402
 from lmtune.report.horizon_confirmation import TargetConfirmation  # noqa: E402
@@ -21,14 +25,10 @@ from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
-from lmtune.sweep.conclusion import Conclusion  # noqa: E402
-from lmtune.sweep.runs import Budget, LrResult, format_tokens, standard_error  # noqa: E402
 from lmtune.sweep.strategies.horizon.conclusion import BudgetConclusion  # noqa: E402
-from lmtune.sweep.strategies.horizon.fit import HorizonFit  # noqa: E402
-from lmtune.sweep.strategies.horizon.locate import LocatedLr  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
-# Said wherever beta's 90% interval includes 0 (lmtune.sweep.strategies.horizon.fit.HorizonFit.resolved).
+# Said wherever beta's 90% interval includes 0 (lmtune.analysis.fit.HorizonFit.resolved).
 NOT_RESOLVED = ("β not resolved by these budgets: its 90% interval includes 0, so LR* may not move between them; "
                 "the prediction's interval includes the largest budget's LR*")
 

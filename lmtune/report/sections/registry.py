@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from lmtune.report.sections.base import ReportSection
+from lmtune.report.sections.base import PlainSection, ReportSection
 from lmtune.report.sections.edge import EdgeSection
 from lmtune.report.sections.horizon import HorizonSection
-from lmtune.report.sections.plain import PlainSection
 from lmtune.report.sections.width import WidthSection
 from lmtune.sweep.sweep_file import SweepRecord
 

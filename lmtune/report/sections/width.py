@@ -14,8 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
 
+from lmtune.analysis.runs import Budget  # noqa: E402
 from lmtune.report.comparison import Pair, record_runs  # noqa: E402
-from lmtune.report.coord_figure import plot_coord_check  # noqa: E402
 from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.sections.horizon import (  # noqa: E402
@@ -27,8 +27,11 @@ from lmtune.report.sections.horizon import (  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
 from lmtune.report.width import WidthResult, WidthRow, width_settings, width_summary  # noqa: E402
-from lmtune.report.width_coord import SweepCoordCheck, sweep_coord_check  # noqa: E402
-from lmtune.sweep.runs import Budget  # noqa: E402
+from lmtune.report.width_coord import (  # noqa: E402
+    SweepCoordCheck,
+    plot_coord_check,  # noqa: E402
+    sweep_coord_check,
+)
 from lmtune.sweep.strategies.width.conclusion import WidthFit  # noqa: E402
 from lmtune.training.coord_check import CoordCheck  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402

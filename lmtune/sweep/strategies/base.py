@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
-from lmtune.sweep.tune_types import TuneParams
+from lmtune.sweep.trial_order import TuneParams
 from lmtune.training.config import EXAMPLES, MAX_SEED, coerce_value, field_names, field_type
 
 if TYPE_CHECKING:
     from ray.tune.search import Searcher
 
-    from lmtune.sweep.runs import Budget
+    from lmtune.analysis.runs import Budget
     from lmtune.training.config import RunConfig
     from lmtune.training.lr_range import RangeTestConfig
 

@@ -8,10 +8,10 @@ import math
 from dataclasses import asdict
 from typing import ClassVar, Generic, TypeVar
 
+from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
 from lmtune.sweep.record import evaluated_val_loss
-from lmtune.sweep.runs import Budget, Run
-from lmtune.sweep.tune_types import TuneResult
+from lmtune.sweep.trial_order import TuneResult
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
 PlannedT = TypeVar("PlannedT")

@@ -19,6 +19,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from lmtune.analysis.runs import INTERRUPTED
 from lmtune.files import atomic_write_json
 from lmtune.sweep.record import (
     edge_state_path,
@@ -29,13 +30,12 @@ from lmtune.sweep.record import (
     trial_folders,
     width_state_path,
 )
-from lmtune.sweep.runs import INTERRUPTED
 from lmtune.sweep.stopping import outcome_of
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.width.search import WidthSearch
-from lmtune.sweep.tune_types import TuneParams, TuneResult, check_objective
+from lmtune.sweep.trial_order import TuneParams, TuneResult, check_objective
 from lmtune.training.lr_range import read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 

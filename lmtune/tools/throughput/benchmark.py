@@ -37,8 +37,8 @@ from lmtune.tools.throughput.results import BenchResult, CompileComparison, Fuse
 from lmtune.training.compile import should_compile
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.device import configure_backend, peak_flops, resolve_device, synchronize
-from lmtune.training.evaluate import evaluate
 from lmtune.training.lm import model_size
+from lmtune.training.step import evaluate
 from lmtune.usercode.config import UserCode
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ from lmtune.fused.step import fused_train_step
 from lmtune.training.config import RunConfig
 from lmtune.training.device import synchronize
 from lmtune.training.lm import LanguageModelLoss, build_model, flops_per_token, is_lmtune_model
-from lmtune.training.lr_function import step_lr_function
 from lmtune.training.metrics import IntervalMeter
 from lmtune.training.state import TrainState, seed_everything
 from lmtune.training.step import Runtime, train_step
+from lmtune.usercode.optim import step_lr_function
 
 
 class TimedLoop(Protocol):

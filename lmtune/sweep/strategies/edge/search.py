@@ -1,6 +1,6 @@
 """The edge search (``search: edge``): which LR is best for the budget, how the loss degrades above it,
 and where training fails, decided step by step from what the sweep has trained. Ray-free: the Tune
-Searcher that drives it is lmtune.sweep.strategies.searcher; what the runs show is lmtune.sweep.runs;
+Searcher that drives it is lmtune.sweep.strategies.searcher; what the runs show is lmtune.analysis.runs;
 its settings and what each stage picks are lmtune.sweep.strategies.edge.settings.
 
 The stages, in one sweep:
@@ -23,7 +23,7 @@ The stages, in one sweep:
    full budget (a cut coarse LR is continued, not restarted); and every LR below it that ASHA cut within
    ``rerun_margin`` of its rung's leader.
 7. **seeds**: the best ``seed_lrs`` LRs again with further seeds; then any LR that beats the crowned best
-   seed for seed gets the same seeds before the crown is settled (lmtune.sweep.runs.crown).
+   seed for seed gets the same seeds before the crown is settled (lmtune.analysis.runs.crown).
 
 Landscape, bisection, confirmation and refinement run side by side; the search ends when every stage is
 done, the crown is settled and the bracket is resolved and confirmed (or cannot be).
@@ -33,16 +33,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from lmtune.analysis.bracket import bisect_lrs, bracket, needs_confirmation
+from lmtune.analysis.conclusion import conclude
+from lmtune.analysis.runs import Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.sweep.bracket import bisect_lrs, bracket, needs_confirmation
-from lmtune.sweep.conclusion import conclude
-from lmtune.sweep.runs import Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
-from lmtune.sweep.tune_types import TuneParams, TuneResult
+from lmtune.sweep.trial_order import RANGE_STAGE, TrialOrder, TuneParams, TuneResult
 
-STAGES = ("range", "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
+STAGES = (RANGE_STAGE, "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
 ASHA_STAGES = frozenset({"coarse"})  # the only stage ASHA may cut
 NO_EARLY_STOP_STAGES = frozenset({"confirm"})  # the stopper's divergence rule leaves these alone
 # Bisection rounds before the search gives up on a bracket that keeps moving (noise near the edge).
@@ -85,15 +85,10 @@ class Planned:
     """The trial id of an ASHA-cut run this one continues from its newest checkpoint."""
 
     def config(self) -> TuneParams:
-        """The trial's Tune config: its stage, LR and seed (and the trial it continues)."""
-        config: TuneParams = {"stage": self.stage, "seed": self.seed}
-        if self.lr is not None:
-            config["lr"] = self.lr
-        if self.continue_from:
-            config["continue_from"] = self.continue_from
-        if self.stage in NO_EARLY_STOP_STAGES:
-            config["early_stop"] = False
-        return config
+        """The trial's order, as Tune carries it: its stage, LR and seed (and the trial it continues)."""
+        settings = {"seed": self.seed, **({"lr": self.lr} if self.lr is not None else {})}
+        return TrialOrder(settings, stage=self.stage, continue_from=self.continue_from,
+                          early_stop=self.stage not in NO_EARLY_STOP_STAGES).to_tune()
 
 
 class EdgeSearch(DecidingSearch[Planned, Decision]):
@@ -136,7 +131,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         min_loss_lr, blowup_lr)."""
         run = super().complete(trial_id, outcome, result)
         result = result or {}
-        if run is not None and run.stage == "range":
+        if run is not None and run.stage == RANGE_STAGE:
             self.range = RangeFinding(result.get("steepest_lr"), result.get("min_loss_lr"), result.get("blowup_lr"),
                                       outcome, run.tokens)
         return run
@@ -145,9 +140,9 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
 
     def _decide(self) -> None:
         started = {d.stage for d in self.decisions}
-        if "range" not in started:
+        if RANGE_STAGE not in started:
             s = self.settings
-            self._plan("range", [Planned("range", None, self.budget.seed)],
+            self._plan(RANGE_STAGE, [Planned(RANGE_STAGE, None, self.budget.seed)],
                        f"one run with the LR rising from {s.range_min_lr:g} to {s.range_max_lr:g} over "
                        f"{s.range_steps} steps, stopped when its smoothed loss exceeds {s.range_blowup_factor:g}x "
                        "its lowest")
@@ -190,7 +185,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
             not r.done and (r.stage == stage or stage is None) for r in self.runs.values())
 
     def _lr_runs(self) -> list[Run]:
-        return [r for r in self.runs.values() if r.stage != "range"]
+        return [r for r in self.runs.values() if r.stage != RANGE_STAGE]
 
     def _cut_runs(self) -> dict[float, str]:
         """LR -> the trial id of a first-seed coarse run ASHA cut (a run to continue, not restart)."""
@@ -322,7 +317,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
     # -- state -------------------------------------------------------------------------------
 
     def conclusion(self) -> JsonObject:
-        """What the runs conclude, as the state file's JSON (lmtune.sweep.conclusion.Conclusion.to_json)."""
+        """What the runs conclude, as the state file's JSON (lmtune.analysis.conclusion.Conclusion.to_json)."""
         return conclude(effective_runs(self._lr_runs()), self.budget).to_json()
 
     def to_json(self) -> JsonObject:

@@ -8,8 +8,8 @@ import math
 import sys
 from dataclasses import dataclass
 
+from lmtune.analysis.runs import Budget, LrResult, Run, crowned_ranking, format_tokens, same_lr
 from lmtune.errors import LmtuneError
-from lmtune.sweep.runs import Budget, LrResult, Run, crowned_ranking, format_tokens, same_lr
 from lmtune.sweep.strategies.base import MAX_SEEDS, failed_checks
 from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
 from lmtune.training.config import MAX_LR

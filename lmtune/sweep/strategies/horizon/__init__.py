@@ -1,6 +1,6 @@
 """``search: horizon``: the best LR at the budget the user will train at, predicted from the best LR at
 smaller budgets (a power law in the token horizon) and confirmed at that budget (the stages:
-lmtune.sweep.strategies.horizon.search; the fit: lmtune.sweep.strategies.horizon.fit)."""
+lmtune.sweep.strategies.horizon.search; the fit: lmtune.analysis.fit)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from lmtune.sweep.runs import Budget, Run, effective_runs
-from lmtune.sweep.tune_types import TuneParams
+from lmtune.analysis.runs import Budget, Run, effective_runs
+from lmtune.sweep.trial_order import TuneParams
 
 
 class SearchAxis(Protocol):
@@ -40,7 +40,7 @@ class SearchAxis(Protocol):
         """Whether ``run`` was trained at ``point``."""
 
     def others(self, point: int) -> tuple[tuple[str, object], ...]:
-        """A run's ``others`` at ``point`` (lmtune.sweep.runs.Run.others: what besides the LR tells runs apart)."""
+        """A run's ``others`` at ``point`` (lmtune.analysis.runs.Run.others: what besides the LR tells runs apart)."""
 
     def label(self, point: int) -> str:
         """``point`` in words ("162-step budget", "d_model 64")."""
@@ -82,5 +82,5 @@ class TokenAxis:
 
 
 def runs_at(axis: SearchAxis, runs: Iterable[Run], point: int) -> list[Run]:
-    """The runs trained at ``point`` that stand (lmtune.sweep.runs.effective_runs)."""
+    """The runs trained at ``point`` that stand (lmtune.analysis.runs.effective_runs)."""
     return effective_runs(r for r in runs if axis.holds(r, point))

@@ -1,23 +1,23 @@
 """What the runs of each searched budget show, Ray-free: the runs at a budget, each budget's located LR*
-(lmtune.sweep.strategies.horizon.locate) and the power law through them (lmtune.sweep.strategies.horizon.fit).
+(lmtune.analysis.locate) and the power law through them (lmtune.analysis.fit).
 The search (deciding when to confirm) and the report (lmtune.report.horizon) both call these, so they agree."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from lmtune.analysis.bracket import bracket
+from lmtune.analysis.fit import HorizonFit, fit_horizon
+from lmtune.analysis.locate import LocatedLr, locate_best_lr
+from lmtune.analysis.runs import Budget, Run, full_budget_ranking
 from lmtune.errors import LmtuneError
-from lmtune.sweep.bracket import bracket
-from lmtune.sweep.runs import Budget, Run, full_budget_ranking
 from lmtune.sweep.strategies.horizon.axis import TokenAxis
 from lmtune.sweep.strategies.horizon.axis import runs_at as runs_on
-from lmtune.sweep.strategies.horizon.fit import HorizonFit, fit_horizon
-from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
 
 def runs_at(runs: Iterable[Run], steps: int, target: Budget) -> list[Run]:
-    """The runs (those that stand: lmtune.sweep.runs.effective_runs) whose budget is ``steps``."""
+    """The runs (those that stand: lmtune.analysis.runs.effective_runs) whose budget is ``steps``."""
     return runs_on(TokenAxis(target, ()), runs, steps)
 
 

@@ -1,5 +1,5 @@
 """What a horizon search's runs conclude, Ray-free and typed: each budget's conclusion at its own full token count
-(lmtune.sweep.conclusion.conclude), each searched budget's located LR* (lmtune.sweep.strategies.horizon.locate)
+(lmtune.analysis.conclusion.conclude), each searched budget's located LR* (lmtune.analysis.locate)
 and the power law fitted through them. The report reads this one value (lmtune.report.horizon); the fit is the
 search's own (fit_budgets, deterministic), so the two agree.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lmtune.sweep.conclusion import Conclusion, conclude
-from lmtune.sweep.runs import Budget, Run
+from lmtune.analysis.conclusion import Conclusion, conclude
+from lmtune.analysis.fit import HorizonFit
+from lmtune.analysis.locate import LocatedLr
+from lmtune.analysis.runs import Budget, Run
 from lmtune.sweep.strategies.horizon.budgets import fit_budgets, locate_budgets, runs_at
-from lmtune.sweep.strategies.horizon.fit import HorizonFit
-from lmtune.sweep.strategies.horizon.locate import LocatedLr
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
 
@@ -30,7 +30,7 @@ class BudgetConclusion:
     trials: int
     """The runs that stand at this budget."""
     conclusion: Conclusion
-    """What this budget's runs conclude (lmtune.sweep.conclusion.conclude)."""
+    """What this budget's runs conclude (lmtune.analysis.conclusion.conclude)."""
     located: LocatedLr | None
     """Its LR* located between grid points around the crowned best (None: the target, or no LR trained it)."""
 

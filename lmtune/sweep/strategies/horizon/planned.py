@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmtune.sweep.tune_types import TuneParams
+from lmtune.sweep.trial_order import TrialOrder, TuneParams
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,6 @@ class Planned:
     continues from where it ended (the same run as from scratch: lmtune.training.fork)."""
 
     def config(self) -> TuneParams:
-        """The trial's Tune config, but for what its point sets (the search's axis adds it: SearchAxis.params)."""
-        config: TuneParams = {"stage": self.stage, "lr": self.lr, "seed": self.seed}
-        if self.fork_from:
-            config["fork_from"] = self.fork_from
-        return config
+        """The trial's order as Tune carries it, but for what its point sets (the search's axis adds it:
+        SearchAxis.params)."""
+        return TrialOrder({"lr": self.lr, "seed": self.seed}, stage=self.stage, fork_from=self.fork_from).to_tune()

@@ -1,6 +1,6 @@
 """The horizon search (``search: horizon``): the best LR at the budget the user will train at (the target,
 D), predicted from the best LR at budgets they can afford and confirmed at D. Ray-free: the Tune Searcher
-that drives it is lmtune.sweep.strategies.horizon.searcher; the fit is lmtune.sweep.strategies.horizon.fit.
+that drives it is lmtune.sweep.strategies.searcher (DecidingSearcher); the fit is lmtune.analysis.fit.
 
 Every run trains its whole budget with its own schedule (the cosine decays over that budget), and nothing
 but a non-finite loss (or a run stuck above its initial loss for the stopper's recovery window) ends one
@@ -10,9 +10,9 @@ early: LRs are compared only at a budget's full token count. The stages, per bud
    the best LR of the budget below it (LR* falls as the budget grows, so more of the grid lies below).
 2. **extend**: one LR further out while the best LR lies at the grid's end.
 3. **seeds**: the best LR and its two neighbours get ``seeds`` runs each; an LR with fewer seeds that beats
-   the crowned best seed for seed gets them too before the budget's best LR is settled (lmtune.sweep.runs.crown).
+   the crowned best seed for seed gets them too before the budget's best LR is settled (lmtune.analysis.runs.crown).
 4. **refine**: the LRs halfway (in log) between the crowned best and its neighbours, ``seeds`` runs each, so
-   that a quadratic through five LRs locates LR* between grid points (lmtune.sweep.strategies.horizon.locate).
+   that a quadratic through five LRs locates LR* between grid points (lmtune.analysis.locate).
 5. **wall**: where no LR on one side of the best is clearly worse than it, one LR a grid step beyond those
    tried on that side (``walls`` at most): an LR* is bounded only between LRs clearly worse.
 6. **edge**: probes above the highest LR that trained through, for where training fails at this budget (one
@@ -29,19 +29,19 @@ from __future__ import annotations
 
 import math
 
+from lmtune.analysis.bracket import bracket
+from lmtune.analysis.conclusion import conclude
+from lmtune.analysis.fit import HorizonFit
+from lmtune.analysis.landscape import best_lr_interval
+from lmtune.analysis.runs import SAME_LR, Budget, Run, crown, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.sweep.bracket import bracket
-from lmtune.sweep.conclusion import conclude
-from lmtune.sweep.landscape import best_lr_interval
-from lmtune.sweep.runs import SAME_LR, Budget, Run, crown, full_budget_ranking, same_lr
 from lmtune.sweep.strategies.base import FINISHED, WAIT
 from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.horizon.axis import SearchAxis, TokenAxis, runs_at
 from lmtune.sweep.strategies.horizon.budgets import fit_budgets
-from lmtune.sweep.strategies.horizon.fit import HorizonFit
 from lmtune.sweep.strategies.horizon.planned import Decision, Planned
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
-from lmtune.sweep.tune_types import TuneParams
+from lmtune.sweep.trial_order import TuneParams
 from lmtune.training.config import MAX_LR, accepted_lr
 
 STAGES = ("grid", "extend", "seeds", "refine", "wall", "edge", "target")  # target: the confirmation at the target
@@ -291,7 +291,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     def _wall_lr(self, point: int) -> float | None:
         """One LR beyond the LRs tried on a side where none is clearly worse than the best, while walls remain: LR*
-        is bounded only between LRs clearly worse (lmtune.sweep.landscape.best_lr_interval). None: no wall needed."""
+        is bounded only between LRs clearly worse (lmtune.analysis.landscape.best_lr_interval). None: no wall needed."""
         walls = self._decided("wall", point)
         if not self._planned("refine", point) or walls >= self.settings.walls:
             return None

@@ -7,7 +7,7 @@ Why D/16, D/8, D/4 by default: a line through log LR* needs three budgets to sho
 the largest is as close to the target as the cost allows (one run at each of the three budgets costs 7/16
 of one target run); budgets two-fold apart move LR* by a factor 2^beta each (1.23x for beta = 0.3), less
 than one step of a 1.5x grid, so each budget's LR* is located between grid points (``refine``, and
-lmtune.sweep.strategies.horizon.locate) rather than read off the grid.
+lmtune.analysis.locate) rather than read off the grid.
 
 What these defaults resolve, by simulation (benchmarks/horizon_coverage.py: the real search on simulated
 runs, quick_horizon's settings, 1,000 searches per case, beta = 0.3 across D/16-D/4): with a sharp basin

@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.sweep.record import read_width_state
-from lmtune.sweep.runs import Budget
 from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
 from lmtune.sweep.strategies.horizon import refuse_early_stopping
 from lmtune.sweep.strategies.width.search import WidthSearch

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmtune.sweep.runs import Budget, Run
+from lmtune.analysis.runs import Budget, Run
 from lmtune.sweep.strategies.width.settings import proxy_shape
-from lmtune.sweep.tune_types import TuneParams
+from lmtune.sweep.trial_order import TuneParams
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What a width search's runs conclude, Ray-free and typed: each width's conclusion at the budget's full token count
-(lmtune.sweep.conclusion.conclude), each proxy's located LR* (lmtune.sweep.strategies.horizon.locate) and the power
+(lmtune.analysis.conclusion.conclude), each proxy's located LR* (lmtune.analysis.locate) and the power
 law ln LR* = a - gamma ln width through them. The search (deciding when to confirm) and the report
 (lmtune.report.width) both call these, so they agree.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from lmtune.analysis.bracket import bracket
+from lmtune.analysis.conclusion import Conclusion, conclude
+from lmtune.analysis.fit import PowerLaw, fit_power_law
+from lmtune.analysis.locate import LocatedLr, locate_best_lr
+from lmtune.analysis.runs import Budget, Run, full_budget_ranking
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.bracket import bracket
-from lmtune.sweep.conclusion import Conclusion, conclude
-from lmtune.sweep.runs import Budget, Run, full_budget_ranking
 from lmtune.sweep.strategies.horizon.axis import runs_at as runs_on
-from lmtune.sweep.strategies.horizon.fit import PowerLaw, fit_power_law
-from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
 from lmtune.sweep.strategies.width.axis import WidthAxis
 from lmtune.sweep.strategies.width.settings import WidthSettings
 
@@ -70,7 +70,7 @@ class WidthPoint:
     trials: int
     """The runs that stand at this width."""
     conclusion: Conclusion
-    """What this width's runs conclude (lmtune.sweep.conclusion.conclude)."""
+    """What this width's runs conclude (lmtune.analysis.conclusion.conclude)."""
     located: LocatedLr | None
     """Its LR* located between grid points around the crowned best (None: the target, or no LR trained it)."""
 
@@ -88,7 +88,7 @@ class WidthConclusion:
 
 
 def runs_at_width(runs: Iterable[Run], width: int, target: Budget) -> list[Run]:
-    """The runs (those that stand: lmtune.sweep.runs.effective_runs) trained at ``width``."""
+    """The runs (those that stand: lmtune.analysis.runs.effective_runs) trained at ``width``."""
     return runs_on(WidthAxis(target, ()), runs, width)
 
 

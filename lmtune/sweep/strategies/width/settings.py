@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
-from lmtune.sweep.runs import Budget
 from lmtune.sweep.strategies.horizon.settings import MAX_BUDGETS, LrSearchSettings
-from lmtune.sweep.tune_types import TuneParams
+from lmtune.sweep.trial_order import TuneParams
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lmtune.files import JsonObject
-from lmtune.sweep.bracket import Bracket
-from lmtune.sweep.runs import (
+from lmtune.analysis.bracket import Bracket
+from lmtune.analysis.runs import (
     SIGNIFICANCE_SE,
     LrResult,
     clearly_worse,
@@ -19,6 +18,7 @@ from lmtune.sweep.runs import (
     spread_lrs,
     standard_error,
 )
+from lmtune.files import JsonObject
 
 # How much worse the loss is at these multiples of the best LR (the report's answer to "how fast does it degrade").
 DEGRADED_AT = (2, 4, 10, 30, 100, 300)

@@ -1,6 +1,6 @@
 """What a truth's runs share (its setting: model, budget, schedule, optimizer, data), and the refusal to compare a
 truth with a sweep of another setting. A truth answers for one setting: its runs must share it, and a sweep is
-compared with it only where they agree on it; the LR and seed are what a grid varies (lmtune.report.truth).
+compared with it only where they agree on it; the LR and seed are what a grid varies (benchmarks.truth).
 """
 
 from __future__ import annotations

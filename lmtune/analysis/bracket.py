@@ -1,7 +1,7 @@
 """Where training fails, Ray-free: the bracket between the largest LR proven to train through its budget and
 the smallest LR at which a run diverged, the LRs whose seeds disagree about it, and how each of its ends was
 established (by training, or only by the stopper's rule). The edge searcher bisects and confirms from these
-while the sweep runs; the report reads them afterwards (lmtune.sweep.conclusion).
+while the sweep runs; the report reads them afterwards (lmtune.analysis.conclusion).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from lmtune.analysis.runs import Run, effective_runs
 from lmtune.files import JsonObject
-from lmtune.sweep.runs import Run, effective_runs
 from lmtune.training.divergence import NON_FINITE
 
 THROUGH = "trained its whole budget without diverging"

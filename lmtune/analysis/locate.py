@@ -1,5 +1,5 @@
 """Where one budget's best LR lies between its grid points: a quadratic in ln LR fitted to the mean full-budget
-losses around the crowned best LR (lmtune.sweep.runs.crown), its minimum LR*, and how well the seeds fix it.
+losses around the crowned best LR (lmtune.analysis.runs.crown), its minimum LR*, and how well the seeds fix it.
 
 Why a quadratic: near its minimum any smooth loss curve is one in ln LR, so the best and two LRs either side
 locate LR* between grid points, where the grid alone only says "somewhere between the neighbours". Why the
@@ -7,12 +7,12 @@ crown's neighbourhood: the fit and the report's table then talk about the same L
 crowned best enters the fit with the weight of its one seed, not as the winner.
 
 The uncertainty comes from the seeds: each LR's mean is known to sigma / sqrt(seeds) (sigma pooled near the best,
-lmtune.sweep.runs.pooled_seed_spread, with its degrees of freedom), and LR*'s 90% interval is every LR at which
+lmtune.analysis.runs.pooled_seed_spread, with its degrees of freedom), and LR*'s 90% interval is every LR at which
 the fitted curve's slope is within t standard errors of flat (Fieller's interval: exact for a quadratic with
 normal noise, unlike the delta method or a bootstrap around the fitted curve, which both shrink when the noise
 happens to sharpen the curve). Where that set is unbounded (the curvature is not resolved) or reaches well past
 the LRs fitted, the budget's LR* is *not located*: it is carried as lying anywhere between the nearest LRs clearly
-worse than the best (lmtune.sweep.landscape.best_lr_interval), never as a grid point. Deterministic.
+worse than the best (lmtune.analysis.landscape.best_lr_interval), never as a grid point. Deterministic.
 """
 
 from __future__ import annotations
@@ -23,11 +23,42 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmtune.analysis.bracket import Bracket
+from lmtune.analysis.landscape import best_lr_interval
+from lmtune.analysis.runs import LrResult, crown, pooled_seed_spread, spread_lrs
 from lmtune.files import JsonObject
-from lmtune.sweep.bracket import Bracket
-from lmtune.sweep.landscape import best_lr_interval
-from lmtune.sweep.runs import LrResult, crown, pooled_seed_spread, spread_lrs
-from lmtune.sweep.strategies.horizon.stats import Z90, chi2_survival, t_quantile
+
+# The few distributions the fits need, in closed form (numpy has none).
+# z of a two-sided 90% interval. An interval enters the power law as a point with SE = its half-width / Z90.
+Z90 = 1.6448536269514722
+
+
+def chi2_survival(chi2: float, dof: int) -> float:
+    """P(X >= chi2) for X chi-square with ``dof`` degrees of freedom (closed forms; no scipy)."""
+    half = chi2 / 2
+    if dof % 2 == 0:
+        term, total = 1.0, 1.0
+        for k in range(1, dof // 2):
+            term *= half / k
+            total += term
+        return math.exp(-half) * total
+    total = math.erfc(math.sqrt(half))
+    term = math.sqrt(half) * math.exp(-half) / math.gamma(1.5)
+    for k in range(1, (dof + 1) // 2):
+        total += term
+        term *= half / (k + 0.5)
+    return min(1.0, total)
+
+
+def t_quantile(dof: int, z: float = Z90) -> float:
+    """Student's t quantile matching the normal's ``z`` for ``dof`` degrees of freedom (Cornish-Fisher expansion;
+    within 1% of the exact value from 3 degrees of freedom, and wider, so conservative, below)."""
+    if dof <= 0:
+        return math.inf
+    z3, z5, z7 = z ** 3, z ** 5, z ** 7
+    return (z + (z3 + z) / (4 * dof) + (5 * z5 + 16 * z3 + 3 * z) / (96 * dof ** 2)
+            + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * dof ** 3))
+
 
 # LRs fitted either side of the crowned best: at least two each, five points for three parameters ...
 SIDE = 2
@@ -50,7 +81,7 @@ class LocatedLr:
     tokens: int
     """The budget's full token count, where its LRs are compared."""
     crowned_lr: float
-    """The grid LR crowned best (lmtune.sweep.runs.crown): the report's table names this one."""
+    """The grid LR crowned best (lmtune.analysis.runs.crown): the report's table names this one."""
     lr: float
     """LR*: the minimum of the fitted curve (located), or the middle in log of the nearest LRs clearly worse than
     the best (not located)."""
@@ -90,7 +121,7 @@ class LocatedLr:
 
 
 def locate_best_lr(ranking: Sequence[LrResult], tokens: int, edge: Bracket | None = None) -> LocatedLr | None:
-    """LR* of one budget from its full-budget ranking (lmtune.sweep.runs.full_budget_ranking); None when no
+    """LR* of one budget from its full-budget ranking (lmtune.analysis.runs.full_budget_ranking); None when no
     LR trained it through. ``edge``: where training failed at this budget (a failed LR above bounds LR*)."""
     ranking = list(ranking)
     best, _ = crown(ranking)
@@ -155,7 +186,7 @@ def _window(ranking: list[LrResult], best: LrResult, width: float) -> list[LrRes
 
 
 def _pooled(ranking: list[LrResult]) -> tuple[float | None, int]:
-    """The pooled run-to-run sd near the best (lmtune.sweep.runs.pooled_seed_spread) and its degrees of freedom."""
+    """The pooled run-to-run sd near the best (lmtune.analysis.runs.pooled_seed_spread) and its degrees of freedom."""
     dof = sum(len(r.losses) - 1 for r in spread_lrs(ranking))
     return pooled_seed_spread(ranking), dof
 

@@ -1,7 +1,7 @@
 """What a sweep's runs show, Ray-free: each trial as a ``Run``, their losses compared at equal token
 counts, and the best LR crowned on as many seeds as the LRs it beats. Where training fails is
-lmtune.sweep.bracket, the regions above the best LR lmtune.sweep.landscape, and what it all concludes
-lmtune.sweep.conclusion. The edge searcher decides from these functions while the sweep runs; the report and
+lmtune.analysis.bracket, the regions above the best LR lmtune.analysis.landscape, and what it all concludes
+lmtune.analysis.conclusion. The edge searcher decides from these functions while the sweep runs; the report and
 the ``run`` command's last lines read the same ones afterwards.
 
 A run is judged by what its loss did (lmtune.training.divergence): *diverged* when it went non-finite or
@@ -16,9 +16,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from lmtune.analysis.rungs import Rungs
 from lmtune.files import JsonObject
-from lmtune.sweep.asha import AshaBudget
-from lmtune.sweep.rungs import Rungs
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import NON_FINITE, Spike
 
@@ -39,6 +38,18 @@ INTERRUPTED = ("interrupted: the sweep's driver stopped while it ran, before Ray
 def same_lr(a: float, b: float) -> bool:
     """Two LRs closer than SAME_LR: one LR."""
     return max(a, b) / min(a, b) < SAME_LR
+
+@dataclass(frozen=True)
+class AshaBudget:
+    """ASHA's rungs in tokens: the first at ``grace_period``, each ``reduction_factor`` x the last, up to ``max_t``."""
+
+    max_t: int
+    """The last rung: no trial is judged past this many tokens."""
+    grace_period: int
+    """The first rung: tokens every trial trains before ASHA may cut it."""
+    reduction_factor: float
+    """Each rung keeps the best 1 / reduction_factor of the trials that reached it."""
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -77,7 +88,7 @@ class Budget:
 
 
 def comparison_rungs(full_tokens: int, asha: AshaBudget | None) -> tuple[int, ...]:
-    """The token counts at which LRs are compared: ASHA's rungs (lmtune.sweep.rungs, the one rung rule) below
+    """The token counts at which LRs are compared: ASHA's rungs (lmtune.analysis.rungs, the one rung rule) below
     max_t and the full budget; without ASHA, the full budget alone."""
     if asha is None:
         return (int(full_tokens),)

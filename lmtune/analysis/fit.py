@@ -1,5 +1,5 @@
 """The best LR across token horizons: a power law LR*(D) = exp(a) * D^-beta fitted to each searched budget's
-located LR* (lmtune.sweep.strategies.horizon.locate), and the LR it predicts for a larger budget, each with a
+located LR* (lmtune.analysis.locate), and the LR it predicts for a larger budget, each with a
 90% interval (Bjorck et al. 2025, "Scaling Optimal LR Across Token Horizons").
 
 Ray-free and deterministic. Where the uncertainty comes from, and how it is carried:
@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmtune.analysis.locate import Z90, LocatedLr, chi2_survival
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.horizon.locate import LocatedLr
-from lmtune.sweep.strategies.horizon.stats import Z90, chi2_survival
 
 # Below this lack-of-fit p-value the power law is said not to hold across the searched budgets.
 LAW_P = 0.05

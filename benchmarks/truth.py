@@ -3,7 +3,7 @@ to the full budget with nothing stopping it early (benchmarks/lr_truth.py trains
 
 The truth about failure needs no window: a run of the grid fails when it ends its budget with the loss above
 ℓ₀ or goes non-finite. Its best LR, basin and degraded region are lmtune's own analysis
-(lmtune.sweep.conclusion.conclude) applied to those runs. ``compare`` then asks of a sweep's summary what a
+(lmtune.analysis.conclusion.conclude) applied to those runs. ``compare`` then asks of a sweep's summary what a
 careful reader would, each a check that can fail: is the search's best LR inside the truth's basin (the LRs
 within 2 standard errors of its best, not the clearly worse LRs around them), does its edge bracket overlap the
 truth's (where the truth's own seeds disagree about the edge, no wider), and do its basin and degraded region
@@ -11,7 +11,7 @@ overlap the truth's. ``compare_horizon`` asks of a horizon search's prediction w
 curve is within 2 standard errors of the truth's best. Each refuses, in one line, a truth with fewer than
 TRUTH_SEEDS seeds at an LR it reads.
 
-A truth answers for one setting (lmtune.report.truth_setting): its runs must share it, and a sweep is compared
+A truth answers for one setting (benchmarks.truth_setting): its runs must share it, and a sweep is compared
 with it only where they agree on it; the LR and seed are what a grid varies.
 """
 
@@ -22,14 +22,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks.truth_setting import Setting, data_of, setting_differences, setting_of
+from lmtune.analysis.bracket import bracket
+from lmtune.analysis.conclusion import conclude
+from lmtune.analysis.locate import LocatedLr, locate_best_lr
+from lmtune.analysis.runs import SAME_LR, SIGNIFICANCE_SE, Budget, Run, full_budget_ranking
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, JsonValue
-from lmtune.report.truth_setting import Setting, data_of, setting_differences, setting_of
-from lmtune.sweep.bracket import bracket
-from lmtune.sweep.conclusion import conclude
 from lmtune.sweep.record import run_config_of
-from lmtune.sweep.runs import SAME_LR, SIGNIFICANCE_SE, Budget, Run, full_budget_ranking
-from lmtune.sweep.strategies.horizon.locate import LocatedLr, locate_best_lr
 from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
 from lmtune.training.metric_registry import Row
 from lmtune.training.metrics import METRICS_FILE, read_metrics
@@ -144,7 +144,7 @@ def truth_conclusion(runs: list[TruthRun]) -> JsonObject:
 
 def truth_located_lr(runs: list[TruthRun]) -> LocatedLr | None:
     """The truth's own LR* located between its grid points, by the search's rule (a weighted quadratic in ln LR
-    around its crowned best, Fieller's 90% interval: lmtune.sweep.strategies.horizon.locate): what a prediction's
+    around its crowned best, Fieller's 90% interval: lmtune.analysis.locate): what a prediction's
     interval is checked against, rather than the crowned grid LR, whose precision is the grid's gap."""
     as_runs = _as_runs(runs)
     return locate_best_lr(full_budget_ranking(as_runs), as_runs[0].budget_tokens, bracket(as_runs))

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lmtune.files import JsonObject
-from lmtune.sweep.bracket import (
+from lmtune.analysis.bracket import (
     Bracket,
     EdgeConfirmation,
     SeedDependence,
@@ -18,8 +17,8 @@ from lmtune.sweep.bracket import (
     edge_confirmation,
     seed_dependent_lrs,
 )
-from lmtune.sweep.landscape import Gap, Landscape, best_lr_interval, edge_ratio_range, landscape
-from lmtune.sweep.runs import (
+from lmtune.analysis.landscape import Gap, Landscape, best_lr_interval, edge_ratio_range, landscape
+from lmtune.analysis.runs import (
     Budget,
     LrResult,
     Run,
@@ -29,6 +28,7 @@ from lmtune.sweep.runs import (
     full_budget_ranking,
     pooled_seed_spread,
 )
+from lmtune.files import JsonObject
 
 
 @dataclass(frozen=True)
