@@ -13,7 +13,7 @@ from conftest import drive_search
 from lmtune.analysis.bracket import bisect_lrs, bracket
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, LrResult, Run, crown, equal_token_losses, full_budget_ranking, loss_at_tokens
-from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.deciding import FINISHED, WAIT
 from lmtune.sweep.strategies.edge.search import EdgeSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import TINY_TRIAL, finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs, wait_until
 
 from benchmarks.truth import compare, read_truth, truth_conclusion
-from lmtune.sweep.record import read_edge_state, read_outcomes, trial_folders
+from lmtune.sweep.record import read_outcomes, read_search_state, trial_folders
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.loop import train
@@ -43,7 +43,7 @@ def sweep_args(tmp: Path, data: Path) -> list[str]:
 
 def bisecting(sweep_dir: Path) -> bool:
     """The search has planned bisection probes and at least one of them has started."""
-    state = read_edge_state(sweep_dir) if sweep_dir.exists() else None
+    state = read_search_state(sweep_dir, "edge") if sweep_dir.exists() else None
     return bool(state) and not state["finished"] and any(
         run["stage"] == "bisect" for run in state["runs"].values())
 
@@ -53,7 +53,7 @@ def trial_params(sweep_dir: Path) -> dict[str, dict]:
 
 
 def coarse_started(sweep_dir: Path) -> bool:
-    state = read_edge_state(sweep_dir) if sweep_dir.exists() else None
+    state = read_search_state(sweep_dir, "edge") if sweep_dir.exists() else None
     return bool(state) and any(run["stage"] == "coarse" for run in state["runs"].values())
 
 
@@ -78,7 +78,7 @@ def resumed_edge_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFact
         kill_session(proc.pid)
         proc.stdout.close()
     assert not session_pids(proc.pid)
-    before = {"ledger": read_outcomes(sweep_dir), "state": read_edge_state(sweep_dir),
+    before = {"ledger": read_outcomes(sweep_dir), "state": read_search_state(sweep_dir, "edge"),
               "metrics": {t: (d / "metrics.csv").read_bytes() for t, d in trial_dirs(sweep_dir).items()
                           if (d / "metrics.csv").exists()}}
     resumed = start_lmtune("run", *resume_args)
@@ -89,7 +89,7 @@ def resumed_edge_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFact
 
 def test_the_resumed_search_finishes_with_every_trial_ending_once(resumed_edge_sweep):
     sweep_dir = resumed_edge_sweep["dir"]
-    state, ledger = read_edge_state(sweep_dir), read_outcomes(sweep_dir)
+    state, ledger = read_search_state(sweep_dir, "edge"), read_outcomes(sweep_dir)
     assert state["finished"]
     # a trial still running at the kill that Ray had not yet recorded is planned again, and says so
     interrupted = set(state["interrupted"])
@@ -112,7 +112,7 @@ def test_trials_that_ended_before_the_kill_were_not_trained_again(resumed_edge_s
 
 def test_the_decisions_made_before_the_kill_stand(resumed_edge_sweep):
     before = resumed_edge_sweep["before"]["state"]["decisions"]
-    after = read_edge_state(resumed_edge_sweep["dir"])["decisions"]
+    after = read_search_state(resumed_edge_sweep["dir"], "edge")["decisions"]
     assert after[: len(before)] == before
     assert [d["stage"] for d in after][:3] == ["range", "coarse", "landscape"]
 
@@ -121,7 +121,7 @@ def test_asha_cut_the_coarse_trials_an_uninterrupted_search_would_have_cut(resum
     # Replays Tune's ASHA rule over the coarse trials' own rung losses in the order the search planned them
     # (each judged against the ones before it), and compares with what the interrupted, resumed sweep did.
     sweep_dir = resumed_edge_sweep["dir"]
-    state, ledger = read_edge_state(sweep_dir), read_outcomes(sweep_dir)
+    state, ledger = read_search_state(sweep_dir, "edge"), read_outcomes(sweep_dir)
     asha = SweepRecord.read(sweep_dir).plan.asha
     planned = next(d["lrs"] for d in state["decisions"] if d["stage"] == "coarse")
     trial_of = {run["lr"]: tid for tid, run in state["runs"].items() if run["stage"] == "coarse"}
@@ -138,7 +138,7 @@ def test_asha_cut_the_coarse_trials_an_uninterrupted_search_would_have_cut(resum
 
 
 def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resumed_edge_sweep):
-    c = read_edge_state(resumed_edge_sweep["dir"])["conclusion"]
+    c = read_search_state(resumed_edge_sweep["dir"], "edge")["conclusion"]
     assert c["bracket_ratio"] <= 2.0 and c["edge_lr_low"] < c["divergence_lr"]
     assert len(c["best_lr_seed_losses"]) == 2 and c["best_lr"] < c["edge_lr_low"]
 
@@ -148,7 +148,7 @@ def test_the_bracket_agrees_with_direct_runs_trained_without_early_stopping(resu
     judged it on: every seed trains through the stable end, the failing seed fails to recover at the
     diverged end (the sweep's own rule judging the whole run)."""
     sweep_dir = resumed_edge_sweep["dir"]
-    c = read_edge_state(sweep_dir)["conclusion"]
+    c = read_search_state(sweep_dir, "edge")["conclusion"]
     confirmation = c["edge_confirmation"]
     assert confirmation["confirmed"] and len(confirmation["stable_end"]) == 2  # edge_seeds
     params, dirs = trial_params(sweep_dir), trial_dirs(sweep_dir)

@@ -19,7 +19,7 @@ from conftest import drive_search
 from lmtune.analysis.runs import Budget, crown, full_budget_ranking
 from lmtune.errors import LmtuneError
 from lmtune.sweep.spaces import load_space
-from lmtune.sweep.strategies.base import WAIT
+from lmtune.sweep.strategies.deciding import WAIT
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 

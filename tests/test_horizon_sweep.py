@@ -14,7 +14,7 @@ import pytest
 from conftest import TINY_TRIAL, run_lmtune, trial_dirs
 
 from benchmarks.truth import TRUTH_SEEDS, compare_horizon, read_truth, truth_conclusion
-from lmtune.sweep.record import read_horizon_state
+from lmtune.sweep.record import read_search_state
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import apply_overrides
 from lmtune.training.loop import train
@@ -50,7 +50,7 @@ def horizon_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 def test_the_search_finishes_and_every_trial_trains_its_own_budget_through(horizon_sweep):
     assert horizon_sweep["run"].returncode == 0, horizon_sweep["run"].stderr[-3000:]
-    state = read_horizon_state(horizon_sweep["dir"])
+    state = read_search_state(horizon_sweep["dir"], "horizon")
     assert state["finished"]
     steps = {}
     for trial_id, folder in trial_dirs(horizon_sweep["dir"]).items():
@@ -85,7 +85,7 @@ def test_run_and_analyze_print_the_same_prediction(horizon_sweep):
 def test_the_search_states_fit_made_during_the_sweep_is_the_reports_from_the_trials_files(horizon_sweep):
     """The search fitted from the results Tune handed it, before the confirmation ran; analyze fits again from the
     trials' files on disk: the same LRs crowned and located at each budget, and the same line."""
-    fit, s = read_horizon_state(horizon_sweep["dir"])["fit"], horizon_sweep["summary"]
+    fit, s = read_search_state(horizon_sweep["dir"], "horizon")["fit"], horizon_sweep["summary"]
     budgets = {b["tokens"]: b for b in s["budgets"]}
     for point in fit["points"]:
         assert point["crowned_lr"] == budgets[point["tokens"]]["crowned_lr"]

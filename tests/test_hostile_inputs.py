@@ -281,14 +281,14 @@ def test_run_and_analyze_count_a_probe_an_interruption_made_the_search_rerun_ali
     from lmtune.analysis.runs import INTERRUPTED
     from lmtune.analyze import headline
     from lmtune.report.writer import write_report
-    from lmtune.sweep.record import edge_state_path, ledger_path
+    from lmtune.sweep.record import ledger_path, search_state_path
 
     sweep_dir = disk_sweep(tmp_path, {t: (lr, "completed", {10: 4.0, 30: loss}) for t, lr, loss in
                                       (("a", 0.001, 2.6), ("b", 0.002, 2.5), ("again", 0.002, 2.4))})
     ledger = json.loads(ledger_path(sweep_dir).read_text())
     del ledger["again"]  # Ray never recorded its first run: the search planned it again
     ledger_path(sweep_dir).write_text(json.dumps(ledger))
-    edge_state_path(sweep_dir).write_text(json.dumps({"interrupted": {"again": INTERRUPTED}}))
+    search_state_path(sweep_dir, "edge").write_text(json.dumps({"interrupted": {"again": INTERRUPTED}}))
     _, out = run_printout(sweep_dir, 2, capsys)  # Tune recorded 2 trials: "again"'s first run was lost with the driver
     printed = next(line for line in out.splitlines() if " trials: " in line)
     report = write_report(sweep_dir, out_dir=tmp_path / "report")

@@ -19,7 +19,7 @@ from lmtune import diagnose
 from lmtune import run as run_cli
 from lmtune.analyze import main as analyze_main
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.record import edge_state_path, horizon_state_path
+from lmtune.sweep.record import search_state_path
 from lmtune.sweep.spaces import load_space
 from lmtune.training.config import budget_config
 
@@ -167,7 +167,7 @@ def test_analyze_refuses_an_edited_sweep_json_naming_the_file_and_the_field(edit
 def test_an_unusable_search_state_is_warned_about_and_ignored(state, sweep, tmp_path, capsys, caplog):
     analyze_ok(sweep, capsys, "--out", str(tmp_path / "before"))
     kind, value = state
-    path = (edge_state_path if kind == "edge" else horizon_state_path)(sweep)
+    path = search_state_path(sweep, kind)
     path.write_text(json.dumps(value))
     analyze_ok(sweep, capsys, "--out", str(tmp_path / "after"))
     assert f"ignoring {path}" in caplog.text
@@ -225,16 +225,16 @@ def test_a_resumed_edge_searcher_with_a_damaged_state_file_continues_from_tunes_
     from lmtune.analysis.runs import Budget
     from lmtune.sweep.strategies.edge.search import EdgeSearch
     from lmtune.sweep.strategies.edge.settings import EdgeSettings
-    from lmtune.sweep.strategies.searcher import EdgeSearcher
+    from lmtune.sweep.strategies.searcher import DecidingSearcher
 
     budget = Budget(steps=162, warmup_steps=18, tokens_per_step=1024, seed=0, rungs=(18432, 55296, 165888))
     search = EdgeSearch(EdgeSettings(), budget)
     search.suggest("t000")
     (tmp_path / "snapshot.json").write_text(json.dumps(search.to_json()))
     damaged = {k: v for k, v in search.to_json().items() if k != "plans"}
-    edge_state_path(tmp_path).parent.mkdir()
-    edge_state_path(tmp_path).write_text(json.dumps(damaged))
-    searcher = EdgeSearcher(EdgeSearch(EdgeSettings(), budget), tmp_path)
+    search_state_path(tmp_path, "edge").parent.mkdir()
+    search_state_path(tmp_path, "edge").write_text(json.dumps(damaged))
+    searcher = DecidingSearcher(EdgeSearch(EdgeSettings(), budget), tmp_path)
     with caplog.at_level(logging.WARNING):
         searcher.restore(str(tmp_path / "snapshot.json"))
     assert searcher.search.to_json() == search.to_json()

@@ -304,3 +304,20 @@ def test_the_layout_table_lists_every_module():
     modules = [str(p.relative_to(PACKAGE)) for p in MODULES if p.name != "__init__.py"]
     unlisted = [m for m in modules if not is_listed(m)]
     assert not unlisted, unlisted
+
+
+def test_the_report_never_imports_the_sweeps_runtime():
+    """The report reads a sweep's records (sweep.json, the ledger, trial.json, the searches' states) and the
+    searches' Ray-free parts; importing all of it loads no Ray and none of the modules that run a sweep."""
+    import subprocess
+    import sys
+
+    names = sorted(_module_name(p) for p in MODULES if _module_name(p).startswith("lmtune.report"))
+    runtime = ("trainable", "experiment", "runner", "session", "stopping", "asha_scheduler", "reporting",
+               "fused_trial", "placement", "preflight", "storage", "hooks", "strategies.searcher")
+    code = (f"import sys, {', '.join(names)}\n"
+            f"runtime = {tuple('lmtune.sweep.' + r for r in runtime)!r}\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('ray', 'optuna') or n in runtime))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

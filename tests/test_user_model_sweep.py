@@ -34,7 +34,7 @@ from conftest import (
     write_grid_space,
 )
 
-from lmtune.sweep.record import read_edge_state, read_outcomes, read_width_state
+from lmtune.sweep.record import read_outcomes, read_search_state
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def test_the_interrupted_search_on_the_users_model_resumes_and_finishes(example_
     assert code == 130 and "resume it with" in out, out[-3000:]
     assert example_edge["resumed"].returncode == 0, example_edge["resumed"].stderr[-3000:]
     sweep_dir = example_edge["dir"]
-    assert read_edge_state(sweep_dir)["finished"]
+    assert read_search_state(sweep_dir, "edge")["finished"]
     ledger = read_outcomes(sweep_dir)
     assert all(ledger[t]["outcome"] == o for t, o in example_edge["ended_before"].items())  # decided: not rerun
     for folder in trial_dirs(sweep_dir).values():
@@ -171,7 +171,7 @@ def width_factory(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 def test_the_width_search_under_sp_builds_every_proxy_with_the_users_factory(width_factory):
     assert width_factory["run"].returncode == 0, width_factory["run"].stderr[-3000:]
-    assert read_width_state(width_factory["dir"])["finished"]
+    assert read_search_state(width_factory["dir"], "width")["finished"]
     sizes = {}
     for folder in trial_dirs(width_factory["dir"]).values():
         d_model = json.loads((folder / "config.json").read_text())["model"]["d_model"]

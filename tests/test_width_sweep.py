@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_TRIAL, run_lmtune, trial_dirs
 
 from benchmarks.truth import TRUTH_SEEDS, compare_horizon, read_truth, truth_conclusion
-from lmtune.sweep.record import read_width_state
+from lmtune.sweep.record import read_search_state
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import apply_overrides
 from lmtune.training.loop import train
@@ -51,7 +51,7 @@ def width_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 def test_the_search_finishes_and_each_trial_trains_its_own_width_under_mup(width_sweep):
     assert width_sweep["run"].returncode == 0, width_sweep["run"].stderr[-3000:]
-    assert read_width_state(width_sweep["dir"])["finished"]
+    assert read_search_state(width_sweep["dir"], "width")["finished"]
     shapes = set()
     for folder in trial_dirs(width_sweep["dir"]).values():
         model = json.loads((folder / "config.json").read_text())["model"]

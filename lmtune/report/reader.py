@@ -21,10 +21,8 @@ from lmtune.sweep.record import (
     SWEEP_FILE,
     TrialFolder,
     is_sweep_dir,
-    read_edge_state,
-    read_horizon_state,
     read_outcomes,
-    read_width_state,
+    read_search_states,
     readable_trial,
     trial_folders,
     tune_ended,
@@ -85,9 +83,8 @@ def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
     record = SweepRecord.read(sweep_dir)
     ledger = read_outcomes(sweep_dir)
     # Trials a deciding search planned again after a driver restart (Ray never recorded them): ended.
-    interrupted = {**((read_edge_state(sweep_dir) or {}).get("interrupted") or {}),
-                   **((read_horizon_state(sweep_dir) or {}).get("interrupted") or {}),
-                   **((read_width_state(sweep_dir) or {}).get("interrupted") or {})}
+    interrupted = {trial: why for state in read_search_states(sweep_dir).values()
+                   for trial, why in (state.get("interrupted") or {}).items()}
     ledger.update({t: {"outcome": "ended", "reason": why} for t, why in interrupted.items() if t not in ledger})
     trials = [t for t in (trial_record(folder, ledger.get(folder.trial_id) or {}, record.divergence_rule)
                           for folder in trial_folders(sweep_dir)

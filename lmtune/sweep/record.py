@@ -44,9 +44,7 @@ SWEEP_FILE = "sweep.json"
 DECISIONS_DIR = "decisions"
 LEDGER_NAME = "trial_outcomes.json"
 ASHA_STATE_NAME = "asha_state.json"
-EDGE_STATE_NAME = "edge_search.json"
-HORIZON_STATE_NAME = "horizon_search.json"
-WIDTH_STATE_NAME = "width_search.json"
+SEARCH_STATE_SUFFIX = "_search.json"  # decisions/SEARCH_search.json: a deciding search's state (edge_search.json, ...)
 TRIAL_FILE = "trial.json"
 # Periodic checkpoints on their way to Tune (lmtune.sweep.trainable.staging_dir); Tune keeps each in the trial
 # folder's checkpoint_NNNNNN/ (a fused group's: one subfolder per member, named as the member's folder).
@@ -153,37 +151,28 @@ def asha_state_path(sweep_dir: Path) -> Path:
     return decisions_dir(sweep_dir) / ASHA_STATE_NAME
 
 
-def edge_state_path(sweep_dir: Path) -> Path:
-    return decisions_dir(sweep_dir) / EDGE_STATE_NAME
+def search_state_path(sweep_dir: Path, search: str) -> Path:
+    """decisions/SEARCH_search.json: a deciding search's state and decisions (``search``: its ``search:`` value),
+    mirrored by its searcher at every decision."""
+    return decisions_dir(sweep_dir) / f"{search}{SEARCH_STATE_SUFFIX}"
 
 
-def horizon_state_path(sweep_dir: Path) -> Path:
-    return decisions_dir(sweep_dir) / HORIZON_STATE_NAME
+def read_search_state(sweep_dir: Path, search: str) -> JsonObject | None:
+    """The ``search`` search's state in a sweep folder, or None: absent, or unreadable (warned)."""
+    return read_state_file(search_state_path(sweep_dir, search))
 
 
-def read_edge_state(sweep_dir: Path) -> JsonObject | None:
-    """decisions/edge_search.json (the edge search's state), or None: absent, or unreadable (warned)."""
-    return read_search_state(edge_state_path(sweep_dir))
-
-
-def read_horizon_state(sweep_dir: Path) -> JsonObject | None:
-    """decisions/horizon_search.json (the horizon search's state), or None: absent, or unreadable (warned)."""
-    return read_search_state(horizon_state_path(sweep_dir))
-
-
-def width_state_path(sweep_dir: Path) -> Path:
-    return decisions_dir(sweep_dir) / WIDTH_STATE_NAME
-
-
-def read_width_state(sweep_dir: Path) -> JsonObject | None:
-    """decisions/width_search.json (the width search's state), or None: absent, or unreadable (warned)."""
-    return read_search_state(width_state_path(sweep_dir))
+def read_search_states(sweep_dir: Path) -> dict[str, JsonObject]:
+    """Every deciding search's state the sweep folder holds, by search name (the readable ones)."""
+    found = {path.name.removesuffix(SEARCH_STATE_SUFFIX): read_state_file(path)
+             for path in sorted(decisions_dir(sweep_dir).glob(f"*{SEARCH_STATE_SUFFIX}"))}
+    return {name: state for name, state in found.items() if state is not None}
 
 
 _WARNED: set[tuple[str, str]] = set()  # (path, problem) already warned about: said once per process
 
 
-def read_search_state(path: Path) -> JsonObject | None:
+def read_state_file(path: Path) -> JsonObject | None:
     """A searcher's mirrored state, or None: absent, or unreadable (warned), also when a key the readers use has the
     wrong shape (an edited file: none of it is taken)."""
     if not path.exists():

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from lmtune.report.comparison import StageDecision
 from lmtune.report.sections.base import PlainSection, SweepInputs
-from lmtune.sweep.record import read_edge_state
+from lmtune.sweep.record import read_search_state
 
 
 @dataclass(frozen=True)
@@ -19,5 +19,5 @@ class EdgeSection(PlainSection):
     """The search's name."""
 
     def decisions(self, sweep: SweepInputs) -> list[StageDecision]:
-        state = read_edge_state(sweep.sweep_dir) or {}
+        state = read_search_state(sweep.sweep_dir, self.name) or {}
         return [StageDecision(d["stage"], d["why"]) for d in state.get("decisions", [])]

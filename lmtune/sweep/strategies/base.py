@@ -4,8 +4,11 @@ to read their part of a space file.
 A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, edge). It reads its own
 keys of the file, says which settings each trial sets, how many trials it plans, and builds what Ray Tune
 runs: the param space and the searcher. Everything else about a sweep (budget, fixed settings, scheduler,
-stopper, placement) is the same for every strategy (lmtune.sweep.spaces, lmtune.sweep.plan). A new
-strategy is one module here plus its line in ``lmtune.sweep.strategies.STRATEGIES``.
+stopper, placement) is the same for every strategy (lmtune.sweep.spaces, lmtune.sweep.plan). A new search is
+one package here (its settings, its Ray-free decisions as a DecidingSearch, and its strategy naming both) plus its
+line in ``lmtune.sweep.strategies.STRATEGIES``: the one Tune adapter (lmtune.sweep.strategies.searcher) drives
+it, its state is decisions/NAME_search.json, and the report gives it the common part unless it has a section of
+its own (tests/test_new_search.py writes one).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
+from lmtune.sweep.record import read_search_state
 from lmtune.sweep.trial_order import TuneParams
 from lmtune.training.config import EXAMPLES, MAX_SEED, coerce_value, field_names, field_type
 
@@ -28,8 +32,6 @@ if TYPE_CHECKING:
     from lmtune.training.config import RunConfig
     from lmtune.training.lr_range import RangeTestConfig
 
-# What a search that decides as it goes answers suggest() with when it has no trial to give.
-WAIT, FINISHED = "wait", "finished"
 # The most runs of one LR a search may ask for (its seeds): 100 seeds pin a mean loss to a tenth of the
 # seed-to-seed spread, far past what the crown needs; each seed is a whole run.
 MAX_SEEDS = 100
@@ -175,6 +177,9 @@ class DecidingDefaults(StrategyDefaults):
     """The settings it sets per trial itself (a fixed setting or --set may not name them)."""
     retired_keys: ClassVar[dict[str, str]] = {}
     """Keys its section once had -> what replaced them."""
+    search_class: ClassVar[type]
+    """Its decisions, Ray-free (a DecidingSearch of the same name), which one Tune adapter drives for every
+    deciding search (lmtune.sweep.strategies.searcher.DecidingSearcher)."""
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail):
@@ -219,6 +224,14 @@ class DecidingDefaults(StrategyDefaults):
 
     def param_space(self, fuse: int) -> TuneParams:
         return {}  # the searcher suggests every trial's config
+
+    def searcher(self, budget: Budget, sweep_dir: Path):
+        from lmtune.sweep.strategies.searcher import DecidingSearcher
+
+        return DecidingSearcher(self.search_class(self.settings, budget), sweep_dir), -1  # until it has finished
+
+    def finished(self, sweep_dir: Path) -> bool:
+        return bool((read_search_state(sweep_dir, self.name) or {}).get("finished"))
 
 
 def seed_refusal(strategy: SearchStrategy, seed: int) -> str | None:

@@ -14,6 +14,9 @@ from lmtune.sweep.record import evaluated_val_loss
 from lmtune.sweep.trial_order import TuneResult
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
+# What a search that decides as it goes answers suggest() with when it has no trial to give.
+WAIT, FINISHED = "wait", "finished"
+
 PlannedT = TypeVar("PlannedT")
 """A search's own dataclass of a trial it asks for (its stage, LR, seed, why: ``planned_class``)."""
 DecisionT = TypeVar("DecisionT")
@@ -24,6 +27,8 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
     """The state every deciding search keeps. A subclass sets ``settings_class``, ``planned_class`` and
     ``decision_class`` and adds its own keys to ``to_json`` / ``_restore``."""
 
+    name: ClassVar[str]
+    """Its ``search:`` value (it names the search's state file, decisions/NAME_search.json)."""
     settings_class: ClassVar[type]
     planned_class: ClassVar[type]
     decision_class: ClassVar[type]

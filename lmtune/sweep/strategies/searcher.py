@@ -1,11 +1,11 @@
-"""A search that decides as it goes (the edge search, the horizon search) as a Ray Tune Searcher: Tune asks it
-for trials and tells it their results; the decisions are the Ray-free search's (``EdgeSearch``,
-``HorizonSearch``: suggest, observe, complete, requeue, to_json/from_json).
+"""Any search that decides as it goes (edge, horizon, width, a new one) as a Ray Tune Searcher: Tune asks it for
+trials and tells it their results; the decisions are the Ray-free search's (a DecidingSearch: suggest, observe,
+complete, requeue, to_json/from_json), one adapter for all of them.
 
 Concurrency is the searcher's own (it returns True from ``set_max_concurrency``): it knows which
 trials run. Its state goes into Tune's experiment snapshot (``save``/``restore``, taken together with
 the trials' states, so a resumed sweep continues the same search) and, after every decision, into
-decisions/ (edge_search.json, horizon_search.json), which the run summary and the report read. How a trial
+decisions/ (NAME_search.json: edge_search.json, ...), which the run summary and the report read. How a trial
 ended comes from the sweep's ledger, whose writer has recorded every stop before Tune tells the searcher.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,9 @@ from ray.tune.search import Searcher
 
 from lmtune.analysis.runs import INTERRUPTED
 from lmtune.files import atomic_write_json
-from lmtune.sweep.record import (
-    edge_state_path,
-    horizon_state_path,
-    read_outcomes,
-    read_search_state,
-    rebased,
-    trial_folders,
-    width_state_path,
-)
+from lmtune.sweep.record import read_outcomes, read_state_file, rebased, search_state_path, trial_folders
 from lmtune.sweep.stopping import outcome_of
-from lmtune.sweep.strategies.base import FINISHED, WAIT
-from lmtune.sweep.strategies.edge.search import EdgeSearch
-from lmtune.sweep.strategies.horizon.search import HorizonSearch
-from lmtune.sweep.strategies.width.search import WidthSearch
+from lmtune.sweep.strategies.deciding import FINISHED, WAIT
 from lmtune.sweep.trial_order import TuneParams, TuneResult, check_objective
 from lmtune.training.lr_range import read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics
@@ -43,16 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class DecidingSearcher(Searcher):
-    """Tune's side of a deciding search; a subclass names the search class, its label and its state file."""
-
-    search_class: type
-    label: str
-    state_file: Callable[[Path], Path]
-    """Where in the sweep folder its state is mirrored (lmtune.sweep.record)."""
+    """Tune's side of any deciding search: ``search`` is its Ray-free decisions (a DecidingSearch), whose name (its
+    ``search:`` value) names its state file in decisions/ and its lines in the log."""
 
     def __init__(self, search, sweep_dir: Path | None = None, metric: str = "val_loss", mode: str = "min"):
         super().__init__(metric=metric, mode=mode)
         self.search = search
+        self.name = search.name
+        self.label = f"{self.name} search"
         self.sweep_dir = Path(sweep_dir) if sweep_dir is not None else None
         """lmtune's own sweep folder (its ledger and decisions/); None in a user's own Tuner: the search then
         learns every trial's ending from Tune's results alone and keeps its state only through save/restore."""
@@ -63,7 +49,7 @@ class DecidingSearcher(Searcher):
         self.__dict__.update(state, sweep_dir=rebased(state.get("sweep_dir"), state.get("sweep_dir")))
 
     def state_path(self) -> Path | None:
-        return self.state_file(self.sweep_dir) if self.sweep_dir is not None else None
+        return search_state_path(self.sweep_dir, self.name) if self.sweep_dir is not None else None
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: TuneParams, **spec: Any) -> bool:
         """A user's ``TuneConfig(metric=..., mode=...)``: the search ranks runs by their validation loss, lowest
@@ -136,13 +122,14 @@ class DecidingSearcher(Searcher):
         newer than Tune's snapshot (``checkpoint_path``) whenever trials started after that snapshot.
         Tune's restored trial list lacks those, so they would be planned again; instead each one that
         ended is taken with its ledger outcome, and each one that was still running is planned anew."""
-        snapshot = self.search_class.from_json(json.loads(Path(checkpoint_path).read_text()))
-        latest = read_search_state(self.state_path()) if self.sweep_dir is not None else None
+        search_class = type(self.search)
+        snapshot = search_class.from_json(json.loads(Path(checkpoint_path).read_text()))
+        latest = read_state_file(self.state_path()) if self.sweep_dir is not None else None
         if latest is None or not set(snapshot.runs) <= set(latest.get("runs", {})):
             self.search = snapshot  # no mirror, or not this search's: Tune's own state
             return
         try:
-            self.search = self.search_class.from_json(latest)
+            self.search = search_class.from_json(latest)
         except (KeyError, TypeError, ValueError, AttributeError) as err:  # an edited or damaged mirror
             log.warning("%s: ignoring %s (%s: %s); resuming from Tune's own snapshot", self.label,
                         self.state_path(), type(err).__name__, err)
@@ -164,20 +151,3 @@ class DecidingSearcher(Searcher):
                 log.info("%s: trial %s was running when the driver stopped; planned again", self.label, trial_id)
         self._mirror()
 
-
-class EdgeSearcher(DecidingSearcher):
-    search_class = EdgeSearch
-    label = "edge search"
-    state_file = staticmethod(edge_state_path)
-
-
-class HorizonSearcher(DecidingSearcher):
-    search_class = HorizonSearch
-    label = "horizon search"
-    state_file = staticmethod(horizon_state_path)
-
-
-class WidthSearcher(DecidingSearcher):
-    search_class = WidthSearch
-    label = "width search"
-    state_file = staticmethod(width_state_path)

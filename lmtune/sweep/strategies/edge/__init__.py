@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
-from lmtune.sweep.record import Outcome, read_edge_state
+from lmtune.sweep.record import Outcome
 from lmtune.sweep.strategies.base import DecidingDefaults
 from lmtune.sweep.strategies.edge.search import ASHA_STAGES, EdgeSearch
 from lmtune.sweep.strategies.edge.settings import RETIRED_KEYS, EdgeSettings
@@ -24,10 +23,10 @@ class EdgeStrategy(DecidingDefaults):
 
     name: ClassVar[str] = "edge"
     keys: ClassVar[frozenset[str]] = frozenset({"edge", "params"})  # params: to say it has none
+    search_class: ClassVar[type] = EdgeSearch
     settings_class: ClassVar[type] = EdgeSettings
     owns: ClassVar[tuple[str, ...]] = EDGE_OWNS
     retired_keys: ClassVar[dict[str, str]] = RETIRED_KEYS
-
 
     def describe(self, fuse: int) -> str:
         e = self.settings
@@ -37,11 +36,6 @@ class EdgeStrategy(DecidingDefaults):
                 "the coarse LRs above the best continued to the full budget, bisection of where training fails "
                 f"(full-budget probes) to a bracket ratio <= {e.tolerance:g} with a rule-judged diverged end "
                 f"retrained without early stopping, refinement within {e.refine_factor:g}x of the best LR{seeds}")
-
-    def searcher(self, budget, sweep_dir: Path):
-        from lmtune.sweep.strategies.searcher import EdgeSearcher
-
-        return EdgeSearcher(EdgeSearch(self.settings, budget), sweep_dir), -1  # until it says it has finished
 
     def progress_columns(self, fuse: int) -> list[str]:
         return ["stage", "lr", "seed"]
@@ -53,9 +47,6 @@ class EdgeStrategy(DecidingDefaults):
         s = self.settings
         return RangeTestConfig(min_lr=s.range_min_lr, max_lr=s.range_max_lr, steps=s.range_steps,
                                blowup_factor=s.range_blowup_factor)
-
-    def finished(self, sweep_dir: Path) -> bool:
-        return bool((read_edge_state(sweep_dir) or {}).get("finished"))
 
     def expected_trials(self) -> tuple[int, int]:
         s = self.settings

@@ -37,8 +37,7 @@ from lmtune.analysis.bracket import bisect_lrs, bracket, needs_confirmation
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.base import FINISHED, WAIT
-from lmtune.sweep.strategies.deciding import DecidingSearch
+from lmtune.sweep.strategies.deciding import FINISHED, WAIT, DecidingSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
 from lmtune.sweep.trial_order import RANGE_STAGE, TrialOrder, TuneParams, TuneResult
 
@@ -97,6 +96,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
     Ray-free and deterministic: the Tune Searcher (lmtune.sweep.strategies.searcher) feeds it results and
     asks it for trials; a test can drive it the same way without Ray. Its whole state is JSON."""
 
+    name = "edge"
     settings_class = EdgeSettings
     planned_class = Planned
     decision_class = Decision

@@ -5,11 +5,9 @@ lmtune.sweep.strategies.horizon.search; the fit: lmtune.analysis.fit)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 from lmtune.files import JsonObject
-from lmtune.sweep.record import read_horizon_state
 from lmtune.sweep.strategies.base import DecidingDefaults, Fail
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
@@ -26,6 +24,7 @@ class HorizonStrategy(DecidingDefaults):
 
     name: ClassVar[str] = "horizon"
     keys: ClassVar[frozenset[str]] = frozenset({"horizon", "params"})  # params: to say it has none
+    search_class: ClassVar[type] = HorizonSearch
     settings_class: ClassVar[type] = HorizonSettings
     owns: ClassVar[tuple[str, ...]] = HORIZON_OWNS
 
@@ -50,19 +49,11 @@ class HorizonStrategy(DecidingDefaults):
                 f"and the predicted LR confirmed at the target with {s.confirm_ratio:g}x either side, "
                 f"{s.confirm_seeds} seed{'s' * (s.confirm_seeds > 1)} each")
 
-    def searcher(self, budget, sweep_dir: Path):
-        from lmtune.sweep.strategies.searcher import HorizonSearcher
-
-        return HorizonSearcher(HorizonSearch(self.settings, budget), sweep_dir), -1  # until it says it has finished
-
     def progress_columns(self, fuse: int) -> list[str]:
         return ["stage", "steps", "lr", "seed"]
 
     def asha_stages(self) -> frozenset[str]:
         return frozenset()  # every run trains its whole budget
-
-    def finished(self, sweep_dir: Path) -> bool:
-        return bool((read_horizon_state(sweep_dir) or {}).get("finished"))
 
     def expected_trials(self) -> tuple[int, int]:
         trials = self.settings.expected_trials(self.settings.budgets)

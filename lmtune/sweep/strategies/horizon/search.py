@@ -35,8 +35,7 @@ from lmtune.analysis.fit import HorizonFit
 from lmtune.analysis.landscape import best_lr_interval
 from lmtune.analysis.runs import SAME_LR, Budget, Run, crown, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.base import FINISHED, WAIT
-from lmtune.sweep.strategies.deciding import DecidingSearch
+from lmtune.sweep.strategies.deciding import FINISHED, WAIT, DecidingSearch
 from lmtune.sweep.strategies.horizon.axis import SearchAxis, TokenAxis, runs_at
 from lmtune.sweep.strategies.horizon.budgets import fit_budgets
 from lmtune.sweep.strategies.horizon.planned import Decision, Planned
@@ -52,6 +51,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
     """The horizon search's state and decisions. Deterministic and JSON-serializable: the Tune Searcher feeds
     it results and asks it for trials; a test can drive it the same way without Ray."""
 
+    name = "horizon"
     settings_class = HorizonSettings
     planned_class = Planned
     decision_class = Decision

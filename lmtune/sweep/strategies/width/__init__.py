@@ -5,13 +5,11 @@ lmtune.sweep.strategies.width.search; the fit: lmtune.sweep.strategies.width.con
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import ClassVar
 
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.record import read_width_state
 from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
 from lmtune.sweep.strategies.horizon import refuse_early_stopping
 from lmtune.sweep.strategies.width.search import WidthSearch
@@ -30,6 +28,7 @@ class WidthStrategy(DecidingDefaults):
 
     name: ClassVar[str] = "width"
     keys: ClassVar[frozenset[str]] = frozenset({"width", "params"})  # params: to say it has none
+    search_class: ClassVar[type] = WidthSearch
     settings_class: ClassVar[type] = WidthSettings
     owns: ClassVar[tuple[str, ...]] = WIDTH_OWNS
 
@@ -76,19 +75,11 @@ class WidthStrategy(DecidingDefaults):
                 f"the predicted LR confirmed at the space's d_model with {s.confirm_ratio:g}x either side, "
                 f"{s.confirm_seeds} seed{'s' * (s.confirm_seeds > 1)} each")
 
-    def searcher(self, budget: Budget, sweep_dir: Path):
-        from lmtune.sweep.strategies.searcher import WidthSearcher
-
-        return WidthSearcher(WidthSearch(self.settings, budget), sweep_dir), -1  # until it says it has finished
-
     def progress_columns(self, fuse: int) -> list[str]:
         return ["stage", "d_model", "lr", "seed"]
 
     def asha_stages(self) -> frozenset[str]:
         return frozenset()  # every run trains its whole budget
-
-    def finished(self, sweep_dir: Path) -> bool:
-        return bool((read_width_state(sweep_dir) or {}).get("finished"))
 
     def expected_trials(self) -> tuple[int, int]:
         return self.settings.expected_trials(len(self.settings.widths)), 0

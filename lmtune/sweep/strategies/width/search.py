@@ -1,6 +1,6 @@
 """The width search (``search: width``): the best LR for the model the user will train (the target width, the
 space's d_model), predicted from the best LR of narrower copies of it they can afford, and confirmed at the target.
-Ray-free: the Tune Searcher that drives it is lmtune.sweep.strategies.searcher.WidthSearcher.
+Ray-free: the Tune Searcher that drives it is lmtune.sweep.strategies.searcher.DecidingSearcher.
 
 It is the horizon search (lmtune.sweep.strategies.horizon.search) stepping along width instead of tokens: at each
 proxy width, narrowest first, the same stages (grid, extend, seeds, refine, walls, edge probes) with the same
@@ -22,6 +22,7 @@ from lmtune.sweep.strategies.width.settings import WidthSettings
 class WidthSearch(HorizonSearch):
     """The width search's state and decisions: deterministic and JSON-serializable, like the horizon search's."""
 
+    name = "width"
     settings_class = WidthSettings
     fit_class = WidthFit
 
