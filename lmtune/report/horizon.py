@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from lmtune.analysis.fit import HorizonFit
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
-from lmtune.report.horizon_confirmation import TargetConfirmation, confirmation, search_tokens
+from lmtune.report.horizon_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.report.stability import TrialRecord
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.strategies.horizon import HorizonStrategy
@@ -42,7 +42,7 @@ def records_at(records: Sequence[TrialRecord], steps: int, target: Budget) -> li
 
 
 @dataclass(frozen=True)
-class HorizonResult:
+class HorizonResult(Predicted):
     """A horizon search's own results: every budget's conclusion, the fit and its prediction, the confirmation."""
 
     budgets: tuple[BudgetConclusion, ...]
@@ -55,14 +55,6 @@ class HorizonResult:
     """Why there is no fit (None: there is one)."""
     confirmed: TargetConfirmation
     """What the target budget's own runs show of the prediction."""
-
-    @property
-    def predicted_lr(self) -> float | None:
-        return self.fit.predicted_lr if self.fit else None
-
-    @property
-    def predicted_lr_interval(self) -> tuple[float, float] | None:
-        return self.fit.predicted_lr_interval if self.fit else None
 
     def to_json(self) -> JsonObject:
         """summary.json's horizon keys (the target budget's tokens are ``horizon_target_tokens``: ``target_tokens``

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lmtune.analysis.runs import (
     SAME_LR,
@@ -32,6 +33,21 @@ from lmtune.analysis.runs import (
 from lmtune.files import JsonObject
 
 UNDETERMINED = "undetermined"
+
+
+class Predicted:
+    """What a horizon-style result (a horizon or width search's) predicts at its target: its fit's LR and that LR's
+    90% interval (None: no fit). A result mixes it in beside its ``fit`` field."""
+
+    fit: Any
+
+    @property
+    def predicted_lr(self) -> float | None:
+        return self.fit.predicted_lr if self.fit else None
+
+    @property
+    def predicted_lr_interval(self) -> tuple[float, float] | None:
+        return self.fit.predicted_lr_interval if self.fit else None
 
 
 @dataclass(frozen=True)

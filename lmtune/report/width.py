@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
-from lmtune.report.horizon_confirmation import TargetConfirmation, confirmation, search_tokens
+from lmtune.report.horizon_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.report.width_coord import SweepCoordCheck
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.strategies.width import WidthStrategy
@@ -66,7 +66,7 @@ class WidthRow:
 
 
 @dataclass(frozen=True)
-class WidthResult:
+class WidthResult(Predicted):
     """A width search's own results: every width's conclusion, the fit and its prediction, the confirmation, the
     cost."""
 
@@ -94,14 +94,6 @@ class WidthResult:
     """The sweep's folder (where a coord check's coord_check.json lies; None: summarized from runs alone)."""
     coord: SweepCoordCheck | None = None
     """The coord check at the search's widths under its parametrization (None: not asked for)."""
-
-    @property
-    def predicted_lr(self) -> float | None:
-        return self.fit.predicted_lr if self.fit else None
-
-    @property
-    def predicted_lr_interval(self) -> tuple[float, float] | None:
-        return self.fit.predicted_lr_interval if self.fit else None
 
     @property
     def target_runs_equal(self) -> float | None:

@@ -4,7 +4,7 @@ of lr_sweep_analysis.md, horizon.png, and its lines before the CLIs' common ones
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import matplotlib
@@ -305,25 +305,60 @@ def plot_located(ax, points: list[tuple[float, float, LocatedLr | None]], what: 
 
 def _plot_fit(ax, result: HorizonResult) -> None:
     searched = [b for b in result.budgets[:-1] if b.conclusion.best_lr]
-    plot_located(ax, [(b.tokens, b.conclusion.best_lr, b.located) for b in searched], "searched budget")
     fit, target = result.fit, result.target_tokens
+    curve = None
     if fit is not None and searched:
         xs = np.geomspace(min(b.tokens for b in searched), target, 50)
-        ax.plot(xs, np.exp(fit.intercept) * xs ** -fit.beta, "-", color="tab:blue", alpha=0.7,
-                label=f"fit: LR* ∝ tokens^-{fit.beta:.2f}" + ("" if fit.resolved else " (β not resolved)"))
-        low, high = fit.predicted_lr_interval
-        ax.errorbar([target], [fit.predicted_lr], yerr=[[fit.predicted_lr - low], [high - fit.predicted_lr]],
-                    fmt="s", color="tab:orange", capsize=5, label="predicted at the target (90% interval)")
-    if result.confirmed.best_lr:
-        ax.plot([target], [result.confirmed.best_lr], "*", color="black", markersize=13,
-                label="crowned best of the target runs")
+        curve = (xs, np.exp(fit.intercept) * xs ** -fit.beta,
+                 f"fit: LR* ∝ tokens^-{fit.beta:.2f}" + ("" if fit.resolved else " (β not resolved)"))
+    draw_lr_against_axis(ax, LrAgainstAxis(
+        [(b.tokens, b.conclusion.best_lr, b.located) for b in searched], "searched budget", target, curve,
+        (fit.predicted_lr, fit.predicted_lr_interval) if fit is not None and searched else None,
+        result.confirmed.best_lr, {"color": "black", "markersize": 13}, [b.tokens for b in searched] + [target],
+        EngFormatter(places=0), "tokens (the budget)", "the best LR against the token horizon"))
+
+
+@dataclass(frozen=True)
+class LrAgainstAxis:
+    """A horizon-style search's figure of the best LR against its axis (token budget or width)."""
+
+    points: list[tuple[float, float, LocatedLr | None]]
+    """Each searched point's (position, crowned best LR, located LR*)."""
+    what: str
+    """What a point is, for the legend ("searched budget", "proxy")."""
+    target: float
+    curve: tuple[np.ndarray, np.ndarray, str] | None
+    """The fitted law's (xs, LR*s, legend label), or None: no fit."""
+    predicted: tuple[float, tuple[float, float]] | None
+    """The predicted LR at the target and its 90% interval, or None."""
+    confirmed_best: float | None
+    """The crowned best of the target's own runs, or None."""
+    star: dict
+    """How that crowned best is drawn."""
+    ticks: list[float]
+    formatter: object
+    xlabel: str
+    title: str
+
+
+def draw_lr_against_axis(ax, plot: LrAgainstAxis) -> None:
+    plot_located(ax, plot.points, plot.what)
+    if plot.curve is not None:
+        xs, ys, label = plot.curve
+        ax.plot(xs, ys, "-", color="tab:blue", alpha=0.7, label=label)
+    if plot.predicted is not None:
+        lr, (low, high) = plot.predicted
+        ax.errorbar([plot.target], [lr], yerr=[[lr - low], [high - lr]], fmt="s", color="tab:orange", capsize=5,
+                    label="predicted at the target (90% interval)")
+    if plot.confirmed_best:
+        ax.plot([plot.target], [plot.confirmed_best], "*", label="crowned best of the target runs", **plot.star)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xticks([b.tokens for b in searched] + [target])  # the budgets themselves, labelled
-    ax.xaxis.set_major_formatter(EngFormatter(places=0))
+    ax.set_xticks(plot.ticks)  # the points themselves, labelled
+    ax.xaxis.set_major_formatter(plot.formatter)
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("tokens (the budget)")
+    ax.set_xlabel(plot.xlabel)
     ax.set_ylabel("best learning rate")
-    ax.set_title("the best LR against the token horizon", fontsize=10)
+    ax.set_title(plot.title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)

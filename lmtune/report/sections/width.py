@@ -19,10 +19,11 @@ from lmtune.report.comparison import Pair, record_runs  # noqa: E402
 from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.sections.horizon import (  # noqa: E402
+    LrAgainstAxis,
     best_loss_text,
     confirmation_markdown,
+    draw_lr_against_axis,
     located_text,
-    plot_located,
 )
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
@@ -301,25 +302,14 @@ def plot_width(path: Path, summary: SweepSummary) -> Path:
 def _plot_fit(ax, result: WidthResult) -> None:
     searched = [row.point for row in result.widths if row.point.width != result.target_width
                 and row.point.conclusion.best_lr]
-    plot_located(ax, [(p.width, p.conclusion.best_lr, p.located) for p in searched], "proxy")
     fit, target = result.fit, result.target_width
+    curve = None
     if fit is not None:
         xs = np.geomspace(min(fit.widths), target, 50)
-        ax.plot(xs, np.exp(fit.law.intercept) * xs ** -fit.gamma, "-", color="tab:blue", alpha=0.7,
-                label=f"fit: LR* ∝ width^-{fit.gamma:.2f}" + ("" if fit.resolved else " (γ not resolved)"))
-        low, high = fit.predicted_lr_interval
-        ax.errorbar([target], [fit.predicted_lr], yerr=[[fit.predicted_lr - low], [high - fit.predicted_lr]],
-                    fmt="s", color="tab:orange", capsize=5, label="predicted at the target (90% interval)")
-    if result.confirmed.best_lr:
-        ax.plot([target], [result.confirmed.best_lr], "*", mfc="none", color="black", markersize=16,
-                label="crowned best of the target runs")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks([row.point.width for row in result.widths])  # the widths themselves, labelled
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("d_model (width)")
-    ax.set_ylabel("best learning rate")
-    ax.set_title("the best LR against the model's width", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+        curve = (xs, np.exp(fit.law.intercept) * xs ** -fit.gamma,
+                 f"fit: LR* ∝ width^-{fit.gamma:.2f}" + ("" if fit.resolved else " (γ not resolved)"))
+    draw_lr_against_axis(ax, LrAgainstAxis(
+        [(p.width, p.conclusion.best_lr, p.located) for p in searched], "proxy", target, curve,
+        (fit.predicted_lr, fit.predicted_lr_interval) if fit is not None else None, result.confirmed.best_lr,
+        {"mfc": "none", "color": "black", "markersize": 16}, [row.point.width for row in result.widths],
+        ScalarFormatter(), "d_model (width)", "the best LR against the model's width"))
