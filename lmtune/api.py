@@ -33,9 +33,10 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, atomic_write_json
 from lmtune.sweep.experiment import make_plan, plan_record, plan_scheduler
 from lmtune.sweep.plan import SweepPlan, TrialSetup
-from lmtune.sweep.record import SWEEP_FILE, Outcome, ledger_path
+from lmtune.sweep.record import SWEEP_FILE, Outcome, ledger_path, search_state_path
 from lmtune.sweep.spaces import SearchSpace, load_space, parse_space
 from lmtune.sweep.stopping import TrialStopper, outcome_of
+from lmtune.sweep.strategies.searcher import DecidingSearcher
 from lmtune.sweep.trainable import train_trial
 from lmtune.sweep.trial_order import TuneParams
 from lmtune.training.config import BUDGETS, budget_config
@@ -162,9 +163,8 @@ class Sweep:
         if not ledger_path(experiment).exists():
             atomic_write_json(ledger_path(experiment), _outcomes(results))
         searcher = self._searcher[0] if self._searcher else None
-        state_file = getattr(searcher, "state_file", None)
-        if state_file is not None and not state_file(experiment).exists():
-            atomic_write_json(state_file(experiment), searcher.search.to_json())
+        if isinstance(searcher, DecidingSearcher) and not search_state_path(experiment, searcher.name).exists():
+            atomic_write_json(search_state_path(experiment, searcher.name), searcher.search.to_json())
         return report(experiment, out=out, target=target)
 
 
