@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lmtune.analysis.runs import Budget
-from lmtune.sweep.strategies.base import FINISHED, WAIT
+from lmtune.sweep.strategies.deciding import FINISHED, WAIT
 from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 

@@ -3,7 +3,8 @@
 The search's stages (grid, seeds, refine, walls, edge probes, the confirmation) are the same along either axis: at
 each searched point an LR search of its own, every run trained to the point's whole budget, then a power law in
 the axis through each point's LR* predicts the target's. An axis says which points are searched, which of them is
-the target, what a trial at a point sets, and which runs belong to it.
+the target, what a trial at a point sets, and which runs belong to it. What a stage plans at a point (``Decision``)
+and each trial it asks Tune for (``Planned``) are here too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from lmtune.analysis.runs import Budget, Run, effective_runs
-from lmtune.sweep.trial_order import TuneParams
+from lmtune.sweep.trial_order import TrialOrder, TuneParams
 
 
 class SearchAxis(Protocol):
@@ -84,3 +85,34 @@ class TokenAxis:
 def runs_at(axis: SearchAxis, runs: Iterable[Run], point: int) -> list[Run]:
     """The runs trained at ``point`` that stand (lmtune.analysis.runs.effective_runs)."""
     return effective_runs(r for r in runs if axis.holds(r, point))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A stage's plan at one point: the LRs it asked for, and why."""
+
+    stage: str
+    point: int
+    """The budget in steps (search: horizon) or the width, d_model (search: width)."""
+    lrs: list[float]
+    why: str
+
+
+@dataclass
+class Planned:
+    """A trial the search asks for: its stage, point (budget in steps, or width), LR and seed, and why."""
+
+    stage: str
+    point: int
+    """The budget in steps (search: horizon) or the width, d_model (search: width)."""
+    lr: float
+    seed: int
+    why: str = ""
+    fork_from: str | None = None
+    """Under WSD: the trial id of this LR and seed's run at a smaller budget, whose stable phase this run
+    continues from where it ended (the same run as from scratch: lmtune.training.fork)."""
+
+    def config(self) -> TuneParams:
+        """The trial's order as Tune carries it, but for what its point sets (the search's axis adds it:
+        SearchAxis.params)."""
+        return TrialOrder({"lr": self.lr, "seed": self.seed}, stage=self.stage, fork_from=self.fork_from).to_tune()

@@ -36,9 +36,8 @@ from lmtune.analysis.landscape import best_lr_interval
 from lmtune.analysis.runs import SAME_LR, Budget, Run, crown, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
 from lmtune.sweep.strategies.deciding import FINISHED, WAIT, DecidingSearch
-from lmtune.sweep.strategies.horizon.axis import SearchAxis, TokenAxis, runs_at
+from lmtune.sweep.strategies.horizon.axis import Decision, Planned, SearchAxis, TokenAxis, runs_at
 from lmtune.sweep.strategies.horizon.budgets import fit_budgets
-from lmtune.sweep.strategies.horizon.planned import Decision, Planned
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 from lmtune.sweep.trial_order import TuneParams
 from lmtune.training.config import MAX_LR, accepted_lr

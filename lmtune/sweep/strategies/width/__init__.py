@@ -1,6 +1,6 @@
 """``search: width``: the best LR for the model the user will train, predicted from the best LR of narrower copies of
 it (a power law in the width, or μP's flat line) and confirmed at the target width (the stages:
-lmtune.sweep.strategies.width.search; the fit: lmtune.sweep.strategies.width.conclusion)."""
+lmtune.sweep.strategies.width.conclusion; the fit: lmtune.sweep.strategies.width.conclusion)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
 from lmtune.sweep.strategies.horizon import refuse_early_stopping
-from lmtune.sweep.strategies.width.search import WidthSearch
+from lmtune.sweep.strategies.width.conclusion import WidthSearch
 from lmtune.sweep.strategies.width.settings import WidthSettings, check_widths, proxy_shape
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.lm import model_size

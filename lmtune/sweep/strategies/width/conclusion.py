@@ -2,6 +2,11 @@
 (lmtune.analysis.conclusion.conclude), each proxy's located LR* (lmtune.analysis.locate) and the power
 law ln LR* = a - gamma ln width through them. The search (deciding when to confirm) and the report
 (lmtune.report.width) both call these, so they agree.
+
+The width search itself (``WidthSearch``) is the horizon search (lmtune.sweep.strategies.horizon.search) stepping
+along width instead of tokens: at each proxy width, narrowest first, the same stages with the same full-budget
+crowning rules; then the power law in width, and the predicted LR and it divided and multiplied by
+``confirm_ratio`` trained at the target width, ``confirm_seeds`` runs each.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from lmtune.analysis.locate import LocatedLr, locate_best_lr
 from lmtune.analysis.runs import Budget, Run, full_budget_ranking
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
+from lmtune.sweep.strategies.horizon.axis import SearchAxis
 from lmtune.sweep.strategies.horizon.axis import runs_at as runs_on
+from lmtune.sweep.strategies.horizon.search import HorizonSearch
 from lmtune.sweep.strategies.width.axis import WidthAxis
 from lmtune.sweep.strategies.width.settings import WidthSettings
 
@@ -129,3 +136,21 @@ def conclude_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget
                                  located[i] if i < len(located) else None))
     fit, problem = fit_widths(runs, settings, target)
     return WidthConclusion(tuple(points), fit, problem)
+
+
+class WidthSearch(HorizonSearch):
+    """The width search's state and decisions: deterministic and JSON-serializable, like the horizon search's."""
+
+    name = "width"
+    settings_class = WidthSettings
+    fit_class = WidthFit
+
+    def make_axis(self) -> SearchAxis:
+        return WidthAxis(self.budget, tuple(self.settings.widths))
+
+    def _fit(self) -> tuple[WidthFit | None, str | None]:
+        return fit_widths(self.runs.values(), self.settings, self.budget)
+
+    def _fit_words(self, fit: WidthFit) -> tuple[str, str]:
+        moves = "" if fit.resolved else ", gamma not resolved by these widths: LR* may not move with width"
+        return f"gamma {fit.gamma:.2f}{moves}", f"the target d_model {self.axis.target}"
