@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -52,12 +53,11 @@ def test_every_other_step_ran_and_its_figures_are_in_the_report(report):
 def test_a_gpu_box_as_it_comes_runs_the_check_from_a_plain_checkout_with_only_torch_numpy_and_pyyaml(tmp_path):
     """A virtualenv holding torch (this machine's local wheel), numpy and pyyaml and nothing else; lmtune from the
     checkout on PYTHONPATH: every step that needs no other package runs, the others are skipped, named."""
-    from test_install import local_torch_wheel
+    from test_install import run, venv_with_torch
 
-    venv = tmp_path / "bare"
-    subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(local_torch_wheel()), "numpy", "pyyaml"],
-                   check=True, capture_output=True, timeout=600)
+    venv = venv_with_torch(tmp_path / "bare")
+    run(shutil.which("uv") or "uv", "pip", "install", "--python", venv / "bin" / "python", "numpy", "pyyaml",
+        cwd=tmp_path)
     out = tmp_path / "gpu.json"
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "lmtune.gpu_check", "--out", str(out)], cwd=tmp_path,
                           env={**os.environ, **ENV, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,

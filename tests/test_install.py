@@ -76,9 +76,12 @@ def run(*command: str | Path, cwd: Path, timeout: float = 600, **env: str) -> st
 
 
 def venv_with_torch(root: Path) -> Path:
-    """A fresh virtualenv holding the local torch wheel and nothing else: a user's environment before lmtune."""
-    run(sys.executable, "-m", "venv", root, cwd=root.parent)
-    run(root / "bin" / "python", "-m", "pip", "install", "-q", local_torch_wheel(), cwd=root.parent)
+    """A fresh virtualenv holding pip and the local torch wheel and nothing else: a user's environment before
+    lmtune. (Made by uv, which links torch from its cache: pip would unpack the 200 MB wheel again for each test;
+    what is tested is how lmtune then goes in.)"""
+    uv = shutil.which("uv") or "uv"
+    run(uv, "venv", "--seed", "--python", sys.executable, root, cwd=root.parent, UV_NO_PROGRESS="1")
+    run(uv, "pip", "install", "--python", root / "bin" / "python", local_torch_wheel(), cwd=root.parent)
     return root
 
 

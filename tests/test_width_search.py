@@ -18,7 +18,7 @@ from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import load_space
-from lmtune.sweep.strategies.width.search import WidthSearch
+from lmtune.sweep.strategies.width.conclusion import WidthSearch
 from lmtune.sweep.strategies.width.settings import WidthSettings
 from lmtune.training.config import budget_config
 
