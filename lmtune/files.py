@@ -180,3 +180,9 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
     return str(value)
+
+
+def yaml_error_line(err: Exception) -> int | None:
+    """The 1-based line a YAML parser error points at (None: it names none)."""
+    mark = getattr(err, "problem_mark", None)
+    return mark.line + 1 if mark is not None else None

@@ -4,6 +4,7 @@ module, nothing that points outside the project, and functions short enough to r
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -186,34 +187,38 @@ def test_no_layer_imports_a_layer_above_it():
     assert not upward, upward
 
 
-def test_the_training_path_imports_nothing_of_the_sweep_or_the_report_nor_their_packages():
-    """lmtune train runs where only torch, numpy and pyyaml are installed (a bare GPU box): importing it loads no
-    Ray, pandas, matplotlib, optuna, tensorboardX or tokenizers, and no module of lmtune.sweep or lmtune.report."""
+def loaded_by_importing(modules: list[str], packages: tuple[str, ...] = (), prefixes: tuple[str, ...] = (),
+                        names: tuple[str, ...] = ()) -> list[str]:
+    """The modules a fresh interpreter has loaded after importing ``modules``, of those asked about: any of the
+    top-level ``packages``, any name starting with one of ``prefixes``, any of ``names``."""
     import subprocess
     import sys
 
-    code = ("import sys, lmtune.train, lmtune.sample\n"
-            "print(sorted(n for n in sys.modules if n.split('.')[0] in "
-            "('ray', 'pandas', 'matplotlib', 'optuna', 'tensorboardX', 'tokenizers', 'scipy', 'pyarrow') "
-            "or n.startswith(('lmtune.sweep', 'lmtune.report'))))")
+    code = (f"import json, sys, {', '.join(modules)}\n"
+            f"print(json.dumps([n for n in sorted(sys.modules) if n.split('.')[0] in {packages!r} "
+            f"or n.startswith({prefixes!r}) or n in {names!r}]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "[]", proc.stdout
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def modules_of(package: str) -> list[str]:
+    return sorted(_module_name(p) for p in MODULES if _module_name(p).startswith(package))
+
+
+def test_the_training_path_imports_nothing_of_the_sweep_or_the_report_nor_their_packages():
+    """lmtune train runs where only torch, numpy and pyyaml are installed (a bare GPU box): importing it loads no
+    Ray, pandas, matplotlib, optuna, tensorboardX or tokenizers, and no module of lmtune.sweep or lmtune.report."""
+    assert loaded_by_importing(["lmtune.train", "lmtune.sample"], packages=(
+        "ray", "pandas", "matplotlib", "optuna", "tensorboardX", "tokenizers", "scipy", "pyarrow"),
+        prefixes=("lmtune.sweep", "lmtune.report")) == []
 
 
 def test_the_analysis_imports_nothing_of_the_sweep_or_the_report_nor_ray_nor_files():
     """lmtune.analysis sits below both the sweep and the report: it takes typed runs and returns typed conclusions,
     so importing all of it loads no Ray, pandas or matplotlib and no module of lmtune.sweep or lmtune.report."""
-    import subprocess
-    import sys
-
-    names = sorted(_module_name(p) for p in MODULES if _module_name(p).startswith("lmtune.analysis"))
-    code = (f"import sys, {', '.join(names)}\n"
-            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('ray', 'pandas', 'matplotlib', 'pyarrow') "
-            "or n.startswith(('lmtune.sweep', 'lmtune.report'))))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "[]", proc.stdout
+    assert loaded_by_importing(modules_of("lmtune.analysis"), packages=("ray", "pandas", "matplotlib", "pyarrow"),
+                               prefixes=("lmtune.sweep", "lmtune.report")) == []
 
 
 def test_the_analysis_opens_no_file():
@@ -309,15 +314,7 @@ def test_the_layout_table_lists_every_module():
 def test_the_report_never_imports_the_sweeps_runtime():
     """The report reads a sweep's records (sweep.json, the ledger, trial.json, the searches' states) and the
     searches' Ray-free parts; importing all of it loads no Ray and none of the modules that run a sweep."""
-    import subprocess
-    import sys
-
-    names = sorted(_module_name(p) for p in MODULES if _module_name(p).startswith("lmtune.report"))
     runtime = ("trainable", "experiment", "runner", "session", "stopping", "asha_scheduler", "reporting",
                "fused_trial", "placement", "preflight", "storage", "hooks", "strategies.searcher")
-    code = (f"import sys, {', '.join(names)}\n"
-            f"runtime = {tuple('lmtune.sweep.' + r for r in runtime)!r}\n"
-            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('ray', 'optuna') or n in runtime))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "[]", proc.stdout
+    assert loaded_by_importing(modules_of("lmtune.report"), packages=("ray", "optuna"),
+                               names=tuple(f"lmtune.sweep.{r}" for r in runtime)) == []

@@ -20,7 +20,7 @@ from lmtune.sweep import strategies
 from lmtune.sweep.record import read_search_state, search_state_path
 from lmtune.sweep.spaces import load_space
 from lmtune.sweep.strategies.base import DecidingDefaults
-from lmtune.sweep.strategies.deciding import FINISHED, WAIT, DecidingSearch
+from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.searcher import DecidingSearcher
 from lmtune.sweep.trial_order import TrialOrder
 
@@ -65,20 +65,9 @@ class PairSearch(DecidingSearch[PairPlanned, PairDecision]):
     planned_class = PairPlanned
     decision_class = PairDecision
 
-    def suggest(self, trial_id: str):
-        if self.finished:
-            return FINISHED
-        if any(not r.done for r in self.runs.values()):
-            return WAIT
-        if not self.queue:
-            self._decide()
-        if not self.queue:
-            return FINISHED if self.finished else WAIT
-        planned = self.queue.pop(0)
-        self.runs[trial_id] = Run(planned.lr, planned.seed, planned.stage, self.budget.full_tokens,
-                                  self.budget.full_tokens, trial_id=trial_id)
-        self.plans[trial_id] = planned
-        return planned.config()
+    def _start(self, trial_id: str, planned: PairPlanned) -> Run:
+        return Run(planned.lr, planned.seed, planned.stage, self.budget.full_tokens, self.budget.full_tokens,
+                   trial_id=trial_id)
 
     def _decide(self) -> None:
         stages = [d.stage for d in self.decisions]

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 import yaml
 
 from lmtune.errors import LmtuneError, first_line, shown
+from lmtune.files import yaml_error_line
 
 # How long a storage endpoint or a cluster address may take to answer before the sweep is refused.
 ANSWER_TIMEOUT_S = 5.0
@@ -140,8 +141,8 @@ def read_cluster_config(path: Path) -> dict:
         raise LmtuneError(f"--cluster-config {path}: cannot read it ({err.strerror or err}); give the autoscaler's "
                           "cluster config file") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
+        line = yaml_error_line(err)
+        where = f" (line {line})" if line is not None else ""
         raise LmtuneError(f"--cluster-config {path}: not YAML{where}; give the autoscaler's cluster config (the one "
                           "`ray up` read)") from None
     if not isinstance(config, dict):

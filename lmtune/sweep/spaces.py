@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from lmtune.errors import LmtuneError, shown
-from lmtune.files import JsonObject, JsonValue
+from lmtune.files import JsonObject, JsonValue, yaml_error_line
 from lmtune.sweep.strategies import STRATEGIES, SearchStrategy
 from lmtune.sweep.strategies.base import Fail, Setting, coerce_setting, seed_refusal, settings_section
 from lmtune.training.config import BUDGETS, budget_config, field_names
@@ -219,8 +219,8 @@ def load_space(name_or_path: str, directory: Path | None = None) -> SearchSpace:
         raise LmtuneError(f"{path}: line {err.line}: YAML aliases (*name) are not allowed in a search space; "
                           "write each value out") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
+        line = yaml_error_line(err)
+        where = f" line {line}" if line is not None else ""
         problem = getattr(err, "problem", None) or "invalid YAML"
         raise LmtuneError(f"{path}:{where} malformed YAML ({problem}); fix the syntax") from None
     finally:

@@ -11,7 +11,7 @@ from typing import ClassVar, Generic, TypeVar
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
 from lmtune.sweep.record import evaluated_val_loss
-from lmtune.sweep.trial_order import TuneResult
+from lmtune.sweep.trial_order import TuneParams, TuneResult
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
 # What a search that decides as it goes answers suggest() with when it has no trial to give.
@@ -24,8 +24,10 @@ DecisionT = TypeVar("DecisionT")
 
 
 class DecidingSearch(Generic[PlannedT, DecisionT]):
-    """The state every deciding search keeps. A subclass sets ``settings_class``, ``planned_class`` and
-    ``decision_class`` and adds its own keys to ``to_json`` / ``_restore``."""
+    """The state every deciding search keeps, and how it answers Tune (``suggest``). A subclass sets ``name``,
+    ``settings_class``, ``planned_class`` and ``decision_class``; decides its stages (``_decide``: plans trials into
+    ``queue``, or sets ``finished``); says what run a planned trial starts (``_start``); and adds its own keys to
+    ``to_json`` / ``_restore``."""
 
     name: ClassVar[str]
     """Its ``search:`` value (it names the search's state file, decisions/NAME_search.json)."""
@@ -43,6 +45,45 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
         self.decisions: list[DecisionT] = []  # in the order decided
         self.finished = False
         self.interrupted: dict[str, str] = {}  # trial id -> why its plan was run again in another trial
+
+    def suggest(self, trial_id: str) -> TuneParams | str:
+        """The next trial's order (as Tune carries it), WAIT (nothing to start now) or FINISHED."""
+        if self.finished:
+            return FINISHED
+        if sum(not r.done for r in self.runs.values()) >= self.max_pending:
+            return WAIT
+        self._replan()
+        if not self.queue:
+            return FINISHED if self.finished else WAIT
+        planned = self._next_planned()
+        self.queue.remove(planned)
+        self.runs[trial_id] = self._start(trial_id, planned)
+        self.plans[trial_id] = planned
+        return self._order(planned)
+
+    # -- what a search decides (each search's own) -------------------------------------------------------
+
+    def _replan(self) -> None:
+        """Plan the next stage's trials into ``queue`` (or set ``finished``) if the runs so far say to."""
+        if not self.queue:
+            self._decide()
+
+    def _decide(self) -> None:
+        raise NotImplementedError
+
+    def _next_planned(self) -> PlannedT:
+        """Which queued trial to start next (the first, unless a search says otherwise)."""
+        return self.queue[0]
+
+    def _start(self, trial_id: str, planned: PlannedT) -> Run:
+        """The run a planned trial starts, as the search tracks it."""
+        raise NotImplementedError
+
+    def _order(self, planned: PlannedT) -> TuneParams:
+        """The planned trial's order, as Tune carries it."""
+        return planned.config()
+
+    # -- what Tune tells it ------------------------------------------------------------------------------
 
     def observe(self, trial_id: str, result: TuneResult) -> None:
         """A result the trial reported: its tokens and, at an evaluation, its val loss."""

@@ -37,7 +37,7 @@ from lmtune.analysis.bracket import bisect_lrs, bracket, needs_confirmation
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.deciding import FINISHED, WAIT, DecidingSearch
+from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
 from lmtune.sweep.trial_order import RANGE_STAGE, TrialOrder, TuneParams, TuneResult
 
@@ -110,21 +110,9 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
 
     # -- what Tune asks and tells ------------------------------------------------------------
 
-    def suggest(self, trial_id: str) -> TuneParams | str:
-        """The next trial's config, WAIT (nothing to start now) or FINISHED."""
-        if self.finished:
-            return FINISHED
-        if sum(not r.done for r in self.runs.values()) >= self.max_pending:
-            return WAIT
-        if not self.queue:
-            self._decide()
-        if not self.queue:
-            return FINISHED if self.finished else WAIT
-        planned = self.queue.pop(0)
-        self.runs[trial_id] = Run(planned.lr or 0.0, planned.seed, planned.stage, self.budget.full_tokens,
-                                  self.budget.full_tokens, trial_id=trial_id, continue_from=planned.continue_from)
-        self.plans[trial_id] = planned
-        return planned.config()
+    def _start(self, trial_id: str, planned: Planned) -> Run:
+        return Run(planned.lr or 0.0, planned.seed, planned.stage, self.budget.full_tokens, self.budget.full_tokens,
+                   trial_id=trial_id, continue_from=planned.continue_from)
 
     def complete(self, trial_id: str, outcome: str, result: TuneResult | None = None) -> Run | None:
         """As every deciding search's; for the range test ``result`` carries its finding (steepest_lr,

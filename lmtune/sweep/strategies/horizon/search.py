@@ -35,7 +35,7 @@ from lmtune.analysis.fit import HorizonFit
 from lmtune.analysis.landscape import best_lr_interval
 from lmtune.analysis.runs import SAME_LR, Budget, Run, crown, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.deciding import FINISHED, WAIT, DecidingSearch
+from lmtune.sweep.strategies.deciding import DecidingSearch
 from lmtune.sweep.strategies.horizon.axis import Decision, Planned, SearchAxis, TokenAxis, runs_at
 from lmtune.sweep.strategies.horizon.budgets import fit_budgets
 from lmtune.sweep.strategies.horizon.settings import HorizonSettings
@@ -71,27 +71,24 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     # -- what Tune asks and tells ------------------------------------------------------------
 
-    def suggest(self, trial_id: str) -> TuneParams | str:
-        """The next trial's config, WAIT (nothing to start now) or FINISHED."""
-        if self.finished:
-            return FINISHED
-        if sum(not r.done for r in self.runs.values()) >= self.max_pending:
-            return WAIT
+    def _replan(self) -> None:
         decided = len(self.decisions)
         self._decide()  # every suggest: budgets overlap (each stage is planned once, so this is safe)
         while not self.queue and not self.finished and len(self.decisions) > decided:
             decided = len(self.decisions)  # a stage whose LRs were all left out (_plan) planned nothing: the next may
             self._decide()
-        if not self.queue:
-            return FINISHED if self.finished else WAIT
+
+    def _next_planned(self) -> Planned:
         # Edge probes only when nothing on the way to the prediction waits: they do not feed the fit.
-        planned = next((p for p in self.queue if p.stage != "edge"), self.queue[0])
-        self.queue.remove(planned)
+        return next((p for p in self.queue if p.stage != "edge"), self.queue[0])
+
+    def _start(self, trial_id: str, planned: Planned) -> Run:
         planned.fork_from = self._fork_source(planned)
         tokens = self.axis.budget_at(planned.point).full_tokens
-        self.runs[trial_id] = Run(planned.lr, planned.seed, planned.stage, tokens, tokens,
-                                  others=self.axis.others(planned.point), trial_id=trial_id)
-        self.plans[trial_id] = planned
+        return Run(planned.lr, planned.seed, planned.stage, tokens, tokens, others=self.axis.others(planned.point),
+                   trial_id=trial_id)
+
+    def _order(self, planned: Planned) -> TuneParams:
         return {**planned.config(), **self.axis.params(planned.point)}
 
     def _fork_source(self, planned: Planned) -> str | None:
