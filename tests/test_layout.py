@@ -318,3 +318,30 @@ def test_the_report_never_imports_the_sweeps_runtime():
                "fused_trial", "placement", "preflight", "storage", "hooks", "strategies.searcher")
     assert loaded_by_importing(modules_of("lmtune.report"), packages=("ray", "optuna"),
                                names=tuple(f"lmtune.sweep.{r}" for r in runtime)) == []
+
+
+def test_every_list_of_searches_in_the_code_names_them_all():
+    """A docstring or comment that lists the searches in parentheses — all of them, or those that decide as they
+    go — names every registered one (a new search is not left out of the house's own descriptions)."""
+    from lmtune.sweep.strategies import STRATEGIES
+    from lmtune.sweep.strategies.base import DecidingDefaults
+
+    every = set(STRATEGIES)
+    deciding = {name for name, cls in STRATEGIES.items() if issubclass(cls, DecidingDefaults)}
+    word = "|".join(sorted(every))
+    pattern = re.compile(rf"\((?:[^()]*: )?((?:{word})(?:, (?:{word}))+)\)")
+    short = []
+    for path in MODULES:
+        for listed in pattern.findall(path.read_text()):
+            names = set(listed.split(", "))
+            wanted = deciding if names <= deciding else every
+            if names != wanted:
+                short.append(f"{path.relative_to(REPO)}: ({listed}) lacks {', '.join(sorted(wanted - names))}")
+    assert not short, short
+
+
+def test_each_report_part_belongs_to_a_registered_search():
+    from lmtune.report.sections.registry import SECTIONS
+    from lmtune.sweep.strategies import STRATEGIES
+
+    assert set(SECTIONS) <= set(STRATEGIES)

@@ -182,7 +182,8 @@ class SweepSummary:
     """What the report concludes of a sweep (or, for a horizon search, of its target budget's runs)."""
 
     search: str
-    """The search's name (grid, optuna, edge, horizon): which report section adds its own part."""
+    """The search's name (its ``search:`` value: grid, optuna, edge, horizon, width): which report section adds
+    its own part."""
     conclusion: Conclusion
     """What the runs conclude at the compared budget (lmtune.analysis.conclusion)."""
     compared_at_tokens: int

@@ -26,8 +26,9 @@ class EdgeSection(PlainSection):
         return [StageDecision(d["stage"], d["why"]) for d in state.get("decisions", [])]
 
 
-SECTIONS: dict[str, ReportSection] = {"edge": EdgeSection(), "horizon": HorizonSection(),
-                                      "optuna": PlainSection("optuna"), "width": WidthSection()}
+# The searches with a part of their own, by their ``search:`` value (lmtune.sweep.strategies.STRATEGIES); any
+# other (grid, optuna, a new one) gets the common report alone.
+SECTIONS: dict[str, ReportSection] = {"edge": EdgeSection(), "horizon": HorizonSection(), "width": WidthSection()}
 
 
 def section_for(search: str) -> ReportSection:

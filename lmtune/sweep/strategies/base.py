@@ -1,7 +1,7 @@
 """What every search strategy provides: the ``SearchStrategy`` protocol, and the helpers strategies share
 to read their part of a space file.
 
-A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, edge). It reads its own
+A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, edge, horizon, width). It reads its own
 keys of the file, says which settings each trial sets, how many trials it plans, and builds what Ray Tune
 runs: the param space and the searcher. Everything else about a sweep (budget, fixed settings, scheduler,
 stopper, placement) is the same for every strategy (lmtune.sweep.spaces, lmtune.sweep.plan). A new search is
@@ -166,7 +166,7 @@ class StrategyDefaults:
 
 
 class DecidingDefaults(StrategyDefaults):
-    """What a strategy whose searcher decides every trial as it goes (edge, horizon) shares: its settings are the
+    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width) shares: its settings are the
     space's section named after it (a dataclass, ``settings_class``), it takes no ``params``, it sets ``owns``
     per trial itself, no param space for Tune to generate, no trial count known in advance, nothing swept for a
     config check to try."""
