@@ -39,6 +39,7 @@ def same_lr(a: float, b: float) -> bool:
     """Two LRs closer than SAME_LR: one LR."""
     return max(a, b) / min(a, b) < SAME_LR
 
+
 @dataclass(frozen=True)
 class AshaBudget:
     """ASHA's rungs in tokens: the first at ``grace_period``, each ``reduction_factor`` x the last, up to ``max_t``."""
