@@ -1,6 +1,6 @@
 """How often the horizon search's 90% intervals hold what they claim: simulated searches, Ray-free.
 
-Each simulated search is the real lmtune search (lmtune.sweep.strategies.horizon.search.HorizonSearch, its grid,
+Each simulated search is the real lmtune search (lmtune.searches.horizon.search.HorizonSearch, its grid,
 extensions, seeds, contenders and refinement) driven by runs that "train" instantly: a run's final val loss is a
 known curve in ln LR around the budget's true best LR, plus seed noise drawn independently for every run (so
 seeds reorder neighbouring LRs, and contenders arise), and a run at or above the budget's edge diverges. The true
@@ -29,9 +29,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lmtune.analysis.runs import Budget
-from lmtune.sweep.strategies.deciding import FINISHED, WAIT
-from lmtune.sweep.strategies.horizon.search import HorizonSearch
-from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+from lmtune.searches.deciding import FINISHED, WAIT
+from lmtune.searches.horizon.search import HorizonSearch
+from lmtune.searches.horizon.settings import HorizonSettings
 
 TOKENS_PER_STEP = 1024
 TARGET_STEPS = 648  # quick_horizon's target; its budgets are 40, 81 and 162 steps

@@ -1,6 +1,6 @@
 """How often the width search's 90% intervals hold what they claim: simulated searches, Ray-free.
 
-Each simulated search is the real lmtune width search (lmtune.sweep.strategies.width.conclusion.WidthSearch, with
+Each simulated search is the real lmtune width search (lmtune.searches.width.conclusion.WidthSearch, with
 quick_width's settings: proxies d_model 32, 64 and 128, target 256) driven by runs that "train" instantly: a run's
 final val loss is a curve in ln LR around the width's true best LR (loss = floor + curvature x^2 exp(skew x),
 x = ln(LR / LR*)) plus seed noise drawn for every run. The true LR* falls as width^-gamma: gamma = 1 is what the SP
@@ -25,9 +25,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmtune.analysis.runs import Budget  # noqa: E402 (lmtune from this checkout)
-from lmtune.sweep.strategies.deciding import FINISHED, WAIT  # noqa: E402
-from lmtune.sweep.strategies.width.conclusion import WidthSearch  # noqa: E402
-from lmtune.sweep.strategies.width.settings import WidthSettings  # noqa: E402
+from lmtune.searches.deciding import FINISHED, WAIT  # noqa: E402
+from lmtune.searches.width.conclusion import WidthSearch  # noqa: E402
+from lmtune.searches.width.settings import WidthSettings  # noqa: E402
 
 TARGET = Budget(steps=162, warmup_steps=18, tokens_per_step=1024, seed=0, rungs=(162 * 1024,), d_model=256, d_ff=768,
                 n_heads=8)

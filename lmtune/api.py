@@ -29,16 +29,18 @@ import yaml
 from ray import tune
 from ray.tune.search import Searcher
 
+from lmtune.analysis.runs import Outcome
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, atomic_write_json
+from lmtune.searches.state import search_state_path
+from lmtune.searches.trial_order import TuneParams
 from lmtune.sweep.experiment import make_plan, plan_record, plan_scheduler
 from lmtune.sweep.plan import SweepPlan, TrialSetup
-from lmtune.sweep.record import SWEEP_FILE, Outcome, ledger_path, search_state_path
+from lmtune.sweep.record import SWEEP_FILE, ledger_path
+from lmtune.sweep.searcher import DecidingSearcher, tune_search_alg
 from lmtune.sweep.spaces import SearchSpace, load_space, parse_space
 from lmtune.sweep.stopping import TrialStopper, outcome_of
-from lmtune.sweep.strategies.searcher import DecidingSearcher
 from lmtune.sweep.trainable import train_trial
-from lmtune.sweep.trial_order import TuneParams
 from lmtune.training.config import BUDGETS, budget_config
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import resolve_config
@@ -125,7 +127,7 @@ class Sweep:
     def searcher(self) -> Searcher | None:
         """The search as a Tune Searcher (the same object on every call; None: Tune's own grid generation)."""
         if self._searcher is None:
-            self._searcher = self.space.strategy.searcher(self.plan.budget(), None)
+            self._searcher = tune_search_alg(self.space.strategy, self.plan.budget(), None)
         return self._searcher[0]
 
     @property

@@ -259,7 +259,7 @@ def _main_coord_check(args: argparse.Namespace) -> int:
               for name in names]
     args.out.mkdir(parents=True, exist_ok=True)
     write_checks(args.out / "coord_check.json", checks)
-    from lmtune.report.width_coord import plot_coord_check  # (matplotlib: only where a figure is drawn)
+    from lmtune.searches.width.report_coord import plot_coord_check  # (matplotlib: only where a figure is drawn)
 
     plot_coord_check(checks, args.out / "coord_check.png")
     print(f"lmtune bench --coord-check: widths {','.join(map(str, checks[0].widths))}, {steps} steps at lr "

@@ -17,7 +17,7 @@ from lmtune.cli import prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.files import check_destination
-from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs
+from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs
 from lmtune.training.config import BUDGETS, budget_config, parse_set_args
 from lmtune.training.loop import resolve_config
 from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeTestConfig, lr_range_test

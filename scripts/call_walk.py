@@ -93,7 +93,7 @@ def horizon_summary_call(sweep_dir: Path):
         return (lambda: writer.horizon_sweep_summary(record, trials, settings, None)), "writer.horizon_sweep_summary"
     from lmtune.report.reader import load_range_test
     from lmtune.report.sections.base import SweepInputs
-    from lmtune.report.sections.registry import search_of, section_for
+    from lmtune.report.sections.lookup import search_of, section_for
     from lmtune.report.sweep_facts import sweep_budget, vocab_size
 
     range_test = load_range_test(sweep_dir)

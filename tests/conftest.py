@@ -404,7 +404,7 @@ def drive_search(search, sweep, max_trials: int, stop_after: int | None = None,
     search says it has finished, ``stop_after`` trials ran, or ``max_trials``. ``round_trip``: the search is
     rebuilt by it between every two trials (e.g. through its JSON, as a resumed sweep's would be). Returns the
     trials run and the search."""
-    from lmtune.sweep.strategies.deciding import FINISHED, WAIT
+    from lmtune.searches.deciding import FINISHED, WAIT
 
     count = len(search.runs)
     while count < max_trials and (stop_after is None or count < stop_after):

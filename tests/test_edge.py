@@ -13,9 +13,9 @@ from conftest import drive_search
 from lmtune.analysis.bracket import bisect_lrs, bracket
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, LrResult, Run, crown, equal_token_losses, full_budget_ranking, loss_at_tokens
-from lmtune.sweep.strategies.deciding import FINISHED, WAIT
-from lmtune.sweep.strategies.edge.search import EdgeSearch
-from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs
+from lmtune.searches.deciding import FINISHED, WAIT
+from lmtune.searches.edge.search import EdgeSearch
+from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs
 
 # The quick_edge budget: 162 steps of 1,024 tokens, warm-up 18, ASHA rungs at 1/9, 1/3 and all of it.
 BUDGET = Budget(steps=162, warmup_steps=18, tokens_per_step=1024, seed=0, rungs=(18432, 55296, 165888))

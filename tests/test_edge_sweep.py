@@ -15,7 +15,8 @@ import pytest
 from conftest import TINY_TRIAL, finish, kill_session, run_lmtune, session_pids, start_lmtune, trial_dirs, wait_until
 
 from benchmarks.truth import compare, read_truth, truth_conclusion
-from lmtune.sweep.record import read_outcomes, read_search_state, trial_folders
+from lmtune.searches.state import read_search_state
+from lmtune.sweep.record import read_outcomes, trial_folders
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.loop import train

@@ -11,11 +11,11 @@ import pytest
 from lmtune.analysis.fit import fit_horizon
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
-from lmtune.report.horizon import HorizonResult, horizon_summary
-from lmtune.report.horizon_confirmation import confirmation
-from lmtune.report.sections.horizon import NOT_RESOLVED, budget_line, budget_table, fit_headline, fit_sentences
-from lmtune.sweep.strategies.horizon.budgets import fit_budgets
-from lmtune.sweep.strategies.horizon.settings import HorizonSettings
+from lmtune.searches.horizon.budgets import fit_budgets
+from lmtune.searches.horizon.report import NOT_RESOLVED, budget_line, budget_table, fit_headline, fit_sentences
+from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_summary
+from lmtune.searches.horizon.report_confirmation import confirmation
+from lmtune.searches.horizon.settings import HorizonSettings
 
 TARGET = Budget(steps=64, warmup_steps=2, tokens_per_step=1000, seed=0, rungs=(64_000,))
 SETTINGS = HorizonSettings()  # budgets of 4, 8 and 16 steps: 4k, 8k and 16k tokens

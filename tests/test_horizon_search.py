@@ -18,10 +18,10 @@ from conftest import drive_search
 
 from lmtune.analysis.runs import Budget, crown, full_budget_ranking
 from lmtune.errors import LmtuneError
+from lmtune.searches.deciding import WAIT
+from lmtune.searches.horizon.search import HorizonSearch
+from lmtune.searches.horizon.settings import HorizonSettings
 from lmtune.sweep.spaces import load_space
-from lmtune.sweep.strategies.deciding import WAIT
-from lmtune.sweep.strategies.horizon.search import HorizonSearch
-from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
 TOKENS_PER_STEP = 1024
 TARGET = Budget(steps=648, warmup_steps=18, tokens_per_step=TOKENS_PER_STEP, seed=0, rungs=(648 * TOKENS_PER_STEP,))

@@ -33,9 +33,9 @@ from lmtune.data import prepare as data_prepare
 from lmtune.data.batches import BatchSampler
 from lmtune.data.tokenizer import MAX_PIECE_BYTES
 from lmtune.errors import LmtuneError
+from lmtune.searches import grid
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.spaces import load_space
-from lmtune.sweep.strategies import grid
 
 TINY_RUN = set_args({**TINY_MODEL, "batch_size": 4, "steps": 4, "warmup_steps": 1, "eval_interval": 2,
                      "log_interval": 2, "eval_batches": 1, "checkpoint_interval": 2})
@@ -281,7 +281,8 @@ def test_run_and_analyze_count_a_probe_an_interruption_made_the_search_rerun_ali
     from lmtune.analysis.runs import INTERRUPTED
     from lmtune.analyze import headline
     from lmtune.report.writer import write_report
-    from lmtune.sweep.record import ledger_path, search_state_path
+    from lmtune.searches.state import search_state_path
+    from lmtune.sweep.record import ledger_path
 
     sweep_dir = disk_sweep(tmp_path, {t: (lr, "completed", {10: 4.0, 30: loss}) for t, lr, loss in
                                       (("a", 0.001, 2.6), ("b", 0.002, 2.5), ("again", 0.002, 2.4))})

@@ -18,8 +18,8 @@ from conftest import assert_refused, disk_sweep, read_only, snapshot
 from lmtune import diagnose
 from lmtune import run as run_cli
 from lmtune.analyze import main as analyze_main
+from lmtune.searches.state import search_state_path
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.record import search_state_path
 from lmtune.sweep.spaces import load_space
 from lmtune.training.config import budget_config
 
@@ -223,9 +223,9 @@ def test_analyze_leaves_out_a_trial_folder_without_config_json_with_a_warning_no
 
 def test_a_resumed_edge_searcher_with_a_damaged_state_file_continues_from_tunes_snapshot(tmp_path, caplog):
     from lmtune.analysis.runs import Budget
-    from lmtune.sweep.strategies.edge.search import EdgeSearch
-    from lmtune.sweep.strategies.edge.settings import EdgeSettings
-    from lmtune.sweep.strategies.searcher import DecidingSearcher
+    from lmtune.searches.edge.search import EdgeSearch
+    from lmtune.searches.edge.settings import EdgeSettings
+    from lmtune.sweep.searcher import DecidingSearcher
 
     budget = Budget(steps=162, warmup_steps=18, tokens_per_step=1024, seed=0, rungs=(18432, 55296, 165888))
     search = EdgeSearch(EdgeSettings(), budget)

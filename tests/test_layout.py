@@ -98,7 +98,20 @@ def test_every_function_is_shorter_than_100_lines():
 MAX_MODULE_LINES = 400
 # The layers, lowest first: a module imports only from its own layer or lower ones (the top-level modules, the
 # commands, sit above all of them; errors, files and private_apis below).
-LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "analysis", "sweep", "report")
+LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "analysis", "searches", "sweep", "report")
+# A search's folder holds its part of the report too (lmtune.searches.NAME.report*): those modules sit in the report's
+# layer, above the sweep; the rest of the folder (settings, decisions) below it.
+SEARCH_REPORT_PREFIX = "report"
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of an lmtune module (None: a top-level module, a command)."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in LAYERS:
+        return None
+    if parts[1] == "searches" and parts[-1].startswith(SEARCH_REPORT_PREFIX):
+        return LAYERS.index("report")
+    return LAYERS.index(parts[1])
 
 
 def _module_name(path: Path) -> str:
@@ -178,12 +191,8 @@ def test_the_cycle_finder_finds_a_cycle_of_three():
 
 
 def test_no_layer_imports_a_layer_above_it():
-    def layer(module: str) -> int | None:
-        part = module.split(".")[1] if "." in module else None
-        return LAYERS.index(part) if part in LAYERS else None
-
     upward = [f"{m} imports {t}" for m, targets in import_graph().items() for t in sorted(targets)
-              if layer(m) is not None and layer(t) is not None and layer(t) > layer(m)]
+              if layer_of(m) is not None and layer_of(t) is not None and layer_of(t) > layer_of(m)]
     assert not upward, upward
 
 
@@ -315,16 +324,30 @@ def test_the_report_never_imports_the_sweeps_runtime():
     """The report reads a sweep's records (sweep.json, the ledger, trial.json, the searches' states) and the
     searches' Ray-free parts; importing all of it loads no Ray and none of the modules that run a sweep."""
     runtime = ("trainable", "experiment", "runner", "session", "stopping", "asha_scheduler", "reporting",
-               "fused_trial", "placement", "preflight", "storage", "hooks", "strategies.searcher")
-    assert loaded_by_importing(modules_of("lmtune.report"), packages=("ray", "optuna"),
+               "fused_trial", "placement", "preflight", "storage", "hooks", "searcher")
+    search_parts = [m for m in modules_of("lmtune.searches") if m.split(".")[-1].startswith(SEARCH_REPORT_PREFIX)]
+    assert loaded_by_importing(modules_of("lmtune.report") + search_parts, packages=("ray", "optuna"),
                                names=tuple(f"lmtune.sweep.{r}" for r in runtime)) == []
+
+
+# What the report may import of the sweep: its records (sweep.json's plan and reader, the ledger and trial folders).
+SWEEP_RECORDS = {"lmtune.sweep.record", "lmtune.sweep.sweep_file", "lmtune.sweep.plan"}
+
+
+def test_the_report_imports_of_the_sweep_only_its_records():
+    """The report and the searches' report parts import, of lmtune.sweep, only the record readers (not even for
+    typing); what a search decides comes from the search's own folder."""
+    report_layer = LAYERS.index("report")
+    found = sorted(f"{m} imports {t}" for m, targets in import_graph().items() if layer_of(m) == report_layer
+                   for t in targets if t.startswith("lmtune.sweep") and t not in SWEEP_RECORDS)
+    assert not found, found
 
 
 def test_every_list_of_searches_in_the_code_names_them_all():
     """A docstring or comment that lists the searches in parentheses — all of them, or those that decide as they
     go — names every registered one (a new search is not left out of the house's own descriptions)."""
-    from lmtune.sweep.strategies import STRATEGIES
-    from lmtune.sweep.strategies.base import DecidingDefaults
+    from lmtune.searches import STRATEGIES
+    from lmtune.searches.base import DecidingDefaults
 
     every = set(STRATEGIES)
     deciding = {name for name, cls in STRATEGIES.items() if issubclass(cls, DecidingDefaults)}
@@ -340,8 +363,23 @@ def test_every_list_of_searches_in_the_code_names_them_all():
     assert not short, short
 
 
-def test_each_report_part_belongs_to_a_registered_search():
-    from lmtune.report.sections.registry import SECTIONS
-    from lmtune.sweep.strategies import STRATEGIES
+def test_a_searchs_report_part_is_the_report_module_of_its_own_folder():
+    """Each registered search with a part of its own keeps it in its folder (lmtune.searches.NAME.report, as
+    SECTION, named after the search); the report lists none of them."""
+    from lmtune.report.sections import section_for
+    from lmtune.searches import STRATEGIES
 
-    assert set(SECTIONS) <= set(STRATEGIES)
+    with_part = {name for name, strategy in STRATEGIES.items()
+                 if (PACKAGE.parent / strategy.__module__.replace(".", "/") / "report.py").exists()}
+    assert with_part == {"horizon", "width"}
+    for name in with_part:
+        section = section_for(name)
+        assert all(callable(getattr(section, part)) for part in ("summarize", "markdown", "figures", "headline"))
+        assert type(section).__module__ == f"{STRATEGIES[name].__module__}.report"
+
+
+def test_every_search_is_one_folder_of_lmtune_searches():
+    from lmtune.searches import STRATEGIES
+
+    folders = {p.name for p in (PACKAGE / "searches").iterdir() if (p / "__init__.py").exists()}
+    assert {s.__module__ for s in STRATEGIES.values()} == {f"lmtune.searches.{f}" for f in folders}

@@ -12,17 +12,17 @@ from typing import ClassVar
 
 import pytest
 
+from lmtune import searches
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, Run, effective_runs
+from lmtune.report.sections import section_for
 from lmtune.report.sections.base import PlainSection
-from lmtune.report.sections.registry import section_for
-from lmtune.sweep import strategies
-from lmtune.sweep.record import read_search_state, search_state_path
+from lmtune.searches.base import DecidingDefaults
+from lmtune.searches.deciding import DecidingSearch
+from lmtune.searches.state import read_search_state, search_state_path
+from lmtune.searches.trial_order import TrialOrder
+from lmtune.sweep.searcher import DecidingSearcher, tune_search_alg
 from lmtune.sweep.spaces import load_space
-from lmtune.sweep.strategies.base import DecidingDefaults
-from lmtune.sweep.strategies.deciding import DecidingSearch
-from lmtune.sweep.strategies.searcher import DecidingSearcher
-from lmtune.sweep.trial_order import TrialOrder
 
 # -- the new search: what its folder would hold ----------------------------------------------------------------
 
@@ -111,7 +111,7 @@ class PairStrategy(DecidingDefaults):
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setitem(strategies.STRATEGIES, "pair", PairStrategy)  # the one line a new search adds
+    monkeypatch.setitem(searches.STRATEGIES, "pair", PairStrategy)  # the one line a new search adds
 
 
 @pytest.fixture
@@ -155,7 +155,7 @@ def test_the_new_searchs_section_is_refused_in_one_line_when_wrong(registered, t
 
 
 def test_the_generic_adapter_runs_the_new_search_to_its_end(space, tmp_path):
-    searcher, samples = space.strategy.searcher(BUDGET, tmp_path)
+    searcher, samples = tune_search_alg(space.strategy, BUDGET, tmp_path)
     assert isinstance(searcher, DecidingSearcher) and samples == -1
     orders = drive(searcher, 10)
     assert [(o.stage, o.settings["lr"], o.settings["seed"]) for o in orders] == [
@@ -164,7 +164,7 @@ def test_the_generic_adapter_runs_the_new_search_to_its_end(space, tmp_path):
 
 
 def test_its_state_is_kept_where_its_name_says_and_read_back_by_name(space, tmp_path):
-    searcher, _ = space.strategy.searcher(BUDGET, tmp_path)
+    searcher, _ = tune_search_alg(space.strategy, BUDGET, tmp_path)
     drive(searcher, 10)
     searcher.suggest("t9")
     assert search_state_path(tmp_path, "pair") == tmp_path / "decisions" / "pair_search.json"
@@ -174,10 +174,10 @@ def test_its_state_is_kept_where_its_name_says_and_read_back_by_name(space, tmp_
 
 
 def test_tunes_snapshot_restores_the_new_search_where_it_was(space, tmp_path):
-    searcher, _ = space.strategy.searcher(BUDGET, tmp_path)
+    searcher, _ = tune_search_alg(space.strategy, BUDGET, tmp_path)
     drive(searcher, 2)
     searcher.save(str(tmp_path / "snapshot.json"))
-    restored, _ = space.strategy.searcher(BUDGET, tmp_path)
+    restored, _ = tune_search_alg(space.strategy, BUDGET, tmp_path)
     restored.restore(str(tmp_path / "snapshot.json"))
     assert restored.search.to_json() == searcher.search.to_json()
     assert TrialOrder.from_tune(restored.suggest("t2")).stage == "again"
@@ -188,7 +188,7 @@ def test_the_report_takes_the_new_search_with_the_common_part(registered):
 
 
 def test_the_state_it_writes_is_json_of_its_own_dataclasses(space, tmp_path):
-    searcher, _ = space.strategy.searcher(BUDGET, tmp_path)
+    searcher, _ = tune_search_alg(space.strategy, BUDGET, tmp_path)
     drive(searcher, 1)
     data = json.loads(search_state_path(tmp_path, "pair").read_text())
     assert data["settings"] == asdict(PairSettings(0.001, 0.03)) and data["plans"]["t0"]["stage"] == "pair"

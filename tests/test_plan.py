@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 
 import pytest
 
+from lmtune import searches
 from lmtune.errors import LmtuneError
-from lmtune.sweep import strategies
+from lmtune.searches.base import Fail, StrategyDefaults, coerce_setting
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import available_spaces, load_space
-from lmtune.sweep.strategies.base import Fail, StrategyDefaults, coerce_setting
 from lmtune.training.config import budget_config
 
 
@@ -96,7 +96,7 @@ class LogSpaced(StrategyDefaults):
 
 
 def test_a_new_strategy_is_one_class_and_its_registration(tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(strategies.STRATEGIES, LogSpaced.name, LogSpaced)
+    monkeypatch.setitem(searches.STRATEGIES, LogSpaced.name, LogSpaced)
     path = tmp_path / "logspaced.yaml"
     path.write_text("search: logspaced\nbudget: quick\nlrs: [1.0e-4, 1.0e-2]\ncount: 3\n")
     space = load_space(str(path))

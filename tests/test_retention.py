@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from lmtune.files import DiskFullError, atomic_write_bytes
+from lmtune.searches import STRATEGIES
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.retention import prune_sweep, prune_trial
 from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
 from lmtune.sweep.storage import filesystem_of
-from lmtune.sweep.strategies import STRATEGIES
 from tests.conftest import assert_refused, trial_dirs, write_grid_space
 
 

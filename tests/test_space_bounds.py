@@ -15,11 +15,11 @@ from conftest import assert_refused, drive_search
 from lmtune import run as run_cli
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
+from lmtune.searches.edge.search import EdgeSearch
+from lmtune.searches.edge.settings import EdgeSettings
+from lmtune.searches.horizon.search import HorizonSearch
+from lmtune.searches.horizon.settings import HorizonSettings
 from lmtune.sweep.spaces import available_spaces, load_space
-from lmtune.sweep.strategies.edge.search import EdgeSearch
-from lmtune.sweep.strategies.edge.settings import EdgeSettings
-from lmtune.sweep.strategies.horizon.search import HorizonSearch
-from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 from lmtune.training.config import MAX_LR, MAX_SEED, budget_config
 
 TOKENS_PER_STEP = 1024

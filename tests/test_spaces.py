@@ -17,9 +17,9 @@ from conftest import TINY_TRIAL, assert_refused, run_lmtune
 
 from lmtune import run as run_cli
 from lmtune.errors import LmtuneError
+from lmtune.searches.optuna import Distribution
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import available_spaces, load_space
-from lmtune.sweep.strategies.optuna_search import Distribution
 from lmtune.training.config import budget_config
 
 GOOD_GRID = """\

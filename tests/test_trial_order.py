@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmtune.errors import LmtuneError
-from lmtune.sweep.trial_order import RANGE_STAGE, FusedMembers, TrialOrder
+from lmtune.searches.trial_order import RANGE_STAGE, FusedMembers, TrialOrder
 from lmtune.training.config import budget_config
 
 

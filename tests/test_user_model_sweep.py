@@ -34,7 +34,8 @@ from conftest import (
     write_grid_space,
 )
 
-from lmtune.sweep.record import read_outcomes, read_search_state
+from lmtune.searches.state import read_search_state
+from lmtune.sweep.record import read_outcomes
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,10 @@ from lmtune.analysis.runs import Budget
 from lmtune.report.comparison import record_runs
 from lmtune.report.headline import summary_lines
 from lmtune.report.reader import load_sweep
-from lmtune.report.sections.registry import section_for
-from lmtune.report.sections.width import (
+from lmtune.report.sections import section_for
+from lmtune.report.writer import summarize_sweep, write_report
+from lmtune.searches.width.conclusion import WidthFit, conclude_widths
+from lmtune.searches.width.report import (
     MU_FAILED,
     MU_TRANSFER,
     NOT_RESOLVED,
@@ -27,14 +29,12 @@ from lmtune.report.sections.width import (
     fit_sentences,
     gamma_text,
 )
-from lmtune.report.width import WidthResult
-from lmtune.report.width_coord import SweepCoordCheck, sweep_coord_check
-from lmtune.report.writer import summarize_sweep, write_report
+from lmtune.searches.width.report_conclusion import WidthResult
+from lmtune.searches.width.report_coord import SweepCoordCheck, sweep_coord_check
+from lmtune.searches.width.settings import WidthSettings, proxy_shape
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import ledger_path, write_trial_file
 from lmtune.sweep.spaces import parse_space
-from lmtune.sweep.strategies.width.conclusion import WidthFit, conclude_widths
-from lmtune.sweep.strategies.width.settings import WidthSettings, proxy_shape
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import apply_overrides, budget_config
 from lmtune.training.metrics import write_metrics

@@ -16,10 +16,10 @@ from conftest import drive_search
 
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
+from lmtune.searches.width.conclusion import WidthSearch
+from lmtune.searches.width.settings import WidthSettings
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import load_space
-from lmtune.sweep.strategies.width.conclusion import WidthSearch
-from lmtune.sweep.strategies.width.settings import WidthSettings
 from lmtune.training.config import budget_config
 
 TOKENS_PER_STEP = 1024

@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_TRIAL, run_lmtune, trial_dirs
 
 from benchmarks.truth import TRUTH_SEEDS, compare_horizon, read_truth, truth_conclusion
-from lmtune.sweep.record import read_search_state
+from lmtune.searches.state import read_search_state
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import apply_overrides
 from lmtune.training.loop import train

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from lmtune.analysis.rungs import Rungs
@@ -108,6 +109,18 @@ def format_tokens(tokens: float) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # One trial
+
+
+class Outcome(StrEnum):
+    """Why a trial ended, as the ledger records it."""
+
+    COMPLETED = "completed"  # trained its whole budget
+    PROBED = "probed"  # trained the run_steps it was asked for (less than its budget) without diverging
+    RANGE_TEST = "range_test"  # the edge search's LR range test ended (it stops itself at the blow-up)
+    DIVERGED = "diverged"  # non-finite, or failed to recover below its initial loss (lmtune.training.divergence)
+    STOPPED_EARLY = "stopped_early"  # cut by ASHA at a rung
+    TOO_SLOW = "too_slow"  # projected past the time budget, or under the throughput floor (the stopper)
+    ERROR = "error"  # raised, and ran out of retries
 
 
 @dataclass

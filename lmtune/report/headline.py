@@ -6,7 +6,7 @@ range; a search with a report section of its own (horizon) says its part first. 
 from __future__ import annotations
 
 from lmtune.analysis.landscape import Landscape
-from lmtune.report.sections.registry import section_for
+from lmtune.report.sections import section_for
 from lmtune.report.summary import SweepSummary
 from lmtune.report.text import basin_ends, interval_line, per_doubling, ratio_range_text
 

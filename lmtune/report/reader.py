@@ -16,13 +16,13 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.report.stability import OUTCOMES, TrialRecord
 from lmtune.report.summary import MissingTrial
+from lmtune.searches.state import read_search_states
 from lmtune.sweep.record import (
     BOOKKEEPING_PARAMS,
     SWEEP_FILE,
     TrialFolder,
     is_sweep_dir,
     read_outcomes,
-    read_search_states,
     readable_trial,
     trial_folders,
     tune_ended,

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmtune.analysis.runs import Outcome
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.record import Outcome, run_config_of
+from lmtune.sweep.record import run_config_of
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DivergenceRule, LossWatch, Spike, judge
 from lmtune.training.metric_registry import probe_labels

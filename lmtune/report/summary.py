@@ -228,7 +228,8 @@ class SweepSummary:
     trials: tuple[TrialRow, ...]
     """One row per trial, by LR, seed and id."""
     search_result: SearchResult | None = None
-    """The search strategy's own results (a horizon search's: lmtune.report.horizon.HorizonResult)."""
+    """The search strategy's own results (a horizon search's:
+    lmtune.searches.horizon.report_conclusion.HorizonResult)."""
     facts: SweepFacts | None = None
     """What analyze read of the sweep's records (None: summarized from trial records alone)."""
     sharpness: tuple[SharpnessRow, ...] | None = None

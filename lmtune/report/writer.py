@@ -26,8 +26,8 @@ from lmtune.report.markdown import write_markdown
 from lmtune.report.reader import load_range_test, load_sweep, missing_trials
 from lmtune.report.rows import varied_params
 from lmtune.report.samples import best_samples
+from lmtune.report.sections import search_of, section_for
 from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs
-from lmtune.report.sections.registry import search_of, section_for
 from lmtune.report.sharpness import sweep_sharpness, write_sharpness_csv
 from lmtune.report.stability import TrialRecord
 from lmtune.report.summary import SweepFacts, SweepSummary

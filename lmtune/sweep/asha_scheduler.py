@@ -11,12 +11,12 @@ from typing import Any
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
 from lmtune.analysis.rungs import Rungs
-from lmtune.analysis.runs import format_tokens
+from lmtune.analysis.runs import Outcome, format_tokens
 from lmtune.files import atomic_write_json
 from lmtune.private_apis import asha_rungs, asha_stopped_count, restore_asha_rungs
-from lmtune.sweep.record import Outcome, evaluated_val_loss, rebased
+from lmtune.searches.trial_order import TrialOrder, TuneResult, check_objective, evaluated_val_loss
+from lmtune.sweep.record import rebased
 from lmtune.sweep.stopping import Ending, Members, OutcomeRecorder, format_value
-from lmtune.sweep.trial_order import TrialOrder, TuneResult, check_objective
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,8 @@ from lmtune.data.dataset import load_data, read_meta
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError
 from lmtune.private_apis import wandb_logger_callback
+from lmtune.searches.base import Setting
+from lmtune.searches.trial_order import METRIC, MODE, TrialOrder
 from lmtune.sweep.asha_scheduler import PersistentASHA
 from lmtune.sweep.disk import CheckpointBytes, Keep
 from lmtune.sweep.options import SweepOptions
@@ -30,12 +32,11 @@ from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.preflight import read_cluster_config
 from lmtune.sweep.record import asha_state_path, ledger_path
 from lmtune.sweep.retention import CheckpointPruner
+from lmtune.sweep.searcher import tune_search_alg
 from lmtune.sweep.spaces import SearchSpace, load_space
 from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
-from lmtune.sweep.strategies.base import Setting
 from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
-from lmtune.sweep.trial_order import METRIC, MODE, TrialOrder
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
 from lmtune.usercode.checks import check_code, check_model
@@ -131,7 +132,7 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
         CSVLoggerCallback(), JsonLoggerCallback()]
     if options.wandb_project:
         callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
-    search_alg, num_samples = space.strategy.searcher(plan.budget(), sweep_dir)
+    search_alg, num_samples = tune_search_alg(space.strategy, plan.budget(), sweep_dir)
     return tune.Tuner(
         build_trainable(plan, placement.resources, shipped, step_hook=options.step_hook),
         param_space=space.strategy.param_space(space.fuse),

@@ -16,13 +16,13 @@ from pathlib import Path
 from ray import tune
 
 from lmtune.analysis.rungs import Rungs
-from lmtune.analysis.runs import format_tokens
+from lmtune.analysis.runs import Outcome, format_tokens
 from lmtune.files import atomic_write_json, link_or_copy
 from lmtune.fused.loop import train_fused
-from lmtune.sweep.record import TRIAL_FILE, Outcome, write_trial_file
+from lmtune.searches.trial_order import TrialOrder, TuneParams, TuneResult
+from lmtune.sweep.record import TRIAL_FILE, write_trial_file
 from lmtune.sweep.reporting import TuneSink
 from lmtune.sweep.stopping import Ending
-from lmtune.sweep.trial_order import TrialOrder, TuneParams, TuneResult
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import BY_RULE, DivergenceRule
 from lmtune.training.loop import RunEnd, RunResult

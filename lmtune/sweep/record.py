@@ -28,12 +28,13 @@ import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
-from lmtune.errors import LmtuneError, shown
-from lmtune.files import JsonObject, JsonValue, atomic_write_json, writer_lock
-from lmtune.sweep.trial_order import ORDER_KEYS, TuneParams, TuneResult
+from lmtune.analysis.runs import Outcome
+from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject, atomic_write_json, writer_lock
+from lmtune.searches.state import decisions_dir
+from lmtune.searches.trial_order import ORDER_KEYS, TuneParams
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, ModelConfig, RunConfig, TrainConfig, coerce_value
 from lmtune.usercode.config import UserCode
@@ -41,10 +42,8 @@ from lmtune.usercode.config import UserCode
 log = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
-DECISIONS_DIR = "decisions"
 LEDGER_NAME = "trial_outcomes.json"
 ASHA_STATE_NAME = "asha_state.json"
-SEARCH_STATE_SUFFIX = "_search.json"  # decisions/SEARCH_search.json: a deciding search's state (edge_search.json, ...)
 TRIAL_FILE = "trial.json"
 # Periodic checkpoints on their way to Tune (lmtune.sweep.trainable.staging_dir); Tune keeps each in the trial
 # folder's checkpoint_NNNNNN/ (a fused group's: one subfolder per member, named as the member's folder).
@@ -55,16 +54,6 @@ TUNE_CHECKPOINT_GLOB = "checkpoint_*"
 BOOKKEEPING_PARAMS = (*ORDER_KEYS, "seed", "run_steps")
 
 
-class Outcome(StrEnum):
-    """Why a trial ended, as the ledger records it."""
-
-    COMPLETED = "completed"  # trained its whole budget
-    PROBED = "probed"  # trained the run_steps it was asked for (less than its budget) without diverging
-    RANGE_TEST = "range_test"  # the edge search's LR range test ended (it stops itself at the blow-up)
-    DIVERGED = "diverged"  # non-finite, or failed to recover below its initial loss (lmtune.training.divergence)
-    STOPPED_EARLY = "stopped_early"  # cut by ASHA at a rung
-    TOO_SLOW = "too_slow"  # projected past the time budget, or under the throughput floor (the stopper)
-    ERROR = "error"  # raised, and ran out of retries
 
 
 # The folder a resumed sweep's driver keeps its records in (set by lmtune.sweep.runner before Tune restores the
@@ -93,13 +82,6 @@ def rebased(path: Path | None, sweep_dir: Path | None) -> Path | None:
         return path
 
 
-def evaluated_val_loss(result: TuneResult) -> float | None:
-    """The validation loss a Tune result of lmtune's trainable measured at its own step (None at a step without an
-    evaluation: every result repeats the latest one, measured at ``val_step``, for Tune's metric checks)."""
-    loss = result.get("val_loss")
-    if not isinstance(loss, int | float) or result.get("val_step", result.get("step")) != result.get("step"):
-        return None
-    return float(loss)
 
 
 def is_sweep_dir(path: Path) -> bool:
@@ -139,8 +121,6 @@ def sole_writer(sweep_dir: Path, *, new: bool) -> Iterator[threading.Event]:
                     folder.rmdir()
 
 
-def decisions_dir(sweep_dir: Path) -> Path:
-    return Path(sweep_dir) / DECISIONS_DIR
 
 
 def ledger_path(sweep_dir: Path) -> Path:
@@ -149,62 +129,6 @@ def ledger_path(sweep_dir: Path) -> Path:
 
 def asha_state_path(sweep_dir: Path) -> Path:
     return decisions_dir(sweep_dir) / ASHA_STATE_NAME
-
-
-def search_state_path(sweep_dir: Path, search: str) -> Path:
-    """decisions/SEARCH_search.json: a deciding search's state and decisions (``search``: its ``search:`` value),
-    mirrored by its searcher at every decision."""
-    return decisions_dir(sweep_dir) / f"{search}{SEARCH_STATE_SUFFIX}"
-
-
-def read_search_state(sweep_dir: Path, search: str) -> JsonObject | None:
-    """The ``search`` search's state in a sweep folder, or None: absent, or unreadable (warned)."""
-    return read_state_file(search_state_path(sweep_dir, search))
-
-
-def read_search_states(sweep_dir: Path) -> dict[str, JsonObject]:
-    """Every deciding search's state the sweep folder holds, by search name (the readable ones)."""
-    found = {path.name.removesuffix(SEARCH_STATE_SUFFIX): read_state_file(path)
-             for path in sorted(decisions_dir(sweep_dir).glob(f"*{SEARCH_STATE_SUFFIX}"))}
-    return {name: state for name, state in found.items() if state is not None}
-
-
-_WARNED: set[tuple[str, str]] = set()  # (path, problem) already warned about: said once per process
-
-
-def read_state_file(path: Path) -> JsonObject | None:
-    """A searcher's mirrored state, or None: absent, or unreadable (warned), also when a key the readers use has the
-    wrong shape (an edited file: none of it is taken)."""
-    if not path.exists():
-        return None
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        problem = f"{type(err).__name__}: {err}"
-    else:
-        problem = _search_state_problem(value)
-    if problem is not None:
-        if (str(path), problem) not in _WARNED:  # once: the report and the searchers read it several times
-            _WARNED.add((str(path), problem))
-            log.warning("ignoring %s (%s); the report goes by the trials' own files", path, problem)
-        return None
-    return value
-
-
-def _search_state_problem(value: JsonValue) -> str | None:
-    """What makes a search state unusable to its readers (the report, a resumed searcher), or None."""
-    if not isinstance(value, dict):
-        return f"a JSON {type(value).__name__}, not an object"
-    interrupted, decisions = value.get("interrupted") or {}, value.get("decisions") or []
-    if not (isinstance(interrupted, dict) and all(isinstance(v, str) for v in interrupted.values())):
-        return f"interrupted is {shown(interrupted)}, not a mapping of trial ids to reasons"
-    if not (isinstance(decisions, list) and all(
-            isinstance(d, dict) and isinstance(d.get("stage"), str) and isinstance(d.get("why"), str)
-            for d in decisions)):
-        return f"decisions is {shown(decisions)}, not a list of stages with their reasons"
-    if not isinstance(value.get("runs", {}), dict) or not isinstance(value.get("finished", False), bool):
-        return "runs is not a mapping of trial ids, or finished not true or false"
-    return None
 
 
 def read_outcomes(sweep_dir: Path) -> dict[str, JsonObject]:

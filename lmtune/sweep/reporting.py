@@ -16,7 +16,7 @@ import ray
 from ray import tune
 
 from lmtune.files import link_or_copy
-from lmtune.sweep.trial_order import TuneResult
+from lmtune.searches.trial_order import TuneResult
 from lmtune.training.checkpoint import checksum_path, rotate
 from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult

@@ -20,6 +20,7 @@ from pathlib import Path
 import ray
 from ray import tune
 
+from lmtune.analysis.runs import Outcome
 from lmtune.errors import LmtuneError
 from lmtune.files import existing_ancestor, mirrored
 from lmtune.sweep.disk import DiskNeed, Keep, check_free_disk, disk_need, format_bytes, free_disk
@@ -36,7 +37,7 @@ from lmtune.sweep.experiment import (
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import Placement
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.record import SWEEP_FILE, Outcome, is_sweep_dir, read_outcomes, resuming_in, sole_writer
+from lmtune.sweep.record import SWEEP_FILE, is_sweep_dir, read_outcomes, resuming_in, sole_writer
 from lmtune.sweep.retention import drop_staged_duplicates, prune_sweep
 from lmtune.sweep.session import Echo, Interruptions, ray_session
 from lmtune.sweep.spaces import load_space

@@ -17,12 +17,12 @@ A space is YAML data (read with ``yaml.safe_load``, never executed)::
     set: {eval_interval: 250}    # fixed overrides of any model/training field
     scheduler: {name: asha, grace_period: 0.111, reduction_factor: 3}   # or {name: none}
     stopper: {recovery_window: 1.0, min_tokens_per_s: 0}   # divergence: lmtune.training.divergence
-    edge: {tolerance: 1.25, seeds: 3}   # search: edge only (lmtune.sweep.strategies.edge); it has no params
+    edge: {tolerance: 1.25, seeds: 3}   # search: edge only (lmtune.searches.edge); it has no params
     model: path/to/model.py:TransformerLM   # your own model (lmtune.usercode); default: lmtune's
     model_set: {use_rope: false}        # further arguments of your model's callable
     optimizer: mypkg.optim:AdamW        # your own optimizer; schedule: mypkg.sched:cosine, your own schedule
 
-What each search reads and builds is its strategy's (lmtune.sweep.strategies); the rest of a space is
+What each search reads and builds is its strategy's (lmtune.searches); the rest of a space is
 common to all. Every problem is one line naming the file, the key and the fix.
 """
 
@@ -41,8 +41,8 @@ import yaml
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, JsonValue, yaml_error_line
-from lmtune.sweep.strategies import STRATEGIES, SearchStrategy
-from lmtune.sweep.strategies.base import Fail, Setting, coerce_setting, seed_refusal, settings_section
+from lmtune.searches import STRATEGIES, SearchStrategy
+from lmtune.searches.base import Fail, Setting, coerce_setting, seed_refusal, settings_section
 from lmtune.training.config import BUDGETS, budget_config, field_names
 from lmtune.training.divergence import DivergenceRule
 from lmtune.usercode.config import FLAGS, UserCode, checked_model_args, normalized
@@ -105,7 +105,7 @@ class SearchSpace:
     budget: str
     """The budget preset trials start from (lmtune.training.config.BUDGETS)."""
     strategy: SearchStrategy
-    """How trials are chosen: its ``search:`` and that search's own keys (lmtune.sweep.strategies)."""
+    """How trials are chosen: its ``search:`` and that search's own keys (lmtune.searches)."""
     fixed: dict[str, Setting] = field(default_factory=dict)
     """The ``set:`` section: settings every trial has."""
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)

@@ -24,11 +24,11 @@ from typing import Any
 
 from ray.tune import Callback, Stopper
 
-from lmtune.analysis.runs import format_tokens
+from lmtune.analysis.runs import Outcome, format_tokens
 from lmtune.files import atomic_write_json
+from lmtune.searches.trial_order import TuneResult
 from lmtune.sweep.disk import format_bytes, free_disk
-from lmtune.sweep.record import Outcome, rebased
-from lmtune.sweep.trial_order import TuneResult
+from lmtune.sweep.record import rebased
 
 log = logging.getLogger(__name__)
 

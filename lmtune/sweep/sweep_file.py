@@ -21,12 +21,12 @@ from lmtune.analysis.runs import AshaBudget
 from lmtune.data.dataset import DataMeta
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, atomic_write_json
+from lmtune.searches import STRATEGIES
+from lmtune.searches.base import Fail, settings_section
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.record import SWEEP_FILE
 from lmtune.sweep.spaces import SCHEDULERS, SchedulerSpec, StopperSpec
-from lmtune.sweep.strategies import STRATEGIES
-from lmtune.sweep.strategies.base import Fail, settings_section
 from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS
 from lmtune.training.divergence import DivergenceRule
 

@@ -30,19 +30,12 @@ from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
 from lmtune.files import atomic_write_bytes, atomic_write_json, atomic_write_text, link_or_copy
 from lmtune.private_apis import experiment_storage, trial_storage_dir
+from lmtune.searches.trial_order import TrialOrder, TuneParams
 from lmtune.sweep.fused_trial import train_group_trial
 from lmtune.sweep.hooks import StepHookError, start_step_hook
 from lmtune.sweep.plan import TrialSetup
-from lmtune.sweep.record import (
-    STAGING_DIR,
-    TRIAL_FILE,
-    TrialFolder,
-    is_sweep_dir,
-    trial_folders,
-    write_trial_file,
-)
+from lmtune.sweep.record import STAGING_DIR, TRIAL_FILE, TrialFolder, is_sweep_dir, trial_folders, write_trial_file
 from lmtune.sweep.reporting import TuneSink, restore_tune_checkpoint
-from lmtune.sweep.trial_order import TrialOrder, TuneParams
 from lmtune.training.checkpoint import (
     STABLE_NAME,
     checkpoint_step,
@@ -158,7 +151,7 @@ def compile_cache_dir(out_dir: Path) -> Path:
 def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | None = None,
                 ended: frozenset[str] = frozenset(), step_hook: str | None = None) -> None:
     """Ray Tune function trainable. ``params``: the trial's order as Tune carries it, read here once as a
-    TrialOrder (lmtune.sweep.trial_order); ``setup`` what the sweep's trials share. ``ended``: ids of trials the
+    TrialOrder (lmtune.searches.trial_order); ``setup`` what the sweep's trials share. ``ended``: ids of trials the
     ledger says already ended (set on --resume): Tune's experiment snapshot can predate that decision and resume
     them, and they return at once instead of training again. A fused order trains its members as one group
     (lmtune.sweep.fused_trial); a range-test order runs the LR range test; an order with a source (continued or

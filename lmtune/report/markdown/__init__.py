@@ -14,7 +14,7 @@ from lmtune.report.markdown.landscape import best_lr, landscape
 from lmtune.report.markdown.method import definitions, range_test, search_and_compute
 from lmtune.report.markdown.model import model_overview, samples
 from lmtune.report.markdown.runs import convergence, equal_tokens, overview, sensitivity, target, trials
-from lmtune.report.sections.registry import section_for
+from lmtune.report.sections import section_for
 from lmtune.report.stability import TrialRecord
 from lmtune.report.summary import SweepSummary
 

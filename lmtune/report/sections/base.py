@@ -14,6 +14,7 @@ from lmtune.report.comparison import StageDecision
 from lmtune.report.sharpness import SharpnessRow
 from lmtune.report.stability import TrialRecord
 from lmtune.report.summary import SweepSummary, sweep_summary
+from lmtune.searches.state import read_search_state
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.lr_range import RangeTestResult
 
@@ -91,7 +92,8 @@ class ReportSection(Protocol):
 
 @dataclass(frozen=True)
 class PlainSection:
-    """A grid or Optuna sweep: the common report alone."""
+    """The common report alone, with the stages' reasons of a search that decided as it went: grid, optuna, edge,
+    and any search without a report part of its own."""
 
     name: str = "grid"
     """The search's name."""
@@ -101,8 +103,10 @@ class PlainSection:
                              decisions=self.decisions(sweep), range_tokens=sweep.range_tokens, search=self.name)
 
     def decisions(self, sweep: SweepInputs) -> list[StageDecision]:
-        """The search's reasons for its stages (none: one stage)."""
-        return []
+        """The search's reasons for its stages, from its state (decisions/NAME_search.json) where it decided as it
+        went (edge, a new search); none for grid and optuna (one stage)."""
+        state = read_search_state(sweep.sweep_dir, self.name) or {}
+        return [StageDecision(d["stage"], d["why"]) for d in state.get("decisions", [])]
 
     def markdown(self, summary: SweepSummary) -> list[str]:
         return []

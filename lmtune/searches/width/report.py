@@ -18,26 +18,26 @@ from lmtune.analysis.runs import Budget  # noqa: E402
 from lmtune.report.comparison import Pair, record_runs  # noqa: E402
 from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
-from lmtune.report.sections.horizon import (  # noqa: E402
+from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
+from lmtune.report.text import lr, table, tokens  # noqa: E402
+from lmtune.searches.horizon.report import (  # noqa: E402
     LrAgainstAxis,
     best_loss_text,
     confirmation_markdown,
     draw_lr_against_axis,
     located_text,
 )
-from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
-from lmtune.report.text import lr, table, tokens  # noqa: E402
-from lmtune.report.width import WidthResult, WidthRow, width_settings, width_summary  # noqa: E402
-from lmtune.report.width_coord import (  # noqa: E402
+from lmtune.searches.width.conclusion import WidthFit  # noqa: E402
+from lmtune.searches.width.report_conclusion import WidthResult, WidthRow, width_settings, width_summary  # noqa: E402
+from lmtune.searches.width.report_coord import (  # noqa: E402
     SweepCoordCheck,
     plot_coord_check,  # noqa: E402
     sweep_coord_check,
 )
-from lmtune.sweep.strategies.width.conclusion import WidthFit  # noqa: E402
 from lmtune.training.coord_check import CoordCheck  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
-# Said wherever gamma's 90% interval includes 0 (lmtune.sweep.strategies.width.conclusion.WidthFit.resolved).
+# Said wherever gamma's 90% interval includes 0 (lmtune.searches.width.conclusion.WidthFit.resolved).
 NOT_RESOLVED = "γ not resolved by these widths: LR* may not move between them"
 # ... and what that means under μP, whose point is an LR that does not move with width.
 MU_TRANSFER = "consistent with μ-transfer"
@@ -51,7 +51,7 @@ class WidthSection:
 
     def summarize(self, sweep: SweepInputs) -> SweepSummary:
         """The usual summary of the target width's runs (the widest width with runs, while none has trained at the
-        target yet), every trial's row, and the width search's own results (lmtune.report.width)."""
+        target yet), every trial's row, and the width search's own results (lmtune.searches.width.report_conclusion)."""
         plan = sweep.record.plan  # (a width search's record has its plan: its settings came from it)
         target = Budget.of_run(plan.base, None)
         pairs = record_runs(sweep.trials, target)  # every trial as a run, once: each width's are among them
@@ -60,8 +60,8 @@ class WidthSection:
         widths = [*sorted(settings.widths), plan.base.model.d_model]
         result = replace(result, coord=sweep_coord_check(sweep.sweep_dir, plan.base, widths))
         width = _compared_width(result)
-        at = next((row.point for row in result.widths if row.point.width == width and row.point.trials), None)
-        chosen = _pairs_at(pairs, at.width) if at else pairs
+        at = next((row.point for row in result.widths if row.point.value == width and row.point.trials), None)
+        chosen = _pairs_at(pairs, at.value) if at else pairs
         records = [record for _, record in chosen] if at else list(sweep.trials)
         summary = summarize_runs(records, chosen, target.at_steps(target.steps), target=sweep.target,
                                  vocab_size=sweep.vocab_size, search="width",
@@ -127,7 +127,7 @@ def _pairs_at(pairs: list[Pair], width: int) -> list[Pair]:
 
 def _compared_width(result: WidthResult) -> int:
     """The width the common summary is of: the widest with runs (the target, once the confirmation has run)."""
-    with_trials = [row.point.width for row in result.widths if row.point.trials]
+    with_trials = [row.point.value for row in result.widths if row.point.trials]
     return max(with_trials, default=result.target_width)
 
 
@@ -182,14 +182,14 @@ def width_table(result: WidthResult) -> list[str]:
 
 def _row(row: WidthRow, target: int) -> list[str]:
     p, at = row.point, row.point.located
-    if p.width == target:
+    if p.value == target:
         star = "predicted and confirmed (below)"
     elif at is None:
         star = row.not_located
     else:
         low, high = at.interval() if at.usable else (None, None)
         star = located_text(at) + (f", {low:.3g} – {high:.3g}" if at.located else "")
-    return [f"{p.width}" + (" (target)" if p.width == target else ""), f"{row.params:,}",
+    return [f"{p.value}" + (" (target)" if p.value == target else ""), f"{row.params:,}",
             _flops(row.flops_per_token), str(p.trials), lr(p.conclusion.best_lr), best_loss_text(p.conclusion), star]
 
 
@@ -272,14 +272,14 @@ def plot_width(path: Path, summary: SweepSummary) -> Path:
     colors = plt.get_cmap("viridis")
     for i, row in enumerate(rows):
         p = row.point
-        is_target = p.width == result.target_width
+        is_target = p.value == result.target_width
         color = "black" if is_target else colors(0.85 * i / max(len(rows) - 2, 1))
         ranking = sorted(p.conclusion.ranking, key=lambda r: r.lr)
         if not ranking:
             continue
         left.errorbar([r.lr for r in ranking], [r.mean for r in ranking], capsize=3, fmt="o-", markersize=4,
                       yerr=[r.spread if len(r.losses) > 1 else 0.0 for r in ranking], color=color,
-                      label=f"d_model {p.width}" + (" (target: the confirmation)" if is_target else ""))
+                      label=f"d_model {p.value}" + (" (target: the confirmation)" if is_target else ""))
         if p.located is not None and p.located.located:
             left.axvline(p.located.lr, color=color, linestyle="--", alpha=0.6)
     left.plot([], [], "--", color="gray", label="located LR*")
@@ -300,7 +300,7 @@ def plot_width(path: Path, summary: SweepSummary) -> Path:
 
 
 def _plot_fit(ax, result: WidthResult) -> None:
-    searched = [row.point for row in result.widths if row.point.width != result.target_width
+    searched = [row.point for row in result.widths if row.point.value != result.target_width
                 and row.point.conclusion.best_lr]
     fit, target = result.fit, result.target_width
     curve = None
@@ -309,7 +309,10 @@ def _plot_fit(ax, result: WidthResult) -> None:
         curve = (xs, np.exp(fit.law.intercept) * xs ** -fit.gamma,
                  f"fit: LR* ∝ width^-{fit.gamma:.2f}" + ("" if fit.resolved else " (γ not resolved)"))
     draw_lr_against_axis(ax, LrAgainstAxis(
-        [(p.width, p.conclusion.best_lr, p.located) for p in searched], "proxy", target, curve,
+        [(p.value, p.conclusion.best_lr, p.located) for p in searched], "proxy", target, curve,
         (fit.predicted_lr, fit.predicted_lr_interval) if fit is not None else None, result.confirmed.best_lr,
-        {"mfc": "none", "color": "black", "markersize": 16}, [row.point.width for row in result.widths],
+        {"mfc": "none", "color": "black", "markersize": 16}, [row.point.value for row in result.widths],
         ScalarFormatter(), "d_model (width)", "the best LR against the model's width"))
+
+
+SECTION = WidthSection()

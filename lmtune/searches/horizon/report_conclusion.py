@@ -2,7 +2,7 @@
 full token count with its seed spread, basin and edge, and its LR* located between grid points with its SE; the
 power law fitted through the LR*s with its interval; the LR it predicts at the target budget with its interval;
 and the confirmation's verdict: whether the target budget's own runs place the prediction in their basin
-(lmtune.report.horizon_confirmation).
+(lmtune.searches.horizon.report_confirmation).
 
 Read from the trials' own files like the rest of the report (never from the searcher's state): the fit is
 recomputed from the runs, with the search's bootstrap settings and seed, so the two agree.
@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from lmtune.analysis.fit import HorizonFit
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
-from lmtune.report.horizon_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.report.stability import TrialRecord
+from lmtune.searches.horizon import HorizonStrategy
+from lmtune.searches.horizon.axis import PointConclusion
+from lmtune.searches.horizon.budgets import conclude_horizon
+from lmtune.searches.horizon.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
+from lmtune.searches.horizon.settings import HorizonSettings
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.strategies.horizon import HorizonStrategy
-from lmtune.sweep.strategies.horizon.conclusion import BudgetConclusion, conclude_horizon
-from lmtune.sweep.strategies.horizon.settings import HorizonSettings
 
 # The per-budget keys of lmtune.analysis.conclusion.Conclusion.to_json the report carries for each budget.
 BUDGET_KEYS = ("best_lr", "best_lr_mean_loss", "best_lr_spread", "best_lr_seeds", "best_lr_seed_losses",
@@ -45,7 +46,7 @@ def records_at(records: Sequence[TrialRecord], steps: int, target: Budget) -> li
 class HorizonResult(Predicted):
     """A horizon search's own results: every budget's conclusion, the fit and its prediction, the confirmation."""
 
-    budgets: tuple[BudgetConclusion, ...]
+    budgets: tuple[PointConclusion, ...]
     """The searched budgets, smallest first, then the target."""
     target_tokens: int
     """The target budget's tokens."""
@@ -66,18 +67,18 @@ class HorizonResult(Predicted):
                 "fit_problem": self.fit_problem, "confirmed": self.confirmed.to_json()}
 
 
-def _budget_json(budget: BudgetConclusion) -> JsonObject:
+def _budget_json(budget: PointConclusion) -> JsonObject:
     """One budget's conclusion, its crowned LR and its located LR* (None at the target: its LR is predicted)."""
     conclusion, at = budget.conclusion.to_json(), budget.located
     usable = at is not None and at.usable
-    return {"steps": budget.steps, "tokens": budget.tokens, "fraction": budget.fraction, "trials": budget.trials,
+    return {"steps": budget.value, "tokens": budget.tokens, "fraction": budget.fraction, "trials": budget.trials,
             **{k: conclusion[k] for k in BUDGET_KEYS}, "crowned_lr": budget.conclusion.best_lr,
             "located_lr": at.lr if at else None, "located_lr_se": at.log_se if usable else None,
             "located_lr_interval": list(at.interval()) if usable else None,
             "located": at.located if at else None, "located_why": at.why if at else _not_located(budget)}
 
 
-def _not_located(budget: BudgetConclusion) -> str:
+def _not_located(budget: PointConclusion) -> str:
     if budget.fraction >= 1:
         return "the target budget: its LR is predicted and confirmed, not searched"
     return "no LR trained this budget through"
@@ -94,9 +95,9 @@ def _fit_json(fit: HorizonFit) -> JsonObject:
 
 def horizon_summary(runs: Sequence[Run], settings: HorizonSettings, target: Budget) -> HorizonResult:
     """Every budget's conclusion and located LR*, the fit (beta, intercept, their 90% intervals) and its prediction
-    at the target, and the confirmation's verdict (lmtune.report.horizon_confirmation), from every trial as a run
-    (lmtune.report.comparison.record_runs)."""
+    at the target, and the confirmation's verdict (lmtune.searches.horizon.report_confirmation), from every trial
+    as a run (lmtune.report.comparison.record_runs)."""
     found = conclude_horizon(runs, settings, target)
     at_target = [r for r in runs if r.budget_tokens == target.full_tokens]
     confirmed = confirmation(at_target, found.fit.predicted_lr if found.fit else None, search_tokens(runs))
-    return HorizonResult(found.budgets, target.full_tokens, found.fit, found.fit_problem, confirmed)
+    return HorizonResult(found.points, target.full_tokens, found.fit, found.fit_problem, confirmed)

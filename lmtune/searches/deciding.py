@@ -10,8 +10,7 @@ from typing import ClassVar, Generic, TypeVar
 
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
-from lmtune.sweep.record import evaluated_val_loss
-from lmtune.sweep.trial_order import TuneParams, TuneResult
+from lmtune.searches.trial_order import TuneParams, TuneResult, evaluated_val_loss
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
 # What a search that decides as it goes answers suggest() with when it has no trial to give.

@@ -1,9 +1,9 @@
 """What a width search's runs conclude, Ray-free and typed: each width's conclusion at the budget's full token count
 (lmtune.analysis.conclusion.conclude), each proxy's located LR* (lmtune.analysis.locate) and the power
 law ln LR* = a - gamma ln width through them. The search (deciding when to confirm) and the report
-(lmtune.report.width) both call these, so they agree.
+(lmtune.searches.width.report_conclusion) both call these, so they agree.
 
-The width search itself (``WidthSearch``) is the horizon search (lmtune.sweep.strategies.horizon.search) stepping
+The width search itself (``WidthSearch``) is the horizon search (lmtune.searches.horizon.search) stepping
 along width instead of tokens: at each proxy width, narrowest first, the same stages with the same full-budget
 crowning rules; then the power law in width, and the predicted LR and it divided and multiplied by
 ``confirm_ratio`` trained at the target width, ``confirm_seeds`` runs each.
@@ -14,18 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lmtune.analysis.bracket import bracket
-from lmtune.analysis.conclusion import Conclusion, conclude
 from lmtune.analysis.fit import PowerLaw, fit_power_law
-from lmtune.analysis.locate import LocatedLr, locate_best_lr
-from lmtune.analysis.runs import Budget, Run, full_budget_ranking
+from lmtune.analysis.locate import LocatedLr
+from lmtune.analysis.runs import Budget, Run
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.horizon.axis import SearchAxis
-from lmtune.sweep.strategies.horizon.axis import runs_at as runs_on
-from lmtune.sweep.strategies.horizon.search import HorizonSearch
-from lmtune.sweep.strategies.width.axis import WidthAxis
-from lmtune.sweep.strategies.width.settings import WidthSettings
+from lmtune.searches.horizon.axis import AxisConclusion, SearchAxis, conclude_along, locate_along
+from lmtune.searches.horizon.axis import runs_at as runs_on
+from lmtune.searches.horizon.search import HorizonSearch
+from lmtune.searches.width.axis import WidthAxis
+from lmtune.searches.width.settings import WidthSettings
 
 
 @dataclass(frozen=True)
@@ -68,46 +66,19 @@ class WidthFit:
                    int(data["target_width"]), PowerLaw.from_json(data))
 
 
-@dataclass(frozen=True)
-class WidthPoint:
-    """One width's runs, compared at the budget's full token count."""
-
-    width: int
-    """d_model."""
-    trials: int
-    """The runs that stand at this width."""
-    conclusion: Conclusion
-    """What this width's runs conclude (lmtune.analysis.conclusion.conclude)."""
-    located: LocatedLr | None
-    """Its LR* located between grid points around the crowned best (None: the target, or no LR trained it)."""
-
-
-@dataclass(frozen=True)
-class WidthConclusion:
-    """Every width's conclusion and the fit through the proxies."""
-
-    points: tuple[WidthPoint, ...]
-    """The proxies, narrowest first, then the target."""
-    fit: WidthFit | None
-    """The power law in width (None: it cannot be fitted)."""
-    fit_problem: str | None
-    """Why there is no fit."""
-
-
 def runs_at_width(runs: Iterable[Run], width: int, target: Budget) -> list[Run]:
     """The runs (those that stand: lmtune.analysis.runs.effective_runs) trained at ``width``."""
     return runs_on(WidthAxis(target, ()), runs, width)
 
 
+def width_axis(settings: WidthSettings, target: Budget) -> WidthAxis:
+    """The proxy widths of a width search with ``target`` its space's budget and model."""
+    return WidthAxis(target, tuple(settings.widths))
+
+
 def locate_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> list[LocatedLr | None]:
-    """Each proxy's LR* (None: no LR trained it through), narrowest first; the edge probes left out (one seed each,
-    far above the basin)."""
-    runs = [r for r in runs if r.stage != "edge"]
-    located = []
-    for width in sorted(settings.widths):
-        at = runs_at_width(runs, width, target)
-        located.append(locate_best_lr(full_budget_ranking(at), target.full_tokens, bracket(at)))
-    return located
+    """Each proxy's LR* (None: no LR trained it through), narrowest first."""
+    return locate_along(width_axis(settings, target), runs)
 
 
 def fit_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> tuple[WidthFit | None, str | None]:
@@ -125,17 +96,10 @@ def fit_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> 
     return WidthFit(tuple(w for w, _ in pairs), tuple(p for _, p in pairs), target.d_model, law), None
 
 
-def conclude_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> WidthConclusion:
+def conclude_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> AxisConclusion[WidthFit]:
     """Each width's conclusion (the proxies, then the target) and the fit."""
     runs = list(runs)
-    located = locate_widths(runs, settings, target)
-    points = []
-    for i, width in enumerate([*sorted(settings.widths), target.d_model]):
-        at = runs_at_width(runs, width, target)
-        points.append(WidthPoint(width, len(at), conclude(at, target.at_steps(target.steps)),
-                                 located[i] if i < len(located) else None))
-    fit, problem = fit_widths(runs, settings, target)
-    return WidthConclusion(tuple(points), fit, problem)
+    return conclude_along(width_axis(settings, target), runs, fit_widths(runs, settings, target))
 
 
 class WidthSearch(HorizonSearch):
@@ -146,7 +110,7 @@ class WidthSearch(HorizonSearch):
     fit_class = WidthFit
 
     def make_axis(self) -> SearchAxis:
-        return WidthAxis(self.budget, tuple(self.settings.widths))
+        return width_axis(self.settings, self.budget)
 
     def _fit(self) -> tuple[WidthFit | None, str | None]:
         return fit_widths(self.runs.values(), self.settings, self.budget)

@@ -1,5 +1,5 @@
 """``search: edge``: the LR search that decides as it goes where the best LR is, how the loss degrades above
-it and where training fails (the stages: lmtune.sweep.strategies.edge.search)."""
+it and where training fails (the stages: lmtune.searches.edge.search)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lmtune.sweep.record import Outcome
-from lmtune.sweep.strategies.base import DecidingDefaults
-from lmtune.sweep.strategies.edge.search import ASHA_STAGES, EdgeSearch
-from lmtune.sweep.strategies.edge.settings import RETIRED_KEYS, EdgeSettings
+from lmtune.analysis.runs import Outcome
+from lmtune.searches.base import DecidingDefaults
+from lmtune.searches.edge.search import ASHA_STAGES, EdgeSearch
+from lmtune.searches.edge.settings import RETIRED_KEYS, EdgeSettings
 from lmtune.training.lr_range import RangeTestConfig
-
-# What the edge search sets per trial itself (seed: the base seed may be set; further seeds are added).
-EDGE_OWNS = ("lr", "run_steps")
 
 
 @dataclass(frozen=True)
@@ -22,10 +19,8 @@ class EdgeStrategy(DecidingDefaults):
     settings: EdgeSettings
 
     name: ClassVar[str] = "edge"
-    keys: ClassVar[frozenset[str]] = frozenset({"edge", "params"})  # params: to say it has none
     search_class: ClassVar[type] = EdgeSearch
     settings_class: ClassVar[type] = EdgeSettings
-    owns: ClassVar[tuple[str, ...]] = EDGE_OWNS
     retired_keys: ClassVar[dict[str, str]] = RETIRED_KEYS
 
     def describe(self, fuse: int) -> str:
@@ -36,9 +31,6 @@ class EdgeStrategy(DecidingDefaults):
                 "the coarse LRs above the best continued to the full budget, bisection of where training fails "
                 f"(full-budget probes) to a bracket ratio <= {e.tolerance:g} with a rule-judged diverged end "
                 f"retrained without early stopping, refinement within {e.refine_factor:g}x of the best LR{seeds}")
-
-    def progress_columns(self, fuse: int) -> list[str]:
-        return ["stage", "lr", "seed"]
 
     def asha_stages(self) -> frozenset[str]:
         return ASHA_STAGES

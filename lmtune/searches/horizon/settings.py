@@ -1,5 +1,5 @@
 """The horizon search's settings (the ``horizon:`` section of a space) and the budgets and grids they give.
-Ray-free and stateless; lmtune.sweep.strategies.horizon.search decides when.
+Ray-free and stateless; lmtune.searches.horizon.search decides when.
 
 The target budget is the space's ``steps`` (the budget the user will train at); the searched budgets are
 fractions of it, the largest ``largest_fraction`` of it and each next one ``budget_ratio`` times smaller.
@@ -28,8 +28,8 @@ import sys
 from dataclasses import dataclass
 
 from lmtune.errors import LmtuneError
-from lmtune.sweep.strategies.base import MAX_SEEDS, failed_checks
-from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
+from lmtune.searches.base import MAX_SEEDS, failed_checks
+from lmtune.searches.grid import MAX_GRID_TRIALS
 from lmtune.training.config import MAX_LR
 
 # The most budgets searched: each is an LR search of its own (grid, seeds, edge probes), and the fit needs 3.
@@ -133,7 +133,7 @@ class LrSearchSettings:
     def _reach_checks(self) -> list[tuple[str, bool, str]]:
         """What the settings alone fix stays within the LRs a trial accepts: the smallest budget's grid, it extended
         max_extensions times either way, and edge probes edge_ratio x apart above that. (A larger budget's LRs
-        follow results, as does the confirmation: the search leaves out any beyond, lmtune.sweep.strategies.
+        follow results, as does the confirmation: the search leaves out any beyond, lmtune.searches.
         horizon.search.) In logs: nothing here may overflow."""
         log_max, log_ratio = math.log(MAX_LR), math.log(self.ratio)
         top = math.log(self.lr_min) + (self.grid_size() - 1) * log_ratio

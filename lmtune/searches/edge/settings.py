@@ -1,6 +1,6 @@
 """The edge search's settings (the ``edge:`` section of a space) and what each of its stages picks: the
 coarse grid around the range test's findings, the LRs refined around the best, the cut LRs re-run, the
-LRs given more seeds. Ray-free and stateless; lmtune.sweep.strategies.edge.search decides when."""
+LRs given more seeds. Ray-free and stateless; lmtune.searches.edge.search decides when."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from lmtune.analysis.runs import Budget, LrResult, Run, crowned_ranking, format_tokens, same_lr
 from lmtune.errors import LmtuneError
-from lmtune.sweep.strategies.base import MAX_SEEDS, failed_checks
-from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
+from lmtune.searches.base import MAX_SEEDS, failed_checks
+from lmtune.searches.grid import MAX_GRID_TRIALS
 from lmtune.training.config import MAX_LR
 from lmtune.training.lr_range import MAX_RANGE_STEPS, MIN_RANGE_STEPS
 

@@ -1,28 +1,21 @@
-"""The width search's axis: the proxies' d_model, then the target's (lmtune.sweep.strategies.horizon.axis)."""
+"""The width search's axis: the proxies' d_model, then the target's (lmtune.searches.horizon.axis)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from lmtune.analysis.runs import Budget, Run
-from lmtune.sweep.strategies.width.settings import proxy_shape
-from lmtune.sweep.trial_order import TuneParams
+from lmtune.searches.horizon.axis import Axis
+from lmtune.searches.trial_order import TuneParams
+from lmtune.searches.width.settings import proxy_shape
 
 
 @dataclass(frozen=True)
-class WidthAxis:
+class WidthAxis(Axis):
     """Model widths at one token budget: a trial sets d_model (d_ff and n_heads with it); every run's budget is
     the space's."""
 
-    budget: Budget
-    """The space's budget and model (the target)."""
-    widths: tuple[int, ...]
-    """The proxies' d_model, smallest first."""
-    name: str = "width"
-
-    @property
-    def points(self) -> list[int]:
-        return sorted(self.widths)
+    name = "width"
 
     @property
     def target(self) -> int:

@@ -1,7 +1,7 @@
 """The edge search (``search: edge``): which LR is best for the budget, how the loss degrades above it,
 and where training fails, decided step by step from what the sweep has trained. Ray-free: the Tune
-Searcher that drives it is lmtune.sweep.strategies.searcher; what the runs show is lmtune.analysis.runs;
-its settings and what each stage picks are lmtune.sweep.strategies.edge.settings.
+Searcher that drives it is lmtune.sweep.searcher; what the runs show is lmtune.analysis.runs;
+its settings and what each stage picks are lmtune.searches.edge.settings.
 
 The stages, in one sweep:
 
@@ -37,9 +37,9 @@ from lmtune.analysis.bracket import bisect_lrs, bracket, needs_confirmation
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.deciding import DecidingSearch
-from lmtune.sweep.strategies.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
-from lmtune.sweep.trial_order import RANGE_STAGE, TrialOrder, TuneParams, TuneResult
+from lmtune.searches.deciding import DecidingSearch
+from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
+from lmtune.searches.trial_order import RANGE_STAGE, TrialOrder, TuneParams, TuneResult
 
 STAGES = (RANGE_STAGE, "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
 ASHA_STAGES = frozenset({"coarse"})  # the only stage ASHA may cut
@@ -93,7 +93,7 @@ class Planned:
 class EdgeSearch(DecidingSearch[Planned, Decision]):
     """The edge search's state and decisions: which trial to run next, given what has been seen.
 
-    Ray-free and deterministic: the Tune Searcher (lmtune.sweep.strategies.searcher) feeds it results and
+    Ray-free and deterministic: the Tune Searcher (lmtune.sweep.searcher) feeds it results and
     asks it for trials; a test can drive it the same way without Ray. Its whole state is JSON."""
 
     name = "edge"

@@ -1,5 +1,5 @@
 """The width search's settings (the ``width:`` section of a space with ``search: width``) and the models they give.
-Ray-free and stateless; lmtune.sweep.strategies.width.conclusion decides when.
+Ray-free and stateless; lmtune.searches.width.conclusion decides when.
 
 The target is the space's own model (its d_model, d_ff and n_heads: e.g. the CS336 model at d_model 512); the
 proxies are the same architecture at the narrower ``widths``, d_ff kept in proportion to d_model and the head
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
-from lmtune.sweep.strategies.horizon.settings import MAX_BUDGETS, LrSearchSettings
-from lmtune.sweep.trial_order import TuneParams
+from lmtune.searches.horizon.settings import MAX_BUDGETS, LrSearchSettings
+from lmtune.searches.trial_order import TuneParams
 
 
 @dataclass(frozen=True)

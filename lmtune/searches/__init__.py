@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from lmtune.sweep.strategies.base import SearchStrategy
-from lmtune.sweep.strategies.edge import EdgeStrategy
-from lmtune.sweep.strategies.grid import GridSearch
-from lmtune.sweep.strategies.horizon import HorizonStrategy
-from lmtune.sweep.strategies.optuna_search import OptunaSearch
-from lmtune.sweep.strategies.width import WidthStrategy
+from lmtune.searches.base import SearchStrategy
+from lmtune.searches.edge import EdgeStrategy
+from lmtune.searches.grid import GridSearch
+from lmtune.searches.horizon import HorizonStrategy
+from lmtune.searches.optuna import OptunaSearch
+from lmtune.searches.width import WidthStrategy
 
 STRATEGIES: dict[str, type[SearchStrategy]] = {
     s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy, WidthStrategy)}

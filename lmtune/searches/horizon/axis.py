@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-from lmtune.analysis.runs import Budget, Run, effective_runs
-from lmtune.sweep.trial_order import TrialOrder, TuneParams
+from lmtune.analysis.bracket import bracket
+from lmtune.analysis.conclusion import Conclusion, conclude
+from lmtune.analysis.locate import LocatedLr, locate_best_lr
+from lmtune.analysis.runs import Budget, Run, effective_runs, full_budget_ranking
+from lmtune.searches.trial_order import TrialOrder, TuneParams
 
 
 class SearchAxis(Protocol):
@@ -48,19 +51,26 @@ class SearchAxis(Protocol):
 
 
 @dataclass(frozen=True)
-class TokenAxis:
-    """Token budgets: a trial's ``steps`` is its budget (its schedule decays over them); the target is the
-    space's own steps."""
+class Axis:
+    """What every axis holds: the target's budget and model, and the searched values; an axis adds what a point
+    means (``target``, ``params``, ``budget_at``, ``holds``, ``others``, ``label``: SearchAxis)."""
 
     budget: Budget
-    """The target budget (the space's)."""
-    steps: tuple[int, ...]
-    """The searched budgets in steps, smallest first."""
-    name: str = "budget"
+    """The space's budget and model: the target's."""
+    values: tuple[int, ...]
+    """The searched points: budgets in steps, or the proxies' d_model."""
 
     @property
     def points(self) -> list[int]:
-        return list(self.steps)
+        return sorted(self.values)
+
+
+@dataclass(frozen=True)
+class TokenAxis(Axis):
+    """Token budgets: a trial's ``steps`` is its budget (its schedule decays over them); the target is the
+    space's own steps."""
+
+    name = "budget"
 
     @property
     def target(self) -> int:
@@ -85,6 +95,64 @@ class TokenAxis:
 def runs_at(axis: SearchAxis, runs: Iterable[Run], point: int) -> list[Run]:
     """The runs trained at ``point`` that stand (lmtune.analysis.runs.effective_runs)."""
     return effective_runs(r for r in runs if axis.holds(r, point))
+
+
+
+@dataclass(frozen=True)
+class PointConclusion:
+    """One point of the axis (a budget, or a width): its runs compared at the point's full token count."""
+
+    value: int
+    """The budget in steps (search: horizon) or the width, d_model (search: width)."""
+    tokens: int
+    """The point's full token count, where its LRs are compared."""
+    fraction: float
+    """value / the target's."""
+    trials: int
+    """The runs that stand at this point."""
+    conclusion: Conclusion
+    """What its runs conclude (lmtune.analysis.conclusion.conclude)."""
+    located: LocatedLr | None
+    """Its LR* located between grid points around the crowned best (None: the target, or no LR trained it)."""
+
+
+Fit = TypeVar("Fit")
+
+
+@dataclass(frozen=True)
+class AxisConclusion(Generic[Fit]):
+    """Every point's conclusion, the searched ones then the target, and the power law fitted through them."""
+
+    points: tuple[PointConclusion, ...]
+    """The searched points, smallest first, then the target."""
+    fit: Fit | None
+    """ln LR* against ln of the axis through the searched points' located LR*s (None: it cannot be fitted)."""
+    fit_problem: str | None
+    """Why there is no fit."""
+
+
+def locate_along(axis: SearchAxis, runs: Iterable[Run]) -> list[LocatedLr | None]:
+    """Each searched point's LR* (None: no LR trained it through), smallest first. The edge probes are left out:
+    they are one seed each, far above the basin, and may end after the fit was made."""
+    runs = [r for r in runs if r.stage != "edge"]
+    located = []
+    for point in axis.points:
+        at = runs_at(axis, runs, point)
+        located.append(locate_best_lr(full_budget_ranking(at), axis.budget_at(point).full_tokens, bracket(at)))
+    return located
+
+
+def conclude_along(axis: SearchAxis, runs: Iterable[Run], fit: tuple[Fit | None, str | None]) -> AxisConclusion[Fit]:
+    """Each point's conclusion at its own full token count (the searched points, then the target) with its located
+    LR*, and the search's ``fit`` (the fit or why there is none)."""
+    runs = list(runs)
+    located = locate_along(axis, runs)
+    points = []
+    for i, value in enumerate([*axis.points, axis.target]):
+        at, budget = runs_at(axis, runs, value), axis.budget_at(value)
+        points.append(PointConclusion(value, budget.full_tokens, value / axis.target, len(at), conclude(at, budget),
+                                      located[i] if i < len(located) else None))
+    return AxisConclusion(tuple(points), *fit)
 
 
 @dataclass(frozen=True)

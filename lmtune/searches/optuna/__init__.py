@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 
 from lmtune.errors import shown
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
-from lmtune.sweep.strategies.grid import MAX_GRID_TRIALS
-from lmtune.sweep.trial_order import TuneParams
+from lmtune.searches.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
+from lmtune.searches.grid import MAX_GRID_TRIALS
+from lmtune.searches.trial_order import TuneParams
 from lmtune.training.config import field_type
 
 SAMPLERS = ("tpe", "random", "cmaes")

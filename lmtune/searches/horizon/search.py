@@ -1,6 +1,6 @@
 """The horizon search (``search: horizon``): the best LR at the budget the user will train at (the target,
 D), predicted from the best LR at budgets they can afford and confirmed at D. Ray-free: the Tune Searcher
-that drives it is lmtune.sweep.strategies.searcher (DecidingSearcher); the fit is lmtune.analysis.fit.
+that drives it is lmtune.sweep.searcher (DecidingSearcher); the fit is lmtune.analysis.fit.
 
 Every run trains its whole budget with its own schedule (the cosine decays over that budget), and nothing
 but a non-finite loss (or a run stuck above its initial loss for the stopper's recovery window) ends one
@@ -35,11 +35,11 @@ from lmtune.analysis.fit import HorizonFit
 from lmtune.analysis.landscape import best_lr_interval
 from lmtune.analysis.runs import SAME_LR, Budget, Run, crown, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.deciding import DecidingSearch
-from lmtune.sweep.strategies.horizon.axis import Decision, Planned, SearchAxis, TokenAxis, runs_at
-from lmtune.sweep.strategies.horizon.budgets import fit_budgets
-from lmtune.sweep.strategies.horizon.settings import HorizonSettings
-from lmtune.sweep.trial_order import TuneParams
+from lmtune.searches.deciding import DecidingSearch
+from lmtune.searches.horizon.axis import Decision, Planned, SearchAxis, runs_at
+from lmtune.searches.horizon.budgets import budget_axis, fit_budgets
+from lmtune.searches.horizon.settings import HorizonSettings
+from lmtune.searches.trial_order import TuneParams
 from lmtune.training.config import MAX_LR, accepted_lr
 
 STAGES = ("grid", "extend", "seeds", "refine", "wall", "edge", "target")  # target: the confirmation at the target
@@ -67,7 +67,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
 
     def make_axis(self) -> SearchAxis:
         """The budgets D/16, D/8, D/4 (by default) of the target D, the space's steps."""
-        return TokenAxis(self.budget, tuple(self.settings.budget_steps(self.budget.steps)))
+        return budget_axis(self.settings, self.budget)
 
     # -- what Tune asks and tells ------------------------------------------------------------
 

@@ -2,11 +2,11 @@
 model's size and training FLOPs per token, the crowned LR at the budget's full token count with its seed spread,
 and its LR* located between grid points with its SE; the power law ln LR* = a - gamma ln width through the proxies
 with its interval; the LR it predicts at the target width; the confirmation's verdict (the horizon search's,
-lmtune.report.horizon_confirmation, judged by the target width's own runs); and what the search cost in training
-FLOPs, which (unlike tokens) compare runs of different widths.
+lmtune.searches.horizon.report_confirmation, judged by the target width's own runs); and what the search cost in
+training FLOPs, which (unlike tokens) compare runs of different widths.
 
 Read from the trials' own files like the rest of the report (never from the searcher's state): the fit is
-recomputed from the runs by the search's own functions (lmtune.sweep.strategies.width.conclusion), so they agree.
+recomputed from the runs by the search's own functions (lmtune.searches.width.conclusion), so they agree.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ from pathlib import Path
 
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
-from lmtune.report.horizon_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
-from lmtune.report.width_coord import SweepCoordCheck
+from lmtune.searches.horizon.axis import PointConclusion
+from lmtune.searches.horizon.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
+from lmtune.searches.width import WidthStrategy
+from lmtune.searches.width.conclusion import WidthFit, conclude_widths, runs_at_width
+from lmtune.searches.width.report_coord import SweepCoordCheck
+from lmtune.searches.width.settings import WidthSettings, proxy_shape
 from lmtune.sweep.plan import SweepPlan
-from lmtune.sweep.strategies.width import WidthStrategy
-from lmtune.sweep.strategies.width.conclusion import WidthFit, WidthPoint, conclude_widths, runs_at_width
-from lmtune.sweep.strategies.width.settings import WidthSettings, proxy_shape
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.lm import flops_per_token, model_size
 
-# What a width search's trial sets of the model (lmtune.sweep.strategies.width.settings.proxy_shape).
+# What a width search's trial sets of the model (lmtune.searches.width.settings.proxy_shape).
 SHAPE_KEYS = ("d_model", "d_ff", "n_heads")
 
 
@@ -40,8 +41,8 @@ def width_settings(plan: SweepPlan | None) -> WidthSettings | None:
 class WidthRow:
     """One width as the report's table gives it: its model and what its runs conclude."""
 
-    point: WidthPoint
-    """Its runs' conclusion and located LR* (lmtune.sweep.strategies.width.conclusion)."""
+    point: PointConclusion
+    """Its runs' conclusion and located LR* (lmtune.searches.width.conclusion)."""
     params: int
     """Its non-embedding parameters (lmtune.training.lm.model_size)."""
     flops_per_token: float
@@ -50,7 +51,7 @@ class WidthRow:
     def to_json(self) -> JsonObject:
         c, at = self.point.conclusion, self.point.located
         usable = at is not None and at.usable
-        return {"d_model": self.point.width, "params": self.params, "flops_per_token": self.flops_per_token,
+        return {"d_model": self.point.value, "params": self.params, "flops_per_token": self.flops_per_token,
                 "trials": self.point.trials, "crowned_lr": c.best_lr,
                 "best_lr_mean_loss": c.best.mean if c.best else None,
                 "best_lr_spread": c.best.spread if c.best else None,
@@ -147,7 +148,7 @@ def width_summary(runs: Sequence[Run], settings: WidthSettings, base: RunConfig,
 
     rows = []
     for point in found.points:
-        size = model_size(model_of(proxy_shape(target, point.width)))
+        size = model_size(model_of(proxy_shape(target, point.value)))
         rows.append(WidthRow(point, size.non_embedding, size.flops_per_token))
     # every trial's own model, the runs that others replaced too: FLOPs spent, not the plan's
     cost = [(run, run.tokens * flops_per_token(model_of(dict(run.others)))) for run in runs]

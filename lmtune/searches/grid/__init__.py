@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from lmtune.files import JsonObject
-from lmtune.sweep.strategies.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
-from lmtune.sweep.trial_order import TuneParams
+from lmtune.searches.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
+from lmtune.searches.trial_order import TuneParams
 
 # The most trials a grid may ask for: far beyond what a sweep can run (a quick trial takes ~10 s on 2 cores),
 # and small enough that parsing and Tune's bookkeeping stay instant.

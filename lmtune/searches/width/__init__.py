@@ -1,6 +1,6 @@
 """``search: width``: the best LR for the model the user will train, predicted from the best LR of narrower copies of
 it (a power law in the width, or μP's flat line) and confirmed at the target width (the stages:
-lmtune.sweep.strategies.width.conclusion; the fit: lmtune.sweep.strategies.width.conclusion)."""
+lmtune.searches.width.conclusion; the fit: lmtune.searches.width.conclusion)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,12 @@ from typing import ClassVar
 
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
-from lmtune.files import JsonObject
-from lmtune.sweep.strategies.base import DecidingDefaults, Fail, settings_section
-from lmtune.sweep.strategies.horizon import refuse_early_stopping
-from lmtune.sweep.strategies.width.conclusion import WidthSearch
-from lmtune.sweep.strategies.width.settings import WidthSettings, check_widths, proxy_shape
+from lmtune.files import JsonValue
+from lmtune.searches.base import DecidingDefaults, Fail, settings_section
+from lmtune.searches.width.conclusion import WidthSearch
+from lmtune.searches.width.settings import WidthSettings, check_widths, proxy_shape
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.lm import model_size
-
-# What the width search sets per trial itself (seed: the base seed may be set; further seeds are added; d_model,
-# d_ff and n_heads: the space's are the target's, and each proxy trial sets its own).
-WIDTH_OWNS = ("lr", "run_steps")
 
 
 @dataclass(frozen=True)
@@ -27,18 +22,13 @@ class WidthStrategy(DecidingDefaults):
     settings: WidthSettings
 
     name: ClassVar[str] = "width"
-    keys: ClassVar[frozenset[str]] = frozenset({"width", "params"})  # params: to say it has none
     search_class: ClassVar[type] = WidthSearch
     settings_class: ClassVar[type] = WidthSettings
-    owns: ClassVar[tuple[str, ...]] = WIDTH_OWNS
+    whole_budget_only: ClassVar[bool] = True
+    axis_columns: ClassVar[tuple[str, ...]] = ("d_model",)
 
     @classmethod
-    def parse(cls, raw: JsonObject, fail: Fail) -> WidthStrategy:
-        if raw.get("params"):
-            raise fail("params", "search: width chooses the learning rates itself; remove params (tune it with the "
-                                 "width: section)")
-        refuse_early_stopping(raw, fail, cls.name)
-        section = raw.get("width")
+    def parse_settings(cls, section: JsonValue, fail: Fail) -> WidthSettings:
         if not isinstance(section, dict) or "widths" not in section:
             raise fail("width.widths", "list the proxy widths (d_model) below the space's, e.g. "
                                        "widths: [64, 128, 256]")
@@ -46,10 +36,7 @@ class WidthStrategy(DecidingDefaults):
         if not isinstance(widths, list) or not all(isinstance(w, int) and not isinstance(w, bool) for w in widths):
             raise fail("width.widths", "must be a list of whole numbers (d_model of each proxy), e.g. [64, 128, 256]")
         rest = settings_section({k: v for k, v in section.items() if k != "widths"}, "width", WidthSettings, fail)
-        settings = WidthSettings(**{**asdict(rest), "widths": tuple(widths)})
-        for key, message in settings.problems():
-            raise fail(f"width.{key}", message)
-        return cls(settings)
+        return WidthSettings(**{**asdict(rest), "widths": tuple(widths)})
 
     def check_base(self, base: RunConfig) -> None:
         super().check_base(base)
@@ -74,12 +61,6 @@ class WidthStrategy(DecidingDefaults):
                 f"{', LR* located between grid points' if s.refine else ''}{edge}; ln LR* fitted against ln width and "
                 f"the predicted LR confirmed at the space's d_model with {s.confirm_ratio:g}x either side, "
                 f"{s.confirm_seeds} seed{'s' * (s.confirm_seeds > 1)} each")
-
-    def progress_columns(self, fuse: int) -> list[str]:
-        return ["stage", "d_model", "lr", "seed"]
-
-    def asha_stages(self) -> frozenset[str]:
-        return frozenset()  # every run trains its whole budget
 
     def expected_trials(self) -> tuple[int, int]:
         return self.settings.expected_trials(len(self.settings.widths)), 0

@@ -18,12 +18,14 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from lmtune.analysis.runs import INTERRUPTED
+from lmtune.analysis.runs import INTERRUPTED, Budget
 from lmtune.files import atomic_write_json
-from lmtune.sweep.record import read_outcomes, read_state_file, rebased, search_state_path, trial_folders
+from lmtune.searches.base import SearchStrategy
+from lmtune.searches.deciding import FINISHED, WAIT
+from lmtune.searches.state import read_state_file, search_state_path
+from lmtune.searches.trial_order import TuneParams, TuneResult, check_objective
+from lmtune.sweep.record import read_outcomes, rebased, trial_folders
 from lmtune.sweep.stopping import outcome_of
-from lmtune.sweep.strategies.deciding import FINISHED, WAIT
-from lmtune.sweep.trial_order import TuneParams, TuneResult, check_objective
 from lmtune.training.lr_range import read_range_test
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
@@ -151,3 +153,12 @@ class DecidingSearcher(Searcher):
                 log.info("%s: trial %s was running when the driver stopped; planned again", self.label, trial_id)
         self._mirror()
 
+
+def tune_search_alg(strategy: SearchStrategy, budget: Budget, sweep_dir: Path | None) -> tuple[Searcher | None, int]:
+    """Tune's search_alg and num_samples for a sweep's search: a deciding search's decisions through the one adapter
+    (num_samples -1: until it has finished), else the strategy's own (grid: Tune's generation; optuna: its
+    OptunaSearch)."""
+    decisions = strategy.decisions(budget)
+    if decisions is not None:
+        return DecidingSearcher(decisions, sweep_dir), -1
+    return strategy.searcher(budget, sweep_dir)

@@ -19,13 +19,13 @@ from lmtune.analysis.fit import HorizonFit  # noqa: E402
 from lmtune.analysis.locate import LocatedLr  # noqa: E402
 from lmtune.analysis.runs import Budget, LrResult, format_tokens, standard_error  # noqa: E402
 from lmtune.report.comparison import record_runs  # noqa: E402
-from lmtune.report.horizon import HorizonResult, horizon_settings, horizon_summary, records_at  # noqa: E402
-from lmtune.report.horizon_confirmation import TargetConfirmation  # noqa: E402
 from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
-from lmtune.sweep.strategies.horizon.conclusion import BudgetConclusion  # noqa: E402
+from lmtune.searches.horizon.axis import PointConclusion  # noqa: E402
+from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_settings, horizon_summary, records_at  # noqa: E402
+from lmtune.searches.horizon.report_confirmation import TargetConfirmation  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
 # Said wherever beta's 90% interval includes 0 (lmtune.analysis.fit.HorizonFit.resolved).
@@ -38,14 +38,15 @@ class HorizonSection:
 
     def summarize(self, sweep: SweepInputs) -> SweepSummary:
         """The usual summary of the target budget's runs (the largest budget with runs, while none has trained at
-        the target yet), every trial's row, and the horizon's own results (lmtune.report.horizon)."""
+        the target yet), every trial's row, and the horizon's own results
+        (lmtune.searches.horizon.report_conclusion)."""
         plan = sweep.record.plan  # (a horizon search's record has its plan: its settings came from it)
         settings, base = horizon_settings(plan), Budget.of_run(plan.base, None)
         pairs = record_runs(sweep.trials, base)  # every trial as a run, once: each budget's are among them
         result = horizon_summary([run for run, _ in pairs], settings, base)
-        at = next((b for b in reversed(result.budgets) if records_at(sweep.trials, b.steps, base)), None)
-        records = records_at(sweep.trials, at.steps, base) if at else sweep.trials
-        steps = at.steps if at else base.steps
+        at = next((b for b in reversed(result.budgets) if records_at(sweep.trials, b.value, base)), None)
+        records = records_at(sweep.trials, at.value, base) if at else sweep.trials
+        steps = at.value if at else base.steps
         chosen = {id(record) for record in records}
         summary = summarize_runs(records, [p for p in pairs if id(p[1]) in chosen], base.at_steps(steps),
                                  target=sweep.target, vocab_size=sweep.vocab_size, search="horizon",
@@ -114,7 +115,7 @@ def located_text(at: LocatedLr | None) -> str:
     return f"not located: {at.why}" + ("" if at.usable else "; not fitted")
 
 
-def _edge_text(b: BudgetConclusion) -> str:
+def _edge_text(b: PointConclusion) -> str:
     edge = b.conclusion.edge
     if edge.diverged_lr:
         return (f"{lr(edge.stable_lr)} – {lr(edge.diverged_lr)}" if edge.stable_lr is not None
@@ -139,11 +140,11 @@ def budget_table(result: HorizonResult) -> list[str]:
                  [_budget_row(b, result.target_tokens) for b in result.budgets])
 
 
-def _budget_row(b: BudgetConclusion, target: int) -> list[str]:
+def _budget_row(b: PointConclusion, target: int) -> list[str]:
     c = b.conclusion
     low, high = c.best_lr_interval
     is_target = b.tokens == target
-    return [f"{b.steps:,}" + (" (target)" if is_target else ""), tokens(b.tokens), str(b.trials), lr(c.best_lr),
+    return [f"{b.value:,}" + (" (target)" if is_target else ""), tokens(b.tokens), str(b.trials), lr(c.best_lr),
             best_loss_text(c), _interval_text(low, high),
             "predicted (below)" if is_target else located_text(b.located), _edge_text(b)]
 
@@ -155,17 +156,17 @@ def best_loss_text(c: Conclusion) -> str:
     return f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—"
 
 
-def budget_line(b: BudgetConclusion) -> str:
+def budget_line(b: PointConclusion) -> str:
     c = b.conclusion
     if c.best is None:
-        return f"{b.steps} steps ({b.tokens:,} tokens): no LR trained it through yet"
+        return f"{b.value} steps ({b.tokens:,} tokens): no LR trained it through yet"
     losses = c.best.losses
     spread = f" ± {c.best.spread:.4f} ({len(losses)} seeds)" if len(losses) > 1 else " (one seed)"
     edge = (f"; edge (one seed) {_edge_text(b)} (trains through – fails)" if c.edge.diverged_lr
             else "; no LR tried failed")
     at = b.located
     star = f"; LR* {located_text(at)}" if at is None or at.located else f"; LR* not located ({at.why.split(':')[0]})"
-    return (f"{b.steps} steps ({b.tokens:,} tokens): crowned lr {c.best.lr:.3g}, val {c.best.mean:.4f}{spread}"
+    return (f"{b.value} steps ({b.tokens:,} tokens): crowned lr {c.best.lr:.3g}, val {c.best.mean:.4f}{spread}"
             f"{star}{edge}")
 
 
@@ -268,7 +269,7 @@ def plot_horizon(path: Path, summary: SweepSummary) -> Path:
         what = "target" if i == len(budgets) - 1 else "searched"
         if rows:
             left.plot([r.lr for r in rows], [r.mean for r in rows], "o-", color=color, markersize=4,
-                      label=f"{b.steps} steps, {format_tokens(b.tokens)} tokens ({what})")
+                      label=f"{b.value} steps, {format_tokens(b.tokens)} tokens ({what})")
             for r in rows:
                 if len(r.losses) > 1:
                     left.plot([r.lr] * len(r.losses), r.losses, ".", color=color, alpha=0.6)
@@ -362,3 +363,6 @@ def draw_lr_against_axis(ax, plot: LrAgainstAxis) -> None:
     ax.set_title(plot.title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
+
+
+SECTION = HorizonSection()

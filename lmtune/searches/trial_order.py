@@ -127,3 +127,12 @@ def _members(value: Any) -> FusedMembers | None:
     if not isinstance(lrs, (list, tuple)) or not lrs:
         raise LmtuneError(f"trial config members={value!r}: must be {{'lr': [LR, ...], other settings}}")
     return FusedMembers(tuple(lrs), {k: v for k, v in value.items() if k != "lr"})
+
+
+def evaluated_val_loss(result: TuneResult) -> float | None:
+    """The validation loss a Tune result of lmtune's trainable measured at its own step (None at a step without an
+    evaluation: every result repeats the latest one, measured at ``val_step``, for Tune's metric checks)."""
+    loss = result.get("val_loss")
+    if not isinstance(loss, int | float) or result.get("val_step", result.get("step")) != result.get("step"):
+        return None
+    return float(loss)

@@ -6,7 +6,7 @@ keys of the file, says which settings each trial sets, how many trials it plans,
 runs: the param space and the searcher. Everything else about a sweep (budget, fixed settings, scheduler,
 stopper, placement) is the same for every strategy (lmtune.sweep.spaces, lmtune.sweep.plan). A new search is
 one package here (its settings, its Ray-free decisions as a DecidingSearch, and its strategy naming both) plus its
-line in ``lmtune.sweep.strategies.STRATEGIES``: the one Tune adapter (lmtune.sweep.strategies.searcher) drives
+line in ``lmtune.searches.STRATEGIES``: the one Tune adapter (lmtune.sweep.searcher) drives
 it, its state is decisions/NAME_search.json, and the report gives it the common part unless it has a section of
 its own (tests/test_new_search.py writes one).
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lmtune.errors import LmtuneError, shown
-from lmtune.files import JsonObject
-from lmtune.sweep.record import read_search_state
-from lmtune.sweep.trial_order import TuneParams
+from lmtune.files import JsonObject, JsonValue
+from lmtune.searches.state import read_search_state
+from lmtune.searches.trial_order import TuneParams
 from lmtune.training.config import EXAMPLES, MAX_SEED, coerce_value, field_names, field_type
 
 if TYPE_CHECKING:
@@ -98,8 +98,13 @@ class SearchStrategy(Protocol):
         """Ray Tune's param_space."""
 
     def searcher(self, budget: Budget, sweep_dir: Path) -> tuple[Searcher | None, int]:
-        """Ray Tune's search_alg (None: Tune's own grid/random generation) and num_samples (-1: until the
-        searcher says it has finished), for trials of ``budget`` (its seed the base config's)."""
+        """Ray Tune's search_alg of its own (None: Tune's own grid/random generation, or its decisions through the
+        one adapter) and num_samples (-1: until the search says it has finished), for trials of ``budget`` (its
+        seed the base config's). Tune gets it from lmtune.sweep.searcher.tune_search_alg."""
+
+    def decisions(self, budget: Budget) -> Any:
+        """Its Ray-free decisions for trials of ``budget`` (a DecidingSearch, which the one Tune adapter,
+        lmtune.sweep.searcher.DecidingSearcher, drives), or None: a search Tune runs by itself (grid and optuna)."""
 
     def progress_columns(self, fuse: int) -> list[str]:
         """The trial settings the progress table shows."""
@@ -131,6 +136,9 @@ class StrategyDefaults:
     """Answers most strategies share; a strategy overrides what differs."""
 
     stage_column: ClassVar[bool] = False
+
+    def decisions(self, budget: Budget) -> None:
+        return None  # Tune generates its trials (grid) or its own searcher suggests them (optuna)
 
     def owns_why(self) -> str:
         return "also listed under params; keep it in one place"
@@ -173,23 +181,43 @@ class DecidingDefaults(StrategyDefaults):
 
     stage_column: ClassVar[bool] = True
     settings_class: ClassVar[type]
-    owns: ClassVar[tuple[str, ...]]
-    """The settings it sets per trial itself (a fixed setting or --set may not name them)."""
+    owns: ClassVar[tuple[str, ...]] = ("lr", "run_steps")
+    """The settings it sets per trial itself (a fixed setting or --set may not name them; seed: the base seed may
+    be set, and the search adds further seeds)."""
+    whole_budget_only: ClassVar[bool] = False
+    """Whether it compares LRs only at a run's whole budget, so refuses a scheduler that cuts runs."""
+    axis_columns: ClassVar[tuple[str, ...]] = ()
+    """What its trials step along besides the LR, shown in the progress table (steps, d_model)."""
     retired_keys: ClassVar[dict[str, str]] = {}
     """Keys its section once had -> what replaced them."""
     search_class: ClassVar[type]
     """Its decisions, Ray-free (a DecidingSearch of the same name), which one Tune adapter drives for every
-    deciding search (lmtune.sweep.strategies.searcher.DecidingSearcher)."""
+    deciding search (lmtune.sweep.searcher.DecidingSearcher)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # its section, and params: to say it has none
+            cls.keys = frozenset({cls.name, "params"})
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail):
         if raw.get("params"):
             raise fail("params", f"search: {cls.name} chooses the learning rates itself; remove params (tune it "
                                  f"with the {cls.name}: section)")
-        settings = settings_section(raw.get(cls.name), cls.name, cls.settings_class, fail, retired=cls.retired_keys)
+        scheduler = raw.get("scheduler")
+        if cls.whole_budget_only and isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none":
+            raise fail("scheduler.name", f"search: {cls.name} trains every run to its whole budget (LRs are "
+                                         "compared only there); set scheduler: {name: none} or remove scheduler")
+        settings = cls.parse_settings(raw.get(cls.name), fail)
         for key, message in settings.problems():
             raise fail(f"{cls.name}.{key}", message)
         return cls(settings)
+
+    @classmethod
+    def parse_settings(cls, section: JsonValue, fail: Fail):
+        """Its settings from its section of the space file (a search whose section is not one settings dataclass
+        of plain keys overrides this)."""
+        return settings_section(section, cls.name, cls.settings_class, fail, retired=cls.retired_keys)
 
     @classmethod
     def from_json(cls, data: JsonObject):
@@ -210,6 +238,12 @@ class DecidingDefaults(StrategyDefaults):
     def swept(self) -> list[str]:
         return list(self.owns)
 
+    def progress_columns(self, fuse: int) -> list[str]:
+        return ["stage", *self.axis_columns, "lr", "seed"]
+
+    def asha_stages(self) -> frozenset[str] | None:
+        return frozenset() if self.whole_budget_only else None  # (frozenset(): no ASHA, every run trains it all)
+
     def owns_why(self) -> str:
         return f"the {self.name} search sets it per trial; remove it"
 
@@ -225,10 +259,11 @@ class DecidingDefaults(StrategyDefaults):
     def param_space(self, fuse: int) -> TuneParams:
         return {}  # the searcher suggests every trial's config
 
-    def searcher(self, budget: Budget, sweep_dir: Path):
-        from lmtune.sweep.strategies.searcher import DecidingSearcher
+    def searcher(self, budget: Budget, sweep_dir: Path) -> tuple[None, int]:
+        return None, -1  # the decisions below, driven by the one Tune adapter, until they have finished
 
-        return DecidingSearcher(self.search_class(self.settings, budget), sweep_dir), -1  # until it has finished
+    def decisions(self, budget: Budget) -> Any:
+        return self.search_class(self.settings, budget)
 
     def finished(self, sweep_dir: Path) -> bool:
         return bool((read_search_state(sweep_dir, self.name) or {}).get("finished"))

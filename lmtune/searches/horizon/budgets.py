@@ -1,0 +1,48 @@
+"""What the runs of each searched budget show, Ray-free: the runs at a budget, each budget's located LR*
+(lmtune.analysis.locate), the power law through them (lmtune.analysis.fit), and every budget's conclusion with the
+fit as one value (``conclude_horizon``; the axis-generic parts: lmtune.searches.horizon.axis). The search (deciding
+when to confirm) and the report (lmtune.searches.horizon.report_conclusion) both call these, so they agree."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from lmtune.analysis.fit import HorizonFit, fit_horizon
+from lmtune.analysis.locate import LocatedLr
+from lmtune.analysis.runs import Budget, Run
+from lmtune.errors import LmtuneError
+from lmtune.searches.horizon.axis import AxisConclusion, TokenAxis, conclude_along, locate_along
+from lmtune.searches.horizon.axis import runs_at as runs_on
+from lmtune.searches.horizon.settings import HorizonSettings
+
+
+def budget_axis(settings: HorizonSettings, target: Budget) -> TokenAxis:
+    """The searched budgets of a horizon search with ``target`` its space's budget."""
+    return TokenAxis(target, tuple(settings.budget_steps(target.steps)))
+
+
+def runs_at(runs: Iterable[Run], steps: int, target: Budget) -> list[Run]:
+    """The runs (those that stand: lmtune.analysis.runs.effective_runs) whose budget is ``steps``."""
+    return runs_on(TokenAxis(target, ()), runs, steps)
+
+
+def locate_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> list[LocatedLr | None]:
+    """Each searched budget's LR* (None: no LR trained it through), smallest budget first."""
+    return locate_along(budget_axis(settings, target), runs)
+
+
+def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:
+    """The power law through the located LR* of every searched budget that has one, predicting the target's;
+    or None and why it cannot be fitted. The search and the report both fit with this, so they agree."""
+    located = [p for p in locate_budgets(runs, settings, target) if p is not None]
+    try:
+        return fit_horizon(located, target.full_tokens), None
+    except LmtuneError as err:
+        return None, str(err)
+
+
+def conclude_horizon(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> AxisConclusion[HorizonFit]:
+    """Each budget's conclusion (the searched budgets, then the target) and the fit, from the runs of every budget.
+    The report reads this one value; the fit is the search's own (deterministic), so the two agree."""
+    runs = list(runs)
+    return conclude_along(budget_axis(settings, target), runs, fit_budgets(runs, settings, target))
