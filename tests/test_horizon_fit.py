@@ -12,7 +12,7 @@ import pytest
 
 from lmtune.analysis.bracket import Bracket
 from lmtune.analysis.fit import fit_horizon
-from lmtune.analysis.locate import SIDE, LocatedLr, chi2_survival, locate_best_lr
+from lmtune.analysis.locate import SIDE, LocatedLr, _minimum_interval, locate_best_lr, t_quantile
 from lmtune.analysis.runs import LrResult, crown
 from lmtune.errors import LmtuneError
 
@@ -172,6 +172,16 @@ def test_the_fit_does_not_depend_on_the_order_of_its_points():
     assert (a.beta, *a.predicted_lr_interval) == pytest.approx((b.beta, *b.predicted_lr_interval), rel=1e-9)
 
 
-@pytest.mark.parametrize(("chi2", "dof"), [(3.841, 1), (5.991, 2), (7.815, 3), (9.488, 4)])
-def test_the_chi2_survival_is_5_percent_at_the_tabulated_95th_percentiles(chi2, dof):
-    assert chi2_survival(chi2, dof) == pytest.approx(0.05, abs=1e-4)
+@pytest.mark.parametrize(("dof", "tabulated"), [(1, 6.314), (2, 2.920), (3, 2.353), (5, 2.015), (30, 1.697)])
+def test_the_intervals_t_quantile_is_the_tabulated_two_sided_90_percent_one(dof, tabulated):
+    assert t_quantile(dof) == pytest.approx(tabulated, abs=1e-3)
+
+
+def test_a_parabolas_lack_of_fit_is_judged_against_noise_estimated_from_the_seeds():
+    """Residuals a chi-square test with known noise refuses (p about 0.004 on 2 degrees of freedom) are within
+    what noise estimated from 2 degrees of freedom allows (F test, p about 0.15): the minimum is located."""
+    x = np.log([0.5, 0.75, 1.0, 1.5, 2.0])
+    means = 3.0 + 0.4 * x ** 2 + np.array([0.0, 0.07, -0.07, 0.07, 0.0])
+    noise = np.full(5, 0.035)
+    assert isinstance(_minimum_interval(x, means, noise, noise_dof=2), tuple)
+    assert isinstance(_minimum_interval(x, means, noise, noise_dof=10_000), str)

@@ -223,6 +223,13 @@ def test_the_training_path_imports_nothing_of_the_sweep_or_the_report_nor_their_
         prefixes=("lmtune.sweep", "lmtune.report")) == []
 
 
+def test_what_the_gpu_check_runs_on_a_bare_box_imports_only_torch_numpy_and_pyyaml():
+    """The GPU check's steps on a box with only torch, numpy and pyyaml (diagnose, bench, lr_find) load none of the
+    packages such a box lacks, scipy included (the analysis imports it where a distribution is asked for)."""
+    assert loaded_by_importing(["lmtune.gpu_check", "lmtune.diagnose", "lmtune.bench", "lmtune.lr_find"], packages=(
+        "ray", "pandas", "matplotlib", "optuna", "tensorboardX", "tokenizers", "scipy", "pyarrow")) == []
+
+
 def test_the_analysis_imports_nothing_of_the_sweep_or_the_report_nor_ray_nor_files():
     """lmtune.analysis sits below both the sweep and the report: it takes typed runs and returns typed conclusions,
     so importing all of it loads no Ray, pandas or matplotlib and no module of lmtune.sweep or lmtune.report."""

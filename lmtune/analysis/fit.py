@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lmtune.analysis.locate import Z90, LocatedLr, chi2_survival
+from lmtune.analysis.locate import Z90, LocatedLr
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 
@@ -136,7 +136,9 @@ class PowerLaw:
     @property
     def lack_of_fit_p(self) -> float | None:
         """P(chi2 this large | the law holds); None with 2 points (no residual)."""
-        return chi2_survival(self.chi2, self.dof) if self.dof > 0 else None
+        from scipy import stats  # (where it is asked for: lmtune.analysis.locate says why)
+
+        return float(stats.chi2.sf(self.chi2, self.dof)) if self.dof > 0 else None
 
     @property
     def law_holds(self) -> bool | None:

@@ -28,36 +28,18 @@ from lmtune.analysis.landscape import best_lr_interval
 from lmtune.analysis.runs import LrResult, crown, pooled_seed_spread, spread_lrs
 from lmtune.files import JsonObject
 
-# The few distributions the fits need, in closed form (numpy has none).
-# z of a two-sided 90% interval. An interval enters the power law as a point with SE = its half-width / Z90.
+# z of a two-sided 90% interval (scipy.stats.norm.ppf(0.95)). An interval enters the power law as a point with
+# SE = its half-width / Z90.
 Z90 = 1.6448536269514722
-
-
-def chi2_survival(chi2: float, dof: int) -> float:
-    """P(X >= chi2) for X chi-square with ``dof`` degrees of freedom (closed forms; no scipy)."""
-    half = chi2 / 2
-    if dof % 2 == 0:
-        term, total = 1.0, 1.0
-        for k in range(1, dof // 2):
-            term *= half / k
-            total += term
-        return math.exp(-half) * total
-    total = math.erfc(math.sqrt(half))
-    term = math.sqrt(half) * math.exp(-half) / math.gamma(1.5)
-    for k in range(1, (dof + 1) // 2):
-        total += term
-        term *= half / (k + 0.5)
-    return min(1.0, total)
+# scipy is imported where a distribution is asked for, not with the module: the commands a bare GPU box runs
+# (diagnose, lr_find) load the searches, and with them this module, where only torch, numpy and pyyaml exist.
 
 
 def t_quantile(dof: int, z: float = Z90) -> float:
-    """Student's t quantile matching the normal's ``z`` for ``dof`` degrees of freedom (Cornish-Fisher expansion;
-    within 1% of the exact value from 3 degrees of freedom, and wider, so conservative, below)."""
-    if dof <= 0:
-        return math.inf
-    z3, z5, z7 = z ** 3, z ** 5, z ** 7
-    return (z + (z3 + z) / (4 * dof) + (5 * z5 + 16 * z3 + 3 * z) / (96 * dof ** 2)
-            + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * dof ** 3))
+    """Student's t quantile of the same two-sided level as the normal's ``z``, for ``dof`` degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.ppf(stats.norm.cdf(z), dof)) if dof > 0 else math.inf
 
 
 # LRs fitted either side of the crowned best: at least two each, five points for three parameters ...
@@ -164,7 +146,7 @@ def _located(window: list[LrResult], best: LrResult, sigma: float, dof: int) -> 
     lrs = [r.lr for r in window]
     x = np.log(np.asarray(lrs) / best.lr)
     noise = sigma / np.sqrt([len(r.losses) for r in window])
-    found = _minimum_interval(x, np.asarray([r.mean for r in window]), noise, t_quantile(dof))
+    found = _minimum_interval(x, np.asarray([r.mean for r in window]), noise, dof)
     if found is None:
         return (f"too flat to locate: the seeds allow the loss curve between {lrs[0]:.3g} and {lrs[-1]:.3g} to have "
                 "no minimum")
@@ -192,9 +174,9 @@ def _pooled(ranking: list[LrResult]) -> tuple[float | None, int]:
 
 
 def _minimum_interval(x: np.ndarray, means: np.ndarray, noise: np.ndarray,
-                      quantile: float) -> tuple[float, float, float] | str | None:
+                      noise_dof: int) -> tuple[float, float, float] | str | None:
     """The minimum of c0 + c1 x + c2 x^2 fitted by weighted least squares, and its 90% interval: every x0 at which
-    the fitted slope c1 + 2 c2 x0 is within ``quantile`` standard errors of 0 (Fieller's interval, exact for a
+    the fitted slope c1 + 2 c2 x0 is within t (of ``noise_dof``) standard errors of 0 (Fieller's interval, exact for a
     quadratic with normal noise). None when that set is unbounded: the curvature is not resolved; why, when the
     losses are further from any parabola than their noise allows (a flat floor between steep walls)."""
     design = np.stack([np.ones_like(x), x, x * x], axis=1)
@@ -202,11 +184,15 @@ def _minimum_interval(x: np.ndarray, means: np.ndarray, noise: np.ndarray,
     covariance = np.linalg.inv(design.T @ (design * weights[:, None]))
     c0, c1, c2 = covariance @ (design * weights[:, None]).T @ means
     chi2, dof = float(np.sum(weights * (means - (c0 + c1 * x + c2 * x * x)) ** 2)), len(x) - 3
-    if dof > 0 and chi2_survival(chi2, dof) < PARABOLA_P:
-        return (f"the losses around the best are not a parabola (lack of fit p = {chi2_survival(chi2, dof):.2g}): "
-                "no minimum to locate between them")
+    if dof > 0:  # the noise is the pooled sd of the seeds, itself estimated (noise_dof): an F test, not a chi-square
+        from scipy import stats
+
+        p = float(stats.f.sf(chi2 / dof, dof, noise_dof))
+        if p < PARABOLA_P:
+            return (f"the losses around the best are not a parabola (lack of fit p = {p:.2g}): no minimum to locate "
+                    "between them")
     v11, v12, v22 = covariance[1, 1], covariance[1, 2], covariance[2, 2]
-    q = quantile ** 2
+    q = t_quantile(noise_dof) ** 2
     # (c1 + 2 c2 x0)^2 <= q (v11 + 4 x0 v12 + 4 x0^2 v22), a quadratic inequality a x0^2 + b x0 + c <= 0
     a, b, c = 4 * (c2 * c2 - q * v22), 4 * (c1 * c2 - q * v12), c1 * c1 - q * v11
     discriminant = b * b - 4 * a * c
