@@ -177,11 +177,13 @@ def test_the_intervals_t_quantile_is_the_tabulated_two_sided_90_percent_one(dof,
     assert t_quantile(dof) == pytest.approx(tabulated, abs=1e-3)
 
 
-def test_a_parabolas_lack_of_fit_is_judged_against_noise_estimated_from_the_seeds():
-    """Residuals a chi-square test with known noise refuses (p about 0.004 on 2 degrees of freedom) are within
-    what noise estimated from 2 degrees of freedom allows (F test, p about 0.15): the minimum is located."""
+def test_losses_further_from_a_parabola_than_the_seeds_noise_allows_are_not_located_however_few_the_seeds():
+    """Residuals with a chi-square p of about 0.004 on 2 degrees of freedom are refused as no parabola, even when
+    the noise was estimated from 2 degrees of freedom (the F test would pass them, p about 0.15: measured, it
+    located skew-biased minima and lowered the prediction's coverage on the held-out scenarios)."""
     x = np.log([0.5, 0.75, 1.0, 1.5, 2.0])
     means = 3.0 + 0.4 * x ** 2 + np.array([0.0, 0.07, -0.07, 0.07, 0.0])
     noise = np.full(5, 0.035)
-    assert isinstance(_minimum_interval(x, means, noise, noise_dof=2), tuple)
-    assert isinstance(_minimum_interval(x, means, noise, noise_dof=10_000), str)
+    assert "not a parabola" in _minimum_interval(x, means, noise, noise_dof=2)
+    assert isinstance(_minimum_interval(x, means + np.array([0.0, -0.07, 0.07, -0.07, 0.0]), noise, noise_dof=2),
+                      tuple)
