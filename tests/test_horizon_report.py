@@ -3,7 +3,9 @@ out of it, or undetermined and why), summary.json's horizon keys, and the words 
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +14,20 @@ from lmtune.analysis.fit import fit_horizon
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
 from lmtune.searches.horizon.budgets import fit_budgets
-from lmtune.searches.horizon.report import NOT_RESOLVED, budget_line, budget_table, fit_headline, fit_sentences
+from lmtune.searches.horizon.report import (
+    HELD_OUT_COVERAGE,
+    NOT_RESOLVED,
+    budget_line,
+    budget_table,
+    fit_headline,
+    fit_sentences,
+    held_out_sentence,
+)
 from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_summary
 from lmtune.searches.horizon.report_confirmation import confirmation
 from lmtune.searches.horizon.settings import HorizonSettings
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 TARGET = Budget(steps=64, warmup_steps=2, tokens_per_step=1000, seed=0, rungs=(64_000,))
 SETTINGS = HorizonSettings()  # budgets of 4, 8 and 16 steps: 4k, 8k and 16k tokens
@@ -126,3 +138,15 @@ def test_the_per_budget_edge_is_labelled_one_seed_in_the_table_and_the_headline(
     assert "edge, 1 seed" in budget_table(result)[0]
     lines = [budget_line(b) for b in result.budgets[:-1]]
     assert all("edge (one seed)" in line for line in lines), lines
+
+
+def test_the_coverage_the_report_states_beside_its_intervals_is_the_held_out_benchmarks_latest():
+    """What the report says its 90% intervals held is the lowest and highest coverage of the last held-out run
+    recorded in benchmarks/results.jsonl (rerun the benchmark, and this says when the report's words are stale)."""
+    rows = [json.loads(line) for line in (BENCHMARKS / "results.jsonl").read_text().splitlines() if line.strip()]
+    held_out = [r for r in rows if r.get("benchmark") == "horizon coverage held-out"]
+    latest = [r for r in held_out if r["commit"] == held_out[-1]["commit"]]
+    for key, interval in (("located_coverage", "located"), ("coverage", "predicted")):
+        measured = [r[key] for r in latest]
+        assert HELD_OUT_COVERAGE[interval] == (min(measured), max(measured)), interval
+    assert "47% to 77%" in held_out_sentence() and "70% to 95%" in held_out_sentence()
