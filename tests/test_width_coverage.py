@@ -7,6 +7,7 @@ coverage at about 2%."""
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 from pathlib import Path
 
@@ -34,3 +35,16 @@ def test_a_fall_like_sps_is_resolved_and_a_flat_optimum_mostly_is_not(coverage):
     flat = [coverage.simulate(0.0, 4000 + k) for k in range(50)]
     assert sum(o.resolved for o in falling) / len(falling) >= 0.9
     assert sum(o.resolved for o in flat) / len(flat) <= 0.25  # 10% expected of a calibrated 90% interval
+
+
+def test_a_held_out_bent_width_law_turns_from_the_narrowest_proxys_gamma_to_the_targets(coverage):
+    bent = coverage.HELD_OUT["bent_sp"]
+    slope = {w: -math.log(bent.best(w * 1.01, 0.006) / bent.best(w, 0.006)) / math.log(1.01) for w in (32, 256)}
+    assert bent.best(256, 0.006) == pytest.approx(0.006)
+    assert slope[32] == pytest.approx(0.5, abs=0.01) and slope[256] == pytest.approx(1.0, abs=0.01)
+    assert bent.true_gamma is None
+
+
+def test_the_shipped_cases_are_the_scenario_of_their_gamma_with_nothing_held_out(coverage):
+    """simulate(gamma, seed) is the plain power law on the measured noise: the same search as its Scenario."""
+    assert coverage.simulate(1.0, 7) == coverage.simulate(1.0, 7, scenario=coverage.Scenario("plain", 1.0))

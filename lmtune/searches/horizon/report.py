@@ -33,20 +33,23 @@ from lmtune.training.figures import save_figure  # noqa: E402
 # printed beside the intervals until they reach their level there. tests/test_horizon_report.py holds these to
 # benchmarks/results.jsonl.
 HELD_OUT_COVERAGE = {"located": (0.466, 0.768), "predicted": (0.703, 0.952)}
+HELD_OUT_DEPARTURES = ("a bent power law, curvature changing across budgets, noise growing above the best LR, seed "
+                       "effects shared across LRs, skew changing with the budget")
 
 
-def _held_out(interval: str) -> str:
-    low, high = HELD_OUT_COVERAGE[interval]
+def held_out_span(coverage: dict[str, tuple[float, float]], interval: str) -> str:
+    """The lowest to the highest coverage of ``interval`` ("located" or "predicted") on the held-out scenarios."""
+    low, high = coverage[interval]
     return f"{low:.0%} to {high:.0%}"
 
 
-def held_out_sentence() -> str:
-    """What the report's 90% intervals held where the method was not tuned, in words."""
-    return ("**How far these 90% intervals hold**: on simulated searches the method was not tuned on (a bent power "
-            "law, curvature changing across budgets, noise growing above the best LR, seed effects shared across "
-            f"LRs, skew changing with the budget) a located LR*'s interval held its budget's true LR* in "
-            f"{_held_out('located')} of searches and the prediction's held the target's in {_held_out('predicted')}: "
-            "read them as narrower than their level says.")
+def held_out_sentence(coverage: dict[str, tuple[float, float]] = HELD_OUT_COVERAGE,
+                      departures: str = HELD_OUT_DEPARTURES, point: str = "budget") -> str:
+    """What a search report's 90% intervals held where the method was not tuned, in words."""
+    return (f"**How far these 90% intervals hold**: on simulated searches the method was not tuned on ({departures}) "
+            f"a located LR*'s interval held its {point}'s true LR* in {held_out_span(coverage, 'located')} of searches "
+            f"and the prediction's held the target's in {held_out_span(coverage, 'predicted')}: read them as "
+            "narrower than their level says.")
 
 
 # Said wherever beta's 90% interval includes 0 (lmtune.analysis.fit.HorizonFit.resolved).
@@ -116,7 +119,8 @@ class HorizonSection:
             low, high = fit.predicted_lr_interval
             lines.append(f"predicted best lr at {result.target_tokens:,} tokens (the target): "
                          f"{fit.predicted_lr:.3g} (90% interval {low:.3g} to {high:.3g}; such intervals held "
-                         f"{_held_out('predicted')} of simulated searches the method was not tuned on)")
+                         f"{held_out_span(HELD_OUT_COVERAGE, 'predicted')} of simulated searches the method was "
+                         "not tuned on)")
             lines += _confirmed_lines(result)
         at = "the target" if summary.compared_at_tokens == result.target_tokens else "the largest"
         return [*lines, f"at {at} budget's {summary.compared_at_tokens or 0:,} tokens:"]
