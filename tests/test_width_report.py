@@ -243,3 +243,17 @@ def test_under_mup_a_resolved_gamma_says_transfer_failed():
     assert steep.resolved
     assert MU_FAILED in " ".join(fit_sentences(steep, "mup")) and MU_FAILED in gamma_text(steep, "mup")
     assert MU_FAILED not in " ".join(fit_sentences(steep, "sp")) + gamma_text(steep, "sp")
+
+
+def test_the_coverage_the_width_report_states_beside_its_intervals_is_the_held_out_benchmarks_latest():
+    """What the width report says its 90% intervals held is the lowest and highest coverage of the last held-out
+    run recorded in benchmarks/results.jsonl."""
+    from lmtune.searches.width.report import WIDTH_HELD_OUT_COVERAGE
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    held_out = [r for r in rows if r.get("benchmark") == "width coverage held-out"]
+    latest = [r for r in held_out if r["commit"] == held_out[-1]["commit"]]
+    for key, interval in (("located_coverage", "located"), ("coverage", "predicted")):
+        measured = [r[key] for r in latest]
+        assert WIDTH_HELD_OUT_COVERAGE[interval] == (min(measured), max(measured)), interval
