@@ -9,7 +9,8 @@ handed to your ``Tuner`` through Tune's public interfaces.
         sweep.trainable(),                                # a function trainable: val_loss, train_loss, tokens
         param_space=sweep.param_space(),
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", search_alg=sweep.searcher(),
-                                    scheduler=sweep.scheduler(), num_samples=sweep.num_samples),
+                                    scheduler=sweep.scheduler(), num_samples=sweep.num_samples,
+                                    reuse_actors=sweep.reuse_actors),
         run_config=tune.RunConfig(name="edge", stop=sweep.stopper()))
     results = tuner.fit()
     print(results.get_best_result().config["lr"])
@@ -34,7 +35,7 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, atomic_write_json
 from lmtune.searches.state import search_state_path
 from lmtune.searches.trial_order import TuneParams
-from lmtune.sweep.experiment import make_plan, plan_record, plan_scheduler
+from lmtune.sweep.experiment import make_plan, plan_record, plan_scheduler, reuses_workers
 from lmtune.sweep.plan import SweepPlan, TrialSetup
 from lmtune.sweep.record import SWEEP_FILE, ledger_path
 from lmtune.sweep.searcher import DecidingSearcher, tune_search_alg
@@ -135,6 +136,13 @@ class Sweep:
         """TuneConfig's num_samples: -1 for a search that says when it has finished."""
         self.searcher()
         return self._searcher[1]
+
+    @property
+    def reuse_actors(self) -> bool:
+        """TuneConfig's reuse_actors, as ``python -m lmtune.run`` sets it: True (one worker process per slot runs
+        trial after trial, sparing each trial seconds of process start and imports) unless your model's builds share
+        a module (lmtune.usercode.checks), whose trials each need a fresh process."""
+        return reuses_workers(self.plan)
 
     def scheduler(self):
         """ASHA on tokens, as the space sets it (None without ASHA): Tune's AsyncHyperBandScheduler, cutting only

@@ -118,7 +118,8 @@ def plan(cuda: bool, work: Path) -> list[Step]:
         ]
     return [
         Step("cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False),
-        Step("diagnose", [*py, "lmtune.diagnose", "--config", "quick", "--steps", "2", "--repeats", "1"],
+        Step("diagnose", [*py, "lmtune.diagnose", "--config", "quick", "--batch-size", "4", "--steps", "2",
+                          "--repeats", "1"],
              json_output=False),
         Step("bench (CPU smoke: a tiny model)", [*py, "lmtune.bench", *SMOKE_BENCH]),
         Step("bench concurrency (CPU smoke)", [*py, "lmtune.bench", *SMOKE_BENCH, "--concurrency", "1,2"]),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_python
+from tests.conftest import EXAMPLE, TINY_TRIAL, USER_MODELS, run_python
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -27,6 +27,16 @@ def test_the_package_exports_the_api_without_importing_ray_up_front():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[0] == "False"
     assert "Sweep" in proc.stdout and "trainable" in proc.stdout
+
+
+@pytest.mark.parametrize(("model", "reuses"), [(None, True), (EXAMPLE, True),
+                                               (f"{USER_MODELS / 'shared_rope.py'}:CachedRopeLM", False)])
+def test_a_sweeps_trials_share_worker_processes_unless_the_users_model_builds_share_a_module(builtin_data, model,
+                                                                                              reuses):
+    from lmtune import Sweep
+
+    space = {"search": "grid", "budget": "quick", "params": {"lr": [1e-3]}, "set": TINY_TRIAL}
+    assert Sweep(space, data=builtin_data, model=model).reuse_actors is reuses
 
 
 @pytest.mark.slow

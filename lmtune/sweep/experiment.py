@@ -139,10 +139,7 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
         tune_config=tune.TuneConfig(
             search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
             max_concurrent_trials=placement.max_concurrent, trial_dirname_creator=trial_dirname,
-            # A finished trial's worker process runs the next trial: no process start and imports per
-            # trial (seconds each, more than a short trial's training on a CPU). Not for a user's model whose builds
-            # share state (a module-level cache): the next trial would start from what the last one left there.
-            reuse_actors=not (plan.base.code.user_model and check_model(plan.base).shared),
+            reuse_actors=reuses_workers(plan),
         ),
         run_config=tune.RunConfig(
             name=options.name, storage_path=options.storage_path, stop=stopper,
@@ -155,6 +152,13 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
             callbacks=callbacks, progress_reporter=progress_reporter(space), verbose=0 if options.quiet else 1,
         ),
     )
+
+
+def reuses_workers(plan: SweepPlan) -> bool:
+    """TuneConfig's reuse_actors for the plan: a finished trial's worker process runs the next trial, with no process
+    start and imports per trial (seconds each, more than a short trial's training on a CPU). Not for a user's model
+    whose builds share state (a module-level cache): the next trial would start from what the last one left there."""
+    return not (plan.base.code.user_model and check_model(plan.base).shared)
 
 
 def plan_scheduler(plan: SweepPlan, recorder: OutcomeRecorder | None = None, state_path: Path | None = None,
