@@ -82,3 +82,11 @@ def test_a_degraded_region_with_no_round_multiple_of_the_best_lr_states_its_rate
     assert degraded.degraded is not None and degraded.degraded.excess_at == ()
     line = region_lines(degraded)[-1]
     assert line.startswith("degraded: +") and "over the best's" not in line
+
+
+def test_a_basin_of_one_lr_is_named_alone_not_as_a_span_from_it_to_itself():
+    """Three seeds at each LR, the best's neighbours clearly worse: the basin holds the best LR only."""
+    losses = {0.003: 2.60, 0.01: 2.40, 0.03: 2.62}
+    runs = [run(lr, loss + 0.002 * seed, seed=seed) for lr, loss in losses.items() for seed in (0, 1, 2)]
+    basin_line = region_lines(conclude(runs, BUDGET).landscape)[0]
+    assert basin_line.startswith("basin (within 2 SE of the best): lr 0.01 alone;"), basin_line

@@ -23,8 +23,8 @@ from lmtune.report.sections.base import FigureInputs, ReportFigure  # noqa: E402
 from lmtune.report.sharpness import SharpnessRow  # noqa: E402
 from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
 from lmtune.report.summary import SweepSummary  # noqa: E402
+from lmtune.report.text import basin_lrs, per_doubling  # noqa: E402
 from lmtune.report.text import lr as _lr  # noqa: E402
-from lmtune.report.text import per_doubling  # noqa: E402
 from lmtune.training.figures import plot_range_test, save_figure  # noqa: E402
 from lmtune.training.metric_registry import instability_panels  # noqa: E402
 
@@ -203,7 +203,8 @@ def plot_lr_vs_loss(path: Path, summary: SweepSummary) -> Path:
     ax.set_title("val loss against LR at equal token counts (one curve per ASHA rung)"
                  + ("\nearly-rung losses far above ℓ₀ run off the top" if clipped else ""), fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="best")
+    # Below the axes, not over them: the curves, the bands and the diverged marks at the top fill the whole plot.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     return save_figure(fig, path)
 
 
@@ -213,7 +214,7 @@ def _shade_edge_and_best(ax, summary: SweepSummary) -> None:
     basin, degraded, diverged = regions.basin, regions.degraded, regions.diverged
     if basin:
         _band(ax, basin.low[1], basin.high[0], basin.low, basin.high, "tab:green",
-              f"basin: {_lr(basin.lrs[0], '?')}–{_lr(basin.lrs[-1], '?')} (within 2 SE of the best)")
+              f"basin: {basin_lrs(basin.lrs, '–')} (within 2 SE of the best)")
     if degraded:
         _band(ax, degraded.low[1], degraded.high[0], None, degraded.high, "tab:orange",
               f"degraded: {per_doubling(degraded)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from lmtune.analysis.landscape import Landscape
 from lmtune.report.sections import section_for
 from lmtune.report.summary import SweepSummary
-from lmtune.report.text import basin_ends, interval_line, per_doubling, ratio_range_text
+from lmtune.report.text import basin_ends, basin_lrs, interval_line, per_doubling, ratio_range_text
 
 
 def summary_lines(summary: SweepSummary) -> list[str]:
@@ -63,7 +63,7 @@ def region_lines(regions: Landscape) -> list[str]:
     basin, degraded = regions.basin, regions.degraded
     if basin:
         low, high = basin.low, basin.high
-        lines.append(f"basin (within 2 SE of the best): lr {basin.lrs[0]:.3g} to {basin.lrs[-1]:.3g}; "
+        lines.append(f"basin (within 2 SE of the best): {basin_lrs(basin.lrs)}; "
                      f"{basin_ends(low, high)}")
     if degraded:
         at = ", ".join(f"{excess:+.2f} at {factor}x" for factor, excess in degraded.excess_at)

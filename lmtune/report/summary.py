@@ -292,10 +292,13 @@ def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, 
 
 def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget: Budget, target: float | None = None,
                    ell0: float | None = None, vocab_size: int | None = None, decisions: Sequence[StageDecision] = (),
-                   range_tokens: int | None = None, search: str = "grid",
-                   conclusion: Conclusion | None = None) -> SweepSummary:
+                   range_tokens: int | None = None, search: str = "grid", conclusion: Conclusion | None = None,
+                   every_record: Sequence[TrialRecord] | None = None,
+                   search_result: SearchResult | None = None) -> SweepSummary:
     """sweep_summary of ``records`` already turned into the search's runs (``pairs``: record_runs), at ``budget``;
-    ``conclusion``: what those runs conclude, when the caller has concluded it already (a horizon search)."""
+    ``conclusion``: what those runs conclude, when the caller has concluded it already (a horizon search);
+    ``every_record``: the sweep's every trial, for the trial table and the status counts, where ``records`` are
+    some of them (one budget's or width's); ``search_result``: the search's own results."""
     standing = standing_pairs(pairs)  # a run continued by another, or retrained, counts once
     conclusion = conclusion or conclude([run for run, _ in pairs], budget)
     best = best_record(standing, conclusion.best_lr)
@@ -310,7 +313,7 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         diverged_lr = conclusion.edge.diverged_lr
         edge_ratio = diverged_lr / best.lr if best and diverged_lr else None
     ell0 = ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records))
-    rows, counts = trial_table(records)
+    rows, counts = trial_table(records if every_record is None else every_record)
     basin = conclusion.landscape.basin
     summary = SweepSummary(
         search, conclusion, budget.full_tokens, candidates, best_lr, best_loss, best_tokens, edge_ratio,
@@ -321,7 +324,7 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         records[0].rule, full_budget_sensitivity(standing, ell0), ell0, target_summary(best, best_loss, target),
         full_budget_convergence(standing, basin.lrs if basin else None), logit_growth(standing, best),
         tuple(stage_accounting(pairs, decisions, range_tokens)),
-        same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows)
+        same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows, search_result)
     log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", best_lr, best_loss, conclusion.edge.stable_lr,
              conclusion.edge.diverged_lr)
     return summary

@@ -77,6 +77,11 @@ def between(low: float | None, high: float | None) -> str:
     return "where no LR was tried"
 
 
+def basin_lrs(lrs: Sequence[float], dash: str = " to ") -> str:
+    """The basin's LRs as a span, "lr 0.003 to 0.03"; one LR alone as "lr 0.0107 alone" (not "0.0107 to 0.0107")."""
+    return f"lr {lr(lrs[0])} alone" if len(lrs) == 1 else f"lr {lr(lrs[0])}{dash}{lr(lrs[-1])}"
+
+
 def basin_ends(low: tuple[float | None, float | None], high: tuple[float | None, float | None]) -> str:
     """Where the basin's two ends lie, for a one-line summary."""
     return f"its lower end lies {between(*low)}, its upper end {between(*high)}"

@@ -98,9 +98,9 @@ class SearchStrategy(Protocol):
         """Ray Tune's param_space."""
 
     def searcher(self, budget: Budget, sweep_dir: Path) -> tuple[Searcher | None, int]:
-        """Ray Tune's search_alg of its own (None: Tune's own grid/random generation, or its decisions through the
-        one adapter) and num_samples (-1: until the search says it has finished), for trials of ``budget`` (its
-        seed the base config's). Tune gets it from lmtune.sweep.searcher.tune_search_alg."""
+        """Ray Tune's search_alg of its own (None: Tune's own grid/random generation) and num_samples, for trials of
+        ``budget`` (its seed the base config's); asked only of a search without ``decisions`` (a deciding search's go
+        through the one adapter). Tune gets it from lmtune.sweep.searcher.tune_search_alg."""
 
     def decisions(self, budget: Budget) -> Any:
         """Its Ray-free decisions for trials of ``budget`` (a DecidingSearch, which the one Tune adapter,
@@ -258,9 +258,6 @@ class DecidingDefaults(StrategyDefaults):
 
     def param_space(self, fuse: int) -> TuneParams:
         return {}  # the searcher suggests every trial's config
-
-    def searcher(self, budget: Budget, sweep_dir: Path) -> tuple[None, int]:
-        return None, -1  # the decisions below, driven by the one Tune adapter, until they have finished
 
     def decisions(self, budget: Budget) -> Any:
         return self.search_class(self.settings, budget)

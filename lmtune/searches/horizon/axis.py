@@ -9,7 +9,7 @@ and each trial it asks Tune for (``Planned``) are here too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -142,9 +142,10 @@ def locate_along(axis: SearchAxis, runs: Iterable[Run]) -> list[LocatedLr | None
     return located
 
 
-def conclude_along(axis: SearchAxis, runs: Iterable[Run], fit: tuple[Fit | None, str | None]) -> AxisConclusion[Fit]:
+def conclude_along(axis: SearchAxis, runs: Iterable[Run],
+                   fit: Callable[[list[LocatedLr | None]], tuple[Fit | None, str | None]]) -> AxisConclusion[Fit]:
     """Each point's conclusion at its own full token count (the searched points, then the target) with its located
-    LR*, and the search's ``fit`` (the fit or why there is none)."""
+    LR*, and the search's ``fit`` of those located LR*s (the fit or why there is none)."""
     runs = list(runs)
     located = locate_along(axis, runs)
     points = []
@@ -152,7 +153,7 @@ def conclude_along(axis: SearchAxis, runs: Iterable[Run], fit: tuple[Fit | None,
         at, budget = runs_at(axis, runs, value), axis.budget_at(value)
         points.append(PointConclusion(value, budget.full_tokens, value / axis.target, len(at), conclude(at, budget),
                                       located[i] if i < len(located) else None))
-    return AxisConclusion(tuple(points), *fit)
+    return AxisConclusion(tuple(points), *fit(located))
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,13 @@ def locate_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budge
 def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:
     """The power law through the located LR* of every searched budget that has one, predicting the target's;
     or None and why it cannot be fitted. The search and the report both fit with this, so they agree."""
-    located = [p for p in locate_budgets(runs, settings, target) if p is not None]
+    return fit_located_budgets(locate_budgets(runs, settings, target), target)
+
+
+def fit_located_budgets(located: list[LocatedLr | None], target: Budget) -> tuple[HorizonFit | None, str | None]:
+    """``fit_budgets`` of the budgets' LR*s, located already (None: not located)."""
     try:
-        return fit_horizon(located, target.full_tokens), None
+        return fit_horizon([p for p in located if p is not None], target.full_tokens), None
     except LmtuneError as err:
         return None, str(err)
 
@@ -44,5 +48,4 @@ def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) 
 def conclude_horizon(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> AxisConclusion[HorizonFit]:
     """Each budget's conclusion (the searched budgets, then the target) and the fit, from the runs of every budget.
     The report reads this one value; the fit is the search's own (deterministic), so the two agree."""
-    runs = list(runs)
-    return conclude_along(budget_axis(settings, target), runs, fit_budgets(runs, settings, target))
+    return conclude_along(budget_axis(settings, target), runs, lambda located: fit_located_budgets(located, target))

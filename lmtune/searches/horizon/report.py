@@ -4,7 +4,7 @@ of lr_sweep_analysis.md, horizon.png, and its lines before the CLIs' common ones
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -19,7 +19,6 @@ from lmtune.analysis.fit import HorizonFit  # noqa: E402
 from lmtune.analysis.locate import LocatedLr  # noqa: E402
 from lmtune.analysis.runs import Budget, LrResult, format_tokens, standard_error  # noqa: E402
 from lmtune.report.comparison import record_runs  # noqa: E402
-from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
@@ -72,11 +71,10 @@ class HorizonSection:
         records = records_at(sweep.trials, at.value, base) if at else sweep.trials
         steps = at.value if at else base.steps
         chosen = {id(record) for record in records}
-        summary = summarize_runs(records, [p for p in pairs if id(p[1]) in chosen], base.at_steps(steps),
-                                 target=sweep.target, vocab_size=sweep.vocab_size, search="horizon",
-                                 conclusion=at.conclusion if at else None)
-        rows, counts = trial_table(sweep.trials)
-        return replace(summary, trials=rows, status_counts=counts, search_result=result)
+        return summarize_runs(records, [p for p in pairs if id(p[1]) in chosen], base.at_steps(steps),
+                               target=sweep.target, vocab_size=sweep.vocab_size, search="horizon",
+                               conclusion=at.conclusion if at else None, every_record=sweep.trials,
+                               search_result=result)
 
     def markdown(self, summary: SweepSummary) -> list[str]:
         """Each budget's crowned LR, located LR* and edge, the fit, the prediction and the confirmation."""

@@ -84,8 +84,13 @@ def locate_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) 
 def fit_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> tuple[WidthFit | None, str | None]:
     """The power law through the located LR* of every proxy that has one, predicting the target width's; or None
     and why it cannot be fitted."""
-    pairs = [(w, p) for w, p in zip(sorted(settings.widths), locate_widths(runs, settings, target), strict=True)
-             if p is not None and p.usable]
+    return fit_located_widths(locate_widths(runs, settings, target), settings, target)
+
+
+def fit_located_widths(located: list[LocatedLr | None], settings: WidthSettings,
+                       target: Budget) -> tuple[WidthFit | None, str | None]:
+    """``fit_widths`` of the proxies' LR*s, located already (None: not located), narrowest first."""
+    pairs = [(w, p) for w, p in zip(sorted(settings.widths), located, strict=True) if p is not None and p.usable]
     if len(pairs) < 2:
         return None, ("a width fit needs LR* at two or more widths (each width's best LR not at the end of its LRs, "
                       "and trained through)")
@@ -98,8 +103,8 @@ def fit_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> 
 
 def conclude_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> AxisConclusion[WidthFit]:
     """Each width's conclusion (the proxies, then the target) and the fit."""
-    runs = list(runs)
-    return conclude_along(width_axis(settings, target), runs, fit_widths(runs, settings, target))
+    return conclude_along(width_axis(settings, target), runs,
+                          lambda located: fit_located_widths(located, settings, target))
 
 
 class WidthSearch(HorizonSearch):

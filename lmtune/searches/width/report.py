@@ -16,7 +16,6 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFo
 
 from lmtune.analysis.runs import Budget  # noqa: E402
 from lmtune.report.comparison import Pair, record_runs  # noqa: E402
-from lmtune.report.rows import trial_table  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
@@ -74,11 +73,10 @@ class WidthSection:
         at = next((row.point for row in result.widths if row.point.value == width and row.point.trials), None)
         chosen = _pairs_at(pairs, at.value) if at else pairs
         records = [record for _, record in chosen] if at else list(sweep.trials)
-        summary = summarize_runs(records, chosen, target.at_steps(target.steps), target=sweep.target,
-                                 vocab_size=sweep.vocab_size, search="width",
-                                 conclusion=at.conclusion if at else None)
-        rows, counts = trial_table(sweep.trials)
-        return replace(summary, trials=rows, status_counts=counts, search_result=result)
+        return summarize_runs(records, chosen, target.at_steps(target.steps), target=sweep.target,
+                               vocab_size=sweep.vocab_size, search="width",
+                               conclusion=at.conclusion if at else None, every_record=sweep.trials,
+                               search_result=result)
 
     def markdown(self, summary: SweepSummary) -> list[str]:
         """Each width's model, crowned LR and located LR*, the fit, the prediction, the confirmation, the cost."""
