@@ -90,10 +90,7 @@ class PairSearch(DecidingSearch[PairPlanned, PairDecision]):
 class PairStrategy(DecidingDefaults):
     settings: PairSettings
 
-    name: ClassVar[str] = "pair"
-    keys: ClassVar[frozenset[str]] = frozenset({"pair", "params"})
-    search_class: ClassVar[type] = PairSearch
-    settings_class: ClassVar[type] = PairSettings
+    search_class: ClassVar[type] = PairSearch  # (its name, "pair", and its settings class are PairSearch's)
     owns: ClassVar[tuple[str, ...]] = ("lr",)
 
     def describe(self, fuse: int) -> str:

@@ -174,8 +174,9 @@ class StrategyDefaults:
 
 
 class DecidingDefaults(StrategyDefaults):
-    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width) shares: its settings are the
-    space's section named after it (a dataclass, ``settings_class``), it takes no ``params``, it sets ``owns``
+    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width) shares: its name and
+    settings (a dataclass, ``settings_class``, read from the space's section of that name) are its decisions'
+    (``search_class``), it takes no ``params``, it sets ``owns``
     per trial itself, no param space for Tune to generate, no trial count known in advance, nothing swept for a
     config check to try."""
 
@@ -191,13 +192,14 @@ class DecidingDefaults(StrategyDefaults):
     retired_keys: ClassVar[dict[str, str]] = {}
     """Keys its section once had -> what replaced them."""
     search_class: ClassVar[type]
-    """Its decisions, Ray-free (a DecidingSearch of the same name), which one Tune adapter drives for every
-    deciding search (lmtune.sweep.searcher.DecidingSearcher)."""
+    """Its decisions, Ray-free (a DecidingSearch), which one Tune adapter drives for every deciding search
+    (lmtune.sweep.searcher.DecidingSearcher). Its ``name`` and ``settings_class`` are the strategy's too."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:  # its section, and params: to say it has none
-            cls.keys = frozenset({cls.name, "params"})
+        if "search_class" in cls.__dict__:  # named once, by its decisions
+            cls.name, cls.settings_class = cls.search_class.name, cls.search_class.settings_class
+            cls.keys = frozenset({cls.name, "params"})  # its section, and params: to say it has none
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail):

@@ -18,9 +18,7 @@ from lmtune.training.lr_range import RangeTestConfig
 class EdgeStrategy(DecidingDefaults):
     settings: EdgeSettings
 
-    name: ClassVar[str] = "edge"
     search_class: ClassVar[type] = EdgeSearch
-    settings_class: ClassVar[type] = EdgeSettings
     retired_keys: ClassVar[dict[str, str]] = RETIRED_KEYS
 
     def describe(self, fuse: int) -> str:

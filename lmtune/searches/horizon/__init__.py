@@ -17,9 +17,7 @@ from lmtune.training.config import RunConfig, apply_overrides
 class HorizonStrategy(DecidingDefaults):
     settings: HorizonSettings
 
-    name: ClassVar[str] = "horizon"
     search_class: ClassVar[type] = HorizonSearch
-    settings_class: ClassVar[type] = HorizonSettings
     whole_budget_only: ClassVar[bool] = True
     axis_columns: ClassVar[tuple[str, ...]] = ("steps",)
 

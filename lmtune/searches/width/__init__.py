@@ -21,9 +21,7 @@ from lmtune.training.lm import model_size
 class WidthStrategy(DecidingDefaults):
     settings: WidthSettings
 
-    name: ClassVar[str] = "width"
     search_class: ClassVar[type] = WidthSearch
-    settings_class: ClassVar[type] = WidthSettings
     whole_budget_only: ClassVar[bool] = True
     axis_columns: ClassVar[tuple[str, ...]] = ("d_model",)
 
