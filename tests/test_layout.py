@@ -263,7 +263,7 @@ def _defined_names(path: Path) -> set[str]:
     return names
 
 
-PACKAGE_DATA = {"lmtune.search_spaces"}  # (pyproject.toml maps search_spaces/ to it)
+PACKAGE_DATA = {"lmtune.search_spaces"}  # (YAML files and an __init__.py; search_spaces/ links to it)
 
 
 def _named_path_is_real(name: str) -> bool:

@@ -53,7 +53,7 @@ def test_the_wheel_ships_every_search_space_inside_the_package(wheel):
 def test_the_wheel_ships_every_module_of_the_package(wheel):
     files = set(zipfile.ZipFile(wheel).namelist())
     modules = {path.relative_to(REPO).as_posix() for path in (REPO / "lmtune").rglob("*.py")}
-    assert sorted(modules - files) == [], "a subpackage missing from pyproject.toml's [tool.setuptools] packages?"
+    assert sorted(modules - files) == [], "a module outside pyproject.toml's package discovery (lmtune*)?"
 
 
 def test_the_wheel_declares_the_lmtune_console_script(wheel):

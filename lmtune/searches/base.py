@@ -186,19 +186,22 @@ class DecidingDefaults(StrategyDefaults):
     """The settings it sets per trial itself (a fixed setting or --set may not name them; seed: the base seed may
     be set, and the search adds further seeds)."""
     whole_budget_only: ClassVar[bool] = False
-    """Whether it compares LRs only at a run's whole budget, so refuses a scheduler that cuts runs."""
+    """Whether it compares LRs only at a run's whole budget, so refuses a scheduler that cuts runs (its decisions')."""
     axis_columns: ClassVar[tuple[str, ...]] = ()
-    """What its trials step along besides the LR, shown in the progress table (steps, d_model)."""
+    """What its trials step along besides the LR, shown in the progress table (its decisions')."""
     retired_keys: ClassVar[dict[str, str]] = {}
     """Keys its section once had -> what replaced them."""
     search_class: ClassVar[type]
     """Its decisions, Ray-free (a DecidingSearch), which one Tune adapter drives for every deciding search
-    (lmtune.sweep.searcher.DecidingSearcher). Its ``name`` and ``settings_class`` are the strategy's too."""
+    (lmtune.sweep.searcher.DecidingSearcher). Its ``name``, ``settings_class``, ``whole_budget_only`` and
+    ``axis_columns`` are the strategy's too."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "search_class" in cls.__dict__:  # named once, by its decisions
-            cls.name, cls.settings_class = cls.search_class.name, cls.search_class.settings_class
+        if "search_class" in cls.__dict__:  # said once, by its decisions
+            search = cls.search_class
+            cls.name, cls.settings_class = search.name, search.settings_class
+            cls.whole_budget_only, cls.axis_columns = search.whole_budget_only, search.axis_columns
             cls.keys = frozenset({cls.name, "params"})  # its section, and params: to say it has none
 
     @classmethod

@@ -35,6 +35,10 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
     decision_class: ClassVar[type]
     renamed: ClassVar[dict[str, str]] = {}
     """Keys of its plans and decisions an earlier version's state file named otherwise: old name -> new."""
+    whole_budget_only: ClassVar[bool] = False
+    """Whether it compares LRs only at a run's whole budget (its space then refuses a scheduler that cuts runs)."""
+    axis_columns: ClassVar[tuple[str, ...]] = ()
+    """What its trials step along besides the LR, shown in the progress table (steps, d_model)."""
 
     def __init__(self, settings, budget: Budget, max_pending: int = 1):
         self.settings, self.budget, self.max_pending = settings, budget, max_pending

@@ -1,7 +1,7 @@
 """Search spaces: ``search_spaces/*.yaml`` files, validated before anything is launched.
 
-The shipped spaces are the repository's ``search_spaces/``, installed inside the package as
-``lmtune.search_spaces`` (pyproject.toml maps it) and found through importlib.resources, so a name such
+The shipped spaces are the package ``lmtune.search_spaces`` (the repository's ``search_spaces/`` links to it),
+found through importlib.resources, so a name such
 as ``lr_grid`` works from any directory and from a wheel; ``--space PATH`` reads any other file.
 
 A space is YAML data (read with ``yaml.safe_load``, never executed)::

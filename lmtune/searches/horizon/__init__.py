@@ -18,8 +18,6 @@ class HorizonStrategy(DecidingDefaults):
     settings: HorizonSettings
 
     search_class: ClassVar[type] = HorizonSearch
-    whole_budget_only: ClassVar[bool] = True
-    axis_columns: ClassVar[tuple[str, ...]] = ("steps",)
 
     def check_base(self, base: RunConfig) -> None:
         super().check_base(base)

@@ -55,6 +55,8 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
     planned_class = Planned
     decision_class = Decision
     renamed = {"steps": "point"}  # (a state file of an earlier version)
+    whole_budget_only = True
+    axis_columns = ("steps",)
     fit_class: type = HorizonFit
     """What its fit is (restored from the state file as this)."""
 

@@ -22,8 +22,6 @@ class WidthStrategy(DecidingDefaults):
     settings: WidthSettings
 
     search_class: ClassVar[type] = WidthSearch
-    whole_budget_only: ClassVar[bool] = True
-    axis_columns: ClassVar[tuple[str, ...]] = ("d_model",)
 
     @classmethod
     def parse_settings(cls, section: JsonValue, fail: Fail) -> WidthSettings:

@@ -1,4 +1,5 @@
-"""What a width search's runs conclude, Ray-free and typed: each width's conclusion at the budget's full token count
+"""What a width search steps along and what its runs conclude, Ray-free and typed: the proxies' d_model, then the
+target's (``WidthAxis``, a lmtune.searches.horizon.axis.Axis); each width's conclusion at the budget's full token count
 (lmtune.analysis.conclusion.conclude), each proxy's located LR* (lmtune.analysis.locate) and the power
 law ln LR* = a - gamma ln width through them. The search (deciding when to confirm) and the report
 (lmtune.searches.width.report_conclusion) both call these, so they agree.
@@ -19,11 +20,38 @@ from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.searches.horizon.axis import AxisConclusion, SearchAxis, conclude_along, locate_along
+from lmtune.searches.horizon.axis import Axis, AxisConclusion, SearchAxis, conclude_along, locate_along
 from lmtune.searches.horizon.axis import runs_at as runs_on
 from lmtune.searches.horizon.search import HorizonSearch
-from lmtune.searches.width.axis import WidthAxis
-from lmtune.searches.width.settings import WidthSettings
+from lmtune.searches.trial_order import TuneParams
+from lmtune.searches.width.settings import WidthSettings, proxy_shape
+
+
+@dataclass(frozen=True)
+class WidthAxis(Axis):
+    """Model widths at one token budget: a trial sets d_model (d_ff and n_heads with it); every run's budget is
+    the space's."""
+
+    name = "width"
+
+    @property
+    def target(self) -> int:
+        return self.budget.d_model
+
+    def params(self, point: int) -> TuneParams:
+        return proxy_shape(self.budget, point)
+
+    def budget_at(self, point: int) -> Budget:
+        return self.budget.at_steps(self.budget.steps)  # every width trains the space's whole budget
+
+    def holds(self, run: Run, point: int) -> bool:
+        return dict(run.others).get("d_model") == point
+
+    def others(self, point: int) -> tuple[tuple[str, object], ...]:
+        return tuple(sorted(self.params(point).items()))
+
+    def label(self, point: int) -> str:
+        return f"d_model {point}"
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,7 @@ class WidthSearch(HorizonSearch):
 
     name = "width"
     settings_class = WidthSettings
+    axis_columns = ("d_model",)
     fit_class = WidthFit
 
     def make_axis(self) -> SearchAxis:

@@ -1,1 +1,0 @@
-"""The search spaces shipped with lmtune, importable as lmtune.search_spaces (pyproject.toml maps it here)."""
