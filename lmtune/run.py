@@ -266,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     check_it_can_run(options)
     try:
         with Interruptions.caught():
-            return print_result(run_sweep(options), options)
+            result = run_sweep(options)
     except KeyboardInterrupt:
+        Interruptions.ignore_further()
         if Interruptions.tuning:  # a second Ctrl-C skipped Tune's last snapshot: trials' checkpoints remain
             print(f"\nsweep interrupted ({Interruptions.name()}, then again before Tune finished stopping): "
                   "unfinished trials keep their newest checkpoint")
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         else:  # during set-up: nothing of the sweep has trained yet
             print(f"interrupted before the sweep started ({Interruptions.name()})", file=sys.stderr)
         return Interruptions.exit_code()
+    Interruptions.ignore_further()
+    return print_result(result, options)
 
 
 if __name__ == "__main__":

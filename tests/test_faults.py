@@ -8,6 +8,7 @@ table needs (redone steps, attempts, durations) are printed with a ``FAULTS:`` p
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import io
 import ipaddress
@@ -367,10 +368,13 @@ def test_two_runs_with_one_name_cannot_both_create_the_sweep(tmp_path):
 def _stop(proc: subprocess.Popen, how: str) -> None:
     if how == "ctrl-c to the process group":
         os.killpg(proc.pid, signal.SIGINT)
-    elif how == "ctrl-c twice, half a second apart":
-        os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
+    elif how == "ctrl-c again and again, ten times a second":
+        # (the second lands while Tune stops the trials, the later ones while Ray shuts down and the driver
+        # prints: before, one there cut ray.shutdown short or killed the driver, exit 1 or -2 instead of 130)
+        with contextlib.suppress(ProcessLookupError):
+            for _ in range(40):
+                os.killpg(proc.pid, signal.SIGINT)
+                time.sleep(0.1)
     elif how == "SIGTERM to the process group":  # systemd, docker stop, a terminal hang-up
         os.killpg(proc.pid, signal.SIGTERM)
     else:
@@ -378,7 +382,7 @@ def _stop(proc: subprocess.Popen, how: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c to the process group", "ctrl-c twice, half a second apart",
+@pytest.mark.parametrize("how", ["ctrl-c to the process group", "ctrl-c again and again, ten times a second",
                                  "SIGTERM to the driver", "SIGTERM to the process group"])
 def test_a_stopped_sweep_says_so_names_its_resume_command_and_exits_non_zero(builtin_data, tmp_path, how):
     space = write_grid(tmp_path / "grid.yaml", [1e-3, 3e-3, 1e-4], asha=False, steps=400)

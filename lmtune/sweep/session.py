@@ -67,6 +67,33 @@ class Interruptions:
         return signal_exit_code(cls.name())
 
     @classmethod
+    @contextlib.contextmanager
+    def held(cls) -> Iterator[None]:
+        """SIGINT, SIGTERM and SIGHUP noted, not acted on, while the block runs: Ray shutting down, which takes a
+        second or two and must not be cut short (a KeyboardInterrupt inside ``ray.shutdown`` left Ray's core
+        half-stopped, and the driver then exited with status 1 instead of 130). What stopped the sweep is
+        already on its way; a sweep that finished has nothing left to stop."""
+
+        def note(signum: int, frame: FrameType | None) -> None:
+            if signum != signal.SIGINT and cls.by is None:
+                cls.by = signal.Signals(signum).name
+
+        previous = {signum: signal.signal(signum, note) for signum in (signal.SIGINT, *cls.HANDLED)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    @classmethod
+    def ignore_further(cls) -> None:
+        """The sweep has stopped or finished and the command only says so and exits: a further Ctrl-C or SIGTERM
+        (a second one from an impatient user, or the rest of a process group's) must not turn its exit status into
+        a death by signal or cut Python's exit short."""
+        for signum in (signal.SIGINT, *cls.HANDLED):
+            signal.signal(signum, signal.SIG_IGN)
+
+    @classmethod
     def _on_signal(cls, signum: int, frame: FrameType | None) -> None:
         cls.by = signal.Signals(signum).name
         signal.raise_signal(signal.SIGINT)
@@ -123,9 +150,10 @@ def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
     finally:
         logging.getLogger("ray.tune.tune").removeFilter(hint_filter)
         stop_printing_worker_output()  # the sweep has said its last line: workers dying say nothing after it
-        ray.shutdown()
-        if reaper is not None:
-            reaper.release()
+        with Interruptions.held():
+            ray.shutdown()
+            if reaper is not None:
+                reaper.release()
 
 
 # The reaper: blocks reading its stdin (a pipe only the driver holds) and, when the pipe closes without the
