@@ -6,7 +6,8 @@ stopper of your own Tuner, and its report), ``lmtune.trainable`` (the function t
 each command) does not load Ray and torch before it needs them.
 """
 
-from lmtune.version import __version__
+__version__ = "0.1.0"
+"""lmtune's version (pyproject.toml reads it here), recorded in every sweep.json."""
 
 _API = ("Sweep", "trainable", "report", "DivergenceStopper")
 __all__ = ["__version__", *_API]

@@ -94,8 +94,9 @@ def test_every_function_is_shorter_than_100_lines():
     assert not long, long
 
 
-# A module a reader takes in at one sitting; beyond it, one concern has usually become two.
-MAX_MODULE_LINES = 400
+# A module a reader takes in at one sitting; beyond it, one concern has usually become two. Below the least, a module
+# is a fragment of its neighbour's concern (a package's __init__ may be short).
+MAX_MODULE_LINES, MIN_MODULE_LINES = 400, 40
 # The layers, lowest first: a module imports only from its own layer or lower ones (the top-level modules, the
 # commands, sit above all of them; errors, files and private_apis below).
 LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "analysis", "searches", "sweep", "report")
@@ -180,6 +181,12 @@ def test_no_module_is_longer_than_400_lines():
     lengths = {p: len(p.read_text().splitlines()) for p in MODULES}
     long = [f"{p.relative_to(REPO)} ({n} lines)" for p, n in lengths.items() if n > MAX_MODULE_LINES]
     assert not long, long
+
+
+def test_no_module_but_a_packages_init_is_shorter_than_40_lines():
+    short = [f"{p.relative_to(REPO)} ({n} lines)" for p in MODULES
+             if p.name != "__init__.py" and (n := len(p.read_text().splitlines())) < MIN_MODULE_LINES]
+    assert not short, short
 
 
 def test_no_module_imports_one_that_imports_it_back_not_even_for_typing():

@@ -42,7 +42,6 @@ from lmtune.training.loop import resolve_config
 from lmtune.usercode.checks import check_code, check_model
 from lmtune.usercode.config import UserCode
 from lmtune.usercode.model import parameter_fingerprint
-from lmtune.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +242,7 @@ def sweep_record(options: SweepOptions, plan: SweepPlan, placement: Placement) -
 
 def installed_version(package: str) -> str | None:
     """``package``'s installed version, without importing it (None: not installed; optuna is needed only by
-    search: optuna)."""
+    search: optuna; lmtune itself run from a checkout it was never installed from)."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -258,7 +257,7 @@ def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
     return SweepRecord(
         model_fingerprint=parameter_fingerprint(base.code, base.model) if base.code.user_model else "",
         name=name, plan=plan, data=DataRecord(str(data_dir.resolve()), read_meta(data_dir)),
-        versions={"lmtune": __version__, "torch": torch.__version__, "ray": ray.__version__,
+        versions={"lmtune": installed_version("lmtune"), "torch": torch.__version__, "ray": ray.__version__,
                   "optuna": installed_version("optuna"), "python": platform.python_version()},
         hardware={"platform": platform.platform(), "cpu_count": os.cpu_count(),
                   "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]},
