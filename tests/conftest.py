@@ -42,6 +42,31 @@ TEST_ASHA = {"name": "asha", "grace_period": 0.2, "reduction_factor": 2}
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+# The suite runs on two pytest-xdist workers (scripts/test.sh: -n 2), each test file's tests on one worker so that
+# a module's fixtures run once. The files below run one after another on one worker: they share the session's quick
+# sweep, open Ray's dashboard, start a cluster with `ray start` (its dashboard agent needs a port to itself), or
+# train sweeps large enough that two at once would only take turns on the two cores; every other file runs beside
+# them, on the other worker.
+SERIAL_RAY_FILES = frozenset({
+    "test_analyze.py", "test_diagnose.py", "test_hostile_inputs.py", "test_retention.py", "test_sweep.py",
+    "test_faults.py", "test_cloud_rehearsal.py", "test_hostile_sweeps.py", "test_edge_sweep.py",
+    "test_horizon_sweep.py", "test_width_sweep.py", "test_fused_sweep.py"})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's scheduler by scope, a scope being a test file or, for SERIAL_RAY_FILES, all of them together (the
+    largest scope, so it starts first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "serial-ray" if Path(file).name in SERIAL_RAY_FILES else file
+
+    return FileScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def builtin_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in story corpus, generated and tokenized once per test session."""

@@ -319,6 +319,7 @@ def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
     head = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
+         f"--dashboard-agent-listen-port={_free_port()}",  # (Ray's default, 52365, is any other local Ray's too)
          "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
         stdout=head_log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         start_new_session=True)
