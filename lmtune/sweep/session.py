@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 
 import ray
@@ -46,12 +46,8 @@ class Interruptions:
     def caught(cls) -> Iterator[None]:
         """SIGTERM and SIGHUP handled so while the block runs (the previous handlers back afterwards)."""
         cls.by, cls.tuning = None, False
-        previous = {signum: signal.signal(signum, cls._on_signal) for signum in cls.HANDLED}
-        try:
+        with _handled(cls.HANDLED, cls._on_signal):
             yield
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     @classmethod
     def install(cls) -> None:
@@ -70,20 +66,15 @@ class Interruptions:
     @contextlib.contextmanager
     def held(cls) -> Iterator[None]:
         """SIGINT, SIGTERM and SIGHUP noted, not acted on, while the block runs: Ray shutting down, which takes a
-        second or two and must not be cut short (a KeyboardInterrupt inside ``ray.shutdown`` left Ray's core
-        half-stopped, and the driver then exited with status 1 instead of 130). What stopped the sweep is
-        already on its way; a sweep that finished has nothing left to stop."""
+        second or two and must not be cut short (a further Ctrl-C there ended the driver by SIGINT, or with status
+        1, instead of 130). What stopped the sweep is already on its way; a finished sweep has nothing to stop."""
 
         def note(signum: int, frame: FrameType | None) -> None:
             if signum != signal.SIGINT and cls.by is None:
                 cls.by = signal.Signals(signum).name
 
-        previous = {signum: signal.signal(signum, note) for signum in (signal.SIGINT, *cls.HANDLED)}
-        try:
+        with _handled((signal.SIGINT, *cls.HANDLED), note):
             yield
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     @classmethod
     def ignore_further(cls) -> None:
@@ -97,6 +88,17 @@ class Interruptions:
     def _on_signal(cls, signum: int, frame: FrameType | None) -> None:
         cls.by = signal.Signals(signum).name
         signal.raise_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _handled(signums: Iterable[int], handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """``handler`` for ``signums`` while the block runs; the previous handlers back afterwards."""
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 class _WithoutRaysRestoreHint(logging.Filter):
