@@ -9,9 +9,11 @@ row may hold, and which of it goes where, is lmtune.training.metric_registry's.
 
 from __future__ import annotations
 
+import atexit
 import csv
 import io
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -194,6 +196,9 @@ class TensorBoardSink:
     Without tensorboardX installed (a bare GPU box) it writes nothing and says so once per process."""
 
     _told = False
+    lock = threading.Lock()
+    """Held to write and to close: a sweep's trial writes and closes from its training thread, while the process may
+    be exiting (Ray ending the worker) and closing every writer from its main thread."""
 
     def __init__(self, out_dir: Path, resume_step: int = 0):
         try:
@@ -207,17 +212,25 @@ class TensorBoardSink:
             return
         # purge_step: a resumed run's events past its checkpoint are dropped, as metrics.csv's rows are.
         self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=resume_step or None)
+        # tensorboardX closes its files at exit too (atexit), checking first whether they are closed: with a trial's
+        # thread closing them at that moment, its check raced ours and a "flush of closed file" traceback reached
+        # the sweep's console. Closed at exit here first (the last registered runs first), under the lock.
+        atexit.register(self.close)
 
     def write(self, row: Row, checkpoint: Path | None = None) -> None:
-        if self.writer is None:
-            return
-        for key, value in numbers(row).items():
-            self.writer.add_scalar(key, value, row["step"])
-        self.writer.flush()
+        with self.lock:
+            if self.writer is None:
+                return
+            for key, value in numbers(row).items():
+                self.writer.add_scalar(key, value, row["step"])
+            self.writer.flush()
 
     def close(self, result: Any = None) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        with self.lock:
+            writer, self.writer = self.writer, None
+            if writer is not None:
+                writer.close()
+        atexit.unregister(self.close)
 
     def __enter__(self) -> TensorBoardSink:
         return self
