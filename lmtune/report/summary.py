@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from lmtune.analysis.conclusion import Conclusion, conclude
 from lmtune.analysis.runs import Budget, equal_token_losses
@@ -177,9 +177,14 @@ class SweepFacts:
                 "samples": [asdict(sample) for sample in self.samples], "samples_note": self.samples_note}
 
 
+ResultT = TypeVar("ResultT", bound="SearchResult | None")
+"""A search's own results in its summary: None for a search that has none of its own."""
+
+
 @dataclass(frozen=True)
-class SweepSummary:
-    """What the report concludes of a sweep (or, for a horizon search, of its target budget's runs)."""
+class SweepSummary(Generic[ResultT]):
+    """What the report concludes of a sweep (or, for a horizon search, of its target budget's runs); typed by the
+    search's own results (``SweepSummary[HorizonResult]``: a horizon search's)."""
 
     search: str
     """The search's name (its ``search:`` value: grid, optuna, edge, horizon, width): which report section adds
@@ -227,9 +232,9 @@ class SweepSummary:
     """How many trials have each status."""
     trials: tuple[TrialRow, ...]
     """One row per trial, by LR, seed and id."""
-    search_result: SearchResult | None = None
+    search_result: ResultT
     """The search strategy's own results (a horizon search's:
-    lmtune.searches.horizon.report_conclusion.HorizonResult)."""
+    lmtune.searches.horizon.report_conclusion.HorizonResult; None: a search without any)."""
     facts: SweepFacts | None = None
     """What analyze read of the sweep's records (None: summarized from trial records alone)."""
     sharpness: tuple[SharpnessRow, ...] | None = None
@@ -279,7 +284,7 @@ class SweepSummary:
 
 def sweep_summary(records: Sequence[TrialRecord], budget: Budget | None = None, target: float | None = None,
                   ell0: float | None = None, vocab_size: int | None = None, decisions: Sequence[StageDecision] = (),
-                  range_tokens: int | None = None, search: str = "grid") -> SweepSummary:
+                  range_tokens: int | None = None, search: str = "grid") -> SweepSummary[None]:
     """The sweep's headline numbers and one row per trial. ``budget``: the sweep's (steps, warm-up,
     tokens per step, rungs); without it, one rung at the largest trial budget. ``decisions``: the search's
     (the why of each stage)."""
@@ -294,7 +299,7 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
                    ell0: float | None = None, vocab_size: int | None = None, decisions: Sequence[StageDecision] = (),
                    range_tokens: int | None = None, search: str = "grid", conclusion: Conclusion | None = None,
                    every_record: Sequence[TrialRecord] | None = None,
-                   search_result: SearchResult | None = None) -> SweepSummary:
+                   search_result: ResultT = None) -> SweepSummary[ResultT]:
     """sweep_summary of ``records`` already turned into the search's runs (``pairs``: record_runs), at ``budget``;
     ``conclusion``: what those runs conclude, when the caller has concluded it already (a horizon search);
     ``every_record``: the sweep's every trial, for the trial table and the status counts, where ``records`` are

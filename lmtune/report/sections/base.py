@@ -13,7 +13,7 @@ from lmtune.analysis.runs import Budget
 from lmtune.report.comparison import StageDecision
 from lmtune.report.sharpness import SharpnessRow
 from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import SweepSummary, sweep_summary
+from lmtune.report.summary import ResultT, SweepSummary, sweep_summary
 from lmtune.searches.state import read_search_state
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.lr_range import RangeTestResult
@@ -70,14 +70,14 @@ class ReportFigure:
     """Draws it into the path given; returns the path."""
 
 
-class ReportSection(Protocol):
-    """A search strategy's part of the report."""
+class ReportSection(Protocol[ResultT]):
+    """A search strategy's part of the report, typed by its own results (None: it has none)."""
 
-    def summarize(self, sweep: SweepInputs) -> SweepSummary:
+    def summarize(self, sweep: SweepInputs) -> SweepSummary[ResultT]:
         """The summary of its sweep (SweepSummary.search_result: its own typed results, if any)."""
         ...
 
-    def markdown(self, summary: SweepSummary) -> list[str]:
+    def markdown(self, summary: SweepSummary[ResultT]) -> list[str]:
         """Its own section of lr_sweep_analysis.md, after the overview (empty: none)."""
         ...
 
@@ -85,7 +85,7 @@ class ReportSection(Protocol):
         """Its own figures, listed first in the report."""
         ...
 
-    def headline(self, summary: SweepSummary) -> list[str]:
+    def headline(self, summary: SweepSummary[ResultT]) -> list[str]:
         """Its lines before the CLIs' common ones (empty: none)."""
         ...
 
@@ -98,7 +98,7 @@ class PlainSection:
     name: str = "grid"
     """The search's name."""
 
-    def summarize(self, sweep: SweepInputs) -> SweepSummary:
+    def summarize(self, sweep: SweepInputs) -> SweepSummary[None]:
         return sweep_summary(sweep.trials, sweep.budget, target=sweep.target, vocab_size=sweep.vocab_size,
                              decisions=self.decisions(sweep), range_tokens=sweep.range_tokens, search=self.name)
 
@@ -108,11 +108,11 @@ class PlainSection:
         state = read_search_state(sweep.sweep_dir, self.name) or {}
         return [StageDecision(d["stage"], d["why"]) for d in state.get("decisions", [])]
 
-    def markdown(self, summary: SweepSummary) -> list[str]:
+    def markdown(self, summary: SweepSummary[None]) -> list[str]:
         return []
 
     def figures(self) -> tuple[ReportFigure, ...]:
         return ()
 
-    def headline(self, summary: SweepSummary) -> list[str]:
+    def headline(self, summary: SweepSummary[None]) -> list[str]:
         return []

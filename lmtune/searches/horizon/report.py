@@ -59,7 +59,7 @@ NOT_RESOLVED = ("β not resolved by these budgets: its 90% interval includes 0, 
 class HorizonSection:
     """``search: horizon``."""
 
-    def summarize(self, sweep: SweepInputs) -> SweepSummary:
+    def summarize(self, sweep: SweepInputs) -> SweepSummary[HorizonResult]:
         """The usual summary of the target budget's runs (the largest budget with runs, while none has trained at
         the target yet), every trial's row, and the horizon's own results
         (lmtune.searches.horizon.report_conclusion)."""
@@ -76,9 +76,9 @@ class HorizonSection:
                                conclusion=at.conclusion if at else None, every_record=sweep.trials,
                                search_result=result)
 
-    def markdown(self, summary: SweepSummary) -> list[str]:
+    def markdown(self, summary: SweepSummary[HorizonResult]) -> list[str]:
         """Each budget's crowned LR, located LR* and edge, the fit, the prediction and the confirmation."""
-        result = _result(summary)
+        result = summary.search_result
         target = result.target_tokens
         lines = ["## The best LR at the target budget, predicted across token horizons", "",
                  f"Target: {target:,} tokens. Each budget's LRs are compared at that budget's full token count (its "
@@ -104,10 +104,10 @@ class HorizonSection:
     def figures(self) -> tuple[ReportFigure, ...]:
         return (ReportFigure("horizon.png", lambda _: True, lambda f, path: plot_horizon(path, f.summary)),)
 
-    def headline(self, summary: SweepSummary) -> list[str]:
+    def headline(self, summary: SweepSummary[HorizonResult]) -> list[str]:
         """Each budget's crowned LR and LR*, the fit, the prediction at the target and the confirmation's verdict;
         then which budget the common lines are at."""
-        result = _result(summary)
+        result = summary.search_result
         lines = [budget_line(b) for b in result.budgets[:-1]]
         fit = result.fit
         if fit is None:
@@ -123,11 +123,6 @@ class HorizonSection:
         at = "the target" if summary.compared_at_tokens == result.target_tokens else "the largest"
         return [*lines, f"at {at} budget's {summary.compared_at_tokens or 0:,} tokens:"]
 
-
-def _result(summary: SweepSummary) -> HorizonResult:
-    result = summary.search_result
-    assert isinstance(result, HorizonResult), "a horizon search's summary carries its HorizonResult"
-    return result
 
 
 def located_text(at: LocatedLr | None) -> str:
@@ -279,11 +274,11 @@ def confirmation_markdown(confirmed: TargetConfirmation, predicted: float | None
             f"**Verdict**: {confirmed.verdict}. Its cost: {cost}.", ""]
 
 
-def plot_horizon(path: Path, summary: SweepSummary) -> Path:
+def plot_horizon(path: Path, summary: SweepSummary[HorizonResult]) -> Path:
     """Left, val loss against LR at each budget's full token count (seeds as dots, the budget's first failing LR
     as an x: an edge probe of one seed); right, each budget's located LR* with its 90% interval and its crowned
     grid LR, the fitted power law, the prediction at the target with its 90% interval, and the target runs' best."""
-    result = _result(summary)
+    result = summary.search_result
     budgets = result.budgets
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5), gridspec_kw={"wspace": 0.3})
     colors = plt.get_cmap("viridis")

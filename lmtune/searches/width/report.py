@@ -59,7 +59,7 @@ COORD_FIGURE = "coord_check.png"
 class WidthSection:
     """``search: width``."""
 
-    def summarize(self, sweep: SweepInputs) -> SweepSummary:
+    def summarize(self, sweep: SweepInputs) -> SweepSummary[WidthResult]:
         """The usual summary of the target width's runs (the widest width with runs, while none has trained at the
         target yet), every trial's row, and the width search's own results (lmtune.searches.width.report_conclusion)."""
         plan = sweep.record.plan  # (a width search's record has its plan: its settings came from it)
@@ -78,9 +78,9 @@ class WidthSection:
                                conclusion=at.conclusion if at else None, every_record=sweep.trials,
                                search_result=result)
 
-    def markdown(self, summary: SweepSummary) -> list[str]:
+    def markdown(self, summary: SweepSummary[WidthResult]) -> list[str]:
         """Each width's model, crowned LR and located LR*, the fit, the prediction, the confirmation, the cost."""
-        result = _result(summary)
+        result = summary.search_result
         lines = ["## The best LR at the target width, predicted across widths", "", _method(result, summary), "",
                  *width_table(result), ""]
         fit = result.fit
@@ -105,10 +105,10 @@ class WidthSection:
                 ReportFigure(COORD_FIGURE, lambda f: _coord(f.summary) is not None,
                              lambda f, path: plot_coord_check([_coord(f.summary)], path)))
 
-    def headline(self, summary: SweepSummary) -> list[str]:
+    def headline(self, summary: SweepSummary[WidthResult]) -> list[str]:
         """The prediction at the target width with gamma, the confirmation's verdict and the cost; then which
         width the common lines are at."""
-        result = _result(summary)
+        result = summary.search_result
         fit = result.fit
         if fit is None:
             lines = [f"width search ({parametrization_text(result)}): no fit: {result.fit_problem}"]
@@ -125,11 +125,6 @@ class WidthSection:
         which = "the target" if width == result.target_width else "the widest width with runs"
         return [*lines, f"at d_model {width} ({which}), {summary.compared_at_tokens or 0:,} tokens:"]
 
-
-def _result(summary: SweepSummary) -> WidthResult:
-    result = summary.search_result
-    assert isinstance(result, WidthResult), "a width search's summary carries its WidthResult"
-    return result
 
 
 def _pairs_at(pairs: list[Pair], width: int) -> list[Pair]:
@@ -159,9 +154,8 @@ def coord_check_lines(coord: SweepCoordCheck | None) -> list[str]:
     return lines + table(["layer", "activation slope", "update slope"], rows)
 
 
-def _coord(summary: SweepSummary) -> CoordCheck | None:
-    result = summary.search_result
-    coord = result.coord if isinstance(result, WidthResult) else None
+def _coord(summary: SweepSummary[WidthResult]) -> CoordCheck | None:
+    coord = summary.search_result.coord
     return coord.check if coord else None
 
 
@@ -171,7 +165,7 @@ def parametrization_text(result: WidthResult) -> str:
     return "SP"
 
 
-def _method(result: WidthResult, summary: SweepSummary) -> str:
+def _method(result: WidthResult, summary: SweepSummary[WidthResult]) -> str:
     model = ("μP (the maximal-update parametrization) with base width "
              f"{result.mup_base_width}: equal to SP at d_model {result.mup_base_width}, and an LR tuned at one width "
              "should hold at every other (γ = 0)" if result.parametrization == "mup"
@@ -273,11 +267,11 @@ def cost_sentence(result: WidthResult) -> str:
             f"({_flops(result.target_run_flops)} FLOPs each).")
 
 
-def plot_width(path: Path, summary: SweepSummary) -> Path:
+def plot_width(path: Path, summary: SweepSummary[WidthResult]) -> Path:
     """Left, val loss against LR at the budget's full token count per width (mean over seeds, sd bars), each
     proxy's located LR* marked; right, each proxy's LR* against width with its 90% interval and its crowned grid
     LR, the fitted power law, the prediction at the target with its 90% interval, and the target runs' best."""
-    result = _result(summary)
+    result = summary.search_result
     rows = result.widths
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5), gridspec_kw={"wspace": 0.3})
     colors = plt.get_cmap("viridis")
