@@ -56,7 +56,7 @@ SERIAL_RAY_FILES = frozenset({
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """xdist's scheduler by scope, a scope being a test file or, for SERIAL_RAY_FILES, all of them together (the
-    largest scope, so it starts first)."""
+    scope with the most tests, which xdist hands out first)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FileScheduling(LoadScopeScheduling):

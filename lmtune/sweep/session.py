@@ -40,6 +40,8 @@ class Interruptions:
     by: str | None = None
     tuning = False
     HANDLED = (signal.SIGTERM, signal.SIGHUP)
+    STOPPING = (signal.SIGINT, *HANDLED)
+    """Every signal that stops a sweep: Ctrl-C's and those turned into it."""
 
     @classmethod
     @contextlib.contextmanager
@@ -73,7 +75,7 @@ class Interruptions:
             if signum != signal.SIGINT and cls.by is None:
                 cls.by = signal.Signals(signum).name
 
-        with _handled((signal.SIGINT, *cls.HANDLED), note):
+        with _handled(cls.STOPPING, note):
             yield
 
     @classmethod
@@ -81,7 +83,7 @@ class Interruptions:
         """The sweep has stopped or finished and the command only says so and exits: a further Ctrl-C or SIGTERM
         (a second one from an impatient user, or the rest of a process group's) must not turn its exit status into
         a death by signal or cut Python's exit short."""
-        for signum in (signal.SIGINT, *cls.HANDLED):
+        for signum in cls.STOPPING:
             signal.signal(signum, signal.SIG_IGN)
 
     @classmethod

@@ -212,9 +212,10 @@ class TensorBoardSink:
             return
         # purge_step: a resumed run's events past its checkpoint are dropped, as metrics.csv's rows are.
         self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=resume_step or None)
-        # tensorboardX closes its files at exit too (atexit), checking first whether they are closed: with a trial's
-        # thread closing them at that moment, its check raced ours and a "flush of closed file" traceback reached
-        # the sweep's console. Closed at exit here first (the last registered runs first), under the lock.
+        # tensorboardX closes its writers at exit too (atexit), checking first whether each is closed: a trial's
+        # thread closing the same writer at that moment raced that check, and a "flush of closed file" traceback
+        # reached the sweep's console. This sink closes it at exit first (the last registered runs first), under
+        # the lock the thread's own close takes, so tensorboardX's finds it closed.
         atexit.register(self.close)
 
     def write(self, row: Row, checkpoint: Path | None = None) -> None:

@@ -124,7 +124,6 @@ class HorizonSection:
         return [*lines, f"at {at} budget's {summary.compared_at_tokens or 0:,} tokens:"]
 
 
-
 def located_text(at: LocatedLr | None) -> str:
     """"0.0087 ± 9%" (LR* and the SE of ln LR*), or why it was not located."""
     if at is None:

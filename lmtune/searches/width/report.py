@@ -126,7 +126,6 @@ class WidthSection:
         return [*lines, f"at d_model {width} ({which}), {summary.compared_at_tokens or 0:,} tokens:"]
 
 
-
 def _pairs_at(pairs: list[Pair], width: int) -> list[Pair]:
     return [(run, record) for run, record in pairs if dict(run.others).get("d_model") == width]
 
