@@ -31,7 +31,7 @@ from lmtune.sweep.placement import ClusterCapacity, Placement, place_trials
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.preflight import read_cluster_config
 from lmtune.sweep.record import asha_state_path, ledger_path
-from lmtune.sweep.retention import CheckpointPruner
+from lmtune.sweep.retention import CheckpointPruner, TuneResultsKept
 from lmtune.sweep.searcher import tune_search_alg
 from lmtune.sweep.spaces import SearchSpace, load_space
 from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
@@ -124,11 +124,10 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
                            # (with object storage the results disk holds only the driver's records)
                            disk_guard=None if "://" in options.storage_path else DiskGuard(
                                options.results.resolve(), disk_reserve(plan, placement.max_concurrent)))
-    # The recorder first: the pruner reads the outcome it records. Tune's CSV and JSON results, and no TensorBoard
-    # stream of Tune's (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS, set in ray_session): each trial has lmtune's own.
+    # The recorder first: the pruner reads the outcome it records.
     callbacks: list[tune.Callback] = [
         recorder, CheckpointPruner(options.storage_path, options.keep, space.strategy.held_checkpoints, sweep_dir),
-        CSVLoggerCallback(), JsonLoggerCallback()]
+        *result_loggers(options.storage_path)]
     if options.wandb_project:
         callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
     search_alg, num_samples = tune_search_alg(space.strategy, plan.budget(), sweep_dir)
@@ -151,6 +150,12 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
             callbacks=callbacks, progress_reporter=progress_reporter(space), verbose=0 if options.quiet else 1,
         ),
     )
+
+
+def result_loggers(storage_path: str) -> list[tune.Callback]:
+    """Tune's CSV and JSON results of each trial, continuing those in storage, and no TensorBoard stream of Tune's
+    (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS, set in ray_session): each trial has lmtune's own."""
+    return [TuneResultsKept(storage_path), CSVLoggerCallback(), JsonLoggerCallback()]
 
 
 def reuses_workers(plan: SweepPlan) -> bool:

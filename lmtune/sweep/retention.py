@@ -1,4 +1,5 @@
-"""What of a sweep's checkpoints stays on disk, and when the rest goes (``--keep``).
+"""What of a sweep's checkpoints stays on disk, and when the rest goes (``--keep``); and that a trial started again
+keeps the Tune results it had (``TuneResultsKept``).
 
 A periodic checkpoint has one home, Tune's ``checkpoint_NNNNNN/`` folder in the trial's folder (lmtune.sweep.
 reporting hands each one over). While a trial runs, Tune keeps its newest (what a resume needs) and the run
@@ -20,6 +21,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from ray import tune
 
+from lmtune.files import atomic_write_bytes
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.record import STAGING_DIR, read_outcomes, rebased
 from lmtune.sweep.storage import SweepStorage, filesystem_of
@@ -28,6 +30,7 @@ from lmtune.training.checkpoint import PERIODIC, STABLE_NAME
 log = logging.getLogger(__name__)
 
 TUNE_CHECKPOINT_PREFIX = "checkpoint_"
+TUNE_RESULT_FILES = ("result.json", "progress.csv")  # (Tune's JsonLoggerCallback's and CSVLoggerCallback's)
 
 
 def _children(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
@@ -120,3 +123,33 @@ class CheckpointPruner(tune.Callback):
             self.freed += prune_trial(self.fs, trial.path, self.keep, self.held(outcome))
         except OSError as err:  # a checkpoint that could not be deleted costs disk, not the sweep
             log.warning("could not prune trial %s's checkpoints (%s)", trial.trial_id, err)
+
+
+class TuneResultsKept(tune.Callback):
+    """A trial's Tune results (result.json, progress.csv) in storage kept when a resumed sweep starts it again.
+
+    Tune's loggers write them on the driver and upload them over the stored ones; they fetch the stored ones
+    first only for a trial restored from a checkpoint (ray/tune/logger/logger.py, ``_restore_from_remote``). A
+    trial started again without one, because Tune's last snapshot predates its first checkpoint or because the
+    ledger says it ended (it then returns at once, lmtune.sweep.trainable), had its stored results replaced by the
+    new driver's file: begun again, or empty. Listed before Tune's loggers, this fetches them first; the loggers
+    append to them."""
+
+    def __init__(self, storage_path: str):
+        self.fs, _ = filesystem_of(storage_path)
+
+    def on_trial_start(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        for name in TUNE_RESULT_FILES:
+            local = Path(trial.local_path, name)
+            if local.exists():  # (this driver has written it already: a retry of the trial's)
+                continue
+            try:
+                with self.fs.open_input_stream(posixpath.join(trial.path, name)) as stream:
+                    stored = stream.read()
+            except FileNotFoundError:  # (a trial's first start)
+                continue
+            except OSError as err:
+                log.warning("could not fetch trial %s's stored %s (%s); the resumed trial's replaces it",
+                            trial.trial_id, name, err)
+                continue
+            atomic_write_bytes(local, stored, mirror=False)
