@@ -24,13 +24,13 @@ from lmtune.training.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
-# The tiny trial over 60 steps of 256 tokens; ASHA rungs at 20 and 60 steps (evaluations and checkpoints
+# The tiny trial over 30 steps of 256 tokens; ASHA rungs at 10 and 30 steps (evaluations and checkpoints
 # every 10 steps fall on them, so a cut trial is continued from its rung).
 TINY_EDGE = f"""\
 description: tiny edge search for the tests
 search: edge
 budget: quick
-set: {json.dumps({**TINY_TRIAL, "steps": 60})}
+set: {json.dumps({**TINY_TRIAL, "steps": 30})}
 scheduler: {{name: asha, grace_period: 0.33333333, reduction_factor: 3}}
 edge: {{range_steps: 30, seeds: 2, refine_points: 0, tolerance: 2.0}}
 """

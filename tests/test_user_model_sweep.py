@@ -40,12 +40,12 @@ from lmtune.sweep.record import read_outcomes
 pytestmark = pytest.mark.slow
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-# The README's command, at test size: its space's model and batch shrunk, and its 162 steps to 54 with every interval
-# a third as long (ASHA's rungs, at 1/9, 1/3 and all of the budget, still fall on evaluations and checkpoints); its
+# The README's command, at test size: its space's model and batch shrunk, and its 162 steps to 27 with every interval
+# a sixth as long (ASHA's rungs, at 1/9, 1/3 and all of the budget, still fall on evaluations and checkpoints); its
 # range test and search kept.
 TEST_SIZE = {"d_model": 32, "d_ff": 96, "n_layers": 1, "n_heads": 2, "context_length": 32, "batch_size": 8,
-             "eval_batches": 2, "steps": 54, "warmup_steps": 6, "log_interval": 6, "eval_interval": 6,
-             "checkpoint_interval": 6}
+             "eval_batches": 2, "steps": 27, "warmup_steps": 3, "log_interval": 3, "eval_interval": 3,
+             "checkpoint_interval": 3}
 
 
 def readme_command() -> list[str]:
