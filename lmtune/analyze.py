@@ -28,17 +28,16 @@ def parse_target(text: str | None) -> float | None:
     return value
 
 
-def headline(report: WrittenReport) -> list[str]:
+def headline(written: WrittenReport) -> list[str]:
     """The few lines the CLI prints."""
-    summary = report.summary
-    facts = summary.facts or SweepFacts()
+    summary, facts = written.report.summary, written.report.facts
     counts = ", ".join(f"{n} {s}" for s, n in summary.status_counts.items())
     range_test = " and the LR range test" if facts.range_test else ""
     lines = [f"sweep {facts.sweep}: {len(summary.trials)} trials ({counts}){range_test}",
              *missing_lines(facts), *summary_lines(summary)]
     if summary.target.target is not None:
         lines.append(f"target {summary.target.target:g}: {'met' if summary.target.met else 'not met'}")
-    lines.append(f"report: {report.markdown}")
+    lines.append(f"report: {written.markdown}")
     return lines
 
 

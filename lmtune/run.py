@@ -215,9 +215,10 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
     from lmtune.report.writer import summarize_sweep  # (the report's imports: only once there is one)
 
     try:
-        summary = summarize_sweep(result.sweep_dir).summary
+        report = summarize_sweep(result.sweep_dir)
     except LmtuneError:  # stopped before any trial wrote anything the report can read
-        summary = None
+        report = None
+    summary = report.summary if report else None
     rows = summary.trials if summary else ()
     counts = ", ".join(f"{n} {s}" for s, n in (summary.status_counts if summary else {}).items()) or "none ended"
     print(f"\n{len(rows)} trials: {counts}" + (f"; {result.unfinished} did not finish" if result.unfinished else ""))
@@ -235,8 +236,8 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
             print(line)
         return 1
     print("\n".join(summary_lines(summary)))
-    print(f"  config: {json.dumps(summary.facts.best_config)}")
-    best = Path(summary.facts.best_trial_dir) / "checkpoints" / "best.pt"
+    print(f"  config: {json.dumps(report.facts.best_config)}")
+    best = Path(report.facts.best_trial_dir) / "checkpoints" / "best.pt"
     if options.storage and "://" in options.storage:  # its checkpoints are in the storage only
         best = f"{SweepStorage(options.storage, options.name).uri.partition('?')[0]}/{best.parent.parent.name}/" \
                "checkpoints/best.pt"

@@ -1,6 +1,5 @@
 import csv
 import json
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -119,8 +118,7 @@ def test_sweep_comparison_ylim_ignores_exploding_losses(records, tmp_path):
 def test_markdown_has_every_section_and_the_numbers(records, tmp_path):
     facts = SweepFacts(search_strategy="ASHA over a log grid of 6 LRs.",
                        compute={"tokens_spent": 1_000_000, "full_grid_tokens": 4_000_000, "gpu_hours": 0.5})
-    summary = replace(sweep_summary(records, target=2.5), facts=facts)
-    path = write_markdown(summary, records, tmp_path / "lr_sweep_analysis.md")
+    path = write_markdown(sweep_summary(records, target=2.5), facts, records, tmp_path / "lr_sweep_analysis.md")
     text = path.read_text()
     positions = [text.index(h + "\n") for h in HEADINGS]
     assert positions == sorted(positions)
@@ -144,7 +142,7 @@ def test_markdown_has_every_section_and_the_numbers(records, tmp_path):
 def test_markdown_copes_with_no_divergence_and_no_target(tmp_path):
     healthy = sweep()[:3]
     summary = sweep_summary(healthy)
-    text = write_markdown(summary, healthy, tmp_path / "a.md").read_text()
+    text = write_markdown(summary, SweepFacts(), healthy, tmp_path / "a.md").read_text()
     for heading in HEADINGS:
         assert heading in text
     assert "No run diverged" in text and "No target loss was given" in text
@@ -153,7 +151,7 @@ def test_markdown_copes_with_no_divergence_and_no_target(tmp_path):
 
 def test_tables_agree_with_the_records(records, tmp_path):
     summary = sweep_summary(records, target=2.5)
-    json_path, csv_path = write_tables(summary, tmp_path)
+    json_path, csv_path = write_tables(summary.to_json(), summary.trials, tmp_path)
     loaded = json.loads(json_path.read_text())
     assert loaded == summary.to_json()
     assert loaded["best_lr"] == 1e-3 and loaded["divergence_lr"] == 1e-2 and loaded["edge_lr_low"] == 3e-3

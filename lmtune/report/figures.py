@@ -323,7 +323,7 @@ def _broken(f: FigureInputs) -> bool:
 
 def _draw_instability(f: FigureInputs, path: Path) -> Path:
     best = next((t for t in f.trials if t.trial_id == f.summary.best_trial), None)
-    model = f.summary.facts.model if f.summary.facts else None
+    model = f.facts.model
     user = model is not None and model.user_model
     return plot_instability(f.trials, best, path, "not measured for this model" if user else "not logged")
 

@@ -14,7 +14,7 @@ import csv
 import io
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -347,7 +347,7 @@ def sweep_sharpness(record: SweepRecord, records: list[TrialRecord], best_trial_
     return rows
 
 
-def write_sharpness_csv(rows: list[SharpnessRow], path: Path) -> Path:
+def write_sharpness_csv(rows: Sequence[SharpnessRow], path: Path) -> Path:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(SHARPNESS_COLUMNS)

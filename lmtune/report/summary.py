@@ -1,8 +1,9 @@
 """The report's numbers, typed: the best LR at equal tokens with its spread over seeds, the landscape above it
 (basin, degraded, diverged), the edge bracket and how it was confirmed, the ratio as a range, the runs that
 spiked, equal-token losses per rung, sensitivity, convergence, target, the stages of the search, and one row per
-trial (``SweepSummary``). Computed once by ``sweep_summary``; the markdown, the figures, the CLIs' last lines and
-summary.json (``SweepSummary.to_json``, JSON-safe: no NaN) all read it."""
+trial (``SweepSummary``); and what analyze reads of the sweep's records beside them (``SweepFacts``). Computed once
+by ``sweep_summary``; the markdown, the figures, the CLIs' last lines and summary.json (``SweepSummary.to_json`` with
+the facts', JSON-safe: no NaN; lmtune.report.writer.SweepReport) all read it."""
 
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ from lmtune.report.comparison import (
     standing_pairs,
 )
 from lmtune.report.rows import TrialRow, json_safe, trial_table
-from lmtune.report.sharpness import SharpnessRow
 from lmtune.report.stability import (
     TrialRecord,
     best_candidates,
@@ -235,10 +235,6 @@ class SweepSummary(Generic[ResultT]):
     search_result: ResultT
     """The search strategy's own results (a horizon search's:
     lmtune.searches.horizon.report_conclusion.HorizonResult; None: a search without any)."""
-    facts: SweepFacts | None = None
-    """What analyze read of the sweep's records (None: summarized from trial records alone)."""
-    sharpness: tuple[SharpnessRow, ...] | None = None
-    """The sharpness estimates (analyze --sharpness), as sharpness.csv's columns."""
 
     @property
     def edge_reading(self) -> str:
@@ -252,7 +248,7 @@ class SweepSummary(Generic[ResultT]):
         return next((r for r in self.trials if r.trial_id == trial_id), None)
 
     def to_json(self) -> JsonObject:
-        """summary.json: its keys and their meaning are the report's public interface (README)."""
+        """What the runs conclude, summary.json's keys for it (SweepReport.to_json adds the records' facts)."""
         summary = {**self.conclusion.to_json(), "best_lr": self.best_lr, "edge_ratio": self.edge_ratio,
                    "compared_at_tokens": self.compared_at_tokens, "candidate_tokens": self.candidate_tokens,
                    "best_val_loss": self.best_val_loss, "best_tokens": self.best_tokens,
@@ -275,10 +271,6 @@ class SweepSummary(Generic[ResultT]):
                    "status_counts": dict(self.status_counts), "trials": [row.to_json() for row in self.trials]}
         if self.search_result is not None:
             summary.update(self.search_result.to_json())
-        if self.facts is not None:
-            summary.update(self.facts.to_json())
-        if self.sharpness is not None:
-            summary["sharpness"] = [row.to_json() for row in self.sharpness]
         return json_safe(summary)
 
 

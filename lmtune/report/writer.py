@@ -16,7 +16,8 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from lmtune.errors import LmtuneError
@@ -24,11 +25,11 @@ from lmtune.files import JsonObject, atomic_write_text, check_destination
 from lmtune.report.figures import FIGURES
 from lmtune.report.markdown import write_markdown
 from lmtune.report.reader import load_range_test, load_sweep, missing_trials
-from lmtune.report.rows import varied_params
+from lmtune.report.rows import TrialRow, json_safe, varied_params
 from lmtune.report.samples import best_samples
 from lmtune.report.sections import search_of, section_for
 from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs
-from lmtune.report.sharpness import sweep_sharpness, write_sharpness_csv
+from lmtune.report.sharpness import SharpnessRow, sweep_sharpness, write_sharpness_csv
 from lmtune.report.stability import TrialRecord
 from lmtune.report.summary import SweepFacts, SweepSummary
 from lmtune.report.sweep_facts import (
@@ -59,13 +60,24 @@ class SweepReport:
     trials: list[TrialRecord]
     """Every trial as the report read it."""
     summary: SweepSummary
-    """What the report concludes (summary.json is its to_json)."""
+    """What its runs conclude."""
+    facts: SweepFacts
+    """What the report read of its records beside them (and the best LR's samples)."""
+    sharpness: tuple[SharpnessRow, ...] | None
+    """The sharpness estimates (analyze --sharpness; None: not asked for), as sharpness.csv's columns."""
     range_test: RangeTestResult | None
     """The edge search's LR range test (None: none ran)."""
 
+    def to_json(self) -> JsonObject:
+        """summary.json: its keys and their meaning are the report's public interface (README)."""
+        sharpness = {} if self.sharpness is None else {"sharpness": [row.to_json() for row in self.sharpness]}
+        return json_safe({**self.summary.to_json(), **self.facts.to_json(), **sharpness})
 
-def summarize_sweep(sweep_dir: Path, target: float | None = None) -> SweepReport:
-    """Read a sweep folder (finished or running) and compute its summary, writing nothing."""
+
+def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int = 0,
+                    sharpness: bool = False) -> SweepReport:
+    """Read a sweep folder (finished or running) and compute its report, writing nothing: with ``samples`` texts
+    from the best LR's model and, with ``sharpness``, the sharpness of the trials' checkpoints."""
     sweep_dir = Path(sweep_dir)
     if target is not None and not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
         raise LmtuneError(f"--target must be a positive loss in nats/token (got {target!r})")
@@ -79,22 +91,24 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None) -> SweepReport
                          range_tokens)
     summary = section_for(search_of(record)).summarize(inputs)
     best = next((t for t in trials if t.trial_id == summary.best_trial), None)
+    best_trial_dir = str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None
+    texts, note = best_samples(best_trial_dir, samples)
     facts = SweepFacts(
         sweep=record.name or sweep_dir.name, sweep_dir=str(sweep_dir.resolve()),
-        missing_trials=tuple(missing_trials(sweep_dir, trials)),
-        best_trial_dir=str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None,
+        missing_trials=tuple(missing_trials(sweep_dir, trials)), best_trial_dir=best_trial_dir,
         best_config=best.params if best else None, search_strategy=search_description(record, trials),
         compute=compute_accounting(record, trials, range_tokens), data=data_description(record),
         range_test=range_summary(range_test), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        model=model_facts(record, trials))
-    return SweepReport(record, trials, replace(summary, facts=facts), range_test)
+        model=model_facts(record, trials), samples=texts, samples_note=note)
+    sharp_rows = tuple(sweep_sharpness(record, trials, summary.best_trial)) if sharpness else None
+    return SweepReport(record, trials, summary, facts, sharp_rows, range_test)
 
 
 @dataclass(frozen=True)
 class WrittenReport:
     """A report written: what it concludes, and where."""
 
-    summary: SweepSummary
+    report: SweepReport
     """What the report concludes (summary.json is its to_json)."""
     out: Path
     """The report folder."""
@@ -112,7 +126,7 @@ def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None =
             sharpness: bool = False, samples: int = 2, x: str = "both") -> JsonObject:
     """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
     written = write_report(sweep_dir, out_dir, target, sharpness, samples, x)
-    return {**written.summary.to_json(), "report_dir": str(written.out)}
+    return {**written.report.to_json(), "report_dir": str(written.out)}
 
 
 def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
@@ -128,23 +142,19 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | N
         check_destination(out, "the sweep's report folder", fix="give --out FOLDER to write the report elsewhere")
     else:
         check_destination(out, "--out")
-    report = summarize_sweep(sweep_dir, target)
+    report = summarize_sweep(sweep_dir, target, samples, sharpness)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(sweep_dir.resolve())}) + "\n")
-    summary, trials = report.summary, report.trials
-    texts, note = best_samples(summary.facts.best_trial_dir, samples)
-    summary = replace(summary, facts=replace(summary.facts, samples=texts, samples_note=note))
-    sharp_rows = sweep_sharpness(report.record, trials, summary.best_trial) if sharpness else None
-    if sharp_rows is not None:
-        summary = replace(summary, sharpness=tuple(sharp_rows))
-        write_sharpness_csv(sharp_rows, out / "sharpness.csv")
-        if not sharp_rows:
+    summary, facts, trials = report.summary, report.facts, report.trials
+    if report.sharpness is not None:
+        write_sharpness_csv(report.sharpness, out / "sharpness.csv")
+        if not report.sharpness:
             log.warning("no checkpoint gave a sharpness estimate; sharpness.png not written")
-    drawn = write_figures(out, FigureInputs(summary, trials, report.range_test, sharp_rows, target, X_AXES[x]),
-                          (*section_for(summary.search).figures(), *FIGURES))
-    write_markdown(summary, trials, out / MARKDOWN, [figure.file for figure in drawn])
-    write_tables(summary, out)
-    return WrittenReport(summary, out)
+    drawn = write_figures(out, FigureInputs(summary, facts, trials, report.range_test, report.sharpness, target,
+                                            X_AXES[x]), (*section_for(summary.search).figures(), *FIGURES))
+    write_markdown(summary, facts, trials, out / MARKDOWN, [figure.file for figure in drawn])
+    write_tables(report.to_json(), summary.trials, out)
+    return WrittenReport(report, out)
 
 
 def write_figures(out: Path, inputs: FigureInputs, figures: tuple[ReportFigure, ...]) -> list[ReportFigure]:
@@ -203,16 +213,16 @@ CSV_COLUMNS = ["trial_id", "lr", "status", "final_val_loss", "best_val_loss", "t
                "tokens_per_s", "max_spike_height", "stop_step", "reason"]
 
 
-def write_tables(summary: SweepSummary, out_dir: Path) -> tuple[Path, Path]:
-    """summary.json (SweepSummary.to_json) and summary.csv (one row per trial, params flattened)."""
+def write_tables(summary: JsonObject, rows: Sequence[TrialRow], out_dir: Path) -> tuple[Path, Path]:
+    """summary.json (``summary``: SweepReport.to_json) and summary.csv (one row per trial, params flattened)."""
     out_dir = Path(out_dir)
     json_path, csv_path = out_dir / "summary.json", out_dir / "summary.csv"
-    atomic_write_text(json_path, json.dumps(summary.to_json(), indent=2, allow_nan=False) + "\n")
-    extra = varied_params(summary.trials)
+    atomic_write_text(json_path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    extra = varied_params(rows)
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS[:2] + extra + CSV_COLUMNS[2:])
-    for row in summary.trials:
+    for row in rows:
         values = [getattr(row, c) for c in CSV_COLUMNS]
         values = values[:2] + [row.params.get(k) for k in extra] + values[2:]
         writer.writerow(["" if v is None else v for v in values])

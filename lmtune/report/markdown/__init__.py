@@ -1,4 +1,4 @@
-"""lr_sweep_analysis.md, written from the typed summary (lmtune.report.summary.SweepSummary): one section per
+"""lr_sweep_analysis.md, written from the typed summary and facts (lmtune.report.summary): one section per
 heading in HEADINGS, the search's own section after the overview (lmtune.report.sections), the range test's
 before the definitions."""
 
@@ -16,7 +16,7 @@ from lmtune.report.markdown.model import model_overview, samples
 from lmtune.report.markdown.runs import convergence, equal_tokens, overview, sensitivity, target, trials
 from lmtune.report.sections import section_for
 from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import SweepSummary
+from lmtune.report.summary import SweepFacts, SweepSummary
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +36,15 @@ HEADINGS = (
 )
 
 
-def write_markdown(summary: SweepSummary, records: Sequence[TrialRecord], path: Path,
+def write_markdown(summary: SweepSummary, facts: SweepFacts, records: Sequence[TrialRecord], path: Path,
                    figures: Sequence[str] = ()) -> Path:
     """lr_sweep_analysis.md: the report's text, one section per heading in HEADINGS (and the search's own, and the
     range test's). ``figures``: the report's figure files, as the overview lists them."""
     sections = [
-        overview(summary, figures), model_overview(summary), section_for(summary.search).markdown(summary),
-        trials(summary), best_lr(summary), samples(summary), landscape(summary), edge(summary), equal_tokens(summary),
+        overview(summary, facts, figures), model_overview(facts), section_for(summary.search).markdown(summary),
+        trials(summary), best_lr(summary), samples(facts), landscape(summary), edge(summary), equal_tokens(summary),
         convergence(summary), sensitivity(summary), target(summary), how_runs_broke(summary, records),
-        search_and_compute(summary), range_test(summary), definitions(summary),
+        search_and_compute(summary, facts), range_test(facts), definitions(summary),
     ]
     text = "\n".join(line for section in sections for line in section)
     atomic_write_text(Path(path), text)

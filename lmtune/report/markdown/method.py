@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from lmtune.analysis.runs import SIGNIFICANCE_SE
 from lmtune.report.figures import RANGE_TEST
-from lmtune.report.summary import SweepSummary
+from lmtune.report.summary import SweepFacts, SweepSummary
 from lmtune.report.text import fmt, lr, table, tokens
 
 
-def search_and_compute(summary: SweepSummary) -> list[str]:
-    facts = summary.facts
-    compute = dict(facts.compute or {}) if facts else {}
-    description = facts.search_strategy if facts else ""
+def search_and_compute(summary: SweepSummary, facts: SweepFacts) -> list[str]:
+    compute = dict(facts.compute or {})
+    description = facts.search_strategy
     spent = compute.get("tokens_spent")
     if spent is None:
         spent = sum(r.tokens or 0 for r in summary.trials)
@@ -38,8 +37,8 @@ def search_and_compute(summary: SweepSummary) -> list[str]:
     return lines + [""]
 
 
-def range_test(summary: SweepSummary) -> list[str]:
-    found = summary.facts.range_test if summary.facts else None
+def range_test(facts: SweepFacts) -> list[str]:
+    found = facts.range_test
     if not found:
         return []
     return ["## LR range test", "",

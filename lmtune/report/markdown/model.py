@@ -3,13 +3,13 @@ the best LR's model writes."""
 
 from __future__ import annotations
 
-from lmtune.report.summary import ModelFacts, SweepSummary
+from lmtune.report.summary import ModelFacts, SweepFacts
 
 
-def model_overview(summary: SweepSummary) -> list[str]:
+def model_overview(facts: SweepFacts) -> list[str]:
     """One paragraph after the overview: which model, its size, and, for a user's model, what is estimated and
     what is not measured."""
-    model = summary.facts.model if summary.facts else None
+    model = facts.model
     if model is None:
         return []
     return [f"**Model**: {_name(model)}{_size(model)}.{_measured(model)}", ""]
@@ -38,12 +38,11 @@ def _measured(model: ModelFacts) -> str:
             "stability probes are the gradient norm, the output logits and each block's relative update size.")
 
 
-def samples(summary: SweepSummary) -> list[str]:
+def samples(facts: SweepFacts) -> list[str]:
     """The best LR's model's samples, each quoted, or why there are none."""
-    facts = summary.facts
     lines = ["## Samples from the best LR's model", ""]
-    if facts is None or not facts.samples:
-        note = facts.samples_note if facts and facts.samples_note else "not drawn"
+    if not facts.samples:
+        note = facts.samples_note or "not drawn"
         return lines + [f"No samples: {note}.", ""]
     first = facts.samples[0]
     lines += [f"From the best trial's `checkpoints/best.pt`, {len(facts.samples)} samples of up to 256 tokens at "

@@ -7,23 +7,22 @@ from collections.abc import Callable, Sequence
 
 from lmtune.report.figures import LR_VS_LOSS
 from lmtune.report.rows import TrialRow, varied_params
-from lmtune.report.summary import SweepSummary
+from lmtune.report.summary import SweepFacts, SweepSummary
 from lmtune.report.text import fmt, rate, table, tokens
 
 
-def overview(summary: SweepSummary, figures: Sequence[str]) -> list[str]:
+def overview(summary: SweepSummary, facts: SweepFacts, figures: Sequence[str]) -> list[str]:
     rows = summary.trials
     counts = ", ".join(f"{n} {s}" for s, n in summary.status_counts.items())
-    facts = summary.facts
-    data = f" Data: {facts.data}." if facts and facts.data else ""
+    data = f" Data: {facts.data}." if facts.data else ""
     return ["# Learning-rate sweep: analysis", "",
             f"{len(rows)} trials ({counts}).{data} Figures: {', '.join(f'`{f}`' for f in figures)}.", "",
-            *_missing(summary)]
+            *_missing(facts)]
 
 
-def _missing(summary: SweepSummary) -> list[str]:
+def _missing(facts: SweepFacts) -> list[str]:
     """The trials the ledger lists without a folder the report could read: the conclusions are drawn without them."""
-    missing = summary.facts.missing_trials if summary.facts else ()
+    missing = facts.missing_trials
     if not missing:
         return []
     named = ", ".join(f"`{m.trial_id}` ({m.outcome})" for m in missing)

@@ -13,7 +13,7 @@ from lmtune.analysis.runs import Budget
 from lmtune.report.comparison import StageDecision
 from lmtune.report.sharpness import SharpnessRow
 from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import ResultT, SweepSummary, sweep_summary
+from lmtune.report.summary import ResultT, SweepFacts, SweepSummary, sweep_summary
 from lmtune.searches.state import read_search_state
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.lr_range import RangeTestResult
@@ -45,6 +45,8 @@ class FigureInputs:
 
     summary: SweepSummary
     """What the report concludes."""
+    facts: SweepFacts
+    """What the report read of the sweep's records (its model)."""
     trials: Sequence[TrialRecord]
     """Every trial as the report read it (their curves)."""
     range_test: RangeTestResult | None
