@@ -46,7 +46,10 @@ ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 # a module's fixtures run once. The files below run one after another on one worker: they share the session's quick
 # sweep, open Ray's dashboard, start a cluster with `ray start` (its dashboard agent needs a port to itself), or
 # train sweeps large enough that two at once would only take turns on the two cores; every other file runs beside
-# them, on the other worker.
+# them, on the other worker. A sweep whose test asserts nothing of trials running at once runs them one at a time
+# (--num-cpus 1): on two cores both busy a second trial only takes turns with the first, and costs trial workers of
+# its own (the README's edge command at test size: 60 CPU-s and 8 trial workers at --num-cpus 2, 43 and 1 at 1; the
+# same 25 trials and conclusions).
 SERIAL_RAY_FILES = frozenset({
     "test_analyze.py", "test_diagnose.py", "test_hostile_inputs.py", "test_retention.py", "test_sweep.py",
     "test_faults.py", "test_cloud_rehearsal.py", "test_hostile_sweeps.py", "test_edge_sweep.py",
@@ -108,7 +111,7 @@ def quick_sweep(tmp_path_factory: pytest.TempPathFactory, builtin_data: Path) ->
     each trial keeps its newest checkpoint (analyze --sharpness reads them)."""
     results = tmp_path_factory.mktemp("results")
     proc = run_lmtune("run", "--space", "quick", "--name", "quick", "--results", str(results),
-                      "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2", "--keep", "last")
+                      "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "1", "--keep", "last")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (results / "quick.log").write_text(proc.stdout + proc.stderr)  # what the user saw, beside the sweep
     return results / "quick"

@@ -39,7 +39,7 @@ edge: {{range_steps: 30, seeds: 2, refine_points: 0, tolerance: 2.0}}
 def sweep_args(tmp: Path, data: Path) -> list[str]:
     (tmp / "tiny_edge.yaml").write_text(TINY_EDGE)
     return ["--space", str(tmp / "tiny_edge.yaml"), "--name", "edge", "--results", str(tmp / "results"),
-            "--data", str(data), "--num-cpus", "2", "--no-dashboard", "--quiet"]
+            "--data", str(data), "--num-cpus", "1", "--no-dashboard", "--quiet"]
 
 
 def bisecting(sweep_dir: Path) -> bool:

@@ -40,7 +40,7 @@ def horizon_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) 
     tmp = tmp_path_factory.mktemp("horizon")
     (tmp / "tiny_horizon.yaml").write_text(TINY_HORIZON)
     run = run_lmtune("run", "--space", str(tmp / "tiny_horizon.yaml"), "--name", "horizon", "--results",
-                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "2", "--no-dashboard",
+                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "1", "--no-dashboard",
                      "--quiet", timeout=600)
     sweep_dir = tmp / "results" / "horizon"
     analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)

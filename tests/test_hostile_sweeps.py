@@ -101,7 +101,7 @@ def _s3(endpoint: str, path: str = "bucket/sweeps") -> str:
 @pytest.mark.slow
 def test_a_storage_folder_holds_the_whole_sweep_and_run_and_analyze_read_it(tmp_path, builtin_data, grid):
     shared = tmp_path / "shared"
-    proc = run_lmtune("run", *_run_args(grid, builtin_data, "--storage", str(shared), "--quiet", "--num-cpus", "2"),
+    proc = run_lmtune("run", *_run_args(grid, builtin_data, "--storage", str(shared), "--quiet", "--num-cpus", "1"),
                       cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = shared / "n"
@@ -390,7 +390,7 @@ def test_a_sweep_whose_hook_raises_ends_each_trial_once_as_an_error_saying_why(t
         "        f.write('1')\n"
         "    raise ValueError('my hook is broken')\n")
     proc = run_lmtune("run", *_run_args(grid, builtin_data, "--step-hook", "myhooks:for_trial", "--quiet",
-                                        "--num-cpus", "2"), cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+                                        "--num-cpus", "1"), cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "2 trials: 2 error" in proc.stdout

@@ -199,7 +199,7 @@ def test_the_script_and_the_module_list_every_shipped_space_from_any_directory(v
 @pytest.mark.slow
 def test_a_sweep_of_a_shipped_space_runs_and_is_analyzed_from_any_directory(venv, tmp_path):
     code, output = _installed(venv, "lmtune", "run", "--space", "quick", "--name", "tiny", "--results", "results",
-                              "--no-dashboard", "--quiet", "--num-cpus", "2", *TINY_SWEEP, cwd=tmp_path, timeout=300)
+                              "--no-dashboard", "--quiet", "--num-cpus", "1", *TINY_SWEEP, cwd=tmp_path, timeout=300)
     assert code == 0, output[-4000:]
     assert "best trial" in output, output[-4000:]
     # Without --data the installed package generated its built-in corpus in the working directory.

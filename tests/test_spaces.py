@@ -226,7 +226,7 @@ def test_optuna_sweep_end_to_end_respects_count_and_bounds(tmp_path: Path, built
         """))
     results = tmp_path / "results"
     proc = run_lmtune("run", "--space", str(space), "--name", "opt", "--results", str(results), "--data",
-                      str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "2", timeout=300)
+                      str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "1", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = results / "opt"
     params = sorted(sweep.glob("*/params.json"))

@@ -195,7 +195,7 @@ def test_existing_name_without_resume_is_refused_untouched(quick_sweep: Path):
 def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path: Path, builtin_data: Path):
     steps, fault_step, interval = 40, 25, 10  # (the fault: faults.crash_once_at_step_25)
     sweep, stdout = run_tiny_sweep(tmp_path, "fault", builtin_data, [1e-3, 3e-3], steps, "--no-dashboard",
-                                   "--num-cpus", "2", "--max-failures", "2",
+                                   "--num-cpus", "1", "--max-failures", "2",
                                    "--step-hook", "faults:crash_once_at_step_25", env=FAULTS_ENV)
     outcomes = read_outcomes(sweep)
     trials = list(trial_dirs(sweep).values())
@@ -425,7 +425,7 @@ def test_two_trials_share_one_logical_gpu(tmp_path: Path, builtin_data: Path):
 
 @pytest.mark.slow
 def test_wandb_gets_one_run_per_trial_with_every_tune_result(tmp_path: Path, builtin_data: Path):
-    sweep, _ = run_tiny_sweep(tmp_path, "wb", builtin_data, [1e-3, 3e-3], 20, "--no-dashboard", "--num-cpus", "2",
+    sweep, _ = run_tiny_sweep(tmp_path, "wb", builtin_data, [1e-3, 3e-3], 20, "--no-dashboard", "--num-cpus", "1",
                               "--wandb", "lmtune-tests", env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     runs = {run["config"]["lr"]: run for run in read_wandb_runs(sweep)}
     folders = {json.loads((d / "trial.json").read_text())["params"]["lr"]: d for d in trial_dirs(sweep).values()}

@@ -57,7 +57,7 @@ def readme_command() -> list[str]:
 
 
 def common(tmp: Path, data: Path, name: str) -> list[str]:
-    return ["--name", name, "--results", str(tmp / "results"), "--data", str(data), "--num-cpus", "2",
+    return ["--name", name, "--results", str(tmp / "results"), "--data", str(data), "--num-cpus", "1",
             "--no-dashboard", "--quiet"]
 
 

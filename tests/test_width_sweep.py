@@ -41,7 +41,7 @@ def width_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) ->
     tmp = tmp_path_factory.mktemp("width")
     (tmp / "tiny_width.yaml").write_text(TINY_WIDTH)
     run = run_lmtune("run", "--space", str(tmp / "tiny_width.yaml"), "--name", "width", "--results",
-                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "2", "--no-dashboard",
+                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "1", "--no-dashboard",
                      "--quiet", timeout=600)
     sweep_dir = tmp / "results" / "width"
     analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)
