@@ -23,6 +23,11 @@ OOM = "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 39.39 GiB total ca
 StepHook = Callable[[int, object], None]
 
 
+def note(message: str) -> None:
+    """What a fault test measured, in the run's output (-s shows it)."""
+    print(f"FAULTS: {message}", flush=True)
+
+
 def raise_at(step: int, message: str | None = None, every_attempt: bool = False,
              lr: float | None = None) -> Callable[[RunConfig, Path], StepHook | None]:
     """A step hook that raises RuntimeError(``message``) before step ``step``: in the first attempt of each

@@ -18,15 +18,11 @@ from pathlib import Path
 
 import pytest
 from conftest import run_lmtune, sigkill, start_lmtune, wait_until
+from faults import note
 
 from lmtune.training import checkpoint as ckpt
 from lmtune.training.loop import train
 from lmtune.training.metrics import read_metrics
-
-
-def note(message: str) -> None:
-    print(f"FAULTS: {message}", flush=True)
-
 
 # =============================================================================================
 # A checkpoint write killed at random moments; corrupt checkpoints

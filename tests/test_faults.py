@@ -45,7 +45,7 @@ from conftest import (
     wait_until,
     write_grid_space,
 )
-from faults import FAULTS_ENV, FIRED
+from faults import FAULTS_ENV, FIRED, note
 
 from lmtune import run as run_cli
 from lmtune import train as train_cli
@@ -61,10 +61,6 @@ REPO = Path(__file__).resolve().parent.parent
 TERMINAL = {"completed", "stopped_early", "diverged", "too_slow", "error"}
 # A fault test's trial: the tiny trial over 60 steps (unless a test says otherwise).
 STEPS = 60
-
-
-def note(message: str) -> None:
-    print(f"FAULTS: {message}", flush=True)
 
 
 def write_grid(path: Path, lrs: list[float], asha: bool = True, **settings) -> Path:
