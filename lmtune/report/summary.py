@@ -1,9 +1,9 @@
 """The report's numbers, typed: the best LR at equal tokens with its spread over seeds, the landscape above it
 (basin, degraded, diverged), the edge bracket and how it was confirmed, the ratio as a range, the runs that
 spiked, equal-token losses per rung, sensitivity, convergence, target, the stages of the search, and one row per
-trial (``SweepSummary``); and what analyze reads of the sweep's records beside them (``SweepFacts``). Computed once
-by ``sweep_summary``; the markdown, the figures, the CLIs' last lines and summary.json (``SweepSummary.to_json`` with
-the facts', JSON-safe: no NaN; lmtune.report.writer.SweepReport) all read it."""
+trial (``SweepSummary``, computed once by ``sweep_summary``); and what analyze reads of the sweep's records beside
+them (``SweepFacts``). The markdown, the figures and the CLIs' last lines read both; summary.json is both, JSON-safe
+(no NaN: lmtune.report.writer.SweepReport.to_json)."""
 
 from __future__ import annotations
 

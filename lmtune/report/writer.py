@@ -71,7 +71,8 @@ class SweepReport:
     def to_json(self) -> JsonObject:
         """summary.json: its keys and their meaning are the report's public interface (README)."""
         sharpness = {} if self.sharpness is None else {"sharpness": [row.to_json() for row in self.sharpness]}
-        return json_safe({**self.summary.to_json(), **self.facts.to_json(), **sharpness})
+        # (the summary's part is JSON-safe already: SweepSummary.to_json)
+        return {**self.summary.to_json(), **json_safe({**self.facts.to_json(), **sharpness})}
 
 
 def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int = 0,
