@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.truth_setting import Setting, data_of, setting_differences, setting_of
-from lmtune.analysis.bracket import bracket
+from lmtune.analysis.bracket import bracket, failed_runs
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.locate import LocatedLr, locate_best_lr
 from lmtune.analysis.runs import SAME_LR, SIGNIFICANCE_SE, Budget, Run, full_budget_ranking
+from lmtune.data.dataset import data_unigram_loss
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, JsonValue
 from lmtune.sweep.record import run_config_of
@@ -63,6 +64,9 @@ class TruthRun:
     setting: Setting
     """What it shares with every other run of its truth (``setting_of``)."""
     spikes: list[str] = field(default_factory=list)
+    baseline: float | None = None
+    """Its data's unigram baseline (lmtune.data.dataset.data_unigram_loss; None: the data dir is gone): ending no
+    better, above an LR that trained, it failed (lmtune.analysis.bracket)."""
 
 
 def _json_object(path: Path) -> JsonObject:
@@ -90,13 +94,14 @@ def run_folders(folder: Path) -> list[Path]:
 def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthRun]:
     """Every finished run under ``folder`` (one run folder per LR and seed, as lmtune.training.loop writes);
     refused in one line where there are none or they differ in setting."""
-    runs, data = [], {}
+    runs, data, baselines = [], {}, {}
     for run_dir in run_folders(folder):
         summary = _json_object(run_dir / "summary.json")
         config = run_config_of(_json_object(run_dir / "config.json"))
         if config is None:
             raise LmtuneError(f"{run_dir / 'config.json'} is not a run's config; retrain that run or move it out")
-        data.setdefault(config.data_dir, data_of(config.data_dir))  # (each data dir's meta.json read once)
+        if config.data_dir not in data:  # (each data dir's meta.json read once)
+            data[config.data_dir], baselines[config.data_dir] = data_of(config.data_dir), _baseline(config.data_dir)
         setting = setting_of(config, data[config.data_dir])
         if runs and (differ := setting_differences(runs[0].setting, setting)):
             raise LmtuneError(f"truth {folder} mixes settings: {run_dir.name} differs from the others in {differ}; "
@@ -113,8 +118,15 @@ def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthR
             rows[-1].get("val_loss") if full else None,
             non_finite or not (math.isfinite(last) and last <= ell0), non_finite, longest_above(rows, ell0),
             watch.verdict.step if watch.verdict.stop and not non_finite else None, setting,
-            [s.describe() for s in watch.all_spikes()]))
+            [s.describe() for s in watch.all_spikes()], baselines[config.data_dir]))
     return sorted(runs, key=lambda r: (r.lr, r.seed))
+
+
+def _baseline(data_dir: str) -> float | None:
+    try:
+        return data_unigram_loss(Path(data_dir)) if data_dir else None
+    except (LmtuneError, OSError):  # moved or deleted since: runs are judged by divergence alone
+        return None
 
 
 def longest_above(rows: list[Row], ell0: float) -> int:
@@ -136,8 +148,9 @@ def truth_conclusion(runs: list[TruthRun]) -> JsonObject:
     first = runs[0]
     full = first.steps * first.tokens_per_step
     as_runs = _as_runs(runs)
-    grid = [{"lr": lr, "seeds_through": sorted(r.seed for r in runs if r.lr == lr and not r.failed),
-             "seeds_failed": sorted(r.seed for r in runs if r.lr == lr and r.failed)}
+    failed = {id(r) for r in failed_runs(as_runs)}
+    grid = [{"lr": lr, "seeds_through": sorted(r.seed for r in as_runs if r.lr == lr and id(r) not in failed),
+             "seeds_failed": sorted(r.seed for r in as_runs if r.lr == lr and id(r) in failed)}
             for lr in sorted({r.lr for r in runs})]
     return {**conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,))).to_json(), "grid": grid}
 
@@ -154,7 +167,7 @@ def _as_runs(runs: list[TruthRun]) -> list[Run]:
     """The truth's runs as the searches see runs: every one trained its whole budget (or failed on it)."""
     full = runs[0].steps * runs[0].tokens_per_step
     return [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
-                divergence=WHOLE_RUN) for r in runs]
+                divergence=WHOLE_RUN, baseline=r.baseline) for r in runs]
 
 
 def check_truth_seeds(truth: JsonObject, lrs: list[float | None]) -> None:

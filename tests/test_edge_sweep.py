@@ -146,21 +146,25 @@ def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resum
 
 def test_the_bracket_agrees_with_direct_runs_trained_without_early_stopping(resumed_edge_sweep, tmp_path):
     """The bracket's ends trained again outside Ray with nothing stopping them, each with the seeds the sweep
-    judged it on: every seed trains through the stable end, the failing seed fails to recover at the
-    diverged end (the sweep's own rule judging the whole run)."""
+    judged it on: every seed trains through the stable end, ending below the data's unigram baseline; the failing
+    seed fails at the other end: it diverges (the sweep's own rule judging the whole run), or ends no better than
+    that baseline."""
     sweep_dir = resumed_edge_sweep["dir"]
     c = read_search_state(sweep_dir, "edge")["conclusion"]
     confirmation = c["edge_confirmation"]
     assert confirmation["confirmed"] and len(confirmation["stable_end"]) == 2  # edge_seeds
     params, dirs = trial_params(sweep_dir), trial_dirs(sweep_dir)
-    rule = SweepRecord.read(sweep_dir).divergence_rule
-    ends = [(c["edge_lr_low"], end["seed"], "completed") for end in confirmation["stable_end"]]
-    ends += [(c["divergence_lr"], end["seed"], "diverged") for end in confirmation["diverged_end"]]
-    for lr, seed, expected in ends:
+    record = SweepRecord.read(sweep_dir)
+    baseline = record.plan.unigram_loss
+    ends = [(c["edge_lr_low"], end["seed"], True) for end in confirmation["stable_end"]]
+    ends += [(c["divergence_lr"], end["seed"], False) for end in confirmation["diverged_end"]]
+    for lr, seed, trains in ends:
         trial_id = next(t for t, p in params.items() if p.get("lr") == lr and p.get("seed") == seed)
         config = RunConfig.from_dict(json.loads((dirs[trial_id] / "config.json").read_text()))
-        direct = train(config, tmp_path / f"direct-{lr}-{seed}", divergence=rule)
-        assert direct.status == expected, (lr, seed, direct.end)
+        direct = train(config, tmp_path / f"direct-{lr}-{seed}", divergence=record.divergence_rule)
+        final = direct.summary["final_val_loss"]
+        trained = direct.status == "completed" and final is not None and final < baseline
+        assert trained == trains, (lr, seed, direct.end, final, baseline)
         rows, swept = read_metrics(direct.out_dir / "metrics.csv"), read_metrics(dirs[trial_id] / "metrics.csv")
         # the sweep's trial is the same run: same losses, step for step, as far as it went
         assert [r["train_loss"] for r in swept] == pytest.approx([r["train_loss"] for r in rows[: len(swept)]],
@@ -215,4 +219,7 @@ def test_the_search_agrees_with_a_small_ground_truth_grid_trained_without_early_
     assert truth["divergence_lr"] is not None, "the grid reaches past the first LR that fails"
     assert checks.best_lr_in_truth_basin, checks
     assert checks.edge_brackets_overlap, checks
-    assert checks.basins_overlap and checks.degraded_overlap, checks
+    # (both may find no degraded region: at this size the runs above the basin end no better than the unigram
+    # baseline, so they fail rather than degrade)
+    assert checks.basins_overlap, checks
+    assert checks.degraded_overlap or checks.truth_degraded == checks.search_degraded == (None, None), checks

@@ -1,6 +1,11 @@
 """Where training fails, Ray-free: the bracket between the largest LR proven to train through its budget and
-the smallest LR at which a run diverged, the LRs whose seeds disagree about it, and how each of its ends was
-established (by training, or only by the stopper's rule). The edge searcher bisects and confirms from these
+the smallest LR above it at which a run failed, the LRs whose seeds disagree about it, and how each of its ends was
+established (by training, or only by the stopper's rule).
+
+A run fails when it diverges (non-finite, or above its initial loss for good: lmtune.training.divergence) or when,
+above an LR that trained, it trains its whole budget and ends no better than the data's unigram baseline
+(Run.ended_untrained): predicting each token by its frequency would have done as well, so it did not train there.
+Below every LR that trained, such a run is only too slow (an LR too small), not the edge. The edge searcher bisects and confirms from these
 while the sweep runs; the report reads them afterwards (lmtune.analysis.conclusion).
 """
 
@@ -13,7 +18,7 @@ from lmtune.analysis.runs import Run, effective_runs
 from lmtune.files import JsonObject
 from lmtune.training.divergence import NON_FINITE
 
-THROUGH = "trained its whole budget without diverging"
+THROUGH = "trained its whole budget without diverging, ending below the data's unigram baseline"
 
 
 @dataclass(frozen=True)
@@ -22,11 +27,11 @@ class Bracket:
     LR at which a run diverged."""
 
     stable_lr: float | None
-    """The largest LR below diverged_lr whose every run trained its whole budget without diverging."""
+    """The largest LR below diverged_lr at which a run trained through its budget (Run.trained_through)."""
     diverged_lr: float | None
-    """The smallest LR at which a run diverged."""
+    """The smallest LR at which a run failed (diverged, or above an LR that trained, ended untrained)."""
     stable_above: tuple[float, ...] = ()
-    """Stable LRs above diverged_lr (divergence is not monotone in LR there: seed or chance)."""
+    """Stable LRs above diverged_lr (failure is not monotone in LR there: seed or chance)."""
 
     @property
     def ratio(self) -> float | None:
@@ -38,9 +43,17 @@ class Bracket:
         return self.ratio is not None and self.ratio <= tolerance
 
 
+def failed_runs(runs: Iterable[Run]) -> list[Run]:
+    """The runs that failed (of effective runs): diverged, or ended untrained at an LR above one that trained
+    through."""
+    runs = list(runs)
+    lowest = min((r.lr for r in runs if r.trained_through()), default=None)
+    return [r for r in runs if r.diverged or (lowest is not None and r.lr > lowest and r.ended_untrained())]
+
+
 def bracket(runs: Iterable[Run]) -> Bracket:
     runs = effective_runs(runs)
-    diverged = sorted({r.lr for r in runs if r.diverged})
+    diverged = sorted({r.lr for r in failed_runs(runs)})
     through = {r.lr for r in runs if r.trained_through()}
     if not diverged:
         return Bracket(max(through) if through else None, None)
@@ -59,7 +72,7 @@ class SeedDependence:
     seeds_through: tuple[int, ...]
     """The seeds that trained the whole budget without diverging."""
     seeds_diverged: tuple[int, ...]
-    """The seeds that diverged."""
+    """The seeds that failed (diverged, or ended untrained)."""
 
     def to_json(self) -> dict[str, float | list[int]]:
         return {"lr": self.lr, "seeds_through": list(self.seeds_through), "seeds_diverged": list(self.seeds_diverged)}
@@ -68,10 +81,12 @@ class SeedDependence:
 def seed_dependent_lrs(runs: Iterable[Run]) -> list[SeedDependence]:
     """LRs where one seed trained through its budget and another diverged: the edge moves with the seed there."""
     by_lr: dict[float, tuple[list[int], list[int]]] = {}
-    for run in effective_runs(runs):
-        if run.diverged or run.trained_through():
+    runs = effective_runs(runs)
+    failed = {id(r) for r in failed_runs(runs)}
+    for run in runs:
+        if id(run) in failed or run.trained_through():
             through, diverged = by_lr.setdefault(run.lr, ([], []))
-            (diverged if run.diverged else through).append(run.seed)
+            (diverged if id(run) in failed else through).append(run.seed)
     return [SeedDependence(lr, tuple(sorted(through)), tuple(sorted(diverged)))
             for lr, (through, diverged) in sorted(by_lr.items()) if through and diverged]
 
@@ -83,7 +98,7 @@ def bisect_lrs(edge: Bracket, points: int) -> list[float]:
 
 
 def edge_runs(runs: Iterable[Run], edge: Bracket) -> tuple[list[Run], list[Run]]:
-    """The runs at the bracket's two ends: (stable end's, diverged end's)."""
+    """The runs at the bracket's two ends: (stable end's, failed end's, each of them whatever its outcome)."""
     runs = effective_runs(runs)
     return ([r for r in runs if r.lr == edge.stable_lr], [r for r in runs if r.lr == edge.diverged_lr])
 
@@ -141,20 +156,33 @@ class EdgeConfirmation:
 def edge_confirmation(runs: Iterable[Run], edge: Bracket) -> EdgeConfirmation:
     """How each end of the bracket was established: by training (the whole budget seen, or a non-finite
     value), or only by the stopper's rule (then it still needs a confirmation run)."""
-    stable, diverged = edge_runs(runs, edge)
-    failed = [r for r in diverged if r.diverged]
-    decided = min((r.diverged_tokens for r in failed if r.diverged_tokens is not None), default=None)
+    stable, at_edge = edge_runs(runs, edge)
+    failing = {id(r) for r in failed_runs(effective_runs(runs))}
+    failed = [r for r in at_edge if id(r) in failing]
+    decided = min((_decided_at(r) for r in failed if _decided_at(r) is not None), default=None)
     return EdgeConfirmation(
         tuple(StableEnd(r.seed, r.tokens, _how_stable(r)) for r in stable),
-        tuple(DivergedEnd(r.seed, r.tokens, r.diverged_tokens, _how_diverged(r), r.divergence_confirmed(), r.stage)
+        tuple(DivergedEnd(r.seed, r.tokens, _decided_at(r), _how_diverged(r), _confirmed(r), r.stage)
               for r in failed),
-        decided, bool(stable) and bool(failed) and all(r.divergence_confirmed() for r in failed))
+        decided, bool(stable) and bool(failed) and all(_confirmed(r) for r in failed))
+
+
+def _decided_at(run: Run) -> int | None:
+    """Where a failed run's failure was decided: its divergence, or (ended untrained) its budget's end."""
+    return run.diverged_tokens if run.diverged else run.tokens
+
+
+def _confirmed(run: Run) -> bool:
+    """A failure established by training: a confirmed divergence, or a whole budget that ended untrained."""
+    return run.divergence_confirmed() if run.diverged else run.ended_untrained()
 
 
 def _how_stable(run: Run) -> str:
     """What a run at the stable end did: only a run that trained through proves the LR trains through."""
     if run.trained_through():
         return THROUGH
+    if run.ended_untrained():
+        return _untrained(run)
     if run.diverged:
         return f"diverged at {run.tokens:,} tokens"
     if run.outcome is None:
@@ -164,7 +192,14 @@ def _how_stable(run: Run) -> str:
             "not a proof that it trains through")
 
 
+def _untrained(run: Run) -> str:
+    return (f"trained its whole budget without diverging but ended at {run.full_loss():.3f} nats, no better than "
+            f"the data's unigram baseline ({run.baseline:.3f}: each token predicted by its frequency)")
+
+
 def _how_diverged(run: Run) -> str:
+    if not run.diverged:
+        return _untrained(run)
     if run.divergence == NON_FINITE:
         return "its loss went non-finite (no run comes back from that)"
     if run.full:

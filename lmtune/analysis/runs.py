@@ -72,13 +72,18 @@ class Budget:
     """Its feed-forward width (a narrower model of the width search keeps d_ff / d_model)."""
     n_heads: int = 0
     """Its attention heads (a narrower model keeps the head dimension d_model / n_heads)."""
+    unigram_loss: float | None = None
+    """The data's unigram baseline (lmtune.data.dataset.unigram_loss): a run that ends no better did not train
+    (None: not recorded, and no run is judged by it)."""
 
     @classmethod
-    def of_run(cls, config: RunConfig, asha: AshaBudget | None) -> Budget:
-        """The budget of a RunConfig (its tokens: RunConfig's own), compared at ASHA's rungs (None: at its end)."""
+    def of_run(cls, config: RunConfig, asha: AshaBudget | None, unigram_loss: float | None = None) -> Budget:
+        """The budget of a RunConfig (its tokens: RunConfig's own), compared at ASHA's rungs (None: at its end), its
+        runs judged against the data's ``unigram_loss``."""
         t, m = config.train, config.model
         return cls(t.steps, t.warmup_steps, config.tokens_per_step, t.seed,
-                   comparison_rungs(config.total_tokens, asha), t.schedule, m.d_model, m.d_ff, m.n_heads)
+                   comparison_rungs(config.total_tokens, asha), t.schedule, m.d_model, m.d_ff, m.n_heads,
+                   unigram_loss)
 
     @property
     def full_tokens(self) -> int:
@@ -151,6 +156,8 @@ class Run:
     trial_id: str = ""
     continue_from: str | None = None
     """The trial id of the (ASHA-cut) run this one continues: that run's rows are the first of this one's."""
+    baseline: float | None = None
+    """The data's unigram baseline (Budget.unigram_loss): ending no better than it, the run did not train."""
 
     @property
     def done(self) -> bool:
@@ -173,8 +180,15 @@ class Run:
         return None if self.diverged or not self.full else self.loss_at(self.budget_tokens)
 
     def trained_through(self) -> bool:
-        """Trained its whole budget without diverging: proven not to diverge at this budget."""
-        return self.done and not self.diverged and self.full
+        """Trained its whole budget without diverging and ended better than the data's unigram baseline: proven
+        to train at this budget."""
+        return self.done and not self.diverged and self.full and not self.ended_untrained()
+
+    def ended_untrained(self) -> bool:
+        """Trained its whole budget without diverging but ended no better than predicting each token by its
+        frequency (the baseline): it did not train at this LR, though nothing went non-finite or climbed."""
+        loss = self.full_loss()
+        return self.done and self.baseline is not None and loss is not None and loss >= self.baseline
 
     def divergence_confirmed(self) -> bool:
         """Diverged on evidence no rule supplied: a non-finite value, or its whole budget seen."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmtune.data.dataset import unigram_loss
 from lmtune.errors import LmtuneError
 from lmtune.files import check_destination
 
@@ -138,8 +139,11 @@ def staging(out: Path, force: bool) -> Iterator[Path]:
 
 
 def write_meta(d: Path, meta: PreparedMeta) -> None:
-    """meta.json, written after the token files it hashes."""
-    (d / "meta.json").write_text(json.dumps(meta.to_json(content_hash(d)), indent=2) + "\n")
+    """meta.json, written after the token files it hashes, with the data's unigram baseline measured on them
+    (lmtune.data.dataset.unigram_loss: what judges whether a run trained)."""
+    train, val = (np.memmap(d / f"{split}.bin", dtype=meta.dtype, mode="r") for split in ("train", "val"))
+    content = {**meta.to_json(content_hash(d)), "unigram_loss": unigram_loss(train, val, meta.vocab_size)}
+    (d / "meta.json").write_text(json.dumps(content, indent=2) + "\n")
 
 
 class TokenFiles:

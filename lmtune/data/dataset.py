@@ -33,6 +33,8 @@ class DataMeta:
     content_hash: str
     sources: list
     tokenizer: str | None
+    unigram_loss: float | None = None
+    """The data's unigram baseline (``unigram_loss``); None in a meta.json written before lmtune recorded it."""
 
 
 @dataclass
@@ -62,6 +64,7 @@ def read_meta(data_dir: Path) -> DataMeta:
             content_hash=str(raw.get("content_hash", "")),
             sources=list(raw.get("sources", [])),
             tokenizer=raw.get("tokenizer"),
+            unigram_loss=None if raw.get("unigram_loss") is None else float(raw["unigram_loss"]),
         )
     except (ValueError, KeyError, TypeError) as err:
         raise LmtuneError(f"{path} is unreadable or incomplete ({type(err).__name__}: {err}); "
@@ -132,14 +135,41 @@ def _check_ids(path: Path, tokens: np.ndarray, meta: DataMeta, whole: bool) -> N
                               "re-prepare with python -m lmtune.prepare --force")
 
 
-def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
-    """Nats per token of the empirical unigram distribution: the loss of a model that ignores context."""
+def token_counts(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """How often each id occurs in ``tokens`` (sliced, so a large memmap is not materialised as int64)."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     step = 1 << 24
-    for s in range(0, tokens.shape[0], step):  # sliced so a large memmap is not materialised as int64
+    for s in range(0, tokens.shape[0], step):
         counts += np.bincount(np.asarray(tokens[s : s + step]), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
+    """Nats per token of the empirical unigram distribution: the loss of a model that ignores context."""
+    counts = token_counts(tokens, vocab_size)
     total = counts.sum()
     if total == 0:
         return 0.0
     p = counts[counts > 0] / total
     return float(-(p * np.log(p)).sum())
+
+
+def unigram_loss(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:
+    """The data's unigram baseline: nats per validation token when each is predicted from the training split's
+    token frequencies, ignoring all context (add-1/2 smoothing, so an id the training split lacks costs a finite
+    loss). A run that ends no better than this has learned nothing a frequency count would not: it did not train.
+    Unlike ln(vocab) it is measured on the data, so it holds for any vocabulary."""
+    p = token_counts(train, vocab_size) + 0.5
+    p /= p.sum()
+    val_counts = token_counts(val, vocab_size)
+    return float(-(val_counts * np.log(p)).sum() / max(1, val_counts.sum()))
+
+
+def data_unigram_loss(data_dir: Path) -> float:
+    """The unigram baseline of a prepared data dir: meta.json's, else (a dir prepared before lmtune recorded it)
+    computed from its token files."""
+    meta = read_meta(data_dir)
+    if meta.unigram_loss is not None:
+        return meta.unigram_loss
+    files = [np.memmap(Path(data_dir) / f"{split}.bin", dtype=meta.dtype, mode="r") for split in ("train", "val")]
+    return unigram_loss(*files, meta.vocab_size)

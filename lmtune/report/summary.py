@@ -235,6 +235,8 @@ class SweepSummary(Generic[ResultT]):
     search_result: ResultT
     """The search strategy's own results (a horizon search's:
     lmtune.searches.horizon.report_conclusion.HorizonResult; None: a search without any)."""
+    unigram_loss: float | None = None
+    """The data's unigram baseline the runs were judged by (None: not recorded; no run was judged by it)."""
 
     @property
     def edge_reading(self) -> str:
@@ -260,7 +262,8 @@ class SweepSummary(Generic[ResultT]):
                                "spikes": [asdict(spike) for spike in s.spikes]} for s in self.spiked],
                    "divergence_rule": asdict(self.divergence_rule), "lr_sensitivity": self.sensitivity.value,
                    "lr_sensitivity_lrs": self.sensitivity.lrs, "lr_sensitivity_tokens": self.sensitivity.tokens,
-                   "initial_loss": self.initial_loss, "target": self.target.target,
+                   "initial_loss": self.initial_loss, "unigram_loss": self.unigram_loss,
+                   "target": self.target.target,
                    "target_met": self.target.met, "target_trial": self.target.trial,
                    "target_tokens": self.target.tokens, "convergence": asdict(self.convergence),
                    "logit_growth": {"threshold": self.logit_growth.threshold, "best": self.logit_growth.best,
@@ -321,7 +324,7 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         records[0].rule, full_budget_sensitivity(standing, ell0), ell0, target_summary(best, best_loss, target),
         full_budget_convergence(standing, basin.lrs if basin else None), logit_growth(standing, best),
         tuple(stage_accounting(pairs, decisions, range_tokens)),
-        same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows, search_result)
+        same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows, search_result, budget.unigram_loss)
     log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", best_lr, best_loss, conclusion.edge.stable_lr,
              conclusion.edge.diverged_lr)
     return summary

@@ -4,10 +4,14 @@ spent."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from pathlib import Path
 
 from lmtune.analysis.runs import AshaBudget, Budget
+from lmtune.data.dataset import data_unigram_loss, read_meta
+from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.report.stability import TrialRecord, budget_tokens, tokens_spent
 from lmtune.report.summary import ModelFacts
@@ -22,7 +26,23 @@ def sweep_budget(record: SweepRecord, trials: list[TrialRecord]) -> Budget | Non
     """The sweep's budget and comparison rungs, from sweep.json (None when it records no plan)."""
     if record.plan is None:
         return None
-    return Budget.of_run(record.plan.base, sweep_asha_budget(record, trials))
+    return Budget.of_run(record.plan.base, sweep_asha_budget(record, trials), record.plan.unigram_loss)
+
+
+def with_unigram_baseline(record: SweepRecord) -> SweepRecord:
+    """sweep.json's plan with the data's unigram baseline: as recorded; for a sweep recorded before lmtune kept it,
+    from the data's meta.json it recorded, or measured on its data dir when that is still there with the same
+    content. Left unknown otherwise (then no run is judged by it, and the report says so)."""
+    plan = record.plan
+    if plan is None or plan.unigram_loss is not None:
+        return record
+    meta = record.data.meta
+    unigram = meta.unigram_loss if meta is not None else None
+    if unigram is None and meta is not None and record.data.dir:
+        with contextlib.suppress(LmtuneError, OSError, ValueError):
+            if read_meta(Path(record.data.dir)).content_hash == meta.content_hash:
+                unigram = data_unigram_loss(Path(record.data.dir))
+    return replace(record, plan=replace(plan, unigram_loss=unigram)) if unigram is not None else record
 
 
 def sweep_asha_budget(record: SweepRecord, trials: list[TrialRecord]) -> AshaBudget | None:

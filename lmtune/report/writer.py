@@ -40,6 +40,7 @@ from lmtune.report.sweep_facts import (
     search_description,
     sweep_budget,
     vocab_size,
+    with_unigram_baseline,
 )
 from lmtune.sweep.record import is_sweep_dir
 from lmtune.sweep.sweep_file import SweepRecord
@@ -83,6 +84,7 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int =
     if target is not None and not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
         raise LmtuneError(f"--target must be a positive loss in nats/token (got {target!r})")
     record, trials = load_sweep(sweep_dir)
+    record = with_unigram_baseline(record)
     if not trials:
         raise LmtuneError(f"{sweep_dir} has no trials yet (no trial folders); wait until the sweep has started "
                           "trials, then run the report again")

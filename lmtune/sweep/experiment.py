@@ -4,6 +4,7 @@ sweep's record (sweep.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import logging
 import os
@@ -18,7 +19,7 @@ import torch
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-from lmtune.data.dataset import load_data, read_meta
+from lmtune.data.dataset import data_unigram_loss, load_data, read_meta
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError
 from lmtune.private_apis import wandb_logger_callback
@@ -69,6 +70,7 @@ def make_plan(space: SearchSpace, data: Path | None, budget: str | None, overrid
     plan = SweepPlan.create(space, base)
     longest = plan.largest_value("context_length", plan.base.model.context_length)
     load_data(data_dir, longest, plan.base.model.vocab_size)  # every bad-data case fails here, before Ray starts
+    plan = dataclasses.replace(plan, unigram_loss=data_unigram_loss(data_dir))
     check_code(plan.base, space.fuse)
     return plan
 

@@ -68,12 +68,15 @@ class SweepPlan:
     """The config every trial starts from; each trial applies its own swept settings to a copy."""
     asha: AshaBudget | None = None
     """ASHA's rungs in tokens (None: the sweep runs no ASHA)."""
+    unigram_loss: float | None = None
+    """The data's unigram baseline (lmtune.data.dataset.unigram_loss), which judges whether a run trained (None: a
+    sweep.json written before lmtune recorded it)."""
 
     @classmethod
-    def create(cls, space: SearchSpace, base: RunConfig) -> SweepPlan:
+    def create(cls, space: SearchSpace, base: RunConfig, unigram_loss: float | None = None) -> SweepPlan:
         """The plan, with ASHA's budget computed from the largest trial the space can have."""
         space.strategy.check_base(base)
-        plan = cls(space, base)
+        plan = cls(space, base, unigram_loss=unigram_loss)
         if space.scheduler.name != "asha" or space.strategy.asha_stages() == frozenset():
             return plan
         return dataclasses.replace(plan, asha=asha_budget(space.scheduler, plan.max_trial_tokens()))
@@ -89,7 +92,7 @@ class SweepPlan:
 
     def budget(self) -> Budget:
         """Every trial's budget as the searchers and the report see it: steps, tokens per step, seed, ASHA's rungs."""
-        return Budget.of_run(self.base, self.asha)
+        return Budget.of_run(self.base, self.asha, self.unigram_loss)
 
     @property
     def divergence_rule(self) -> DivergenceRule:
@@ -117,9 +120,11 @@ class SweepPlan:
         return largest
 
     def to_json(self) -> JsonObject:
-        """sweep.json's keys for the plan: ``space``, ``budget``, ``base_config`` and ``asha``."""
+        """sweep.json's keys for the plan: ``space``, ``budget``, ``base_config``, ``asha`` and ``unigram_loss`` (when
+        known)."""
         return {"space": self.space.to_json(), "budget": self.base.budget, "base_config": self.base.to_dict(),
-                "asha": asdict(self.asha) if self.asha else None}
+                "asha": asdict(self.asha) if self.asha else None,
+                **({"unigram_loss": self.unigram_loss} if self.unigram_loss is not None else {})}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> SweepPlan:
@@ -130,10 +135,10 @@ class SweepPlan:
             base = run_config_of(data["base_config"])
             if base is None:
                 raise ValueError("base_config is not a run config (model and train, each value of its field's type)")
-            asha = data.get("asha")
+            asha, unigram = data.get("asha"), data.get("unigram_loss")
             return cls(SearchSpace.from_json(data["space"]), base,
                        AshaBudget(int(asha["max_t"]), int(asha["grace_period"]), float(asha["reduction_factor"]))
-                       if asha else None)
+                       if asha else None, None if unigram is None else float(unigram))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise LmtuneError(f"no usable sweep plan ({type(err).__name__}: {err}); it was not written by "
                               "python -m lmtune.run, or was edited: restore it") from None

@@ -41,7 +41,8 @@ class DataRecord:
     """Its meta.json as it was then (lmtune.prepare's); None where sweep.json does not hold it."""
 
     def to_json(self) -> JsonObject:
-        return {**({"dir": self.dir} if self.dir else {}), **({"meta": asdict(self.meta)} if self.meta else {})}
+        meta = {k: v for k, v in asdict(self.meta).items() if k != "unigram_loss" or v is not None} if self.meta else {}
+        return {**({"dir": self.dir} if self.dir else {}), **({"meta": meta} if meta else {})}
 
 
 @dataclass(frozen=True)

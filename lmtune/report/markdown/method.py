@@ -49,6 +49,15 @@ def range_test(facts: SweepFacts) -> list[str]:
             f"full run; the search placed its coarse grid with it. Figure: `{RANGE_TEST.file}`.", ""]
 
 
+def _untrained(unigram_loss: float | None) -> str:
+    if unigram_loss is None:
+        return ("(at an LR above one that trained) ended no better than the data's unigram baseline; this sweep did "
+                "not record that baseline, so no run was judged by it.")
+    return (f"at an LR above one that trained, trained its whole budget but ended no better than the data's unigram "
+            f"baseline, {fmt(unigram_loss)} nats (each validation token predicted by its frequency in the training "
+            "split, ignoring context: a run no better than that did not train).")
+
+
 def definitions(summary: SweepSummary) -> list[str]:
     rule = summary.divergence_rule
     window, threshold = rule.recovery_window, rule.spike_threshold
@@ -59,6 +68,8 @@ def definitions(summary: SweepSummary) -> list[str]:
             f"the recovery window ({fmt(window)} of the budget's steps), or its budget ended with the loss above ℓ₀. "
             "The stopper ends a run early only on that evidence (a non-finite value, or the loss above ℓ₀ for the "
             "whole window); a run it ended at the bracket's edge is retrained without early stopping to confirm it.",
+            f"- **Failed**: diverged, or {_untrained(summary.unigram_loss)} **Trained through** (a bracket's stable "
+            "end): its whole budget without diverging, ending below that baseline.",
             f"- **Spiked**: not diverged, and the train loss (averaged over a log interval) rose more than "
             f"{100 * (threshold or 0):.0f}% above its running minimum (ℓ₀ included) at least once; each spike is "
             "given with its step, its height over the running minimum before it, and the steps until the loss was "

@@ -112,7 +112,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
 
     def _start(self, trial_id: str, planned: Planned) -> Run:
         return Run(planned.lr or 0.0, planned.seed, planned.stage, self.budget.full_tokens, self.budget.full_tokens,
-                   trial_id=trial_id, continue_from=planned.continue_from)
+                   trial_id=trial_id, continue_from=planned.continue_from, baseline=self.budget.unigram_loss)
 
     def complete(self, trial_id: str, outcome: str, result: TuneResult | None = None) -> Run | None:
         """As every deciding search's; for the range test ``result`` carries its finding (steepest_lr,

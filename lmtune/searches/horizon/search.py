@@ -88,7 +88,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         planned.fork_from = self._fork_source(planned)
         tokens = self.axis.budget_at(planned.point).full_tokens
         return Run(planned.lr, planned.seed, planned.stage, tokens, tokens, others=self.axis.others(planned.point),
-                   trial_id=trial_id)
+                   trial_id=trial_id, baseline=self.budget.unigram_loss)
 
     def _order(self, planned: Planned) -> TuneParams:
         return {**planned.config(), **self.axis.params(planned.point)}

@@ -63,7 +63,7 @@ class WidthSection:
         """The usual summary of the target width's runs (the widest width with runs, while none has trained at the
         target yet), every trial's row, and the width search's own results (lmtune.searches.width.report_conclusion)."""
         plan = sweep.record.plan  # (a width search's record has its plan: its settings came from it)
-        target = Budget.of_run(plan.base, None)
+        target = Budget.of_run(plan.base, None, plan.unigram_loss)
         pairs = record_runs(sweep.trials, target)  # every trial as a run, once: each width's are among them
         settings = width_settings(plan)
         result = width_summary([run for run, _ in pairs], settings, plan.base, sweep.sweep_dir)
