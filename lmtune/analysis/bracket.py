@@ -131,6 +131,8 @@ class DivergedEnd:
     """Established by training (a non-finite value, or its whole budget seen), not only by the stopper's rule."""
     stage: str
     """The search stage that trained it."""
+    untrained: bool = False
+    """It did not diverge: it ended no better than the data's unigram baseline (``how`` says so in words)."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ def edge_confirmation(runs: Iterable[Run], edge: Bracket) -> EdgeConfirmation:
     decided = min((_decided_at(r) for r in failed if _decided_at(r) is not None), default=None)
     return EdgeConfirmation(
         tuple(StableEnd(r.seed, r.tokens, _how_stable(r)) for r in stable),
-        tuple(DivergedEnd(r.seed, r.tokens, _decided_at(r), _how_diverged(r), _confirmed(r), r.stage)
+        tuple(DivergedEnd(r.seed, r.tokens, _decided_at(r), _how_diverged(r), _confirmed(r), r.stage, not r.diverged)
               for r in failed),
         decided, bool(stable) and bool(failed) and all(_confirmed(r) for r in failed))
 

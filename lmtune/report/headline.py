@@ -5,6 +5,7 @@ range; a search with a report section of its own (horizon) says its part first. 
 
 from __future__ import annotations
 
+from lmtune.analysis.bracket import EdgeConfirmation
 from lmtune.analysis.landscape import Landscape
 from lmtune.report.sections import section_for
 from lmtune.report.summary import SweepSummary
@@ -42,19 +43,30 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
     lines += region_lines(c.landscape)
     edge = c.edge
     if edge.diverged_lr is None:
-        lines.append("edge: no LR diverged; training breaks above the largest LR tried")
+        lines.append("edge: no LR failed; training breaks above the largest LR tried")
         return lines
     stable = (f"trains through its budget up to {edge.stable_lr:.3g}, " if edge.stable_lr
               else "no LR below it trained its whole budget, ")
     width = f" (bracket {edge.ratio:.2f} wide)" if edge.ratio else ""
     confirmed = c.edge_confirmation is not None and c.edge_confirmation.confirmed
     how = "; confirmed by training without early stopping" if confirmed else "; not yet confirmed by training"
-    lines.append(f"edge: {stable}fails to recover at {edge.diverged_lr:.3g}{width}{how}")
+    lines.append(f"edge: {stable}{_fails(c.edge_confirmation, summary.unigram_loss)} at {edge.diverged_lr:.3g}{width}"
+                 f"{how}")
     if summary.edge_ratio is not None:
         reading = f": {summary.edge_range_reading}" if summary.edge_range_reading else ""
         lines.append(f"  edge / best lr: {ratio_range_text(*c.edge_ratio_range, summary.edge_range_reading)}"
                      f"{reading}")
     return lines
+
+
+def _fails(confirmation: EdgeConfirmation | None, unigram_loss: float | None) -> str:
+    """How the bracket's failing end failed, in a few words."""
+    ends = confirmation.diverged_end if confirmation is not None else ()
+    if ends and all(end.untrained for end in ends):
+        return f"ends no better than the data's unigram baseline ({unigram_loss:.2f} nats)"
+    if ends and any(end.untrained for end in ends):
+        return "fails (diverges, or ends no better than the data's unigram baseline)"
+    return "fails to recover"
 
 
 def region_lines(regions: Landscape) -> list[str]:

@@ -16,20 +16,22 @@ def edge(summary: SweepSummary) -> list[str]:
     lines = ["## Edge of stability", ""]
     bracket = summary.conclusion.edge
     if bracket.diverged_lr is None:
-        lines += [f"No run diverged (none went non-finite or stayed above its initial loss for the recovery "
-                  f"window): training fails above the largest LR tried ({lr(bracket.stable_lr)} trained "
-                  "its whole budget). Extend the range upward to locate it.", ""]
+        lines += [f"No run failed (none went non-finite, stayed above its initial loss for the recovery window, or "
+                  f"ended no better than the data's unigram baseline above an LR that trained): training fails above "
+                  f"the largest LR tried ({lr(bracket.stable_lr)} trained its whole budget). Extend the range upward "
+                  "to locate it.", ""]
     else:
         low = bracket.stable_lr
-        stable = (f"**{low:.3g}**, the largest LR that trained its whole budget without diverging" if low is not None
+        stable = (f"**{low:.3g}**, the largest LR that trained its whole budget without diverging and ended below "
+                  "the data's unigram baseline" if low is not None
                   else "an LR not yet located (no LR below it trained its whole budget)")
         ratio = (f": a bracket **{bracket.ratio:.2f}** wide (the search's resolution, not a property of "
                  "training)" if bracket.ratio else "")
         lines += [f"Training fails between {stable}, and **{bracket.diverged_lr:.3g}**, the smallest LR at "
-                  f"which a run diverged{ratio}.", "", *_confirmation(summary), *_seed_dependence(summary)]
+                  f"which a run failed (Definitions){ratio}.", "", *_confirmation(summary), *_seed_dependence(summary)]
         if bracket.stable_above:
             lines += ["", "Not monotone: " + ", ".join(f"{v:.3g}" for v in bracket.stable_above)
-                      + " trained through their budget above the smallest diverged LR (another seed or chance "
+                      + " trained through their budget above the smallest failed LR (another seed or chance "
                         "decided)."]
         lines += ["", *_edge_ratio(summary)]
     lines += ["", *_spiked(summary), *_logit_growth(summary), *_edge_rule()]
@@ -42,11 +44,11 @@ def _confirmation(summary: SweepSummary) -> list[str]:
     if not ends:
         return []
     decided = confirmation.decided_at_tokens
-    text = (f"The edge was decided at {tokens(decided)} tokens (where the diverged end's run was judged). "
+    text = (f"The edge was decided at {tokens(decided)} tokens (where the failed end's run was judged). "
             if decided else "")
     how = "; ".join(f"seed {e.seed}: {e.how} ({e.stage}, {tokens(e.tokens)} tokens)" for e in ends)
     bracket = summary.conclusion.edge
-    text += f"Diverged end, lr {bracket.diverged_lr:.3g}: {how}."
+    text += f"Failed end, lr {bracket.diverged_lr:.3g}: {how}."
     if bracket.stable_lr is not None and confirmation.stable_end:
         # each run as it ended: a run the scheduler cut at the stable LR proves nothing about it
         each = "; ".join(f"seed {e.seed}: {e.how}" + (f" ({tokens(e.tokens)} tokens)" if e.how == THROUGH else "")
