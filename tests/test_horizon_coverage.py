@@ -30,11 +30,13 @@ def test_the_90_percent_interval_holds_the_true_lr_in_85_to_95_percent_of_power_
     assert 0.85 <= held <= 0.95, f"the nominal 90% interval held the true LR* in {held:.1%} of 200 searches"
 
 
-def test_betas_interval_holds_the_true_beta_in_85_to_95_percent_of_power_law_searches(coverage):
+def test_betas_interval_holds_the_true_beta_in_85_to_97_percent_of_power_law_searches(coverage):
+    # (a little conservative here by design: the located LR*s' SEs are widened 1.5x so that the prediction holds
+    # 90% on every tuned scenario, lmtune.analysis.locate.SE_WIDENING; beta's interval widens with them)
     outcomes = (coverage.study(coverage.SCENARIOS["sharp"], 100, first_seed=3000)
                 + coverage.study(coverage.SCENARIOS["flat"], 100, first_seed=4000))
     held = sum(o.beta_covered for o in outcomes) / len(outcomes)
-    assert 0.85 <= held <= 0.95, f"beta's nominal 90% interval held the true beta in {held:.1%} of 200 searches"
+    assert 0.85 <= held <= 0.97, f"beta's nominal 90% interval held the true beta in {held:.1%} of 200 searches"
 
 
 def test_a_sharp_basin_resolves_a_beta_of_0_3_at_the_shipped_settings(coverage):

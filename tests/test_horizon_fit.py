@@ -12,7 +12,7 @@ import pytest
 
 from lmtune.analysis.bracket import Bracket
 from lmtune.analysis.fit import fit_horizon
-from lmtune.analysis.locate import SIDE, LocatedLr, _minimum_interval, locate_best_lr, t_quantile
+from lmtune.analysis.locate import SE_WIDENING, SIDE, Z90, LocatedLr, _minimum_interval, locate_best_lr, t_quantile
 from lmtune.analysis.runs import LrResult, crown
 from lmtune.errors import LmtuneError
 
@@ -59,13 +59,22 @@ def test_a_minimum_between_grid_points_is_located_within_three_standard_errors_o
     assert error < abs(math.log(located.crowned_lr / TRUTH))  # finer than the grid's own best
 
 
-def test_its_90_percent_interval_holds_the_true_minimum_in_85_to_95_percent_of_budgets():
-    # 400 budgets, each GRID trained on 3 seeds with fresh noise (deterministic: rng seeds 0..399)
+def test_fiellers_interval_holds_the_minimum_of_a_true_parabola_in_85_to_95_percent_of_budgets():
+    # 400 budgets, each GRID trained on 3 seeds with fresh noise (deterministic: rng seeds 0..399); Fieller's own
+    # interval (before the widening that real, skewed curves call for) is exact for a parabola
     held = 0
     for rng_seed in range(400):
-        low, high = locate_best_lr(parabola(seeds=3, rng_seed=rng_seed), 1000).interval()
-        held += low <= TRUTH <= high
+        located = locate_best_lr(parabola(seeds=3, rng_seed=rng_seed), 1000)
+        half = Z90 * located.log_se / SE_WIDENING
+        held += abs(math.log(TRUTH / located.lr)) <= half
     assert 0.85 <= held / 400 <= 0.95  # 0.90 +- 3.3 binomial standard errors
+
+
+def test_the_printed_interval_is_conservative_on_a_true_parabola():
+    # widened INTERVAL_WIDENING times for curves that are no parabola, it holds a parabola's minimum nearly always
+    held = sum(low <= TRUTH <= high for low, high in
+               (locate_best_lr(parabola(seeds=3, rng_seed=rng_seed), 1000).interval() for rng_seed in range(400)))
+    assert held / 400 >= 0.97
 
 
 def test_the_located_lr_is_fitted_around_the_crowned_lr_not_a_one_seed_lr_with_a_lower_mean():

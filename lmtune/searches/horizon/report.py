@@ -125,11 +125,12 @@ class HorizonSection:
 
 
 def located_text(at: LocatedLr | None) -> str:
-    """"0.0087 ± 9%" (LR* and the SE of ln LR*), or why it was not located."""
+    """"0.0087 (90%: 0.0061–0.012)" (LR* and its 90% interval), or why it was not located."""
     if at is None:
         return "—"
     if at.located:
-        return f"{at.lr:.3g} ± {100 * at.log_se:.2g}%"
+        low, high = at.interval()
+        return f"{at.lr:.3g} (90%: {low:.2g}–{high:.2g})"
     return f"not located: {at.why}" + ("" if at.usable else "; not fitted")
 
 
@@ -154,7 +155,7 @@ def _interval_text(low: float | None, high: float | None) -> str:
 def budget_table(result: HorizonResult) -> list[str]:
     """Each budget's crowned LR, its loss, where it may lie, its located LR* and its edge (one seed a probe)."""
     return table(["steps", "tokens", "trials", "crowned lr", "val loss ± sd (seeds)", "crowned lr may lie in",
-                  "LR* (located) ± SE", "edge, 1 seed (trains through – fails)"],
+                  "LR* (located), 90% interval", "edge, 1 seed (trains through – fails)"],
                  [_budget_row(b, result.target_tokens) for b in result.budgets])
 
 

@@ -180,7 +180,7 @@ def _method(result: WidthResult, summary: SweepSummary[WidthResult]) -> str:
 
 def width_table(result: WidthResult) -> list[str]:
     return table(["d_model", "parameters", "training FLOPs / token", "trials", "crowned lr",
-                  "val loss ± sd (seeds)", "LR* (located) ± SE, 90% interval"],
+                  "val loss ± sd (seeds)", "LR* (located), 90% interval"],
                  [_row(row, result.target_width) for row in result.widths])
 
 
@@ -191,8 +191,7 @@ def _row(row: WidthRow, target: int) -> list[str]:
     elif at is None:
         star = row.not_located
     else:
-        low, high = at.interval() if at.usable else (None, None)
-        star = located_text(at) + (f", {low:.3g} – {high:.3g}" if at.located else "")
+        star = located_text(at)
     return [f"{p.value}" + (" (target)" if p.value == target else ""), f"{row.params:,}",
             _flops(row.flops_per_token), str(p.trials), lr(p.conclusion.best_lr), best_loss_text(p.conclusion), star]
 
