@@ -13,7 +13,11 @@ non-finite), what the stopper's rule would have done with it, and the truth's re
 analysis applied to runs that nothing stopped). ``compare`` checks a sweep's report against them, strictly
 (benchmarks.truth: the search's best LR inside the truth's 2-SE basin, its edge bracket overlapping the
 truth's, a horizon prediction's loss within 2 SE of the truth's best), and refuses a truth with fewer than 3
-seeds at an LR a check reads.
+seeds at an LR a check reads. Beside a horizon or width search's verdict it puts the naive answers a user could
+take without the search (the largest proxy's best LR unchanged, the middle of the first grid) to the same check,
+with the check's false-pass rate for each on truths redrawn from this truth's curve and noise; the prediction
+counts as ``validated`` only where it passes and every naive answer fails at least 80% of the time (else
+``cannot_tell`` says why, and what truth would tell).
 
 A truth answers for one setting (model, budget, schedule, optimizer, data; its runs differ only in LR and
 seed): ``train`` refuses to add runs of another setting to one, and ``compare`` a sweep of another setting.
@@ -29,6 +33,7 @@ import multiprocessing
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple
 
@@ -270,12 +275,21 @@ def read_report(sweep: Path) -> dict:
 
 
 def print_comparison(args: argparse.Namespace) -> None:
-    from benchmarks.truth import compare, compare_horizon, read_truth, truth_conclusion, truth_located_lr
+    from benchmarks.truth import (
+        cannot_tell,
+        compare,
+        compare_horizon,
+        naive_answers,
+        read_truth,
+        truth_conclusion,
+        truth_located_lr,
+    )
     from benchmarks.truth_setting import check_comparable
     from lmtune.sweep.sweep_file import SweepRecord
 
     runs = read_truth(args.truth)
-    check_comparable(args.truth, runs[0].setting, args.sweep, SweepRecord.read(args.sweep))
+    record = SweepRecord.read(args.sweep)
+    check_comparable(args.truth, runs[0].setting, args.sweep, record)
     summary = read_report(args.sweep)
     truth = truth_conclusion(runs)
     if "predicted_lr" in summary:  # a horizon or width search: its prediction against the truth at its target
@@ -289,9 +303,29 @@ def print_comparison(args: argparse.Namespace) -> None:
             per_token = summary["target_run_flops"] / (runs[0].steps * runs[0].tokens_per_step)
             comparison.update(search_flops=summary["search_flops"], truth_flops=tokens * per_token,
                               search_over_truth_flops=summary["search_flops"] / (tokens * per_token))
+        answers = naive_answers(truth, naive_candidates(summary, record))
+        comparison.update(naive_answers=[asdict(a) for a in answers], cannot_tell=cannot_tell(answers))
+        comparison["validated"] = comparison["predicted_lr_in_truth_basin"] and comparison["cannot_tell"] is None
         print(json.dumps(comparison, indent=1))
         return
     print(json.dumps(compare(truth, summary).to_json(), indent=1))
+
+
+def naive_candidates(summary: dict, record) -> dict[str, float]:
+    """What a user could take without the search's prediction: the largest proxy's best LR unchanged (a horizon
+    search's largest budget below the target, a width search's widest proxy) and the middle of the first grid (in
+    log LR, from the search's lr_min and lr_max)."""
+    proxies = [p for p in summary.get("budgets") or summary.get("widths") or [] if p.get("crowned_lr")]
+    target = summary.get("horizon_target_tokens") or summary.get("target_width")
+    size = "tokens" if "budgets" in summary else "d_model"
+    below = [p for p in proxies if p.get(size) and p[size] < target] if target else proxies
+    candidates = {}
+    if below:
+        candidates["the largest proxy's best LR, unchanged"] = max(below, key=lambda p: p[size])["crowned_lr"]
+    settings = getattr(record.plan.space.strategy, "settings", None) if record.plan else None
+    if settings is not None and getattr(settings, "lr_min", None) and getattr(settings, "lr_max", None):
+        candidates["the middle of the first grid"] = math.sqrt(settings.lr_min * settings.lr_max)
+    return candidates
 
 
 @cli_entry

@@ -22,6 +22,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.truth_setting import Setting, data_of, setting_differences, setting_of
 from lmtune.analysis.bracket import bracket, failed_runs
 from lmtune.analysis.conclusion import conclude
@@ -271,19 +273,8 @@ def compare_horizon(truth: JsonObject, search: JsonObject, truth_tokens: int) ->
     against the truth's best; the tokens the search trained against the truth's. Refused in one line where the
     truth has fewer than TRUTH_SEEDS seeds at its best LR or at the two LRs the prediction is read between."""
     predicted, best = search.get("predicted_lr"), truth.get("best_lr")
-    ranking = sorted(truth.get("ranking") or [], key=lambda r: r["lr"])
     check_truth_seeds(truth, [best])
-    excess = two_se = None
-    if predicted is not None and len(ranking) > 1 and ranking[0]["lr"] <= predicted <= ranking[-1]["lr"]:
-        xs = [math.log(r["lr"]) for r in ranking]
-        k = min(max(i for i, x in enumerate(xs) if x <= math.log(predicted)), len(xs) - 2)
-        below, above = ranking[k], ranking[k + 1]
-        check_truth_seeds(truth, [below["lr"], above["lr"]])
-        t = (math.log(predicted) - xs[k]) / (xs[k + 1] - xs[k])
-        excess = below["mean"] + t * (above["mean"] - below["mean"]) - truth["best_lr_mean_loss"]
-        sigma, n_best = truth.get("seed_spread"), len(truth.get("best_lr_seed_losses") or [])
-        n_read = min(len(below["losses"]), len(above["losses"]))
-        two_se = SIGNIFICANCE_SE * sigma * math.sqrt(1 / n_best + 1 / n_read) if sigma is not None else None
+    excess, two_se = excess_in_truth(truth, predicted)
     low, high = search.get("predicted_lr_interval") or (None, None)
     spent = (search.get("compute") or {}).get("tokens_spent")
     return HorizonComparison(
@@ -292,6 +283,95 @@ def compare_horizon(truth: JsonObject, search: JsonObject, truth_tokens: int) ->
         excess is not None and two_se is not None and excess <= two_se,
         bool(low and high and best and low <= best <= high),
         spent, truth_tokens, spent / truth_tokens if spent and truth_tokens else None)
+
+
+def _read_between(truth: JsonObject, lr: float | None) -> tuple[JsonObject, JsonObject, float] | None:
+    """The two truth LRs either side of ``lr`` and where it lies between them in log LR (None: outside them)."""
+    ranking = sorted(truth.get("ranking") or [], key=lambda r: r["lr"])
+    if lr is None or len(ranking) < 2 or not ranking[0]["lr"] <= lr <= ranking[-1]["lr"]:
+        return None
+    xs = [math.log(r["lr"]) for r in ranking]
+    k = min(max(i for i, x in enumerate(xs) if x <= math.log(lr)), len(xs) - 2)
+    return ranking[k], ranking[k + 1], (math.log(lr) - xs[k]) / (xs[k + 1] - xs[k])
+
+
+def excess_in_truth(truth: JsonObject, lr: float | None) -> tuple[float | None, float | None]:
+    """``lr``'s loss on the truth's curve (log-LR interpolation between its two grid LRs) above the truth's best
+    mean, and SIGNIFICANCE_SE standard errors of that difference (None, None: ``lr`` lies outside the truth's LRs).
+    Refused in one line where the truth has fewer than TRUTH_SEEDS seeds at the two LRs read."""
+    between = _read_between(truth, lr)
+    if between is None:
+        return None, None
+    below, above, t = between
+    check_truth_seeds(truth, [below["lr"], above["lr"]])
+    excess = below["mean"] + t * (above["mean"] - below["mean"]) - truth["best_lr_mean_loss"]
+    sigma, n_best = truth.get("seed_spread"), len(truth.get("best_lr_seed_losses") or [])
+    n_read = min(len(below["losses"]), len(above["losses"]))
+    two_se = SIGNIFICANCE_SE * sigma * math.sqrt(1 / n_best + 1 / n_read) if sigma is not None else None
+    return excess, two_se
+
+
+# A check has power against a naive answer when that answer fails it with at least this probability (issue 44).
+POWER = 0.8
+# Truths redrawn per naive answer: the pass rate's binomial sd is then under 1 point.
+REDRAWS = 4000
+
+
+@dataclass(frozen=True)
+class NaiveAnswer:
+    """An answer a user could take without the search, put to the same check as the search's prediction."""
+
+    name: str
+    lr: float
+    passes: bool | None
+    """Its loss on the truth's curve is within 2 SE of the truth's best (None: it lies outside the truth's LRs)."""
+    pass_rate: float | None
+    """How often it passes that check against truths redrawn from this truth's curve and noise (each LR's mean
+    redrawn with sd sigma / sqrt(its seeds), the best taken afresh): the check's false-pass rate for it."""
+
+
+def naive_pass_rate(truth: JsonObject, lr: float, draws: int = REDRAWS, seed: int = 0) -> float | None:
+    """How often ``lr`` passes the prediction's check (within 2 SE of the best) against truths redrawn from this
+    truth's own curve (its LRs' means) and noise (its pooled seed spread, each LR's seed count); None where ``lr``
+    lies outside the truth's LRs or the truth has no spread."""
+    ranking = sorted(truth.get("ranking") or [], key=lambda r: r["lr"])
+    sigma = truth.get("seed_spread")
+    between = _read_between(truth, lr)
+    if between is None or not sigma:
+        return None
+    below, above, t = between
+    means = np.array([r["mean"] for r in ranking])
+    seeds = np.array([len(r["losses"]) for r in ranking])
+    drawn = means + sigma / np.sqrt(seeds) * np.random.default_rng(seed).standard_normal((draws, len(ranking)))
+    best = drawn.argmin(axis=1)
+    i, j = ranking.index(below), ranking.index(above)
+    excess = drawn[:, i] + t * (drawn[:, j] - drawn[:, i]) - drawn[np.arange(draws), best]
+    two_se = SIGNIFICANCE_SE * sigma * np.sqrt(1 / seeds[best] + 1 / min(seeds[i], seeds[j]))
+    return float(np.mean(excess <= two_se))
+
+
+def naive_answers(truth: JsonObject, candidates: dict[str, float]) -> list[NaiveAnswer]:
+    """Each candidate (name -> LR) put to the prediction's check, with its false-pass rate."""
+    answers = []
+    for name, lr in candidates.items():
+        excess, two_se = excess_in_truth(truth, lr)
+        passes = None if excess is None or two_se is None else excess <= two_se
+        answers.append(NaiveAnswer(name, lr, passes, naive_pass_rate(truth, lr)))
+    return answers
+
+
+def cannot_tell(answers: list[NaiveAnswer]) -> str | None:
+    """Why a passed check has not shown the search works, where a naive answer would pass it too often (None:
+    every naive answer fails it with probability at least POWER)."""
+    weak = [a for a in answers if a.pass_rate is None or a.pass_rate > 1 - POWER]
+    if not weak:
+        return None
+    named = "; ".join(f"{a.name} ({a.lr:.3g}) passes {'?' if a.pass_rate is None else f'{a.pass_rate:.0%}'}"
+                      for a in weak)
+    return (f"the truth cannot tell a good answer from a naive one here: {named} of redrawn truths (validated "
+            f"only where each fails at least {POWER:.0%} of the time). What would: more seeds per truth LR (2 SE "
+            "shrinks as 1/sqrt(seeds)), a longer target or a larger extrapolation ratio (the naive answers then "
+            "lie further from the truth's best)")
 
 
 def _overlap(a: Span, b: Span) -> bool:

@@ -11,11 +11,21 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import TINY_MODEL, assert_refused, grid_sweep_record, run_python, set_args, snapshot
 
-from benchmarks.truth import TruthRun, compare, compare_horizon, truth_conclusion, truth_located_lr
+from benchmarks.truth import (
+    TruthRun,
+    cannot_tell,
+    compare,
+    compare_horizon,
+    naive_answers,
+    naive_pass_rate,
+    truth_conclusion,
+    truth_located_lr,
+)
 from benchmarks.truth_setting import Setting, TruthData
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
@@ -311,3 +321,47 @@ def test_the_truths_own_lr_star_is_located_between_its_grid_points_not_read_off_
     assert located.located and located.lr == pytest.approx(0.006, rel=1e-6)
     low, high = located.interval()
     assert low < 0.006 < high and high / low < 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The check's power: how often a naive answer passes it against truths redrawn from the truth's curve and noise
+
+
+def test_a_naive_answer_far_up_a_sharp_truths_curve_almost_never_passes():
+    # 0.064 lies 0.60 nats above the best, about 12 of the check's 2 SEs
+    (answer,) = naive_answers(constructed_truth(MEANS, FAILING), {"the grid's middle": 0.064})
+    assert answer.passes is False and answer.pass_rate < 0.01
+
+
+def test_a_naive_answer_inside_the_truths_basin_passes_most_redrawn_truths():
+    (answer,) = naive_answers(constructed_truth(MEANS, FAILING), {"the largest proxy's best": 0.004})
+    assert answer.passes and answer.pass_rate > 0.5
+
+
+def test_a_truth_whose_check_a_naive_answer_passes_often_says_it_cannot_tell_and_what_would():
+    answers = naive_answers(constructed_truth(MEANS, FAILING), {"the largest proxy's best": 0.004,
+                                                                "the grid's middle": 0.064})
+    why = cannot_tell(answers)
+    assert "the largest proxy's best (0.004) passes" in why and "grid's middle" not in why
+    assert "more seeds" in why and "larger extrapolation ratio" in why
+
+
+def test_a_truth_that_fails_every_naive_answer_at_least_four_times_in_five_validates():
+    assert cannot_tell(naive_answers(constructed_truth(MEANS, FAILING), {"far": 0.064, "farther": 0.001})) is None
+
+
+def test_the_pass_rate_is_the_checks_own_rule_on_redrawn_truths():
+    # 0.016 sits 0.01 nats above the best, half the check's 2 SE (0.02): it passes unless the draws move the two
+    # LRs' means apart by more than about 1.2 of their difference's sds; deterministic at its seed
+    truth = constructed_truth(MEANS, FAILING)
+    rate = naive_pass_rate(truth, 0.016)
+    assert rate == naive_pass_rate(truth, 0.016) and 0.6 < rate < 0.99
+
+
+def test_the_naive_candidates_are_the_largest_proxys_best_lr_and_the_first_grids_middle():
+    summary = {"horizon_target_tokens": 6400, "budgets": [
+        {"tokens": 800, "crowned_lr": 0.02}, {"tokens": 1600, "crowned_lr": 0.016}, {"tokens": 6400, "crowned_lr": 0.008}]}
+    settings = SimpleNamespace(lr_min=0.001, lr_max=0.1)
+    record = SimpleNamespace(plan=SimpleNamespace(space=SimpleNamespace(strategy=SimpleNamespace(settings=settings))))
+    assert lr_truth.naive_candidates(summary, record) == {
+        "the largest proxy's best LR, unchanged": 0.016, "the middle of the first grid": pytest.approx(0.01)}
