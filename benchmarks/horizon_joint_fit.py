@@ -105,7 +105,8 @@ def joint_fit(runs, target_tokens: int) -> Prediction | None:
 
     def surface(optima: np.ndarray, skew: float, floors: np.ndarray, log_curv: np.ndarray) -> np.ndarray:
         x = xs - optima
-        return (ys - floors[which] - np.exp(log_curv[which]) * x * x * np.exp(skew * x)) / sd
+        bend = np.exp(np.clip(log_curv[which], -30, 30)) * np.exp(np.clip(skew * x, -30, 30))
+        return (ys - floors[which] - bend * x * x) / sd
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         a, beta, skew = theta[:3]
@@ -132,7 +133,7 @@ def joint_fit(runs, target_tokens: int) -> Prediction | None:
         return None
     scale = max(1.0, chi2 / dof)
     se = math.sqrt(max(covariance[0, 0], 0.0) * scale)
-    if not math.isfinite(se) or se <= 0:  # (a degenerate fit: the data do not pin the exponent down)
+    if not math.isfinite(se) or not 0 < se < 10:  # (a degenerate fit: the data do not pin the exponent down)
         return None
     a = float(fit.x[0])
     half = WIDENING * float(stats.norm.ppf(0.95)) * se

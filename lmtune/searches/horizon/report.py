@@ -84,12 +84,14 @@ class HorizonSection:
                  f"Target: {target:,} tokens. Each budget's LRs are compared at that budget's full token count (its "
                  "cosine decays over it); the crowned LR is the lowest mean over as many seeds as the LRs it beats; "
                  "LR* is located between grid points by a quadratic in ln LR through the LRs within 2.25x of the "
-                 "crowned LR (at least two either side), weighted by each LR's seeds; its 90% interval is every LR "
-                 "at which the fitted curve's slope is within t standard errors of flat (Fieller's interval, the "
-                 "errors from the pooled seed spread), and its SE (of ln LR*, so relative) that interval's half-width "
-                 "/ 1.645; 'may lie in' is between the nearest LRs clearly worse (2 standard errors); the edge is the "
-                 "bracket between the largest LR that trained through and the smallest that failed to recover, "
-                 "found by probes of one seed each.", ""]
+                 "crowned LR (at least two either side), weighted by each LR's seeds; Fieller's interval is every LR "
+                 "at which the fitted curve's slope is within t standard errors of flat (the errors from the pooled "
+                 "seed spread), and LR*'s 90% interval that one widened 3x in ln LR, its SE (of ln LR*, so relative, "
+                 "as the fit weighs it) Fieller's half-width x 1.5 / 1.645: the widenings that brought each to 90% "
+                 "on simulated searches (real curves are skewed, and a budget is located when its curve looks "
+                 "sharp); 'may lie in' is between the nearest LRs clearly worse (2 standard errors); the edge is the "
+                 "bracket between the largest LR that trained through and the smallest that failed, found by probes "
+                 "of one seed each.", ""]
         lines += budget_table(result)
         fit = result.fit
         if fit is None:

@@ -172,9 +172,10 @@ def _method(result: WidthResult, summary: SweepSummary[WidthResult]) -> str:
     return (f"**Model**: {model}. Target: d_model {result.target_width}. Every width trains the same "
             f"{tokens(summary.compared_at_tokens)} tokens and its LRs are compared at that full token count; the "
             "crowned LR is the lowest mean over as many seeds as the LRs it beats; LR* is located between grid "
-            "points by a quadratic in ln LR around it, its 90% interval every LR at which the fitted curve's slope "
-            "is within t standard errors of flat (Fieller's), its SE (of ln LR*, so relative) that interval's "
-            "half-width / 1.645. Parameters are non-embedding; FLOPs per token are training's (6 x the "
+            "points by a quadratic in ln LR around it, its 90% interval Fieller's (every LR at which the fitted "
+            "curve's slope is within t standard errors of flat) widened 3x in ln LR, its SE (of ln LR*, so "
+            "relative, as the fit weighs it) Fieller's half-width x 1.5 / 1.645: the widenings that brought each "
+            "to 90% on simulated searches. Parameters are non-embedding; FLOPs per token are training's (6 x the "
             "non-embedding and output parameters, plus attention).")
 
 
