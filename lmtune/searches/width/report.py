@@ -42,7 +42,7 @@ from lmtune.training.figures import save_figure  # noqa: E402
 # those scenarios (benchmarks/width_coverage.py --held-out, 1,000 searches each; benchmarks/README.md): printed
 # beside the intervals until they reach their level there. tests/test_width_report.py holds these to
 # benchmarks/results.jsonl.
-WIDTH_HELD_OUT_COVERAGE = {"located": (0.439, 0.847), "predicted": (0.406, 0.924)}
+WIDTH_HELD_OUT_COVERAGE = {"located": (0.929, 0.991), "predicted": (0.537, 0.977)}
 WIDTH_HELD_OUT_DEPARTURES = ("a bent power law in width, the curve sharper when narrower, noise growing above the "
                              "best LR, seed effects shared across LRs, skew changing with width")
 
