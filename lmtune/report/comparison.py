@@ -302,3 +302,41 @@ def same_resolution_grid(pairs: Sequence[Pair], resolution: float | None, budget
         return None
     points = math.ceil(math.log(max(lrs) / min(lrs)) / math.log(resolution) - 1e-9) + 1
     return GridCost(points, resolution, min(lrs), max(lrs), points * budget.full_tokens)
+
+
+@dataclass(frozen=True)
+class BaselineCost:
+    """What a competent user would train by hand for the same answer: a grid 2x apart over the LRs the search tried,
+    bisection of its edge bracket down to the search's, and as many seeds at the best LR and at the bracket's ends."""
+
+    grid_points: int
+    """LRs 2x apart from the smallest to the largest the search tried, each trained to the full budget once."""
+    bisections: int
+    """Full-budget runs halving the grid's 2x edge bracket (in log LR) until it is as narrow as the search's."""
+    extra_seeds: int
+    """Further seeds: the search's at its best LR and at the bracket's two ends, beyond the one each already has."""
+    tokens: int
+    """All of them at the full budget."""
+
+    @property
+    def runs(self) -> int:
+        return self.grid_points + self.bisections + self.extra_seeds
+
+
+# The grid a competent user starts from: LRs this far apart (a factor of 2, as the usual 1e-4, 2e-4, 4e-4, ...).
+BASELINE_GRID_RATIO = 2.0
+
+
+def competent_baseline(pairs: Sequence[Pair], best_seeds: int, edge_seeds: tuple[int, int], resolution: float | None,
+                       budget: Budget) -> BaselineCost | None:
+    """The hand-run baseline for an adaptive search (``BaselineCost``): ``best_seeds`` seeds at its best LR,
+    ``edge_seeds`` (stable end's, failed end's), its bracket ``resolution`` (None: no bracket, no bisection)."""
+    lrs = [run.lr for run, _ in pairs if run.stage != "range"]
+    if not lrs or min(lrs) <= 0:
+        return None
+    points = math.ceil(math.log(max(lrs) / min(lrs)) / math.log(BASELINE_GRID_RATIO) - 1e-9) + 1
+    bisections = 0
+    if resolution is not None and 1 < resolution < BASELINE_GRID_RATIO:
+        bisections = math.ceil(math.log2(math.log(BASELINE_GRID_RATIO) / math.log(resolution)) - 1e-9)
+    extra = max(0, best_seeds - 1) + sum(max(0, seeds - 1) for seeds in edge_seeds)
+    return BaselineCost(points, bisections, extra, (points + bisections + extra) * budget.full_tokens)

@@ -18,6 +18,7 @@ from lmtune.analysis.runs import Budget, equal_token_losses
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.report.comparison import (
+    BaselineCost,
     Convergence,
     EqualTokenLosses,
     GridCost,
@@ -27,6 +28,7 @@ from lmtune.report.comparison import (
     Stage,
     StageDecision,
     best_record,
+    competent_baseline,
     full_budget_convergence,
     full_budget_sensitivity,
     logit_growth,
@@ -237,6 +239,8 @@ class SweepSummary(Generic[ResultT]):
     lmtune.searches.horizon.report_conclusion.HorizonResult; None: a search without any)."""
     unigram_loss: float | None = None
     """The data's unigram baseline the runs were judged by (None: not recorded; no run was judged by it)."""
+    competent_baseline: BaselineCost | None = None
+    """What a competent user would train by hand for the same answer (None: no LR was tried)."""
 
     @property
     def edge_reading(self) -> str:
@@ -271,6 +275,8 @@ class SweepSummary(Generic[ResultT]):
                                             for lr, peak in self.logit_growth.lrs]},
                    "stages": [asdict(s) for s in self.stages],
                    "same_resolution_grid": asdict(self.same_resolution_grid) if self.same_resolution_grid else None,
+                   "competent_baseline": ({**asdict(self.competent_baseline), "runs": self.competent_baseline.runs}
+                                          if self.competent_baseline else None),
                    "status_counts": dict(self.status_counts), "trials": [row.to_json() for row in self.trials]}
         if self.search_result is not None:
             summary.update(self.search_result.to_json())
@@ -324,10 +330,18 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         records[0].rule, full_budget_sensitivity(standing, ell0), ell0, target_summary(best, best_loss, target),
         full_budget_convergence(standing, basin.lrs if basin else None), logit_growth(standing, best),
         tuple(stage_accounting(pairs, decisions, range_tokens)),
-        same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows, search_result, budget.unigram_loss)
+        same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows, search_result, budget.unigram_loss,
+        competent_baseline(pairs, len(conclusion.best.losses) if conclusion.best else 1, _edge_seeds(conclusion),
+                           conclusion.edge.ratio, budget))
     log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", best_lr, best_loss, conclusion.edge.stable_lr,
              conclusion.edge.diverged_lr)
     return summary
+
+
+def _edge_seeds(conclusion: Conclusion) -> tuple[int, int]:
+    """Seeds at the bracket's stable and failed ends (0, 0: no bracket)."""
+    confirmation = conclusion.edge_confirmation
+    return (len(confirmation.stable_end), len(confirmation.diverged_end)) if confirmation else (0, 0)
 
 
 def budget_from_records(records: Sequence[TrialRecord]) -> Budget:

@@ -4,6 +4,7 @@ definitions every number above is given by."""
 from __future__ import annotations
 
 from lmtune.analysis.runs import SIGNIFICANCE_SE
+from lmtune.report.comparison import BASELINE_GRID_RATIO
 from lmtune.report.figures import RANGE_TEST
 from lmtune.report.summary import SweepFacts, SweepSummary
 from lmtune.report.text import fmt, lr, table, tokens
@@ -32,6 +33,13 @@ def search_and_compute(summary: SweepSummary, facts: SweepFacts) -> list[str]:
                   f"{grid.ratio:.2f}x apart: {grid.points} LRs, each trained to the full budget once, no "
                   f"seeds) would train {tokens(grid.tokens)} tokens; saving: "
                   f"{100.0 * (1.0 - spent / grid.tokens):.1f}%"]
+    baseline = summary.competent_baseline
+    if baseline and stages and stages[0].name != "grid":
+        lines += [f"- what a competent user would train by hand for the same answer (a grid {BASELINE_GRID_RATIO:g}x "
+                  f"apart over the same LRs: {baseline.grid_points}; {baseline.bisections} bisection runs to the same "
+                  f"bracket; {baseline.extra_seeds} more seeds at the best LR and the bracket's ends: "
+                  f"{baseline.runs} runs, each to the full budget): {tokens(baseline.tokens)} tokens; this search "
+                  f"trained {100.0 * spent / baseline.tokens:.0f}% of that"]
     lines += [f"- {key.replace('_', ' ')}: {fmt(value)}" for key, value in compute.items()
               if key not in ("tokens_spent", "full_grid_tokens")]
     return lines + [""]

@@ -1,0 +1,39 @@
+"""What an adaptive search's tokens are compared with: the baseline a competent user would run by hand for the
+same answer (a grid 2x apart over the same LRs, bisection to the same edge bracket, the same seeds at the best LR
+and at the bracket's ends), not only a grid as fine as the search's bracket everywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmtune.analysis.runs import Budget, Run
+from lmtune.report.comparison import competent_baseline
+
+BUDGET = Budget(steps=100, warmup_steps=10, tokens_per_step=64, seed=0, rungs=(6400,))
+
+
+def tried(*lrs: float, stage: str = "coarse") -> list[tuple[Run, None]]:
+    return [(Run(lr, 0, stage, 6400, 6400, "completed", 6400), None) for lr in lrs]
+
+
+def test_the_grid_is_two_x_apart_over_the_lrs_tried_and_bisection_reaches_the_searchs_bracket():
+    # 0.001 to 1.024: 11 LRs 2x apart; a 1.33x bracket is two halvings (in log LR) of a 2x one (2 -> 1.41 -> 1.19)
+    cost = competent_baseline(tried(0.001, 0.03, 1.024), best_seeds=3, edge_seeds=(2, 2), resolution=1.33,
+                              budget=BUDGET)
+    assert (cost.grid_points, cost.bisections, cost.extra_seeds) == (11, 2, 4)
+    assert cost.runs == 17 and cost.tokens == 17 * BUDGET.full_tokens
+
+
+def test_a_bracket_already_as_coarse_as_the_grid_needs_no_bisection():
+    cost = competent_baseline(tried(0.01, 0.04), best_seeds=1, edge_seeds=(1, 1), resolution=2.0, budget=BUDGET)
+    assert (cost.grid_points, cost.bisections, cost.extra_seeds) == (3, 0, 0)
+
+
+def test_the_range_test_is_no_lr_the_baseline_grid_must_cover():
+    pairs = tried(0.01, 0.02) + tried(1e-6, 10.0, stage="range")
+    assert competent_baseline(pairs, 1, (0, 0), None, BUDGET).grid_points == 2
+
+
+@pytest.mark.parametrize("pairs", [[], tried(0.0)])
+def test_no_positive_lr_tried_has_no_baseline(pairs):
+    assert competent_baseline(pairs, 1, (0, 0), None, BUDGET) is None
