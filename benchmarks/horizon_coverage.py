@@ -188,8 +188,20 @@ class SimulatedRuns:
         search.complete(trial_id, "completed", {"tokens": tokens})
 
 
-def simulate(scenario: Scenario, seed: int, settings: HorizonSettings = SETTINGS) -> Outcome | None:
-    """One search until it has fitted (the confirmation runs add nothing to the fit); None: it could not fit."""
+@dataclass(frozen=True)
+class Searched:
+    """One simulated search, run until it has fitted, and its truth."""
+
+    search: HorizonSearch
+    truth: float
+    """The true best LR at the target."""
+    at_target: float
+    """The scenario's draw of it (the other budgets' true LR* follow from it)."""
+    trials: int
+
+
+def searched(scenario: Scenario, seed: int, settings: HorizonSettings = SETTINGS) -> Searched:
+    """One search run until it has fitted (the confirmation runs add nothing to the fit)."""
     rng = np.random.default_rng(seed)
     at_target = 0.006 * math.exp(rng.uniform(-0.4, 0.4))  # the grid falls differently on the truth each time
     search, runs = HorizonSearch(settings, TARGET, max_pending=1), SimulatedRuns(scenario, at_target, rng)
@@ -200,10 +212,15 @@ def simulate(scenario: Scenario, seed: int, settings: HorizonSettings = SETTINGS
             break
         runs.run(search, f"t{trials:04d}", config)
         trials += 1
-    fit = search.fit
+    return Searched(search, scenario.best_lr(TARGET_STEPS, at_target), at_target, trials)
+
+
+def simulate(scenario: Scenario, seed: int, settings: HorizonSettings = SETTINGS) -> Outcome | None:
+    """One search (``searched``) against its truth; None: it could not fit."""
+    done = searched(scenario, seed, settings)
+    fit, truth, trials, at_target = done.search.fit, done.truth, done.trials, done.at_target
     if fit is None:
         return None
-    truth = scenario.best_lr(TARGET_STEPS, at_target)
     low, high = fit.predicted_lr_interval
     beta = scenario.true_beta
     beta_covered = fit.beta_interval[0] <= beta <= fit.beta_interval[1] if beta is not None else None

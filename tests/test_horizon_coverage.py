@@ -22,12 +22,14 @@ def coverage():
     return importlib.import_module("horizon_coverage")
 
 
-def test_the_90_percent_interval_holds_the_true_lr_in_85_to_95_percent_of_power_law_searches(coverage):
+def test_the_90_percent_interval_holds_the_true_lr_in_85_to_97_percent_of_power_law_searches(coverage):
+    # (a little conservative here by design: the surface's interval is widened 1.5x, the smallest widening that held
+    # 90% on every tuned scenario, lmtune.analysis.surface.WIDENING: 93-96% of 1,000 searches each)
     outcomes = (coverage.study(coverage.SCENARIOS["sharp"], 100, first_seed=1000)
                 + coverage.study(coverage.SCENARIOS["flat"], 100, first_seed=2000))
     assert all(o is not None for o in outcomes), "every simulated search must fit (its budgets' LR* bounded)"
     held = sum(o.covered for o in outcomes) / len(outcomes)
-    assert 0.85 <= held <= 0.95, f"the nominal 90% interval held the true LR* in {held:.1%} of 200 searches"
+    assert 0.85 <= held <= 0.97, f"the nominal 90% interval held the true LR* in {held:.1%} of 200 searches"
 
 
 def test_betas_interval_holds_the_true_beta_in_85_to_97_percent_of_power_law_searches(coverage):

@@ -51,6 +51,9 @@ class HorizonFit:
     """Residual degrees of freedom: budgets fitted - 2."""
     scale: float
     """The factor the intervals were widened by for lack of fit (1: none)."""
+    method: str = "line"
+    """How it was fitted: SURFACE (one fit of every budget's runs: lmtune.analysis.surface; chi2 and dof are then its law
+    test's) or LINE (a weighted line through the budgets' located LR*s)."""
 
     @property
     def law(self) -> PowerLaw:
@@ -84,27 +87,36 @@ class HorizonFit:
                 "predicted_lr": self.predicted_lr, "predicted_lr_interval": list(self.predicted_lr_interval),
                 "points": [p.to_json() for p in self.points], "chi2": self.chi2, "dof": self.dof,
                 "scale": self.scale, "resolved": self.resolved, "lack_of_fit_p": self.lack_of_fit_p,
-                "law_holds": self.law_holds}
+                "law_holds": self.law_holds, "method": self.method}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> HorizonFit:
         return cls(float(data["beta"]), _pair(data["beta_interval"]), float(data["intercept"]),
                    _pair(data["intercept_interval"]), int(data["target_tokens"]), float(data["predicted_lr"]),
                    _pair(data["predicted_lr_interval"]), tuple(LocatedLr.from_json(p) for p in data["points"]),
-                   float(data["chi2"]), int(data["dof"]), float(data["scale"]))
+                   float(data["chi2"]), int(data["dof"]), float(data["scale"]), str(data.get("method", LINE)))
 
 
-def fit_horizon(points: Sequence[LocatedLr], target_tokens: int) -> HorizonFit:
-    """Fit ln LR* = a - beta ln D through the budgets' LR*s, weighted by their errors, and predict LR* at
-    ``target_tokens``; every interval 90%, widened for lack of fit."""
+LINE, SURFACE = "line", "surface"
+
+
+def fit_horizon(points: Sequence[LocatedLr], target_tokens: int, surface: PowerLaw | None = None) -> HorizonFit:
+    """The power law in tokens predicting LR* at ``target_tokens``, every interval 90%: the ``surface`` fitted to
+    every budget's runs (lmtune.analysis.surface) where there is one, else ln LR* = a - beta ln D through the
+    budgets' located LR*s, weighted by their errors and widened for lack of fit. ``points``: the located LR*s,
+    kept beside it for the report either way."""
+    ordered = tuple(sorted(points, key=lambda p: p.tokens))
+    if surface is not None:
+        return HorizonFit(surface.exponent, surface.exponent_interval, surface.intercept, surface.intercept_interval,
+                          target_tokens, surface.predicted_lr, surface.predicted_lr_interval, ordered, surface.chi2,
+                          surface.dof, surface.scale, SURFACE)
     usable = sorted((p for p in points if p.usable), key=lambda p: p.tokens)
     if len({p.tokens for p in usable}) < 2:
         raise LmtuneError("a horizon fit needs LR* at two or more budgets (each budget's best LR not at the end "
                           "of its LRs)")
     law = fit_power_law([float(p.tokens) for p in usable], usable, float(target_tokens))
     return HorizonFit(law.exponent, law.exponent_interval, law.intercept, law.intercept_interval, target_tokens,
-                      law.predicted_lr, law.predicted_lr_interval, tuple(sorted(points, key=lambda p: p.tokens)),
-                      law.chi2, law.dof, law.scale)
+                      law.predicted_lr, law.predicted_lr_interval, ordered, law.chi2, law.dof, law.scale, LINE)
 
 
 @dataclass(frozen=True)

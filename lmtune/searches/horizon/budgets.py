@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from lmtune.analysis.fit import HorizonFit, fit_horizon
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
+from lmtune.analysis.surface import fit_surface
 from lmtune.errors import LmtuneError
 from lmtune.searches.horizon.axis import AxisConclusion, TokenAxis, conclude_along, locate_along
 from lmtune.searches.horizon.axis import runs_at as runs_on
@@ -32,15 +33,22 @@ def locate_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budge
 
 
 def fit_budgets(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> tuple[HorizonFit | None, str | None]:
-    """The power law through the located LR* of every searched budget that has one, predicting the target's;
-    or None and why it cannot be fitted. The search and the report both fit with this, so they agree."""
-    return fit_located_budgets(locate_budgets(runs, settings, target), target)
+    """The power law in tokens predicting the target's LR*: the loss surface fitted to every searched budget's runs
+    (lmtune.analysis.surface), else the line through their located LR*s; or None and why it cannot be fitted. The
+    search and the report both fit with this, so they agree."""
+    runs = list(runs)
+    return fit_located_budgets(locate_budgets(runs, settings, target), runs, settings, target)
 
 
-def fit_located_budgets(located: list[LocatedLr | None], target: Budget) -> tuple[HorizonFit | None, str | None]:
-    """``fit_budgets`` of the budgets' LR*s, located already (None: not located)."""
+def fit_located_budgets(located: list[LocatedLr | None], runs: Iterable[Run], settings: HorizonSettings,
+                        target: Budget) -> tuple[HorizonFit | None, str | None]:
+    """``fit_budgets`` with the budgets' LR*s located already (None: not located)."""
+    axis = budget_axis(settings, target)
+    runs = [r for r in runs if r.stage != "edge"]  # (one seed each, far above the basin: as locate_along)
+    surface = fit_surface([(axis.budget_at(steps).full_tokens, runs_on(axis, runs, steps)) for steps in axis.points],
+                          target.full_tokens)
     try:
-        return fit_horizon([p for p in located if p is not None], target.full_tokens), None
+        return fit_horizon([p for p in located if p is not None], target.full_tokens, surface), None
     except LmtuneError as err:
         return None, str(err)
 
@@ -48,4 +56,6 @@ def fit_located_budgets(located: list[LocatedLr | None], target: Budget) -> tupl
 def conclude_horizon(runs: Iterable[Run], settings: HorizonSettings, target: Budget) -> AxisConclusion[HorizonFit]:
     """Each budget's conclusion (the searched budgets, then the target) and the fit, from the runs of every budget.
     The report reads this one value; the fit is the search's own (deterministic), so the two agree."""
-    return conclude_along(budget_axis(settings, target), runs, lambda located: fit_located_budgets(located, target))
+    runs = list(runs)
+    return conclude_along(budget_axis(settings, target), runs,
+                          lambda located: fit_located_budgets(located, runs, settings, target))

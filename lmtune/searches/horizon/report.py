@@ -25,6 +25,7 @@ from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
 from lmtune.searches.horizon.axis import PointConclusion  # noqa: E402
 from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_settings, horizon_summary, records_at  # noqa: E402
 from lmtune.searches.horizon.report_confirmation import TargetConfirmation  # noqa: E402
+from lmtune.searches.horizon.report_fit import fit_headline, fit_sentences  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
 # What the 90% intervals held on simulated searches the method was not tuned on, the lowest and highest over those
@@ -51,9 +52,6 @@ def held_out_sentence(coverage: dict[str, tuple[float, float]] = HELD_OUT_COVERA
             + (short if min(low for low, _ in coverage.values()) < 0.895 else ""))  # (0.895: printed as 90%)
 
 
-# Said wherever beta's 90% interval includes 0 (lmtune.analysis.fit.HorizonFit.resolved).
-NOT_RESOLVED = ("β not resolved by these budgets: its 90% interval includes 0, so LR* may not move between them; "
-                "the prediction's interval includes the largest budget's LR*")
 
 
 class HorizonSection:
@@ -189,52 +187,6 @@ def budget_line(b: PointConclusion) -> str:
     star = f"; LR* {located_text(at)}" if at is None or at.located else f"; LR* not located ({at.why.split(':')[0]})"
     return (f"{b.value} steps ({b.tokens:,} tokens): crowned lr {c.best.lr:.3g}, val {c.best.mean:.4f}{spread}"
             f"{star}{edge}")
-
-
-def fit_sentences(fit: HorizonFit) -> list[str]:
-    """The fit, how its intervals were made, and what they say (resolved, the law's fit), for the markdown."""
-    (blo, bhi), (alo, ahi) = fit.beta_interval, fit.intercept_interval
-    usable = [p for p in fit.points if p.usable]
-    flat = sum(not p.located for p in usable)
-    carried = f" ({flat} not located: carried as the span it may lie in)" if flat else ""
-    out = [f"**Fit**: ln LR* = a − β ln D through the {len(usable)} searched budgets' LR*s{carried}, each weighted by "
-           f"its SE from the seeds: β = {fit.beta:.3f} (90% interval {blo:.3f} to {bhi:.3f}), a = {fit.intercept:.3f} "
-           f"(90% interval {alo:.3f} to {ahi:.3f})."]
-    left_out = [p for p in fit.points if not p.usable]
-    if left_out:
-        out.append("Not fitted (no finite SE): " + "; ".join(f"{p.tokens:,} tokens ({p.why})" for p in left_out) + ".")
-    if fit.dof == 0:
-        out.append("With two budgets the line has no residual: whether the power law fits them cannot be seen.")
-    elif fit.scale > 1:
-        out.append(f"The budgets scatter about the line more than their errors allow (χ² = {fit.chi2:.2f} on "
-                   f"{fit.dof} degree{'s' * (fit.dof > 1)} of freedom), so every interval is widened by "
-                   f"sqrt(χ²/dof) = {fit.scale:.2f} (the Birge ratio).")
-    else:
-        out.append(f"χ² = {fit.chi2:.2f} on {fit.dof} degree{'s' * (fit.dof > 1)} of freedom: the budgets lie about "
-                   "the line within their errors, so the intervals are not widened (were they to scatter more, "
-                   "by sqrt(χ²/dof), the Birge ratio).")
-    if fit.dof == 1:
-        out.append("With one degree of freedom a lack of fit is seen, but barely.")
-    if fit.law_holds is False:
-        out.append(f"**The power law does not fit these budgets** (lack-of-fit p = {fit.lack_of_fit_p:.3g}): the "
-                   "prediction extrapolates a law the data reject.")
-    elif fit.lack_of_fit_p is not None:
-        out.append(f"(Lack-of-fit p = {fit.lack_of_fit_p:.2f}.)")
-    if not fit.resolved:
-        out.append(f"**{NOT_RESOLVED}.**")
-    return out
-
-
-def fit_headline(fit: HorizonFit) -> list[str]:
-    low, high = fit.beta_interval
-    scatter = f", widened {fit.scale:.2f}x for scatter" if fit.scale > 1 else ""
-    lines = [f"fit: LR* ∝ tokens^-beta, beta {fit.beta:.2f} (90% interval {low:.2f} to {high:.2f}; weighted by each "
-             f"budget's LR* SE from the seeds, chi2 {fit.chi2:.2f} on {fit.dof} dof{scatter})"]
-    if not fit.resolved:
-        lines.append(f"  {NOT_RESOLVED}")
-    if fit.law_holds is False:
-        lines.append(f"  the power law does not fit these budgets (lack-of-fit p = {fit.lack_of_fit_p:.3g})")
-    return lines
 
 
 def _cost(confirmed: TargetConfirmation) -> str:
