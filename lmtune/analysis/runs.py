@@ -182,7 +182,11 @@ class Run:
     def trained_through(self) -> bool:
         """Trained its whole budget without diverging and ended better than the data's unigram baseline: proven
         to train at this budget."""
-        return self.done and not self.diverged and self.full and not self.ended_untrained()
+        return self.ran_its_budget() and not self.ended_untrained()
+
+    def ran_its_budget(self) -> bool:
+        """Trained its whole budget without diverging, however well (its checkpoints can be continued)."""
+        return self.done and not self.diverged and self.full
 
     def ended_untrained(self) -> bool:
         """Trained its whole budget without diverging but ended no better than predicting each token by its

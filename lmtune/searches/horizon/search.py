@@ -94,14 +94,15 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         return {**planned.config(), **self.axis.params(planned.point)}
 
     def _fork_source(self, planned: Planned) -> str | None:
-        """Under WSD, the trial id of the same LR and seed's run at the largest smaller budget that trained it
-        through: this run continues it from where its stable phase ended instead of training those steps again."""
+        """Under WSD, the trial id of the same LR and seed's run at the largest smaller budget that ran its budget
+        without diverging (however well it learned): this run continues it from where its stable phase ended
+        instead of training those steps again."""
         if self.budget.schedule != "wsd":
             return None
         tokens = self.axis.budget_at(planned.point).full_tokens
         sources = [(r.budget_tokens, tid) for tid, r in self.runs.items()
                    if r.seed == planned.seed and same_lr(r.lr, planned.lr) and r.budget_tokens < tokens
-                   and r.trained_through()]
+                   and r.ran_its_budget()]
         return max(sources)[1] if sources else None
 
     # -- what the runs show ------------------------------------------------------------------
