@@ -1,7 +1,8 @@
 """The horizon search's prediction two ways, on the same simulated searches (issue 44 item 2): the search's own (the
 loss surface fitted to every budget's runs, lmtune.analysis.surface, or the line where the surface's law test fails)
-against the line through the budgets' located LR*s alone (lmtune.analysis.fit, the method before it). Ray-free; the searches are benchmarks/horizon_coverage.py's
-(the real HorizonSearch driven by runs on known curves), tuned and held-out scenarios alike.
+against the line through the budgets' located LR*s alone (lmtune.analysis.fit, the method before it). Ray-free; the
+searches are benchmarks/horizon_coverage.py's (the real HorizonSearch driven by runs on known curves), tuned and
+held-out scenarios alike.
 
     python benchmarks/horizon_joint_fit.py --searches 1000            # every tuned and held-out scenario
     python benchmarks/horizon_joint_fit.py --searches 200 --scenario all_at_once
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import horizon_coverage as hc  # noqa: E402 (the simulated searches)
+
 from lmtune.analysis.fit import SURFACE, HorizonFit, fit_horizon  # noqa: E402
 from lmtune.searches.horizon.budgets import locate_budgets  # noqa: E402
 

@@ -15,9 +15,9 @@ from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
 from lmtune.searches.horizon.budgets import fit_budgets
 from lmtune.searches.horizon.report import HELD_OUT_COVERAGE, budget_line, budget_table, held_out_sentence
-from lmtune.searches.horizon.report_fit import NOT_RESOLVED, fit_headline, fit_sentences
 from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_summary
 from lmtune.searches.horizon.report_confirmation import confirmation
+from lmtune.searches.horizon.report_fit import NOT_RESOLVED, fit_headline, fit_sentences
 from lmtune.searches.horizon.settings import HorizonSettings
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -359,8 +359,9 @@ def test_the_pass_rate_is_the_checks_own_rule_on_redrawn_truths():
 
 
 def test_the_naive_candidates_are_the_largest_proxys_best_lr_and_the_first_grids_middle():
-    summary = {"horizon_target_tokens": 6400, "budgets": [
-        {"tokens": 800, "crowned_lr": 0.02}, {"tokens": 1600, "crowned_lr": 0.016}, {"tokens": 6400, "crowned_lr": 0.008}]}
+    summary = {"horizon_target_tokens": 6400, "budgets": [{"tokens": 800, "crowned_lr": 0.02},
+                                                          {"tokens": 1600, "crowned_lr": 0.016},
+                                                          {"tokens": 6400, "crowned_lr": 0.008}]}
     settings = SimpleNamespace(lr_min=0.001, lr_max=0.1)
     record = SimpleNamespace(plan=SimpleNamespace(space=SimpleNamespace(strategy=SimpleNamespace(settings=settings))))
     assert lr_truth.naive_candidates(summary, record) == {

@@ -5,8 +5,8 @@ established (by training, or only by the stopper's rule).
 A run fails when it diverges (non-finite, or above its initial loss for good: lmtune.training.divergence) or when,
 above an LR that trained, it trains its whole budget and ends no better than the data's unigram baseline
 (Run.ended_untrained): predicting each token by its frequency would have done as well, so it did not train there.
-Below every LR that trained, such a run is only too slow (an LR too small), not the edge. The edge searcher bisects and confirms from these
-while the sweep runs; the report reads them afterwards (lmtune.analysis.conclusion).
+Below every LR that trained, such a run is only too slow (an LR too small), not the edge. The edge searcher bisects
+and confirms from these while the sweep runs; the report reads them afterwards (lmtune.analysis.conclusion).
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ class HorizonFit:
     scale: float
     """The factor the intervals were widened by for lack of fit (1: none)."""
     method: str = "line"
-    """How it was fitted: SURFACE (one fit of every budget's runs: lmtune.analysis.surface; chi2 and dof are then its law
-    test's) or LINE (a weighted line through the budgets' located LR*s)."""
+    """How it was fitted: SURFACE (one fit of every budget's runs: lmtune.analysis.surface; chi2 and dof are then
+    its law test's) or LINE (a weighted line through the budgets' located LR*s)."""
 
     @property
     def law(self) -> PowerLaw:

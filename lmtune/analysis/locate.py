@@ -153,9 +153,9 @@ def locate_best_lr(ranking: Sequence[LrResult], tokens: int, edge: Bracket | Non
     if isinstance(found, str):
         return unlocated(found)
     lr, log_se = found
-    return LocatedLr(tokens, best.lr, lr, log_se, True, f"minimum of a quadratic in ln LR through {len(lrs)} LRs; "
-                     f"its 90% interval Fieller's widened {INTERVAL_WIDENING:g}x (what holds LR* in simulated searches)",
-                     lrs, sigma)
+    why = (f"minimum of a quadratic in ln LR through {len(lrs)} LRs; its 90% interval Fieller's widened "
+           f"{INTERVAL_WIDENING:g}x (what holds LR* in simulated searches)")
+    return LocatedLr(tokens, best.lr, lr, log_se, True, why, lrs, sigma)
 
 
 def _located(window: list[LrResult], best: LrResult, sigma: float, dof: int) -> tuple[float, float] | str:

@@ -15,7 +15,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter, NullFormatter  # noqa: E402
 
 from lmtune.analysis.conclusion import Conclusion  # noqa: E402
-from lmtune.analysis.fit import HorizonFit  # noqa: E402
 from lmtune.analysis.locate import LocatedLr  # noqa: E402
 from lmtune.analysis.runs import Budget, LrResult, format_tokens, standard_error  # noqa: E402
 from lmtune.report.comparison import record_runs  # noqa: E402
