@@ -195,6 +195,9 @@ def plot_lr_vs_loss(path: Path, summary: SweepSummary) -> Path:
                 label="diverged", clip_on=False)
     if start:
         ax.axhline(start, color="gray", linestyle="--", linewidth=1, label=f"ℓ₀ = ln vocab = {start:.2f}")
+    if summary.unigram_loss:  # a run ending above it, above an LR that trained, failed
+        ax.axhline(summary.unigram_loss, color="tab:red", linestyle=":", linewidth=1,
+                   label=f"unigram baseline = {summary.unigram_loss:.2f} (ending above it: failed)")
     _shade_edge_and_best(ax, summary)
     ax.set_xscale("log")
     ax.set_ylim(bottom - 0.05 * max(top - bottom, 1e-3), top_edge + 0.05 * max(top - bottom, 1e-3))
@@ -221,7 +224,7 @@ def _shade_edge_and_best(ax, summary: SweepSummary) -> None:
     if diverged and diverged[1] is not None:
         low, high = diverged
         right = ax.get_xlim()[1] if ax.get_xlim()[1] > high else high * 1.5
-        ax.axvspan(high, right, color="red", alpha=0.12, label=f"diverged: from {_lr(low, '?')}–{_lr(high, '?')} up")
+        ax.axvspan(high, right, color="red", alpha=0.12, label=f"failed: from {_lr(low, '?')}–{_lr(high, '?')} up")
         if low is not None:
             ax.axvspan(low, high, color="red", alpha=0.06, hatch="//", linewidth=0)
     best = summary.best_lr
