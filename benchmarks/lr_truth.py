@@ -41,9 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.truth_setting import Setting  # noqa: E402 (what a truth's runs share)
+from lmtune.cli import parse_set_args  # noqa: E402
 from lmtune.errors import LmtuneError, cli_entry, shown  # noqa: E402 (lmtune from this checkout)
 from lmtune.files import atomic_write_json, check_destination  # noqa: E402
-from lmtune.training.config import MAX_LR, MAX_SEED, budget_config, parse_set_args  # noqa: E402
+from lmtune.training.config import MAX_LR, MAX_SEED, budget_config  # noqa: E402
 
 GRID_FILE = "grid.json"
 # A dense grid is tens of LRs; far more is a typo in --lr-min, --lr-max or --ratio.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from lmtune.cli import prog
+from lmtune.cli import parse_set_args, prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import check_destination
@@ -26,7 +26,7 @@ from lmtune.tools.throughput.concurrency import run_concurrency
 from lmtune.tools.throughput.machine import full_device_name, git_commit
 from lmtune.tools.throughput.results import BenchResult, ConcurrencyReport, FuseReport, FuseRow
 from lmtune.training.compile import should_compile
-from lmtune.training.config import RunConfig, parse_set_args
+from lmtune.training.config import RunConfig
 from lmtune.training.coord_check import (
     DEFAULT_LR,
     PARAMETRIZATIONS,

@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 from lmtune.errors import LmtuneError, cli_entry, shown
+from lmtune.training.config import field_type
 
 # The CLI modules (lmtune/NAME.py, each with a main(argv)), in the order a user meets them.
 COMMANDS = ("run", "analyze", "train", "sample", "prepare", "lr_find", "bench", "diagnose", "gpu_check")
@@ -77,3 +78,16 @@ if __name__ == "__main__":
     from lmtune import cli  # the module whose flag prog() reads (this one runs as __main__)
 
     raise SystemExit(cli.main())
+
+
+def parse_set_args(pairs: list[str] | None) -> dict[str, str]:
+    """Parse ``--set key=value`` pairs into a dict of raw strings (types checked by apply_overrides)."""
+    result: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise LmtuneError(f"--set {shown(pair)}: expected key=value, e.g. --set lr=3e-4")
+        field_type(key)
+        result[key] = value.strip()
+    return result

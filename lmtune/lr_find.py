@@ -13,12 +13,12 @@ import os
 import time
 from pathlib import Path
 
-from lmtune.cli import prog
+from lmtune.cli import parse_set_args, prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.files import check_destination
 from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs
-from lmtune.training.config import BUDGETS, budget_config, parse_set_args
+from lmtune.training.config import BUDGETS, budget_config
 from lmtune.training.loop import resolve_config
 from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeTestConfig, lr_range_test
 from lmtune.usercode.checks import check_code

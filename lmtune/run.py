@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from lmtune.cli import prog
+from lmtune.cli import parse_set_args, prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.hooks import load_step_hook
@@ -33,7 +33,7 @@ from lmtune.sweep.runner import DISK_FULL, SweepResult, run_sweep
 from lmtune.sweep.session import Interruptions, signal_exit_code
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.sweep.storage import SweepStorage
-from lmtune.training.config import BUDGETS, parse_set_args
+from lmtune.training.config import BUDGETS
 from lmtune.usercode.config import add_code_arguments, code_from_arguments
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -10,12 +10,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from lmtune.cli import prog
+from lmtune.cli import parse_set_args, prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import LOCK_FILE, check_destination
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
-from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config, parse_set_args
+from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config
 from lmtune.training.fork import same_data
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.schedule import first_lr_difference

@@ -12,10 +12,10 @@ import pytest
 
 from lmtune import searches
 from lmtune.errors import LmtuneError
-from lmtune.searches.base import Fail, StrategyDefaults, coerce_setting
+from lmtune.searches.base import Fail, StrategyDefaults
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import available_spaces, load_space
-from lmtune.training.config import budget_config
+from lmtune.training.config import budget_config, check_setting
 
 
 @pytest.mark.parametrize("name", available_spaces())
@@ -54,7 +54,7 @@ class LogSpaced(StrategyDefaults):
 
     @classmethod
     def parse(cls, raw: dict[str, Any], fail: Fail) -> LogSpaced:
-        low, high = (coerce_setting("lr", v, "lrs", fail) for v in raw["lrs"])
+        low, high = (check_setting("lr", v, lambda why: fail("lrs", why)) for v in raw["lrs"])
         return cls(low, high, int(raw.get("count", 3)))
 
     @classmethod

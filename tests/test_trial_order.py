@@ -60,14 +60,83 @@ def test_a_config_a_users_tuner_got_wrong_is_one_line(params, named):
     assert named in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_the_run_config_applies_the_settings_and_validates_them_naming_the_trial():
+def test_the_run_config_applies_the_settings_of_a_users_tuner_and_validates_them_naming_the_trial():
     base = budget_config("low-resource", data_dir="")
-    assert TrialOrder({"lr": 0.02, "seed": 5}).run_config(base, "trial t").train.lr == 0.02
+    assert TrialOrder({"lr": "0.02", "seed": 5}).run_config(base, "trial t", checked=False).train.lr == 0.02
     with pytest.raises(LmtuneError, match="^trial t7: lr must be a positive finite number"):
-        TrialOrder({"lr": -1.0}).run_config(base, "trial t7")
+        TrialOrder({"lr": -1.0}).run_config(base, "trial t7", checked=False)
 
 
-def test_each_member_of_a_fused_group_gets_its_own_lr():
+def test_settings_a_space_file_checked_are_put_in_place_as_they_are():
     base = budget_config("low-resource", data_dir="")
-    configs = TrialOrder(members=FusedMembers((0.001, 0.01), {"seed": 4})).member_configs(base, ["g-0", "g-1"])
+    config = TrialOrder({"lr": 0.02, "seed": 5}).run_config(base, "trial t", checked=True)
+    assert (config.train.lr, config.train.seed) == (0.02, 5) and base.train.seed != 5
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_each_member_of_a_fused_group_gets_its_own_lr(checked):
+    base = budget_config("low-resource", data_dir="")
+    configs = TrialOrder(members=FusedMembers((0.001, 0.01), {"seed": 4})).member_configs(base, ["g-0", "g-1"],
+                                                                                           checked)
     assert [c.train.lr for c in configs] == [0.001, 0.01] and {c.train.seed for c in configs} == {4}
+
+
+LR = 0.00123457  # a value no default holds, so that where it travels can be told by value
+
+
+def _modules_holding_lr(calls: list[tuple[str, str]]):
+    """A tracer recording (module, function) of each lmtune call whose locals hold LR (or a flat list, tuple or
+    dict holding it) when it returns."""
+    import sys
+
+    def holds(value, depth=0) -> bool:
+        if isinstance(value, float):
+            return value == LR
+        if depth == 0 and isinstance(value, (list, tuple)):
+            return any(holds(v, 1) for v in value)
+        if depth == 0 and isinstance(value, dict):
+            return any(holds(v, 1) for v in value.values())
+        return False
+
+    def on_call(frame, event, _arg):
+        module = frame.f_globals.get("__name__", "")
+        if event != "call" or not module.startswith("lmtune"):
+            return None
+
+        def on_return(f, e, _a):
+            if e == "return" and any(holds(v) for v in f.f_locals.values()):
+                calls.append((module, f.f_code.co_name))
+            return on_return
+        return on_return
+
+    return lambda: sys.settrace(on_call), lambda: sys.settrace(None)
+
+
+def test_an_lr_from_a_space_file_reaches_the_optimizer_through_five_modules_held_to_its_rule_once(tmp_path):
+    """The route of lmtune.run: the space file read and checked, Tune's grid, the trial's order at the trainable's
+    door (lmtune.sweep.trainable, run by Tune in a trial's process: counted, not traced here), its run config and
+    the optimizer built from it."""
+    import torch
+
+    from lmtune.sweep.spaces import load_space
+    from lmtune.training.lm import build_model
+    from lmtune.training.state import build_optimizer
+
+    (tmp_path / "s.yaml").write_text(f"search: grid\nbudget: quick\nparams:\n  lr: [{LR!r}, 0.01]\n")
+    parsed, trial = [], []
+    start, stop = _modules_holding_lr(parsed)
+    start()
+    space = load_space(str(tmp_path / "s.yaml"))
+    params = {"lr": space.strategy.param_space(1)["lr"]["grid_search"][0]}  # (Tune's grid, expanded by hand)
+    stop()
+    base = budget_config("quick", {**space.fixed, "d_model": 16, "d_ff": 32, "n_heads": 2, "vocab_size": 64})
+    start, stop = _modules_holding_lr(trial)
+    start()
+    config = TrialOrder.from_tune(params).run_config(base, "trial t", checked=True)
+    optimizer = build_optimizer(build_model(config, torch.device("cpu")), config, torch.device("cpu"))
+    stop()
+    assert optimizer.param_groups[0]["lr"] == LR
+    modules = {m for m, _ in parsed + trial} | {"lmtune.sweep.trainable"}
+    assert len(modules) <= 5, sorted(modules)
+    assert ("lmtune.training.config", "check_setting") in parsed  # held to its rule where it entered ...
+    assert not [f for _, f in trial if f in ("check_setting", "broken_rule", "validate", "apply_overrides")]  # once

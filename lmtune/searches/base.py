@@ -23,7 +23,7 @@ from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, JsonValue
 from lmtune.searches.state import read_search_state
 from lmtune.searches.trial_order import TuneParams
-from lmtune.training.config import EXAMPLES, MAX_SEED, coerce_value, field_names, field_type
+from lmtune.training.config import MAX_SEED, field_names
 
 if TYPE_CHECKING:
     from ray.tune.search import Searcher
@@ -295,28 +295,6 @@ def params_section(raw: JsonObject, fail: Fail) -> JsonObject:
         if name not in field_names():
             raise fail(f"params.{name}", f"unknown setting; valid settings: {', '.join(field_names())}")
     return params
-
-
-def coerce_setting(name: str, value: Any, key: str, fail: Fail) -> Setting:
-    """``value`` as setting ``name``'s type, refused in one line naming ``key`` when it is not one."""
-    try:
-        coerced = coerce_value(name, value, where=key)
-    except LmtuneError:
-        kind = field_type(name)
-        raise fail(key, f"{shown(value)} is not a valid {kind.__name__}; give {EXAMPLES[kind]}") from None
-    if name == "lr" and not (math.isfinite(coerced) and coerced > 0):
-        raise fail(key, f"learning rates must be positive and finite (got {shown(value)})")
-    if name == "batch_size" and coerced < 1:
-        raise fail(key, f"batch_size must be >= 1 (got {shown(value)})")
-    return coerced
-
-
-def grid_corners(values: dict[str, list[Setting]]) -> list[dict[str, Setting]]:
-    """Every combination of the given values per setting."""
-    samples: list[dict[str, Setting]] = [{}]
-    for name, options in values.items():
-        samples = [{**s, name: v} for s in samples for v in options]
-    return samples
 
 
 def settings_section(raw: Any, name: str, cls: type, fail: Fail, retired: dict[str, str] | None = None):

@@ -4,8 +4,8 @@ named), the one objective lmtune ranks by, and a trial's order, what a search as
 Tune carries the order as the trial's config dict (a grid's param space, a searcher's suggestion: JSON-able, so
 Tune can snapshot and restore it); ``TrialOrder.from_tune`` reads that dict once, at the trainable's door, and
 everything after it (the trainable, a fused group, the stopper's stage rule) takes the typed order. The run's own
-settings (lr, seed, steps, d_model, ...) stay a mapping of config field names: they are applied to the sweep's
-base config, and validated, once (``run_config``).
+settings (lr, seed, steps, d_model, ...) stay a mapping of config field names, applied to the sweep's base config
+by ``run_config``: validated there only when no space file of lmtune's checked them first.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmtune.errors import LmtuneError
-from lmtune.training.config import RunConfig, apply_overrides
+from lmtune.training.config import RunConfig, apply_overrides, with_settings
 
 # What Ray Tune hands lmtune and takes back: plain dicts, as Tune types them, named so that the code reading them
 # says it stands at Ray's boundary.
@@ -79,14 +79,19 @@ class TrialOrder:
         """The trial whose checkpoint this run starts from (continued or forked), if any."""
         return self.continue_from or self.fork_from
 
-    def run_config(self, base: RunConfig, where: str) -> RunConfig:
-        """The sweep's base config with this trial's settings applied, validated (one line naming ``where``)."""
+    def run_config(self, base: RunConfig, where: str, checked: bool) -> RunConfig:
+        """The sweep's base config with this trial's settings applied. ``checked``: they come from a space file
+        lmtune parsed, which held each to its rule and every combination to the config's (lmtune.sweep.spaces),
+        and are put in place as they are; otherwise (a Tuner of the user's may hand any value) they are coerced and
+        validated here, once (one line naming ``where``)."""
+        if checked:
+            return with_settings(base, self.settings)
         return apply_overrides(base, self.settings, where=where)
 
-    def member_configs(self, base: RunConfig, names: list[str]) -> list[RunConfig]:
+    def member_configs(self, base: RunConfig, names: list[str], checked: bool) -> list[RunConfig]:
         """A fused group's configs, one per member LR (``names``: the members, for the refusal's line)."""
         assert self.members is not None
-        return [apply_overrides(base, {**self.members.shared, "lr": lr}, where=f"trial {name}")
+        return [TrialOrder({**self.members.shared, "lr": lr}).run_config(base, f"trial {name}", checked)
                 for name, lr in zip(names, self.members.lrs, strict=True)]
 
     def to_tune(self) -> TuneParams:

@@ -189,8 +189,8 @@ def disk_reserve(plan: SweepPlan, max_concurrent: int) -> int:
 def build_trainable(plan: SweepPlan, resources: dict[str, float], shipped: ShippedData | None,
                     ended: frozenset[str] = frozenset(), step_hook: str | None = None):
     """The function trainable with the whole plan (and, on --resume, the trials the ledger says ended)."""
-    trainable = tune.with_parameters(train_trial, setup=plan.trial_setup(), shipped=shipped, ended=ended,
-                                     step_hook=step_hook)
+    trainable = tune.with_parameters(train_trial, setup=plan.trial_setup(space_checked=True), shipped=shipped,
+                                     ended=ended, step_hook=step_hook)
     return tune.with_resources(trainable, resources)
 
 

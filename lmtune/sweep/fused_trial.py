@@ -20,11 +20,12 @@ from lmtune.analysis.runs import Outcome, format_tokens
 from lmtune.files import atomic_write_json, link_or_copy
 from lmtune.fused.loop import train_fused
 from lmtune.searches.trial_order import TrialOrder, TuneParams, TuneResult
+from lmtune.sweep.plan import TrialSetup
 from lmtune.sweep.record import TRIAL_FILE, write_trial_file
 from lmtune.sweep.reporting import TuneSink
 from lmtune.sweep.stopping import Ending
 from lmtune.training.config import RunConfig
-from lmtune.training.divergence import BY_RULE, DivergenceRule
+from lmtune.training.divergence import BY_RULE
 from lmtune.training.loop import RunEnd, RunResult
 from lmtune.training.metrics import Row
 
@@ -37,14 +38,14 @@ def member_folders(group_dir: Path, group_id: str, lrs: list[float]) -> dict[str
 
 
 def train_group_trial(order: TrialOrder, params: TuneParams, base: RunConfig, group_id: str, group_dir: Path,
-                      rungs: Rungs | None, divergence: DivergenceRule) -> list[RunResult]:
+                      rungs: Rungs | None, setup: TrialSetup) -> list[RunResult]:
     """Train a fused order's members (its LRs, sharing its other settings) with each member's files in its own
     folder; Tune hears the group through GroupTuneSink. ``params``: the order as Tune handed it, for the group's
-    trial.json. ``rungs``: the sweep's ASHA's (None: no ASHA)."""
+    trial.json. ``rungs``: the sweep's ASHA's (None: no ASHA). ``setup``: what the sweep's trials share."""
     assert order.members is not None
     lrs, others = list(order.members.lrs), dict(order.members.shared)
     folders = member_folders(group_dir, group_id, lrs)
-    configs = order.member_configs(base, list(folders))
+    configs = order.member_configs(base, list(folders), checked=setup.space_checked)
     atomic_write_json(group_dir / TRIAL_FILE, {"trial_id": group_id, "params": params,
                                                "members": {m: f.name for m, f in folders.items()}})
     for (member, folder), lr in zip(folders.items(), lrs, strict=True):
@@ -53,7 +54,7 @@ def train_group_trial(order: TrialOrder, params: TuneParams, base: RunConfig, gr
     restore_group_checkpoint(folders)
     sink = GroupTuneSink(configs[0], list(folders))
     return train_fused(configs, list(folders.values()), resume=True, group_sink=sink,
-                       member_rule=member_rule(configs[0], rungs), divergence=divergence)
+                       member_rule=member_rule(configs[0], rungs), divergence=setup.divergence)
 
 
 def member_rule(config: RunConfig, rungs: Rungs | None):

@@ -49,6 +49,9 @@ class TrialSetup:
     """The folders the driver imported the user's code from, which a trial's process adds to its sys.path."""
     code_objects: dict[str, object] = field(default_factory=dict)
     """The user's code handed over in Python (lmtune.Sweep(model=MyModel)), by spec: sent to the trials as objects."""
+    space_checked: bool = False
+    """Every trial's settings come from the space file lmtune parsed and checked (``python -m lmtune.run``): the
+    trials put them in place unchecked. False: a Tuner of the user's may hand any param_space; each trial checks."""
 
     def import_user_code(self) -> None:
         """Make the user's code importable in this (a trial's) process, as it was in the driver's."""
@@ -81,14 +84,15 @@ class SweepPlan:
             return plan
         return dataclasses.replace(plan, asha=asha_budget(space.scheduler, plan.max_trial_tokens()))
 
-    def trial_setup(self) -> TrialSetup:
+    def trial_setup(self, space_checked: bool = False) -> TrialSetup:
         """What the sweep's trials share (lmtune.sweep.trainable.train_trial), the user's code included: the folders
-        it was imported from here (the driver has imported it: lmtune.sweep.experiment.make_plan)."""
+        it was imported from here (the driver has imported it: lmtune.sweep.experiment.make_plan).
+        ``space_checked``: the trials get only this plan's space's settings (TrialSetup.space_checked)."""
         from lmtune.usercode.imports import code_path, objects
 
         specs = self.base.code.specs.values()
         return TrialSetup(self.base, self.divergence_rule, self.space.strategy.range_test(), self.asha,
-                          tuple(code_path(specs)), objects(specs))
+                          tuple(code_path(specs)), objects(specs), space_checked)
 
     def budget(self) -> Budget:
         """Every trial's budget as the searchers and the report see it: steps, tokens per step, seed, ASHA's rungs."""

@@ -42,8 +42,8 @@ import yaml
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, JsonValue, yaml_error_line
 from lmtune.searches import STRATEGIES, SearchStrategy
-from lmtune.searches.base import Fail, Setting, coerce_setting, seed_refusal, settings_section
-from lmtune.training.config import BUDGETS, budget_config, field_names
+from lmtune.searches.base import Fail, Setting, seed_refusal, settings_section
+from lmtune.training.config import BUDGETS, budget_config, check_setting, field_names
 from lmtune.training.divergence import DivergenceRule
 from lmtune.usercode.config import FLAGS, UserCode, checked_model_args, normalized
 
@@ -323,7 +323,7 @@ def _parse_fixed(fixed_raw: JsonValue, strategy: SearchStrategy, fail: Fail) -> 
             raise fail(f"set.{name}", f"unknown setting; valid settings: {', '.join(field_names())}")
         if name in strategy.swept():
             raise fail(f"set.{name}", strategy.owns_why())
-        fixed[name] = coerce_setting(name, value, f"set.{name}", fail)
+        fixed[name] = check_setting(name, value, lambda why, key=f"set.{name}": fail(key, why))
     return fixed
 
 

@@ -181,10 +181,10 @@ def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | No
     if order.members is not None:
         asha = setup.asha  # (a fused group cuts its members at the rungs Tune's ASHA cuts trials at)
         rungs = Rungs.of(asha.grace_period, asha.reduction_factor, asha.max_t) if asha else None
-        train_group_trial(order, params, base, trial_id, out_dir, rungs, setup.divergence)
+        train_group_trial(order, params, base, trial_id, out_dir, rungs, setup)
         return
     write_trial_file(out_dir, trial_id, params)  # (the record keeps the order as Tune handed it)
-    config = order.run_config(base, where=f"trial {trial_id}")
+    config = order.run_config(base, f"trial {trial_id}", checked=setup.space_checked)
     if order.is_range_test and setup.range_test is not None:
         run_range_test(config, setup.range_test, out_dir)
         return

@@ -1,8 +1,9 @@
 """Typed run configuration: model shape, training hyperparameters and named budgets.
 
-Configs are validated once at the edge (CLI flags, ``--set key=value``, search-space YAML) so the
-training code can trust them. Field names are unique across ModelConfig and TrainConfig, so a flat
-``key=value`` always names exactly one field.
+Configs are validated once, where their values enter (CLI flags and ``--set key=value``: ``apply_overrides``; a
+search space's YAML: ``check_setting``; a trial's settings from a Tuner of the user's: ``apply_overrides``), so the
+sweep's trials and the training code trust them. Field names are unique across ModelConfig and TrainConfig, so a
+flat ``key=value`` always names exactly one field.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
 from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
-from lmtune.usercode.config import UserCode
+from lmtune.usercode.config import UserCode, check_user_code
 
 
 @dataclass
@@ -265,36 +267,61 @@ def coerce_value(name: str, value: object, where: str = "--set") -> Setting:
                           f"give {EXAMPLES[kind]}") from None
 
 
+# The largest LR a run accepts: far above any that trains (quick_edge's range test ends at 300, and tests
+# drive runs to divergence at 1e5), far below float32's limit (3.4e38), near which AdamW's update overflows.
+MAX_LR = 1e6
+# Seeds seed numpy's and torch's generators; numpy's legacy seeding takes [0, 2**32 - 1].
+MAX_SEED = 2**32 - 1
+
+
+def accepted_lr(lr: float) -> bool:
+    """An LR a run accepts: finite, above 0, at most MAX_LR."""
+    return math.isfinite(lr) and 0 < lr <= MAX_LR
+
+
+# The rule a setting meets on its own (rules between settings are validate's), held where its value enters: a space
+# file's (check_setting, before Ray starts), --set's and a trial's from a Tuner of the user's (through validate).
+SETTING_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "lr": (accepted_lr, f"a positive finite number at most {MAX_LR:g}"),
+    "batch_size": (lambda n: n > 0, "a positive integer"),
+    "seed": (lambda n: 0 <= n <= MAX_SEED, "an integer in [0, 2**32 - 1]"),
+}
+
+
+def broken_rule(name: str, value: Setting) -> str | None:
+    """Why setting ``name`` cannot be ``value`` by its own rule (None: it can)."""
+    holds, rule = SETTING_RULES.get(name, (None, ""))
+    return None if holds is None or holds(value) else f"{name} must be {rule} (got {shown(value)})"
+
+
+def check_setting(name: str, value: object, refuse: Callable[[str], Exception]) -> Setting:
+    """``value`` (a YAML scalar) as setting ``name``'s type, held to its rule; ``refuse(message)`` is raised when it
+    is not one (the caller names where the value stands)."""
+    kind = field_type(name)
+    try:
+        coerced = coerce_value(name, value)
+    except LmtuneError:
+        raise refuse(f"{shown(value)} is not a valid {kind.__name__}; give {EXAMPLES[kind]}") from None
+    if why := broken_rule(name, coerced):
+        raise refuse(why)
+    return coerced
+
+
+def with_settings(config: RunConfig, settings: Mapping[str, Setting]) -> RunConfig:
+    """A copy of ``config`` with ``settings`` (flat field names to values of their fields' types) in place."""
+    model = {name: value for name, value in settings.items() if name in MODEL_FIELDS}
+    train = {name: value for name, value in settings.items() if name not in MODEL_FIELDS}
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, **model),
+                               train=dataclasses.replace(config.train, **train),
+                               vocab_from_data=config.vocab_from_data and "vocab_size" not in model,
+                               code=dataclasses.replace(config.code, model_args=dict(config.code.model_args)))
+
+
 def apply_overrides(config: RunConfig, overrides: Mapping[str, object], where: str = "--set") -> RunConfig:
     """Return a copy of ``config`` with ``overrides`` (flat field names: values as given, a --set string, a YAML
-    scalar or a trial's value, coerced here) applied and validated."""
-    model = dataclasses.asdict(config.model)
-    train = dataclasses.asdict(config.train)
-    vocab_from_data = config.vocab_from_data
-    for name, raw in overrides.items():
-        value = coerce_value(name, raw, where)
-        if name in MODEL_FIELDS:
-            model[name] = value
-            if name == "vocab_size":
-                vocab_from_data = False
-        else:
-            train[name] = value
-    result = RunConfig(ModelConfig(**model), TrainConfig(**train), config.budget, config.data_dir, vocab_from_data,
-                       dataclasses.replace(config.code, model_args=dict(config.code.model_args)))
+    scalar or a trial's value from a Tuner of the user's, coerced here) applied and validated."""
+    result = with_settings(config, {name: coerce_value(name, raw, where) for name, raw in overrides.items()})
     validate(result, where)
-    return result
-
-
-def parse_set_args(pairs: list[str] | None) -> dict[str, str]:
-    """Parse ``--set key=value`` pairs into a dict of raw strings (types checked by apply_overrides)."""
-    result: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise LmtuneError(f"--set {shown(pair)}: expected key=value, e.g. --set lr=3e-4")
-        field_type(key)
-        result[key] = value.strip()
     return result
 
 
@@ -308,36 +335,8 @@ def budget_config(budget: str, overrides: Mapping[str, object] | None = None, da
     return apply_overrides(base, merged, where="--set" if overrides else f"budget '{budget}'")
 
 
-# The largest LR a run accepts: far above any that trains (quick_edge's range test ends at 300, and tests
-# drive runs to divergence at 1e5), far below float32's limit (3.4e38), near which AdamW's update overflows.
-MAX_LR = 1e6
-# Seeds seed numpy's and torch's generators; numpy's legacy seeding takes [0, 2**32 - 1].
-MAX_SEED = 2**32 - 1
-
-
-def accepted_lr(lr: float) -> bool:
-    """An LR a run accepts: finite, above 0, at most MAX_LR."""
-    return math.isfinite(lr) and 0 < lr <= MAX_LR
-
-
 # lmtune's model's own switches, which a user's model does not read (its own flags go through --model-set).
-LMTUNE_MODEL_ONLY = {"qk_norm": False, "norm_eps": ModelConfig.norm_eps, "parametrization": "sp"}
-
-
-def check_user_code(config: RunConfig, need: Callable[[bool, str], None]) -> None:
-    """Settings that only lmtune's model and schedules read, refused where the user's own code stands in for them."""
-    code = config.code
-    need(code.user_model or not code.model_args, f"--model-set {', '.join(code.model_args)}: arguments of your "
-         "model's callable, but no --model names it; give --model too")
-    if code.user_model:
-        for name, default in LMTUNE_MODEL_ONLY.items():
-            value = getattr(config.model, name)
-            need(value == default, f"{name}={shown(value)} is a switch of lmtune's model, which --model "
-                 f"{code.model} replaces (μP needs lmtune's model: its multipliers are written for it); pass "
-                 "your model's own flags with --model-set key=value")
-    if code.schedule:
-        need(config.train.schedule == "cosine", f"schedule={config.train.schedule} picks one of lmtune's schedules, "
-             f"which --schedule {code.schedule} replaces; drop one of them")
+LMTUNE_MODEL_ONLY = ("qk_norm", "norm_eps", "parametrization")
 
 
 def validate(config: RunConfig, where: str = "config") -> None:
@@ -357,11 +356,10 @@ def validate(config: RunConfig, where: str = "config") -> None:
     need(math.isfinite(m.z_loss) and m.z_loss >= 0, "z_loss must be >= 0")
     for name in ("mup_base_width", "mup_base_head_dim"):
         need(getattr(m, name) > 0, f"{name} must be a positive integer (got {getattr(m, name)})")
-    need(accepted_lr(t.lr),
-         f"lr must be a positive finite number at most {MAX_LR:g} (got {t.lr}); nothing trains there")
-    need(0 <= t.seed <= MAX_SEED, f"seed must be an integer in [0, 2**32 - 1] (got {t.seed})")
+    for name in SETTING_RULES:
+        why = broken_rule(name, getattr(t, name))
+        need(why is None, why or "")
     need(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
-    need(t.batch_size > 0, f"batch_size must be a positive integer (got {t.batch_size})")
     need(t.grad_accum_steps > 0, f"grad_accum_steps must be a positive integer (got {t.grad_accum_steps})")
     need(t.batch_size % t.grad_accum_steps == 0,
          f"batch_size ({t.batch_size}) must be divisible by grad_accum_steps ({t.grad_accum_steps}); "
@@ -385,7 +383,8 @@ def validate(config: RunConfig, where: str = "config") -> None:
         if choices is not None:
             value = getattr(m if name in MODEL_FIELDS else t, name)
             need(value in choices, f"{name} must be one of {', '.join(choices)} (got {shown(value)})")
-    check_user_code(config, need)
+    changed = {name: getattr(m, name) for name in LMTUNE_MODEL_ONLY if getattr(m, name) != MODEL_FIELDS[name].default}
+    check_user_code(config.code, changed, t.schedule, need)
     if t.compile_backend != "auto":
         import torch
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,3 +182,19 @@ def code_from_arguments(args) -> UserCode:
     """The code the flags name (fields of flags not given: empty)."""
     return UserCode(**{name: normalized(getattr(args, name, None) or "", flag) for name, flag in FLAGS.items()},
                     model_args=parse_model_args(getattr(args, "model_set", None)))
+
+
+def check_user_code(code: UserCode, changed_switches: Mapping[str, object], schedule: str,
+                    need: Callable[[bool, str], None]) -> None:
+    """Settings that only lmtune's model and schedules read, refused where the user's own code stands in for them.
+    ``changed_switches``: lmtune's model's own switches set away from their defaults, with their values."""
+    need(code.user_model or not code.model_args, f"--model-set {', '.join(code.model_args)}: arguments of your "
+         "model's callable, but no --model names it; give --model too")
+    if code.user_model:
+        for name, value in changed_switches.items():  # (the first one is refused)
+            need(False, f"{name}={shown(value)} is a switch of lmtune's model, which --model {code.model} replaces "
+                 "(μP needs lmtune's model: its multipliers are written for it); pass your model's own flags with "
+                 "--model-set key=value")
+    if code.schedule:
+        need(schedule == "cosine", f"schedule={schedule} picks one of lmtune's schedules, which --schedule "
+             f"{code.schedule} replaces; drop one of them")

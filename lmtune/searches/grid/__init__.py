@@ -9,12 +9,21 @@ from pathlib import Path
 from typing import ClassVar
 
 from lmtune.files import JsonObject
-from lmtune.searches.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
+from lmtune.searches.base import Fail, Setting, StrategyDefaults, params_section
 from lmtune.searches.trial_order import TuneParams
+from lmtune.training.config import check_setting
 
 # The most trials a grid may ask for: far beyond what a sweep can run (a quick trial takes ~10 s on 2 cores),
 # and small enough that parsing and Tune's bookkeeping stay instant.
 MAX_GRID_TRIALS = 10_000
+
+
+def combinations(values: dict[str, list[Setting]]) -> list[dict[str, Setting]]:
+    """Every combination of the given values per setting."""
+    samples: list[dict[str, Setting]] = [{}]
+    for name, options in values.items():
+        samples = [{**s, name: v} for s in samples for v in options]
+    return samples
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,7 @@ class GridSearch(StrategyDefaults):
             if len(values) > MAX_GRID_TRIALS:
                 raise fail(key, f"{len(values):,} values; a grid runs at most {MAX_GRID_TRIALS:,} trials: "
                                 "use search: optuna or edge to cover a range that finely")
-            coerced = [coerce_setting(name, v, key, fail) for v in values]
+            coerced = [check_setting(name, v, lambda why, key=key: fail(key, why)) for v in values]
             seen: set[Setting] = set()
             repeated = sorted({v for v in coerced if v in seen or seen.add(v)}, key=str)
             if repeated:  # [1e-3, 0.001] would run the same trial twice
@@ -70,7 +79,7 @@ class GridSearch(StrategyDefaults):
         def ends(values: list[Setting]) -> list[Setting]:
             return [min(values), max(values)] if all(isinstance(v, (int, float)) for v in values) else values[:1]
 
-        return grid_corners({name: ends(values) for name, values in self.params.items()})
+        return combinations({name: ends(values) for name, values in self.params.items()})
 
     def fused_refusal(self, fuse: int) -> str | None:
         if fuse > 1 and "lr" not in self.params:
@@ -83,7 +92,7 @@ class GridSearch(StrategyDefaults):
     def member_groups(self, fuse: int) -> list[dict[str, Setting | list[Setting]]]:
         """The grid cut into fused trials: each combination of the other swept settings, its LRs in groups of
         up to ``fuse`` in the order listed, as {"lr": [...], other: value}."""
-        others = grid_corners({name: values for name, values in self.params.items() if name != "lr"})
+        others = combinations({name: values for name, values in self.params.items() if name != "lr"})
         lrs = self.params["lr"]
         return [{"lr": lrs[i:i + fuse], **combo} for combo in others for i in range(0, len(lrs), fuse)]
 

@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 
 from lmtune.errors import shown
 from lmtune.files import JsonObject
-from lmtune.searches.base import Fail, Setting, StrategyDefaults, coerce_setting, grid_corners, params_section
-from lmtune.searches.grid import MAX_GRID_TRIALS
+from lmtune.searches.base import Fail, Setting, StrategyDefaults, params_section
+from lmtune.searches.grid import MAX_GRID_TRIALS, combinations
 from lmtune.searches.trial_order import TuneParams
-from lmtune.training.config import field_type
+from lmtune.training.config import check_setting, field_type
 
 SAMPLERS = ("tpe", "random", "cmaes")
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice")
@@ -89,7 +89,7 @@ class OptunaSearch(StrategyDefaults):
         return list(self.params[name].args) if name in self.params else []
 
     def corner_samples(self) -> list[dict[str, Setting]]:
-        return grid_corners({name: d.ends() for name, d in self.params.items()})
+        return combinations({name: d.ends() for name, d in self.params.items()})
 
     def describe(self, fuse: int) -> str:
         dims = ", ".join(f"{k} ~ {d.kind}{d.args}" for k, d in self.params.items())
@@ -117,10 +117,13 @@ class OptunaSearch(StrategyDefaults):
 
 
 def _distribution(name: str, spec: Any, key: str, fail: Fail) -> Distribution:
+    def refuse(why: str) -> Exception:
+        return fail(key, why)
+
     if isinstance(spec, list):
         if not spec:
             raise fail(key, "empty choice list; list at least one value")
-        return Distribution("choice", tuple(coerce_setting(name, v, key, fail) for v in spec))
+        return Distribution("choice", tuple(check_setting(name, v, refuse) for v in spec))
     if not isinstance(spec, dict) or len(spec) != 1:
         raise fail(key, f"expected one distribution, e.g. {{loguniform: [1.0e-4, 1.0e-2]}}; use one of "
                         f"{', '.join(DISTRIBUTIONS)}")
@@ -130,10 +133,10 @@ def _distribution(name: str, spec: Any, key: str, fail: Fail) -> Distribution:
     if kind == "choice":
         if not isinstance(args, list) or not args:
             raise fail(key, "choice needs a non-empty list of values")
-        return Distribution(kind, tuple(coerce_setting(name, v, key, fail) for v in args))
+        return Distribution(kind, tuple(check_setting(name, v, refuse) for v in args))
     if not isinstance(args, list) or len(args) != 2:
         raise fail(key, f"{kind} needs [low, high]")
-    low, high = (coerce_setting(name, v, key, fail) for v in args)
+    low, high = (check_setting(name, v, refuse) for v in args)
     if not low < high:
         raise fail(key, f"bounds in the wrong order ({low} >= {high}); write [low, high] with low < high")
     if kind == "loguniform" and low <= 0:
