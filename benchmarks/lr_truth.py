@@ -280,6 +280,8 @@ def print_comparison(args: argparse.Namespace) -> None:
         cannot_tell,
         compare,
         compare_horizon,
+        direct_centre,
+        direct_local_search,
         naive_answers,
         read_truth,
         truth_conclusion,
@@ -304,12 +306,25 @@ def print_comparison(args: argparse.Namespace) -> None:
             per_token = summary["target_run_flops"] / (runs[0].steps * runs[0].tokens_per_step)
             comparison.update(search_flops=summary["search_flops"], truth_flops=tokens * per_token,
                               search_over_truth_flops=summary["search_flops"] / (tokens * per_token))
+        if (direct := direct_centre(summary)) is not None:  # a horizon search: the direct search at its target
+            found = direct_local_search(runs, *direct, predicted=summary.get("predicted_lr"))
+            comparison.update(direct_local_search={**asdict(found), "search_tokens": summary["compute"]["tokens_spent"],
+                                                   "closer": _closer(found)})
         answers = naive_answers(truth, naive_candidates(summary, record))
         comparison.update(naive_answers=[asdict(a) for a in answers], cannot_tell=cannot_tell(answers))
         comparison["validated"] = comparison["predicted_lr_in_truth_basin"] and comparison["cannot_tell"] is None
         print(json.dumps(comparison, indent=1))
         return
     print(json.dumps(compare(truth, summary).to_json(), indent=1))
+
+
+def _closer(found) -> str:
+    """Whose answer lies lower on the truth's held-out curve: the search's prediction or the direct search's."""
+    if found.answer_excess is None or found.prediction_excess is None:
+        return "cannot say: an answer lies outside the truth's LRs"
+    if abs(found.answer_excess - found.prediction_excess) < 1e-9:
+        return "the same"
+    return "the search's" if found.prediction_excess < found.answer_excess else "the direct search's"
 
 
 def naive_candidates(summary: dict, record) -> dict[str, float]:

@@ -436,3 +436,71 @@ def compare(truth: JsonObject, search: JsonObject) -> TruthComparison:
                               and _overlap(region_span(truth["degraded"]), region_span(search["degraded"]))),
         truth_degraded=region_span(truth.get("degraded")), search_degraded=region_span(search.get("degraded")),
         search_basin=region_span(s_basin))
+
+
+# A direct local search at the target, the baseline a horizon search's cost is held against (issue 44 items 4-6):
+# the largest proxy's best LR scaled by (target / proxy)^-DIRECT_BETA (LR* falling as tokens^-0.3, the rule a user
+# would otherwise take), and as many runs at the target as the search trained there, on the truth's grid LRs
+# nearest it, one seed: what a user skipping the proxies would train. Its runs are the truth's own runs at those
+# LRs and that seed (the same config: the same run); both answers are then judged on the truth's other seeds, so
+# that the noise the direct search picked by does not also judge it.
+DIRECT_BETA = 0.3
+
+
+@dataclass(frozen=True)
+class DirectSearch:
+    centre: float
+    """The LR it centres on: the largest proxy's best scaled by (target / proxy)^-DIRECT_BETA."""
+    lrs: list[float]
+    """Its LRs: the truth's grid LRs nearest the centre (as many as the search trained at the target)."""
+    seed: int
+    answer: float
+    """Its best LR: the lowest final loss of its runs."""
+    tokens: int
+    """What it trains: one target run per LR."""
+    answer_excess: float | None
+    """Its answer's loss on the truth's curve of its other seeds, above that curve's best (None: off the grid)."""
+    prediction_excess: float | None
+    """The search's prediction, read on the same curve."""
+
+
+def held_out_excess(runs: list[TruthRun], lr: float | None, seed: int) -> float | None:
+    """``lr``'s loss on the curve of the truth's seeds other than ``seed`` (each LR's mean, log-LR interpolation),
+    above that curve's lowest mean (None: ``lr`` lies outside the truth's LRs)."""
+    by_lr: dict[float, list[float]] = {}
+    for run in runs:
+        if run.seed != seed and run.end_val is not None and not run.failed:
+            by_lr.setdefault(run.lr, []).append(run.end_val)
+    lrs = sorted(by_lr)
+    if lr is None or len(lrs) < 2 or not lrs[0] <= lr <= lrs[-1]:
+        return None
+    means = [float(np.mean(by_lr[x])) for x in lrs]
+    loss = float(np.interp(math.log(lr), [math.log(x) for x in lrs], means))
+    return loss - min(means)
+
+
+def direct_local_search(runs: list[TruthRun], centre: float, count: int, predicted: float | None,
+                        seed: int = 0) -> DirectSearch:
+    """The direct local search of ``count`` runs at the target around ``centre``, from the truth's runs of
+    ``seed``; ``predicted``: the search's prediction, judged beside it."""
+    grid = sorted({r.lr for r in runs})
+    nearest = min(range(len(grid)), key=lambda i: abs(math.log(grid[i] / centre)))
+    start = min(max(nearest - (count - 1) // 2, 0), max(len(grid) - count, 0))
+    lrs = grid[start:start + count]
+    ends = {r.lr: r.end_val for r in runs if r.seed == seed and r.lr in lrs}
+    answer = min(lrs, key=lambda lr: math.inf if ends.get(lr) is None else ends[lr])
+    one = next(r for r in runs if r.lr in lrs)
+    return DirectSearch(centre, lrs, seed, answer, len(lrs) * one.steps * one.tokens_per_step,
+                        held_out_excess(runs, answer, seed), held_out_excess(runs, predicted, seed))
+
+
+def direct_centre(summary: JsonObject) -> tuple[float, int] | None:
+    """A horizon search's summary: the direct search's centre and how many runs the search trained at the target
+    (None: no proxy below the target crowned an LR, or nothing trained at the target)."""
+    target = summary.get("horizon_target_tokens")
+    proxies = [b for b in summary.get("budgets") or [] if b.get("crowned_lr") and target and b["tokens"] < target]
+    count = sum(len(row["seeds"]) for row in (summary.get("confirmed") or {}).get("losses") or [])
+    if not proxies or not count:
+        return None
+    largest = max(proxies, key=lambda b: b["tokens"])
+    return largest["crowned_lr"] * (target / largest["tokens"]) ** -DIRECT_BETA, count

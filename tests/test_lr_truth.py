@@ -21,6 +21,8 @@ from benchmarks.truth import (
     cannot_tell,
     compare,
     compare_horizon,
+    direct_centre,
+    direct_local_search,
     naive_answers,
     naive_pass_rate,
     truth_conclusion,
@@ -366,3 +368,34 @@ def test_the_naive_candidates_are_the_largest_proxys_best_lr_and_the_first_grids
     record = SimpleNamespace(plan=SimpleNamespace(space=SimpleNamespace(strategy=SimpleNamespace(settings=settings))))
     assert lr_truth.naive_candidates(summary, record) == {
         "the largest proxy's best LR, unchanged": 0.016, "the middle of the first grid": pytest.approx(0.01)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The direct local search at the target: the baseline a horizon search's cost and answer are held against
+
+
+def test_the_direct_search_centres_on_the_largest_proxys_best_scaled_down_by_the_ratio_to_the_power_0_3():
+    summary = {"horizon_target_tokens": 8000, "budgets": [{"tokens": 500, "crowned_lr": 0.05},
+                                                           {"tokens": 1000, "crowned_lr": 0.04},
+                                                           {"tokens": 8000, "crowned_lr": 0.01}],
+               "confirmed": {"losses": [{"lr": 0.01, "seeds": [0, 1]}, {"lr": 0.02, "seeds": [0, 1]}]}}
+    centre, count = direct_centre(summary)
+    assert centre == pytest.approx(0.04 * 8 ** -0.3) and count == 4
+
+
+def test_the_direct_search_takes_its_best_run_of_one_seed_and_both_answers_are_judged_on_the_other_seeds():
+    """Seed 0's losses put the direct search's best at 0.016 (its noise: -SD there); the other seeds' curve has its
+    best at 0.008, where the search predicted."""
+    runs = constructed_runs(MEANS)
+    for run in runs:
+        if run.seed == 0 and run.lr == 0.016:
+            run.end_val = MEANS[0.008] - 5 * SD
+    found = direct_local_search(runs, centre=0.01, count=3, predicted=0.008)
+    assert found.lrs == [0.004, 0.008, 0.016] and found.answer == 0.016
+    assert found.tokens == 3 * 100 * 64
+    assert found.prediction_excess == pytest.approx(0.0) and found.answer_excess == pytest.approx(0.01)
+
+
+def test_a_direct_search_near_the_grids_end_keeps_its_number_of_runs():
+    found = direct_local_search(constructed_runs(MEANS), centre=0.0009, count=3, predicted=None)
+    assert found.lrs == [0.001, 0.002, 0.004] and found.prediction_excess is None
