@@ -17,7 +17,8 @@ seeds at an LR a check reads. Beside a horizon or width search's verdict it puts
 take without the search (the largest proxy's best LR unchanged, the middle of the first grid) to the same check,
 with the check's false-pass rate for each on truths redrawn from this truth's curve and noise; the prediction
 counts as ``validated`` only where it passes and every naive answer fails at least 80% of the time (else
-``cannot_tell`` says why, and what truth would tell).
+``cannot_tell`` says why, and what truth would tell). Beside a horizon search it puts the direct local search at
+its target (benchmarks.truth.direct_local_search): what that costs, its answer, and whose answer was closer.
 
 A truth answers for one setting (model, budget, schedule, optimizer, data; its runs differ only in LR and
 seed): ``train`` refuses to add runs of another setting to one, and ``compare`` a sweep of another setting.
