@@ -13,8 +13,8 @@ from lmtune.errors import LmtuneError
 from lmtune.sweep import placement
 from lmtune.tools.throughput import benchmark
 from lmtune.tools.throughput.results import REQUIRED_FIELDS
-from lmtune.training.config import ModelConfig
 from lmtune.training.memory import estimate_trial_memory_bytes
+from lmtune.training.model_config import ModelConfig
 
 # The benchmarks' tiny model timed for 2 steps of 2 sequences.
 TINY = ["--config", "quick", "--batch-size", "2", "--steps", "2", "--repeats", "2", "--warmup", "1",

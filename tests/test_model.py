@@ -4,8 +4,8 @@ import pytest
 import torch
 from conftest import TINY_MODEL
 
-from lmtune.training.config import ModelConfig
 from lmtune.training.model import TransformerLM, apply_rope, count_parameters, flops_per_token, rope_tables
+from lmtune.training.model_config import ModelConfig
 
 # The tiny model with 4 heads, a context of 16 and a vocabulary of 97.
 SMALL = ModelConfig(**{**TINY_MODEL, "vocab_size": 97, "context_length": 16, "n_heads": 4})

@@ -10,8 +10,9 @@ from lmtune.report.sharpness import (
     preconditioned_sharpness,
 )
 from lmtune.training.checkpoint import save_checkpoint
-from lmtune.training.config import ModelConfig, RunConfig, TrainConfig
+from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.model import TransformerLM
+from lmtune.training.model_config import ModelConfig
 
 
 @pytest.fixture(autouse=True)

@@ -19,12 +19,12 @@ from conftest import EXAMPLE, TINY, USER_MODELS, assert_refused, user_model
 
 from lmtune.errors import LmtuneError
 from lmtune.train import main as train_main
-from lmtune.training.config import ModelConfig
 from lmtune.training.lm import block_parameters, build_model, model_size
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.memory import check_fits, measured_activations
 from lmtune.training.metrics import read_metrics
 from lmtune.training.model import TransformerLM, count_parameters
+from lmtune.training.model_config import ModelConfig
 from lmtune.usercode.checks import check_code, fusing_refusal
 from lmtune.usercode.config import UserCode, normalized
 from lmtune.usercode.imports import load
@@ -258,7 +258,7 @@ def test_a_factory_built_model_trains_with_every_metric_lmtune_can_measure_of_it
 
 def test_the_estimated_size_of_lmtunes_own_model_is_its_exact_count(tmp_path, make_tiny_config):
     spec = _module(tmp_path, "lmtune_as_user", """
-        from lmtune.training.config import ModelConfig
+        from lmtune.training.model_config import ModelConfig
         from lmtune.training.model import TransformerLM
 
         def make(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):

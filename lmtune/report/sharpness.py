@@ -30,8 +30,9 @@ from lmtune.report.stability import TrialRecord, classify
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.checkpoint import Checkpoint, load_checkpoint
-from lmtune.training.config import ModelConfig, RunConfig
+from lmtune.training.config import RunConfig
 from lmtune.training.lm import LanguageModelLoss, build_model, is_lmtune_model
+from lmtune.training.model_config import ModelConfig
 from lmtune.training.state import optimizer_order
 from lmtune.usercode.optim import step_lr_function
 

@@ -36,7 +36,8 @@ from lmtune.files import JsonObject, atomic_write_json, writer_lock
 from lmtune.searches.state import decisions_dir
 from lmtune.searches.trial_order import ORDER_KEYS, TuneParams
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
-from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, ModelConfig, RunConfig, TrainConfig, coerce_value
+from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, RunConfig, TrainConfig, coerce_value
+from lmtune.training.model_config import ModelConfig
 from lmtune.usercode.config import UserCode
 
 log = logging.getLogger(__name__)

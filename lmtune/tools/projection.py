@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmtune.training.config import ModelConfig, RunConfig, budget_config
+from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.device import PEAKS
 from lmtune.training.model import count_parameters, flops_per_token
+from lmtune.training.model_config import ModelConfig
 
 # Memory bandwidth, bytes/s, from the vendors' data sheets (the M3 Max: its 40-core GPU's 400 GB/s).
 BANDWIDTH: dict[str, float] = {"H100": 3.35e12, "A100": 2.04e12, "RTX 4090": 1.008e12, "Apple M3 Max": 0.4e12}

@@ -17,42 +17,9 @@ from typing import Any
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
+from lmtune.training.model_config import FFNS, NORMS, POSITIONS, ModelConfig
 from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
 from lmtune.usercode.config import UserCode, check_user_code
-
-
-@dataclass
-class ModelConfig:
-    """Decoder-only Transformer of the CS336 shape (the defaults: ~17M non-embedding parameters)."""
-
-    vocab_size: int = 10000
-    """Token ids the embedding and the output layer cover (taken from the data's meta.json unless set)."""
-    context_length: int = 256
-    """Tokens per training window; also the length of the RoPE tables."""
-    d_model: int = 512
-    """Width of the residual stream."""
-    d_ff: int = 1344
-    """Hidden width of the SwiGLU feed-forward layer."""
-    n_layers: int = 4
-    """Transformer blocks."""
-    n_heads: int = 16
-    """Attention heads; d_model / n_heads is the head dimension (even, for RoPE)."""
-    rope_theta: float = 10000.0
-    """Base of the rotary position embedding's frequencies."""
-    norm_eps: float = 1e-5
-    """RMSNorm's epsilon, x / sqrt(mean(x^2) + norm_eps) (CS336's value; also for the q/k norms)."""
-    qk_norm: bool = False
-    """RMSNorm on per-head queries and keys (Wortsman et al. 2023): tames attention-logit growth."""
-    z_loss: float = 0.0
-    """Coefficient on log^2 Z of the output softmax (Wortsman et al. 2023): tames output-logit drift."""
-    parametrization: str = "sp"
-    """sp (standard: today's model) | mup (maximal-update parametrization, Yang et al. 2022: an LR tuned at
-    one width transfers to wider models; see lmtune.training.model)."""
-    mup_base_width: int = 128
-    """mup only: the d_model at which mup equals sp (the width multiplier is d_model / mup_base_width)."""
-    mup_base_head_dim: int = 32
-    """mup only: the head dimension at which mup's attention scale sqrt(mup_base_head_dim) / head_dim equals
-    sp's 1/sqrt(head_dim) (a family that keeps d_model/n_heads fixed as it widens never changes the scale)."""
 
 
 @dataclass
@@ -211,6 +178,9 @@ TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 PARAMETRIZATIONS = ("sp", "mup")
 CHOICES = {
     "parametrization": PARAMETRIZATIONS,
+    "norm": NORMS,
+    "position": POSITIONS,
+    "ffn": FFNS,
     "device": None,  # validated by the device module (cuda:N etc.)
     "compile": ("auto", "on", "off"),
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
@@ -336,7 +306,7 @@ def budget_config(budget: str, overrides: Mapping[str, object] | None = None, da
 
 
 # lmtune's model's own switches, which a user's model does not read (its own flags go through --model-set).
-LMTUNE_MODEL_ONLY = ("qk_norm", "norm_eps", "parametrization")
+LMTUNE_MODEL_ONLY = ("qk_norm", "norm_eps", "parametrization", "norm", "position", "ffn")
 
 
 def validate(config: RunConfig, where: str = "config") -> None:
@@ -347,10 +317,14 @@ def validate(config: RunConfig, where: str = "config") -> None:
         if not ok:
             raise LmtuneError(f"{where}: {message}")
 
-    for name in ("vocab_size", "context_length", "d_model", "d_ff", "n_layers", "n_heads"):
+    for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads"):
         need(getattr(m, name) > 0, f"{name} must be a positive integer (got {getattr(m, name)})")
+    need(m.ffn_width > 0, f"d_ff must be a positive integer (got {m.d_ff}; 0, for 4 x d_model, with ffn=silu only)")
     need(m.d_model % m.n_heads == 0, f"d_model ({m.d_model}) must be divisible by n_heads ({m.n_heads})")
-    need((m.d_model // m.n_heads) % 2 == 0, "head dimension d_model/n_heads must be even for RoPE")
+    need(m.position != "rope" or (m.d_model // m.n_heads) % 2 == 0, "head dimension d_model/n_heads must be even "
+         "for RoPE")
+    need(m.parametrization == "sp" or m.norm == "pre", f"parametrization=mup is written and checked for the "
+         f"pre-norm model (lmtune.training.coord_check), not norm={m.norm}; use parametrization=sp")
     need(math.isfinite(m.rope_theta) and m.rope_theta > 0, "rope_theta must be a positive number")
     need(math.isfinite(m.norm_eps) and m.norm_eps > 0, f"norm_eps must be a positive number (got {m.norm_eps})")
     need(math.isfinite(m.z_loss) and m.z_loss >= 0, "z_loss must be >= 0")

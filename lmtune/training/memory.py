@@ -10,10 +10,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lmtune.errors import LmtuneError
-from lmtune.training.config import ModelConfig, RunConfig
+from lmtune.training.config import RunConfig
 from lmtune.training.device import available_memory_bytes
 from lmtune.training.lm import LanguageModelLoss, build_model, model_size
 from lmtune.training.model import count_parameters
+from lmtune.training.model_config import ModelConfig
 from lmtune.training.state import seed_everything
 
 
@@ -24,7 +25,7 @@ def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp:
     Persistent: float32 parameters, gradients and AdamW's two moments = 16 bytes per parameter.
     Activations kept for backward, per token and layer: about 10 d_model-sized tensors (norm inputs,
     q/k/v before and after RoPE, attention output, residuals) and 4 d_ff-sized ones (gate, up, SiLU,
-    product), at 2 bytes under bf16 autocast, 4 without; attention itself adds nothing with a fused
+    product; 2 ungated), at 2 bytes under bf16 autocast, 4 without; attention itself adds nothing with a fused
     SDPA kernel. The output layer keeps the logits (2 or 4 bytes) plus the float32 copy the loss
     computes in and its gradient (8 bytes) per vocabulary entry. Plus 20% for allocator fragmentation.
     """
@@ -32,7 +33,8 @@ def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp:
     params = count_parameters(m)["total"]
     act_bytes = 2 if amp else 4
     tokens = batch_size * m.context_length
-    per_token = m.n_layers * (10 * m.d_model + 4 * m.d_ff) * act_bytes + m.vocab_size * (act_bytes + 8)
+    ffn_tensors = 4 if m.ffn == "swiglu" else 2  # (gate, up, SiLU, product; an ungated FFN: up, SiLU)
+    per_token = m.n_layers * (10 * m.d_model + ffn_tensors * m.ffn_width) * act_bytes + m.vocab_size * (act_bytes + 8)
     return int(1.2 * (16 * params + tokens * per_token))
 
 

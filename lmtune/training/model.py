@@ -1,7 +1,9 @@
 """Decoder-only Transformer LM of the CS336 shape.
 
 token embedding -> n_layers x [RMSNorm -> causal MHA with RoPE -> +residual, RMSNorm -> SwiGLU -> +residual]
--> RMSNorm -> untied output projection. No biases.
+-> RMSNorm -> untied output projection. No biases. The ablations CS336's assignment asks for are switches of
+ModelConfig (each default is the model above, bit for bit): norm post (RMSNorm after each residual add) or none,
+position nope (no RoPE), ffn silu (down(silu(up x)), its width d_ff or 4 x d_model).
 
 RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g with eps = ModelConfig.norm_eps, 1e-5 by default as in
 CS336's reference (torch's own default would be float32's machine epsilon, 1.19e-7), for every norm
@@ -42,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmtune.training.config import ModelConfig
+from lmtune.training.model_config import ModelConfig
 
 
 def rope_tables(head_dim: int, context_length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,6 +99,7 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.use_sdpa = True
+        self.rope = cfg.position == "rope"
         self.scale = attention_scale(cfg)
         """The softmax scale: None for SP's 1/sqrt(head_dim) (μP's too at its base head dimension)."""
 
@@ -105,6 +108,8 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if not self.rope:  # (NoPE: the causal mask alone tells positions apart)
+            return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -147,15 +152,44 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+class SiLUFeedForward(nn.Module):
+    """The ungated FFN of the SwiGLU ablation: down(silu(up x))."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.up(x)))
+
+
+def rms_norm(cfg: ModelConfig) -> nn.Module:
+    """An RMSNorm over d_model, or (norm: none) the identity."""
+    return nn.Identity() if cfg.norm == "none" else nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
 class Block(nn.Module):
+    """Attention then the FFN, each added to the residual stream, with RMSNorms where ``cfg.norm`` puts them:
+    pre x + f(norm(x)), post norm(x + f(x)), none x + f(x)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.post_norm = cfg.norm == "post"
+        self.attn_norm = rms_norm(cfg)
         self.attn = Attention(cfg)
-        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.ffn = SwiGLU(cfg.d_model, cfg.d_ff)
+        self.ffn_norm = rms_norm(cfg)
+        self.ffn = SwiGLU(cfg.d_model, cfg.ffn_width) if cfg.ffn == "swiglu" else SiLUFeedForward(cfg.d_model,
+                                                                                                  cfg.ffn_width)
+
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention reads of the residual stream ``x``."""
+        return x if self.post_norm else self.attn_norm(x)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.post_norm:
+            x = self.attn_norm(x + self.attn(x, cos, sin))
+            return self.ffn_norm(x + self.ffn(x))
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.ffn(self.ffn_norm(x))
 
@@ -166,7 +200,7 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.final_norm = rms_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.context_length, cfg.rope_theta)
         # Not persistent: derived from the config, so checkpoints stay small and shape-agnostic.
@@ -240,7 +274,8 @@ class TransformerLM(nn.Module):
         x = self.embed(idx)
         attn_max = torch.tensor(float("-inf"), device=idx.device)
         for block in self.blocks:
-            attn_max = torch.maximum(attn_max, block.attn.max_logit(block.attn_norm(x), self.rope_cos, self.rope_sin))
+            attn_max = torch.maximum(attn_max, block.attn.max_logit(block.attention_input(x), self.rope_cos,
+                                                                     self.rope_sin))
             x = block(x, self.rope_cos, self.rope_sin)
         logits = self.readout(self.final_norm(x)).float()
         return {
@@ -263,10 +298,12 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) ->
 def count_parameters(cfg: ModelConfig) -> dict[str, int]:
     """Parameter counts by part. ``non_embedding`` excludes the token embedding and the output
     projection (the convention behind the CS336 "17M": 12.46M here + 5.12M output = 17.58M)."""
-    d, f, v, n = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.n_layers
+    d, f, v, n = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.n_layers
     head_dim = d // cfg.n_heads
-    per_layer = 4 * d * d + 3 * d * f + 2 * d + (2 * head_dim if cfg.qk_norm else 0)
-    non_embedding = n * per_layer + d
+    gains = 0 if cfg.norm == "none" else d  # (one RMSNorm's)
+    ffn = (3 if cfg.ffn == "swiglu" else 2) * d * f
+    per_layer = 4 * d * d + ffn + 2 * gains + (2 * head_dim if cfg.qk_norm else 0)
+    non_embedding = n * per_layer + gains
     embedding = v * d
     output = v * d
     return {

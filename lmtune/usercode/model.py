@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from lmtune.errors import LmtuneError, shown
-from lmtune.training.config import ModelConfig
 from lmtune.training.device import available_memory_bytes
 from lmtune.training.model import count_parameters
+from lmtune.training.model_config import ModelConfig
 from lmtune.usercode.config import UserCode
 from lmtune.usercode.imports import load
 

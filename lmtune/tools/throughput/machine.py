@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from lmtune.private_apis import sdpa_backend_name
-from lmtune.training.config import ModelConfig
 from lmtune.training.device import device_name, synchronize
+from lmtune.training.model_config import ModelConfig
 
 
 def git_commit() -> str:
