@@ -237,3 +237,35 @@ def test_optuna_sweep_end_to_end_respects_count_and_bounds(tmp_path: Path, built
     record = json.loads((sweep / "sweep.json").read_text())
     assert record["space"]["search"] == "optuna" and record["space"]["num_samples"] == 4
     assert "best trial" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Advice: where lmtune's measurements say a horizon or width search, as configured, does not pay
+
+
+def test_a_horizon_search_at_4x_is_told_a_direct_search_at_the_target_did_as_well_for_less():
+    space = load_space("quick_horizon")
+    advice = space.strategy.advice(budget_config(space.budget, space.fixed))
+    assert advice.startswith("horizon: the target is 4x the largest searched budget") and "search: edge" in advice
+
+
+def test_a_horizon_search_beyond_the_measured_ratios_gets_no_advice(tmp_path):
+    from lmtune.searches.horizon import NO_GAIN_UP_TO_RATIO
+
+    path = tmp_path / "far.yaml"
+    fraction = 1 / (2 * NO_GAIN_UP_TO_RATIO)
+    path.write_text(f"search: horizon\nbudget: quick\nset:\n  steps: 4096\nhorizon:\n  largest_fraction: {fraction}\n")
+    space = load_space(str(path))
+    assert space.strategy.advice(budget_config(space.budget, space.fixed)) is None
+
+
+@pytest.mark.parametrize(("widths", "advised"), [([32, 64, 128], True), ([16, 32, 64], False)])
+def test_a_width_search_is_advised_only_up_to_the_measured_ratio(tmp_path, widths, advised):
+    path = tmp_path / "w.yaml"
+    path.write_text(f"search: width\nbudget: quick\nset:\n  d_model: 256\n  d_ff: 768\n  n_heads: 8\n"
+                    f"width:\n  widths: {widths}\n")
+    space = load_space(str(path))
+    advice = space.strategy.advice(budget_config(space.budget, space.fixed))
+    assert (advice is not None) == advised
+    if advised:
+        assert advice.startswith("width: the target is 2x the widest proxy")

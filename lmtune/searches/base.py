@@ -94,9 +94,9 @@ class SearchStrategy(Protocol):
     def describe(self, fuse: int) -> str:
         """One sentence for the run's first line and the report."""
 
-    def advice(self) -> str | None:
-        """One line the run prints after that sentence where the measurements say this search does not pay as
-        configured (None: nothing to advise)."""
+    def advice(self, base: RunConfig) -> str | None:
+        """One line the run prints after that sentence where lmtune's measurements say this search, as configured
+        for ``base``, does not pay (None: nothing to advise)."""
 
     def param_space(self, fuse: int) -> TuneParams:
         """Ray Tune's param_space."""
@@ -161,7 +161,7 @@ class StrategyDefaults:
     def check_base(self, base: RunConfig) -> None:
         return None
 
-    def advice(self) -> str | None:
+    def advice(self, base: RunConfig) -> str | None:
         return None
 
     def range_test(self) -> RangeTestConfig | None:

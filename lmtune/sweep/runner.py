@@ -91,7 +91,7 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
         echo(f"sweep {options.name}: {plan.space.describe_search()}; budget {base.budget} ({base.total_tokens:,} "
              f"tokens/trial); {placement.cpu:g} CPU + {placement.gpu:g} GPU per trial, up to "
              f"{placement.max_concurrent} at once{placement.why}")
-        if advice := plan.space.strategy.advice():
+        if advice := plan.space.strategy.advice(base):
             echo(f"note: {advice}")
         where = f" in {storage.uri}" if storage.remote else ""
         echo(f"{need.describe(free)}{where}; ended trials keep {KEEP_WORDS[options.keep]} (--keep)")

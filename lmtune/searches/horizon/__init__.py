@@ -12,10 +12,10 @@ from lmtune.searches.horizon.search import HorizonSearch
 from lmtune.searches.horizon.settings import HorizonSettings
 from lmtune.training.config import RunConfig, apply_overrides
 
-# The extrapolation ratio (the target over the largest searched budget) from which the horizon search paid in
-# lmtune's measurements: below it a direct local search at the target cost less for an answer as good
-# (benchmarks/README.md, "Where the horizon search pays").
-PAYS_FROM_RATIO = 8.0
+# The extrapolation ratio (the target over the largest searched budget) up to which the horizon search gained
+# nothing in lmtune's measurements: a direct local search at the target cost less for an answer as good
+# (benchmarks/README.md, "Where the horizon and width searches pay").
+NO_GAIN_UP_TO_RATIO = 8.0
 
 
 @dataclass(frozen=True)
@@ -40,14 +40,14 @@ class HorizonStrategy(DecidingDefaults):
                 f"and the predicted LR confirmed at the target with {s.confirm_ratio:g}x either side, "
                 f"{s.confirm_seeds} seed{'s' * (s.confirm_seeds > 1)} each")
 
-    def advice(self) -> str | None:
+    def advice(self, base: RunConfig) -> str | None:
         ratio = 1 / self.settings.largest_fraction
-        if ratio >= PAYS_FROM_RATIO:
+        if ratio > NO_GAIN_UP_TO_RATIO:
             return None
-        return (f"horizon: the target is {ratio:g}x the largest searched budget; below {PAYS_FROM_RATIO:g}x a direct "
-                "local search at the target (a few LRs around the largest budget's best, scaled down) cost less "
-                "and found an LR as good in lmtune's measurements (benchmarks/README.md): consider search: edge at "
-                f"the target, or horizon.largest_fraction {1 / PAYS_FROM_RATIO:g} or less")
+        return (f"horizon: the target is {ratio:g}x the largest searched budget; up to {NO_GAIN_UP_TO_RATIO:g}x a "
+                "direct local search at the target (as many runs as this search trains there, around the largest "
+                "budget's best LR scaled by ratio^-0.3) cost less and found an LR as good in lmtune's measurements "
+                "(benchmarks/README.md): consider search: edge at the target")
 
     def expected_trials(self) -> tuple[int, int]:
         trials = self.settings.expected_trials(self.settings.budgets)

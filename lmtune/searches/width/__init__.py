@@ -16,6 +16,11 @@ from lmtune.searches.width.settings import WidthSettings, check_widths, proxy_sh
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.training.lm import model_size
 
+# The ratio (target d_model over the widest proxy's) up to which the width search gained nothing in lmtune's
+# measurements: a direct local search at the target cost less for an answer as good (benchmarks/README.md,
+# "Where the horizon and width searches pay").
+NO_GAIN_UP_TO_RATIO = 2.0
+
 
 @dataclass(frozen=True)
 class WidthStrategy(DecidingDefaults):
@@ -57,6 +62,15 @@ class WidthStrategy(DecidingDefaults):
                 f"{', LR* located between grid points' if s.refine else ''}{edge}; ln LR* fitted against ln width and "
                 f"the predicted LR confirmed at the space's d_model with {s.confirm_ratio:g}x either side, "
                 f"{s.confirm_seeds} seed{'s' * (s.confirm_seeds > 1)} each")
+
+    def advice(self, base: RunConfig) -> str | None:
+        ratio = base.model.d_model / max(self.settings.widths)
+        if ratio > NO_GAIN_UP_TO_RATIO:
+            return None
+        return (f"width: the target is {ratio:g}x the widest proxy; up to {NO_GAIN_UP_TO_RATIO:g}x a direct local "
+                "search at the target (as many runs as this search trains there, around the widest proxy's best LR "
+                "scaled by its parametrization's rule) cost less and found an LR as good in lmtune's measurements "
+                "(benchmarks/README.md): consider search: edge at the target width")
 
     def expected_trials(self) -> tuple[int, int]:
         return self.settings.expected_trials(len(self.settings.widths)), 0
