@@ -250,7 +250,7 @@ def test_a_horizon_search_at_4x_is_told_a_direct_search_at_the_target_did_as_wel
 
 
 def test_a_horizon_search_beyond_the_measured_ratios_gets_no_advice(tmp_path):
-    from lmtune.searches.horizon import NO_GAIN_UP_TO_RATIO
+    from lmtune.searches.horizon.settings import NO_GAIN_UP_TO_RATIO
 
     path = tmp_path / "far.yaml"
     fraction = 1 / (2 * NO_GAIN_UP_TO_RATIO)

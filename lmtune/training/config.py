@@ -17,7 +17,7 @@ from typing import Any
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
-from lmtune.training.model_config import FFNS, NORMS, POSITIONS, ModelConfig
+from lmtune.training.model_config import ABLATION_SWITCHES, FFNS, NORMS, POSITIONS, ModelConfig
 from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
 from lmtune.usercode.config import UserCode, check_user_code
 
@@ -136,10 +136,14 @@ class RunConfig:
 
     def to_dict(self) -> JsonObject:
         """Its JSON form (config.json, checkpoints, sweep.json's base_config); ``code`` only where the run trains the
-        user's code (absent: lmtune's own, as in files of versions before it)."""
+        user's code (absent: lmtune's own, as in files of versions before it); the model's ablation switches only
+        where one is set."""
         data = dataclasses.asdict(self)
         if self.code == UserCode():
             del data["code"]
+        for name in ABLATION_SWITCHES:  # (at their defaults: absent, as in files of versions before them)
+            if data["model"][name] == MODEL_FIELDS[name].default:
+                del data["model"][name]
         return data
 
     @classmethod

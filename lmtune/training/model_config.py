@@ -9,6 +9,7 @@ from dataclasses import dataclass
 NORMS = ("pre", "post", "none")
 POSITIONS = ("rope", "nope")
 FFNS = ("swiglu", "silu")
+ABLATION_SWITCHES = ("norm", "position", "ffn")
 
 
 @dataclass

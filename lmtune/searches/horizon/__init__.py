@@ -9,13 +9,8 @@ from typing import ClassVar
 
 from lmtune.searches.base import DecidingDefaults
 from lmtune.searches.horizon.search import HorizonSearch
-from lmtune.searches.horizon.settings import HorizonSettings
+from lmtune.searches.horizon.settings import NO_GAIN_UP_TO_RATIO, HorizonSettings
 from lmtune.training.config import RunConfig, apply_overrides
-
-# The extrapolation ratio (the target over the largest searched budget) up to which the horizon search gained
-# nothing in lmtune's measurements: a direct local search at the target cost less for an answer as good
-# (benchmarks/README.md, "Where the horizon and width searches pay").
-NO_GAIN_UP_TO_RATIO = 8.0
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from lmtune.searches.horizon.axis import PointConclusion  # noqa: E402
 from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_settings, horizon_summary, records_at  # noqa: E402
 from lmtune.searches.horizon.report_confirmation import TargetConfirmation  # noqa: E402
 from lmtune.searches.horizon.report_fit import fit_headline, fit_sentences  # noqa: E402
+from lmtune.searches.horizon.settings import NO_GAIN_UP_TO_RATIO  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
 # What the 90% intervals held on simulated searches the method was not tuned on, the lowest and highest over those
@@ -97,7 +98,8 @@ class HorizonSection:
         lines += ["", " ".join(fit_sentences(fit)), "",
                   f"**Predicted best LR at the target**: {fit.predicted_lr:.3g} (90% interval {plo:.3g} to "
                   f"{phi:.3g}): an extrapolation {target / largest:.0f}x beyond the largest searched budget, which "
-                  "assumes the power law holds that far.", "", held_out_sentence(), ""]
+                  f"assumes the power law holds that far.{_pays_sentence(target / largest)}", "", held_out_sentence(),
+                  ""]
         return lines + _confirmed(result)
 
     def figures(self) -> tuple[ReportFigure, ...]:
@@ -121,6 +123,16 @@ class HorizonSection:
             lines += _confirmed_lines(result)
         at = "the target" if summary.compared_at_tokens == result.target_tokens else "the largest"
         return [*lines, f"at {at} budget's {summary.compared_at_tokens or 0:,} tokens:"]
+
+
+def _pays_sentence(ratio: float) -> str:
+    """Where lmtune's measurements found no gain at this ratio over a direct local search at the target: say so."""
+    if ratio > NO_GAIN_UP_TO_RATIO * 1.01:
+        return ""
+    return (f" Up to {NO_GAIN_UP_TO_RATIO:g}x, a direct local search at the target (as many runs there as this search "
+            "trained, around the largest budget's best LR scaled by ratio^-0.3) found an LR as good for 48-63% of "
+            "this search's tokens in lmtune's measurements (benchmarks/README.md, \"Where the horizon and width "
+            "searches pay\").")
 
 
 def located_text(at: LocatedLr | None) -> str:

@@ -41,6 +41,11 @@ MIN_BUDGET_FRACTION = 1e-6
 MIN_LR = sys.float_info.min
 
 
+# The extrapolation ratio (the target over the largest searched budget) up to which the horizon search gained
+# nothing in lmtune's measurements: a direct local search at the target cost less for an answer as good
+# (benchmarks/README.md, "Where the horizon and width searches pay").
+NO_GAIN_UP_TO_RATIO = 8.0
+
 @dataclass(frozen=True)
 class LrSearchSettings:
     """What the horizon and width searches share: the LR search at each point (budget or width), its seeds,
