@@ -35,9 +35,7 @@ _lmtune_current() {  # whether the stamp of this set (or of dev, which holds run
 if ! _lmtune_current "$_lmtune_set" && ! _lmtune_current dev; then
     _lmtune_torch="${TORCH:-torch==2.13.0}"
     echo "setup: installing $_lmtune_torch, then lmtune ($_lmtune_set) into .venv"
-    # (--no-compile: Python compiles what is imported when it is first imported; pip's compiling every module of
-    # torch, Ray, pandas and scipy up front doubled the install's CPU time: 34 s against 17 s for Ray and the rest.)
-    _lmtune_pip=(.venv/bin/python -m pip --no-input --disable-pip-version-check install --progress-bar off --no-compile)
+    _lmtune_pip=(.venv/bin/python -m pip --no-input --disable-pip-version-check install --progress-bar off)
     "${_lmtune_pip[@]}" "$_lmtune_torch"
     "${_lmtune_pip[@]}" -e "$_lmtune_target"
     echo "$_lmtune_want" > ".venv/.lmtune-installed-$_lmtune_set"
