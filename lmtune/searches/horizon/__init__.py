@@ -42,7 +42,7 @@ class HorizonStrategy(DecidingDefaults):
         return (f"horizon: the target is {ratio:g}x the largest searched budget; up to {NO_GAIN_UP_TO_RATIO:g}x a "
                 "direct local search at the target (as many runs as this search trains there, around the largest "
                 "budget's best LR scaled by ratio^-0.3) cost less and found an LR as good in lmtune's measurements "
-                "(benchmarks/README.md): consider search: edge at the target")
+                "(benchmarks/README.md): consider a grid at the target over those LRs (search: grid) instead")
 
     def expected_trials(self) -> tuple[int, int]:
         trials = self.settings.expected_trials(self.settings.budgets)

@@ -70,7 +70,7 @@ class WidthStrategy(DecidingDefaults):
         return (f"width: the target is {ratio:g}x the widest proxy; up to {NO_GAIN_UP_TO_RATIO:g}x a direct local "
                 "search at the target (as many runs as this search trains there, around the widest proxy's best LR "
                 "scaled by its parametrization's rule) cost less and found an LR as good in lmtune's measurements "
-                "(benchmarks/README.md): consider search: edge at the target width")
+                "(benchmarks/README.md): consider a grid at the target width over those LRs (search: grid) instead")
 
     def expected_trials(self) -> tuple[int, int]:
         return self.settings.expected_trials(len(self.settings.widths)), 0
