@@ -124,13 +124,11 @@ RUN_FLOPS = {32: 0.156e12, 64: 0.365e12, 128: 0.942e12, 256: 2.731e12}
 EDGE_SEARCH_FLOPS = 53.9e12
 
 
-def simulate(gamma: float, seed: int, settings: WidthSettings = SETTINGS,
-             scenario: Scenario | None = None) -> Outcome | None:
-    """One search against LR* ~ width^-gamma (or against ``scenario``) until it has fitted; None: it could not."""
-    scenario = scenario or Scenario(f"gamma {gamma:g}", gamma)
+def searched(scenario: Scenario, seed: int, settings: WidthSettings = SETTINGS) -> tuple[WidthSearch, float] | None:
+    """One search against ``scenario`` until it has fitted, and the true LR* at the target; None: it could not fit."""
     rng = np.random.default_rng(seed)
     at_target = 0.006 * math.exp(rng.uniform(-0.4, 0.4))  # the grid falls differently on the truth each time
-    search, trials, per_width, seed_effects = WidthSearch(settings, TARGET), 0, Counter(), {}
+    search, trials, seed_effects = WidthSearch(settings, TARGET), 0, {}
     while search.fit is None and search.fit_problem is None and trials < 400:
         config = search.suggest(f"t{trials:04d}")
         if config in (FINISHED, WAIT):
@@ -145,12 +143,23 @@ def simulate(gamma: float, seed: int, settings: WidthSettings = SETTINGS,
                 + NOISE[width] * (1 + scenario.noise_slope * max(x, 0.0)) * draw)
         search.observe(f"t{trials:04d}", {"tokens": TARGET.full_tokens, "val_loss": float(loss)})
         search.complete(f"t{trials:04d}", "completed", {"tokens": TARGET.full_tokens})
-        per_width[width] += 1
         trials += 1
-    fit = search.fit
-    if fit is None:
+    if search.fit is None:
         return None
-    truth = scenario.best(TARGET.d_model, at_target)
+    return search, scenario.best(TARGET.d_model, at_target)
+
+
+def simulate(gamma: float, seed: int, settings: WidthSettings = SETTINGS,
+             scenario: Scenario | None = None) -> Outcome | None:
+    """One search against LR* ~ width^-gamma (or against ``scenario``) until it has fitted; None: it could not."""
+    scenario = scenario or Scenario(f"gamma {gamma:g}", gamma)
+    done = searched(scenario, seed, settings)
+    if done is None:
+        return None
+    search, truth = done
+    fit = search.fit
+    at_target = truth  # (scenario.best(target) is the truth at the target; each width's below is relative to it)
+    per_width = Counter(dict(run.others).get("d_model") for run in search.runs.values())
     low, high = fit.predicted_lr_interval
     glow, ghigh = fit.law.exponent_interval
     flops = sum(RUN_FLOPS[w] * n for w, n in per_width.items()) + 6 * RUN_FLOPS[TARGET.d_model]
@@ -158,7 +167,7 @@ def simulate(gamma: float, seed: int, settings: WidthSettings = SETTINGS,
     located = [(w, p.interval()) for w, p in zip(fit.widths, fit.points, strict=True) if p.located]
     held = sum(lo <= scenario.best(w, at_target) <= hi for w, (lo, hi) in located)
     return Outcome(low <= truth <= high, true_gamma is not None and glow <= true_gamma <= ghigh, fit.resolved,
-                   high / low, math.log(fit.predicted_lr / truth), trials, flops, held, len(located),
+                   high / low, math.log(fit.predicted_lr / truth), len(search.runs), flops, held, len(located),
                    tuple(hi / lo for _, (lo, hi) in located))
 
 

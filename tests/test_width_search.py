@@ -1,6 +1,7 @@
 """The width search, Ray-free: driven by a simulated sweep whose best LR moves as a known power of the width (SP-like,
 gamma = 1) or not at all (μP-like, gamma = 0), it searches the proxy widths narrowest first with their shapes,
-settles and locates each width's LR*, fits ln LR* against ln width, confirms the prediction at the target width, and
+settles and locates each width's LR*, fits ln LR* against ln width (one loss surface through every proxy's runs;
+the line through their LR*s where one power law does not hold), confirms the prediction at the target width, and
 its state survives a JSON round trip. A space that names no proxies, or proxies the target cannot have, is refused
 in one line."""
 
@@ -14,9 +15,10 @@ import pytest
 import yaml
 from conftest import drive_search
 
+from lmtune.analysis.fit import LINE, SURFACE
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
-from lmtune.searches.width.conclusion import WidthSearch
+from lmtune.searches.width.conclusion import WidthFit, WidthSearch
 from lmtune.searches.width.settings import WidthSettings
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import load_space
@@ -102,6 +104,24 @@ def test_under_a_flat_optimum_the_fit_says_the_lr_does_not_move_and_predicts_the
     assert low <= 0.0 <= high and not fit.resolved
     plo, phi = fit.predicted_lr_interval
     assert plo <= LR_AT_TARGET <= phi
+
+
+def test_the_fit_is_one_loss_surface_through_every_proxys_runs_and_it_survives_json(standard):
+    search, _ = standard
+    assert search.fit.method == SURFACE
+    assert WidthFit.from_json(json.loads(json.dumps(search.fit.to_json()))) == search.fit
+
+
+def test_where_one_power_law_does_not_hold_across_the_widths_the_fit_is_the_line_through_their_lr_stars():
+    """The best LR falls from d_model 32 to 64 and rises again at 128: no surface with one gamma fits those runs."""
+    class Broken(SimulatedWidths):
+        def best_lr(self, width: int) -> float:
+            return {32: 0.02, 64: 0.005, 128: 0.02, 256: 0.01}[width]
+
+    search, sweep = WidthSearch(SETTINGS, TARGET), Broken(gamma=0.0)
+    _, search = drive_search(search, sweep, 400)
+    assert search.fit is not None and search.fit.method == LINE
+    assert search.fit.law.law_holds is False
 
 
 def test_the_confirmation_trains_the_prediction_and_its_neighbours_on_two_seeds_at_the_target(standard):

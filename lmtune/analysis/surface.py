@@ -38,10 +38,13 @@ WIDENING = 1.5
 MIN_POINT_RUNS = 3
 
 
-def fit_surface(points: Sequence[tuple[float, Sequence[Run]]], target_x: float) -> PowerLaw | None:
-    """The surface through ``points`` ((x, its runs) per searched point: x its budget's tokens) and its prediction at
-    ``target_x``, as a PowerLaw (chi2 and dof: the law's likelihood-ratio test); None where fewer than two points
-    have MIN_POINT_RUNS runs near their best, or the fit does not pin the prediction down."""
+def fit_surface(points: Sequence[tuple[float, Sequence[Run]]], target_x: float,
+                widening: float = WIDENING) -> PowerLaw | None:
+    """The surface through ``points`` ((x, its runs) per searched point: x its budget's tokens, or its width) and its
+    prediction at ``target_x``, as a PowerLaw (chi2 and dof: the law's likelihood-ratio test), its 90% intervals
+    widened ``widening`` times (the horizon search's WIDENING by default; each search calibrates its own on its
+    tuned scenarios); None where fewer than two points have MIN_POINT_RUNS runs near their best, or the fit does not
+    pin the prediction down."""
     data = _SurfaceData.of(points, target_x)
     if data is None:
         return None
@@ -60,19 +63,30 @@ def fit_surface(points: Sequence[tuple[float, Sequence[Run]]], target_x: float) 
         return None
     chi2 = float(np.sum(fit.fun ** 2))
     scale = math.sqrt(max(1.0, chi2 / dof))
-    return _power_law(data, fit.x, covariance, scale, data.law_test(fit.x, chi2), target_x)
+    return _power_law(data, fit.x, covariance, (scale, widening), data.law_test(fit.x, chi2), target_x)
 
 
-def _power_law(data: _SurfaceData, theta: np.ndarray, covariance: np.ndarray, scale: float, law_chi2: float,
-               target_x: float) -> PowerLaw | None:
-    """The fit as a PowerLaw: ln LR* = intercept - beta ln x, its 90% intervals widened (``scale``: Birge)."""
+def surface_where_law_holds(points: Sequence[tuple[float, Sequence[Run]]], target_x: float,
+                            widening: float = WIDENING) -> PowerLaw | None:
+    """``fit_surface``, or None where its law test fails: one power law does not hold across these points, and the
+    surface's narrow interval would rest on it (it held 12% of simulated horizon searches of a broken law); the
+    line through the located LR*s, widened for its scatter, does not (the searches fall back to it)."""
+    surface = fit_surface(points, target_x, widening)
+    return None if surface is None or surface.law_holds is False else surface
+
+
+def _power_law(data: _SurfaceData, theta: np.ndarray, covariance: np.ndarray, widened: tuple[float, float],
+               law_chi2: float, target_x: float) -> PowerLaw | None:
+    """The fit as a PowerLaw: ln LR* = intercept - beta ln x, its 90% intervals ``widened`` (by the Birge ratio,
+    then the widening)."""
     a, beta = float(theta[0]), float(theta[1])
     log_target = math.log(target_x)
     a_se, beta_se = math.sqrt(max(covariance[0, 0], 0.0)), math.sqrt(max(covariance[1, 1], 0.0))
     # intercept = a + beta ln target (ln LR* at x = 1); its variance from a's, beta's and their covariance
     intercept_se = math.sqrt(max(covariance[0, 0] + log_target ** 2 * covariance[1, 1]
                                  + 2 * log_target * covariance[0, 1], 0.0))
-    half = WIDENING * Z90 * scale
+    scale, widening = widened
+    half = Z90 * scale * widening
     if not (math.isfinite(a_se) and 0 < a_se * half < 10):  # a degenerate fit: the data do not pin LR* down
         return None
     intercept = a + beta * log_target
@@ -127,14 +141,16 @@ class _SurfaceData:
 
     def law_test(self, theta: np.ndarray, chi2: float) -> float:
         """How much better a free optimum per point fits than the shared law (chi-square, points - 2 dof; 0 with
-        two points, where any two optima lie on a line)."""
+        two points, where any two optima lie on a line). The free fit starts from the law's optima and from each
+        point's crowned best, and keeps the better: from the law's alone it can stay stuck where the law put a
+        point's optimum far from its runs' best."""
         if self.n <= 2:
             return 0.0
         from scipy import optimize
 
-        optima = theta[0] - theta[1] * self.u
-        free = optimize.least_squares(self.free_residuals, np.concatenate([optima, theta[2:]]), method="trf",
-                                      max_nfev=2000)
+        starts = (theta[0] - theta[1] * self.u, np.array([x for x, _ in self.best]))
+        free = min((optimize.least_squares(self.free_residuals, np.concatenate([optima, theta[2:]]), method="trf",
+                                           max_nfev=2000) for optima in starts), key=lambda f: f.cost)
         return max(0.0, chi2 - float(np.sum(free.fun ** 2)))
 
 

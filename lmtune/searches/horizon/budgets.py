@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from lmtune.analysis.fit import HorizonFit, fit_horizon
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
-from lmtune.analysis.surface import fit_surface
+from lmtune.analysis.surface import surface_where_law_holds
 from lmtune.errors import LmtuneError
 from lmtune.searches.horizon.axis import AxisConclusion, TokenAxis, conclude_along, locate_along
 from lmtune.searches.horizon.axis import runs_at as runs_on
@@ -45,12 +45,8 @@ def fit_located_budgets(located: list[LocatedLr | None], runs: Iterable[Run], se
     """``fit_budgets`` with the budgets' LR*s located already (None: not located)."""
     axis = budget_axis(settings, target)
     runs = [r for r in runs if r.stage != "edge"]  # (one seed each, far above the basin: as locate_along)
-    surface = fit_surface([(axis.budget_at(steps).full_tokens, runs_on(axis, runs, steps)) for steps in axis.points],
-                          target.full_tokens)
-    if surface is not None and surface.law_holds is False:
-        # One power law does not hold across these budgets: the surface's narrow interval would rest on it (it held
-        # 12% of simulated searches of a broken law), the line's, widened for its scatter, does not.
-        surface = None
+    surface = surface_where_law_holds([(axis.budget_at(steps).full_tokens, runs_on(axis, runs, steps))
+                                       for steps in axis.points], target.full_tokens)
     try:
         return fit_horizon([p for p in located if p is not None], target.full_tokens, surface), None
     except LmtuneError as err:

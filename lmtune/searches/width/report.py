@@ -14,7 +14,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
 
+from lmtune.analysis.fit import SURFACE  # noqa: E402
 from lmtune.analysis.runs import Budget  # noqa: E402
+from lmtune.analysis.surface import WINDOW as SURFACE_WINDOW  # noqa: E402
 from lmtune.report.comparison import Pair, record_runs  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
@@ -28,7 +30,7 @@ from lmtune.searches.horizon.report import (  # noqa: E402
     held_out_span,
     located_text,
 )
-from lmtune.searches.width.conclusion import WidthFit  # noqa: E402
+from lmtune.searches.width.conclusion import WIDTH_WIDENING, WidthFit  # noqa: E402
 from lmtune.searches.width.report_conclusion import WidthResult, WidthRow, width_settings, width_summary  # noqa: E402
 from lmtune.searches.width.report_coord import (  # noqa: E402
     SweepCoordCheck,
@@ -211,23 +213,32 @@ def gamma_text(fit: WidthFit, parametrization: str) -> str:
 def fit_sentences(fit: WidthFit, parametrization: str) -> list[str]:
     """The fit, what gamma says under this parametrization, and whether the law fits the widths."""
     law, (low, high) = fit.law, fit.law.exponent_interval
-    flat = [w for w, p in zip(fit.widths, fit.points, strict=True) if not p.located]
-    carried = (f" (d_model {', '.join(map(str, flat))} not located: carried as the span it may lie in)"
-               if flat else "")
-    out = [f"**Fit**: ln LR* = a − γ ln d_model through the LR*s at d_model {', '.join(map(str, fit.widths))}"
-           f"{carried}, each weighted by its SE from the seeds: γ = {fit.gamma:.3f} (90% interval {low:.3f} to "
-           f"{high:.3f})."]
+    if fit.method == SURFACE:
+        birge = f" and by the Birge ratio {law.scale:.2f}" if law.scale > 1.0005 else ""
+        out = [f"**Fit**: one loss surface through every proxy's runs within {SURFACE_WINDOW:g}x of its crowned LR, "
+               "loss = floor_w + curvature_w · u² · exp(skew · u) with u = ln LR − (a − γ ln d_model): γ and the skew "
+               "shared by the widths, a floor and a curvature each, every run weighted by its width's seed spread. "
+               f"γ = {fit.gamma:.3f} (90% interval {low:.3f} to {high:.3f}): from the fit's covariance, widened "
+               f"{WIDTH_WIDENING:g}x (what held 90% of simulated searches){birge}. The located LR*s above are shown "
+               "beside it; the fit does not go through them."]
+    else:
+        flat = [w for w, p in zip(fit.widths, fit.points, strict=True) if not p.located]
+        carried = (f" (d_model {', '.join(map(str, flat))} not located: carried as the span it may lie in)"
+                   if flat else "")
+        out = [f"**Fit**: ln LR* = a − γ ln d_model through the LR*s at d_model {', '.join(map(str, fit.widths))}"
+               f"{carried}, each weighted by its SE from the seeds: γ = {fit.gamma:.3f} (90% interval {low:.3f} to "
+               f"{high:.3f})."]
     if not fit.resolved:
-        out.append(f"**{NOT_RESOLVED}** (γ's 90% interval includes 0; the prediction's interval takes in the widest "
-                   "proxy's LR*)" + (f": under μP that is the hoped-for result, **{MU_TRANSFER}**." if
-                                     parametrization == "mup" else "."))
+        takes_in = "; the prediction's interval takes in the widest proxy's LR*" if fit.method != SURFACE else ""
+        mup = f": under μP that is the hoped-for result, **{MU_TRANSFER}**." if parametrization == "mup" else "."
+        out.append(f"**{NOT_RESOLVED}** (γ's 90% interval includes 0{takes_in})" + mup)
     elif parametrization == "mup":
         out.append(f"**{MU_FAILED}**: under μP LR* should not move with width, but these widths move it by "
                    f"x{2 ** -fit.gamma:.2f} per doubling (γ's 90% interval excludes 0).")
     else:
         out.append(f"LR* moves by x{2 ** -fit.gamma:.2f} per doubling of the width (γ's 90% interval excludes 0).")
     if law.dof == 0:
-        out.append("With two widths the line has no residual: whether the power law fits them cannot be seen.")
+        out.append("With two widths any two optima lie on a line: whether the power law fits them cannot be seen.")
     elif law.law_holds is False:
         out.append(f"**The power law does not fit these widths** (lack-of-fit p = {law.lack_of_fit_p:.3g}, χ² = "
                    f"{law.chi2:.2f} on {law.dof} dof; intervals widened {law.scale:.2f}x): the prediction "

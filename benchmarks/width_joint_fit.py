@@ -1,0 +1,89 @@
+"""The width search's prediction two ways, on the same simulated searches (issue 44 item 2, for width): the search's
+own (the loss surface fitted to every proxy's runs, lmtune.analysis.surface, or the line where the surface's law test
+fails) against the line through the proxies' located LR*s alone (lmtune.analysis.fit, the method before it).
+Ray-free; the searches are benchmarks/width_coverage.py's (the real WidthSearch driven by runs on known curves),
+the tuned cases (gamma 1 under SP, 0 under μP) and the held-out scenarios alike.
+
+    python benchmarks/width_joint_fit.py --searches 300
+    python benchmarks/width_joint_fit.py --searches 200 --scenario all_at_once
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import width_coverage as wc  # noqa: E402 (the simulated searches)
+
+from lmtune.analysis.fit import SURFACE, PowerLaw, fit_power_law  # noqa: E402
+from lmtune.searches.width.conclusion import locate_widths  # noqa: E402
+
+TUNED = {"gamma 1 (SP)": wc.Scenario("gamma 1 (SP)", 1.0), "gamma 0 (μP)": wc.Scenario("gamma 0 (μP)", 0.0)}
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One simulated search, both fits' predictions against the truth at the target width."""
+
+    truth: float
+    line: PowerLaw
+    default: PowerLaw
+    method: str
+
+
+def paired(scenario: wc.Scenario, seed: int) -> Paired | None:
+    """One search as width_coverage.simulate runs it (its fit the surface where it fits), and the line through its
+    located LR*s beside it."""
+    done = wc.searched(scenario, seed)
+    if done is None:
+        return None
+    search, truth = done
+    located = [(w, p) for w, p in zip(sorted(wc.SETTINGS.widths), locate_widths(search.runs.values(), wc.SETTINGS,
+                                                                               wc.TARGET), strict=True)
+               if p is not None and p.usable]
+    if len(located) < 2:
+        return None
+    line = fit_power_law([float(w) for w, _ in located], [p for _, p in located], float(wc.TARGET.d_model))
+    return Paired(truth, line, search.fit.law, search.fit.method)
+
+
+def summary(name: str, results: list[Paired | None]) -> str:
+    both = [r for r in results if r is not None]
+
+    def row(get) -> str:
+        errors = np.abs([math.log(get(r).predicted_lr / r.truth) for r in both])
+        covered = np.mean([get(r).predicted_lr_interval[0] <= r.truth <= get(r).predicted_lr_interval[1] for r in both])
+        width = np.median([get(r).predicted_lr_interval[1] / get(r).predicted_lr_interval[0] for r in both])
+        return f"{covered:.1%} | {width:.2f}× | {np.percentile(errors, 90):.3f} | {np.median(errors):.3f}"
+
+    surface = np.mean([r.method == SURFACE for r in both])
+    return (f"| {name} | {len(both)}/{len(results)} | {row(lambda r: r.line)} | {row(lambda r: r.default)} | "
+            f"{surface:.0%} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--searches", type=int, default=200)
+    every = {**TUNED, **wc.HELD_OUT}
+    parser.add_argument("--scenario", action="append", choices=sorted(every))
+    args = parser.parse_args(argv)
+    print("| scenario | searches both fitted | line: 90% holds | median width | 90th pct abs ln error | median | "
+          "the search's: 90% holds | median width | 90th pct abs ln error | median | by the surface |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.scenario or list(every):
+        print(summary(name + (" (held out)" if name in wc.HELD_OUT else ""),
+                      [paired(every[name], k) for k in range(args.searches)]))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
