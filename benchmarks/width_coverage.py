@@ -10,6 +10,7 @@ x1.08). The noise is the run-to-run sd the searches measured at each width on th
     python benchmarks/width_coverage.py --searches 200
     python benchmarks/width_coverage.py --variants --searches 150   # other settings: coverage, width and FLOPs
     python benchmarks/width_coverage.py --held-out --searches 1000  # the scenarios the method was never tuned on
+    python benchmarks/width_coverage.py --held-out --fit surface    # the same with fit: surface
 """
 
 from __future__ import annotations
@@ -171,12 +172,12 @@ def simulate(gamma: float, seed: int, settings: WidthSettings = SETTINGS,
                    tuple(hi / lo for _, (lo, hi) in located))
 
 
-def held_out(searches: int) -> None:
+def held_out(searches: int, settings: WidthSettings = SETTINGS) -> None:
     print("| held-out scenario | searches fitted | 90% interval holds LR* at 256 | gamma's holds gamma | "
           "median interval | located proxies' 90% intervals hold their LR* | their median interval |")
     print("|---|---|---|---|---|---|---|")
     for name, scenario in HELD_OUT.items():
-        fitted = [o for o in (simulate(scenario.gamma, k, scenario=scenario) for k in range(searches)) if o]
+        fitted = [o for o in (simulate(scenario.gamma, k, settings, scenario) for k in range(searches)) if o]
         n, located = len(fitted), sum(o.located for o in fitted)
         covered = sum(o.covered for o in fitted) / n
         gamma = "—" if scenario.true_gamma is None else f"{sum(o.gamma_covered for o in fitted) / n:.1%}"
@@ -216,18 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--searches", type=int, default=200)
     parser.add_argument("--variants", action="store_true", help="instead: other settings' coverage and FLOPs")
     parser.add_argument("--held-out", action="store_true", help="instead: the held-out scenarios (HELD_OUT)")
+    parser.add_argument("--fit", choices=("line", "surface"), default="line", help="the width search's fit setting")
     args = parser.parse_args(argv)
+    settings = replace(SETTINGS, fit=args.fit)
     if args.variants:
         variants(args.searches)
         return 0
     if args.held_out:
-        held_out(args.searches)
+        held_out(args.searches, settings)
         return 0
     print("| true gamma | searches fitted | 90% interval holds LR* at 256 | gamma's interval holds gamma | "
           "gamma resolved | median interval | rms ln error | median trials |")
     print("|---|---|---|---|---|---|---|---|")
     for gamma in (1.0, 0.0):
-        outcomes = [simulate(gamma, k) for k in range(args.searches)]
+        outcomes = [simulate(gamma, k, settings) for k in range(args.searches)]
         fitted = [o for o in outcomes if o is not None]
         n = len(fitted)
         covered = sum(o.covered for o in fitted) / n

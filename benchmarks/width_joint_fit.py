@@ -1,6 +1,6 @@
-"""The width search's prediction two ways, on the same simulated searches (issue 44 item 2, for width): the search's
-own (the loss surface fitted to every proxy's runs, lmtune.analysis.surface, or the line where the surface's law test
-fails) against the line through the proxies' located LR*s alone (lmtune.analysis.fit, the method before it).
+"""The width search's prediction two ways, on the same simulated searches (issue 44 item 2, for width): with ``fit:
+surface`` (the loss surface fitted to every proxy's runs, lmtune.analysis.surface, or the line where the surface's
+law test fails) against the line through the proxies' located LR*s alone (lmtune.analysis.fit, the default).
 Ray-free; the searches are benchmarks/width_coverage.py's (the real WidthSearch driven by runs on known curves),
 the tuned cases (gamma 1 under SP, 0 under μP) and the held-out scenarios alike.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ import width_coverage as wc  # noqa: E402 (the simulated searches)
 from lmtune.analysis.fit import SURFACE, PowerLaw, fit_power_law  # noqa: E402
 from lmtune.searches.width.conclusion import locate_widths  # noqa: E402
 
+SURFACE_SETTINGS = replace(wc.SETTINGS, fit=SURFACE)
 TUNED = {"gamma 1 (SP)": wc.Scenario("gamma 1 (SP)", 1.0), "gamma 0 (μP)": wc.Scenario("gamma 0 (μP)", 0.0)}
 
 
@@ -40,9 +41,9 @@ class Paired:
 
 
 def paired(scenario: wc.Scenario, seed: int) -> Paired | None:
-    """One search as width_coverage.simulate runs it (its fit the surface where it fits), and the line through its
-    located LR*s beside it."""
-    done = wc.searched(scenario, seed)
+    """One search as width_coverage.simulate runs it, with fit: surface (the surface where it fits), and the line
+    through its located LR*s beside it."""
+    done = wc.searched(scenario, seed, SURFACE_SETTINGS)
     if done is None:
         return None
     search, truth = done
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", action="append", choices=sorted(every))
     args = parser.parse_args(argv)
     print("| scenario | searches both fitted | line: 90% holds | median width | 90th pct abs ln error | median | "
-          "the search's: 90% holds | median width | 90th pct abs ln error | median | by the surface |")
+          "fit surface: 90% holds | median width | 90th pct abs ln error | median | by the surface |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.scenario or list(every):
         print(summary(name + (" (held out)" if name in wc.HELD_OUT else ""),

@@ -1,14 +1,15 @@
 """The width search, Ray-free: driven by a simulated sweep whose best LR moves as a known power of the width (SP-like,
 gamma = 1) or not at all (μP-like, gamma = 0), it searches the proxy widths narrowest first with their shapes,
-settles and locates each width's LR*, fits ln LR* against ln width (one loss surface through every proxy's runs;
-the line through their LR*s where one power law does not hold), confirms the prediction at the target width, and
-its state survives a JSON round trip. A space that names no proxies, or proxies the target cannot have, is refused
-in one line."""
+settles and locates each width's LR*, fits ln LR* against ln width (the line through their LR*s, or with fit:
+surface one loss surface through every proxy's runs where one power law holds), confirms the prediction at the
+target width, and its state survives a JSON round trip. A space that names no proxies, or proxies the target
+cannot have, is refused in one line."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -106,19 +107,27 @@ def test_under_a_flat_optimum_the_fit_says_the_lr_does_not_move_and_predicts_the
     assert plo <= LR_AT_TARGET <= phi
 
 
-def test_the_fit_is_one_loss_surface_through_every_proxys_runs_and_it_survives_json(standard):
+def test_by_default_the_fit_is_the_line_through_the_proxies_located_lr_stars(standard):
     search, _ = standard
+    assert search.settings.fit == LINE and search.fit.method == LINE
+
+
+def test_with_fit_surface_the_fit_is_one_loss_surface_through_every_proxys_runs_and_it_survives_json():
+    search, sweep = WidthSearch(replace(SETTINGS, fit=SURFACE), TARGET), SimulatedWidths(1.0)
+    _, search = drive_search(search, sweep, 400)
     assert search.fit.method == SURFACE
+    low, high = search.fit.predicted_lr_interval
+    assert low <= sweep.best_lr(256) <= high
     assert WidthFit.from_json(json.loads(json.dumps(search.fit.to_json()))) == search.fit
 
 
-def test_where_one_power_law_does_not_hold_across_the_widths_the_fit_is_the_line_through_their_lr_stars():
+def test_where_one_power_law_does_not_hold_across_the_widths_a_surface_fit_falls_back_to_the_line():
     """The best LR falls from d_model 32 to 64 and rises again at 128: no surface with one gamma fits those runs."""
     class Broken(SimulatedWidths):
         def best_lr(self, width: int) -> float:
             return {32: 0.02, 64: 0.005, 128: 0.02, 256: 0.01}[width]
 
-    search, sweep = WidthSearch(SETTINGS, TARGET), Broken(gamma=0.0)
+    search, sweep = WidthSearch(replace(SETTINGS, fit=SURFACE), TARGET), Broken(gamma=0.0)
     _, search = drive_search(search, sweep, 400)
     assert search.fit is not None and search.fit.method == LINE
     assert search.fit.law.law_holds is False
@@ -161,4 +170,10 @@ def test_a_proxy_width_the_target_cannot_have_is_refused_in_one_line(tmp_path, w
     space = load_space(str(write_space(tmp_path, {"widths": widths})))
     with pytest.raises(LmtuneError, match=problem) as err:  # (the base config is checked when a sweep is planned)
         SweepPlan.create(space, budget_config(space.budget, space.fixed))
+    assert "\n" not in str(err.value)
+
+
+def test_a_width_fit_that_is_neither_line_nor_surface_is_refused_in_one_line(tmp_path):
+    with pytest.raises(LmtuneError, match=r"width\.fit: must be line or surface \(got 'quadratic'\)") as err:
+        load_space(str(write_space(tmp_path, {"widths": [64, 128], "fit": "quadratic"})))
     assert "\n" not in str(err.value)

@@ -1,9 +1,9 @@
 """What a width search steps along and what its runs conclude, Ray-free and typed: the proxies' d_model, then the
 target's (``WidthAxis``, a lmtune.searches.horizon.axis.Axis); each width's conclusion at the budget's full token count
 (lmtune.analysis.conclusion.conclude), each proxy's located LR* (lmtune.analysis.locate) and the power
-law ln LR* = a - gamma ln width: the loss surface through every proxy's runs (lmtune.analysis.surface), or the line
-through the located LR*s where the surface's law test fails. The search (deciding when to confirm) and the report
-(lmtune.searches.width.report_conclusion) both call these, so they agree.
+law ln LR* = a - gamma ln width: the line through the located LR*s, or (``fit: surface``) the loss surface through
+every proxy's runs (lmtune.analysis.surface) where its law test holds. The search (deciding when to confirm) and
+the report (lmtune.searches.width.report_conclusion) both call these, so they agree.
 
 The width search itself (``WidthSearch``) is the horizon search (lmtune.searches.horizon.search) stepping
 along width instead of tokens: at each proxy width, narrowest first, the same stages with the same full-budget
@@ -28,11 +28,11 @@ from lmtune.searches.horizon.search import HorizonSearch
 from lmtune.searches.trial_order import TuneParams
 from lmtune.searches.width.settings import WidthSettings, proxy_shape
 
-# The surface's covariance interval is widened this many times in ln LR for the width search (the horizon search's
-# is lmtune.analysis.surface.WIDENING): the smallest of 1, 1.25 and 1.5 that held the true LR* at the target width
-# in 90% of 300 simulated searches of each tuned case, LR* ~ width^-1 (SP) and width^0 (μP) on the measured noise
-# (1: 88% and 86%, 1.25: 92% and 92%, 1.5: 98% and 100%; benchmarks/width_coverage.py). The held-out scenarios did
-# not enter the choice.
+# With ``fit: surface``, the surface's covariance interval is widened this many times in ln LR for the width search
+# (the horizon search's is lmtune.analysis.surface.WIDENING): the smallest of 1, 1.25 and 1.5 that held the true LR*
+# at the target width in 90% of 300 simulated searches of each tuned case, LR* ~ width^-1 (SP) and width^0 (μP) on
+# the measured noise (1: 88% and 86%, 1.25: 92% and 92%, 1.5: 98% and 100%; benchmarks/width_coverage.py). The
+# held-out scenarios did not enter the choice.
 WIDTH_WIDENING = 1.25
 
 
@@ -122,9 +122,9 @@ def locate_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) 
 
 
 def fit_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> tuple[WidthFit | None, str | None]:
-    """The power law in width predicting the target's LR*: the loss surface fitted to every proxy's runs
-    (lmtune.analysis.surface), else (no surface, or one whose law test fails) the line through the proxies' located
-    LR*s; or None and why it cannot be fitted. The search and the report both fit with this, so they agree."""
+    """The power law in width predicting the target's LR*: the line through the proxies' located LR*s, or with
+    ``fit: surface`` the loss surface fitted to every proxy's runs (lmtune.analysis.surface) where its law test
+    holds; or None and why it cannot be fitted. The search and the report both fit with this, so they agree."""
     runs = list(runs)
     return fit_located_widths(locate_widths(runs, settings, target), runs, settings, target)
 
@@ -133,10 +133,7 @@ def fit_located_widths(located: list[LocatedLr | None], runs: Iterable[Run], set
                        target: Budget) -> tuple[WidthFit | None, str | None]:
     """``fit_widths`` with the proxies' LR*s located already (None: not located), narrowest first."""
     pairs = [(w, p) for w, p in zip(sorted(settings.widths), located, strict=True) if p is not None and p.usable]
-    axis = width_axis(settings, target)
-    runs = [r for r in runs if r.stage != "edge"]  # (one seed each, far above the basin: as locate_along)
-    surface = surface_where_law_holds([(float(w), runs_on(axis, runs, w)) for w in axis.points],
-                                      float(target.d_model), WIDTH_WIDENING)
+    surface = _surface(runs, settings, target) if settings.fit == SURFACE else None
     if surface is not None:
         return WidthFit(tuple(w for w, _ in pairs), tuple(p for _, p in pairs), target.d_model, surface, SURFACE), None
     if len(pairs) < 2:
@@ -147,6 +144,14 @@ def fit_located_widths(located: list[LocatedLr | None], runs: Iterable[Run], set
     except (LmtuneError, ValueError) as err:
         return None, str(err)
     return WidthFit(tuple(w for w, _ in pairs), tuple(p for _, p in pairs), target.d_model, law, LINE), None
+
+
+def _surface(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> PowerLaw | None:
+    """The loss surface through every proxy's runs, where one power law holds across them (else None)."""
+    axis = width_axis(settings, target)
+    runs = [r for r in runs if r.stage != "edge"]  # (one seed each, far above the basin: as locate_along)
+    return surface_where_law_holds([(float(w), runs_on(axis, runs, w)) for w in axis.points], float(target.d_model),
+                                   WIDTH_WIDENING)
 
 
 def conclude_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> AxisConclusion[WidthFit]:
