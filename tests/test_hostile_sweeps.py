@@ -305,7 +305,7 @@ from ray import tune
 import lmtune
 from lmtune.errors import LmtuneError
 
-ray.init(num_cpus=1, include_dashboard=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False)  # (a new one: never a stray cluster)
 data, storage = sys.argv[1], sys.argv[2]
 found = {}
 sweep = lmtune.Sweep("quick_edge", data=data, steps=30)

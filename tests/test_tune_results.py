@@ -29,7 +29,7 @@ def trainable(config):
     if attempt == 1:
         raise RuntimeError("the first attempt fails")
 
-ray.init(num_cpus=1, include_dashboard=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False)  # (a new one: never a stray cluster)
 if which == "first":
     tune.Tuner(trainable, run_config=tune.RunConfig(name="restarted", storage_path=storage,
                                                     callbacks=result_loggers(storage))).fit()
