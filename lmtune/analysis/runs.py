@@ -75,6 +75,8 @@ class Budget:
     unigram_loss: float | None = None
     """The data's unigram baseline (lmtune.data.dataset.unigram_loss): a run that ends no better did not train
     (None: not recorded, and no run is judged by it)."""
+    batch_size: int = 0
+    """Sequences per step (a compare search's batch-size variant scales its steps by it; 0: not recorded)."""
 
     @classmethod
     def of_run(cls, config: RunConfig, asha: AshaBudget | None, unigram_loss: float | None = None) -> Budget:
@@ -83,7 +85,7 @@ class Budget:
         t, m = config.train, config.model
         return cls(t.steps, t.warmup_steps, config.tokens_per_step, t.seed,
                    comparison_rungs(config.total_tokens, asha), t.schedule, m.d_model, m.d_ff, m.n_heads,
-                   unigram_loss)
+                   unigram_loss, t.batch_size)
 
     @property
     def full_tokens(self) -> int:

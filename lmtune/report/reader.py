@@ -139,6 +139,7 @@ def trial_record(folder: TrialFolder, entry: JsonObject,
         periodic_checkpoints=tuple(folder.periodic_checkpoints()), config=config,
         stage=str(folder.params.get("stage") or "grid"), seed=_whole(folder.params.get("seed")), rule=rule,
         continued_from_tokens=folder.continued_from_tokens, continue_from=folder.params.get("continue_from"),
+        variant=folder.params.get("variant"),
     )
 
 

@@ -66,6 +66,7 @@ class TrialRecord:
     rule: DivergenceRule = field(default_factory=DivergenceRule)  # the sweep's divergence rule
     continued_from_tokens: int = 0  # a run continued from another: tokens its copied first rows stand for
     continue_from: str | None = None  # ... and that run's trial id
+    variant: str | None = None  # a compare search's variant the trial trained
     _judged: Any = field(default=None, repr=False, compare=False)  # judgement()'s answer, once computed
     _run: RunConfig | None = field(default=None, init=False, repr=False, compare=False)
 

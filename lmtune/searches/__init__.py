@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from lmtune.searches.base import SearchStrategy
+from lmtune.searches.compare import CompareStrategy
 from lmtune.searches.edge import EdgeStrategy
 from lmtune.searches.grid import GridSearch
 from lmtune.searches.horizon import HorizonStrategy
@@ -11,7 +12,8 @@ from lmtune.searches.optuna import OptunaSearch
 from lmtune.searches.width import WidthStrategy
 
 STRATEGIES: dict[str, type[SearchStrategy]] = {
-    s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy, WidthStrategy)}
+    s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy, WidthStrategy,
+                                            CompareStrategy)}
 
-__all__ = ["STRATEGIES", "EdgeStrategy", "GridSearch", "HorizonStrategy", "OptunaSearch", "SearchStrategy",
-           "WidthStrategy"]
+__all__ = ["STRATEGIES", "CompareStrategy", "EdgeStrategy", "GridSearch", "HorizonStrategy", "OptunaSearch",
+           "SearchStrategy", "WidthStrategy"]

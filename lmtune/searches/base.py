@@ -91,6 +91,11 @@ class SearchStrategy(Protocol):
         """Raise LmtuneError (one line naming the problem and the fix) when the sweep's base config (budget,
         fixed settings, --set) cannot serve this strategy."""
 
+    def resolved(self, base: RunConfig) -> SearchStrategy:
+        """Itself with whatever depends on the sweep's base config worked out (a compare search's batch-size variants:
+        their steps at the budget's tokens), once, when the sweep is planned; what it resolved travels in sweep.json
+        (resolving it again changes nothing)."""
+
     def describe(self, fuse: int) -> str:
         """One sentence for the run's first line and the report."""
 
@@ -163,6 +168,9 @@ class StrategyDefaults:
 
     def advice(self, base: RunConfig) -> str | None:
         return None
+
+    def resolved(self, base: RunConfig) -> SearchStrategy:
+        return self  # nothing of it depends on the base config
 
     def range_test(self) -> RangeTestConfig | None:
         return None

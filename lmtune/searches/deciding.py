@@ -64,6 +64,13 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
         self.plans[trial_id] = planned
         return self._order(planned)
 
+    def start_planned(self, trial_id: str, planned: PlannedT) -> TuneParams:
+        """Start ``planned``, a trial planned on this search's behalf by the search it is part of (a compare search's
+        run of a variant at the reference's best LR): tracked as one of its own; its order, as Tune carries it."""
+        self.runs[trial_id] = self._start(trial_id, planned)
+        self.plans[trial_id] = planned
+        return self._order(planned)
+
     # -- what a search decides (each search's own) -------------------------------------------------------
 
     def _replan(self) -> None:

@@ -41,7 +41,7 @@ def check_objective(who: str, metric: str | None, mode: str | None) -> None:
 RANGE_STAGE = "range"
 """The edge search's LR range test: a trial that sweeps the LR up within one run instead of training at one."""
 
-ORDER_KEYS = ("stage", "continue_from", "fork_from", "early_stop", "members")
+ORDER_KEYS = ("stage", "continue_from", "fork_from", "early_stop", "members", "variant")
 """The keys of a trial's Tune config that say how a search runs it, not which settings it trains with."""
 
 
@@ -69,6 +69,8 @@ class TrialOrder:
     """False: the stopper's divergence rule leaves the trial alone (an edge search's confirmations)."""
     members: FusedMembers | None = None
     """A fused group's runs (then ``settings`` is empty)."""
+    variant: str | None = None
+    """A compare search's: the variant the trial trains (its settings are among ``settings``)."""
 
     @property
     def is_range_test(self) -> bool:
@@ -106,6 +108,8 @@ class TrialOrder:
             params["fork_from"] = self.fork_from
         if not self.early_stop:
             params["early_stop"] = False
+        if self.variant is not None:
+            params["variant"] = self.variant
         return params
 
     @classmethod
@@ -114,7 +118,8 @@ class TrialOrder:
         def text(key: str) -> str | None:
             value = params.get(key)
             if value is not None and not isinstance(value, str):
-                raise LmtuneError(f"trial config {key}={value!r}: must be a string (a trial id or a stage name)")
+                raise LmtuneError(f"trial config {key}={value!r}: must be a string (a trial id, a stage or a variant "
+                                  "name)")
             return value or None
 
         early_stop = params.get("early_stop", True)
@@ -122,7 +127,7 @@ class TrialOrder:
             raise LmtuneError(f"trial config early_stop={early_stop!r}: must be true or false")
         return cls(settings={k: v for k, v in params.items() if k not in ORDER_KEYS}, stage=text("stage"),
                    continue_from=text("continue_from"), fork_from=text("fork_from"), early_stop=early_stop,
-                   members=_members(params.get("members")))
+                   members=_members(params.get("members")), variant=text("variant"))
 
 
 def _members(value: Any) -> FusedMembers | None:

@@ -79,6 +79,7 @@ class SweepPlan:
     def create(cls, space: SearchSpace, base: RunConfig, unigram_loss: float | None = None) -> SweepPlan:
         """The plan, with ASHA's budget computed from the largest trial the space can have."""
         space.strategy.check_base(base)
+        space = dataclasses.replace(space, strategy=space.strategy.resolved(base))
         plan = cls(space, base, unigram_loss=unigram_loss)
         if space.scheduler.name != "asha" or space.strategy.asha_stages() == frozenset():
             return plan

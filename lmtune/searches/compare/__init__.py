@@ -1,0 +1,102 @@
+"""``search: compare``: variants of the model or its training (ablations, batch sizes), each at its own best LR: an
+LR search per variant in one sweep (lmtune.searches.compare.search), and a report that compares them
+(lmtune.searches.compare.report)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from lmtune.errors import LmtuneError
+from lmtune.files import JsonObject
+from lmtune.searches.base import DecidingDefaults, Fail, Setting
+from lmtune.searches.compare.search import CompareSearch
+from lmtune.searches.compare.settings import CompareSettings, parse_compare
+from lmtune.training.config import RunConfig, budget_config
+from lmtune.training.lm import model_size
+from lmtune.training.lr_range import RangeTestConfig
+
+
+@dataclass(frozen=True)
+class CompareStrategy(DecidingDefaults):
+    settings: CompareSettings
+
+    search_class: ClassVar[type] = CompareSearch
+
+    @classmethod
+    def parse(cls, raw: JsonObject, fail: Fail) -> CompareStrategy:
+        if raw.get("params"):
+            raise fail("params", "search: compare chooses each variant's learning rates itself; remove params (list "
+                                 "what differs under variants)")
+        scheduler = raw.get("scheduler")
+        if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none":
+            raise fail("scheduler.name", "search: compare trains every run to its whole budget (one ASHA would judge "
+                                         "one variant's runs against another's); set scheduler: {name: none} or "
+                                         "remove scheduler")
+        settings = parse_compare(raw, fail)
+        _check_variants(settings, raw, fail)
+        return cls(settings)
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> CompareStrategy:
+        return cls(CompareSettings.from_json(data))
+
+    def to_json(self) -> JsonObject:
+        return self.settings.to_json()
+
+    def values_of(self, name: str) -> list[Setting]:
+        return [v.settings[name] for v in self.settings.variants if name in v.settings]
+
+    def corner_samples(self) -> list[dict[str, Setting]]:
+        return [dict(v.settings) for v in self.settings.variants]  # each variant's config is checked as it loads
+
+    def check_base(self, base: RunConfig) -> None:
+        super().check_base(base)
+        for variant in self.settings.variants:  # every variant a model a run builds, before any trial starts
+            model_size(variant.config(base))
+
+    def resolved(self, base: RunConfig) -> CompareStrategy:
+        variants = tuple(replace(v, settings=v.run_settings(base)) for v in self.settings.variants)
+        return replace(self, settings=replace(self.settings, variants=variants))
+
+    def added_seeds(self) -> int:
+        return self.settings.edge.added_seeds()
+
+    def describe(self, fuse: int) -> str:
+        names = [v.name for v in self.settings.variants]
+        return (f"compare search: {len(names)} variants ({', '.join(names)}; the reference {names[0]}), each its own "
+                f"{self.settings.per_variant} search for its best LR and where training fails, every run trained to "
+                "its whole budget at the same tokens; then each variant at its own best LR against the reference")
+
+    def asha_stages(self) -> frozenset[str]:
+        return frozenset()  # no ASHA: it would judge one variant's runs against another's
+
+    def range_test(self) -> RangeTestConfig:
+        e = self.settings.edge
+        return RangeTestConfig(min_lr=e.range_min_lr, max_lr=e.range_max_lr, steps=e.range_steps,
+                               blowup_factor=e.range_blowup_factor)
+
+    def expected_trials(self) -> tuple[int, int]:
+        from lmtune.searches.edge import EdgeStrategy
+
+        per_variant, _ = EdgeStrategy(self.settings.edge).expected_trials()
+        return per_variant * len(self.settings.variants), 0
+
+
+# (DecidingDefaults names a search's keys after it: compare's are these)
+CompareStrategy.keys = frozenset({"variants", "per_variant", "edge", "params"})
+
+
+def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> None:
+    """Each variant's config on the space's budget and set (its shape, its switches), one line naming the variant;
+    the user's code and --set are checked with the base config when the sweep is planned (check_base)."""
+    try:
+        base = budget_config(str(raw.get("budget", "low-resource")), raw.get("set") or {})
+    except LmtuneError:
+        return  # the space's own budget or set is wrong: lmtune.sweep.spaces says so, naming it
+    for variant in settings.variants:
+        try:
+            variant.config(base)
+        except LmtuneError as err:  # ("variants.NAME: ..." or "variants.NAME.KEY VALUE: ...": the key leads)
+            key, _, message = str(err).partition(": ")
+            raise fail(key.split(" ")[0], message) from None

@@ -1,0 +1,156 @@
+"""The compare search's settings: the ``variants:`` of a space with ``search: compare`` (each a name and the settings
+it changes), the LR search each variant gets (``per_variant:``, with that search's own section, e.g. ``edge:``), and
+what a variant's runs train with. Ray-free and stateless; lmtune.searches.compare.search decides when.
+
+The first variant is the reference: the others are compared with it, each at its own best LR. A variant changes any
+model or training setting (``set:``); a ``batch_size`` keeps the budget's tokens, so its steps (and the warm-up,
+evaluation, logging and checkpoint intervals, all counted in steps) scale by the reference's batch over its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from lmtune.analysis.runs import Budget
+from lmtune.errors import LmtuneError, shown
+from lmtune.files import JsonObject, JsonValue
+from lmtune.searches.base import Fail, Setting, settings_section
+from lmtune.searches.edge.settings import RETIRED_KEYS, EdgeSettings
+from lmtune.training.config import RunConfig, apply_overrides, check_setting, field_names
+
+# The LR searches a variant may get (each's settings: the space's section of that name).
+PER_VARIANT = ("edge",)
+# What a search sets per trial itself: a variant may not set them.
+SEARCH_OWNS = ("lr", "seed", "run_steps")
+# Settings counted in steps: a batch_size variant scales them so that its runs train the budget's tokens.
+STEP_SETTINGS = ("steps", "warmup_steps", "eval_interval", "log_interval", "checkpoint_interval")
+# The most variants a space may list: each is an LR search of its own.
+MAX_VARIANTS = 12
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+
+
+def scaled_steps(steps: int, reference_batch: int, batch: int) -> int:
+    """A count of steps of the reference's batch as steps of ``batch`` over the same tokens (0 stays 0)."""
+    return max(1, round(steps * reference_batch / batch)) if steps and batch else steps
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant: its name and the settings it changes from the space's (``set:``, flat field names)."""
+
+    name: str
+    settings: Mapping[str, Setting] = field(default_factory=dict)
+
+    def run_settings(self, base: RunConfig) -> dict[str, Setting]:
+        """What its trials set on ``base``: its own settings, and where it sets batch_size (not steps), the step
+        counts scaled to keep the budget's tokens."""
+        batch = self.settings.get("batch_size")
+        if batch is None or batch == base.train.batch_size or "steps" in self.settings:
+            return dict(self.settings)
+        tokens, per_step = base.total_tokens, int(batch) * base.model.context_length
+        if tokens % per_step:
+            raise LmtuneError(f"variants.{self.name}.batch_size {batch}: the budget's {tokens:,} tokens are not a "
+                              f"whole number of its steps ({per_step:,} tokens each); give a batch_size that divides "
+                              f"{tokens // base.model.context_length:,}, or set its steps")
+        scaled = {name: scaled_steps(getattr(base.train, name), base.train.batch_size, int(batch))
+                  for name in STEP_SETTINGS if name not in self.settings}
+        return {**scaled, "steps": tokens // per_step, **self.settings}
+
+    def config(self, base: RunConfig) -> RunConfig:
+        """``base`` as this variant trains it, validated (one line naming the variant)."""
+        return apply_overrides(base, self.run_settings(base), where=f"variants.{self.name}")
+
+    def budget(self, base: Budget) -> Budget:
+        """The reference's ``base`` budget as this variant's runs have it (its steps and tokens per step; every
+        comparison at the full budget)."""
+        settings = self.settings
+        batch = int(settings.get("batch_size", base.batch_size))
+        tokens_per_step = base.tokens_per_step * batch // base.batch_size if base.batch_size else base.tokens_per_step
+        steps = int(settings.get("steps", base.full_tokens // tokens_per_step))
+        warmup = int(settings.get("warmup_steps", scaled_steps(base.warmup_steps, base.batch_size, batch)))
+        return replace(base, steps=steps, warmup_steps=warmup, tokens_per_step=tokens_per_step,
+                       rungs=(steps * tokens_per_step,), batch_size=batch,
+                       d_model=int(settings.get("d_model", base.d_model)), d_ff=int(settings.get("d_ff", base.d_ff)),
+                       n_heads=int(settings.get("n_heads", base.n_heads)))
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """A compare search: its variants (the reference first) and the LR search each gets."""
+
+    variants: tuple[Variant, ...]
+    per_variant: str = "edge"
+    edge: EdgeSettings = field(default_factory=EdgeSettings)
+
+    @property
+    def reference(self) -> Variant:
+        return self.variants[0]
+
+    def variant(self, name: str) -> Variant:
+        return next(v for v in self.variants if v.name == name)
+
+    def to_json(self) -> JsonObject:
+        from dataclasses import asdict
+
+        return {"variants": {v.name: {"set": dict(v.settings)} for v in self.variants},
+                "per_variant": self.per_variant, "edge": asdict(self.edge)}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> CompareSettings:
+        known = EdgeSettings.__dataclass_fields__
+        return cls(tuple(Variant(name, dict(spec.get("set") or {})) for name, spec in data["variants"].items()),
+                   str(data.get("per_variant", "edge")),
+                   EdgeSettings(**{k: v for k, v in (data.get("edge") or {}).items() if k in known}))
+
+
+def parse_compare(raw: JsonObject, fail: Fail) -> CompareSettings:
+    """The space's ``variants:``, ``per_variant:`` and that search's section, every problem one line naming the key."""
+    per_variant = raw.get("per_variant", "edge")
+    if per_variant not in PER_VARIANT:
+        raise fail("per_variant", f"unknown LR search {shown(per_variant)} for each variant; use one of "
+                                  f"{', '.join(PER_VARIANT)}")
+    edge = settings_section(raw.get("edge"), "edge", EdgeSettings, fail, retired=RETIRED_KEYS)
+    for key, message in edge.problems():
+        raise fail(f"edge.{key}", message)
+    return CompareSettings(parse_variants(raw.get("variants"), fail), per_variant, edge)
+
+
+def parse_variants(section: JsonValue, fail: Fail) -> tuple[Variant, ...]:
+    example = "e.g. variants: {reference: {}, no_norm: {set: {norm: none}}}"
+    if not isinstance(section, dict) or len(section) < 2:
+        raise fail("variants", f"list at least two variants, the reference first, each a name and what it sets; "
+                               f"{example}")
+    if len(section) > MAX_VARIANTS:
+        raise fail("variants", f"lists {len(section)} variants; at most {MAX_VARIANTS} (each is an LR search of its "
+                               "own): split them into several sweeps that share the reference")
+    return tuple(_variant(str(name), spec, fail) for name, spec in section.items())
+
+
+def _variant(name: str, spec: JsonValue, fail: Fail) -> Variant:
+    key = f"variants.{name}"
+    if not VARIANT_NAME.match(name):
+        raise fail(key, "a variant's name is letters, digits, '_', '-' or '.', at most 40, e.g. no_norm")
+    spec = {} if spec is None else spec
+    if not isinstance(spec, dict):
+        raise fail(key, "must be a mapping, e.g. {set: {norm: none}} (or {} for the reference)")
+    for other in sorted(set(spec) - {"set", "batch_size"}):
+        why = ("a variant of a user's own model is not supported yet; compare your model's variants with one "
+               "sweep each (--model-set)") if other in ("model", "model_set") else "unknown key; valid keys: " \
+                                                                                   "set, batch_size"
+        raise fail(f"{key}.{other}", why)
+    settings = spec.get("set") or {}
+    if not isinstance(settings, dict):
+        raise fail(f"{key}.set", "must be a mapping of setting -> value, e.g. {norm: none}")
+    if "batch_size" in spec:
+        settings = {**settings, "batch_size": spec["batch_size"]}
+    checked: dict[str, Setting] = {}
+    for setting, value in settings.items():
+        where = f"{key}.set.{setting}"
+        if setting not in field_names():
+            raise fail(where, f"unknown setting; valid settings: {', '.join(field_names())}")
+        if setting in SEARCH_OWNS:
+            raise fail(where, "the compare search sets it per trial; remove it (set the base seed in the space's set)")
+        checked[setting] = check_setting(setting, value, lambda why, where=where: fail(where, why))
+    return Variant(name, checked)

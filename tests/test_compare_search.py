@@ -1,0 +1,179 @@
+"""The compare search, Ray-free: driven by a simulated sweep in which each variant has its own best LR and its own
+edge, it gives every variant an edge search of its own in one sweep (the reference first, a waiting variant's slot to
+the next), each trial carrying its variant's name and settings; each variant's search finds that variant's best LR
+and edge, and once the reference's has ended, trains the reference's best LR (the loss "at the previous optimal
+LR"); a batch-size variant trains the budget's tokens in its own steps; the whole state survives JSON. A space
+with fewer than two variants, a variant setting the LR, or a scheduler that cuts runs is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+from conftest import drive_search
+
+from lmtune.analysis.runs import Budget, same_lr
+from lmtune.errors import LmtuneError
+from lmtune.searches.compare.search import AT_REFERENCE, CompareSearch
+from lmtune.searches.compare.settings import CompareSettings, Variant
+from lmtune.searches.deciding import FINISHED, WAIT
+from lmtune.searches.edge.settings import EdgeSettings
+from lmtune.sweep.plan import SweepPlan
+from lmtune.sweep.spaces import load_space
+from lmtune.training.config import budget_config
+
+BUDGET = Budget(steps=100, warmup_steps=10, tokens_per_step=1024, seed=0, rungs=(100 * 1024,), batch_size=16)
+# Each variant's true best LR and the LR from which its runs diverge.
+# (no_norm diverges at the reference's best LR: what CS336 asks of removing RMSNorm)
+TRUTH = {"reference": (0.01, 0.8), "no_norm": (0.002, 0.008), "big_batch": (0.02, 0.8)}
+SETTINGS = CompareSettings((Variant("reference"), Variant("no_norm", {"norm": "none"}),
+                            Variant("big_batch", {"batch_size": 64, "steps": 25, "warmup_steps": 3})),
+                           edge=EdgeSettings(seeds=2, seed_lrs=1, refine_points=2, tolerance=1.5))
+
+
+class SimulatedVariants:
+    """Trains each trial instantly at its whole budget: a parabola in ln LR around its variant's best LR, a run at
+    or above its variant's edge diverging; the range test finds the steepest descent a decade below the edge."""
+
+    def __init__(self):
+        self.trials: list[dict] = []
+
+    def run(self, search: CompareSearch, trial_id: str, config: dict) -> None:
+        self.trials.append({"trial_id": trial_id, **config})
+        best, edge = TRUTH[config["variant"]]
+        tokens = config.get("steps", BUDGET.steps) * (1024 * 64 // 16 if config["variant"] == "big_batch" else 1024)
+        if config["stage"] == "range":
+            search.complete(trial_id, "range_test", {"tokens": 1024, "steepest_lr": best, "min_loss_lr": edge / 3,
+                                                     "blowup_lr": edge})
+            return
+        lr, seed = config["lr"], config["seed"]
+        if lr >= edge:
+            search.observe(trial_id, {"tokens": tokens})
+            search.complete(trial_id, "diverged", {"tokens": tokens, "divergence": "whole run"})
+            return
+        loss = 2.0 + 0.05 * math.log(lr / best) ** 2 + 0.001 * seed
+        search.observe(trial_id, {"tokens": tokens, "val_loss": loss})
+        search.complete(trial_id, "completed", {"tokens": tokens})
+
+
+@pytest.fixture(scope="module")
+def finished():
+    search, sweep = CompareSearch(SETTINGS, BUDGET), SimulatedVariants()
+    _, search = drive_search(search, sweep, 600)
+    assert search.finished, "the compare search did not finish"
+    return search, sweep
+
+
+def test_every_variant_gets_an_lr_search_of_its_own_starting_with_the_reference(finished):
+    search, sweep = finished
+    assert [t["variant"] for t in sweep.trials[:1]] == ["reference"]
+    assert {t["variant"] for t in sweep.trials} == set(TRUTH)
+    assert all(sum(t["variant"] == v and t["stage"] == "range" for t in sweep.trials) == 1 for v in TRUTH)
+
+
+def test_each_trial_carries_its_variants_settings_and_only_those(finished):
+    _, sweep = finished
+    for trial in sweep.trials:
+        assert ("norm" in trial) == (trial["variant"] == "no_norm")
+        assert ("batch_size" in trial) == (trial["variant"] == "big_batch")
+    assert {t["steps"] for t in sweep.trials if t["variant"] == "big_batch"} == {25}
+
+
+@pytest.mark.parametrize("variant", sorted(TRUTH))
+def test_each_variant_finds_its_own_best_lr_and_brackets_its_own_edge(finished, variant):
+    search, _ = finished
+    conclusion = search.searches[variant].conclusion()
+    best, edge = TRUTH[variant]
+    assert abs(math.log(conclusion["best_lr"] / best)) <= math.log(1.5)
+    assert conclusion["edge_lr_low"] < edge <= conclusion["divergence_lr"]
+
+
+def test_every_other_variant_trains_the_references_best_lr_with_its_seeds_once_both_searches_end(finished):
+    search, sweep = finished
+    best = search.reference_best()
+    assert abs(math.log(best.lr / TRUTH["reference"][0])) <= math.log(1.5) and len(best.seeds) >= 2
+    for variant in ("no_norm", "big_batch"):
+        at = [r for r in search.runs_of(variant) if r.stage != "range" and same_lr(r.lr, best.lr)]
+        assert {r.seed for r in at} >= set(best.seeds)
+    no_norm = [r for r in search.runs_of("no_norm") if r.stage == AT_REFERENCE]
+    assert no_norm and all(r.diverged for r in no_norm)  # past its edge: it diverges at the reference's optimum
+    last = max(i for i, t in enumerate(sweep.trials) if t["stage"] != AT_REFERENCE)
+    assert all(t["stage"] == AT_REFERENCE for t in sweep.trials[last + 1:])
+
+
+def test_a_batch_size_variants_search_compares_its_runs_at_the_budgets_tokens_in_its_own_steps(finished):
+    search, _ = finished
+    budget = search.searches["big_batch"].budget
+    assert (budget.steps, budget.tokens_per_step, budget.batch_size) == (25, 4096, 64)
+    assert budget.full_tokens == BUDGET.full_tokens
+
+
+def test_the_search_state_survives_json_between_every_two_trials():
+    def through_json(s: CompareSearch) -> CompareSearch:
+        return CompareSearch.from_json(json.loads(json.dumps(s.to_json())))
+
+    first, resumed = SimulatedVariants(), SimulatedVariants()
+    drive_search(CompareSearch(SETTINGS, BUDGET), first, 600)
+    drive_search(CompareSearch(SETTINGS, BUDGET), resumed, 600, round_trip=through_json)
+    assert [(t["variant"], t["stage"], t.get("lr"), t["seed"]) for t in resumed.trials] == \
+           [(t["variant"], t["stage"], t.get("lr"), t["seed"]) for t in first.trials]
+
+
+def test_while_the_reference_waits_on_its_range_test_the_next_variant_gets_the_slot():
+    search = CompareSearch(SETTINGS, BUDGET, max_pending=2)
+    first, second = search.suggest("a"), search.suggest("b")
+    assert (first["variant"], first["stage"]) == ("reference", "range")
+    assert (second["variant"], second["stage"]) == ("no_norm", "range")
+    assert search.suggest("c") == WAIT  # two in flight: the sweep's concurrency
+
+
+def test_a_finished_search_says_so_to_every_ask(finished):
+    search, _ = finished
+    assert search.suggest("late") == FINISHED
+
+
+def write_space(tmp_path, extra: dict):
+    space = {"search": "compare", "budget": "quick", "scheduler": {"name": "none"},
+             "variants": {"reference": {}, "no_norm": {"set": {"norm": "none"}}}, **extra}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))  # (the first variant is the reference)
+    return path
+
+
+@pytest.mark.parametrize("extra, problem", [
+    ({"variants": {"reference": {}}}, r"variants: list at least two variants"),
+    ({"variants": {"reference": {}, "hot": {"set": {"lr": 0.1}}}}, r"variants\.hot\.set\.lr: the compare search "
+                                                                    r"sets it per trial"),
+    ({"variants": {"reference": {}, "odd": {"set": {"norm": "sideways"}}}}, r"variants\.odd: norm must be one of"),
+    ({"variants": {"reference": {}, "mine": {"model_set": {"use_rope": False}}}}, r"variants\.mine\.model_set"),
+    ({"scheduler": {"name": "asha"}}, r"scheduler\.name: search: compare trains every run to its whole budget"),
+    ({"per_variant": "optuna"}, r"per_variant: unknown LR search"),
+])
+def test_a_space_the_compare_search_cannot_run_is_refused_in_one_line(tmp_path, extra, problem):
+    with pytest.raises(LmtuneError, match=problem) as err:
+        load_space(str(write_space(tmp_path, extra)))
+    assert "\n" not in str(err.value)
+
+
+def test_a_batch_size_that_does_not_divide_the_budgets_tokens_is_refused_before_any_trial(tmp_path):
+    with pytest.raises(LmtuneError, match=r"variants\.odd\.batch_size: the budget's .* give a batch_size that divides"):
+        load_space(str(write_space(tmp_path, {"variants": {"reference": {}, "odd": {"batch_size": 7}}})))
+    space = load_space(str(write_space(tmp_path, {"variants": {"reference": {}, "odd": {"batch_size": 64}}})))
+    with pytest.raises(LmtuneError, match=r"variants\.odd\.batch_size 64: .* divides") as err:  # with --set steps=
+        SweepPlan.create(space, budget_config(space.budget, {**space.fixed, "steps": 201}))
+    assert "\n" not in str(err.value)
+
+
+def test_a_batch_size_variant_is_planned_with_its_steps_and_intervals_at_the_budgets_tokens(tmp_path):
+    space = load_space(str(write_space(tmp_path, {"variants": {"reference": {}, "wide": {"batch_size": 64}}})))
+    base = budget_config(space.budget, space.fixed)
+    plan = SweepPlan.create(space, base)
+    wide = plan.space.strategy.settings.variant("wide")
+    ratio = 64 // base.train.batch_size
+    assert wide.settings["steps"] * 64 == base.train.steps * base.train.batch_size
+    assert wide.settings["warmup_steps"] == max(1, round(base.train.warmup_steps / ratio))
+    assert wide.config(base).total_tokens == base.total_tokens
+    # resolving again (a resumed sweep's plan) changes nothing
+    assert plan.space.strategy.resolved(base) == plan.space.strategy
