@@ -127,8 +127,9 @@ def test_shipped_spaces_load():
     for name in names:
         space = load_space(name)
         assert space.description and "\n" not in space.description
-        # an edge, horizon or width search decides its trials as it goes
-        assert space.num_trials is None if space.search in ("edge", "horizon", "width") else space.num_trials >= 1
+        # an edge, horizon, width or compare search decides its trials as it goes
+        assert space.num_trials is None if space.search in ("edge", "horizon", "width", "compare") \
+            else space.num_trials >= 1
     grid = load_space("lr_grid")
     assert grid.search == "grid"
     assert grid.strategy.params["lr"] == [1e-4, 3e-4, 6e-4, 1e-3, 3e-3, 6e-3, 1e-2]

@@ -206,6 +206,9 @@ class DecidingDefaults(StrategyDefaults):
     """What its trials step along besides the LR, shown in the progress table (its decisions')."""
     retired_keys: ClassVar[dict[str, str]] = {}
     """Keys its section once had -> what replaced them."""
+    settings_section: ClassVar[tuple[str, type]]
+    """Its section of the space (and of sweep.json's space) and the dataclass of plain keys it reads as: its name
+    and settings_class, unless it says otherwise (a compare search: edge:, its variants' LR search's)."""
     search_class: ClassVar[type]
     """Its decisions, Ray-free (a DecidingSearch), which one Tune adapter drives for every deciding search
     (lmtune.sweep.searcher.DecidingSearcher). Its ``name``, ``settings_class``, ``whole_budget_only`` and
@@ -218,6 +221,7 @@ class DecidingDefaults(StrategyDefaults):
             cls.name, cls.settings_class = search.name, search.settings_class
             cls.whole_budget_only, cls.axis_columns = search.whole_budget_only, search.axis_columns
             cls.keys = frozenset({cls.name, "params"})  # its section, and params: to say it has none
+            cls.settings_section = (cls.name, cls.settings_class)
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail):

@@ -235,10 +235,11 @@ def _check_space(space: JsonObject, fail: Fail) -> None:
     search = space.get("search", "grid")
     if not isinstance(search, str) or search not in STRATEGIES:
         raise fail("space.search", f"is {_shown(search)}, not one of {', '.join(STRATEGIES)}")
-    settings_class = getattr(STRATEGIES[search], "settings_class", None)
-    if settings_class is not None:  # a search with a section of its own (edge:, horizon:), as its YAML is checked
-        for key, message in section(search, settings_class).problems():  # (the report divides by them, too)
-            raise fail(f"space.{search}.{key}", message)
+    own = getattr(STRATEGIES[search], "settings_section", None)
+    if own is not None:  # a search with a section of its own (edge:, horizon:), as its YAML is checked
+        name, settings_class = own
+        for key, message in section(name, settings_class).problems():  # (the report divides by them, too)
+            raise fail(f"space.{name}.{key}", message)
     for key, kind in (("name", str), ("path", str), ("description", str), ("yaml", str), ("fuse", int),
                       ("fixed", dict)):
         if key in space and not _json_is(space[key], kind):

@@ -12,6 +12,7 @@ from lmtune.files import JsonObject
 from lmtune.searches.base import DecidingDefaults, Fail, Setting
 from lmtune.searches.compare.search import CompareSearch
 from lmtune.searches.compare.settings import CompareSettings, parse_compare
+from lmtune.searches.edge.settings import EdgeSettings
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.lm import model_size
 from lmtune.training.lr_range import RangeTestConfig
@@ -56,7 +57,7 @@ class CompareStrategy(DecidingDefaults):
             model_size(variant.config(base))
 
     def resolved(self, base: RunConfig) -> CompareStrategy:
-        variants = tuple(replace(v, settings=v.run_settings(base)) for v in self.settings.variants)
+        variants = tuple(v.resolved(base) for v in self.settings.variants)
         return replace(self, settings=replace(self.settings, variants=variants))
 
     def added_seeds(self) -> int:
@@ -64,9 +65,10 @@ class CompareStrategy(DecidingDefaults):
 
     def describe(self, fuse: int) -> str:
         names = [v.name for v in self.settings.variants]
-        return (f"compare search: {len(names)} variants ({', '.join(names)}; the reference {names[0]}), each its own "
-                f"{self.settings.per_variant} search for its best LR and where training fails, every run trained to "
-                "its whole budget at the same tokens; then each variant at its own best LR against the reference")
+        return (f"compare search: {len(names)} variants, {names[0]} (the reference), {', '.join(names[1:])}: each "
+                f"its own {self.settings.per_variant} search for its best LR and where training fails, every run "
+                "trained to its whole budget at the same tokens; then each variant at its own best LR against the "
+                "reference")
 
     def asha_stages(self) -> frozenset[str]:
         return frozenset()  # no ASHA: it would judge one variant's runs against another's
@@ -83,8 +85,10 @@ class CompareStrategy(DecidingDefaults):
         return per_variant * len(self.settings.variants), 0
 
 
-# (DecidingDefaults names a search's keys after it: compare's are these)
+# (DecidingDefaults names a search's keys and section after it: compare's are these; its variants are checked
+# where they are parsed, its edge: section as the edge search's)
 CompareStrategy.keys = frozenset({"variants", "per_variant", "edge", "params"})
+CompareStrategy.settings_section = ("edge", EdgeSettings)
 
 
 def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> None:

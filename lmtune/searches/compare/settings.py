@@ -42,6 +42,19 @@ class Variant:
 
     name: str
     settings: Mapping[str, Setting] = field(default_factory=dict)
+    derived: tuple[str, ...] = ()
+    """Those of ``settings`` the search worked out rather than the space gave (a batch-size variant's step counts)."""
+
+    @property
+    def given(self) -> dict[str, Setting]:
+        """The settings the space gave it."""
+        return {k: v for k, v in self.settings.items() if k not in self.derived}
+
+    def resolved(self, base: RunConfig) -> Variant:
+        """Itself with its run settings on ``base`` worked out (lmtune.searches.base.SearchStrategy.resolved)."""
+        settings = self.run_settings(base)
+        return replace(self, settings=settings,
+                       derived=tuple(sorted({*self.derived, *(k for k in settings if k not in self.settings)})))
 
     def run_settings(self, base: RunConfig) -> dict[str, Setting]:
         """What its trials set on ``base``: its own settings, and where it sets batch_size (not steps), the step
@@ -94,13 +107,15 @@ class CompareSettings:
     def to_json(self) -> JsonObject:
         from dataclasses import asdict
 
-        return {"variants": {v.name: {"set": dict(v.settings)} for v in self.variants},
+        return {"variants": {v.name: {"set": dict(v.settings), **({"derived": list(v.derived)} if v.derived else {})}
+                             for v in self.variants},
                 "per_variant": self.per_variant, "edge": asdict(self.edge)}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> CompareSettings:
         known = EdgeSettings.__dataclass_fields__
-        return cls(tuple(Variant(name, dict(spec.get("set") or {})) for name, spec in data["variants"].items()),
+        return cls(tuple(Variant(name, dict(spec.get("set") or {}), tuple(spec.get("derived") or ()))
+                         for name, spec in data["variants"].items()),
                    str(data.get("per_variant", "edge")),
                    EdgeSettings(**{k: v for k, v in (data.get("edge") or {}).items() if k in known}))
 

@@ -1,0 +1,154 @@
+"""What a compare search's runs say, Ray-free and file-free: each variant's conclusion at its own best LR
+(lmtune.analysis.conclusion), its loss at the reference's best LR, and its difference to the reference with a
+verdict at 2 standard errors (from the seeds' spread) and, where the seeds cannot tell, how many would.
+
+The verdict's rule is the one ``lr_truth.py compare`` and the report's basin use: two mean losses differ where their
+difference exceeds 2 standard errors of a difference, each mean's error its pooled run-to-run sd over √seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from lmtune.analysis.conclusion import Conclusion, conclude
+from lmtune.analysis.runs import Budget, Run, effective_runs, same_lr
+from lmtune.files import JsonObject
+from lmtune.searches.compare.settings import CompareSettings, Variant
+from lmtune.searches.trial_order import RANGE_STAGE
+
+# Differences beyond this many standard errors count (the basin's SIGNIFICANCE_SE, lr_truth.py compare's rule).
+SIGNIFICANCE_SE = 2.0
+BETTER, WORSE, UNRESOLVED, NO_SPREAD = "better", "worse", "not distinguishable at 2 SE", "no seed spread measured"
+
+
+@dataclass(frozen=True)
+class AtReference:
+    """A variant's runs at the reference's best LR: their losses (trained through) and how many diverged."""
+
+    lr: float
+    losses: tuple[float, ...]
+    diverged: int
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.losses) / len(self.losses) if self.losses else None
+
+    def to_json(self) -> JsonObject:
+        return {"lr": self.lr, "losses": list(self.losses), "diverged": self.diverged, "mean": self.mean}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A variant's best mean loss minus the reference's, its standard error, and what it says."""
+
+    value: float
+    se: float | None
+    verdict: str
+    """BETTER, WORSE, UNRESOLVED or NO_SPREAD."""
+    seeds_to_resolve: int | None
+    """Seeds per variant at which 2 SE of the difference would fall below it, where it is UNRESOLVED."""
+
+    def to_json(self) -> JsonObject:
+        return {"value": self.value, "se": self.se, "verdict": self.verdict, "seeds_to_resolve": self.seeds_to_resolve}
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One variant as the comparison reads it."""
+
+    variant: Variant
+    budget: Budget
+    conclusion: Conclusion
+    runs: int
+    tokens: int
+    """Tokens its runs trained (its search's cost)."""
+    at_reference: AtReference | None
+    """Its runs at the reference's best LR (None: the reference itself, or none trained there)."""
+    difference: Difference | None
+    """Against the reference (None: the reference itself, or a side without a best LR)."""
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+    def optimum_moved(self, reference_lr: float | None) -> bool | None:
+        """Whether ``reference_lr`` (the reference's best) lies outside this variant's basin (None: either unknown)."""
+        basin = self.conclusion.landscape.basin
+        if reference_lr is None or basin is None:
+            return None
+        return not (basin.lrs[0] / 1.0001 <= reference_lr <= basin.lrs[-1] * 1.0001)
+
+    def to_json(self) -> JsonObject:
+        best = self.conclusion.best
+        return {"name": self.name, "settings": self.variant.given, "steps": self.budget.steps,
+                "batch_size": self.budget.batch_size, "runs": self.runs, "tokens": self.tokens,
+                "best_lr": self.conclusion.best_lr, "best_lr_mean_loss": best.mean if best else None,
+                "best_lr_seeds": list(best.seeds) if best else [], "seed_spread": self.conclusion.seed_spread,
+                "basin": self.conclusion.landscape.basin.to_json() if self.conclusion.landscape.basin else None,
+                "edge_lr_low": self.conclusion.edge.stable_lr, "divergence_lr": self.conclusion.edge.diverged_lr,
+                "at_reference": self.at_reference.to_json() if self.at_reference else None,
+                "difference": self.difference.to_json() if self.difference else None}
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """Every variant, the reference first."""
+
+    variants: tuple[VariantResult, ...]
+
+    @property
+    def reference(self) -> VariantResult:
+        return self.variants[0]
+
+    def to_json(self) -> JsonObject:
+        lr = self.reference.conclusion.best_lr
+        return {"compare": [{**v.to_json(), "optimum_moved": None if i == 0 else v.optimum_moved(lr)}
+                            for i, v in enumerate(self.variants)]}
+
+
+def compare_variants(runs_by_variant: dict[str, Sequence[Run]], settings: CompareSettings,
+                     budget: Budget) -> CompareResult:
+    """Each variant's conclusion from its runs (``runs_by_variant``: by name; the range test's left out), at its own
+    budget (the reference's ``budget`` as the variant has it), against the reference's."""
+    concluded = []
+    for variant in settings.variants:
+        runs = [r for r in runs_by_variant.get(variant.name, ()) if r.stage != RANGE_STAGE]
+        vbudget = variant.budget(budget)
+        concluded.append((variant, vbudget, runs, conclude(runs, vbudget)))
+    _, _, _, reference = concluded[0]
+    results = [VariantResult(variant, vbudget, conclusion, len(runs), sum(r.tokens for r in runs),
+                             None if i == 0 else at_lr(runs, reference.best_lr),
+                             None if i == 0 else difference(conclusion, reference))
+               for i, (variant, vbudget, runs, conclusion) in enumerate(concluded)]
+    return CompareResult(tuple(results))
+
+
+def at_lr(runs: Iterable[Run], lr: float | None) -> AtReference | None:
+    """The runs at ``lr`` (None: no LR, or no run there) that ended: their losses at their full budget and how
+    many diverged."""
+    if lr is None:
+        return None
+    there = [r for r in effective_runs(runs) if same_lr(r.lr, lr) and r.done]
+    if not there:
+        return None
+    losses = tuple(loss for r in there if not r.diverged and (loss := r.full_loss()) is not None)
+    return AtReference(lr, losses, sum(r.diverged for r in there))
+
+
+def difference(variant: Conclusion, reference: Conclusion) -> Difference | None:
+    """The variant's best mean loss against the reference's, judged at 2 SE of a difference."""
+    a, b = variant.best, reference.best
+    if a is None or b is None:
+        return None
+    value = a.mean - b.mean
+    sa, sb = variant.seed_spread, reference.seed_spread
+    if sa is None or sb is None:
+        return Difference(value, None, NO_SPREAD, None)
+    se = math.sqrt(sa ** 2 / len(a.losses) + sb ** 2 / len(b.losses))
+    if abs(value) > SIGNIFICANCE_SE * se:
+        return Difference(value, se, BETTER if value < 0 else WORSE, None)
+    # seeds n per variant at which SIGNIFICANCE_SE * sqrt((sa^2 + sb^2) / n) < |value|
+    needed = math.ceil(SIGNIFICANCE_SE ** 2 * (sa ** 2 + sb ** 2) / value ** 2) + 1 if value else None
+    return Difference(value, se, UNRESOLVED, needed)

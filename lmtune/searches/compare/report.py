@@ -1,0 +1,191 @@
+"""A compare search's part of the report: the reference's runs as the common summary, every variant at its own best
+LR against it (lmtune.searches.compare.comparison: CompareResult), its section of lr_sweep_analysis.md, two figures
+(loss against LR per variant at equal tokens with each edge marked; each variant's learning curves at its own best
+LR), and its lines before the CLIs' common ones."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+
+from lmtune.analysis.runs import Budget, same_lr  # noqa: E402
+from lmtune.report.comparison import StageDecision, record_runs  # noqa: E402
+from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs  # noqa: E402
+from lmtune.report.stability import val_points  # noqa: E402
+from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
+from lmtune.report.text import lr, table, tokens  # noqa: E402
+from lmtune.searches.compare.comparison import (  # noqa: E402
+    UNRESOLVED,
+    CompareResult,
+    VariantResult,
+    compare_variants,
+)
+from lmtune.searches.compare.settings import CompareSettings  # noqa: E402
+from lmtune.searches.state import read_search_state  # noqa: E402
+from lmtune.training.figures import save_figure  # noqa: E402
+
+LOSS_FIGURE, CURVES_FIGURE = "compare_loss_vs_lr.png", "compare_curves.png"
+
+
+class CompareSection:
+    """``search: compare``."""
+
+    def summarize(self, sweep: SweepInputs) -> SweepSummary[CompareResult]:
+        """The common summary of the reference's runs, and every variant against it."""
+        plan = sweep.record.plan  # (a compare search's record has its plan: its variants came from it)
+        settings: CompareSettings = plan.space.strategy.settings
+        budget = Budget.of_run(plan.base, None, plan.unigram_loss)
+        pairs = record_runs(sweep.trials, budget)
+        by_variant = defaultdict(list)
+        for run, record in pairs:
+            by_variant[record.variant].append((run, record))
+        result = compare_variants({name: [run for run, _ in p] for name, p in by_variant.items()}, settings, budget)
+        reference = by_variant.get(settings.reference.name, [])
+        state = read_search_state(sweep.sweep_dir, "compare") or {}
+        decisions = [StageDecision(d["stage"], d["why"]) for d in state.get("decisions", [])]
+        return summarize_runs([record for _, record in reference], reference, budget, target=sweep.target,
+                              vocab_size=sweep.vocab_size, decisions=decisions, search="compare",
+                              conclusion=result.reference.conclusion, every_record=sweep.trials,
+                              search_result=result)
+
+    def markdown(self, summary: SweepSummary[CompareResult]) -> list[str]:
+        result = summary.search_result
+        reference = result.reference
+        ref_lr = reference.conclusion.best_lr
+        lines = ["## The variants, each at its own best LR", "", _method(result), "",
+                 *table(["variant", "changes", "runs (tokens)", "best LR (basin)", "loss at it ± sd (seeds)",
+                         "trains through – fails", f"at the reference's best LR ({lr(ref_lr)})",
+                         "against the reference"],
+                        [_row(v, i == 0) for i, v in enumerate(result.variants)]), ""]
+        for variant in result.variants[1:]:
+            if variant.difference is not None and variant.difference.verdict == UNRESOLVED:
+                need = variant.difference.seeds_to_resolve
+                lines.append(f"- {variant.name}: {variant.difference.value:+.4f} nats is within 2 SE "
+                             f"(±{2 * variant.difference.se:.4f}); about {need} seeds per variant at each best LR "
+                             "would resolve a difference this large.")
+            moved = variant.optimum_moved(ref_lr)
+            if moved is not None:
+                lines.append(f"- {variant.name}: its best LR {lr(variant.conclusion.best_lr)} is "
+                             f"{variant.conclusion.best_lr / ref_lr:.2g}x the reference's; the reference's "
+                             + ("lies outside its basin: **the optimum moved**." if moved
+                                else "lies in its basin: the optimum did not move measurably."))
+        return [*lines, ""]
+
+    def figures(self) -> tuple[ReportFigure, ...]:
+        return (ReportFigure(LOSS_FIGURE, lambda f: True, lambda f, path: plot_loss_vs_lr(path, f.summary)),
+                ReportFigure(CURVES_FIGURE, lambda f: True, lambda f, path: plot_best_curves(path, f)))
+
+    def headline(self, summary: SweepSummary[CompareResult]) -> list[str]:
+        result = summary.search_result
+        ref_lr = result.reference.conclusion.best_lr
+        lines = [f"compare search: {len(result.variants)} variants, each at its own best lr (reference "
+                 f"{result.reference.name})"]
+        for v in result.variants:
+            best = v.conclusion.best
+            text = (f"best lr {lr(best.lr)}, loss {best.mean:.4f} ({len(best.losses)} seed"
+                    f"{'s' * (len(best.losses) > 1)})" if best
+                    else "no lr trained its whole budget")
+            if v.difference is not None:
+                text += f", {v.difference.value:+.4f} against the reference: {v.difference.verdict}"
+            if v.at_reference is not None:
+                text += f"; at the reference's lr {lr(ref_lr)}: {_at_reference_text(v)}"
+            lines.append(f"  {v.name}: {text}")
+        return [*lines, f"at the reference ({result.reference.name}), {summary.compared_at_tokens or 0:,} tokens:"]
+
+
+def _method(result: CompareResult) -> str:
+    budget = result.reference.budget
+    return (f"Every variant had an edge search of its own (its LRs chosen from its own runs), every run trained its "
+            f"whole budget ({tokens(budget.full_tokens)} tokens: a batch-size variant in its own steps) with nothing "
+            "cut early but a divergence; each variant is read at its own crowned best LR (the lowest mean over as "
+            "many seeds as the LRs it beats). Against the reference: the difference of the two best means, judged "
+            "at 2 standard errors of a difference (each mean's error its variant's pooled seed sd over √seeds). "
+            "The reference's best LR was also trained on every other variant with the reference's seeds: the "
+            "loss at the previous optimal LR.")
+
+
+def _row(v: VariantResult, is_reference: bool) -> list[str]:
+    c = v.conclusion
+    best, basin = c.best, c.landscape.basin
+    given = v.variant.given
+    changes = ", ".join(f"{k} {val}" for k, val in given.items()) or "(the reference)"
+    if "steps" in v.variant.derived:
+        changes += f" ({v.budget.steps} steps)"
+    basin_text = f" ({lr(basin.lrs[0])}–{lr(basin.lrs[-1])})" if basin else ""
+    loss = (f"{best.mean:.4f} ± {best.spread:.4f} ({len(best.losses)})" if best and best.spread is not None
+            else f"{best.mean:.4f} (1)" if best else "—")
+    edge = (f"{lr(c.edge.stable_lr) if c.edge.stable_lr else '—'} – {lr(c.edge.diverged_lr)}"
+            if c.edge.diverged_lr else "no LR diverged")
+    at_ref = "(itself)" if is_reference else _at_reference_text(v) if v.at_reference else "—"
+    d = v.difference
+    versus = "—" if d is None else f"{d.value:+.4f}" + (f" ± {2 * d.se:.4f}" if d.se is not None else "") + \
+        f": {d.verdict}"
+    return [v.name, changes, f"{v.runs} ({tokens(v.tokens)})", f"{lr(c.best_lr)}{basin_text}" if best else "—",
+            loss, edge, at_ref, versus]
+
+
+def _at_reference_text(v: VariantResult) -> str:
+    at = v.at_reference
+    parts = [f"{at.mean:.4f} ({len(at.losses)} seed{'s' * (len(at.losses) > 1)})"] if at.losses else []
+    if at.diverged:
+        parts.append(f"{at.diverged} of {at.diverged + len(at.losses)} diverged")
+    return ", ".join(parts)
+
+
+def plot_loss_vs_lr(path: Path, summary: SweepSummary[CompareResult]) -> Path:
+    """Val loss against LR at each variant's full budget (the same tokens), mean over seeds with sd bars, each
+    variant's smallest diverging LR marked (dashed) in its colour."""
+    result = summary.search_result
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.get_cmap("tab10")
+    for i, v in enumerate(result.variants):
+        ranking = sorted(v.conclusion.ranking, key=lambda r: r.lr)
+        color = colors(i % 10)
+        if ranking:
+            ax.errorbar([r.lr for r in ranking], [r.mean for r in ranking], capsize=3, fmt="o-", markersize=4,
+                        yerr=[r.spread if len(r.losses) > 1 else 0.0 for r in ranking], color=color,
+                        label=v.name + (" (reference)" if i == 0 else ""))
+        if v.conclusion.edge.diverged_lr:
+            ax.axvline(v.conclusion.edge.diverged_lr, color=color, linestyle="--", alpha=0.7)
+    ax.plot([], [], "--", color="gray", label="smallest diverging LR")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("val loss at the budget's end (nats/token)")
+    ax.set_title(f"each variant's loss against LR at {tokens(result.reference.budget.full_tokens)} tokens\n"
+                 "(mean over seeds, bars: sd)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def plot_best_curves(path: Path, figure: FigureInputs) -> Path:
+    """Val loss against tokens of each variant's runs at its own best LR (every seed), in its colour."""
+    result: CompareResult = figure.summary.search_result
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.get_cmap("tab10")
+    for i, v in enumerate(result.variants):
+        best = v.conclusion.best_lr
+        runs = [r for r in figure.trials if best and r.variant == v.name and same_lr(r.lr, best)]
+        for k, record in enumerate(runs):
+            x, y = val_points(record)
+            ax.plot(x, y, color=colors(i % 10), alpha=0.8,
+                    label=f"{v.name} at lr {lr(best)}" if k == 0 else None)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("val loss (nats/token)")
+    ax.set_title("each variant at its own best LR (every seed)", fontsize=10)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+SECTION = CompareSection()

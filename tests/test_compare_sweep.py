@@ -1,0 +1,75 @@
+"""The compare search as a user runs it: real Ray Tune on a local cluster, real training of a tiny model in three
+variants (the reference, no RMSNorm, and a batch four times larger at the same tokens), each its own edge search in
+one sweep, then the report: the variants' table and both figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TRIAL, run_lmtune, trial_dirs
+
+from lmtune.searches.state import read_search_state
+
+pytestmark = pytest.mark.slow
+
+# 32 steps of batch 8 (the reference and no_norm); the batch-32 variant trains the same tokens in 8 steps. The edge
+# searches are cut to the bone: a short range test, a coarse grid 5x apart, a 4x bracket, one seed.
+TINY_COMPARE = f"""\
+description: tiny compare search for the tests
+search: compare
+budget: quick
+set: {json.dumps({**TINY_TRIAL, "steps": 32, "warmup_steps": 4, "eval_interval": 8, "log_interval": 4,
+                         "checkpoint_interval": 32})}
+scheduler: {{name: none}}
+variants:
+  reference: {{}}
+  no_norm: {{set: {{norm: none}}}}
+  batch_32: {{batch_size: 32}}
+edge: {{range_steps: 20, coarse_ratio: 5, max_extensions: 1, tolerance: 4, edge_seeds: 1, refine_points: 0, seeds: 1,
+        seed_lrs: 1}}
+"""
+
+
+@pytest.fixture(scope="module")
+def compare_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("compare")
+    (tmp / "tiny_compare.yaml").write_text(TINY_COMPARE)
+    run = run_lmtune("run", "--space", str(tmp / "tiny_compare.yaml"), "--name", "compare", "--results",
+                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "2", "--no-dashboard",
+                     "--quiet", timeout=900)
+    sweep_dir = tmp / "results" / "compare"
+    analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)
+    summary = json.loads((sweep_dir / "report" / "summary.json").read_text()) if analyze.returncode == 0 else {}
+    return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
+
+
+def test_the_search_finishes_and_each_trial_trains_its_own_variant(compare_sweep):
+    assert compare_sweep["run"].returncode == 0, compare_sweep["run"].stderr[-3000:]
+    assert read_search_state(compare_sweep["dir"], "compare")["finished"]
+    seen = set()
+    for folder in trial_dirs(compare_sweep["dir"]).values():
+        params = json.loads((folder / "trial.json").read_text())["params"]
+        config = json.loads((folder / "config.json").read_text())
+        variant = params["variant"]
+        seen.add(variant)
+        assert (config["model"].get("norm", "pre") == "none") == (variant == "no_norm")
+        train = config["train"]
+        assert (train["batch_size"], train["steps"]) == ((32, 8) if variant == "batch_32" else (8, 32))
+    assert seen == {"reference", "no_norm", "batch_32"}
+
+
+def test_the_report_compares_every_variant_with_the_reference_at_its_own_best_lr(compare_sweep):
+    assert compare_sweep["analyze"].returncode == 0, compare_sweep["analyze"].stderr[-3000:]
+    rows = {row["name"]: row for row in compare_sweep["summary"]["compare"]}
+    assert list(rows) == ["reference", "no_norm", "batch_32"]
+    reference_lr = rows["reference"]["best_lr"]
+    for name in ("no_norm", "batch_32"):
+        assert rows[name]["best_lr"] and rows[name]["difference"]["verdict"]
+        assert rows[name]["at_reference"]["lr"] == pytest.approx(reference_lr)
+    report = compare_sweep["dir"] / "report"
+    markdown = (report / "lr_sweep_analysis.md").read_text()
+    assert "## The variants, each at its own best LR" in markdown and "| no_norm | norm none |" in markdown
+    assert (report / "compare_loss_vs_lr.png").stat().st_size > 0 and (report / "compare_curves.png").exists()
+    assert "compare search: 3 variants" in compare_sweep["analyze"].stdout
