@@ -150,5 +150,5 @@ def difference(variant: Conclusion, reference: Conclusion) -> Difference | None:
     if abs(value) > SIGNIFICANCE_SE * se:
         return Difference(value, se, BETTER if value < 0 else WORSE, None)
     # seeds n per variant at which SIGNIFICANCE_SE * sqrt((sa^2 + sb^2) / n) < |value|
-    needed = math.ceil(SIGNIFICANCE_SE ** 2 * (sa ** 2 + sb ** 2) / value ** 2) + 1 if value else None
+    needed = math.floor(SIGNIFICANCE_SE ** 2 * (sa ** 2 + sb ** 2) / value ** 2) + 1 if value else None
     return Difference(value, se, UNRESOLVED, needed)
