@@ -271,3 +271,25 @@ def test_a_width_search_is_advised_only_up_to_the_measured_ratio(tmp_path, width
     assert (advice is not None) == advised
     if advised:
         assert advice.startswith("width: the target is 2x the widest proxy")
+
+
+@pytest.mark.parametrize("name", ["quick_ablations", "quick_batch", "cs336_ablations", "cs336_batch"])
+def test_the_shipped_compare_spaces_plan_every_variant_at_the_budgets_tokens(name: str):
+    from lmtune.sweep.plan import SweepPlan
+
+    space = load_space(name)
+    base = budget_config(space.budget, space.fixed)
+    variants = SweepPlan.create(space, base).space.strategy.settings.variants
+    assert len(variants) >= 3
+    assert {v.config(base).total_tokens for v in variants} == {base.total_tokens}
+
+
+def test_cs336_ablations_silu_variant_matches_the_references_parameters_within_2_percent():
+    """CS336: SiLU with d_ff = 4 d_model against SwiGLU's d_ff 1344 (two matrices against three)."""
+    from lmtune.training.model import count_parameters
+
+    space = load_space("cs336_ablations")
+    base = budget_config(space.budget, space.fixed)
+    silu = space.strategy.settings.variant("silu").config(base)
+    reference, ablated = count_parameters(base.model)["non_embedding"], count_parameters(silu.model)["non_embedding"]
+    assert abs(ablated / reference - 1) < 0.02
