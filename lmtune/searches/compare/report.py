@@ -84,7 +84,7 @@ class CompareSection:
     def headline(self, summary: SweepSummary[CompareResult]) -> list[str]:
         result = summary.search_result
         ref_lr = result.reference.conclusion.best_lr
-        lines = [f"compare search: {len(result.variants)} variants, each at its own best lr (reference "
+        lines = [f"compare search: {len(result.variants)} variants, each at its own best lr (the reference: "
                  f"{result.reference.name})"]
         for v in result.variants:
             best = v.conclusion.best
