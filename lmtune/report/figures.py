@@ -16,7 +16,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import EngFormatter, FuncFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from lmtune.analysis.runs import format_tokens  # noqa: E402
 from lmtune.report.sections.base import FigureInputs, ReportFigure  # noqa: E402
@@ -33,6 +33,14 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # A sweep
+
+
+def readable_lr_axis(ax) -> None:
+    """A log LR axis labelled 0.005, 0.01, 0.02 (readable LRs), no minor labels."""
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _lr_colors(records: Sequence[TrialRecord]):

@@ -12,10 +12,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from lmtune.analysis.runs import Budget, same_lr  # noqa: E402
 from lmtune.report.comparison import StageDecision, record_runs  # noqa: E402
+from lmtune.report.figures import readable_lr_axis  # noqa: E402
 from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.stability import val_points  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
@@ -154,10 +154,7 @@ def plot_loss_vs_lr(path: Path, summary: SweepSummary[CompareResult]) -> Path:
         if v.conclusion.edge.diverged_lr:
             ax.axvline(v.conclusion.edge.diverged_lr, color=color, linestyle="--", alpha=0.7)
     ax.plot([], [], "--", color="gray", label="smallest diverging LR")
-    ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    readable_lr_axis(ax)
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("val loss at the budget's end (nats/token)")
     ax.set_title(f"each variant's loss against LR at {tokens(result.reference.budget.full_tokens)} tokens\n"

@@ -12,12 +12,13 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from lmtune.analysis.fit import SURFACE  # noqa: E402
 from lmtune.analysis.runs import Budget  # noqa: E402
 from lmtune.analysis.surface import WINDOW as SURFACE_WINDOW  # noqa: E402
 from lmtune.report.comparison import Pair, record_runs  # noqa: E402
+from lmtune.report.figures import readable_lr_axis  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
@@ -300,10 +301,7 @@ def plot_width(path: Path, summary: SweepSummary[WidthResult]) -> Path:
     left.plot([], [], "--", color="gray", label="located LR*")
     if result.fit is not None:
         left.axvline(result.fit.predicted_lr, color="tab:orange", linestyle=":", label="predicted at the target")
-    left.set_xscale("log")
-    left.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))  # 0.005, 0.01, 0.02: readable LRs
-    left.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    left.xaxis.set_minor_formatter(NullFormatter())
+    readable_lr_axis(left)
     left.set_xlabel("peak learning rate")
     left.set_ylabel("val loss at the budget's end (nats/token)")
     left.set_title(f"loss against LR at {tokens(summary.compared_at_tokens)} tokens, each width\n(mean over seeds, "
