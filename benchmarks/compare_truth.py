@@ -2,8 +2,8 @@
 each, every run trained to the full budget with nothing stopping it early (benchmarks/lr_truth.py train with the
 variant's --set), and the compare sweep's report read beside them. For each variant against the reference it gives
 the truths' answer and the search's, by the same rules: the difference of the best means judged at 2 SE of a
-difference (lmtune.searches.compare.comparison.difference), whether the reference's best LR lies outside the
-variant's basin (the optimum moved), and whether the search's best LR lies in the truth's basin.
+difference (lmtune.searches.compare.comparison.difference), whether the variant's basin and the reference's share no
+LR span (the optimum moved), and whether the search's best LR lies in the truth's basin.
 
     python benchmarks/lr_truth.py train --space quick_ablations --lrs ... --seeds 0,1,2 --out results/truth-ref
     python benchmarks/lr_truth.py train --space quick_ablations --lrs ... --seeds 0,1,2 --set norm=none \\
@@ -45,6 +45,12 @@ def in_basin(lr: float | None, basin: dict | None) -> bool | None:
     return low / SAME_LR <= lr <= high * SAME_LR
 
 
+def truth_moved(basin: dict | None, reference: dict | None) -> bool:
+    """The compare report's rule on the truths: the two basins share no tried LR span."""
+    (low, high), (ref_low, ref_high) = basin_lrs(basin), basin_lrs(reference)
+    return high * SAME_LR < ref_low or ref_high * SAME_LR < low
+
+
 def rows(sweep: Path, truths: dict[str, Path]) -> list[list[str]]:
     summary = json.loads((sweep / "report" / "summary.json").read_text())
     searched = {row["name"]: row for row in summary.get("compare") or []}
@@ -60,7 +66,7 @@ def rows(sweep: Path, truths: dict[str, Path]) -> list[list[str]]:
         told = difference(truth, reference)
         if told is None or told.se is None:
             raise LmtuneError(f"{truths[name]}: the truth has no best LR with a seed spread to judge by; train 3 seeds")
-        moved = not in_basin(reference.best_lr, truth_json.get("basin"))
+        moved = truth_moved(truth_json.get("basin"), reference_json.get("basin"))
         row = searched.get(name) or {}
         verdict = (row.get("difference") or {}).get("verdict")
         out.append([name, f"{truth.best_lr:.3g} vs {reference.best_lr:.3g}", f"{told.value:+.4f} ± {2 * told.se:.4f}: "

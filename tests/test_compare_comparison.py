@@ -34,10 +34,11 @@ def result(change: list[Run]):
 
 
 def test_a_variant_clearly_lower_at_its_own_best_is_better_whatever_its_loss_at_the_references_lr():
-    compared = result(runs(0.0025, 1.9)).variants[1]
+    compared = result(runs(0.0025, 1.9))
+    compared, reference = compared.variants[1], compared.reference
     assert compared.difference.verdict == BETTER and compared.difference.value == pytest.approx(-0.1)
     assert compared.at_reference.mean == pytest.approx(1.9 + 0.2 * math.log(4) ** 2)
-    assert compared.optimum_moved(0.01) is True
+    assert compared.optimum_moved(reference) is True  # basins 0.0025 and 0.01: apart
 
 
 def test_a_variant_clearly_higher_is_worse():
@@ -49,7 +50,8 @@ def test_a_difference_within_2_se_is_not_distinguishable_and_says_how_many_seeds
     assert difference.verdict == UNRESOLVED
     # 2 * sqrt((0.01^2 + 0.01^2) / n) < 0.012 from n = 6 seeds (n > 5.56)
     assert difference.seeds_to_resolve == 6
-    assert result(runs(0.01, 2.012)).variants[1].optimum_moved(0.01) is False
+    same = result(runs(0.01, 2.012))
+    assert same.variants[1].optimum_moved(same.reference) is False
 
 
 def test_without_a_seed_spread_no_verdict_is_given():

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from lmtune.analysis.conclusion import Conclusion, conclude
-from lmtune.analysis.runs import Budget, Run, effective_runs, same_lr
+from lmtune.analysis.runs import SAME_LR, Budget, Run, effective_runs, same_lr
 from lmtune.files import JsonObject
 from lmtune.searches.compare.settings import CompareSettings, Variant
 from lmtune.searches.trial_order import RANGE_STAGE
@@ -73,12 +73,15 @@ class VariantResult:
     def name(self) -> str:
         return self.variant.name
 
-    def optimum_moved(self, reference_lr: float | None) -> bool | None:
-        """Whether ``reference_lr`` (the reference's best) lies outside this variant's basin (None: either unknown)."""
-        basin = self.conclusion.landscape.basin
-        if reference_lr is None or basin is None:
+    def optimum_moved(self, reference: VariantResult) -> bool | None:
+        """Whether this variant's basin and the ``reference``'s share no tried LR span (None: either has none). Both
+        basins, not one best LR against the other's basin: each best is only known to its basin (the first rule,
+        the reference's best outside the variant's basin, called a move the truths did not show: benchmarks/README.md,
+        "Variants each at its own best LR")."""
+        mine, theirs = self.conclusion.landscape.basin, reference.conclusion.landscape.basin
+        if mine is None or theirs is None:
             return None
-        return not (basin.lrs[0] / 1.0001 <= reference_lr <= basin.lrs[-1] * 1.0001)
+        return mine.lrs[-1] * SAME_LR < theirs.lrs[0] or theirs.lrs[-1] * SAME_LR < mine.lrs[0]
 
     def to_json(self) -> JsonObject:
         best = self.conclusion.best
@@ -103,8 +106,7 @@ class CompareResult:
         return self.variants[0]
 
     def to_json(self) -> JsonObject:
-        lr = self.reference.conclusion.best_lr
-        return {"compare": [{**v.to_json(), "optimum_moved": None if i == 0 else v.optimum_moved(lr)}
+        return {"compare": [{**v.to_json(), "optimum_moved": None if i == 0 else v.optimum_moved(self.reference)}
                             for i, v in enumerate(self.variants)]}
 
 

@@ -69,12 +69,12 @@ class CompareSection:
                 lines.append(f"- {variant.name}: {variant.difference.value:+.4f} nats is within 2 SE "
                              f"(±{2 * variant.difference.se:.4f}); about {need} seeds per variant at each best LR "
                              "would resolve a difference this large.")
-            moved = variant.optimum_moved(ref_lr)
+            moved = variant.optimum_moved(reference)
             if moved is not None:
                 lines.append(f"- {variant.name}: its best LR {lr(variant.conclusion.best_lr)} is "
-                             f"{variant.conclusion.best_lr / ref_lr:.2g}x the reference's; the reference's "
-                             + ("lies outside its basin: **the optimum moved**." if moved
-                                else "lies in its basin: the optimum did not move measurably."))
+                             f"{variant.conclusion.best_lr / ref_lr:.2g}x the reference's; "
+                             + ("its basin and the reference's do not overlap: **the optimum moved**." if moved
+                                else "its basin and the reference's overlap: the optimum did not move measurably."))
         return [*lines, ""]
 
     def figures(self) -> tuple[ReportFigure, ...]:
