@@ -385,7 +385,7 @@ def test_a_searchs_report_part_is_the_report_module_of_its_own_folder():
 
     with_part = {name for name, strategy in STRATEGIES.items()
                  if (PACKAGE.parent / strategy.__module__.replace(".", "/") / "report.py").exists()}
-    assert with_part == {"horizon", "width"}
+    assert with_part == {"horizon", "width", "compare"}
     for name in with_part:
         section = section_for(name)
         assert all(callable(getattr(section, part)) for part in ("summarize", "markdown", "figures", "headline"))

@@ -75,7 +75,8 @@ def load_sweep(sweep_dir: Path) -> tuple[SweepRecord, list[TrialRecord]]:
 
     A trial's outcome is the ledger's (decisions/trial_outcomes.json); without an entry, its own
     summary.json status (it ended by itself, the driver has not recorded it yet); else ``ended`` for one
-    a deciding search (edge, horizon, width) planned again after a driver restart, and ``running`` for the rest.
+    a deciding search (edge, horizon, width, compare) planned again after a driver restart, and ``running`` for the
+    rest.
     """
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():

@@ -189,7 +189,7 @@ class SweepSummary(Generic[ResultT]):
     search's own results (``SweepSummary[HorizonResult]``: a horizon search's)."""
 
     search: str
-    """The search's name (its ``search:`` value: grid, optuna, edge, horizon, width): which report section adds
+    """The search's name (its ``search:`` value: grid, optuna, edge, horizon, width, compare): which report section adds
     its own part."""
     conclusion: Conclusion
     """What the runs conclude at the compared budget (lmtune.analysis.conclusion)."""

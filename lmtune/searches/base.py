@@ -1,8 +1,8 @@
 """What every search strategy provides: the ``SearchStrategy`` protocol, and the helpers strategies share
 to read their part of a space file.
 
-A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, edge, horizon, width). It reads its own
-keys of the file, says which settings each trial sets, how many trials it plans, and builds what Ray Tune
+A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, edge, horizon, width, compare). It
+reads its own keys of the file, says which settings each trial sets, how many trials it plans, and builds what Ray Tune
 runs: the param space and the searcher. Everything else about a sweep (budget, fixed settings, scheduler,
 stopper, placement) is the same for every strategy (lmtune.sweep.spaces, lmtune.sweep.plan). A new search is
 one package here (its settings, its Ray-free decisions as a DecidingSearch, and its strategy naming both) plus its
@@ -189,8 +189,8 @@ class StrategyDefaults:
 
 
 class DecidingDefaults(StrategyDefaults):
-    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width) shares: its name and
-    settings (a dataclass, ``settings_class``, read from the space's section of that name) are its decisions'
+    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width, compare) shares: its name
+    and settings (a dataclass, ``settings_class``, read from the space's section of that name) are its decisions'
     (``search_class``), it takes no ``params``, it sets ``owns``
     per trial itself, no param space for Tune to generate, no trial count known in advance, nothing swept for a
     config check to try."""

@@ -1,6 +1,6 @@
-"""What the searches that decide as they go (edge, horizon, width) share, Ray-free: the runs they have started, the plan
-each trial got, the queue, their decisions; taking Tune's results in; planning again a trial that can never
-report; and the JSON of that state. Each search adds its own stages (``_decide``) and state."""
+"""What the searches that decide as they go (edge, horizon, width, compare) share, Ray-free: the runs they have
+started, the plan each trial got, the queue, their decisions; taking Tune's results in; planning again a trial that
+can never report; and the JSON of that state. Each search adds its own stages (``_decide``) and state."""
 
 from __future__ import annotations
 

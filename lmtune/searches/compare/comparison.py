@@ -1,6 +1,6 @@
 """What a compare search's runs say, Ray-free and file-free: each variant's conclusion at its own best LR
 (lmtune.analysis.conclusion), its loss at the reference's best LR, and its difference to the reference with a
-verdict at 2 standard errors (from the seeds' spread) and, where the seeds cannot tell, how many would.
+verdict at 2 standard errors (from the spread over seeds) and, where the seeds cannot tell, how many would.
 
 The verdict's rule is the one ``lr_truth.py compare`` and the report's basin use: two mean losses differ where their
 difference exceeds 2 standard errors of a difference, each mean's error its pooled run-to-run sd over √seeds.
