@@ -12,8 +12,7 @@ from lmtune.searches.optuna import OptunaSearch
 from lmtune.searches.width import WidthStrategy
 
 STRATEGIES: dict[str, type[SearchStrategy]] = {
-    s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy, WidthStrategy,
-                                            CompareStrategy)}
+    s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy, WidthStrategy, CompareStrategy)}
 
 __all__ = ["STRATEGIES", "CompareStrategy", "EdgeStrategy", "GridSearch", "HorizonStrategy", "OptunaSearch",
            "SearchStrategy", "WidthStrategy"]

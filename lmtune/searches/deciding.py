@@ -60,13 +60,12 @@ class DecidingSearch(Generic[PlannedT, DecisionT]):
             return FINISHED if self.finished else WAIT
         planned = self._next_planned()
         self.queue.remove(planned)
-        self.runs[trial_id] = self._start(trial_id, planned)
-        self.plans[trial_id] = planned
-        return self._order(planned)
+        return self.start_planned(trial_id, planned)
 
     def start_planned(self, trial_id: str, planned: PlannedT) -> TuneParams:
-        """Start ``planned``, a trial planned on this search's behalf by the search it is part of (a compare search's
-        run of a variant at the reference's best LR): tracked as one of its own; its order, as Tune carries it."""
+        """Start ``planned`` in trial ``trial_id`` (its own queue's next, or a trial planned on its behalf by the
+        search it is part of: a compare search's run of a variant at the reference's best LR); its order, as Tune
+        carries it."""
         self.runs[trial_id] = self._start(trial_id, planned)
         self.plans[trial_id] = planned
         return self._order(planned)

@@ -12,6 +12,7 @@ from lmtune.files import JsonObject
 from lmtune.searches.base import DecidingDefaults, Fail, Setting
 from lmtune.searches.compare.search import CompareSearch
 from lmtune.searches.compare.settings import CompareSettings, parse_compare
+from lmtune.searches.edge import EdgeStrategy
 from lmtune.searches.edge.settings import EdgeSettings
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.lm import model_size
@@ -70,17 +71,12 @@ class CompareStrategy(DecidingDefaults):
                 "trained to its whole budget at the same tokens; then each variant at its own best LR against the "
                 "reference")
 
-    def asha_stages(self) -> frozenset[str]:
-        return frozenset()  # no ASHA: it would judge one variant's runs against another's
+    # (no ASHA: whole_budget_only, its decisions' — one ASHA would judge one variant's runs against another's)
 
     def range_test(self) -> RangeTestConfig:
-        e = self.settings.edge
-        return RangeTestConfig(min_lr=e.range_min_lr, max_lr=e.range_max_lr, steps=e.range_steps,
-                               blowup_factor=e.range_blowup_factor)
+        return EdgeStrategy(self.settings.edge).range_test()  # each variant's edge search's
 
     def expected_trials(self) -> tuple[int, int]:
-        from lmtune.searches.edge import EdgeStrategy
-
         per_variant, _ = EdgeStrategy(self.settings.edge).expected_trials()
         return per_variant * len(self.settings.variants), 0
 

@@ -14,9 +14,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lmtune.analysis.runs import Budget, same_lr  # noqa: E402
-from lmtune.report.comparison import StageDecision, record_runs  # noqa: E402
+from lmtune.report.comparison import record_runs  # noqa: E402
 from lmtune.report.figures import readable_lr_axis  # noqa: E402
-from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs  # noqa: E402
+from lmtune.report.sections.base import FigureInputs, PlainSection, ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.stability import val_points  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
@@ -27,7 +27,6 @@ from lmtune.searches.compare.comparison import (  # noqa: E402
     compare_variants,
 )
 from lmtune.searches.compare.settings import CompareSettings  # noqa: E402
-from lmtune.searches.state import read_search_state  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
 LOSS_FIGURE, CURVES_FIGURE = "compare_loss_vs_lr.png", "compare_curves.png"
@@ -47,10 +46,9 @@ class CompareSection:
             by_variant[record.variant].append((run, record))
         result = compare_variants({name: [run for run, _ in p] for name, p in by_variant.items()}, settings, budget)
         reference = by_variant.get(settings.reference.name, [])
-        state = read_search_state(sweep.sweep_dir, "compare") or {}
-        decisions = [StageDecision(d["stage"], d["why"]) for d in state.get("decisions", [])]
         return summarize_runs([record for _, record in reference], reference, budget, target=sweep.target,
-                              vocab_size=sweep.vocab_size, decisions=decisions, search="compare",
+                              vocab_size=sweep.vocab_size, decisions=PlainSection("compare").decisions(sweep),
+                              search="compare",
                               conclusion=result.reference.conclusion, every_record=sweep.trials,
                               search_result=result)
 

@@ -15,8 +15,10 @@ from typing import Generic, Protocol, TypeVar
 
 from lmtune.analysis.bracket import bracket
 from lmtune.analysis.conclusion import Conclusion, conclude
+from lmtune.analysis.fit import PowerLaw
 from lmtune.analysis.locate import LocatedLr, locate_best_lr
 from lmtune.analysis.runs import Budget, Run, effective_runs, full_budget_ranking
+from lmtune.analysis.surface import WIDENING, surface_where_law_holds
 from lmtune.searches.trial_order import TrialOrder, TuneParams
 
 
@@ -140,6 +142,16 @@ def locate_along(axis: SearchAxis, runs: Iterable[Run]) -> list[LocatedLr | None
         at = runs_at(axis, runs, point)
         located.append(locate_best_lr(full_budget_ranking(at), axis.budget_at(point).full_tokens, bracket(at)))
     return located
+
+
+def surface_along(axis: SearchAxis, runs: Iterable[Run], x_of: Callable[[int], float], target_x: float,
+                  widening: float = WIDENING) -> PowerLaw | None:
+    """The loss surface through every searched point's runs (lmtune.analysis.surface), ``x_of(point)`` the point's
+    value on the fitted axis (its tokens, its width), where one power law holds across them (else None). The edge
+    probes are left out, as in ``locate_along``."""
+    runs = [r for r in runs if r.stage != "edge"]
+    return surface_where_law_holds([(x_of(point), runs_at(axis, runs, point)) for point in axis.points], target_x,
+                                   widening)
 
 
 def conclude_along(axis: SearchAxis, runs: Iterable[Run],

@@ -10,9 +10,8 @@ from collections.abc import Iterable
 from lmtune.analysis.fit import HorizonFit, fit_horizon
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
-from lmtune.analysis.surface import surface_where_law_holds
 from lmtune.errors import LmtuneError
-from lmtune.searches.horizon.axis import AxisConclusion, TokenAxis, conclude_along, locate_along
+from lmtune.searches.horizon.axis import AxisConclusion, TokenAxis, conclude_along, locate_along, surface_along
 from lmtune.searches.horizon.axis import runs_at as runs_on
 from lmtune.searches.horizon.settings import HorizonSettings
 
@@ -44,9 +43,7 @@ def fit_located_budgets(located: list[LocatedLr | None], runs: Iterable[Run], se
                         target: Budget) -> tuple[HorizonFit | None, str | None]:
     """``fit_budgets`` with the budgets' LR*s located already (None: not located)."""
     axis = budget_axis(settings, target)
-    runs = [r for r in runs if r.stage != "edge"]  # (one seed each, far above the basin: as locate_along)
-    surface = surface_where_law_holds([(axis.budget_at(steps).full_tokens, runs_on(axis, runs, steps))
-                                       for steps in axis.points], target.full_tokens)
+    surface = surface_along(axis, runs, lambda steps: axis.budget_at(steps).full_tokens, target.full_tokens)
     try:
         return fit_horizon([p for p in located if p is not None], target.full_tokens, surface), None
     except LmtuneError as err:

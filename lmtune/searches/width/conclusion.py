@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from lmtune.analysis.fit import LINE, SURFACE, PowerLaw, fit_power_law
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
-from lmtune.analysis.surface import surface_where_law_holds
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.searches.horizon.axis import Axis, AxisConclusion, SearchAxis, conclude_along, locate_along
+from lmtune.searches.horizon.axis import Axis, AxisConclusion, SearchAxis, conclude_along, locate_along, surface_along
 from lmtune.searches.horizon.axis import runs_at as runs_on
 from lmtune.searches.horizon.search import HorizonSearch
 from lmtune.searches.trial_order import TuneParams
@@ -133,7 +132,8 @@ def fit_located_widths(located: list[LocatedLr | None], runs: Iterable[Run], set
                        target: Budget) -> tuple[WidthFit | None, str | None]:
     """``fit_widths`` with the proxies' LR*s located already (None: not located), narrowest first."""
     pairs = [(w, p) for w, p in zip(sorted(settings.widths), located, strict=True) if p is not None and p.usable]
-    surface = _surface(runs, settings, target) if settings.fit == SURFACE else None
+    surface = (surface_along(width_axis(settings, target), runs, float, float(target.d_model), WIDTH_WIDENING)
+               if settings.fit == SURFACE else None)
     if surface is not None:
         return WidthFit(tuple(w for w, _ in pairs), tuple(p for _, p in pairs), target.d_model, surface, SURFACE), None
     if len(pairs) < 2:
@@ -144,14 +144,6 @@ def fit_located_widths(located: list[LocatedLr | None], runs: Iterable[Run], set
     except (LmtuneError, ValueError) as err:
         return None, str(err)
     return WidthFit(tuple(w for w, _ in pairs), tuple(p for _, p in pairs), target.d_model, law, LINE), None
-
-
-def _surface(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> PowerLaw | None:
-    """The loss surface through every proxy's runs, where one power law holds across them (else None)."""
-    axis = width_axis(settings, target)
-    runs = [r for r in runs if r.stage != "edge"]  # (one seed each, far above the basin: as locate_along)
-    return surface_where_law_holds([(float(w), runs_on(axis, runs, w)) for w in axis.points], float(target.d_model),
-                                   WIDTH_WIDENING)
 
 
 def conclude_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget) -> AxisConclusion[WidthFit]:
