@@ -51,19 +51,22 @@ def paired(scenario: hc.Scenario, seed: int) -> Paired | None:
     return Paired(truth, line, search.fit)
 
 
+def fit_columns(both: list, get) -> str:
+    """One fit's columns over the searches ``both`` (each with its ``truth``; ``get(r)``: that fit of search r, with
+    a predicted_lr and its interval): how often its 90% interval held the truth, its median width, the 90th
+    percentile and median of |ln(predicted / truth)|."""
+    errors = np.abs([math.log(get(r).predicted_lr / r.truth) for r in both])
+    covered = np.mean([get(r).predicted_lr_interval[0] <= r.truth <= get(r).predicted_lr_interval[1] for r in both])
+    width = np.median([get(r).predicted_lr_interval[1] / get(r).predicted_lr_interval[0] for r in both])
+    return f"{covered:.1%} | {width:.2f}× | {np.percentile(errors, 90):.3f} | {np.median(errors):.3f}"
+
+
 def summary(name: str, results: list[Paired | None]) -> str:
     both = [r for r in results if r is not None]
-
-    def row(get) -> str:
-        errors = np.abs([math.log(get(r).predicted_lr / r.truth) for r in both])
-        covered = np.mean([get(r).predicted_lr_interval[0] <= r.truth <= get(r).predicted_lr_interval[1] for r in both])
-        width = np.median([get(r).predicted_lr_interval[1] / get(r).predicted_lr_interval[0] for r in both])
-        return f"{covered:.1%} | {width:.2f}× | {np.percentile(errors, 90):.3f} | {np.median(errors):.3f}"
-
     surface = np.mean([r.default.method == SURFACE for r in both])
     flagged = np.mean([r.default.law_holds is False for r in both])
-    return (f"| {name} | {len(both)}/{len(results)} | {row(lambda r: r.line)} | {row(lambda r: r.default)} | "
-            f"{surface:.0%} | {flagged:.0%} |")
+    return (f"| {name} | {len(both)}/{len(results)} | {fit_columns(both, lambda r: r.line)} | "
+            f"{fit_columns(both, lambda r: r.default)} | {surface:.0%} | {flagged:.0%} |")
 
 
 def main(argv: list[str] | None = None) -> int:

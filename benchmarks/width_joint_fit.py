@@ -11,7 +11,6 @@ the tuned cases (gamma 1 under SP, 0 under μP) and the held-out scenarios alike
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import width_coverage as wc  # noqa: E402 (the simulated searches)
+from horizon_joint_fit import fit_columns  # noqa: E402 (the same columns as the horizon search's comparison)
 
 from lmtune.analysis.fit import SURFACE, PowerLaw, fit_power_law  # noqa: E402
 from lmtune.searches.width.conclusion import locate_widths  # noqa: E402
@@ -58,16 +58,9 @@ def paired(scenario: wc.Scenario, seed: int) -> Paired | None:
 
 def summary(name: str, results: list[Paired | None]) -> str:
     both = [r for r in results if r is not None]
-
-    def row(get) -> str:
-        errors = np.abs([math.log(get(r).predicted_lr / r.truth) for r in both])
-        covered = np.mean([get(r).predicted_lr_interval[0] <= r.truth <= get(r).predicted_lr_interval[1] for r in both])
-        width = np.median([get(r).predicted_lr_interval[1] / get(r).predicted_lr_interval[0] for r in both])
-        return f"{covered:.1%} | {width:.2f}× | {np.percentile(errors, 90):.3f} | {np.median(errors):.3f}"
-
     surface = np.mean([r.method == SURFACE for r in both])
-    return (f"| {name} | {len(both)}/{len(results)} | {row(lambda r: r.line)} | {row(lambda r: r.default)} | "
-            f"{surface:.0%} |")
+    return (f"| {name} | {len(both)}/{len(results)} | {fit_columns(both, lambda r: r.line)} | "
+            f"{fit_columns(both, lambda r: r.default)} | {surface:.0%} |")
 
 
 def main(argv: list[str] | None = None) -> int:
