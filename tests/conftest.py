@@ -129,6 +129,21 @@ def run_lmtune(module: str, *args: str, timeout: float = 600, cwd: Path | None =
                           stdin=subprocess.DEVNULL)
 
 
+def run_space_and_analyze(space_yaml: str, name: str, tmp: Path, data: Path, num_cpus: int = 1,
+                          timeout: float = 600) -> dict:
+    """``lmtune run`` of a space written from ``space_yaml`` (sweep ``name``, results under ``tmp``), then ``lmtune
+    analyze`` of it: the two CompletedProcesses, the sweep's folder and its report's summary.json ({} when analyze
+    failed)."""
+    space = tmp / f"{name}.yaml"
+    space.write_text(space_yaml)
+    run = run_lmtune("run", "--space", str(space), "--name", name, "--results", str(tmp / "results"), "--data",
+                     str(data), "--num-cpus", str(num_cpus), "--no-dashboard", "--quiet", timeout=timeout)
+    sweep_dir = tmp / "results" / name
+    analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)
+    summary = json.loads((sweep_dir / "report" / "summary.json").read_text()) if analyze.returncode == 0 else {}
+    return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
+
+
 def run_python(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` (this interpreter: a script, or -c CODE) in a subprocess with the tests' environment."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TRIAL, run_lmtune, trial_dirs
+from conftest import TINY_TRIAL, run_space_and_analyze, trial_dirs
 
 from lmtune.searches.state import read_search_state
 
@@ -34,15 +34,8 @@ edge: {{range_steps: 20, coarse_ratio: 5, max_extensions: 1, tolerance: 4, edge_
 
 @pytest.fixture(scope="module")
 def compare_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    tmp = tmp_path_factory.mktemp("compare")
-    (tmp / "tiny_compare.yaml").write_text(TINY_COMPARE)
-    run = run_lmtune("run", "--space", str(tmp / "tiny_compare.yaml"), "--name", "compare", "--results",
-                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "2", "--no-dashboard",
-                     "--quiet", timeout=900)
-    sweep_dir = tmp / "results" / "compare"
-    analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)
-    summary = json.loads((sweep_dir / "report" / "summary.json").read_text()) if analyze.returncode == 0 else {}
-    return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
+    return run_space_and_analyze(TINY_COMPARE, "compare", tmp_path_factory.mktemp("compare"), builtin_data,
+                                 num_cpus=2, timeout=900)
 
 
 def test_the_search_finishes_and_each_trial_trains_its_own_variant(compare_sweep):

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TRIAL, run_lmtune, trial_dirs
+from conftest import TINY_TRIAL, run_space_and_analyze, trial_dirs
 
 from benchmarks.truth import TRUTH_SEEDS, compare_horizon, read_truth, truth_conclusion
 from lmtune.searches.state import read_search_state
@@ -37,15 +37,7 @@ horizon: {{budgets: 2, lr_min: 0.01, lr_max: 0.04, ratio: 2, below: 1, above: 1,
 
 @pytest.fixture(scope="module")
 def horizon_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    tmp = tmp_path_factory.mktemp("horizon")
-    (tmp / "tiny_horizon.yaml").write_text(TINY_HORIZON)
-    run = run_lmtune("run", "--space", str(tmp / "tiny_horizon.yaml"), "--name", "horizon", "--results",
-                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "1", "--no-dashboard",
-                     "--quiet", timeout=600)
-    sweep_dir = tmp / "results" / "horizon"
-    analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)
-    summary = json.loads((sweep_dir / "report" / "summary.json").read_text()) if analyze.returncode == 0 else {}
-    return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
+    return run_space_and_analyze(TINY_HORIZON, "horizon", tmp_path_factory.mktemp("horizon"), builtin_data)
 
 
 def test_the_search_finishes_and_every_trial_trains_its_own_budget_through(horizon_sweep):

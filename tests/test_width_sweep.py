@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TRIAL, run_lmtune, trial_dirs
+from conftest import TINY_TRIAL, run_space_and_analyze, trial_dirs
 
 from benchmarks.truth import TRUTH_SEEDS, compare_horizon, read_truth, truth_conclusion
 from lmtune.searches.state import read_search_state
@@ -38,15 +38,7 @@ width: {{widths: [16, 32], lr_min: 0.02, lr_max: 0.16, ratio: 2, below: 1, above
 
 @pytest.fixture(scope="module")
 def width_sweep(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    tmp = tmp_path_factory.mktemp("width")
-    (tmp / "tiny_width.yaml").write_text(TINY_WIDTH)
-    run = run_lmtune("run", "--space", str(tmp / "tiny_width.yaml"), "--name", "width", "--results",
-                     str(tmp / "results"), "--data", str(builtin_data), "--num-cpus", "1", "--no-dashboard",
-                     "--quiet", timeout=600)
-    sweep_dir = tmp / "results" / "width"
-    analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)
-    summary = json.loads((sweep_dir / "report" / "summary.json").read_text()) if analyze.returncode == 0 else {}
-    return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
+    return run_space_and_analyze(TINY_WIDTH, "width", tmp_path_factory.mktemp("width"), builtin_data)
 
 
 def test_the_search_finishes_and_each_trial_trains_its_own_width_under_mup(width_sweep):
