@@ -111,10 +111,10 @@ class Sweep:
                  optimizer: str | type | None = None, schedule: str | Callable | None = None, **overrides: Any):
         """``model``, ``model_set``, ``optimizer``, ``schedule``: your own code (as ``lmtune.trainable`` takes it), over
         the space's; checked here, before Tune starts."""
-        self.space = _space(space)
         code = user_code(model, model_set, optimizer, schedule)
-        self.plan: SweepPlan = make_plan(self.space, Path(data) if data is not None else None, budget, overrides,
+        self.plan: SweepPlan = make_plan(_space(space), Path(data) if data is not None else None, budget, overrides,
                                          code)
+        self.space = self.plan.space  # (the plan's: what depends on the base config worked out, as lmtune run's)
         self._searcher: tuple[Searcher | None, int] | None = None
 
     def trainable(self):

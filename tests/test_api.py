@@ -70,3 +70,17 @@ def test_the_readmes_python_example_of_a_users_model_runs_and_its_report_names_t
         proc.stdout[-2000:]
     summary = json.loads((tmp_path / "results" / "mine" / "report" / "summary.json").read_text())
     assert summary["model"]["user_model"] and len(summary["samples"]) == 2
+
+
+def test_a_compare_sweeps_searcher_gives_a_batch_size_variant_its_steps_at_the_budgets_tokens(builtin_data):
+    """The Tuner of the user's gets the plan's search, as lmtune run does: a batch-size variant's trials train the
+    reference's tokens in their own steps."""
+    from lmtune import Sweep
+
+    sweep = Sweep("quick_batch", data=builtin_data)
+    searcher = sweep.searcher()
+    searcher.set_max_concurrency(6)
+    orders = [searcher.suggest(f"t{k}") for k in range(3)]  # each variant's range test
+    by_variant = {order["variant"]: order for order in orders}
+    assert by_variant["batch_48"]["batch_size"] == 48 and by_variant["batch_48"]["steps"] == 54
+    assert "steps" not in by_variant["batch_16"]
