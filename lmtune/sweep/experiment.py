@@ -31,6 +31,7 @@ from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import ClusterCapacity, Placement, place_trials
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.preflight import read_cluster_config
+from lmtune.sweep.ray_state import RayStateBackup
 from lmtune.sweep.record import asha_state_path, ledger_path
 from lmtune.sweep.retention import CheckpointPruner, TuneResultsKept
 from lmtune.sweep.searcher import tune_search_alg
@@ -130,6 +131,8 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
     callbacks: list[tune.Callback] = [
         recorder, CheckpointPruner(options.storage_path, options.keep, space.strategy.held_checkpoints, sweep_dir),
         *result_loggers(options.storage_path)]
+    if "://" not in options.storage_path:  # an object store takes Ray's snapshot whole or not at all
+        callbacks.append(RayStateBackup(sweep_dir))
     if options.wandb_project:
         callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
     search_alg, num_samples = tune_search_alg(space.strategy, plan.budget(), sweep_dir)

@@ -37,6 +37,7 @@ from lmtune.sweep.experiment import (
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import Placement
 from lmtune.sweep.plan import SweepPlan
+from lmtune.sweep.ray_state import repair_ray_state
 from lmtune.sweep.record import SWEEP_FILE, is_sweep_dir, read_outcomes, resuming_in, sole_writer
 from lmtune.sweep.retention import drop_staged_duplicates, prune_sweep
 from lmtune.sweep.session import Echo, Interruptions, ray_session
@@ -134,6 +135,8 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
                           "config); it was not written by python -m lmtune.run, or was edited: restore it")
     storage = SweepStorage(options.storage_path, options.name)
     experiment = storage.uri if storage.remote else str(sweep_dir)
+    if not storage.remote:
+        repair_ray_state(sweep_dir)  # a kill -9 while Ray copied its snapshot leaves it cut short
     with ray_session(options, echo), mirrored_records(storage, sweep_dir):
         if not tune.Tuner.can_restore(experiment):
             raise LmtuneError(f"--resume: {sweep_dir} has no Ray experiment state yet (it stopped before the first "
