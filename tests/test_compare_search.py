@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -129,6 +130,56 @@ def test_while_the_reference_waits_on_its_range_test_the_next_variant_gets_the_s
     assert search.suggest("c") == WAIT  # two in flight: the sweep's concurrency
 
 
+@pytest.fixture(scope="module")
+def warm():
+    """The same variants, each later one starting from the reference's answer (start: reference)."""
+    search, sweep = CompareSearch(replace(SETTINGS, start="reference"), BUDGET), SimulatedVariants()
+    _, search = drive_search(search, sweep, 600)
+    assert search.finished, "the compare search did not finish"
+    return search, sweep
+
+
+def test_a_variant_started_from_the_reference_waits_for_its_answer_and_runs_no_range_test(warm):
+    search, sweep = warm
+    reference_ends = max(i for i, t in enumerate(sweep.trials) if t["variant"] == "reference"
+                         and t["stage"] != AT_REFERENCE)
+    first_other = min(i for i, t in enumerate(sweep.trials) if t["variant"] != "reference")
+    assert first_other > reference_ends
+    assert [t for t in sweep.trials if t["variant"] != "reference" and t["stage"] == "range"] == []
+    best = search.reference_best().lr
+    first_grid = search.searches["no_norm"].decisions[0]
+    assert first_grid.stage == "coarse" and any(same_lr(lr, best) for lr in first_grid.lrs)
+    assert "started from the reference's answer" in first_grid.why
+
+
+@pytest.mark.parametrize("variant", ["no_norm", "big_batch"])
+def test_a_variant_started_from_the_reference_finds_its_own_best_and_edge_even_where_they_moved(warm, variant):
+    search, _ = warm
+    conclusion = search.searches[variant].conclusion()
+    best, edge = TRUTH[variant]  # no_norm's best 5x below the reference's, its edge 100x below
+    assert abs(math.log(conclusion["best_lr"] / best)) <= math.log(1.5)
+    assert conclusion["edge_lr_low"] < edge <= conclusion["divergence_lr"]
+
+
+def test_starting_from_the_reference_trains_fewer_tokens_where_the_optimum_stayed(finished, warm):
+    def tokens(search, variant):
+        return sum(r.tokens for r in search.runs_of(variant))
+
+    assert tokens(warm[0], "big_batch") < tokens(finished[0], "big_batch")
+
+
+def test_a_warm_started_search_state_survives_json():
+    def through_json(s: CompareSearch) -> CompareSearch:
+        return CompareSearch.from_json(json.loads(json.dumps(s.to_json())))
+
+    settings = replace(SETTINGS, start="reference")
+    first, resumed = SimulatedVariants(), SimulatedVariants()
+    drive_search(CompareSearch(settings, BUDGET), first, 600)
+    drive_search(CompareSearch(settings, BUDGET), resumed, 600, round_trip=through_json)
+    assert [(t["variant"], t["stage"], t.get("lr")) for t in resumed.trials] == \
+           [(t["variant"], t["stage"], t.get("lr")) for t in first.trials]
+
+
 def test_a_finished_search_says_so_to_every_ask(finished):
     search, _ = finished
     assert search.suggest("late") == FINISHED
@@ -147,9 +198,11 @@ def write_space(tmp_path, extra: dict):
     ({"variants": {"reference": {}, "hot": {"set": {"lr": 0.1}}}}, r"variants\.hot\.set\.lr: the compare search "
                                                                     r"sets it per trial"),
     ({"variants": {"reference": {}, "odd": {"set": {"norm": "sideways"}}}}, r"variants\.odd: norm must be one of"),
-    ({"variants": {"reference": {}, "mine": {"model_set": {"use_rope": False}}}}, r"variants\.mine\.model_set"),
+    ({"variants": {"reference": {}, "mine": {"model_set": "use_rope=false"}}}, r"variants\.mine\.model_set: must be "
+                                                                             r"a mapping"),
     ({"scheduler": {"name": "asha"}}, r"scheduler\.name: search: compare trains every run to its whole budget"),
     ({"per_variant": "optuna"}, r"per_variant: unknown LR search"),
+    ({"start": "middle"}, r"start: 'middle': where a later variant's LR search starts; use own .* or reference"),
 ])
 def test_a_space_the_compare_search_cannot_run_is_refused_in_one_line(tmp_path, extra, problem):
     with pytest.raises(LmtuneError, match=problem) as err:

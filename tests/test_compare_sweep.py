@@ -1,6 +1,7 @@
 """The compare search as a user runs it: real Ray Tune on a local cluster, real training of a tiny model in three
 variants (the reference, no RMSNorm, and a batch four times larger at the same tokens), each its own edge search in
-one sweep, then the report: the variants' table and both figures."""
+one sweep, then the report: the variants' table and both figures, and the batch sizes read together; and a user's
+own model compared with and without one of its own flags (model_set: per variant)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TRIAL, run_space_and_analyze, trial_dirs
+from conftest import EXAMPLE, TINY_TRIAL, run_space_and_analyze, trial_dirs
 
 from lmtune.searches.state import read_search_state
 
@@ -66,3 +67,50 @@ def test_the_report_compares_every_variant_with_the_reference_at_its_own_best_lr
     assert "## The variants, each at its own best LR" in markdown and "| no_norm | norm none |" in markdown
     assert (report / "compare_loss_vs_lr.png").stat().st_size > 0 and (report / "compare_curves.png").exists()
     assert "compare search: 3 variants" in compare_sweep["analyze"].stdout
+
+
+def test_the_report_reads_the_batch_size_variants_together_leaving_the_ablation_out(compare_sweep):
+    batch = compare_sweep["summary"]["compare_batch"]
+    assert [(p["variant"], p["batch_size"]) for p in batch["points"]] == [("reference", 8), ("batch_32", 32)]
+    assert all(p["tokens_per_s"] > 0 for p in batch["points"])
+    markdown = (compare_sweep["dir"] / "report" / "lr_sweep_analysis.md").read_text()
+    assert "### Batch size" in markdown and "| 32 | batch_32 |" in markdown
+    assert (compare_sweep["dir"] / "report" / "compare_batch.png").stat().st_size > 0
+
+
+# A user's own model (lmtune's example, CS336's TransformerLM) in two variants of its own flag: with RoPE and without
+# any position embedding (use_rope: false), as `model_set:` passes it to the model's callable.
+USER_MODEL_COMPARE = f"""\
+description: a user's model compared with and without its own RoPE
+search: compare
+budget: quick
+model: {EXAMPLE}
+set: {json.dumps({**TINY_TRIAL, "steps": 24, "warmup_steps": 3, "eval_interval": 8, "log_interval": 4,
+                         "checkpoint_interval": 24})}
+scheduler: {{name: none}}
+variants:
+  rope: {{}}
+  nope: {{model_set: {{use_rope: false}}}}
+edge: {{range_steps: 16, coarse_ratio: 8, max_extensions: 0, tolerance: 8, edge_seeds: 1, refine_points: 0, seeds: 1,
+        seed_lrs: 1}}
+"""
+
+
+@pytest.fixture(scope="module")
+def user_model_compare(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return run_space_and_analyze(USER_MODEL_COMPARE, "mine", tmp_path_factory.mktemp("mine"), builtin_data,
+                                 num_cpus=2, timeout=900)
+
+
+def test_a_users_model_variants_train_with_their_own_arguments_and_the_report_compares_them(user_model_compare):
+    assert user_model_compare["run"].returncode == 0, user_model_compare["run"].stderr[-3000:]
+    for folder in trial_dirs(user_model_compare["dir"]).values():
+        params = json.loads((folder / "trial.json").read_text())["params"]
+        code = json.loads((folder / "config.json").read_text())["code"]
+        assert code["model"] == EXAMPLE
+        assert code["model_args"] == ({"use_rope": False} if params["variant"] == "nope" else {})
+    assert user_model_compare["analyze"].returncode == 0, user_model_compare["analyze"].stderr[-3000:]
+    rows = {row["name"]: row for row in user_model_compare["summary"]["compare"]}
+    assert list(rows) == ["rope", "nope"] and rows["nope"]["difference"]["verdict"]
+    markdown = (user_model_compare["dir"] / "report" / "lr_sweep_analysis.md").read_text()
+    assert "| nope | use_rope=False |" in markdown

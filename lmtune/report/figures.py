@@ -35,12 +35,13 @@ log = logging.getLogger(__name__)
 # A sweep
 
 
-def readable_lr_axis(ax) -> None:
-    """A log LR axis labelled 0.005, 0.01, 0.02 (readable LRs), no minor labels."""
-    ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+def readable_lr_axis(ax, axis: str = "x") -> None:
+    """A log LR axis (``axis``: x or y) labelled 0.005, 0.01, 0.02 (readable LRs), no minor labels."""
+    getattr(ax, f"set_{axis}scale")("log")
+    lr_axis = ax.xaxis if axis == "x" else ax.yaxis
+    lr_axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    lr_axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    lr_axis.set_minor_formatter(NullFormatter())
 
 
 def _lr_colors(records: Sequence[TrialRecord]):

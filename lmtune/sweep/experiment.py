@@ -42,7 +42,7 @@ from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
 from lmtune.usercode.checks import check_code, check_model
-from lmtune.usercode.config import UserCode
+from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, UserCode
 from lmtune.usercode.model import parameter_fingerprint
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,9 @@ def trial_dirname(trial) -> str:
     if members is not None:  # a fused group: its LRs and the other settings its members share
         config = {**members.shared, **{k: v for k, v in config.items() if k != "members"},
                   "lr": ",".join(_short(v) for v in members.lrs)}
-    params = "_".join(f"{k}={_short(v)}" for k, v in sorted(config.items()))
+    # (a compare variant's own model is named by its variant; an argument of the model's by its own name)
+    params = "_".join(f"{k.removeprefix(MODEL_ARG_PREFIX)}={_short(v)}" for k, v in sorted(config.items())
+                      if k != MODEL_SETTING)
     return f"{trial.trial_id}_{params}"[:120]
 
 

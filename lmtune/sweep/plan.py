@@ -22,6 +22,7 @@ from lmtune.sweep.spaces import SchedulerSpec, SearchSpace
 from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lr_range import RangeTestConfig
+from lmtune.usercode.config import MODEL_SETTING
 
 
 def asha_budget(spec: SchedulerSpec, largest_trial_tokens: int) -> AshaBudget:
@@ -87,11 +88,12 @@ class SweepPlan:
 
     def trial_setup(self, space_checked: bool = False) -> TrialSetup:
         """What the sweep's trials share (lmtune.sweep.trainable.train_trial), the user's code included: the folders
-        it was imported from here (the driver has imported it: lmtune.sweep.experiment.make_plan).
+        it was imported from here (the driver has imported it: lmtune.sweep.experiment.make_plan), and any model a
+        compare search's variant trains instead.
         ``space_checked``: the trials get only this plan's space's settings (TrialSetup.space_checked)."""
         from lmtune.usercode.imports import code_path, objects
 
-        specs = self.base.code.specs.values()
+        specs = [*self.base.code.specs.values(), *map(str, self.space.strategy.values_of(MODEL_SETTING))]
         return TrialSetup(self.base, self.divergence_rule, self.space.strategy.range_test(), self.asha,
                           tuple(code_path(specs)), objects(specs), space_checked)
 

@@ -19,7 +19,7 @@ from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
 from lmtune.training.model_config import ABLATION_SWITCHES, FFNS, NORMS, POSITIONS, ModelConfig
 from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
-from lmtune.usercode.config import UserCode, check_user_code
+from lmtune.usercode.config import MODEL_ARG_PREFIX, UserCode, check_user_code, code_setting, is_code_setting
 
 
 @dataclass
@@ -210,7 +210,10 @@ def field_type(name: str) -> type:
 
 
 def coerce_value(name: str, value: object, where: str = "--set") -> Setting:
-    """Convert ``value`` (a string from the CLI or a YAML scalar) to the type of field ``name``."""
+    """Convert ``value`` (a string from the CLI or a YAML scalar) to the type of field ``name`` (a code setting,
+    lmtune.usercode.config.is_code_setting: as the user's model takes it)."""
+    if is_code_setting(name):
+        return code_setting(name, value, f"{where}.{name.removeprefix(MODEL_ARG_PREFIX)}")
     kind = field_type(name)
     try:
         if kind is bool:
@@ -282,13 +285,15 @@ def check_setting(name: str, value: object, refuse: Callable[[str], Exception]) 
 
 
 def with_settings(config: RunConfig, settings: Mapping[str, Setting]) -> RunConfig:
-    """A copy of ``config`` with ``settings`` (flat field names to values of their fields' types) in place."""
+    """A copy of ``config`` with ``settings`` (flat field names to values of their fields' types, and the code
+    settings that name the user's model and its arguments) in place."""
     model = {name: value for name, value in settings.items() if name in MODEL_FIELDS}
-    train = {name: value for name, value in settings.items() if name not in MODEL_FIELDS}
+    train = {name: value for name, value in settings.items()
+             if name not in MODEL_FIELDS and not is_code_setting(name)}
     return dataclasses.replace(config, model=dataclasses.replace(config.model, **model),
                                train=dataclasses.replace(config.train, **train),
                                vocab_from_data=config.vocab_from_data and "vocab_size" not in model,
-                               code=dataclasses.replace(config.code, model_args=dict(config.code.model_args)))
+                               code=config.code.with_settings(settings))
 
 
 def apply_overrides(config: RunConfig, overrides: Mapping[str, object], where: str = "--set") -> RunConfig:

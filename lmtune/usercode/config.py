@@ -9,6 +9,7 @@ directory is its own folder finds the same file. Nothing here imports the code: 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -31,6 +32,10 @@ CALLED_AS = {
 _QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # A factory argument's value: what --model-set key=value and a space's model_set: give (YAML scalars).
 ModelArg = int | float | bool | str
+# A trial's (or a compare search's variant's) settings may name the user's model too, as flat settings beside the
+# config's fields: ``model`` (its spec) and ``model_set.NAME`` (an argument of its callable).
+MODEL_SETTING = "model"
+MODEL_ARG_PREFIX = "model_set."
 
 
 @dataclass
@@ -61,6 +66,18 @@ class UserCode:
         return UserCode(self.model or base.model, {**base.model_args, **self.model_args},
                         self.optimizer or base.optimizer, self.schedule or base.schedule)
 
+    def with_settings(self, settings: Mapping[str, object]) -> UserCode:
+        """This code with the code settings among ``settings`` in place (``is_code_setting``): a ``model`` of their own
+        takes only their arguments, the same model this code's arguments updated by theirs."""
+        model = str(settings.get(MODEL_SETTING) or "")
+        args = {name.removeprefix(MODEL_ARG_PREFIX): value for name, value in settings.items()
+                if name.startswith(MODEL_ARG_PREFIX)}
+        if not model and not args:
+            return dataclasses.replace(self, model_args=dict(self.model_args))
+        own = bool(model) and model != self.model
+        return dataclasses.replace(self, model=model or self.model,
+                                   model_args={**({} if own else self.model_args), **args})
+
     def describe(self) -> str:
         """The model in words: its spec and arguments, or lmtune's own."""
         if not self.model:
@@ -80,6 +97,21 @@ class UserCode:
         args = data.get("model_args") or {}
         return cls(**{name: str(data.get(name) or "") for name in FLAGS},
                    model_args={str(k): v for k, v in args.items()} if isinstance(args, Mapping) else {})
+
+
+def is_code_setting(name: str) -> bool:
+    """Whether a flat setting's name names the user's model or one of its arguments, not a config field."""
+    return name == MODEL_SETTING or (name.startswith(MODEL_ARG_PREFIX) and name[len(MODEL_ARG_PREFIX):].isidentifier())
+
+
+def code_setting(name: str, value: object, where: str) -> ModelArg:
+    """A code setting's value as a trial carries it: the model's spec as text, an argument a YAML scalar."""
+    if name == MODEL_SETTING:
+        if not isinstance(value, str) or not value:
+            raise LmtuneError(f"{where}: model {shown(value)}: give MODULE:NAME or path/to/file.py:NAME")
+        return value
+    arg = name.removeprefix(MODEL_ARG_PREFIX)
+    return checked_model_args({arg: value}, where.removesuffix(f".{arg}"))[arg]
 
 
 def normalized(spec: str, flag: str, base: Path | None = None) -> str:

@@ -17,6 +17,8 @@ from lmtune.searches.edge.settings import EdgeSettings
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.lm import model_size
 from lmtune.training.lr_range import RangeTestConfig
+from lmtune.usercode.checks import check_code
+from lmtune.usercode.config import is_code_setting
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,21 @@ class CompareStrategy(DecidingDefaults):
         return [v.settings[name] for v in self.settings.variants if name in v.settings]
 
     def corner_samples(self) -> list[dict[str, Setting]]:
-        return [dict(v.settings) for v in self.settings.variants]  # each variant's config is checked as it loads
+        # (each variant's config is checked as it loads, and with the user's code in check_base, naming the variant)
+        return [{}]
 
     def check_base(self, base: RunConfig) -> None:
+        """Every variant a model a run builds, before any trial starts: a variant of the user's model (its own model
+        or arguments) built and checked as the sweep's is, one line naming the variant."""
         super().check_base(base)
-        for variant in self.settings.variants:  # every variant a model a run builds, before any trial starts
-            model_size(variant.config(base))
+        for variant in self.settings.variants:
+            config = variant.config(base)
+            try:
+                model_size(config)
+                if config.code != base.code:
+                    check_code(config)
+            except LmtuneError as err:
+                raise LmtuneError(f"variants.{variant.name}: {err}") from None
 
     def resolved(self, base: RunConfig) -> CompareStrategy:
         variants = tuple(v.resolved(base) for v in self.settings.variants)
@@ -68,8 +79,9 @@ class CompareStrategy(DecidingDefaults):
         names = [v.name for v in self.settings.variants]
         return (f"compare search: {len(names)} variants, {names[0]} (the reference), {', '.join(names[1:])}: each "
                 f"its own {self.settings.per_variant} search for its best LR and where training fails, every run "
-                "trained to its whole budget at the same tokens; then each variant at its own best LR against the "
-                "reference")
+                "trained to its whole budget at the same tokens"
+                + (", each later variant's starting from the reference's answer" if self.settings.start == "reference"
+                   else "") + "; then each variant at its own best LR against the reference")
 
     # (no ASHA: whole_budget_only, its decisions' — one ASHA would judge one variant's runs against another's)
 
@@ -83,7 +95,7 @@ class CompareStrategy(DecidingDefaults):
 
 # (DecidingDefaults names a search's keys and section after it: compare's are these; its variants are checked
 # where they are parsed, its edge: section as the edge search's)
-CompareStrategy.keys = frozenset({"variants", "per_variant", "edge", "params"})
+CompareStrategy.keys = frozenset({"variants", "per_variant", "edge", "params", "start"})
 CompareStrategy.settings_section = ("edge", EdgeSettings)
 
 
@@ -94,9 +106,10 @@ def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> N
         base = budget_config(str(raw.get("budget", "low-resource")), raw.get("set") or {})
     except LmtuneError:
         return  # the space's own budget or set is wrong: lmtune.sweep.spaces says so, naming it
-    for variant in settings.variants:
+    for variant in settings.variants:  # (its code settings: with the user's code, in check_base)
         try:
-            variant.config(base)
+            run_settings = {k: v for k, v in variant.settings.items() if not is_code_setting(k)}
+            replace(variant, settings=run_settings).config(base)
         except LmtuneError as err:  # ("variants.NAME: ..." or "variants.NAME.KEY VALUE: ...": the key leads)
             key, _, message = str(err).partition(": ")
             raise fail(key.split(" ")[0], message) from None

@@ -9,12 +9,14 @@ difference exceeds 2 standard errors of a difference, each mean's error its pool
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from lmtune.analysis.conclusion import Conclusion, conclude
+from lmtune.analysis.locate import locate_best_lr
 from lmtune.analysis.runs import SAME_LR, Budget, Run, effective_runs, same_lr
 from lmtune.files import JsonObject
+from lmtune.searches.compare.batch import BATCH_ONLY, BatchPoint, BatchScaling, fit_batches
 from lmtune.searches.compare.settings import CompareSettings, Variant
 from lmtune.searches.trial_order import RANGE_STAGE
 
@@ -97,9 +99,11 @@ class VariantResult:
 
 @dataclass(frozen=True)
 class CompareResult:
-    """Every variant, the reference first."""
+    """Every variant, the reference first, and its batch-size variants read together (lmtune.searches.compare.batch;
+    None: fewer than two batch sizes, or not read yet)."""
 
     variants: tuple[VariantResult, ...]
+    batch: BatchScaling | None = None
 
     @property
     def reference(self) -> VariantResult:
@@ -107,7 +111,8 @@ class CompareResult:
 
     def to_json(self) -> JsonObject:
         return {"compare": [{**v.to_json(), "optimum_moved": None if i == 0 else v.optimum_moved(self.reference)}
-                            for i, v in enumerate(self.variants)]}
+                            for i, v in enumerate(self.variants)],
+                "compare_batch": self.batch.to_json() if self.batch else None}
 
 
 def compare_variants(runs_by_variant: dict[str, Sequence[Run]], settings: CompareSettings,
@@ -125,6 +130,25 @@ def compare_variants(runs_by_variant: dict[str, Sequence[Run]], settings: Compar
                              None if i == 0 else difference(conclusion, reference))
                for i, (variant, vbudget, runs, conclusion) in enumerate(concluded)]
     return CompareResult(tuple(results))
+
+
+def with_batches(result: CompareResult, speeds: Mapping[str, float | None]) -> CompareResult:
+    """``result`` with its batch-size variants (the reference and every variant changing only its batch) read
+    together (lmtune.searches.compare.batch), where they hold two or more batch sizes. ``speeds``: each variant's
+    tokens per second."""
+    batch_variants = [v for v in result.variants if set(v.variant.given) <= BATCH_ONLY]
+    if len({v.budget.batch_size for v in batch_variants}) < 2:
+        return result
+    return replace(result, batch=fit_batches([_batch_point(v, speeds.get(v.name)) for v in batch_variants]))
+
+
+def _batch_point(v: VariantResult, tokens_per_s: float | None) -> BatchPoint:
+    c = v.conclusion
+    best = c.best
+    return BatchPoint(v.name, v.budget.batch_size, locate_best_lr(c.ranking, v.budget.full_tokens, c.edge),
+                      best.lr if best else None, best.mean if best else None,
+                      best.spread if best and len(best.losses) > 1 else None, len(best.losses) if best else 0,
+                      tokens_per_s)
 
 
 def at_lr(runs: Iterable[Run], lr: float | None) -> AtReference | None:

@@ -5,31 +5,46 @@ LR), and its lines before the CLIs' common ones."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
+from lmtune.analysis.locate import LocatedLr  # noqa: E402
 from lmtune.analysis.runs import Budget, same_lr  # noqa: E402
 from lmtune.report.comparison import record_runs  # noqa: E402
 from lmtune.report.figures import readable_lr_axis  # noqa: E402
+from lmtune.report.rows import trial_row  # noqa: E402
 from lmtune.report.sections.base import FigureInputs, PlainSection, ReportFigure, SweepInputs  # noqa: E402
-from lmtune.report.stability import val_points  # noqa: E402
+from lmtune.report.stability import (
+    TrialRecord,  # noqa: E402
+    val_points,  # noqa: E402
+)
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
+from lmtune.searches.compare.batch import RULES, BatchScaling, median_speed  # noqa: E402
 from lmtune.searches.compare.comparison import (  # noqa: E402
     UNRESOLVED,
     CompareResult,
     VariantResult,
     compare_variants,
+    with_batches,
 )
 from lmtune.searches.compare.settings import CompareSettings  # noqa: E402
+from lmtune.searches.trial_order import RANGE_STAGE  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
+from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING  # noqa: E402
 
-LOSS_FIGURE, CURVES_FIGURE = "compare_loss_vs_lr.png", "compare_curves.png"
+# What benchmarks/batch_coverage.py measured (3 and 5 batch sizes, 300 simulated searches per scenario, commit
+# 0d1d4aa+): the exponent's interval and each batch's LR* interval, where one power law holds.
+K_COVERAGE, LR_COVERAGE = "98.7–100%", "96–99.8%"
+LOSS_FIGURE, CURVES_FIGURE, BATCH_FIGURE = "compare_loss_vs_lr.png", "compare_curves.png", "compare_batch.png"
 
 
 class CompareSection:
@@ -45,6 +60,7 @@ class CompareSection:
         for run, record in pairs:
             by_variant[record.variant].append((run, record))
         result = compare_variants({name: [run for run, _ in p] for name, p in by_variant.items()}, settings, budget)
+        result = with_batches(result, _speeds(sweep.trials))
         reference = by_variant.get(settings.reference.name, [])
         return summarize_runs([record for _, record in reference], reference, budget, target=sweep.target,
                               vocab_size=sweep.vocab_size, decisions=PlainSection("compare").decisions(sweep),
@@ -73,11 +89,15 @@ class CompareSection:
                              f"{variant.conclusion.best_lr / ref_lr:.2g}x the reference's; "
                              + ("its basin and the reference's do not overlap: **the optimum moved**." if moved
                                 else "its basin and the reference's overlap: the optimum did not move measurably."))
+        if result.batch is not None:
+            lines += ["", *_batch_lines(result.batch)]
         return [*lines, ""]
 
     def figures(self) -> tuple[ReportFigure, ...]:
         return (ReportFigure(LOSS_FIGURE, lambda f: True, lambda f, path: plot_loss_vs_lr(path, f.summary)),
-                ReportFigure(CURVES_FIGURE, lambda f: True, lambda f, path: plot_best_curves(path, f)))
+                ReportFigure(CURVES_FIGURE, lambda f: True, lambda f, path: plot_best_curves(path, f)),
+                ReportFigure(BATCH_FIGURE, lambda f: f.summary.search_result.batch is not None,
+                             lambda f, path: plot_batch(path, f.summary.search_result.batch)))
 
     def headline(self, summary: SweepSummary[CompareResult]) -> list[str]:
         result = summary.search_result
@@ -108,11 +128,20 @@ def _method(result: CompareResult) -> str:
             "loss at the previous optimal LR.")
 
 
+def _change(setting: str, value: object) -> str:
+    """A variant's setting in words: the user's model by its callable's name, an argument of it as name=value."""
+    if setting == MODEL_SETTING:
+        return f"model {str(value).rpartition(':')[2]}"
+    if setting.startswith(MODEL_ARG_PREFIX):
+        return f"{setting.removeprefix(MODEL_ARG_PREFIX)}={value}"
+    return f"{setting} {value}"
+
+
 def _row(v: VariantResult, is_reference: bool) -> list[str]:
     c = v.conclusion
     best, basin = c.best, c.landscape.basin
     given = v.variant.given
-    changes = ", ".join(f"{k} {val}" for k, val in given.items()) or "(the reference)"
+    changes = ", ".join(_change(k, val) for k, val in given.items()) or "(the reference)"
     if "steps" in v.variant.derived:
         changes += f" ({v.budget.steps} steps)"
     basin_text = f" ({lr(basin.lrs[0])}–{lr(basin.lrs[-1])})" if basin else ""
@@ -126,6 +155,90 @@ def _row(v: VariantResult, is_reference: bool) -> list[str]:
         f": {d.verdict}"
     return [v.name, changes, f"{v.runs} ({tokens(v.tokens)})", f"{lr(c.best_lr)}{basin_text}" if best else "—",
             loss, edge, at_ref, versus]
+
+
+def _speeds(trials: Sequence[TrialRecord]) -> dict[str, float | None]:
+    """Each variant's median tokens per second over its runs (its range test left out)."""
+    speeds: dict[str, list[float]] = defaultdict(list)
+    for record in trials:
+        if record.variant and record.stage != RANGE_STAGE and (speed := trial_row(record).tokens_per_s):
+            speeds[record.variant].append(speed)
+    return {name: median_speed(values) for name, values in speeds.items()}
+
+
+def _batch_lines(batch: BatchScaling) -> list[str]:
+    """The batch sizes' paragraph: the table, and the power law with the rules its interval allows."""
+    rows = [[str(p.batch_size), p.variant, lr(p.best_lr) if p.best_lr else "—",
+             _located_text(p.located), f"{p.loss:.4f}" + (f" ± {p.loss_sd:.4f}" if p.loss_sd is not None else "")
+             if p.loss is not None else "—", f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "—"] for p in batch.points]
+    lines = ["### Batch size", "", f"Every batch trains the same tokens; see `{BATCH_FIGURE}`. LR* is located between "
+             f"the grid LRs, its interval as the horizon search's (it held each batch's true LR* in {LR_COVERAGE} of "
+             "simulated searches); tokens/s is the median of the variant's runs while the sweep ran its trials side "
+             "by side.", "",
+             *table(["batch", "variant", "best LR", "LR* (interval)", "loss at it ± sd", "tokens/s"], rows), ""]
+    if batch.law is None:
+        return [*lines, f"No power law fitted: {batch.why_no_law}."]
+    k, (low, high) = batch.exponent, batch.exponent_interval
+    allowed = ", ".join(f"{name} (k = {RULES[name]:g})" for name, ok in batch.rules_allowed().items() if ok)
+    lines.append(f"LR* ∝ batch^k with **k = {k:.2f}**, interval {low:.2f} to {high:.2f} from {batch.law.dof + 2} "
+                 f"batch sizes (intervals so made held the true k in {K_COVERAGE} of simulated searches where one "
+                 f"power law holds: benchmarks/batch_coverage.py); the rules it allows: "
+                 f"{allowed or 'neither the square-root nor the linear'}.")
+    if batch.law.law_holds is False:
+        lines.append(f"The batch sizes' LR*s lie further from one line than their errors allow (lack-of-fit p = "
+                     f"{batch.law.lack_of_fit_p:.2g}): no one power law holds across them.")
+    return lines
+
+
+def _located_text(located: LocatedLr | None) -> str:
+    if located is None or not located.usable:
+        return "not bounded"
+    low, high = located.interval()
+    return f"{lr(located.lr)} ({lr(low)}–{lr(high)})"
+
+
+def plot_batch(path: Path, batch: BatchScaling) -> Path:
+    """Three panels against batch size: LR* (located, bars: its interval) with the fitted power law and the
+    square-root and linear rules through the smallest batch's LR*; the loss at each batch's best LR (the same tokens);
+    tokens/s."""
+    fig, (ax_lr, ax_loss, ax_speed) = plt.subplots(1, 3, figsize=(14, 4.2), layout="constrained")
+    sizes = [p.batch_size for p in batch.points]
+    found = [p for p in batch.points if p.located is not None and p.located.usable]
+    if found:
+        intervals = [p.located.interval() for p in found]
+        ax_lr.errorbar([p.batch_size for p in found], [p.located.lr for p in found], fmt="o", capsize=3,
+                       yerr=[[p.located.lr - lo for p, (lo, _) in zip(found, intervals, strict=True)],
+                             [hi - p.located.lr for p, (_, hi) in zip(found, intervals, strict=True)]],
+                       color="black", label="LR* (its interval)")
+        span = [min(sizes), max(sizes)]
+        anchor = found[0]
+        for (name, k), style in zip(RULES.items(), (":", "-."), strict=True):
+            ax_lr.plot(span, [anchor.located.lr * (b / anchor.batch_size) ** k for b in span], style, color="gray",
+                       label=f"{name} rule (k = {k:g})")
+        if batch.law is not None:
+            ax_lr.plot(span, [math.exp(batch.law.intercept) * b ** batch.exponent for b in span], "-", color="C0",
+                       label=f"fit: k = {batch.exponent:.2f}")
+    ax_lr.set_xscale("log")
+    readable_lr_axis(ax_lr, axis="y")
+    ax_lr.set_xlabel("batch size")
+    ax_lr.set_ylabel("best learning rate")
+    ax_lr.legend(fontsize=7)
+    with_loss = [p for p in batch.points if p.loss is not None]
+    ax_loss.errorbar([p.batch_size for p in with_loss], [p.loss for p in with_loss], fmt="o-", capsize=3,
+                     yerr=[p.loss_sd or 0.0 for p in with_loss], color="C1")
+    ax_loss.set_ylabel("val loss at its best LR (nats/token)")
+    with_speed = [p for p in batch.points if p.tokens_per_s]
+    ax_speed.plot([p.batch_size for p in with_speed], [p.tokens_per_s for p in with_speed], "o-", color="C2")
+    ax_speed.set_ylabel("tokens/s (median of its runs)")
+    for ax in (ax_loss, ax_speed):
+        ax.set_xscale("log")
+        ax.set_xlabel("batch size")
+    for ax in (ax_lr, ax_loss, ax_speed):
+        ax.grid(alpha=0.3, which="both")
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    fig.suptitle("batch size at equal tokens: best LR, loss at it, throughput", fontsize=10)
+    return save_figure(fig, path)
 
 
 def _at_reference_text(v: VariantResult) -> str:

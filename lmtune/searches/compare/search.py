@@ -8,6 +8,10 @@ trial carries its variant's name and settings (a batch-size variant its scaled s
 its own runs, at its own budget (the same tokens). The sweep runs no ASHA: one ASHA would judge one variant's runs
 against another's, so every coarse LR trains its whole budget.
 
+With ``start: reference`` a later variant's search waits for the reference's to finish and starts from its answer
+(no range test; a grid around the reference's best LR and the ends of its edge bracket: EdgeSearch's WarmStart):
+fewer runs where the variant's optimum stays near the reference's, the same stages after its first grid.
+
 Once the reference's search has finished, every other variant whose search has finished also trains the reference's
 best LR with the reference's seeds (stage ``at_reference``), where it lacks them: the variant's loss at the previous
 optimal LR, which a comparison at each variant's own best LR does not show (does the no-norm model diverge there?).
@@ -18,12 +22,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
+from lmtune.analysis.bracket import bracket
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, LrResult, Run, same_lr
 from lmtune.files import JsonObject
-from lmtune.searches.compare.settings import CompareSettings, Variant
+from lmtune.searches.compare.settings import START_REFERENCE, CompareSettings, Variant
 from lmtune.searches.deciding import FINISHED, WAIT
-from lmtune.searches.edge.search import EdgeSearch, Planned
+from lmtune.searches.edge.search import EdgeSearch, Planned, WarmStart
 from lmtune.searches.trial_order import RANGE_STAGE, TrialOrder, TuneParams, TuneResult
 
 # The stage of a variant's run at the reference's best LR.
@@ -88,6 +93,8 @@ class CompareSearch:
             return WAIT
         for variant in self.settings.variants:
             search = self.searches[variant.name]
+            if not self._may_start(variant, search):
+                continue
             decided = len(search.decisions)
             answer = search.suggest(trial_id)
             self.decisions += [VariantDecision(f"{variant.name}: {d.stage}", d.why, variant.name)
@@ -101,6 +108,21 @@ class CompareSearch:
             self.owner[trial_id] = variant.name
             return self._order(variant, self.searches[variant.name].start_planned(trial_id, planned))
         return FINISHED if self.finished else WAIT
+
+    def _may_start(self, variant: Variant, search: EdgeSearch) -> bool:
+        """Whether ``variant``'s search may ask for trials: always, unless it starts from the reference's answer
+        (``start: reference``) and has not started yet; then once the reference's search has finished, from its
+        best LR and edge bracket (or, where the reference crowned no best LR, as a search of its own)."""
+        if self.settings.start != START_REFERENCE or variant.name == self.settings.reference.name or search.decisions:
+            return True
+        reference = self.searches[self.settings.reference.name]
+        if not reference.finished:
+            return False
+        best = self.reference_best()
+        if best is not None:
+            edge = bracket([r for r in reference.runs.values() if r.stage != RANGE_STAGE])
+            search.start = WarmStart(best.lr, edge.stable_lr, edge.diverged_lr)
+        return True
 
     def reference_best(self) -> LrResult | None:
         """The reference's crowned best LR (None: its search has not finished, or crowned none)."""

@@ -3,7 +3,8 @@ it changes), the LR search each variant gets (``per_variant:``, with that search
 what a variant's runs train with. Ray-free and stateless; lmtune.searches.compare.search decides when.
 
 The first variant is the reference: the others are compared with it, each at its own best LR. A variant changes any
-model or training setting (``set:``); a ``batch_size`` keeps the budget's tokens, so its steps (and the warm-up,
+model or training setting (``set:``), the user's model (``model:``) or its callable's arguments (``model_set:``); a
+``batch_size`` keeps the budget's tokens, so its steps (and the warm-up,
 evaluation, logging and checkpoint intervals, all counted in steps) scale by the reference's batch over its own.
 """
 
@@ -19,6 +20,7 @@ from lmtune.files import JsonObject, JsonValue
 from lmtune.searches.base import Fail, Setting, settings_section
 from lmtune.searches.edge.settings import RETIRED_KEYS, EdgeSettings
 from lmtune.training.config import RunConfig, apply_overrides, check_setting, field_names
+from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, checked_model_args, normalized
 
 # The LR searches a variant may get (each's settings: the space's section of that name).
 PER_VARIANT = ("edge",)
@@ -26,8 +28,14 @@ PER_VARIANT = ("edge",)
 SEARCH_OWNS = ("lr", "seed", "run_steps")
 # Settings counted in steps: a batch_size variant scales them so that its runs train the budget's tokens.
 STEP_SETTINGS = ("steps", "warmup_steps", "eval_interval", "log_interval", "checkpoint_interval")
+# Where a later variant's LR search starts: a search of its own (a range test and its own grid), or from the
+# reference's answer (lmtune.searches.compare.search: CompareSearch._may_start).
+START_OWN, START_REFERENCE = "own", "reference"
+STARTS = (START_OWN, START_REFERENCE)
 # The most variants a space may list: each is an LR search of its own.
 MAX_VARIANTS = 12
+# What a variant's entry may hold: run settings, a batch size, and the user's model and its callable's arguments.
+VARIANT_KEYS = frozenset({"set", "batch_size", "model", "model_set"})
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 
 
@@ -96,6 +104,8 @@ class CompareSettings:
     variants: tuple[Variant, ...]
     per_variant: str = "edge"
     edge: EdgeSettings = field(default_factory=EdgeSettings)
+    start: str = START_OWN
+    """Where a later variant's search starts (STARTS)."""
 
     @property
     def reference(self) -> Variant:
@@ -109,7 +119,7 @@ class CompareSettings:
 
         return {"variants": {v.name: {"set": dict(v.settings), **({"derived": list(v.derived)} if v.derived else {})}
                              for v in self.variants},
-                "per_variant": self.per_variant, "edge": asdict(self.edge)}
+                "per_variant": self.per_variant, "edge": asdict(self.edge), "start": self.start}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> CompareSettings:
@@ -117,7 +127,8 @@ class CompareSettings:
         return cls(tuple(Variant(name, dict(spec.get("set") or {}), tuple(spec.get("derived") or ()))
                          for name, spec in data["variants"].items()),
                    str(data.get("per_variant", "edge")),
-                   EdgeSettings(**{k: v for k, v in (data.get("edge") or {}).items() if k in known}))
+                   EdgeSettings(**{k: v for k, v in (data.get("edge") or {}).items() if k in known}),
+                   str(data.get("start", START_OWN)))
 
 
 def parse_compare(raw: JsonObject, fail: Fail) -> CompareSettings:
@@ -126,10 +137,14 @@ def parse_compare(raw: JsonObject, fail: Fail) -> CompareSettings:
     if per_variant not in PER_VARIANT:
         raise fail("per_variant", f"unknown LR search {shown(per_variant)} for each variant; use one of "
                                   f"{', '.join(PER_VARIANT)}")
+    start = raw.get("start", START_OWN)
+    if start not in STARTS:
+        raise fail("start", f"{shown(start)}: where a later variant's LR search starts; use {START_OWN} (a search of "
+                            f"its own) or {START_REFERENCE} (from the reference's best LR and edge)")
     edge = settings_section(raw.get("edge"), "edge", EdgeSettings, fail, retired=RETIRED_KEYS)
     for key, message in edge.problems():
         raise fail(f"edge.{key}", message)
-    return CompareSettings(parse_variants(raw.get("variants"), fail), per_variant, edge)
+    return CompareSettings(parse_variants(raw.get("variants"), fail), per_variant, edge, start)
 
 
 def parse_variants(section: JsonValue, fail: Fail) -> tuple[Variant, ...]:
@@ -150,11 +165,8 @@ def _variant(name: str, spec: JsonValue, fail: Fail) -> Variant:
     spec = {} if spec is None else spec
     if not isinstance(spec, dict):
         raise fail(key, "must be a mapping, e.g. {set: {norm: none}} (or {} for the reference)")
-    for other in sorted(set(spec) - {"set", "batch_size"}):
-        why = ("a variant of a user's own model is not supported yet; compare your model's variants with one "
-               "sweep each (--model-set)") if other in ("model", "model_set") else "unknown key; valid keys: " \
-                                                                                   "set, batch_size"
-        raise fail(f"{key}.{other}", why)
+    for other in sorted(set(spec) - VARIANT_KEYS):
+        raise fail(f"{key}.{other}", f"unknown key; valid keys: {', '.join(sorted(VARIANT_KEYS))}")
     settings = spec.get("set") or {}
     if not isinstance(settings, dict):
         raise fail(f"{key}.set", "must be a mapping of setting -> value, e.g. {norm: none}")
@@ -168,4 +180,18 @@ def _variant(name: str, spec: JsonValue, fail: Fail) -> Variant:
         if setting in SEARCH_OWNS:
             raise fail(where, "the compare search sets it per trial; remove it (set the base seed in the space's set)")
         checked[setting] = check_setting(setting, value, lambda why, where=where: fail(where, why))
-    return Variant(name, checked)
+    return Variant(name, {**checked, **_code_settings(key, spec, fail)})
+
+
+def _code_settings(key: str, spec: JsonObject, fail: Fail) -> dict[str, Setting]:
+    """A variant's ``model:`` (the user's model it trains instead of the space's) and ``model_set:`` (arguments of
+    the model's callable) as its code settings (lmtune.usercode.config.is_code_setting)."""
+    settings: dict[str, Setting] = {}
+    try:
+        if spec.get("model") is not None:
+            settings[MODEL_SETTING] = normalized(spec["model"], f"{key}.model")
+        args = checked_model_args(spec.get("model_set"), f"{key}.model_set")
+    except LmtuneError as err:  # ("KEY VALUE: why" or "KEY: why": the key leads)
+        where, _, message = str(err).partition(": ")
+        raise fail(where.split(" ")[0], message) from None
+    return {**settings, **{f"{MODEL_ARG_PREFIX}{name}": value for name, value in args.items()}}

@@ -6,7 +6,8 @@ its settings and what each stage picks are lmtune.searches.edge.settings.
 The stages, in one sweep:
 
 1. **range**: the LR range test (lmtune.training.lr_range): one short run with a rising LR gives the
-   steepest-descent LR and the blow-up LR.
+   steepest-descent LR and the blow-up LR. A search started from another's answer (``start``: a compare search's
+   later variant, from its reference's) runs none: its coarse grid lies around that answer (settings.warm_lrs).
 2. **coarse**: log-spaced LRs from well below the steepest descent to the blow-up, under ASHA, the most
    promising first (asynchronous ASHA can only cut against results already in).
 3. **landscape**: every coarse LR above the best that ASHA cut is continued from its last checkpoint to
@@ -38,7 +39,7 @@ from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
 from lmtune.searches.deciding import DecidingSearch
-from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs
+from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs, warm_lrs
 from lmtune.searches.trial_order import RANGE_STAGE, TrialOrder, TuneParams, TuneResult
 
 STAGES = (RANGE_STAGE, "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
@@ -70,6 +71,16 @@ class RangeFinding:
     blowup_lr: float | None
     outcome: str
     tokens: int
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Another search's answer this one starts from (a compare search's reference's, for a later variant): its best
+    LR and its edge bracket's ends."""
+
+    best_lr: float
+    stable_lr: float | None
+    diverged_lr: float | None
 
 
 @dataclass
@@ -104,6 +115,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
     def __init__(self, settings: EdgeSettings, budget: Budget, max_pending: int = 1):
         super().__init__(settings, budget, max_pending)
         self.range: RangeFinding | None = None  # the range test's finding, once it ended
+        self.start: WarmStart | None = None  # set before its first trial: no range test, a grid around its answer
         self.bisect_rounds = 0
         self.extensions = 0
         self.seed_rounds = 0
@@ -128,14 +140,18 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
 
     def _decide(self) -> None:
         started = {d.stage for d in self.decisions}
-        if RANGE_STAGE not in started:
+        if self.start is not None and "coarse" not in started:
+            lrs, why = warm_lrs(self.start.best_lr, self.start.stable_lr, self.start.diverged_lr, self.settings)
+            self._plan("coarse", [Planned("coarse", lr, self.budget.seed) for lr in lrs], why)
+            return
+        if RANGE_STAGE not in started and self.start is None:
             s = self.settings
             self._plan(RANGE_STAGE, [Planned(RANGE_STAGE, None, self.budget.seed)],
                        f"one run with the LR rising from {s.range_min_lr:g} to {s.range_max_lr:g} over "
                        f"{s.range_steps} steps, stopped when its smoothed loss exceeds {s.range_blowup_factor:g}x "
                        "its lowest")
             return
-        if self.range is None:
+        if self.range is None and self.start is None:
             return
         if "coarse" not in started:
             lrs, why = coarse_lrs(self.range.steepest_lr, self.range.blowup_lr, self.settings)
@@ -310,9 +326,11 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
 
     def to_json(self) -> JsonObject:
         return {**super().to_json(), "range": asdict(self.range) if self.range else None,
+                "start": asdict(self.start) if self.start else None,
                 "bisect_rounds": self.bisect_rounds, "extensions": self.extensions, "seed_rounds": self.seed_rounds}
 
     def _restore(self, data: JsonObject) -> None:
         self.range = RangeFinding(**data["range"]) if data.get("range") else None
+        self.start = WarmStart(**data["start"]) if data.get("start") else None
         self.bisect_rounds, self.extensions = data["bisect_rounds"], data["extensions"]
         self.seed_rounds = data.get("seed_rounds", 0)

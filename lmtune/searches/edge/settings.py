@@ -8,7 +8,7 @@ import math
 import sys
 from dataclasses import dataclass
 
-from lmtune.analysis.runs import Budget, LrResult, Run, crowned_ranking, format_tokens, same_lr
+from lmtune.analysis.runs import Budget, LrResult, Run, format_tokens, same_lr
 from lmtune.errors import LmtuneError
 from lmtune.searches.base import MAX_SEEDS, failed_checks
 from lmtune.searches.grid import MAX_GRID_TRIALS
@@ -63,6 +63,9 @@ class EdgeSettings:
     the best has, for every such LR)."""
     max_extensions: int = 3
     """When no LR diverged (or every LR did), probes this many times further out, coarse_ratio^2 apart."""
+    warm_reach: int = 2
+    """A search started from another's answer (a compare search's ``start: reference``): its first grid reaches
+    this many coarse_ratio steps each side of that best LR."""
 
     def validate(self, where: str = "edge") -> None:
         """Raise LmtuneError (one line naming the key) for settings no search could use."""
@@ -93,6 +96,7 @@ class EdgeSettings:
             ("seed_lrs", self.seed_lrs >= 1, "must be at least 1"),
             ("seed_rounds", self.seed_rounds >= 0, "must be >= 0"),
             ("max_extensions", self.max_extensions >= 0, "must be >= 0"),
+            ("warm_reach", 1 <= self.warm_reach <= 4, "must be from 1 to 4 (coarse_ratio steps each side)"),
         ]
         found = failed_checks(self, checks)
         return found or self.bounds()
@@ -173,6 +177,24 @@ def coarse_lrs(steepest_lr: float | None, blowup_lr: float | None, settings: Edg
     return lrs, why
 
 
+def warm_lrs(best_lr: float, stable_lr: float | None, diverged_lr: float | None,
+             settings: EdgeSettings) -> tuple[list[float], str]:
+    """The first grid of a search that starts from another's answer (a compare search's later variant, from the
+    reference's): ``warm_reach`` LRs coarse_ratio apart each side of that best LR, and the ends of its edge
+    bracket (where training failed moves less than the best LR does); nearest the best first."""
+    reach = settings.warm_reach
+    lrs = [best_lr * settings.coarse_ratio ** k for k in range(-reach, reach + 1)]
+    for end in (stable_lr, diverged_lr):
+        if end is not None and not any(same_lr(end, lr) for lr in lrs):
+            lrs.append(end)
+    lrs.sort(key=lambda lr: (abs(math.log(lr / best_lr)), lr))
+    bracket_text = (f", and its edge bracket's ends {_g(stable_lr)} and {_g(diverged_lr)}"
+                    if stable_lr or diverged_lr else "")
+    why = (f"started from the reference's answer: {2 * reach + 1} LRs a factor {settings.coarse_ratio:g} apart "
+           f"around its best LR {best_lr:.3g}{bracket_text}, instead of a range test and a grid of its own")
+    return lrs, why
+
+
 def refine_lrs(best: LrResult, runs: list[Run], edge_lr: float | None, settings: EdgeSettings,
                budget: Budget, queued: tuple[float, ...] = ()) -> list[float]:
     """refine_points LRs log-spaced within best / refine_factor .. best x refine_factor, and the coarse
@@ -224,7 +246,10 @@ def rerun_lrs(best: LrResult, runs: list[Run], settings: EdgeSettings, budget: B
 
 
 def seed_lrs(ranking: list[LrResult], settings: EdgeSettings) -> list[LrResult]:
-    return crowned_ranking(ranking)[: settings.seed_lrs] if settings.seeds > 1 else []
+    """The LRs the seeds stage gives further seeds: the ``seed_lrs`` lowest means. Not the crowned ranking: the
+    crown goes to an LR with the most seeds, and a bracket end confirmed (or probed) with two seeds before this
+    stage, far above the best, would take the seeds the best LRs need."""
+    return sorted(ranking, key=lambda r: (r.mean, r.lr))[: settings.seed_lrs] if settings.seeds > 1 else []
 
 
 def _fits(log_room: float, log_step: float) -> int:
