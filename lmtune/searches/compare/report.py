@@ -42,7 +42,7 @@ from lmtune.training.figures import save_figure  # noqa: E402
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING  # noqa: E402
 
 # What benchmarks/batch_coverage.py measured (3 and 5 batch sizes, 300 simulated searches per scenario, commit
-# 0d1d4aa+): the exponent's interval and each batch's LR* interval, where one power law holds.
+# 532a474): the exponent's interval and each batch's LR* interval, where one power law holds.
 K_COVERAGE, LR_COVERAGE = "98.7–100%", "96–99.8%"
 LOSS_FIGURE, CURVES_FIGURE, BATCH_FIGURE = "compare_loss_vs_lr.png", "compare_curves.png", "compare_batch.png"
 
