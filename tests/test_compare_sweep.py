@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, TINY_TRIAL, run_space_and_analyze, trial_dirs
+from conftest import EXAMPLE, TINY_TRIAL, run_lmtune, run_space_and_analyze, trial_dirs
 
 from lmtune.searches.state import read_search_state
 
@@ -114,3 +114,17 @@ def test_a_users_model_variants_train_with_their_own_arguments_and_the_report_co
     assert list(rows) == ["rope", "nope"] and rows["nope"]["difference"]["verdict"]
     markdown = (user_model_compare["dir"] / "report" / "lr_sweep_analysis.md").read_text()
     assert "| nope | use_rope=False |" in markdown
+
+
+def test_a_batch_size_variant_too_large_for_memory_is_refused_in_one_line_before_any_trial(builtin_data, tmp_path):
+    """The 17M model at batch 3,200 x 256 tokens needs about 260 GiB: refused naming the batch and the fix, before
+    Tune starts a trial (no trial folder)."""
+    space = tmp_path / "huge.yaml"
+    space.write_text("search: compare\nbudget: low-resource\nscheduler: {name: none}\n"
+                     "variants: {reference: {}, huge: {batch_size: 3200}}\n")
+    proc = run_lmtune("run", "--space", str(space), "--name", "huge", "--results", str(tmp_path / "results"),
+                      "--data", str(builtin_data), "--num-cpus", "1", "--no-dashboard", "--quiet")
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "batch_size 3200" in errors[0] and "GiB" in errors[0], proc.stderr[-2000:]
+    assert not (tmp_path / "results" / "huge").exists() or not trial_dirs(tmp_path / "results" / "huge")

@@ -41,6 +41,7 @@ from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.loop import resolve_config
+from lmtune.training.memory import check_fits
 from lmtune.usercode.checks import check_code, check_model
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, UserCode
 from lmtune.usercode.model import parameter_fingerprint
@@ -103,6 +104,10 @@ def place_on_cluster(options: SweepOptions, plan: SweepPlan) -> Placement:
         why = (f" (the cluster scales to {capacity.workers} worker{'s' * (capacity.workers != 1)}: {cpus:g} CPUs, "
                f"{gpus:g} GPUs)")
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    if not gpus and not options.address:  # trials on this machine's CPU: the largest one must fit its memory
+        largest = plan.largest_trial()
+        check_fits(largest, torch.device("cpu"), members=plan.space.fuse,
+                   where=f"the sweep's largest trial (batch_size {largest.train.batch_size})")
     return place_trials(plan.largest_trial(), plan.space.fuse, options.cpus_per_trial, options.gpus_per_trial,
                         options.max_concurrent, cpus, gpus, gpu_bytes, why)
 
