@@ -50,7 +50,9 @@ class WandbSink:
         values = numbers(row)  # (refuses a key no metric is registered for, before W&B starts)
         if self.run is None:
             self._start()
-        self.run.log(values, step=row["step"])
+        # commit: each row is whole when written; with a step given, wandb otherwise holds it until a later step or
+        # the run's finish flushes it, and a finish under load lost the last one (its history came back empty)
+        self.run.log(values, step=row["step"], commit=True)
 
     def close(self, result: Any) -> None:
         if self.run is None:

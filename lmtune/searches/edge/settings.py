@@ -63,9 +63,6 @@ class EdgeSettings:
     the best has, for every such LR)."""
     max_extensions: int = 3
     """When no LR diverged (or every LR did), probes this many times further out, coarse_ratio^2 apart."""
-    warm_reach: int = 2
-    """A search started from another's answer (a compare search's ``start: reference``): its first grid reaches
-    this many coarse_ratio steps each side of that best LR."""
 
     def validate(self, where: str = "edge") -> None:
         """Raise LmtuneError (one line naming the key) for settings no search could use."""
@@ -96,7 +93,6 @@ class EdgeSettings:
             ("seed_lrs", self.seed_lrs >= 1, "must be at least 1"),
             ("seed_rounds", self.seed_rounds >= 0, "must be >= 0"),
             ("max_extensions", self.max_extensions >= 0, "must be >= 0"),
-            ("warm_reach", 1 <= self.warm_reach <= 4, "must be from 1 to 4 (coarse_ratio steps each side)"),
         ]
         found = failed_checks(self, checks)
         return found or self.bounds()
@@ -177,12 +173,17 @@ def coarse_lrs(steepest_lr: float | None, blowup_lr: float | None, settings: Edg
     return lrs, why
 
 
+# A search started from another's answer: its first grid reaches this many coarse_ratio steps each side of that best
+# LR (benchmarks/compare_start.py measured it).
+WARM_REACH = 2
+
+
 def warm_lrs(best_lr: float, stable_lr: float | None, diverged_lr: float | None,
              settings: EdgeSettings) -> tuple[list[float], str]:
     """The first grid of a search that starts from another's answer (a compare search's later variant, from the
-    reference's): ``warm_reach`` LRs coarse_ratio apart each side of that best LR, and the ends of its edge
+    reference's): WARM_REACH LRs coarse_ratio apart each side of that best LR, and the ends of its edge
     bracket (where training failed moves less than the best LR does); nearest the best first."""
-    reach = settings.warm_reach
+    reach = WARM_REACH
     lrs = [best_lr * settings.coarse_ratio ** k for k in range(-reach, reach + 1)]
     for end in (stable_lr, diverged_lr):
         if end is not None and not any(same_lr(end, lr) for lr in lrs):
