@@ -47,8 +47,9 @@ SCENARIOS = {
 
 
 class Simulated:
-    def __init__(self, truths: dict[str, tuple[float, float]], tokens: int, seed: int):
-        self.truths, self.tokens = truths, tokens
+    def __init__(self, truths: dict[str, tuple[float, float]], tokens: int, seed: int,
+                 floors: dict[str, float] | None = None):
+        self.truths, self.tokens, self.floors = truths, tokens, floors or {}
         self.rng = np.random.default_rng(seed)
         self.draws: dict[tuple[str, float, int], float] = {}  # the same draw for the same run under either start
 
@@ -68,7 +69,7 @@ class Simulated:
         key = (config["variant"], round(math.log(lr), 6), seed)
         draw = self.draws.setdefault(key, float(self.rng.standard_normal()))
         x = math.log(lr / best)
-        loss = 2.0 + CURVATURE * x * x * math.exp(SKEW * x) + NOISE * draw
+        loss = self.floors.get(config["variant"], 2.0) + CURVATURE * x * x * math.exp(SKEW * x) + NOISE * draw
         search.observe(trial_id, {"tokens": self.tokens, "val_loss": loss})
         search.complete(trial_id, "completed", {"tokens": self.tokens})
 
@@ -78,10 +79,12 @@ def plan() -> SweepPlan:
     return SweepPlan.create(space, budget_config(space.budget, space.fixed))
 
 
-def searched(start: str, truths: dict, seed: int, the_plan: SweepPlan) -> CompareSearch:
+def searched(start: str, truths: dict, seed: int, the_plan: SweepPlan,
+             floors: dict[str, float] | None = None) -> CompareSearch:
     settings = replace(the_plan.space.strategy.settings, start=start)
     budget = the_plan.budget()
-    search, runs = CompareSearch(settings, budget, max_pending=1), Simulated(truths, budget.full_tokens, seed)
+    search = CompareSearch(settings, budget, max_pending=1)
+    runs = Simulated(truths, budget.full_tokens, seed, floors)
     for trial in range(800):
         config = search.suggest(f"t{trial:04d}")
         if config in (FINISHED, WAIT):

@@ -69,8 +69,8 @@ def rows(sweep: Path, truths: dict[str, Path]) -> list[list[str]]:
         moved = truth_moved(truth_json.get("basin"), reference_json.get("basin"))
         row = searched.get(name) or {}
         verdict = (row.get("difference") or {}).get("verdict")
-        out.append([name, f"{truth.best_lr:.3g} vs {reference.best_lr:.3g}", f"{told.value:+.4f} ± {2 * told.se:.4f}: "
-                    f"{told.verdict}", f"{'yes' if moved else 'no'}",
+        out.append([name, f"{truth.best_lr:.3g} vs {reference.best_lr:.3g}",
+                    f"{told.value:+.4f} ± {told.threshold:.4f}: {told.verdict}", f"{'yes' if moved else 'no'}",
                     f"{row.get('best_lr', 0):.3g}", f"{(row.get('difference') or {}).get('value', float('nan')):+.4f}: "
                     f"{verdict}", "yes" if row.get("optimum_moved") else "no",
                     "agree" if verdict == told.verdict and bool(row.get("optimum_moved")) == moved else "disagree",

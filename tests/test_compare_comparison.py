@@ -1,5 +1,5 @@
 """How a compare search's report judges a variant against the reference, Ray-free, from runs written by hand: the
-difference of the two best means at 2 standard errors of a difference (better, worse, or not distinguishable, with
+difference of the two best means against Student's t at the 2-SE level (better, worse, or not distinguishable, with
 the seeds that would resolve it), the variant's loss at the reference's best LR (diverged runs counted apart), and
 whether the optimum moved."""
 
@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from lmtune.analysis.runs import Budget, Run
+from lmtune.analysis.locate import t_quantile
+from lmtune.analysis.runs import Budget, Run, spread_lrs
 from lmtune.searches.compare.comparison import BETTER, NO_SPREAD, UNRESOLVED, WORSE, compare_variants
 from lmtune.searches.compare.settings import CompareSettings, Variant
 
@@ -45,11 +46,21 @@ def test_a_variant_clearly_higher_is_worse():
     assert result(runs(0.01, 2.1)).variants[1].difference.verdict == WORSE
 
 
-def test_a_difference_within_2_se_is_not_distinguishable_and_says_how_many_seeds_would_resolve_it():
+def test_a_difference_within_the_threshold_is_not_distinguishable_and_says_how_many_seeds_would_resolve_it():
     difference = result(runs(0.01, 2.012)).variants[1].difference
     assert difference.verdict == UNRESOLVED
-    # 2 * sqrt((0.01^2 + 0.01^2) / n) < 0.012 from n = 6 seeds (n > 5.56)
-    assert difference.seeds_to_resolve == 6
+    # t(dof) * sqrt((0.01^2 + 0.01^2) / n) < 0.012, each seed a degree of freedom more: from n = 7 (at 2 SE flat: 6)
+    assert difference.seeds_to_resolve == 7
+
+
+def test_the_threshold_is_students_t_at_the_2_se_level_for_the_spreads_degrees_of_freedom():
+    compared = result(runs(0.01, 2.012))
+    difference = compared.variants[1].difference
+    # the degrees of freedom of each side's pooled spread: 2 per 3-seed LR it pools
+    dof = sum(len(r.losses) - 1 for v in compared.variants for r in spread_lrs(list(v.conclusion.ranking)))
+    assert dof >= 4 and dof % 2 == 0
+    assert difference.threshold == pytest.approx(t_quantile(dof, 2.0) * difference.se)
+    assert difference.threshold > 2 * difference.se
     same = result(runs(0.01, 2.012))
     assert same.variants[1].optimum_moved(same.reference) is False
 

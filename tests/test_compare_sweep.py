@@ -67,6 +67,7 @@ def test_the_report_compares_every_variant_with_the_reference_at_its_own_best_lr
     assert "## The variants, each at its own best LR" in markdown and "| no_norm | norm none |" in markdown
     assert (report / "compare_loss_vs_lr.png").stat().st_size > 0 and (report / "compare_curves.png").exists()
     assert "compare search: 3 variants" in compare_sweep["analyze"].stdout
+    assert compare_sweep["summary"]["range_test"]["variant"] == "reference"  # the reference's range test, named
 
 
 def test_the_report_reads_the_batch_size_variants_together_leaving_the_ablation_out(compare_sweep):

@@ -106,10 +106,11 @@ def missing_trials(sweep_dir: Path, trials: list[TrialRecord]) -> list[MissingTr
             if trial_id not in present and "members" not in entry]  # (a fused group's own entry: no folder)
 
 
-def load_range_test(sweep_dir: Path) -> RangeTestResult | None:
-    """The edge search's LR range test (its trial folder's range_test.json), or None."""
+def load_range_test(sweep_dir: Path, variant: str | None = None) -> RangeTestResult | None:
+    """The edge search's LR range test (its trial folder's range_test.json), or None; with ``variant``, that
+    compare variant's."""
     for folder in trial_folders(sweep_dir):
-        if folder.params.get("stage") == "range":
+        if folder.params.get("stage") == "range" and (variant is None or folder.params.get("variant") == variant):
             return read_range_test(folder.path)
     return None
 

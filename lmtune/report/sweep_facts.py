@@ -56,12 +56,14 @@ def sweep_asha_budget(record: SweepRecord, trials: list[TrialRecord]) -> AshaBud
     return asha_budget(record.plan.space.scheduler, largest) if largest else None
 
 
-def range_summary(result: RangeTestResult | None) -> JsonObject | None:
-    """summary.json's ``range_test``: what the edge search's LR range test found (None: it ran none)."""
+def range_summary(result: RangeTestResult | None, variant: str | None = None) -> JsonObject | None:
+    """summary.json's ``range_test``: what the edge search's LR range test found (None: it ran none); a compare
+    search's reference ``variant``'s, named."""
     if result is None:
         return None
     return {"steepest_lr": result.steepest_lr, "min_loss_lr": result.min_loss_lr, "blowup_lr": result.blowup_lr,
-            "stopped_because": result.stopped_because, "tokens": result.tokens, "steps": len(result.lrs)}
+            "stopped_because": result.stopped_because, "tokens": result.tokens, "steps": len(result.lrs),
+            **({"variant": variant} if variant else {})}
 
 
 def data_description(record: SweepRecord) -> str:

@@ -88,7 +88,8 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int =
     if not trials:
         raise LmtuneError(f"{sweep_dir} has no trials yet (no trial folders); wait until the sweep has started "
                           "trials, then run the report again")
-    range_test = load_range_test(sweep_dir)
+    range_variant = record.plan.space.strategy.range_test_variant() if record.plan else None
+    range_test = load_range_test(sweep_dir, range_variant)
     range_tokens = range_test.tokens if range_test is not None else None
     inputs = SweepInputs(record, trials, sweep_dir, target, sweep_budget(record, trials), vocab_size(record),
                          range_tokens)
@@ -101,7 +102,7 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int =
         missing_trials=tuple(missing_trials(sweep_dir, trials)), best_trial_dir=best_trial_dir,
         best_config=best.params if best else None, search_strategy=search_description(record, trials),
         compute=compute_accounting(record, trials, range_tokens), data=data_description(record),
-        range_test=range_summary(range_test), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        range_test=range_summary(range_test, range_variant), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         model=model_facts(record, trials), samples=texts, samples_note=note)
     sharp_rows = tuple(sweep_sharpness(record, trials, summary.best_trial)) if sharpness else None
     return SweepReport(record, trials, summary, facts, sharp_rows, range_test)

@@ -124,6 +124,9 @@ class SearchStrategy(Protocol):
     def range_test(self) -> RangeTestConfig | None:
         """The LR range test settings of a trial of stage "range" (None: it runs none)."""
 
+    def range_test_variant(self) -> str | None:
+        """The variant whose range test the report shows (a compare search's reference; None: the sweep's one)."""
+
     def finished(self, sweep_dir: Path) -> bool:
         """Whether the search itself has ended (a searcher that decides as it goes may not have, when its
         trials all have)."""
@@ -173,6 +176,9 @@ class StrategyDefaults:
         return self  # nothing of it depends on the base config
 
     def range_test(self) -> RangeTestConfig | None:
+        return None
+
+    def range_test_variant(self) -> str | None:
         return None
 
     def finished(self, sweep_dir: Path) -> bool:

@@ -49,9 +49,11 @@ def range_test(facts: SweepFacts) -> list[str]:
     found = facts.range_test
     if not found:
         return []
+    whose = (f" (variant {found['variant']}'s, the reference; each other variant's placed its own coarse grid, as "
+             "the decisions say)") if found.get("variant") else ""
     return ["## LR range test", "",
-            f"One run of {found['steps']} steps ({tokens(found['tokens'])} tokens) with the LR rising exponentially "
-            f"(Smith 2017): steepest descent at lr **{lr(found['steepest_lr'])}**, lowest loss at "
+            f"One run{whose} of {found['steps']} steps ({tokens(found['tokens'])} tokens) with the LR rising "
+            f"exponentially (Smith 2017): steepest descent at lr **{lr(found['steepest_lr'])}**, lowest loss at "
             f"{lr(found['min_loss_lr'])}, blow-up at **{lr(found['blowup_lr'], 'none')}** "
             f"({found['stopped_because']}). Each LR is held for one step only, so this blow-up is not the edge of a "
             f"full run; the search placed its coarse grid with it. Figure: `{RANGE_TEST.file}`.", ""]

@@ -88,6 +88,9 @@ class CompareStrategy(DecidingDefaults):
     def range_test(self) -> RangeTestConfig:
         return EdgeStrategy(self.settings.edge).range_test()  # each variant's edge search's
 
+    def range_test_variant(self) -> str | None:
+        return self.settings.reference.name  # (each variant's own: its coarse grid's line in the decisions)
+
     def expected_trials(self) -> tuple[int, int]:
         per_variant, _ = EdgeStrategy(self.settings.edge).expected_trials()
         return per_variant * len(self.settings.variants), 0

@@ -1,9 +1,13 @@
 """What a compare search's runs say, Ray-free and file-free: each variant's conclusion at its own best LR
 (lmtune.analysis.conclusion), its loss at the reference's best LR, and its difference to the reference with a
-verdict at 2 standard errors (from the spread over seeds) and, where the seeds cannot tell, how many would.
+verdict at the 2-standard-error level (from the spread over seeds) and, where the seeds cannot tell, how many would.
 
-The verdict's rule is the one ``lr_truth.py compare`` and the report's basin use: two mean losses differ where their
-difference exceeds 2 standard errors of a difference, each mean's error its pooled run-to-run sd over √seeds.
+The verdict's rule: two best mean losses differ where their difference exceeds a threshold of standard errors of a
+difference, each mean's error its pooled run-to-run sd over √seeds; the threshold is Student's t at the level of 2
+SE of a normal (95.4%, two-sided) for the two pooled spreads' degrees of freedom. With the 2 seeds a quick search
+gives its best LRs, those are few, and 2 SE flat called a difference between two identical variants in 14.7% of
+simulated searches (benchmarks/compare_verdicts.py); at Student's t, 4.5%. The truths' comparison
+(benchmarks/compare_truth.py) uses the same rule.
 """
 
 from __future__ import annotations
@@ -13,16 +17,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from lmtune.analysis.conclusion import Conclusion, conclude
-from lmtune.analysis.locate import locate_best_lr
-from lmtune.analysis.runs import SAME_LR, Budget, Run, effective_runs, same_lr
+from lmtune.analysis.locate import locate_best_lr, t_quantile
+from lmtune.analysis.runs import SAME_LR, Budget, Run, effective_runs, same_lr, spread_lrs
 from lmtune.files import JsonObject
 from lmtune.searches.compare.batch import BATCH_ONLY, BatchPoint, BatchScaling, fit_batches
 from lmtune.searches.compare.settings import CompareSettings, Variant
 from lmtune.searches.trial_order import RANGE_STAGE
 
-# Differences beyond this many standard errors count (the basin's SIGNIFICANCE_SE, lr_truth.py compare's rule).
+# Differences count at the level of this many standard errors of a normal (the basin's SIGNIFICANCE_SE), made
+# Student's t for the degrees of freedom of the seed spreads.
 SIGNIFICANCE_SE = 2.0
-BETTER, WORSE, UNRESOLVED, NO_SPREAD = "better", "worse", "not distinguishable at 2 SE", "no seed spread measured"
+MAX_SEEDS_TO_RESOLVE = 1000
+BETTER, WORSE, UNRESOLVED, NO_SPREAD = "better", "worse", "not distinguishable", "no seed spread measured"
 
 
 @dataclass(frozen=True)
@@ -50,10 +56,13 @@ class Difference:
     verdict: str
     """BETTER, WORSE, UNRESOLVED or NO_SPREAD."""
     seeds_to_resolve: int | None
-    """Seeds per variant at which 2 SE of the difference would fall below it, where it is UNRESOLVED."""
+    """Seeds per variant at which the threshold would fall below the difference, where it is UNRESOLVED."""
+    threshold: float | None = None
+    """The size the difference had to exceed: Student's t (the spreads' degrees of freedom, the 2-SE level) x se."""
 
     def to_json(self) -> JsonObject:
-        return {"value": self.value, "se": self.se, "verdict": self.verdict, "seeds_to_resolve": self.seeds_to_resolve}
+        return {"value": self.value, "se": self.se, "threshold": self.threshold, "verdict": self.verdict,
+                "seeds_to_resolve": self.seeds_to_resolve}
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,11 @@ def at_lr(runs: Iterable[Run], lr: float | None) -> AtReference | None:
     return AtReference(lr, losses, sum(r.diverged for r in there))
 
 
+def _spread_dof(conclusion: Conclusion) -> int:
+    """The degrees of freedom of a conclusion's pooled seed spread (lmtune.analysis.runs.spread_lrs)."""
+    return sum(len(r.losses) - 1 for r in spread_lrs(list(conclusion.ranking)))
+
+
 def difference(variant: Conclusion, reference: Conclusion) -> Difference | None:
     """The variant's best mean loss against the reference's, judged at 2 SE of a difference."""
     a, b = variant.best, reference.best
@@ -173,8 +187,19 @@ def difference(variant: Conclusion, reference: Conclusion) -> Difference | None:
     if sa is None or sb is None:
         return Difference(value, None, NO_SPREAD, None)
     se = math.sqrt(sa ** 2 / len(a.losses) + sb ** 2 / len(b.losses))
-    if abs(value) > SIGNIFICANCE_SE * se:
-        return Difference(value, se, BETTER if value < 0 else WORSE, None)
-    # seeds n per variant at which SIGNIFICANCE_SE * sqrt((sa^2 + sb^2) / n) < |value|
-    needed = math.floor(SIGNIFICANCE_SE ** 2 * (sa ** 2 + sb ** 2) / value ** 2) + 1 if value else None
-    return Difference(value, se, UNRESOLVED, needed)
+    dof = _spread_dof(variant) + _spread_dof(reference)
+    threshold = t_quantile(dof, SIGNIFICANCE_SE) * se
+    if abs(value) > threshold:
+        return Difference(value, se, BETTER if value < 0 else WORSE, None, threshold)
+    return Difference(value, se, UNRESOLVED, _seeds_to_resolve(value, sa, sb, dof, len(a.losses), len(b.losses)),
+                      threshold)
+
+
+def _seeds_to_resolve(value: float, sa: float, sb: float, dof: int, seeds_a: int, seeds_b: int) -> int | None:
+    """Seeds n per variant at each best LR at which a difference this large would pass the threshold, each seed
+    added a degree of freedom (None: none, or over MAX_SEEDS_TO_RESOLVE)."""
+    for n in range(max(seeds_a, seeds_b) + 1, MAX_SEEDS_TO_RESOLVE + 1):
+        more = dof + (n - seeds_a) + (n - seeds_b)
+        if value and t_quantile(more, SIGNIFICANCE_SE) * math.sqrt((sa ** 2 + sb ** 2) / n) < abs(value):
+            return n
+    return None

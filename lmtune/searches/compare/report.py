@@ -80,9 +80,11 @@ class CompareSection:
         for variant in result.variants[1:]:
             if variant.difference is not None and variant.difference.verdict == UNRESOLVED:
                 need = variant.difference.seeds_to_resolve
-                lines.append(f"- {variant.name}: {variant.difference.value:+.4f} nats is within 2 SE "
-                             f"(±{2 * variant.difference.se:.4f}); about {need} seeds per variant at each best LR "
-                             "would resolve a difference this large.")
+                lines.append(f"- {variant.name}: {variant.difference.value:+.4f} nats is within the threshold "
+                             f"(±{variant.difference.threshold:.4f}); "
+                             + (f"about {need} seeds per variant at each best LR would resolve a difference this "
+                                "large." if need else "no practical number of seeds would resolve a difference "
+                                                      "this small."))
             moved = variant.optimum_moved(reference)
             if moved is not None:
                 lines.append(f"- {variant.name}: its best LR {lr(variant.conclusion.best_lr)} is "
@@ -123,7 +125,10 @@ def _method(result: CompareResult) -> str:
             f"whole budget ({tokens(budget.full_tokens)} tokens: a batch-size variant in its own steps) with nothing "
             "cut early but a divergence; each variant is read at its own crowned best LR (the lowest mean over as "
             "many seeds as the LRs it beats). Against the reference: the difference of the two best means, judged "
-            "at 2 standard errors of a difference (each mean's error its variant's pooled seed sd over √seeds). "
+            "at the level of 2 standard errors of a difference (each mean's error its variant's pooled seed sd over "
+            "√seeds), made Student's t for the few degrees of freedom the seeds give: the ± is the threshold it "
+            "had to exceed (at 2 SE flat, two identical variants were called different in 14.7% of simulated "
+            "searches; at this threshold 4.5%: benchmarks/compare_verdicts.py). "
             "The reference's best LR was also trained on every other variant with the reference's seeds: the "
             "loss at the previous optimal LR.")
 
@@ -151,7 +156,7 @@ def _row(v: VariantResult, is_reference: bool) -> list[str]:
             if c.edge.diverged_lr else "no LR diverged")
     at_ref = "(itself)" if is_reference else _at_reference_text(v) if v.at_reference else "—"
     d = v.difference
-    versus = "—" if d is None else f"{d.value:+.4f}" + (f" ± {2 * d.se:.4f}" if d.se is not None else "") + \
+    versus = "—" if d is None else f"{d.value:+.4f}" + (f" ± {d.threshold:.4f}" if d.threshold else "") + \
         f": {d.verdict}"
     return [v.name, changes, f"{v.runs} ({tokens(v.tokens)})", f"{lr(c.best_lr)}{basin_text}" if best else "—",
             loss, edge, at_ref, versus]
