@@ -42,36 +42,30 @@ TEST_ASHA = {"name": "asha", "grace_period": 0.2, "reduction_factor": 2}
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-# The suite runs on three pytest-xdist workers (scripts/test.sh: -n 3) on CI's two cores: a third of its time a
-# worker only waits (Ray starting, a subprocess, a poll), so a third worker fills the cores where two left them idle
-# half the time. Each test file's tests run on one worker so that a module's fixtures run once. Two groups of files
-# run one after another on one worker each (SERIAL_RAY_GROUPS): the files that share the session's quick sweep
-# (computed once per worker), open Ray's dashboard or start a cluster with `ray start` (its dashboard agent needs a
-# port to itself); and the files whose sweeps are large enough that two at once would only take turns. Every other
-# file runs beside them. A sweep whose test asserts nothing of trials running at once runs them one at a time
+# The suite runs on two pytest-xdist workers (scripts/test.sh: -n 2), each test file's tests on one worker so that
+# a module's fixtures run once. The files below run one after another on one worker: they share the session's quick
+# sweep, open Ray's dashboard, start a cluster with `ray start` (its dashboard agent needs a port to itself), or
+# train sweeps large enough that two at once would only take turns on the two cores; every other file runs beside
+# them, on the other worker. A sweep whose test asserts nothing of trials running at once runs them one at a time
 # (--num-cpus 1): on two cores both busy a second trial only takes turns with the first, and costs trial workers of
 # its own (the README's edge command at test size: 60 CPU-s and 8 trial workers at --num-cpus 2, 43 and 1 at 1; the
 # same 25 trials and conclusions).
-SERIAL_RAY_GROUPS = {
-    "serial-shared-ray": frozenset({
-        "test_analyze.py", "test_diagnose.py", "test_hostile_inputs.py", "test_retention.py", "test_sweep.py",
-        "test_cloud_rehearsal.py", "test_hostile_sweeps.py"}),
-    "serial-large-sweeps": frozenset({
-        "test_faults.py", "test_edge_sweep.py", "test_horizon_sweep.py", "test_width_sweep.py",
-        "test_fused_sweep.py"}),
-}
+SERIAL_RAY_FILES = frozenset({
+    "test_analyze.py", "test_diagnose.py", "test_hostile_inputs.py", "test_retention.py", "test_sweep.py",
+    "test_faults.py", "test_cloud_rehearsal.py", "test_hostile_sweeps.py", "test_edge_sweep.py",
+    "test_horizon_sweep.py", "test_width_sweep.py", "test_fused_sweep.py"})
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """xdist's scheduler by scope, a scope being a test file or, for a group of SERIAL_RAY_GROUPS, all of its files
-    together (the scopes with the most tests, which xdist hands out first)."""
+    """xdist's scheduler by scope, a scope being a test file or, for SERIAL_RAY_FILES, all of them together (the
+    scope with the most tests, which xdist hands out first)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
-            return next((group for group, files in SERIAL_RAY_GROUPS.items() if Path(file).name in files), file)
+            return "serial-ray" if Path(file).name in SERIAL_RAY_FILES else file
 
     return FileScheduling(config, log)
 
