@@ -153,13 +153,14 @@ def test_the_bracket_agrees_with_direct_runs_trained_without_early_stopping(resu
     c = read_search_state(sweep_dir, "edge")["conclusion"]
     confirmation = c["edge_confirmation"]
     assert confirmation["confirmed"] and len(confirmation["stable_end"]) == 2  # edge_seeds
-    params, dirs = trial_params(sweep_dir), trial_dirs(sweep_dir)
+    params, dirs, ledger = trial_params(sweep_dir), trial_dirs(sweep_dir), read_outcomes(sweep_dir)
     record = SweepRecord.read(sweep_dir)
     baseline = record.plan.unigram_loss
     ends = [(c["edge_lr_low"], end["seed"], True) for end in confirmation["stable_end"]]
     ends += [(c["divergence_lr"], end["seed"], False) for end in confirmation["diverged_end"]]
     for lr, seed, trains in ends:
-        trial_id = next(t for t, p in params.items() if p.get("lr") == lr and p.get("seed") == seed)
+        # (the trial that ran it: one the driver's stop interrupted before Ray recorded it was run again in another)
+        trial_id = next(t for t, p in params.items() if p.get("lr") == lr and p.get("seed") == seed and t in ledger)
         config = RunConfig.from_dict(json.loads((dirs[trial_id] / "config.json").read_text()))
         direct = train(config, tmp_path / f"direct-{lr}-{seed}", divergence=record.divergence_rule)
         final = direct.summary["final_val_loss"]
