@@ -19,7 +19,6 @@ scenario here is held out.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import append_row  # noqa: E402
 from lmtune.searches.compare.comparison import compare_variants, with_batches  # noqa: E402 (lmtune from this checkout)
 from lmtune.searches.compare.search import CompareSearch  # noqa: E402
 from lmtune.searches.deciding import FINISHED, WAIT  # noqa: E402
@@ -179,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['median_interval_width'] or 0:>7.2f} {row['sqrt_allowed']:>8.1%} {row['linear_allowed']:>7.1%} "
               f"{row['lr_star_coverage']:>10.1%} {row['law_rejected']:>8.1%} {row['median_trials']:>7.0f}"
               f"  ({time.monotonic() - started:.0f} s)", flush=True)
-        if args.jsonl:
-            with open(args.jsonl, "a") as handle:
-                handle.write(json.dumps({"benchmark": "batch_coverage", **row}) + "\n")
+        append_row(args.jsonl, "batch_coverage", row)
     return 0
 
 

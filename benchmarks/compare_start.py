@@ -15,7 +15,6 @@ far (x0.2 with the edge x0.02), and the edge alone moves (x0.1).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import replace
@@ -25,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import append_row  # noqa: E402
 from lmtune.analysis.conclusion import conclude  # noqa: E402 (lmtune from this checkout)
 from lmtune.analysis.runs import effective_runs  # noqa: E402
 from lmtune.searches.compare.search import CompareSearch  # noqa: E402
@@ -151,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             tail = f"   {row['same_best']:.1%}, {row['tokens_saved']:+.1%}" if start == "reference" else ""
             print(f"{name:<10} {start:<10} {r['trials']:>7.1f} {r['tokens']:>10,.0f} {r['within_1.5x']:>7.1%} "
                   f"{r['median_log_error']:>12.3f} {r['edge_held']:>10.1%}{tail}", flush=True)
-        if args.jsonl:
-            with open(args.jsonl, "a") as handle:
-                handle.write(json.dumps({"benchmark": "compare_start", **row}) + "\n")
+        append_row(args.jsonl, "compare_start", row)
     return 0
 
 

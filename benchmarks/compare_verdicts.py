@@ -10,7 +10,6 @@ difference, lmtune.searches.compare.comparison.difference).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections import Counter
@@ -20,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import append_row  # noqa: E402
 from benchmarks.compare_start import EDGE_RATIO, plan, searched  # noqa: E402
 from lmtune.searches.compare.comparison import BETTER, WORSE, compare_variants  # noqa: E402
 from lmtune.searches.trial_order import RANGE_STAGE  # noqa: E402
@@ -57,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         row = study(difference, args.searches)
         print(f"{difference:>10.2f} {row['comparisons']:>12} {row['false_calls']:>12.1%} {row['found_worse']:>12.1%}"
               f"   {row['verdicts']}", flush=True)
-        if args.jsonl:
-            with open(args.jsonl, "a") as handle:
-                handle.write(json.dumps({"benchmark": "compare_verdicts", **row}) + "\n")
+        append_row(args.jsonl, "compare_verdicts", row)
     return 0
 
 
