@@ -11,7 +11,6 @@ measured LR*s allow. How often that interval holds the true k is measured by ben
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -97,7 +96,3 @@ def fit_batches(points: Sequence[BatchPoint]) -> BatchScaling:
     except (LmtuneError, ValueError, ArithmeticError) as err:
         return BatchScaling(points, None, str(err))
     return BatchScaling(points, law)
-
-
-def median_speed(speeds: list[float]) -> float | None:
-    return statistics.median(speeds) if speeds else None

@@ -6,6 +6,7 @@ LR), and its lines before the CLIs' common ones."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ from lmtune.report.stability import (
 )
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
-from lmtune.searches.compare.batch import RULES, BatchScaling, median_speed  # noqa: E402
+from lmtune.searches.compare.batch import RULES, BatchScaling  # noqa: E402
 from lmtune.searches.compare.comparison import (  # noqa: E402
     UNRESOLVED,
     CompareResult,
@@ -168,7 +169,7 @@ def _speeds(trials: Sequence[TrialRecord]) -> dict[str, float | None]:
     for record in trials:
         if record.variant and record.stage != RANGE_STAGE and (speed := trial_row(record).tokens_per_s):
             speeds[record.variant].append(speed)
-    return {name: median_speed(values) for name, values in speeds.items()}
+    return {name: statistics.median(values) for name, values in speeds.items()}  # (each has a run)
 
 
 def _batch_lines(batch: BatchScaling) -> list[str]:
