@@ -274,3 +274,24 @@ def wandb_logger_callback(**kwargs: Any):
         _logger_actor_cls = FlushingWandbLoggingActor
 
     return FlushingWandbLoggerCallback(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray Tune: where the driver saves the experiment state before copying it into the experiment folder
+
+
+def experiment_staging_dir(trials: list[Any]) -> Path | None:
+    """The driver's folder Tune saves its experiment state into (``save_to_dir``) before its syncer copies it into
+    the experiment folder, named by any of the experiment's ``trials`` (None: no trial yet).
+
+    Why private: ``Trial.storage`` is Ray Train's internal StorageContext; no public API names the folder. lmtune
+    copies each save from there while it is complete and consistent (lmtune.sweep.ray_state): the experiment
+    folder's copy is made file by file in the background, neither atomic nor at one moment. No Ray issue asks for
+    an atomic experiment snapshot yet. Public API to move to: none exists; Tune writing its snapshot atomically would
+    make the copy unneeded.
+    """
+    for trial in trials:
+        storage = getattr(trial, "storage", None)
+        if storage is not None:
+            return Path(storage.experiment_driver_staging_path)
+    return None

@@ -51,6 +51,7 @@ from lmtune import run as run_cli
 from lmtune import train as train_cli
 from lmtune.errors import LmtuneError
 from lmtune.report.reader import load_sweep
+from lmtune.sweep.ray_state import backup_dir
 from lmtune.sweep.record import asha_state_path, read_outcomes, sole_writer
 from lmtune.sweep.runner import preflight_write_check
 from lmtune.training import checkpoint as ckpt
@@ -85,16 +86,18 @@ def has_checkpoint(trial_dir: Path) -> bool:
 
 @pytest.mark.slow
 def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_data, tmp_path):
-    """Kill -9 the whole sweep (driver, GCS, raylet, trial workers) once a trial has ended and a
-    running one has a checkpoint, leaving Ray's experiment snapshot cut short as a kill during its copy does
-    (lmtune.sweep.ray_state; CI met it); then --resume.
+    """Kill -9 the whole sweep (driver, GCS, raylet, trial workers) once a trial has ended and a running one has a
+    checkpoint, in the worst state a kill can leave (lmtune.sweep.ray_state; CI met it): Ray's newest experiment
+    snapshot cut short, and the whole copy lmtune kept an older one, naming a checkpoint Tune has deleted since (as
+    when the kill lands while Ray writes a snapshot, after Tune deleted the trial's older checkpoint). The test
+    keeps lmtune's copy from a moment when a running trial had its checkpoint, and puts it back after the kill.
+    Then --resume: every trial ends once, none in error, each decision made before the kill stands.
 
-    Tokens: a step is "redone" when it is executed twice: the killed attempt got past the checkpoint
-    the resumed attempt starts from. Per trial, redone = (highest step the killed attempt logged in
-    training.log) - (step of the checkpoint the next attempt logged "resuming from"). The killed
-    attempt may have run up to log_interval - 1 unlogged steps more, but never past the next
-    checkpoint step (a completed checkpoint there would have been resumed from), so the true count
-    is <= checkpoint_interval, which is what is asserted, on the measured count.
+    Tokens: an interrupted trial continues from the checkpoint the kept snapshot names (one it does not name, started
+    after it, from the start), or from a newer one of its own that its killed attempt wrote before Tune's report
+    returned (the run's staging copy: lmtune.sweep.reporting), never from an older one. Redone steps (steps executed
+    twice: highest step the killed attempt logged in training.log, minus the checkpoint step the next attempt logged
+    "resuming from") are printed.
 
     Records: each trial's metrics.csv holds every step its run logs exactly once, none missing, up to
     where it ended (the killed attempt's rows past its checkpoint were replaced, not kept twice or lost),
@@ -104,29 +107,53 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
     space = write_grid(tmp_path / "grid.yaml", lrs, steps=120)
     results = tmp_path / "results"
     sweep_dir = results / "kd"
+    kept, early = backup_dir(sweep_dir), tmp_path / "kept-early"
     args = ["--space", str(space), "--name", "kd", "--results", str(results), "--data", str(builtin_data),
             "--max-concurrent", "2", "--num-cpus", "2", "--no-dashboard", "--quiet"]
     started = time.monotonic()
     proc = start_sweep(*args)
 
-    def decided_and_running() -> bool:
-        """A moment with a decided trial and a checkpointed running one."""
+    def copied_early() -> bool:
+        """lmtune's copy, taken while it links a checkpoint of the first trial's (the best LR: it runs to its end)."""
+        if not list(kept.glob("snapshot-*/checkpoints/*/checkpoint_*/*.pt")):
+            return False
+        shutil.rmtree(early, ignore_errors=True)
+        try:
+            shutil.copytree(kept, early, copy_function=os.link)  # (a set is never changed, only replaced)
+        except (shutil.Error, OSError):  # (the driver rewrote it meanwhile: try again)
+            return False
+        return any(name.endswith(f"_lr={lrs[0]:.3g}") for name in early_checkpoints())  # (the LR that trains on)
+
+    def early_checkpoints() -> dict[str, tuple[str, int]]:
+        """Trial folder -> (Tune checkpoint, its step) of the running trials in the early copy."""
+        return {c.parent.name: (c.name, ckpt.checkpoint_step(next(c.glob("step_*.pt"))))
+                for c in early.glob("snapshot-*/checkpoints/*/checkpoint_*") if list(c.glob("step_*.pt"))}
+
+    def decided_and_running_past_early() -> bool:
+        """A decided trial, and a running one that the early copy names a checkpoint of Tune has deleted since."""
         if not sweep_dir.exists():
             return False
         ledger = read_outcomes(sweep_dir)
-        running = [d for t, d in trial_dirs(sweep_dir).items() if t not in ledger and has_checkpoint(d)]
-        stopped = [e for e in ledger.values() if e["outcome"] == "stopped_early"]
-        return bool(running and ledger and (stopped or len(ledger) >= len(lrs) - 2))
+        moved_on = [d for t, d in trial_dirs(sweep_dir).items() if t not in ledger and d.name in named
+                    and not (d / named[d.name][0]).exists() and has_checkpoint(d)]
+        return bool(moved_on and ledger)
 
     try:
-        wait_until(decided_and_running, proc, 600, "moment with a finished trial and a checkpointed running one",
+        wait_until(copied_early, proc, 600, "copy of lmtune's kept snapshot with a running trial's checkpoint",
                    poll_s=0.1)
+        named = early_checkpoints()
+        note(f"lmtune's kept copy taken after {time.monotonic() - started:.0f} s, naming {named}; ledger then "
+             f"{sorted(read_outcomes(sweep_dir))}")
+        wait_until(decided_and_running_past_early, proc, 600, "moment with a finished trial and a running one past "
+                   "the checkpoint the early copy names", poll_s=0.1)
         killed = kill_session(proc.pid)
     finally:
         kill_session(proc.pid)
         proc.stdout.close()
     kill_at = time.monotonic() - started
     assert not session_pids(proc.pid)
+    shutil.rmtree(kept)
+    shutil.copytree(early, kept)  # lmtune's copy as it was before Ray's last writes
     snapshot_file_of_ray = max(sweep_dir.glob("experiment_state-*.json"))
     snapshot_file_of_ray.write_bytes(snapshot_file_of_ray.read_bytes()[:100])
     ledger_before = read_outcomes(sweep_dir)  # the newest decisions written before the processes died
@@ -134,7 +161,8 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
     dirs_before = trial_dirs(sweep_dir)
     metrics_before = {t: snapshot_file(d / "metrics.csv") for t, d in dirs_before.items()}
     note(f"driver SIGKILL after {kill_at:.0f} s ({killed} processes in its session); ledger then: "
-         f"{ {t: e['outcome'] for t, e in ledger_before.items()} }")
+         f"{ {t: e['outcome'] for t, e in ledger_before.items()} }; lmtune's kept copy put back as it was when it "
+         f"named {named}")
 
     resumed_start = time.monotonic()
     proc = start_sweep(*args[:6], "--resume", "--num-cpus", "2", "--no-dashboard", "--quiet")
@@ -144,12 +172,12 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
     assert "Failed to restore" not in out, out[-4000:]
     assert json.loads(snapshot_file_of_ray.read_text())  # put back whole
 
-    # Every trial ends exactly once: one ledger entry per trial folder, all terminal.
+    # Every trial ends exactly once: one ledger entry per trial folder, all terminal, none in error.
     dirs = trial_dirs(sweep_dir)
     ledger = read_outcomes(sweep_dir)
     assert len(dirs) == len(lrs), sorted(p.name for p in sweep_dir.iterdir())
     assert set(ledger) == set(dirs), (sorted(ledger), sorted(dirs))
-    assert all(e["outcome"] in TERMINAL for e in ledger.values()), ledger
+    assert all(e["outcome"] in TERMINAL - {"error"} for e in ledger.values()), ledger
     assert f"{len(lrs)} trials:" in out, out[-3000:]
     # Decisions made before the kill stand: same ledger entry, and the trial was not run again.
     for trial_id, entry in ledger_before.items():
@@ -164,12 +192,15 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
                 for trial_id, value in rung_b["recorded"].items():
                     assert trial_id in rung_a["recorded"] and _same(rung_a["recorded"][trial_id], value)
 
-    # Tokens: nothing redone beyond one checkpoint interval per interrupted trial.
-    interval, log_interval = TINY_TRIAL["checkpoint_interval"], TINY_TRIAL["log_interval"]
-    redone = {t: redone_steps(d / "training.log") for t, d in dirs.items()}
-    interrupted = {t: r for t, r in redone.items() if r is not None}
-    assert interrupted, "no trial was interrupted mid-run"
-    assert all(0 <= r <= interval for r in interrupted.values()), interrupted
+    # Tokens: each interrupted trial continues from the checkpoint the kept snapshot names (none: the start).
+    attempts = {t: attempts_in(d / "training.log") for t, d in dirs.items() if t not in ledger_before}
+    interrupted = {t: a for t, a in attempts.items() if len(a) > 1}
+    assert any(dirs[t].name in named for t in interrupted), (named, attempts)
+    for trial_id, runs in interrupted.items():
+        (_, killed_at), (resumed, _) = runs[:2]
+        # (the killed attempt may have written a checkpoint before logging its step: up to log_interval past it)
+        newest = killed_at + TINY_TRIAL["log_interval"]
+        assert named.get(dirs[trial_id].name, (None, 0))[1] <= (resumed or 0) <= newest, (trial_id, named, runs)
     # Records: every logged step once, none missing, its tokens counted once.
     tokens_per_step = TINY_TRIAL["batch_size"] * TINY_TRIAL["context_length"]
     for trial_id, trial_dir in dirs.items():
@@ -180,9 +211,10 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
         assert steps == [s for s in range(1, last) if run.logs_at(s)] + steps[-1:], f"{trial_id}: {steps}"
         assert [r["tokens"] for r in rows] == [s * tokens_per_step for s in steps], trial_id
     outcomes = sorted(e["outcome"] for e in ledger.values())
-    note(f"driver SIGKILL + --resume: {len(interrupted)} interrupted trials redid {list(interrupted.values())} steps "
-         f"(checkpoint_interval {interval}, log_interval {log_interval}); outcomes {outcomes}; "
-         f"resume run {resume_s:.0f} s")
+    redone = {t: redone_steps(dirs[t] / "training.log") for t in interrupted}
+    note(f"driver SIGKILL + --resume from an older kept snapshot: {len(interrupted)} interrupted trials resumed "
+         f"from steps {[runs[1][0] for runs in interrupted.values()]} and redid {list(redone.values())} steps "
+         f"(checkpoint_interval {TINY_TRIAL['checkpoint_interval']}); outcomes {outcomes}; resume run {resume_s:.0f} s")
 
 
 def test_a_second_writer_of_a_sweep_is_refused_in_one_line_naming_the_holder(builtin_data, tmp_path, capsys):
@@ -261,11 +293,10 @@ def _same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
-def redone_steps(log_path: Path) -> int | None:
-    """Steps executed twice in a trial: for each attempt after the first, (highest step the previous
-    attempt logged) - (checkpoint step this attempt resumed from). None when the trial never restarted.
-    Attempts are separated by the "device=..." line each run logs; "resuming from" comes just before it."""
-    attempts: list[list[int | None]] = []  # [resumed-from step, highest logged step]
+def attempts_in(log_path: Path) -> list[tuple[int | None, int]]:
+    """A trial's attempts in its training.log: (checkpoint step it resumed from, None: the start; highest step it
+    logged). Attempts are separated by the "device=..." line each run logs; "resuming from" comes just before it."""
+    attempts: list[list[int | None]] = []
     pending = None
     for line in log_path.read_text().splitlines():
         if m := re.search(r"resuming from \S*step_(\d+)\.pt", line):
@@ -275,6 +306,13 @@ def redone_steps(log_path: Path) -> int | None:
             pending = None
         elif attempts and (m := re.search(r" step (\d+)/\d+ loss", line)):
             attempts[-1][1] = max(attempts[-1][1], int(m.group(1)))
+    return [(resumed, highest) for resumed, highest in attempts]
+
+
+def redone_steps(log_path: Path) -> int | None:
+    """Steps executed twice in a trial: for each attempt after the first, (highest step the previous attempt
+    logged) - (checkpoint step this attempt resumed from). None when the trial never restarted."""
+    attempts = attempts_in(log_path)
     if len(attempts) < 2:
         return None
     return sum(max(0, prev[1] - (cur[0] or 0)) for prev, cur in zip(attempts, attempts[1:], strict=False))

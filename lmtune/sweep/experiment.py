@@ -37,6 +37,7 @@ from lmtune.sweep.retention import CheckpointPruner, TuneResultsKept
 from lmtune.sweep.searcher import tune_search_alg
 from lmtune.sweep.spaces import SearchSpace, load_space
 from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
+from lmtune.sweep.storage import is_uri
 from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
@@ -56,7 +57,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     space = load_space(options.space)
     if options.fuse is not None:
         space = space.fused(options.fuse, fail=lambda message: LmtuneError(f"--fuse {options.fuse}: {message}"))
-    if space.fuse > 1 and options.storage and "://" in options.storage:
+    if space.fuse > 1 and options.storage and is_uri(options.storage):
         raise LmtuneError(f"--storage {options.storage}: fused members write beside their trial's folder, which needs "
                           "filesystem storage (a local or shared path); use fuse: 1 with URI storage")
     return make_plan(space, options.data, options.budget, options.overrides, options.code)
@@ -130,13 +131,13 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
                            min_tokens_per_s=space.stopper.min_tokens_per_s,
                            slow_grace_reports=space.stopper.slow_grace_reports,
                            # (with object storage the results disk holds only the driver's records)
-                           disk_guard=None if "://" in options.storage_path else DiskGuard(
+                           disk_guard=None if is_uri(options.storage_path) else DiskGuard(
                                options.results.resolve(), disk_reserve(plan, placement.max_concurrent)))
     # The recorder first: the pruner reads the outcome it records.
     callbacks: list[tune.Callback] = [
         recorder, CheckpointPruner(options.storage_path, options.keep, space.strategy.held_checkpoints, sweep_dir),
         *result_loggers(options.storage_path)]
-    if "://" not in options.storage_path:  # an object store takes Ray's snapshot whole or not at all
+    if not is_uri(options.storage_path):  # an object store takes Ray's snapshot whole or not at all
         callbacks.append(RayStateBackup(sweep_dir))
     if options.wandb_project:
         callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
@@ -156,7 +157,7 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
             checkpoint_config=tune.CheckpointConfig(
                 num_to_keep=plan.base.train.keep_checkpoints if options.keep == Keep.ALL else 1),
             # Trials write straight into a filesystem storage path; URI storage needs Ray's sync.
-            sync_config=tune.SyncConfig(sync_artifacts="://" in options.storage_path),
+            sync_config=tune.SyncConfig(sync_artifacts=is_uri(options.storage_path)),
             callbacks=callbacks, progress_reporter=progress_reporter(space), verbose=0 if options.quiet else 1,
         ),
     )
