@@ -72,6 +72,8 @@ def test_run_and_analyze_print_the_same_prediction(horizon_sweep):
                 f"{horizon_sweep['summary']['predicted_lr']:.3g}"
     assert predicted in horizon_sweep["run"].stdout
     assert predicted in horizon_sweep["analyze"].stdout
+    line = next(line for line in horizon_sweep["analyze"].stdout.splitlines() if predicted in line)
+    assert f"{predicted} (interval " in line, line  # not "90% interval": it held under 85% off its scenarios
 
 
 def test_the_search_states_fit_made_during_the_sweep_is_the_reports_from_the_trials_files(horizon_sweep):

@@ -72,6 +72,8 @@ def test_run_and_analyze_print_the_same_prediction(width_sweep):
     predicted = f"predicted best lr at d_model 64 (the target): {width_sweep['summary']['predicted_lr']:.3g}"
     assert predicted in width_sweep["run"].stdout
     assert predicted in width_sweep["analyze"].stdout
+    line = next(line for line in width_sweep["analyze"].stdout.splitlines() if predicted in line)
+    assert f"{predicted} (interval " in line, line  # not "90% interval": it held under 85% off its scenarios
 
 
 def test_the_prediction_agrees_with_a_small_ground_truth_grid_at_the_target_width(width_sweep, tmp_path_factory):

@@ -22,36 +22,17 @@ from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
 from lmtune.searches.horizon.axis import PointConclusion  # noqa: E402
+from lmtune.searches.horizon.held_out import (  # noqa: E402
+    HELD_OUT_COVERAGE,
+    held_out_sentence,
+    held_out_span,
+    interval_words,
+)
 from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_settings, horizon_summary, records_at  # noqa: E402
 from lmtune.searches.horizon.report_confirmation import TargetConfirmation  # noqa: E402
 from lmtune.searches.horizon.report_fit import fit_headline, fit_sentences  # noqa: E402
 from lmtune.searches.horizon.settings import NO_GAIN_UP_TO_RATIO  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
-
-# What the 90% intervals held on simulated searches the method was not tuned on, the lowest and highest over those
-# scenarios (benchmarks/horizon_coverage.py --held-out, 1,000 searches each, commit a7124a4; benchmarks/README.md):
-# printed beside the intervals. tests/test_horizon_report.py holds these to benchmarks/results.jsonl.
-HELD_OUT_COVERAGE = {"located": (0.897, 0.971), "predicted": (0.763, 0.954)}
-HELD_OUT_DEPARTURES = ("a bent power law, curvature changing across budgets, noise growing above the best LR, seed "
-                       "effects shared across LRs, skew changing with the budget")
-
-
-def held_out_span(coverage: dict[str, tuple[float, float]], interval: str) -> str:
-    """The lowest to the highest coverage of ``interval`` ("located" or "predicted") on the held-out scenarios."""
-    low, high = coverage[interval]
-    return f"{low:.0%} to {high:.0%}"
-
-
-def held_out_sentence(coverage: dict[str, tuple[float, float]] = HELD_OUT_COVERAGE,
-                      departures: str = HELD_OUT_DEPARTURES, point: str = "budget") -> str:
-    """What a search report's 90% intervals held where the method was not tuned, in words."""
-    short = " Where a figure is below 90%, read that interval as narrower than its level says when runs depart so."
-    return (f"**How far these 90% intervals hold**: on simulated searches the method was not tuned on ({departures}) "
-            f"a located LR*'s interval held its {point}'s true LR* in {held_out_span(coverage, 'located')} of searches "
-            f"and the prediction's held the target's in {held_out_span(coverage, 'predicted')}."
-            + (short if min(low for low, _ in coverage.values()) < 0.895 else ""))  # (0.895: printed as 90%)
-
-
 
 
 class HorizonSection:
@@ -96,7 +77,8 @@ class HorizonSection:
             return [*lines, "", f"No fit: {result.fit_problem or 'fewer than two budgets have a best LR'}.", ""]
         (plo, phi), largest = fit.predicted_lr_interval, max(b.tokens for b in result.budgets[:-1])
         lines += ["", " ".join(fit_sentences(fit)), "",
-                  f"**Predicted best LR at the target**: {fit.predicted_lr:.3g} (90% interval {plo:.3g} to "
+                  f"**Predicted best LR at the target**: {fit.predicted_lr:.3g} "
+                  f"({interval_words(HELD_OUT_COVERAGE, 'predicted')} {plo:.3g} to "
                   f"{phi:.3g}): an extrapolation {target / largest:.0f}x beyond the largest searched budget, which "
                   f"assumes the power law holds that far.{_pays_sentence(target / largest)}", "", held_out_sentence(),
                   ""]
@@ -117,7 +99,8 @@ class HorizonSection:
             lines += fit_headline(fit)
             low, high = fit.predicted_lr_interval
             lines.append(f"predicted best lr at {result.target_tokens:,} tokens (the target): "
-                         f"{fit.predicted_lr:.3g} (90% interval {low:.3g} to {high:.3g}; such intervals held "
+                         f"{fit.predicted_lr:.3g} ({interval_words(HELD_OUT_COVERAGE, 'predicted')} {low:.3g} to "
+                         f"{high:.3g}; such intervals held "
                          f"{held_out_span(HELD_OUT_COVERAGE, 'predicted')} of simulated searches the method was "
                          "not tuned on)")
             lines += _confirmed_lines(result)
@@ -242,7 +225,7 @@ def confirmation_markdown(confirmed: TargetConfirmation, predicted: float | None
 def plot_horizon(path: Path, summary: SweepSummary[HorizonResult]) -> Path:
     """Left, val loss against LR at each budget's full token count (seeds as dots, the budget's first failing LR
     as an x: an edge probe of one seed); right, each budget's located LR* with its 90% interval and its crowned
-    grid LR, the fitted power law, the prediction at the target with its 90% interval, and the target runs' best."""
+    grid LR, the fitted power law, the prediction at the target with its interval, and the target runs' best."""
     result = summary.search_result
     budgets = result.budgets
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5), gridspec_kw={"wspace": 0.3})
@@ -298,7 +281,8 @@ def _plot_fit(ax, result: HorizonResult) -> None:
                  f"fit: LR* ∝ tokens^-{fit.beta:.2f}" + ("" if fit.resolved else " (β not resolved)"))
     draw_lr_against_axis(ax, LrAgainstAxis(
         [(b.tokens, b.conclusion.best_lr, b.located) for b in searched], "searched budget", target, curve,
-        (fit.predicted_lr, fit.predicted_lr_interval) if fit is not None and searched else None,
+        (fit.predicted_lr, fit.predicted_lr_interval, interval_words(HELD_OUT_COVERAGE, "predicted"))
+        if fit is not None and searched else None,
         result.confirmed.best_lr, {"color": "black", "markersize": 13}, [b.tokens for b in searched] + [target],
         EngFormatter(places=0), "tokens (the budget)", "the best LR against the token horizon"))
 
@@ -314,8 +298,8 @@ class LrAgainstAxis:
     target: float
     curve: tuple[np.ndarray, np.ndarray, str] | None
     """The fitted law's (xs, LR*s, legend label), or None: no fit."""
-    predicted: tuple[float, tuple[float, float]] | None
-    """The predicted LR at the target and its 90% interval, or None."""
+    predicted: tuple[float, tuple[float, float], str] | None
+    """The predicted LR at the target, its interval and what to call that (interval_words), or None."""
     confirmed_best: float | None
     """The crowned best of the target's own runs, or None."""
     star: dict
@@ -332,9 +316,9 @@ def draw_lr_against_axis(ax, plot: LrAgainstAxis) -> None:
         xs, ys, label = plot.curve
         ax.plot(xs, ys, "-", color="tab:blue", alpha=0.7, label=label)
     if plot.predicted is not None:
-        lr, (low, high) = plot.predicted
+        lr, (low, high), words = plot.predicted
         ax.errorbar([plot.target], [lr], yerr=[[lr - low], [high - lr]], fmt="s", color="tab:orange", capsize=5,
-                    label="predicted at the target (90% interval)")
+                    label=f"predicted at the target ({words})")
     if plot.confirmed_best:
         ax.plot([plot.target], [plot.confirmed_best], "*", label="crowned best of the target runs", **plot.star)
     ax.set_xscale("log")

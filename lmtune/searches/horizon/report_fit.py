@@ -34,10 +34,10 @@ def surface_sentences(fit: HorizonFit) -> list[str]:
     out = [f"**Fit**: one loss surface through every searched budget's runs within {SURFACE_WINDOW:g}x of its "
            "crowned LR, loss = floor_D + curvature_D · u² · exp(skew · u) with u = ln LR − (a − β ln D): β and the "
            "skew shared by the budgets, a floor and a curvature each, every run weighted by its budget's seed "
-           f"spread. β = {fit.beta:.3f} (90% interval {blo:.3f} to {bhi:.3f}), a = {fit.intercept:.3f} (90% interval "
-           f"{alo:.3f} to {ahi:.3f}): from the fit's covariance, widened {SURFACE_WIDENING:g}x (what held 90% of "
-           f"simulated searches){birge}. The budgets' located LR*s above are shown beside it; the fit does not "
-           "go through them."]
+           f"spread. β = {fit.beta:.3f} (90% interval {blo:.3f} to {bhi:.3f}), a = {fit.intercept:.3f} "
+           f"(interval {alo:.3f} to {ahi:.3f}, its coverage not measured): from the fit's covariance, widened "
+           f"{SURFACE_WIDENING:g}x (what held 90% of simulated searches){birge}. The budgets' located LR*s above "
+           "are shown beside it; the fit does not go through them."]
     if fit.dof == 0:
         out.append("With two budgets any two optima lie on a line: whether the power law fits them cannot be seen.")
     else:
@@ -54,7 +54,7 @@ def line_sentences(fit: HorizonFit) -> list[str]:
     carried = f" ({flat} not located: carried as the span it may lie in)" if flat else ""
     out = [f"**Fit**: ln LR* = a − β ln D through the {len(usable)} searched budgets' LR*s{carried}, each weighted by "
            f"its SE from the seeds: β = {fit.beta:.3f} (90% interval {blo:.3f} to {bhi:.3f}), a = {fit.intercept:.3f} "
-           f"(90% interval {alo:.3f} to {ahi:.3f})."]
+           f"(interval {alo:.3f} to {ahi:.3f}, its coverage not measured)."]
     left_out = [p for p in fit.points if not p.usable]
     if left_out:
         out.append("Not fitted (no finite SE): " + "; ".join(f"{p.tokens:,} tokens ({p.why})" for p in left_out) + ".")
@@ -84,3 +84,4 @@ def fit_headline(fit: HorizonFit) -> list[str]:
     if fit.law_holds is False:
         lines.append(f"  the power law does not fit these budgets (lack-of-fit p = {fit.lack_of_fit_p:.3g})")
     return lines
+

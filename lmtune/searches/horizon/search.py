@@ -364,7 +364,7 @@ class HorizonSearch(DecidingSearch[Planned, Decision]):
         seeds = self._seeds_of(self.settings.confirm_seeds)
         slope, where = self._fit_words(self.fit)
         self._plan("target", target, [Planned("target", target, lr, s) for lr in lrs for s in seeds],
-                   f"the fit predicts {self.fit.predicted_lr:.3g} (90% interval {low:.3g}-{high:.3g}, {slope}) at "
+                   f"the fit predicts {self.fit.predicted_lr:.3g} (interval {low:.3g}-{high:.3g}, {slope}) at "
                    f"{where}: it and {self.settings.confirm_ratio:g}x either side, trained at the target with "
                    f"{len(seeds)} seed{'s' * (len(seeds) > 1)}")
 

@@ -22,13 +22,12 @@ from lmtune.report.figures import readable_lr_axis  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
+from lmtune.searches.horizon.held_out import held_out_sentence, held_out_span, interval_words  # noqa: E402
 from lmtune.searches.horizon.report import (  # noqa: E402
     LrAgainstAxis,
     best_loss_text,
     confirmation_markdown,
     draw_lr_against_axis,
-    held_out_sentence,
-    held_out_span,
     located_text,
 )
 from lmtune.searches.width.conclusion import WIDTH_WIDENING, WidthFit  # noqa: E402
@@ -93,7 +92,8 @@ class WidthSection:
             low, high = fit.predicted_lr_interval
             widest = max(fit.widths)
             lines += [" ".join(fit_sentences(fit, result.parametrization)), "",
-                      f"**Predicted best LR at the target width**: {fit.predicted_lr:.3g} (90% interval {low:.3g} – "
+                      f"**Predicted best LR at the target width**: {fit.predicted_lr:.3g} "
+                      f"({interval_words(WIDTH_HELD_OUT_COVERAGE, 'predicted')} {low:.3g} – "
                       f"{high:.3g}) at d_model {result.target_width}, {result.target_width / widest:.2g}x the widest "
                       f"proxy fitted (d_model {widest}).", "",
                       held_out_sentence(WIDTH_HELD_OUT_COVERAGE, WIDTH_HELD_OUT_DEPARTURES, "width"), ""]
@@ -118,7 +118,8 @@ class WidthSection:
         else:
             low, high = fit.predicted_lr_interval
             lines = [f"width search ({parametrization_text(result)}): predicted best lr at d_model "
-                     f"{result.target_width} (the target): {fit.predicted_lr:.3g} (90% interval {low:.3g} to "
+                     f"{result.target_width} (the target): {fit.predicted_lr:.3g} "
+                     f"({interval_words(WIDTH_HELD_OUT_COVERAGE, 'predicted')} {low:.3g} to "
                      f"{high:.3g}; such intervals held {held_out_span(WIDTH_HELD_OUT_COVERAGE, 'predicted')} of "
                      f"simulated searches the method was not tuned on); {gamma_text(fit, result.parametrization)}"]
         lines.append(f"  confirmation: {result.confirmed.verdict}")
@@ -281,7 +282,7 @@ def cost_sentence(result: WidthResult) -> str:
 def plot_width(path: Path, summary: SweepSummary[WidthResult]) -> Path:
     """Left, val loss against LR at the budget's full token count per width (mean over seeds, sd bars), each
     proxy's located LR* marked; right, each proxy's LR* against width with its 90% interval and its crowned grid
-    LR, the fitted power law, the prediction at the target with its 90% interval, and the target runs' best."""
+    LR, the fitted power law, the prediction at the target with its interval, and the target runs' best."""
     result = summary.search_result
     rows = result.widths
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5), gridspec_kw={"wspace": 0.3})
@@ -323,7 +324,8 @@ def _plot_fit(ax, result: WidthResult) -> None:
                  f"fit: LR* ∝ width^-{fit.gamma:.2f}" + ("" if fit.resolved else " (γ not resolved)"))
     draw_lr_against_axis(ax, LrAgainstAxis(
         [(p.value, p.conclusion.best_lr, p.located) for p in searched], "proxy", target, curve,
-        (fit.predicted_lr, fit.predicted_lr_interval) if fit is not None else None, result.confirmed.best_lr,
+        (fit.predicted_lr, fit.predicted_lr_interval, interval_words(WIDTH_HELD_OUT_COVERAGE, "predicted"))
+        if fit is not None else None, result.confirmed.best_lr,
         {"mfc": "none", "color": "black", "markersize": 16}, [row.point.value for row in result.widths],
         ScalarFormatter(), "d_model (width)", "the best LR against the model's width"))
 
