@@ -307,10 +307,11 @@ def print_comparison(args: argparse.Namespace) -> None:
             per_token = summary["target_run_flops"] / (runs[0].steps * runs[0].tokens_per_step)
             comparison.update(search_flops=summary["search_flops"], truth_flops=tokens * per_token,
                               search_over_truth_flops=summary["search_flops"] / (tokens * per_token))
-        if (direct := direct_centre(summary)) is not None:  # a horizon search: the direct search at its target
-            found = direct_local_search(runs, *direct, predicted=summary.get("predicted_lr"))
-            comparison.update(direct_local_search={**asdict(found), "search_tokens": summary["compute"]["tokens_spent"],
-                                                   "closer": _closer(found)})
+        if (direct := direct_centre(summary)) is not None:  # the direct search at the target, from the truth's runs
+            found = [direct_local_search(runs, *direct, predicted=summary.get("predicted_lr"), seed=seed)
+                     for seed in sorted({r.seed for r in runs})]
+            comparison.update(direct_local_search=[{**asdict(f), "closer": _closer(f)} for f in found],
+                              search_tokens=summary["compute"]["tokens_spent"])
         answers = naive_answers(truth, naive_candidates(summary, record))
         comparison.update(naive_answers=[asdict(a) for a in answers], cannot_tell=cannot_tell(answers))
         comparison["validated"] = comparison["predicted_lr_in_truth_basin"] and comparison["cannot_tell"] is None

@@ -438,19 +438,19 @@ def compare(truth: JsonObject, search: JsonObject) -> TruthComparison:
         search_basin=region_span(s_basin))
 
 
-# A direct local search at the target, the baseline a horizon search's cost is held against (issue 44 items 4-6):
-# the largest proxy's best LR scaled by (target / proxy)^-DIRECT_BETA (LR* falling as tokens^-0.3, the rule a user
-# would otherwise take), and as many runs at the target as the search trained there, on the truth's grid LRs
-# nearest it, one seed: what a user skipping the proxies would train. Its runs are the truth's own runs at those
-# LRs and that seed (the same config: the same run); both answers are then judged on the truth's other seeds, so
-# that the noise the direct search picked by does not also judge it.
+# A direct local search at the target, the baseline a horizon or width search's cost is held against (issue 44
+# items 4-6): the largest proxy's best LR scaled to the target by the rule a user would otherwise take (for a
+# horizon, LR* falling as tokens^-DIRECT_BETA; for width, direct_centre), and as many runs at the target as the
+# search trained there, on the truth's grid LRs nearest it, one seed: what a user skipping the proxies would train.
+# Its runs are the truth's own runs at those LRs and that seed (the same config: the same run); both answers are
+# then judged on the truth's other seeds, so that the noise the direct search picked by does not also judge it.
 DIRECT_BETA = 0.3
 
 
 @dataclass(frozen=True)
 class DirectSearch:
     centre: float
-    """The LR it centres on: the largest proxy's best scaled by (target / proxy)^-DIRECT_BETA."""
+    """The LR it centres on: the largest proxy's best scaled to the target (direct_centre)."""
     lrs: list[float]
     """Its LRs: the truth's grid LRs nearest the centre (as many as the search trained at the target)."""
     seed: int
@@ -495,12 +495,20 @@ def direct_local_search(runs: list[TruthRun], centre: float, count: int, predict
 
 
 def direct_centre(summary: JsonObject) -> tuple[float, int] | None:
-    """A horizon search's summary: the direct search's centre and how many runs the search trained at the target
-    (None: no proxy below the target crowned an LR, or nothing trained at the target)."""
-    target = summary.get("horizon_target_tokens")
-    proxies = [b for b in summary.get("budgets") or [] if b.get("crowned_lr") and target and b["tokens"] < target]
+    """A horizon or width search's summary: the direct search's centre and how many runs the search trained at the
+    target (None: no proxy below the target crowned an LR, or nothing trained at the target). The centre: the
+    largest budget's best LR x (target / budget)^-DIRECT_BETA; the widest proxy's best LR / (target / width) under
+    SP (LR* falling as 1/width: the rule a user would take), unchanged under μP (its promise)."""
     count = sum(len(row["seeds"]) for row in (summary.get("confirmed") or {}).get("losses") or [])
+    if "target_width" in summary:
+        target, size, exponent = summary["target_width"], "d_model", 0.0 if summary.get(
+            "parametrization") == "mup" else 1.0
+        proxies = summary.get("widths") or []
+    else:
+        target, size, exponent = summary.get("horizon_target_tokens"), "tokens", DIRECT_BETA
+        proxies = summary.get("budgets") or []
+    proxies = [p for p in proxies if p.get("crowned_lr") and target and p[size] < target]
     if not proxies or not count:
         return None
-    largest = max(proxies, key=lambda b: b["tokens"])
-    return largest["crowned_lr"] * (target / largest["tokens"]) ** -DIRECT_BETA, count
+    largest = max(proxies, key=lambda p: p[size])
+    return largest["crowned_lr"] * (target / largest[size]) ** -exponent, count
