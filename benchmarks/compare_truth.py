@@ -3,7 +3,9 @@ each, every run trained to the full budget with nothing stopping it early (bench
 variant's --set), and the compare sweep's report read beside them. For each variant against the reference it gives
 the truths' answer and the search's, by the same rules: the difference of the best means judged at 2 SE of a
 difference (lmtune.searches.compare.comparison.difference), whether the variant's basin and the reference's share no
-LR span (the optimum moved), and whether the search's best LR lies in the truth's basin.
+LR span (the optimum moved), and whether the search's best LR lies in the truth's basin. Beside them the naive
+answer a user would otherwise take: the variant trained at the reference's best LR (the truths' own runs there),
+its difference to the reference's best judged by the same rule, and whether that verdict is the truth's.
 
     python benchmarks/lr_truth.py train --space quick_ablations --lrs ... --seeds 0,1,2 --out results/truth-ref
     python benchmarks/lr_truth.py train --space quick_ablations --lrs ... --seeds 0,1,2 --set norm=none \\
@@ -14,6 +16,7 @@ LR span (the optimum moved), and whether the search's best LR lies in the truth'
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -51,6 +54,25 @@ def truth_moved(basin: dict | None, reference: dict | None) -> bool:
     return high * SAME_LR < ref_low or ref_high * SAME_LR < low
 
 
+def at_reference_lr(variant: Conclusion, reference: Conclusion) -> str:
+    """The naive comparison: the variant's truth runs at the reference's best LR against the reference's best, by
+    the rule its own best is judged by ("—": the variant's truth did not train that LR)."""
+    there = next((r for r in variant.ranking if abs(r.lr / reference.best_lr - 1) < SAME_LR - 1), None)
+    if there is None:
+        return "—"
+    told = difference(dataclasses.replace(variant, best=there), reference)
+    return f"{told.value:+.4f} ± {told.threshold:.4f}: {told.verdict}"
+
+
+def _searched_at_reference(row: dict, reference_row: dict) -> str:
+    """The naive comparison as the search's own runs give it: the variant's mean loss at the reference's best LR
+    (the report's "at the reference's best LR") above the reference's best mean ("—": it has no runs there)."""
+    there = row.get("at_reference") or {}
+    if there.get("mean") is None or reference_row.get("best_lr_mean_loss") is None:
+        return "—"
+    return f"{there['mean'] - reference_row['best_lr_mean_loss']:+.4f} ({len(there['losses'])} seeds)"
+
+
 def rows(sweep: Path, truths: dict[str, Path]) -> list[list[str]]:
     summary = json.loads((sweep / "report" / "summary.json").read_text())
     searched = {row["name"]: row for row in summary.get("compare") or []}
@@ -75,7 +97,8 @@ def rows(sweep: Path, truths: dict[str, Path]) -> list[list[str]]:
                     f"{verdict}", "yes" if row.get("optimum_moved") else "no",
                     "agree" if verdict == told.verdict and bool(row.get("optimum_moved")) == moved else "disagree",
                     "yes" if in_basin(row.get("best_lr"), truth_json.get("basin")) else "no",
-                    "yes" if in_basin(searched[names[0]].get("best_lr"), reference_json.get("basin")) else "no"])
+                    "yes" if in_basin(searched[names[0]].get("best_lr"), reference_json.get("basin")) else "no",
+                    at_reference_lr(truth, reference), _searched_at_reference(row, searched[names[0]])])
     return out
 
 
@@ -87,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     truths = dict(item.split("=", 1) for item in args.truths)
     header = ["variant", "truth: best LR vs the reference's", "truth: difference (2 SE)", "truth: optimum moved",
               "search: best LR", "search: difference", "search: optimum moved", "verdicts", "search's best in the "
-              "truth's basin", "reference's best in its truth's basin"]
+              "truth's basin", "reference's best in its truth's basin",
+              "naive: the variant at the reference's best LR (truth runs), its difference (2 SE)",
+              "naive, the search's runs: the variant at the reference's best LR, its difference"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows(args.sweep, {name: Path(path) for name, path in truths.items()}):
