@@ -7,11 +7,13 @@ with fewer than two variants, a variant setting the LR, or a scheduler that cuts
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import replace
 
 import pytest
+import torch
 import yaml
 from conftest import drive_search
 
@@ -23,7 +25,8 @@ from lmtune.searches.deciding import FINISHED, WAIT
 from lmtune.searches.edge.settings import EdgeSettings
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import load_space
-from lmtune.training.config import budget_config
+from lmtune.training.config import budget_config, with_settings
+from lmtune.training.memory import run_memory_bytes
 
 BUDGET = Budget(steps=100, warmup_steps=10, tokens_per_step=1024, seed=0, rungs=(100 * 1024,), batch_size=16)
 # Each variant's true best LR and the LR from which its runs diverge.
@@ -230,3 +233,73 @@ def test_a_batch_size_variant_is_planned_with_its_steps_and_intervals_at_the_bud
     assert wide.config(base).total_tokens == base.total_tokens
     # resolving again (a resumed sweep's plan) changes nothing
     assert plan.space.strategy.resolved(base) == plan.space.strategy
+
+
+# ---------------------------------------------------------------------------------------------
+# batch_size: largest — the largest batch that fits the trials' device, worked out when the sweep is planned
+
+
+def largest_space(tmp_path, **variant) -> tuple:
+    space = load_space(str(write_space(tmp_path, {"variants": {"reference": {}, "big": {"batch_size": "largest",
+                                                                                        **variant}}})))
+    return space, budget_config(space.budget, space.fixed)
+
+
+def test_the_largest_batch_is_the_largest_divisor_of_the_budgets_sequences_whose_run_fits(tmp_path):
+    """Fitted to 2 GiB (a limit given, so the answer does not depend on this machine): the batch divides the budget's
+    sequences (its tokens held), its run fits by the estimate check_fits uses, and the next larger divisor's does
+    not."""
+    space, base = largest_space(tmp_path)
+    limit = 2 * 2**30
+    big = space.strategy.settings.variant("big").with_largest_batch(base, lambda: torch.device("cpu"), limit)
+    batch, sequences = big.settings["batch_size"], base.total_tokens // base.model.context_length
+    assert sequences % batch == 0 and batch > base.train.batch_size
+    need = lambda b: run_memory_bytes(with_settings(base, {"batch_size": b}), amp=False)  # noqa: E731
+    assert need(batch) <= limit < need(min(d for d in range(batch + 1, sequences + 1) if sequences % d == 0))
+    assert big.largest_batch == "the largest that fits this cpu's 2.0 GiB usable"
+
+
+def test_a_planned_largest_batch_travels_in_sweep_json_as_a_number_with_its_steps_at_the_budgets_tokens(tmp_path):
+    space, base = largest_space(tmp_path)
+    fitted = space.strategy.fitted_to_device(base, lambda: torch.device("cpu"))
+    plan = SweepPlan.create(dataclasses.replace(space, strategy=fitted), base)
+    big = plan.space.strategy.settings.variant("big")
+    assert big.config(base).total_tokens == base.total_tokens and "steps" in big.derived
+    again = type(plan.space.strategy).from_json(json.loads(json.dumps(plan.space.strategy.to_json())))
+    assert again == plan.space.strategy  # (a resumed sweep: the same batch, not fitted again)
+    assert again.fitted_to_device(base, None) == again
+
+
+@pytest.mark.parametrize(("device", "limit", "problem"), [
+    (None, None, r"variants\.big\.batch_size largest: the driver cannot see the device its trials run on"),
+    ("cpu", 1000, r"variants\.big\.batch_size largest: not even batch 1 fits this cpu"),
+])
+def test_a_largest_batch_that_cannot_be_fitted_is_refused_in_one_line(tmp_path, device, limit, problem):
+    space, base = largest_space(tmp_path)
+    variant = space.strategy.settings.variant("big")
+    with pytest.raises(LmtuneError, match=problem) as err:
+        variant.with_largest_batch(base, device and (lambda: torch.device(device)), limit)
+    assert "\n" not in str(err.value)
+
+
+def test_a_largest_batch_with_its_own_steps_is_refused_when_the_space_loads(tmp_path):
+    with pytest.raises(LmtuneError, match=r"variants\.big\.batch_size: largest keeps the budget's tokens"):
+        largest_space(tmp_path, set={"steps": 10})
+
+
+def test_a_largest_batch_leaves_its_runs_at_least_20_steps_and_says_it_was_capped(tmp_path):
+    """With memory to spare (1 TiB) the quick model would take the whole budget in a step or two."""
+    space, base = largest_space(tmp_path)
+    big = space.strategy.settings.variant("big").with_largest_batch(base, lambda: torch.device("cpu"), 2**40)
+    assert base.total_tokens // (big.settings["batch_size"] * base.model.context_length) >= 20
+    assert big.largest_batch.endswith(", capped at 20 steps")
+
+
+def test_the_sweeps_plan_fits_a_largest_batch_to_this_machines_device_before_any_trial(builtin_data, tmp_path):
+    from lmtune.sweep.experiment import make_plan
+
+    space, _ = largest_space(tmp_path)
+    plan = make_plan(space, builtin_data, None, {})
+    big = plan.space.strategy.settings.variant("big")
+    assert isinstance(big.settings["batch_size"], int) and big.largest_batch.startswith("the largest that fits this ")
+    assert plan.space.strategy.to_json()["variants"]["big"]["largest_batch"] == big.largest_batch

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+import torch
 from conftest import TINY_TRIAL, assert_refused, run_lmtune
 
 from lmtune import run as run_cli
@@ -279,7 +280,8 @@ def test_the_shipped_compare_spaces_plan_every_variant_at_the_budgets_tokens(nam
 
     space = load_space(name)
     base = budget_config(space.budget, space.fixed)
-    variants = SweepPlan.create(space, base).space.strategy.settings.variants
+    fitted = space.strategy.fitted_to_device(base, lambda: torch.device("cpu"))  # (batch_size: largest: this host's)
+    variants = SweepPlan.create(dataclasses.replace(space, strategy=fitted), base).space.strategy.settings.variants
     assert len(variants) >= 3
     assert {v.config(base).total_tokens for v in variants} == {base.total_tokens}
 

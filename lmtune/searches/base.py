@@ -26,6 +26,7 @@ from lmtune.searches.trial_order import TuneParams
 from lmtune.training.config import MAX_SEED, field_names
 
 if TYPE_CHECKING:
+    import torch
     from ray.tune.search import Searcher
 
     from lmtune.analysis.runs import Budget
@@ -95,6 +96,11 @@ class SearchStrategy(Protocol):
         """Itself with whatever depends on the sweep's base config worked out (a compare search's batch-size variants:
         their steps at the budget's tokens), once, when the sweep is planned; what it resolved travels in sweep.json
         (resolving it again changes nothing)."""
+
+    def fitted_to_device(self, base: RunConfig, device: Callable[[], torch.device] | None) -> SearchStrategy:
+        """Itself with whatever depends on the device its trials run on worked out (a compare search's
+        ``batch_size: largest``), once, before ``check_base``; what it worked out travels in sweep.json.
+        ``device`` gives that device (None: it is not known where the sweep is planned)."""
 
     def describe(self, fuse: int) -> str:
         """One sentence for the run's first line and the report."""
@@ -174,6 +180,9 @@ class StrategyDefaults:
 
     def resolved(self, base: RunConfig) -> SearchStrategy:
         return self  # nothing of it depends on the base config
+
+    def fitted_to_device(self, base: RunConfig, device: Callable[[], torch.device] | None) -> SearchStrategy:
+        return self  # nothing of it depends on the trials' device
 
     def range_test(self) -> RangeTestConfig | None:
         return None

@@ -41,6 +41,7 @@ from lmtune.sweep.storage import is_uri
 from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
 from lmtune.training.config import RunConfig, budget_config
+from lmtune.training.device import resolve_device
 from lmtune.training.loop import resolve_config
 from lmtune.training.memory import check_fits
 from lmtune.usercode.checks import check_code, check_model
@@ -60,16 +61,21 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     if space.fuse > 1 and options.storage and is_uri(options.storage):
         raise LmtuneError(f"--storage {options.storage}: fused members write beside their trial's folder, which needs "
                           "filesystem storage (a local or shared path); use fuse: 1 with URI storage")
-    return make_plan(space, options.data, options.budget, options.overrides, options.code)
+    # (with --address the trials run elsewhere: their device is known here only where this machine has a GPU)
+    local = not options.address or torch.cuda.is_available()
+    return make_plan(space, options.data, options.budget, options.overrides, options.code, local_device=local)
 
 
 def make_plan(space: SearchSpace, data: Path | None, budget: str | None, overrides: dict[str, Setting],
-              code: UserCode | None = None) -> SweepPlan:
+              code: UserCode | None = None, local_device: bool = True) -> SweepPlan:
     """The plan of ``space`` on ``data`` (None: the built-in corpus, prepared on first use) with ``budget`` (None: the
     space's), ``overrides`` and the user's ``code`` (over the space's own) on top; every problem with the data, the
-    settings or the user's code refused here, before Ray starts."""
+    settings or the user's code refused here, before Ray starts. ``local_device``: the trials run on this machine's
+    device (its CUDA GPU, MPS or CPU: what a space's ``batch_size: largest`` is fitted to)."""
     data_dir = (data or ensure_builtin_corpus()).resolve()  # trials run in their own working dirs
     base = base_config(space, budget or space.budget, overrides, data_dir, (code or UserCode()).on_top_of(space.code))
+    device = (lambda: resolve_device(base.train.device)) if local_device else None  # (asked only where needed)
+    space = dataclasses.replace(space, strategy=space.strategy.fitted_to_device(base, device))
     plan = SweepPlan.create(space, base)
     longest = plan.largest_value("context_length", plan.base.model.context_length)
     load_data(data_dir, longest, plan.base.model.vocab_size)  # every bad-data case fails here, before Ray starts

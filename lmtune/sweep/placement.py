@@ -9,14 +9,11 @@ from dataclasses import dataclass
 
 from lmtune.errors import LmtuneError
 from lmtune.training.config import RunConfig
-from lmtune.training.memory import run_memory_bytes
+from lmtune.training.memory import CUDA_CONTEXT_BYTES, MEMORY_HEADROOM, run_memory_bytes
 
 log = logging.getLogger(__name__)
 
-# Per-process CUDA context, cuBLAS workspace and allocator slack that torch's allocator does not count.
-CUDA_CONTEXT_BYTES = 600 * 2**20
-# Share of GPU memory left free when packing trials: allocator fragmentation and eval-time spikes.
-MEMORY_HEADROOM = 0.10
+# (CUDA_CONTEXT_BYTES and MEMORY_HEADROOM: lmtune.training.memory, where the largest batch that fits uses them too)
 # A higher K must beat the best smaller K by this much to be worth its slower individual trials.
 PACKING_MIN_GAIN = 0.05
 # Without measurements, pack at most this many trials per GPU (time-slicing gains flatten out).

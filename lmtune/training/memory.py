@@ -4,18 +4,24 @@ absurd --set d_model=100000 is one line, not a 120 GB allocation."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
 
 from lmtune.errors import LmtuneError
-from lmtune.training.config import RunConfig
+from lmtune.training.config import RunConfig, with_settings
 from lmtune.training.device import available_memory_bytes
 from lmtune.training.lm import LanguageModelLoss, build_model, model_size
 from lmtune.training.model import count_parameters
 from lmtune.training.model_config import ModelConfig
 from lmtune.training.state import seed_everything
+
+# Per-process CUDA context, cuBLAS workspace and allocator slack that torch's allocator does not count.
+CUDA_CONTEXT_BYTES = 600 * 2**20
+# Share of a device's memory left free when packing trials or choosing the largest batch: allocator fragmentation
+# and eval-time spikes.
+MEMORY_HEADROOM = 0.10
 
 
 def estimate_trial_memory_bytes(model_config: ModelConfig, batch_size: int, amp: bool) -> int:
@@ -68,6 +74,40 @@ def check_fits(config: RunConfig, device: torch.device, members: int = 1, where:
                           f"batch {micro_batch(config)} x {config.model.context_length}) needs about "
                           f"{need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this {device.type} has "
                           "free; use a smaller d_model, n_layers, vocab_size, batch_size or context_length")
+
+
+def usable_memory_bytes(device: torch.device) -> int | None:
+    """What one run may fill on ``device``: its memory (available_memory_bytes) less MEMORY_HEADROOM, and a CUDA
+    GPU's context besides; None where it cannot be read."""
+    have = available_memory_bytes(device)
+    if have is None:
+        return None
+    return int(have * (1 - MEMORY_HEADROOM)) - (CUDA_CONTEXT_BYTES if device.type == "cuda" else 0)
+
+
+def largest_fitting_batch(config: RunConfig, device: torch.device, allowed: Callable[[int], bool],
+                          limit: int | None = None) -> int | None:
+    """The largest batch_size that ``allowed`` takes whose run of ``config`` fits ``device`` (usable_memory_bytes,
+    or ``limit`` bytes), by the estimate check_fits and the sweep's packing use (bf16 activations off the CPU);
+    None: not even batch 1 fits. The estimate is linear in the micro-batch, so two sizes give the bound."""
+    limit = usable_memory_bytes(device) if limit is None else limit
+    if limit is None:
+        raise LmtuneError(f"the largest batch that fits: this {device.type}'s memory cannot be read; give a number")
+    amp = device.type != "cpu"
+    accum = config.train.grad_accum_steps
+
+    def need(batch: int) -> int:
+        return run_memory_bytes(with_settings(config, {"batch_size": batch}), amp=amp)
+
+    one, two = need(accum), need(2 * accum)  # (micro-batches of one and two sequences)
+    if one > limit:
+        return None
+    per_sequence = max(1, two - one)
+    micro = 1 + (limit - one) // per_sequence
+    batch = micro * accum
+    while batch >= 1 and not (allowed(batch) and need(batch) <= limit):
+        batch -= 1
+    return batch if batch >= 1 else None
 
 
 @contextlib.contextmanager

@@ -4,8 +4,11 @@ LR search per variant in one sweep (lmtune.searches.compare.search), and a repor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
+
+import torch
 
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
@@ -67,6 +70,10 @@ class CompareStrategy(DecidingDefaults):
                     check_code(config)
             except LmtuneError as err:
                 raise LmtuneError(f"variants.{variant.name}: {err}") from None
+
+    def fitted_to_device(self, base: RunConfig, device: Callable[[], torch.device] | None) -> CompareStrategy:
+        variants = tuple(v.with_largest_batch(base, device) for v in self.settings.variants)
+        return replace(self, settings=replace(self.settings, variants=variants))
 
     def resolved(self, base: RunConfig) -> CompareStrategy:
         variants = tuple(v.resolved(base) for v in self.settings.variants)

@@ -150,6 +150,8 @@ def _row(v: VariantResult, is_reference: bool) -> list[str]:
     changes = ", ".join(_change(k, val) for k, val in given.items()) or "(the reference)"
     if "steps" in v.variant.derived:
         changes += f" ({v.budget.steps} steps)"
+    if v.variant.largest_batch:
+        changes += f" ({v.variant.largest_batch})"
     basin_text = f" ({lr(basin.lrs[0])}–{lr(basin.lrs[-1])})" if basin else ""
     loss = (f"{best.mean:.4f} ± {best.spread:.4f} ({len(best.losses)})" if best and best.spread is not None
             else f"{best.mean:.4f} (1)" if best else "—")

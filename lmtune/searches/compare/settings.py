@@ -6,13 +6,18 @@ The first variant is the reference: the others are compared with it, each at its
 model or training setting (``set:``), the user's model (``model:``) or its callable's arguments (``model_set:``); a
 ``batch_size`` keeps the budget's tokens, so its steps (and the warm-up,
 evaluation, logging and checkpoint intervals, all counted in steps) scale by the reference's batch over its own.
+``batch_size: largest`` is the largest batch whose run fits the trials' device by lmtune's memory estimate, among
+those that divide the budget's sequences and leave at least LARGEST_MIN_STEPS steps: worked out once when the sweep
+is planned (``with_largest_batch``) and recorded as a number, with what it was fitted to.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+
+import torch
 
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError, shown
@@ -20,6 +25,7 @@ from lmtune.files import JsonObject, JsonValue
 from lmtune.searches.base import Fail, Setting, settings_section
 from lmtune.searches.edge.settings import RETIRED_KEYS, EdgeSettings
 from lmtune.training.config import RunConfig, apply_overrides, check_setting, field_names
+from lmtune.training.memory import largest_fitting_batch, usable_memory_bytes
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, checked_model_args, normalized
 
 # The LR searches a variant may get (each's settings: the space's section of that name).
@@ -37,6 +43,10 @@ MAX_VARIANTS = 12
 # What a variant's entry may hold: run settings, a batch size, and the user's model and its callable's arguments.
 VARIANT_KEYS = frozenset({"set", "batch_size", "model", "model_set"})
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+# A variant's batch_size that asks for the largest batch that fits the trials' device, among those that leave its
+# runs at least LARGEST_MIN_STEPS steps of the budget (fewer leave no schedule to speak of: warm-up, decay).
+LARGEST = "largest"
+LARGEST_MIN_STEPS = 20
 
 
 def scaled_steps(steps: int, reference_batch: int, batch: int) -> int:
@@ -52,6 +62,9 @@ class Variant:
     settings: Mapping[str, Setting] = field(default_factory=dict)
     derived: tuple[str, ...] = ()
     """Those of ``settings`` the search worked out rather than the space gave (a batch-size variant's step counts)."""
+    largest_batch: str | None = None
+    """A ``batch_size: largest`` variant's: "" until its batch is worked out, then what it fits ("the largest that
+    fits this cuda's 79.1 GiB"); None for every other variant."""
 
     @property
     def given(self) -> dict[str, Setting]:
@@ -63,6 +76,31 @@ class Variant:
         settings = self.run_settings(base)
         return replace(self, settings=settings,
                        derived=tuple(sorted({*self.derived, *(k for k in settings if k not in self.settings)})))
+
+    def with_largest_batch(self, base: RunConfig, trials_device: Callable[[], torch.device] | None,
+                           limit: int | None = None) -> Variant:
+        """A ``batch_size: largest`` variant with its batch worked out for the device ``trials_device`` gives (None:
+        unknown where its trials run, refused in one line), or ``limit`` bytes of it; every other variant as it is."""
+        if self.largest_batch != "":
+            return self
+        device = trials_device() if trials_device is not None else None
+        key = f"variants.{self.name}.batch_size {LARGEST}"
+        if device is None:
+            raise LmtuneError(f"{key}: the driver cannot see the device its trials run on (--address without a GPU "
+                              "here); give the number (python -m lmtune.bench on a GPU node says what fits), or run "
+                              "the driver on a node of the trials' kind")
+        config = self.config(base)
+        sequences = base.total_tokens // config.model.context_length
+        batch = largest_fitting_batch(config, device,
+                                      lambda b: sequences % b == 0 and sequences // b >= LARGEST_MIN_STEPS, limit)
+        if batch is None:
+            raise LmtuneError(f"{key}: not even batch 1 fits this {device.type} by lmtune's estimate (or the budget "
+                              f"has under {LARGEST_MIN_STEPS} steps of it); drop the variant or make the model smaller")
+        have = limit if limit is not None else usable_memory_bytes(device)
+        capped = largest_fitting_batch(config, device, lambda b: sequences % b == 0, limit) != batch
+        return replace(self, settings={**self.settings, "batch_size": batch},
+                       largest_batch=f"the largest that fits this {device.type}'s {have / 2**30:.1f} GiB usable"
+                       + (f", capped at {LARGEST_MIN_STEPS} steps" if capped else ""))
 
     def run_settings(self, base: RunConfig) -> dict[str, Setting]:
         """What its trials set on ``base``: its own settings, and where it sets batch_size (not steps), the step
@@ -117,14 +155,16 @@ class CompareSettings:
     def to_json(self) -> JsonObject:
         from dataclasses import asdict
 
-        return {"variants": {v.name: {"set": dict(v.settings), **({"derived": list(v.derived)} if v.derived else {})}
+        return {"variants": {v.name: {"set": dict(v.settings), **({"derived": list(v.derived)} if v.derived else {}),
+                                      **({"largest_batch": v.largest_batch} if v.largest_batch is not None else {})}
                              for v in self.variants},
                 "per_variant": self.per_variant, "edge": asdict(self.edge), "start": self.start}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> CompareSettings:
         known = EdgeSettings.__dataclass_fields__
-        return cls(tuple(Variant(name, dict(spec.get("set") or {}), tuple(spec.get("derived") or ()))
+        return cls(tuple(Variant(name, dict(spec.get("set") or {}), tuple(spec.get("derived") or ()),
+                                 spec.get("largest_batch"))
                          for name, spec in data["variants"].items()),
                    str(data.get("per_variant", "edge")),
                    EdgeSettings(**{k: v for k, v in (data.get("edge") or {}).items() if k in known}),
@@ -170,7 +210,11 @@ def _variant(name: str, spec: JsonValue, fail: Fail) -> Variant:
     settings = spec.get("set") or {}
     if not isinstance(settings, dict):
         raise fail(f"{key}.set", "must be a mapping of setting -> value, e.g. {norm: none}")
-    if "batch_size" in spec:
+    largest = spec.get("batch_size") == LARGEST
+    if largest and ("steps" in settings or "batch_size" in settings):
+        raise fail(f"{key}.batch_size", f"{LARGEST} keeps the budget's tokens and works out its steps; remove "
+                                        "set.steps and set.batch_size")
+    if "batch_size" in spec and not largest:
         settings = {**settings, "batch_size": spec["batch_size"]}
     checked: dict[str, Setting] = {}
     for setting, value in settings.items():
@@ -180,7 +224,7 @@ def _variant(name: str, spec: JsonValue, fail: Fail) -> Variant:
         if setting in SEARCH_OWNS:
             raise fail(where, "the compare search sets it per trial; remove it (set the base seed in the space's set)")
         checked[setting] = check_setting(setting, value, lambda why, where=where: fail(where, why))
-    return Variant(name, {**checked, **_code_settings(key, spec, fail)})
+    return Variant(name, {**checked, **_code_settings(key, spec, fail)}, largest_batch="" if largest else None)
 
 
 def _code_settings(key: str, spec: JsonObject, fail: Fail) -> dict[str, Setting]:
