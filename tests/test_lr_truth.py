@@ -421,3 +421,14 @@ def test_the_recorded_truths_reproduce_the_checks_recorded_beside_their_tables()
 
     excess = [study(truth)["prediction_excess"] for truth in TRUTHS]
     assert excess == pytest.approx([0.0035, 0.012, 0.002], abs=0.001)
+
+
+def test_the_real_text_width_space_is_quick_width_with_the_given_proxies_and_head_dimension(tmp_path):
+    """benchmarks/real_text.py --search width: quick_width's target (d_model 256) from narrower proxies, every model
+    with heads of --head-dim (d_model 16 has one head of 16): a space lmtune loads, 4x the widest proxy."""
+    from benchmarks.real_text import width_space
+    from lmtune.sweep.spaces import load_space
+
+    space = load_space(str(width_space(tmp_path, [16, 32, 64], head_dim=16, lr_max=0.12)))
+    assert space.fixed["d_model"] == 256 and space.fixed["n_heads"] == 16
+    assert space.strategy.settings.widths == (16, 32, 64) and space.strategy.settings.lr_max == 0.12

@@ -262,16 +262,17 @@ def test_a_horizon_search_beyond_the_measured_ratios_gets_no_advice(tmp_path):
     assert space.strategy.advice(budget_config(space.budget, space.fixed)) is None
 
 
-@pytest.mark.parametrize(("widths", "advised"), [([32, 64, 128], True), ([16, 32, 64], False)])
-def test_a_width_search_is_advised_only_up_to_the_measured_ratio(tmp_path, widths, advised):
+@pytest.mark.parametrize(("d_model", "n_heads", "widths", "advised"), [
+    (256, 8, [32, 64, 128], "2x"), (256, 16, [16, 32, 64], "4x"), (512, 16, [32, 64], None)])
+def test_a_width_search_is_advised_only_up_to_the_measured_ratio(tmp_path, d_model, n_heads, widths, advised):
     path = tmp_path / "w.yaml"
-    path.write_text(f"search: width\nbudget: quick\nset:\n  d_model: 256\n  d_ff: 768\n  n_heads: 8\n"
-                    f"width:\n  widths: {widths}\n")
+    path.write_text(f"search: width\nbudget: quick\nset:\n  d_model: {d_model}\n  d_ff: {3 * d_model}\n"
+                    f"  n_heads: {n_heads}\nwidth:\n  widths: {widths}\n")
     space = load_space(str(path))
     advice = space.strategy.advice(budget_config(space.budget, space.fixed))
-    assert (advice is not None) == advised
+    assert (advice is not None) == (advised is not None)
     if advised:
-        assert advice.startswith("width: the target is 2x the widest proxy")
+        assert advice.startswith(f"width: the target is {advised} the widest proxy; up to 4x a direct local")
 
 
 @pytest.mark.parametrize("name", ["quick_ablations", "quick_batch", "cs336_ablations", "cs336_batch"])
