@@ -79,3 +79,13 @@ def test_runs_that_diverge_at_the_references_lr_are_counted_apart_from_the_losse
 def test_the_reference_is_judged_against_nothing():
     reference = result(runs(0.01, 2.1)).reference
     assert reference.difference is None and reference.at_reference is None
+
+
+def test_the_reports_row_of_a_largest_batch_variant_says_its_batch_and_what_it_fitted():
+    from lmtune.searches.compare.report import _row
+
+    settings = CompareSettings((Variant("reference"), Variant("big", {"batch_size": 20, "steps": 50}, ("steps",),
+                                                              "the largest that fits this cuda's 71.4 GiB usable")))
+    big = compare_variants({"reference": runs(0.01, 2.0), "big": runs(0.01, 2.0)}, settings, BUDGET).variants[1]
+    assert _row(big, is_reference=False)[1] == ("batch_size 20 (50 steps) (the largest that fits this cuda's "
+                                                "71.4 GiB usable)")
