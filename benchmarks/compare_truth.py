@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.truth import _as_runs, basin_lrs, read_truth, truth_conclusion  # noqa: E402
 from lmtune.analysis.conclusion import Conclusion, conclude  # noqa: E402
-from lmtune.analysis.runs import SAME_LR, Budget  # noqa: E402
+from lmtune.analysis.runs import SAME_LR, Budget, same_lr  # noqa: E402
 from lmtune.errors import LmtuneError, cli_entry  # noqa: E402
 from lmtune.searches.compare.comparison import difference  # noqa: E402
 
@@ -57,7 +57,7 @@ def truth_moved(basin: dict | None, reference: dict | None) -> bool:
 def at_reference_lr(variant: Conclusion, reference: Conclusion) -> str:
     """The naive comparison: the variant's truth runs at the reference's best LR against the reference's best, by
     the rule its own best is judged by ("—": the variant's truth did not train that LR)."""
-    there = next((r for r in variant.ranking if abs(r.lr / reference.best_lr - 1) < SAME_LR - 1), None)
+    there = next((r for r in variant.ranking if same_lr(r.lr, reference.best_lr)), None)
     if there is None:
         return "—"
     told = difference(dataclasses.replace(variant, best=there), reference)

@@ -501,8 +501,8 @@ def direct_centre(summary: JsonObject) -> tuple[float, int] | None:
     SP (LR* falling as 1/width: the rule a user would take), unchanged under μP (its promise)."""
     count = sum(len(row["seeds"]) for row in (summary.get("confirmed") or {}).get("losses") or [])
     if "target_width" in summary:
-        target, size, exponent = summary["target_width"], "d_model", 0.0 if summary.get(
-            "parametrization") == "mup" else 1.0
+        mup = summary.get("parametrization") == "mup"
+        target, size, exponent = summary["target_width"], "d_model", 0.0 if mup else 1.0
         proxies = summary.get("widths") or []
     else:
         target, size, exponent = summary.get("horizon_target_tokens"), "tokens", DIRECT_BETA

@@ -139,8 +139,12 @@ def write_set(sweep_dir: Path, files: dict[str, bytes], trial_folders: Sequence[
                 link_tree(checkpoint, building / CHECKPOINT_LINKS / folder / checkpoint.name)
     building.rename(root / name)
     for older in root.iterdir():
-        if older.name != name:
-            shutil.rmtree(older, ignore_errors=True) if older.is_dir() else older.unlink(missing_ok=True)
+        if older.name == name:
+            continue
+        if older.is_dir():
+            shutil.rmtree(older, ignore_errors=True)
+        else:
+            older.unlink(missing_ok=True)
     return root / name
 
 

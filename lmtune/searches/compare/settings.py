@@ -91,16 +91,17 @@ class Variant:
                               "the driver on a node of the trials' kind")
         config = self.config(base)
         sequences = base.total_tokens // config.model.context_length
-        batch = largest_fitting_batch(config, device,
-                                      lambda b: sequences % b == 0 and sequences // b >= LARGEST_MIN_STEPS, limit)
+        limit = usable_memory_bytes(device) if limit is None else limit
+        fits = largest_fitting_batch(config, device, lambda b: sequences % b == 0, limit)
+        # (a smaller batch needs less memory: the cap takes the largest divisor at or under both bounds)
+        most = min(fits or 0, sequences // LARGEST_MIN_STEPS)
+        batch = next((b for b in range(most, 0, -1) if sequences % b == 0), None)
         if batch is None:
             raise LmtuneError(f"{key}: not even batch 1 fits this {device.type} by lmtune's estimate (or the budget "
                               f"has under {LARGEST_MIN_STEPS} steps of it); drop the variant or make the model smaller")
-        have = limit if limit is not None else usable_memory_bytes(device)
-        capped = largest_fitting_batch(config, device, lambda b: sequences % b == 0, limit) != batch
         return replace(self, settings={**self.settings, "batch_size": batch},
-                       largest_batch=f"the largest that fits this {device.type}'s {have / 2**30:.1f} GiB usable"
-                       + (f", capped at {LARGEST_MIN_STEPS} steps" if capped else ""))
+                       largest_batch=f"the largest that fits this {device.type}'s {limit / 2**30:.1f} GiB usable"
+                       + (f", capped at {LARGEST_MIN_STEPS} steps" if batch != fits else ""))
 
     def run_settings(self, base: RunConfig) -> dict[str, Setting]:
         """What its trials set on ``base``: its own settings, and where it sets batch_size (not steps), the step

@@ -84,4 +84,3 @@ def fit_headline(fit: HorizonFit) -> list[str]:
     if fit.law_holds is False:
         lines.append(f"  the power law does not fit these budgets (lack-of-fit p = {fit.lack_of_fit_p:.3g})")
     return lines
-
