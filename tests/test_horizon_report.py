@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,11 +16,19 @@ from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
 from lmtune.searches.horizon.budgets import fit_budgets
 from lmtune.searches.horizon.held_out import PRINTED_90_FLOOR, interval_words
-from lmtune.searches.horizon.report import HELD_OUT_COVERAGE, budget_line, budget_table, held_out_sentence
+from lmtune.searches.horizon.report import (
+    HELD_OUT_COVERAGE,
+    HorizonSection,
+    budget_line,
+    budget_table,
+    held_out_sentence,
+    textbook_sentence,
+)
 from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_summary
 from lmtune.searches.horizon.report_confirmation import confirmation
 from lmtune.searches.horizon.report_fit import NOT_RESOLVED, fit_headline, fit_sentences
 from lmtune.searches.horizon.settings import HorizonSettings
+from lmtune.searches.textbook import horizon_rule, rule_sentence
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -113,6 +122,23 @@ def test_summary_json_gives_each_budgets_located_lr_the_fits_statistics_and_the_
     assert {"in_basin", "verdict", "predicted_excess", "predicted_excess_se", "seed_sd", "losses", "tokens",
             "share_of_search_tokens"} <= set(written["confirmed"])
     assert all(len(r["seeds"]) == 2 for r in written["confirmed"]["losses"])
+
+
+def test_the_report_holds_the_prediction_against_the_textbook_rule_in_one_line(result):
+    """The largest budget's (16k tokens') crowned LR x 4^-0.3: here the simulated LR* falls as tokens^-0.3 exactly,
+    so the rule lands inside the prediction's interval and the line says the prediction agrees with it."""
+    largest = result.budgets[-2]
+    rule = horizon_rule(largest.conclusion.best_lr, largest.tokens, TARGET.full_tokens)
+    assert rule.lr == pytest.approx(largest.conclusion.best_lr * 4 ** -0.3)
+    line = rule_sentence(rule, result.fit.predicted_lr_interval, "the largest budget")
+    assert textbook_sentence(result) == line and "the prediction agrees with it" in line
+    assert any(f"**Textbook rule**: {line}." == text for text in HorizonSection().markdown(_summary(result)))
+    assert f"  textbook rule: {line}" in HorizonSection().headline(_summary(result))
+
+
+def _summary(result: HorizonResult) -> SimpleNamespace:
+    """What the section's markdown and headline read of a summary: the search's result and the compared tokens."""
+    return SimpleNamespace(search_result=result, compared_at_tokens=TARGET.full_tokens)
 
 
 def located(tokens: int, lr: float, log_se: float) -> LocatedLr:

@@ -20,6 +20,7 @@ from lmtune.report.headline import summary_lines
 from lmtune.report.reader import load_sweep
 from lmtune.report.sections import section_for
 from lmtune.report.writer import summarize_sweep, write_report
+from lmtune.searches.textbook import agrees, rule_sentence, width_rule
 from lmtune.searches.width.conclusion import WidthFit, conclude_widths
 from lmtune.searches.width.report import (
     MU_FAILED,
@@ -163,13 +164,26 @@ def test_the_markdown_names_the_parametrization_the_prediction_and_the_verdict(r
     assert result.confirmed.verdict in text and "full runs at the target width" in text
 
 
-def test_the_headline_gives_the_prediction_gamma_verdict_and_cost_in_four_lines(report):
+def test_the_headline_gives_the_prediction_gamma_textbook_rule_verdict_and_cost_in_five_lines(report):
     lines = section_for("width").headline(report.summary)
     result = result_of(report)
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     assert f"{result.predicted_lr:.3g}" in lines[0] and "γ" in lines[0]
-    assert result.confirmed.verdict in lines[1] and "full runs at the target width" in lines[2]
-    assert summary_lines(report.summary)[:4] == lines  # the CLIs say the search's part first
+    assert lines[1].startswith("  textbook rule: the widest proxy's best LR ÷ the width ratio")
+    assert result.confirmed.verdict in lines[2] and "full runs at the target width" in lines[3]
+    assert summary_lines(report.summary)[:5] == lines  # the CLIs say the search's part first
+
+
+def test_the_report_holds_the_prediction_against_the_textbook_rule_in_one_line(report):
+    """SP: the widest proxy's (d_model 64's) crowned LR ÷ 2, against the prediction's interval."""
+    result = result_of(report)
+    widest = next(row.point for row in result.widths if row.point.value == 64)
+    rule = width_rule(widest.conclusion.best_lr, 64, 128, "sp")
+    assert rule.lr == pytest.approx(widest.conclusion.best_lr / 2)
+    line = rule_sentence(rule, result.fit.predicted_lr_interval, "the widest proxy")
+    assert ("inside" in line) is agrees(rule, result.fit.predicted_lr_interval)
+    assert f"**Textbook rule**: {line}." in section_for("width").markdown(report.summary)
+    assert f"  textbook rule: {line}" in section_for("width").headline(report.summary)
 
 
 def test_analyze_writes_width_png_and_the_section(sweep_dir, tmp_path):

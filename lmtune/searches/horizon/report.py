@@ -32,6 +32,7 @@ from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_set
 from lmtune.searches.horizon.report_confirmation import TargetConfirmation  # noqa: E402
 from lmtune.searches.horizon.report_fit import fit_headline, fit_sentences  # noqa: E402
 from lmtune.searches.horizon.settings import NO_GAIN_UP_TO_RATIO  # noqa: E402
+from lmtune.searches.textbook import horizon_rule, largest_below, rule_sentence  # noqa: E402
 from lmtune.training.figures import save_figure  # noqa: E402
 
 
@@ -82,6 +83,8 @@ class HorizonSection:
                   f"{phi:.3g}): an extrapolation {target / largest:.0f}x beyond the largest searched budget, which "
                   f"assumes the power law holds that far.{_pays_sentence(target / largest)}", "", held_out_sentence(),
                   ""]
+        if rule := textbook_sentence(result):
+            lines += [f"**Textbook rule**: {rule}.", ""]
         return lines + _confirmed(result)
 
     def figures(self) -> tuple[ReportFigure, ...]:
@@ -103,9 +106,21 @@ class HorizonSection:
                          f"{high:.3g}; such intervals held "
                          f"{held_out_span(HELD_OUT_COVERAGE, 'predicted')} of simulated searches the method was "
                          "not tuned on)")
+            if rule := textbook_sentence(result):
+                lines.append(f"  textbook rule: {rule}")
             lines += _confirmed_lines(result)
         at = "the target" if summary.compared_at_tokens == result.target_tokens else "the largest"
         return [*lines, f"at {at} budget's {summary.compared_at_tokens or 0:,} tokens:"]
+
+
+def textbook_sentence(result: HorizonResult) -> str | None:
+    """The prediction against the textbook rule (the largest budget's best LR x ratio^-0.3), in one sentence (None:
+    no fit, or no budget below the target has a best LR)."""
+    largest = largest_below([(b.tokens, b.conclusion.best_lr) for b in result.budgets[:-1]], result.target_tokens)
+    if result.fit is None or largest is None:
+        return None
+    rule = horizon_rule(largest[1], int(largest[0]), result.target_tokens)
+    return rule_sentence(rule, result.fit.predicted_lr_interval, "the largest budget")
 
 
 def _pays_sentence(ratio: float) -> str:

@@ -30,6 +30,7 @@ from lmtune.searches.horizon.report import (  # noqa: E402
     draw_lr_against_axis,
     located_text,
 )
+from lmtune.searches.textbook import largest_below, rule_sentence, width_rule  # noqa: E402
 from lmtune.searches.width.conclusion import WIDTH_WIDENING, WidthFit  # noqa: E402
 from lmtune.searches.width.report_conclusion import WidthResult, WidthRow, width_settings, width_summary  # noqa: E402
 from lmtune.searches.width.report_coord import (  # noqa: E402
@@ -97,6 +98,8 @@ class WidthSection:
                       f"{high:.3g}) at d_model {result.target_width}, {result.target_width / widest:.2g}x the widest "
                       f"proxy fitted (d_model {widest}).", "",
                       held_out_sentence(WIDTH_HELD_OUT_COVERAGE, WIDTH_HELD_OUT_DEPARTURES, "width"), ""]
+            if rule := textbook_sentence(result):
+                lines += [f"**Textbook rule**: {rule}.", ""]
         lines += confirmation_markdown(result.confirmed, result.predicted_lr, _confirmation_cost(result),
                                        f"the target width, d_model {result.target_width}")
         lines += [cost_sentence(result), ""]
@@ -122,12 +125,25 @@ class WidthSection:
                      f"({interval_words(WIDTH_HELD_OUT_COVERAGE, 'predicted')} {low:.3g} to "
                      f"{high:.3g}; such intervals held {held_out_span(WIDTH_HELD_OUT_COVERAGE, 'predicted')} of "
                      f"simulated searches the method was not tuned on); {gamma_text(fit, result.parametrization)}"]
+            if rule := textbook_sentence(result):
+                lines.append(f"  textbook rule: {rule}")
         lines.append(f"  confirmation: {result.confirmed.verdict}")
         lines.append(f"  cost: {_flops(result.search_flops)} training FLOPs, "
                      f"{_equal(result)} full runs at the target width")
         width = _compared_width(result)
         which = "the target" if width == result.target_width else "the widest width with runs"
         return [*lines, f"at d_model {width} ({which}), {summary.compared_at_tokens or 0:,} tokens:"]
+
+
+def textbook_sentence(result: WidthResult) -> str | None:
+    """The prediction against the textbook rule (the widest proxy's best LR ÷ the width ratio under SP, unchanged
+    under μP), in one sentence (None: no fit, or no proxy has a best LR)."""
+    proxies = [(row.point.value, row.point.conclusion.best_lr) for row in result.widths]
+    widest = largest_below(proxies, result.target_width)
+    if result.fit is None or widest is None:
+        return None
+    rule = width_rule(widest[1], int(widest[0]), result.target_width, result.parametrization)
+    return rule_sentence(rule, result.fit.predicted_lr_interval, "the widest proxy")
 
 
 def _pairs_at(pairs: list[Pair], width: int) -> list[Pair]:
