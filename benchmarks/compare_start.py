@@ -48,8 +48,10 @@ SCENARIOS = {
 
 class Simulated:
     def __init__(self, truths: dict[str, tuple[float, float]], tokens: int, seed: int,
-                 floors: dict[str, float] | None = None):
+                 floors: dict[str, float] | None = None, noise: float = NOISE,
+                 curvatures: dict[str, float] | None = None):
         self.truths, self.tokens, self.floors = truths, tokens, floors or {}
+        self.noise, self.curvatures = noise, curvatures or {}
         self.rng = np.random.default_rng(seed)
         self.draws: dict[tuple[str, float, int], float] = {}  # the same draw for the same run under either start
 
@@ -69,7 +71,8 @@ class Simulated:
         key = (config["variant"], round(math.log(lr), 6), seed)
         draw = self.draws.setdefault(key, float(self.rng.standard_normal()))
         x = math.log(lr / best)
-        loss = self.floors.get(config["variant"], 2.0) + CURVATURE * x * x * math.exp(SKEW * x) + NOISE * draw
+        curvature = self.curvatures.get(config["variant"], CURVATURE)
+        loss = self.floors.get(config["variant"], 2.0) + curvature * x * x * math.exp(SKEW * x) + self.noise * draw
         search.observe(trial_id, {"tokens": self.tokens, "val_loss": loss})
         search.complete(trial_id, "completed", {"tokens": self.tokens})
 
@@ -79,12 +82,14 @@ def plan() -> SweepPlan:
     return SweepPlan.create(space, budget_config(space.budget, space.fixed))
 
 
-def searched(start: str, truths: dict, seed: int, the_plan: SweepPlan,
-             floors: dict[str, float] | None = None) -> CompareSearch:
+def searched(start: str, truths: dict, seed: int, the_plan: SweepPlan, floors: dict[str, float] | None = None,
+             noise: float = NOISE, curvatures: dict[str, float] | None = None) -> CompareSearch:
+    """One simulated compare search to its end (``floors``, ``curvatures``: by variant, the defaults 2.0 and
+    CURVATURE; ``noise``: the run-to-run sd)."""
     settings = replace(the_plan.space.strategy.settings, start=start)
     budget = the_plan.budget()
     search = CompareSearch(settings, budget, max_pending=1)
-    runs = Simulated(truths, budget.full_tokens, seed, floors)
+    runs = Simulated(truths, budget.full_tokens, seed, floors, noise, curvatures)
     for trial in range(800):
         config = search.suggest(f"t{trial:04d}")
         if config in (FINISHED, WAIT):
