@@ -258,8 +258,8 @@ def print_table(args: argparse.Namespace) -> None:
           f"runs early, {len(wrong)} of which would have recovered; {sum(r.non_finite for r in runs)} runs went "
           "non-finite")
     c = truth_conclusion(runs)
-    print(json.dumps({k: c[k] for k in ("best_lr", "best_lr_seed_losses", "basin", "degraded", "edge_lr_low",
-                                        "divergence_lr", "seed_dependent")}, indent=1))
+    print(json.dumps({k: c[k] for k in ("best_lr", "best_lr_seed_losses", "basin", "degraded", "failing_lr_low",
+                                        "failing_lr", "seed_dependent")}, indent=1))
 
 
 def read_report(sweep: Path) -> dict:

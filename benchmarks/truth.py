@@ -32,6 +32,7 @@ from lmtune.analysis.runs import SAME_LR, SIGNIFICANCE_SE, Budget, Run, full_bud
 from lmtune.data.dataset import data_unigram_loss
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, JsonValue
+from lmtune.searches.textbook import TextbookRule, horizon_rule, width_rule
 from lmtune.sweep.record import run_config_of
 from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
 from lmtune.training.metric_registry import Row
@@ -144,7 +145,7 @@ def longest_above(rows: list[Row], ell0: float) -> int:
 
 def truth_conclusion(runs: list[TruthRun]) -> JsonObject:
     """lmtune's analysis of the grid (nothing stopped its runs): best LR, basin, degraded region, and the
-    first LR at which a run failed (``divergence_lr``), all at the full budget; in summary.json's keys, as
+    first LR at which a run failed (``failing_lr``), all at the full budget; in summary.json's keys, as
     ``compare`` reads them beside a sweep's summary.json, and ``grid``: each LR's seeds that came through and
     that failed."""
     first = runs[0]
@@ -311,7 +312,8 @@ def excess_in_truth(truth: JsonObject, lr: float | None) -> tuple[float | None, 
     return excess, two_se
 
 
-# A check has power against a naive answer when that answer fails it with at least this probability (issue 44).
+# A check has power against a naive answer when that answer fails it with at least this probability (issue 44):
+# a truth one of them passes in 1 - POWER (20%) of redrawn truths or more cannot tell (issue 55 item 4).
 POWER = 0.8
 # Truths redrawn per naive answer: the pass rate's binomial sd is then under 1 point.
 REDRAWS = 4000
@@ -363,15 +365,61 @@ def naive_answers(truth: JsonObject, candidates: dict[str, float]) -> list[Naive
 def cannot_tell(answers: list[NaiveAnswer]) -> str | None:
     """Why a passed check has not shown the search works, where a naive answer would pass it too often (None:
     every naive answer fails it with probability at least POWER)."""
-    weak = [a for a in answers if a.pass_rate is None or a.pass_rate > 1 - POWER]
+    weak = [a for a in answers if a.pass_rate is None or a.pass_rate >= round(1 - POWER, 9)]
     if not weak:
         return None
     named = "; ".join(f"{a.name} ({a.lr:.3g}) passes {'?' if a.pass_rate is None else f'{a.pass_rate:.0%}'}"
                       for a in weak)
     return (f"the truth cannot tell a good answer from a naive one here: {named} of redrawn truths (validated "
-            f"only where each fails at least {POWER:.0%} of the time). What would: more seeds per truth LR (2 SE "
+            f"only where each passes under {1 - POWER:.0%} of them). What would: more seeds per truth LR (2 SE "
             "shrinks as 1/sqrt(seeds)), a longer target or a larger extrapolation ratio (the naive answers then "
             "lie further from the truth's best)")
+
+
+def textbook_rule(summary: JsonObject) -> TextbookRule | None:
+    """The textbook rule at a horizon or width search's target (lmtune.searches.textbook), from its summary.json:
+    the largest budget's best LR x (target / its tokens)^-0.3; the widest proxy's best LR ÷ the width ratio under
+    SP, unchanged under μP (None: no proxy below the target crowned an LR)."""
+    if "target_width" in summary:
+        target, size, proxies = summary["target_width"], "d_model", summary.get("widths") or []
+    else:
+        target, size, proxies = summary.get("horizon_target_tokens"), "tokens", summary.get("budgets") or []
+    below = [p for p in proxies if p.get("crowned_lr") and target and p.get(size) and p[size] < target]
+    if not below:
+        return None
+    largest = max(below, key=lambda p: p[size])
+    if size == "tokens":
+        return horizon_rule(largest["crowned_lr"], largest[size], target)
+    return width_rule(largest["crowned_lr"], largest[size], target, summary.get("parametrization") or "sp")
+
+
+UNCHANGED = "the largest proxy's best LR, unchanged"
+MUP_RULE = "μP's rule: the widest proxy's best LR, unchanged"
+
+
+def naive_candidates(summary: JsonObject, first_grid: tuple[float, float] | None = None,
+                     direct: list[DirectSearch] | tuple = ()) -> dict[str, float]:
+    """What a user could take without the search's prediction (name -> LR): the largest proxy's best LR unchanged
+    (under μP that is μP's rule, named so); the textbook rule where it differs (textbook_rule); the middle of the
+    first grid (in log LR, ``first_grid``: the search's lr_min and lr_max); and the direct local search's answer at
+    the target (``direct``: one per seed of the truth, where the summary has target runs to size it; seeds that
+    agree named together). The direct answer was chosen on one of the truth's own seeds, so its pass rate leans
+    high: it can only make "validated" harder to earn."""
+    candidates, rule = {}, textbook_rule(summary)
+    if rule is not None:
+        mup = summary.get("parametrization") == "mup" and "target_width" in summary
+        candidates[MUP_RULE if mup else UNCHANGED] = rule.proxy_lr
+        if rule.lr != rule.proxy_lr:
+            candidates[f"the textbook rule: {rule.name}"] = rule.lr
+    if first_grid is not None:
+        candidates["the middle of the first grid"] = math.sqrt(first_grid[0] * first_grid[1])
+    answers: dict[float, list[int]] = {}
+    for found in direct:
+        answers.setdefault(found.answer, []).append(found.seed)
+    for answer, seeds in answers.items():
+        which = f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
+        candidates[f"the direct local search's answer ({which})"] = answer
+    return candidates
 
 
 def _overlap(a: Span, b: Span) -> bool:
@@ -397,11 +445,11 @@ def basin_lrs(basin: JsonValue) -> Span:
 def truth_edge_band(truth: JsonObject) -> Span:
     """Where the truth's own seeds place the edge: above its last LR at which every seed came through (below
     its first failing LR), up to its first LR at which every seed failed (None: no such LR in its grid)."""
-    first_fail = truth.get("divergence_lr")
+    first_fail = truth.get("failing_lr")
     if first_fail is None:
-        return truth.get("edge_lr_low"), None
+        return truth.get("failing_lr_low"), None
     all_failed = [row["lr"] for row in truth["grid"] if row["lr"] >= first_fail and not row["seeds_through"]]
-    return truth.get("edge_lr_low"), min(all_failed, default=None)
+    return truth.get("failing_lr_low"), min(all_failed, default=None)
 
 
 def edge_brackets_overlap(band: Span, bracket: Span) -> bool:
@@ -419,16 +467,16 @@ def compare(truth: JsonObject, search: JsonObject) -> TruthComparison:
     LRs and the clearly worse LRs either side, and the LRs that bound its edge)."""
     t_basin, s_basin = truth.get("basin"), search.get("basin")
     band = truth_edge_band(truth)
-    first_fail = truth.get("divergence_lr")
+    first_fail = truth.get("failing_lr")
     check_truth_seeds(truth, [*(t_basin["lrs"] if t_basin else []), *(t_basin["low"] if t_basin else []),
                               *(t_basin["high"] if t_basin else []), *band, first_fail])
     best, (lowest, highest) = search.get("best_lr"), basin_lrs(t_basin)
     in_basin = best is not None and lowest is not None and lowest / SAME_LR <= best <= highest * SAME_LR
-    low, high = search.get("edge_lr_low"), search.get("divergence_lr")
+    low, high = search.get("failing_lr_low"), search.get("failing_lr")
     return TruthComparison(
         best_lr_in_truth_basin=in_basin, truth_basin_lrs=(lowest, highest), search_best_lr=best,
         bracket_holds_first_failing_lr=None not in (first_fail, low, high) and low < first_fail <= high,
-        truth_first_failing_lr=first_fail, truth_last_lr_through=truth.get("edge_lr_low"),
+        truth_first_failing_lr=first_fail, truth_last_lr_through=truth.get("failing_lr_low"),
         truth_edge_band=band, search_bracket=(low, high),
         edge_brackets_overlap=first_fail is not None and edge_brackets_overlap(band, (low, high)),
         basins_overlap=bool(t_basin and s_basin and _overlap(region_span(t_basin), region_span(s_basin))),
@@ -439,12 +487,12 @@ def compare(truth: JsonObject, search: JsonObject) -> TruthComparison:
 
 
 # A direct local search at the target, the baseline a horizon or width search's cost is held against (issue 44
-# items 4-6): the largest proxy's best LR scaled to the target by the rule a user would otherwise take (for a
-# horizon, LR* falling as tokens^-DIRECT_BETA; for width, direct_centre), and as many runs at the target as the
-# search trained there, on the truth's grid LRs nearest it, one seed: what a user skipping the proxies would train.
-# Its runs are the truth's own runs at those LRs and that seed (the same config: the same run); both answers are
-# then judged on the truth's other seeds, so that the noise the direct search picked by does not also judge it.
-DIRECT_BETA = 0.3
+# items 4-6): the largest proxy's best LR carried to the target by the textbook rule a user would otherwise take
+# (textbook_rule: for a horizon LR* falling as tokens^-0.3, lmtune.searches.textbook.PRIOR_BETA; for width 1/width
+# under SP, unchanged under μP), and as many runs at the target as the search trained there, on the truth's grid
+# LRs nearest it, one seed: what a user skipping the proxies would train. Its runs are the truth's own runs at those
+# LRs and that seed (the same config: the same run); both answers are then judged on the truth's other seeds, so
+# that the noise the direct search picked by does not also judge it.
 
 
 @dataclass(frozen=True)
@@ -495,20 +543,11 @@ def direct_local_search(runs: list[TruthRun], centre: float, count: int, predict
 
 
 def direct_centre(summary: JsonObject) -> tuple[float, int] | None:
-    """A horizon or width search's summary: the direct search's centre and how many runs the search trained at the
-    target (None: no proxy below the target crowned an LR, or nothing trained at the target). The centre: the
-    largest budget's best LR x (target / budget)^-DIRECT_BETA; the widest proxy's best LR / (target / width) under
-    SP (LR* falling as 1/width: the rule a user would take), unchanged under μP (its promise)."""
+    """A horizon or width search's summary: the direct search's centre, the textbook rule's LR at the target
+    (textbook_rule), and how many runs the search trained at the target (None: no proxy below the target crowned an
+    LR, or nothing trained at the target)."""
     count = sum(len(row["seeds"]) for row in (summary.get("confirmed") or {}).get("losses") or [])
-    if "target_width" in summary:
-        mup = summary.get("parametrization") == "mup"
-        target, size, exponent = summary["target_width"], "d_model", 0.0 if mup else 1.0
-        proxies = summary.get("widths") or []
-    else:
-        target, size, exponent = summary.get("horizon_target_tokens"), "tokens", DIRECT_BETA
-        proxies = summary.get("budgets") or []
-    proxies = [p for p in proxies if p.get("crowned_lr") and target and p[size] < target]
-    if not proxies or not count:
+    rule = textbook_rule(summary)
+    if rule is None or not count:
         return None
-    largest = max(proxies, key=lambda p: p[size])
-    return largest["crowned_lr"] * (target / largest[size]) ** -exponent, count
+    return rule.lr, count

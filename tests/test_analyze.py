@@ -124,7 +124,7 @@ def test_headline_numbers(report):
     assert summary["best_trial"] == best["trial_id"]
     assert summary["best_val_loss"] == pytest.approx(best["final_val_loss"])
     assert summary["candidate_tokens"] is None
-    assert summary["divergence_lr"] == 300.0
+    assert summary["failing_lr"] == 300.0
     assert summary["edge_ratio"] == pytest.approx(300.0 / summary["best_lr"])
     assert summary["lr_sensitivity"] is not None and summary["lr_sensitivity"] > 0
     compute = summary["compute"]
@@ -181,9 +181,9 @@ def test_cli_on_results_root_picks_the_newest(quick_sweep, tmp_path):
     assert (new / "report" / "lr_sweep_analysis.md").is_file()
     assert not (old / "report").exists()
     out = proc.stdout
-    assert "best lr" in out and "fails to recover at 300" in out and "edge / best lr: " in out
+    assert "best lr" in out and "fails to recover at 300" in out and "divergence / best lr: " in out
     assert str(new / "report") in out
-    assert len(out.strip().splitlines()) <= 11
+    assert len(out.strip().splitlines()) <= 13  # the summary lines name four LRs (issue 55)
 
 
 @pytest.mark.parametrize("kind", ["empty", "missing", "file"])
@@ -256,7 +256,7 @@ def test_one_trial_sweep(quick_sweep, tmp_path):
             shutil.rmtree(folder)
     summary = analyze(sweep)
     assert [r["trial_id"] for r in summary["trials"]] == [keep]
-    assert summary["best_trial"] == keep and summary["divergence_lr"] is None
+    assert summary["best_trial"] == keep and summary["failing_lr"] is None
     for name in FILES:
         assert (sweep / "report" / name).is_file()
     assert_real_picture(sweep / "report" / "lr_sweep_comparison.png")

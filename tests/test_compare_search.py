@@ -91,7 +91,7 @@ def test_each_variant_finds_its_own_best_lr_and_brackets_its_own_edge(finished, 
     conclusion = search.searches[variant].conclusion()
     best, edge = TRUTH[variant]
     assert abs(math.log(conclusion["best_lr"] / best)) <= math.log(1.5)
-    assert conclusion["edge_lr_low"] < edge <= conclusion["divergence_lr"]
+    assert conclusion["failing_lr_low"] < edge <= conclusion["failing_lr"]
 
 
 def test_every_other_variant_trains_the_references_best_lr_with_its_seeds_once_both_searches_end(finished):
@@ -161,7 +161,7 @@ def test_a_variant_started_from_the_reference_finds_its_own_best_and_edge_even_w
     conclusion = search.searches[variant].conclusion()
     best, edge = TRUTH[variant]  # no_norm's best 5x below the reference's, its edge 100x below
     assert abs(math.log(conclusion["best_lr"] / best)) <= math.log(1.5)
-    assert conclusion["edge_lr_low"] < edge <= conclusion["divergence_lr"]
+    assert conclusion["failing_lr_low"] < edge <= conclusion["failing_lr"]
 
 
 def test_starting_from_the_reference_trains_fewer_tokens_where_the_optimum_stayed(finished, warm):

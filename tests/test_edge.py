@@ -92,7 +92,7 @@ def finished_search(settings: EdgeSettings | None = None, sweep: SimulatedSweep 
 def test_bisection_brackets_the_known_threshold_within_the_tolerance():
     search, _ = finished_search()
     c = search.conclusion()
-    assert c["edge_lr_low"] < THRESHOLD <= c["divergence_lr"]
+    assert c["failing_lr_low"] < THRESHOLD <= c["failing_lr"]
     assert c["bracket_ratio"] <= 1.25
 
 
@@ -131,7 +131,7 @@ def test_the_diverged_end_is_retrained_without_early_stopping_and_the_conclusion
     search, sweep = finished_search()
     c = search.conclusion()
     confirms = [t for t in sweep.trials if t["stage"] == "confirm"]
-    assert [t["lr"] for t in confirms] == [c["divergence_lr"]] and confirms[0]["early_stop"] is False
+    assert [t["lr"] for t in confirms] == [c["failing_lr"]] and confirms[0]["early_stop"] is False
     assert c["edge_confirmation"]["confirmed"]
     (end,) = c["edge_confirmation"]["diverged_end"]
     assert end["stage"] == "confirm" and end["decided_at_tokens"] == WINDOW_STEPS * 1024
@@ -144,15 +144,15 @@ def test_a_diverged_end_that_recovers_when_left_alone_moves_the_bracket_up():
     c = search.conclusion()
     recovered = [t["lr"] for t in sweep.trials if t["stage"] == "confirm" and t["lr"] < THRESHOLD]
     assert recovered, "a confirmation run recovered"
-    assert c["edge_lr_low"] < THRESHOLD <= c["divergence_lr"] and c["edge_confirmation"]["confirmed"]
+    assert c["failing_lr_low"] < THRESHOLD <= c["failing_lr"] and c["edge_confirmation"]["confirmed"]
 
 
 def test_every_seed_trains_through_the_stable_end_and_a_seed_that_fails_earlier_moves_the_edge_down():
     """Seed 1 fails from 0.3 on, seed 0 only from 0.37: the edge is where any seed fails."""
     search, sweep = finished_search(sweep=SimulatedSweep(seed_thresholds={1: 0.3}))
     c = search.conclusion()
-    assert c["edge_lr_low"] < 0.3 <= c["divergence_lr"] and c["bracket_ratio"] <= 1.25
-    through = {r.seed for r in search.runs.values() if r.lr == c["edge_lr_low"] and r.trained_through()}
+    assert c["failing_lr_low"] < 0.3 <= c["failing_lr"] and c["bracket_ratio"] <= 1.25
+    through = {r.seed for r in search.runs.values() if r.lr == c["failing_lr_low"] and r.trained_through()}
     assert through == {0, 1}
     assert all(t["seed"] in (0, 1) for t in sweep.trials if t["stage"] == "bisect")
 
@@ -176,13 +176,13 @@ def test_the_conclusion_gives_the_basin_the_degraded_region_and_where_training_f
     c = search.conclusion()
     assert c["best_lr"] in c["basin"]["lrs"]
     assert c["basin"]["high"][0] < c["basin"]["high"][1] <= c["degraded"]["low"][1]
-    assert c["degraded"]["high"] == [c["degraded"]["points"][-1]["lr"], c["divergence_lr"]]
+    assert c["degraded"]["high"] == [c["degraded"]["points"][-1]["lr"], c["failing_lr"]]
     assert c["degraded"]["per_doubling"] > 0 and c["degraded"]["per_doubling_se"] is not None
     excess = c["degraded"]["excess_at"]  # the simulated loss: 0.05 ln(lr / optimum)^2 above the best
     assert set(excess) >= {"4", "10"} and excess["4"] < excess["10"]
     assert excess["10"] == pytest.approx(0.05 * math.log(10 * c["best_lr"] / OPTIMUM) ** 2
                                          - 0.05 * math.log(c["best_lr"] / OPTIMUM) ** 2, abs=0.05)
-    assert c["diverged"]["low"] == [c["edge_lr_low"], c["divergence_lr"]]
+    assert c["diverged"]["low"] == [c["failing_lr_low"], c["failing_lr"]]
 
 
 def test_a_search_saved_and_restored_mid_bisection_finishes_the_same_without_repeating_a_trial():

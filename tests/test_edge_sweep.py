@@ -140,8 +140,8 @@ def test_asha_cut_the_coarse_trials_an_uninterrupted_search_would_have_cut(resum
 
 def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resumed_edge_sweep):
     c = read_search_state(resumed_edge_sweep["dir"], "edge")["conclusion"]
-    assert c["bracket_ratio"] <= 2.0 and c["edge_lr_low"] < c["divergence_lr"]
-    assert len(c["best_lr_seed_losses"]) == 2 and c["best_lr"] < c["edge_lr_low"]
+    assert c["bracket_ratio"] <= 2.0 and c["failing_lr_low"] < c["failing_lr"]
+    assert len(c["best_lr_seed_losses"]) == 2 and c["best_lr"] < c["failing_lr_low"]
 
 
 def test_the_bracket_agrees_with_direct_runs_trained_without_early_stopping(resumed_edge_sweep, tmp_path):
@@ -156,8 +156,8 @@ def test_the_bracket_agrees_with_direct_runs_trained_without_early_stopping(resu
     params, dirs, ledger = trial_params(sweep_dir), trial_dirs(sweep_dir), read_outcomes(sweep_dir)
     record = SweepRecord.read(sweep_dir)
     baseline = record.plan.unigram_loss
-    ends = [(c["edge_lr_low"], end["seed"], True) for end in confirmation["stable_end"]]
-    ends += [(c["divergence_lr"], end["seed"], False) for end in confirmation["diverged_end"]]
+    ends = [(c["failing_lr_low"], end["seed"], True) for end in confirmation["stable_end"]]
+    ends += [(c["failing_lr"], end["seed"], False) for end in confirmation["diverged_end"]]
     for lr, seed, trains in ends:
         # (the trial that ran it: one the driver's stop interrupted before Ray recorded it was run again in another)
         trial_id = next(t for t, p in params.items() if p.get("lr") == lr and p.get("seed") == seed and t in ledger)
@@ -191,7 +191,7 @@ def test_the_report_of_the_edge_search_is_written(resumed_edge_sweep):
     proc = run_lmtune("analyze", str(sweep_dir), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((sweep_dir / "report" / "summary.json").read_text())
-    assert {"best_lr", "best_lr_seed_losses", "divergence_lr", "edge_lr_low", "edge_ratio", "equal_token_losses",
+    assert {"best_lr", "best_lr_seed_losses", "failing_lr", "failing_lr_low", "edge_ratio", "equal_token_losses",
             "stages", "basin", "degraded", "spiked", "edge_confirmation"} <= set(summary)
     assert [s["name"] for s in summary["stages"]][:3] == ["range", "coarse", "landscape"]
     assert (sweep_dir / "report" / "lr_vs_loss.png").is_file()
@@ -217,7 +217,7 @@ def test_the_search_agrees_with_a_small_ground_truth_grid_trained_without_early_
             train(config, truth_dir / f"lr={lr}_seed={seed}")
     truth = truth_conclusion(read_truth(truth_dir))
     checks = compare(truth, search)
-    assert truth["divergence_lr"] is not None, "the grid reaches past the first LR that fails"
+    assert truth["failing_lr"] is not None, "the grid reaches past the first LR that fails"
     assert checks.best_lr_in_truth_basin, checks
     assert checks.edge_brackets_overlap, checks
     # (both may find no degraded region: at this size the runs above the basin end no better than the unigram

@@ -26,7 +26,10 @@ def machine_free(summary: dict, sweep_dir: Path) -> dict:
 
 
 def differences(got, want, where: str = "summary") -> list[str]:
-    """Where two JSON values differ; floats equal to 12 significant digits (a sum taken in another order)."""
+    """Where two JSON values differ; floats equal to 7 significant digits: a sum taken in another order moves the
+    12th, and an iterative fit's optimum (scipy.optimize.least_squares, the horizon surface) the 9th between scipy
+    and numpy releases (a fresh environment of 2026-11-29 moved quick_horizon's β from 0.30745836218 to
+    0.30745836037); a change of meaning moves far more."""
     if isinstance(want, dict) and isinstance(got, dict):
         found = [f"{where}: key {k!r} {'added' if k in got else 'missing'}" for k in sorted(set(got) ^ set(want))]
         return found + [d for k in sorted(set(got) & set(want)) for d in differences(got[k], want[k], f"{where}.{k}")]
@@ -36,7 +39,7 @@ def differences(got, want, where: str = "summary") -> list[str]:
         return [d for i, (g, w) in enumerate(zip(got, want, strict=True)) for d in differences(g, w, f"{where}[{i}]")]
     both_numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (got, want))
     if both_numbers and (isinstance(got, float) or isinstance(want, float)):
-        return [] if math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-300) else [f"{where}: {got!r} != {want!r}"]
+        return [] if math.isclose(got, want, rel_tol=1e-7, abs_tol=1e-300) else [f"{where}: {got!r} != {want!r}"]
     return [] if got == want and type(got) is type(want) else [f"{where}: {got!r} != {want!r}"]
 
 

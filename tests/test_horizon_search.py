@@ -179,7 +179,7 @@ def test_each_budgets_edge_is_bracketed_around_where_training_fails(finished):
     search, _ = finished
     for steps in search.axis.points:
         c = search.conclusion()["budgets"][str(steps)]
-        assert c["edge_lr_low"] < edge_lr(steps) <= c["divergence_lr"]
+        assert c["failing_lr_low"] < edge_lr(steps) <= c["failing_lr"]
         assert c["bracket_ratio"] <= SETTINGS.edge_tolerance
 
 

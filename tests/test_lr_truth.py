@@ -84,7 +84,7 @@ def sweep_of(folder: Path, truth: Path, params: dict | None = None, content_hash
     if report:
         (folder / "report").mkdir()
         (folder / "report" / "summary.json").write_text(json.dumps(
-            {"best_lr": 0.01, "edge_lr_low": 0.01, "divergence_lr": None, "basin": None, "degraded": None}))
+            {"best_lr": 0.01, "failing_lr_low": 0.01, "failing_lr": None, "basin": None, "degraded": None}))
     return folder
 
 
@@ -262,7 +262,7 @@ FAILING = {0.128: 1, 0.256: 3}
 
 
 def edge_summary(best_lr: float, edge: tuple[float | None, float | None] = (0.064, 0.128)) -> dict:
-    return {"best_lr": best_lr, "edge_lr_low": edge[0], "divergence_lr": edge[1], "basin": None, "degraded": None}
+    return {"best_lr": best_lr, "failing_lr_low": edge[0], "failing_lr": edge[1], "basin": None, "degraded": None}
 
 
 def test_the_constructed_truths_basin_is_the_lrs_within_two_standard_errors_of_its_best():

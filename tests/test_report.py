@@ -154,7 +154,7 @@ def test_tables_agree_with_the_records(records, tmp_path):
     json_path, csv_path = write_tables(summary.to_json(), summary.trials, tmp_path)
     loaded = json.loads(json_path.read_text())
     assert loaded == summary.to_json()
-    assert loaded["best_lr"] == 1e-3 and loaded["divergence_lr"] == 1e-2 and loaded["edge_lr_low"] == 3e-3
+    assert loaded["best_lr"] == 1e-3 and loaded["failing_lr"] == 1e-2 and loaded["failing_lr_low"] == 3e-3
     assert loaded["edge_ratio"] == pytest.approx(10.0)
     assert loaded["best_lr_seed_losses"] == [pytest.approx(loaded["best_val_loss"])]
     assert loaded["target_met"] is True

@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lmtune.analysis.named_lrs import UsefulRange
 from lmtune.errors import LmtuneError
 from lmtune.report.stability import (
     TrialRecord,
@@ -201,8 +202,12 @@ def test_without_a_full_budget_trial_the_best_says_its_tokens_are_unequal():
     assert summary.to_json()["candidate_tokens"] == [20 * STEP * TOKENS_PER_STEP, 40 * STEP * TOKENS_PER_STEP]
 
 
+AS_GOOD_ABOVE = UsefulRange(top_lr=2e-3, best_lr=1e-3, next_lr=4e-3, margin=0.05, cost_at=((2, 0.01), (4, 0.3)))
+NOTHING_AS_GOOD_ABOVE = UsefulRange(top_lr=1e-3, best_lr=1e-3, next_lr=2e-3, margin=0.05, cost_at=((2, 0.07), (4, 0.8)))
+
+
 @pytest.mark.parametrize("ratio, reading", [
-    (10.0, "conservative"), (4.5, "conservative"), (4.0, "moderately below"), (3.0, "moderately below"),
+    (4.0, "moderately below"), (3.0, "moderately below"),
     (2.0, "moderately below"), (1.5, "near the edge"), (1.3, "near the edge"), (1.25, "at the edge"),
     (1.0, "at the edge"), (0.8, "at the edge"), (0.5, "below 1"), (None, "no run diverged"),
 ])
@@ -210,8 +215,23 @@ def test_edge_reading(ratio, reading):
     assert edge_reading(ratio).startswith(reading)
 
 
+def test_a_ratio_above_4_reads_conservative_only_where_a_larger_lr_was_measured_as_good():
+    assert edge_reading(10.0, AS_GOOD_ABOVE).startswith("conservative")
+    assert edge_reading(4.5, AS_GOOD_ABOVE).startswith("conservative")
+
+
+def test_a_ratio_above_4_without_a_larger_lr_as_good_reads_not_conservative_with_the_measured_costs():
+    reading = edge_reading(10.0, NOTHING_AS_GOOD_ABOVE)
+    assert reading.startswith("far below divergence, yet not conservative")
+    assert "2x the best LR costs +0.07 nats" in reading and "4x the best LR costs +0.80 nats" in reading
+
+
+def test_a_ratio_above_4_with_no_loss_measured_above_the_best_is_not_called_conservative():
+    assert not edge_reading(10.0).startswith("conservative")
+
+
 def test_an_edge_ratio_range_is_read_only_when_both_ends_read_the_same():
-    assert edge_reading_range(20.0, 230.0).startswith("conservative")
+    assert edge_reading_range(20.0, 230.0, AS_GOOD_ABOVE).startswith("conservative")
     assert edge_reading_range(3.0, 30.0) is None
     assert edge_reading_range(20.0, None) is None
 
@@ -316,7 +336,7 @@ def test_sweep_summary_headline_numbers_and_rows():
     edge = summary.conclusion.edge
     assert edge.diverged_lr == 1e-2
     assert summary.edge_ratio == pytest.approx(10.0)
-    assert summary.edge_reading.startswith("conservative")
+    assert summary.edge_reading.startswith("far below divergence, yet not conservative")
     assert summary.target.met is True and summary.target.trial == "t3"
     assert edge.stable_lr == 3e-3 and edge.ratio == pytest.approx(1e-2 / 3e-3)
     rows = {r.trial_id: r for r in summary.trials}

@@ -1,6 +1,7 @@
 """What a sweep's runs at one budget conclude, Ray-free and typed: the best LR crowned on as many seeds as the
-LRs it beats and its contenders, where it may lie, the bracket and how it was established, the edge / best ratio
-as a range, the landscape's regions and the ranking. Computed once by ``conclude``; the edge searcher's state, the
+LRs it beats and its contenders, where it may lie, the top of its useful range, the failing LR's bracket and how it
+was established, the divergence LR's bracket, the divergence / best ratio as a range, the landscape's regions and
+the ranking. Computed once by ``conclude``; the edge searcher's state, the
 report (summary.json, lr_sweep_analysis.md, the figures) and the CLIs' last lines read this one value.
 """
 
@@ -18,6 +19,7 @@ from lmtune.analysis.bracket import (
     seed_dependent_lrs,
 )
 from lmtune.analysis.landscape import Gap, Landscape, best_lr_interval, edge_ratio_range, landscape
+from lmtune.analysis.named_lrs import UsefulRange, divergence_bracket, useful_range
 from lmtune.analysis.runs import (
     Budget,
     LrResult,
@@ -44,13 +46,18 @@ class Conclusion:
     best_lr_interval: Gap
     """The best LR lies strictly between these: the nearest LRs clearly worse (None: none on that side)."""
     edge: Bracket
-    """Where training breaks."""
+    """Where training fails: the failing LR's bracket (a run diverged, or ended no better than the unigram
+    baseline, above an LR that trained)."""
+    divergence: Bracket
+    """Where runs diverge (non-finite, or above their initial loss for good): the divergence LR's bracket."""
+    useful: UsefulRange | None
+    """How far above the best LR the loss stays as good, and what 2x and 4x cost (None: no best LR)."""
     seed_dependent: tuple[SeedDependence, ...]
     """LRs where one seed trained through and another diverged."""
     edge_confirmation: EdgeConfirmation | None
     """How the bracket's ends were established (None: no LR diverged)."""
     edge_ratio_range: Gap
-    """The edge / best LR ratio as a range carrying both uncertainties (None: unbounded on that side)."""
+    """The divergence LR / best LR ratio as a range carrying both uncertainties (None: unbounded on that side)."""
     landscape: Landscape
     """The basin, degraded and diverged regions."""
     ranking: tuple[LrResult, ...]
@@ -62,8 +69,9 @@ class Conclusion:
 
     @property
     def edge_ratio(self) -> float | None:
-        """The smallest diverging LR / the best LR, as a point value."""
-        return self.edge.diverged_lr / self.best.lr if self.best and self.edge.diverged_lr else None
+        """The divergence LR (the smallest LR at which a run diverged) / the best LR, as a point value: the seeds'
+        rubric's ratio."""
+        return self.divergence.diverged_lr / self.best.lr if self.best and self.divergence.diverged_lr else None
 
     def to_json(self) -> JsonObject:
         """summary.json's (and the edge search state's) keys for it."""
@@ -78,9 +86,12 @@ class Conclusion:
                                    for r in self.contenders],
             "seed_spread": self.seed_spread,
             "best_lr_interval": list(self.best_lr_interval),
-            "edge_lr_low": self.edge.stable_lr,
-            "divergence_lr": self.edge.diverged_lr,
+            "failing_lr_low": self.edge.stable_lr,
+            "failing_lr": self.edge.diverged_lr,
             "bracket_ratio": self.edge.ratio,
+            "divergence_lr_low": self.divergence.stable_lr,
+            "divergence_lr": self.divergence.diverged_lr,
+            **(self.useful.to_json() if self.useful else {"useful_top_lr": None}),
             "stable_above_divergence": list(self.edge.stable_above),
             "seed_dependent": [s.to_json() for s in self.seed_dependent],
             "edge_confirmation": self.edge_confirmation.to_json() if self.edge_confirmation else None,
@@ -98,9 +109,10 @@ def conclude(runs: Iterable[Run], budget: Budget) -> Conclusion:
     runs = effective_runs(runs)
     ranking = full_budget_ranking(runs)
     best, contenders = crown(ranking)
-    edge = bracket(runs)
+    edge, divergence = bracket(runs), divergence_bracket(runs)
     interval = best_lr_interval(ranking, edge)
-    return Conclusion(best, tuple(contenders), pooled_seed_spread(ranking), interval, edge,
-                      tuple(seed_dependent_lrs(runs)),
+    sigma = pooled_seed_spread(ranking)
+    return Conclusion(best, tuple(contenders), sigma, interval, edge, divergence,
+                      useful_range(ranking, best, sigma, edge), tuple(seed_dependent_lrs(runs)),
                       edge_confirmation(runs, edge) if edge.diverged_lr is not None else None,
-                      edge_ratio_range(edge, interval), landscape(ranking, edge), tuple(crowned_ranking(ranking)))
+                      edge_ratio_range(divergence, interval), landscape(ranking, edge), tuple(crowned_ranking(ranking)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from lmtune.analysis.bracket import EdgeConfirmation
 from lmtune.analysis.landscape import Landscape
+from lmtune.analysis.named_lrs import UsefulRange
 from lmtune.report.sections import section_for
 from lmtune.report.summary import SweepSummary
 from lmtune.report.text import basin_ends, basin_lrs, interval_line, per_doubling, ratio_range_text
@@ -41,6 +42,7 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
             lines.append(f"  lr {contender.lr:.3g} beat it on the seeds they share but has only "
                          f"{len(contender.losses)}: not crowned (more seeds would settle it)")
     lines += region_lines(c.landscape)
+    lines += useful_lines(c.useful)
     edge = c.edge
     if edge.diverged_lr is None:
         lines.append("edge: no LR failed; training breaks above the largest LR tried")
@@ -50,13 +52,30 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
     width = f" (bracket {edge.ratio:.2f} wide)" if edge.ratio else ""
     confirmed = c.edge_confirmation is not None and c.edge_confirmation.confirmed
     how = "; confirmed by training without early stopping" if confirmed else "; not yet confirmed by training"
-    lines.append(f"edge: {stable}{_fails(c.edge_confirmation, summary.unigram_loss)} at {edge.diverged_lr:.3g}{width}"
-                 f"{how}")
+    lines.append(f"failing lr {edge.diverged_lr:.3g}: {stable}{_fails(c.edge_confirmation, summary.unigram_loss)} at "
+                 f"{edge.diverged_lr:.3g}{width}{how}")
+    divergence = c.divergence
+    if divergence.diverged_lr is None:
+        lines.append("divergence lr: no run diverged (non-finite, or above its initial loss for good)")
+        return lines
+    below = f" ({divergence.stable_lr:.3g} ran its budget without diverging)" if divergence.stable_lr else ""
+    lines.append(f"divergence lr {divergence.diverged_lr:.3g}: the first LR at which a run diverged{below}")
     if summary.edge_ratio is not None:
         reading = f": {summary.edge_range_reading}" if summary.edge_range_reading else ""
-        lines.append(f"  edge / best lr: {ratio_range_text(*c.edge_ratio_range, summary.edge_range_reading)}"
+        lines.append(f"  divergence / best lr: {ratio_range_text(*c.edge_ratio_range, summary.edge_range_reading)}"
                      f"{reading}")
     return lines
+
+
+def useful_lines(useful: UsefulRange | None) -> list[str]:
+    """The top of the useful range and what 2x and 4x the best LR cost, one line."""
+    if useful is None:
+        return []
+    costs = ", ".join(f"{cost:+.2f} nats at {factor}x" for factor, cost in useful.cost_at if cost is not None)
+    top = (f"{useful.top_lr:.3g} ({useful.top_lr / useful.best_lr:.2g}x the best)" if useful.above_best
+           else f"{useful.top_lr:.3g}, the best LR itself")
+    return [f"useful range: up to {top}, within {useful.margin:.3f} nats of the best"
+            + (f"; going higher costs {costs}" if costs else "")]
 
 
 def _fails(confirmation: EdgeConfirmation | None, unigram_loss: float | None) -> str:

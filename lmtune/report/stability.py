@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmtune.analysis.named_lrs import UsefulRange
 from lmtune.analysis.runs import Outcome
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
@@ -241,19 +242,21 @@ def edge_ratio(best_lr: float | None, div_lr: float | None) -> float | None:
     return div_lr / best_lr
 
 
-def edge_reading_range(smallest: float | None, largest: float | None) -> str | None:
-    """The rule-of-thumb reading of an edge ratio known only to lie in [smallest, largest]: given only
+def edge_reading_range(smallest: float | None, largest: float | None, useful: UsefulRange | None = None) -> str | None:
+    """The rule-of-thumb reading of a divergence / best ratio known only to lie in [smallest, largest]: given only
     when both ends read the same (None otherwise, or when an end is unbounded)."""
     if smallest is None or largest is None:
         return None
-    low, high = edge_reading(smallest), edge_reading(largest)
+    low, high = edge_reading(smallest, useful), edge_reading(largest, useful)
     return low if low == high else None
 
 
-def edge_reading(ratio: float | None) -> str:
-    """Plain-words reading of :func:`edge_ratio` (thresholds: AT_EDGE_BAND, NEAR_EDGE_BELOW, CONSERVATIVE_ABOVE)."""
+def edge_reading(ratio: float | None, useful: UsefulRange | None = None) -> str:
+    """Plain-words reading of the divergence LR / best LR ratio by the seeds' rubric (thresholds: AT_EDGE_BAND,
+    NEAR_EDGE_BELOW, CONSERVATIVE_ABOVE), held against the measured loss: "conservative" only where a larger LR than
+    the best was measured to be as good (``useful``: lmtune.analysis.named_lrs; None: not measured)."""
     if ratio is None:
-        return "no run diverged: the edge of stability lies above the largest LR tried"
+        return "no run diverged: the divergence LR lies above the largest LR tried"
     if AT_EDGE_BAND[0] <= ratio <= AT_EDGE_BAND[1]:
         return "at the edge"
     if ratio < AT_EDGE_BAND[0]:
@@ -262,7 +265,14 @@ def edge_reading(ratio: float | None) -> str:
     if ratio < NEAR_EDGE_BELOW:
         return "near the edge"
     if ratio > CONSERVATIVE_ABOVE:
-        return "conservative: the best LR sits well below the edge"
+        if useful is None:
+            return "above 4, which the rubric calls conservative; no loss above the best LR measured to check it"
+        if useful.above_best:
+            return (f"conservative: the best LR sits well below the edge, and {useful.top_lr:.3g} "
+                    f"({useful.top_lr / useful.best_lr:.2g}x the best) was measured to be as good")
+        costs = ", ".join(f"{f}x the best LR costs {c:+.2f} nats" for f, c in useful.cost_at if c is not None)
+        return ("far below divergence, yet not conservative: no larger LR was measured to be as good"
+                + (f" ({costs})" if costs else ""))
     return "moderately below the edge"
 
 

@@ -205,7 +205,7 @@ class SweepSummary(Generic[ResultT]):
     best_tokens: int | None
     """The tokens best_val_loss is at."""
     edge_ratio: float | None
-    """The smallest diverging LR / best_lr, as a point value."""
+    """The divergence LR (the smallest LR at which a run diverged) / best_lr, as a point value."""
     best_trial: str | None
     """The trial at the best LR with the lowest full-budget loss: the checkpoint to use."""
     equal_tokens: EqualTokenLosses
@@ -244,11 +244,11 @@ class SweepSummary(Generic[ResultT]):
 
     @property
     def edge_reading(self) -> str:
-        return edge_reading(self.edge_ratio)
+        return edge_reading(self.edge_ratio, self.conclusion.useful)
 
     @property
     def edge_range_reading(self) -> str | None:
-        return edge_reading_range(*self.conclusion.edge_ratio_range)
+        return edge_reading_range(*self.conclusion.edge_ratio_range, self.conclusion.useful)
 
     def trial(self, trial_id: str | None) -> TrialRow | None:
         return next((r for r in self.trials if r.trial_id == trial_id), None)
@@ -316,7 +316,7 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         best = min(found, key=lambda r: (best_val_loss(r), r.lr)) if found else None
         best_lr, best_loss = (best.lr, best_val_loss(best)) if best else (None, None)
         best_tokens, candidates = (tokens_trained(best) if best else None), candidate_token_range(records)
-        diverged_lr = conclusion.edge.diverged_lr
+        diverged_lr = conclusion.divergence.diverged_lr
         edge_ratio = diverged_lr / best.lr if best and diverged_lr else None
     ell0 = ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records))
     rows, counts = trial_table(records if every_record is None else every_record)

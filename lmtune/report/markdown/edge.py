@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lmtune.analysis.bracket import THROUGH
+from lmtune.analysis.bracket import THROUGH, Bracket
+from lmtune.analysis.named_lrs import USEFUL_TOLERANCE
 from lmtune.report.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, NEAR_EDGE_BELOW, TrialRecord, first_growth
 from lmtune.report.summary import SweepSummary
-from lmtune.report.text import lr, ratio_range_text, tokens, too_wide
+from lmtune.report.text import lr, ratio_range_text, table, tokens, too_wide
 from lmtune.training.divergence import describe_spikes
 
 
 def edge(summary: SweepSummary) -> list[str]:
-    lines = ["## Edge of stability", ""]
+    lines = ["## Edge of stability", "", *_named_lrs(summary), *_what_edge_means()]
     bracket = summary.conclusion.edge
     if bracket.diverged_lr is None:
         lines += [f"No run failed (none went non-finite, stayed above its initial loss for the recovery window, or "
@@ -36,6 +37,49 @@ def edge(summary: SweepSummary) -> list[str]:
         lines += ["", *_edge_ratio(summary)]
     lines += ["", *_spiked(summary), *_logit_growth(summary), *_edge_rule()]
     return lines
+
+
+def _named_lrs(summary: SweepSummary) -> list[str]:
+    """The four LRs the report names (Definitions), one table row each, and what going above the best costs."""
+    c = summary.conclusion
+    if c.best is None:
+        return []
+    useful, failing, divergence = c.useful, c.edge, c.divergence
+    seeds = len(c.best.losses)
+    rows = [["best LR", f"**{c.best.lr:.3g}**", f"lowest mean full-budget loss, {c.best.mean:.4f} over {seeds} "
+             f"seed{'s' * (seeds > 1)}"]]
+    if useful is not None:
+        above = (f"the next LR tried, {useful.next_lr:.3g}, is worse by more than {useful.margin:.3f} nats"
+                 if useful.next_lr is not None else "no LR tried above it was worse")
+        rows.append(["top of the useful range", f"**{useful.top_lr:.3g}** ({useful.top_lr / c.best.lr:.2g}x the best)",
+                     f"the largest LR within max(2 SE, {USEFUL_TOLERANCE:g} nats) of the best's loss; {above}"])
+    rows.append(["failing LR", _end(failing), "above it a run diverged or ended no better than the data's unigram "
+                                              "baseline (it did not train)"])
+    rows.append(["divergence LR", _end(divergence), "the first LR at which a run's loss went non-finite, or rose "
+                                                    "above ℓ₀ and did not come back"])
+    lines = table(["named LR", "value", "what it is"], rows) + [""]
+    costs = [f"{factor}x the best LR: {cost:+.2f} nats" for factor, cost in (useful.cost_at if useful else ())
+             if cost is not None]
+    if costs:
+        lines += ["Going above the best LR costs (mean full-budget loss over the best's, between the LRs tried): "
+                  + "; ".join(costs) + ".", ""]
+    return lines
+
+
+def _end(bracket: Bracket) -> str:
+    if bracket.diverged_lr is None:
+        return f"none up to {bracket.stable_lr:.3g}" if bracket.stable_lr is not None else "none"
+    low = f" (not at {bracket.stable_lr:.3g})" if bracket.stable_lr is not None else ""
+    return f"**{bracket.diverged_lr:.3g}**{low}"
+
+
+def _what_edge_means() -> list[str]:
+    return ["What \"edge of stability\" means: in Cohen et al. (2021, 2022) it is a property of training that "
+            "succeeds: the sharpness (the loss's top Hessian eigenvalue) rises to about 2/η (38/η preconditioned, "
+            "for Adam at β₁ = 0.9) and hovers there; the sharpness figure (`analyze --sharpness`) shows it. The "
+            "seeds' rubric instead reads divergence LR / best LR (> 4: conservative). The practical question, how "
+            "far above the best LR one can go before the loss degrades, is answered by the top of the useful range "
+            "and the cost of 2x and 4x; where training blows up, by the failing and divergence LRs.", ""]
 
 
 def _confirmation(summary: SweepSummary) -> list[str]:
@@ -82,10 +126,10 @@ def _spiked(summary: SweepSummary) -> list[str]:
 
 def _edge_ratio(summary: SweepSummary) -> list[str]:
     if summary.edge_ratio is None:
-        return ["No best LR, so no edge ratio."]
+        return ["No run diverged, or no best LR: no divergence / best ratio."]
     smallest, largest = summary.conclusion.edge_ratio_range
     reading = summary.edge_range_reading
-    text = (f"Edge / best LR: {summary.conclusion.edge.diverged_lr:.3g} / {summary.best_lr:.3g} = "
+    text = (f"Divergence LR / best LR: {summary.conclusion.divergence.diverged_lr:.3g} / {summary.best_lr:.3g} = "
             f"**{summary.edge_ratio:.3g}** as a point value; with the bracket and the best LR's interval, it is "
             f"**{ratio_range_text(smallest, largest, reading)}**.")
     if reading:
@@ -112,8 +156,9 @@ def _logit_growth(summary: SweepSummary) -> list[str]:
 
 def _edge_rule() -> list[str]:
     return [
-        f"Reading of the ratio (a practitioners' rule of thumb, not a law): > {CONSERVATIVE_ABOVE:g} the best LR "
-        f"is conservative; {NEAR_EDGE_BELOW:g}–{CONSERVATIVE_ABOVE:g} moderately below the edge; < "
+        f"Reading of the divergence / best ratio (a practitioners' rule of thumb, not a law): > {CONSERVATIVE_ABOVE:g} "
+        "the best LR is conservative (said here only where a larger LR was measured to be as good: the top of the "
+        f"useful range above the best); {NEAR_EDGE_BELOW:g}–{CONSERVATIVE_ABOVE:g} moderately below the edge; < "
         f"{NEAR_EDGE_BELOW:g} near the edge; within [{AT_EDGE_BAND[0]:g}, {AT_EDGE_BAND[1]:g}] at the edge. For "
         "Adam, Cohen et al. (2022) find the preconditioned sharpness hovering near (2 + 2β₁)/((1 − β₁)η) = 38/η "
         "for β₁ = 0.9; for full-batch GD, Cohen et al. (2021) find the sharpness at about 2/η.", ""]

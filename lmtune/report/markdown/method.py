@@ -3,6 +3,7 @@ definitions every number above is given by."""
 
 from __future__ import annotations
 
+from lmtune.analysis.named_lrs import USEFUL_TOLERANCE
 from lmtune.analysis.runs import SIGNIFICANCE_SE
 from lmtune.report.comparison import BASELINE_GRID_RATIO
 from lmtune.report.figures import RANGE_TEST
@@ -94,6 +95,15 @@ def definitions(summary: SweepSummary) -> list[str]:
             "- **LR sensitivity** (Wortsman et al. 2023): S = (1/|H|) Σ_{η∈H} [min(ℓ(η), ℓ₀) − ℓ*], where H is the "
             "set of LRs with a full-budget loss or a divergence, ℓ(η) the mean full-budget val loss at η (ℓ₀ if a "
             "trial diverged), ℓ* = min_η ℓ(η).",
-            "- **Edge ratio**: smallest diverging LR / best LR; its range: largest LR trained through / the best LR's "
-            "upper bound, to smallest diverging LR / its lower bound.",
+            "- **Best LR**: the lowest mean full-budget loss, crowned on as many seeds as any LR it beats. "
+            "**Top of the useful range**: the largest LR above the best, reached through tried LRs that all "
+            f"qualify, whose mean full-budget loss is within max({SIGNIFICANCE_SE:g} standard errors of the "
+            "difference, "
+            f"{USEFUL_TOLERANCE:g} nats) of the best's; with the cost (loss over the best's) at 2x and 4x the best LR, "
+            "interpolated in log LR between the LRs tried. **Failing LR**: the smallest LR, above one that trained "
+            "through, at which a run failed (above). **Divergence LR**: the smallest LR at which a run diverged "
+            "(above); a run can fail without diverging, so the failing LR lies at or below it.",
+            "- **Edge ratio** (the seeds' rubric): divergence LR / best LR; its range: the largest LR below it that "
+            "ran its budget without diverging / the best LR's upper bound, to the divergence LR / its lower bound. "
+            "Read \"conservative\" above 4 only where the top of the useful range lies above the best LR.",
             ""]

@@ -130,7 +130,8 @@ class VariantResult:
                 "best_lr": self.conclusion.best_lr, "best_lr_mean_loss": best.mean if best else None,
                 "best_lr_seeds": list(best.seeds) if best else [], "seed_spread": self.conclusion.seed_spread,
                 "basin": self.conclusion.landscape.basin.to_json() if self.conclusion.landscape.basin else None,
-                "edge_lr_low": self.conclusion.edge.stable_lr, "divergence_lr": self.conclusion.edge.diverged_lr,
+                "failing_lr_low": self.conclusion.edge.stable_lr, "failing_lr": self.conclusion.edge.diverged_lr,
+                "divergence_lr": self.conclusion.divergence.diverged_lr,
                 "at_reference": self.at_reference.to_json() if self.at_reference else None,
                 "difference": self.difference.to_json() if self.difference else None}
 

@@ -26,8 +26,8 @@ from lmtune.sweep.plan import SweepPlan
 
 # The per-budget keys of lmtune.analysis.conclusion.Conclusion.to_json the report carries for each budget.
 BUDGET_KEYS = ("best_lr", "best_lr_mean_loss", "best_lr_spread", "best_lr_seeds", "best_lr_seed_losses",
-               "best_lr_interval", "seed_spread", "basin", "edge_lr_low", "divergence_lr", "bracket_ratio",
-               "ranking")
+               "best_lr_interval", "seed_spread", "basin", "failing_lr_low", "failing_lr", "bracket_ratio",
+               "divergence_lr", "ranking")
 
 
 def horizon_settings(plan: SweepPlan | None) -> HorizonSettings | None:
