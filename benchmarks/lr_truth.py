@@ -13,12 +13,14 @@ non-finite), what the stopper's rule would have done with it, and the truth's re
 analysis applied to runs that nothing stopped). ``compare`` checks a sweep's report against them, strictly
 (benchmarks.truth: the search's best LR inside the truth's 2-SE basin, its edge bracket overlapping the
 truth's, a horizon prediction's loss within 2 SE of the truth's best), and refuses a truth with fewer than 3
-seeds at an LR a check reads. Beside a horizon or width search's verdict it puts the naive answers a user could
-take without the search (the largest proxy's best LR unchanged, the middle of the first grid) to the same check,
-with the check's false-pass rate for each on truths redrawn from this truth's curve and noise; the prediction
-counts as ``validated`` only where it passes and every naive answer fails at least 80% of the time (else
-``cannot_tell`` says why, and what truth would tell). Beside a horizon search it puts the direct local search at
-its target (benchmarks.truth.direct_local_search): what that costs, its answer, and whose answer was closer.
+seeds at an LR a check reads. Beside a horizon or width search's verdict it puts the answers a user could
+take without the search (benchmarks.truth.naive_candidates: the largest proxy's best LR unchanged, the textbook rule
+— ÷ the width ratio under SP, × ratio^-0.3 for a horizon —, the middle of the first grid, the direct local search's
+answer) to the same check, with the check's false-pass rate for each on truths redrawn from this truth's curve and
+noise; the prediction counts as ``validated`` only where it passes and every one of them passes under 20% of the
+redrawn truths (else ``cannot_tell`` says why, and what truth would tell). Beside a horizon search it puts the
+direct local search at its target (benchmarks.truth.direct_local_search): what that costs, its answer, and whose
+answer was closer.
 
 A truth answers for one setting (model, budget, schedule, optimizer, data; its runs differ only in LR and
 seed): ``train`` refuses to add runs of another setting to one, and ``compare`` a sweep of another setting.
@@ -284,6 +286,7 @@ def print_comparison(args: argparse.Namespace) -> None:
         direct_centre,
         direct_local_search,
         naive_answers,
+        naive_candidates,
         read_truth,
         truth_conclusion,
         truth_located_lr,
@@ -307,12 +310,13 @@ def print_comparison(args: argparse.Namespace) -> None:
             per_token = summary["target_run_flops"] / (runs[0].steps * runs[0].tokens_per_step)
             comparison.update(search_flops=summary["search_flops"], truth_flops=tokens * per_token,
                               search_over_truth_flops=summary["search_flops"] / (tokens * per_token))
+        found = []
         if (direct := direct_centre(summary)) is not None:  # the direct search at the target, from the truth's runs
             found = [direct_local_search(runs, *direct, predicted=summary.get("predicted_lr"), seed=seed)
                      for seed in sorted({r.seed for r in runs})]
             comparison.update(direct_local_search=[{**asdict(f), "closer": _closer(f)} for f in found],
                               search_tokens=summary["compute"]["tokens_spent"])
-        answers = naive_answers(truth, naive_candidates(summary, record))
+        answers = naive_answers(truth, naive_candidates(summary, first_grid(record), found))
         comparison.update(naive_answers=[asdict(a) for a in answers], cannot_tell=cannot_tell(answers))
         comparison["validated"] = comparison["predicted_lr_in_truth_basin"] and comparison["cannot_tell"] is None
         print(json.dumps(comparison, indent=1))
@@ -329,21 +333,12 @@ def _closer(found) -> str:
     return "the search's" if found.prediction_excess < found.answer_excess else "the direct search's"
 
 
-def naive_candidates(summary: dict, record) -> dict[str, float]:
-    """What a user could take without the search's prediction: the largest proxy's best LR unchanged (a horizon
-    search's largest budget below the target, a width search's widest proxy) and the middle of the first grid (in
-    log LR, from the search's lr_min and lr_max)."""
-    proxies = [p for p in summary.get("budgets") or summary.get("widths") or [] if p.get("crowned_lr")]
-    target = summary.get("horizon_target_tokens") or summary.get("target_width")
-    size = "tokens" if "budgets" in summary else "d_model"
-    below = [p for p in proxies if p.get(size) and p[size] < target] if target else proxies
-    candidates = {}
-    if below:
-        candidates["the largest proxy's best LR, unchanged"] = max(below, key=lambda p: p[size])["crowned_lr"]
+def first_grid(record) -> tuple[float, float] | None:
+    """The search's first grid, (lr_min, lr_max) of its settings (None: its plan names none)."""
     settings = getattr(record.plan.space.strategy, "settings", None) if record.plan else None
     if settings is not None and getattr(settings, "lr_min", None) and getattr(settings, "lr_max", None):
-        candidates["the middle of the first grid"] = math.sqrt(settings.lr_min * settings.lr_max)
-    return candidates
+        return settings.lr_min, settings.lr_max
+    return None
 
 
 @cli_entry
