@@ -363,8 +363,9 @@ def naive_answers(truth: JsonObject, candidates: dict[str, float]) -> list[Naive
 
 
 def cannot_tell(answers: list[NaiveAnswer]) -> str | None:
-    """Why a passed check has not shown the search works, where a naive answer would pass it too often (None:
-    every naive answer fails it with probability at least POWER)."""
+    """Why a passed check has not shown the search works, where an answer taken without the search (naive_candidates:
+    the textbook rule among them) passes it in 1 - POWER of redrawn truths or more, or has no known rate (None: every
+    one's rate is known and under 1 - POWER)."""
     weak = [a for a in answers if a.pass_rate is None or a.pass_rate >= round(1 - POWER, 9)]
     if not weak:
         return None
