@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lmtune.analysis.runs import Budget, Run
-from lmtune.report.comparison import competent_baseline
+from lmtune.report.comparison import careful_baseline, competent_baseline
 
 BUDGET = Budget(steps=100, warmup_steps=10, tokens_per_step=64, seed=0, rungs=(6400,))
 
@@ -37,3 +37,30 @@ def test_the_range_test_is_no_lr_the_baseline_grid_must_cover():
 @pytest.mark.parametrize("pairs", [[], tried(0.0)])
 def test_no_positive_lr_tried_has_no_baseline(pairs):
     assert competent_baseline(pairs, 1, (0, 0), None, BUDGET) is None
+
+
+# quick_edge's budget: 162 steps of 1,024 tokens, ASHA's rungs at 1/9, 1/3 and all of it (reduction factor 3).
+ASHA_BUDGET = Budget(steps=162, warmup_steps=18, tokens_per_step=1024, seed=0, rungs=(18432, 55296, 165888))
+
+
+def test_the_careful_baseline_runs_the_same_grid_under_asha_and_continues_the_best_and_the_brackets_ends():
+    """issue 55: 13 LRs -> 5 -> 2 through the rungs, one more near the best and the grid's two bracket ends continued
+    to the full budget, then the competent baseline's 2 bisections and 3 seeds at the full budget."""
+    competent = competent_baseline(tried(0.001072, 3.374), best_seeds=3, edge_seeds=(1, 2), resolution=1.33,
+                                   budget=ASHA_BUDGET)
+    cost = careful_baseline(competent, ASHA_BUDGET, bracketed=True)
+    assert (cost.grid_points, cost.at_rungs, cost.continued, cost.bracket_ends) == (13, (13, 5, 2), 1, 2)
+    assert (cost.bisections, cost.extra_seeds) == (2, 3)
+    grid = 13 * 18432 + 5 * (55296 - 18432) + 2 * (165888 - 55296)
+    assert cost.tokens == grid + (165888 - 55296) + 2 * (165888 - 18432) + 5 * 165888
+
+
+def test_without_a_failing_bracket_no_bracket_end_is_continued():
+    competent = competent_baseline(tried(0.01, 0.04), best_seeds=1, edge_seeds=(0, 0), resolution=None,
+                                   budget=ASHA_BUDGET)
+    assert careful_baseline(competent, ASHA_BUDGET, bracketed=False).bracket_ends == 0
+
+
+def test_a_sweep_compared_at_one_rung_ran_no_asha_and_has_no_careful_baseline():
+    competent = competent_baseline(tried(0.01, 0.04), best_seeds=1, edge_seeds=(1, 1), resolution=2.0, budget=BUDGET)
+    assert careful_baseline(competent, BUDGET, bracketed=True) is None

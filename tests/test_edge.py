@@ -51,10 +51,13 @@ class SimulatedSweep:
                                                      "min_loss_lr": 0.3, "blowup_lr": 1.9})
             return
         lr, seed, start = config["lr"], config["seed"], self.tokens.get(config.get("continue_from"), 0)
+        last = self.cut.get(round(lr, 6)) if config["stage"] == "coarse" else None
+        if last is not None and lr >= THRESHOLD:  # ASHA cut it before its failure showed: far above ℓ₀ so far
+            self._cut_high(search, trial_id, BUDGET.rungs[last])
+            return
         if lr >= min(self.rule_stops_from, self.seed_thresholds.get(seed, THRESHOLD)):
             self._fail_or_recover(search, trial_id, config, lr, seed)
             return
-        last = self.cut.get(round(lr, 6)) if config["stage"] == "coarse" else None
         rungs = [r for r in BUDGET.rungs if r > start]
         if last is not None:
             rungs = rungs[: last + 1]
@@ -62,6 +65,11 @@ class SimulatedSweep:
             search.observe(trial_id, {"tokens": tokens, "val_loss": self.loss(lr, tokens, seed)})
         self.tokens[trial_id] = rungs[-1]
         search.complete(trial_id, "stopped_early" if last is not None else "completed", {"tokens": rungs[-1]})
+
+    def _cut_high(self, search: EdgeSearch, trial_id: str, tokens: int) -> None:
+        search.observe(trial_id, {"tokens": tokens, "val_loss": 40.0})
+        self.tokens[trial_id] = tokens
+        search.complete(trial_id, "stopped_early", {"tokens": tokens})
 
     def _fail_or_recover(self, search: EdgeSearch, trial_id: str, config: dict, lr: float, seed: int) -> None:
         if config.get("early_stop", True):
@@ -122,9 +130,20 @@ def test_the_coarse_lrs_above_the_best_that_asha_cut_are_continued_from_their_ow
     above = [lr for lr in grid if 0.012 < lr < THRESHOLD]
     search, sweep = finished_search(sweep=SimulatedSweep(cut={round(lr, 6): 0 for lr in above}))
     coarse = {t["trial_id"]: t["lr"] for t in sweep.trials if t["stage"] == "coarse"}
-    landscape = [t for t in sweep.trials if t["stage"] == "landscape"]
-    assert sorted(t["lr"] for t in landscape) == above and len(above) == 2
-    assert all(coarse[t["continue_from"]] == t["lr"] for t in landscape)
+    continued = [t for t in sweep.trials if t["stage"] in ("landscape", "refine") and t.get("continue_from")]
+    assert sorted(t["lr"] for t in continued) == above and len(above) == 2
+    assert all(coarse[t["continue_from"]] == t["lr"] for t in continued)
+
+
+def test_the_landscape_bisects_the_cut_lrs_above_the_best_until_the_failing_end_lies_between_two():
+    """issue 55: of the cut LRs above the best's coarse neighbour, only those the bisection needs are continued."""
+    grid = sorted(float(f"{lr:.4g}") for lr in coarse_lrs(0.012, 1.9, EdgeSettings())[0])
+    cut = [lr for lr in grid if lr > 0.012]
+    search, sweep = finished_search(sweep=SimulatedSweep(cut={round(lr, 6): 0 for lr in cut}))
+    landscape = [t["lr"] for t in sweep.trials if t["stage"] == "landscape"]
+    candidates = [lr for lr in cut if lr > 0.012 * EdgeSettings().coarse_ratio * 1.02]
+    assert len(candidates) == 4 and landscape == [candidates[2], candidates[1], candidates[0]]
+    assert candidates[0] < THRESHOLD <= candidates[1]  # the first bracket: two neighbouring coarse LRs
 
 
 def test_the_diverged_end_is_retrained_without_early_stopping_and_the_conclusion_says_it_is_confirmed():

@@ -340,3 +340,52 @@ def competent_baseline(pairs: Sequence[Pair], best_seeds: int, edge_seeds: tuple
         bisections = math.ceil(math.log2(math.log(BASELINE_GRID_RATIO) / math.log(resolution)) - 1e-9)
     extra = max(0, best_seeds - 1) + sum(max(0, seeds - 1) for seeds in edge_seeds)
     return BaselineCost(points, bisections, extra, (points + bisections + extra) * budget.full_tokens)
+
+
+@dataclass(frozen=True)
+class AshaBaselineCost:
+    """What a careful user would train with the same tools (issue 55): the competent baseline's 2x grid run under
+    ASHA with the sweep's rungs (successive halving: a 1/eta of the LRs goes on at each rung), the best grid LRs
+    continued to the full budget (the best and its two neighbours), the grid's failing bracket (its two ends, cut at
+    the first rung) continued to the full budget, then the same bisections and seeds as the competent baseline.
+    An estimate from counts, not a run: it assumes ASHA keeps exactly a 1/eta at each rung."""
+
+    grid_points: int
+    """LRs 2x apart over the LRs the search tried."""
+    at_rungs: tuple[int, ...]
+    """How many of them reach each rung, the last one the full budget."""
+    continued: int
+    """Grid LRs near the best continued from the last rung below the full budget, beyond those ASHA let through."""
+    bracket_ends: int
+    """The grid's failing bracket's two ends continued from the first rung (0: no bracket)."""
+    bisections: int
+    """Full-budget runs halving the grid's bracket to the search's."""
+    extra_seeds: int
+    """Further full-budget seeds at the best LR and the bracket's ends."""
+    tokens: int
+    """All of them."""
+
+
+# The best grid LR and its two neighbours end at the full budget (the best LR is read between its neighbours).
+CAREFUL_FULL_BUDGET_LRS = 3
+
+
+def careful_baseline(competent: BaselineCost | None, budget: Budget, bracketed: bool) -> AshaBaselineCost | None:
+    """The competent baseline (``competent_baseline``) under ASHA over ``budget``'s rungs, its reduction factor their
+    ratio (None: the sweep compared at one rung, ran no ASHA: no such baseline to price); ``bracketed``: the search
+    bracketed where training fails."""
+    rungs, full = budget.rungs, budget.full_tokens
+    if competent is None or len(rungs) < 2 or rungs[0] <= 0:
+        return None
+    reduction_factor = rungs[1] / rungs[0]
+    counts = [competent.grid_points]
+    for _ in rungs[1:]:
+        counts.append(max(1, math.ceil(counts[-1] / reduction_factor)))
+    tokens = sum(c * (r - prev) for c, r, prev in zip(counts, rungs, (0, *rungs[:-1]), strict=True))
+    continued = max(0, min(CAREFUL_FULL_BUDGET_LRS, competent.grid_points) - counts[-1])
+    ends = 2 if bracketed else 0
+    tokens += continued * (full - rungs[-2]) + ends * (full - rungs[0])
+    tokens += (competent.bisections + competent.extra_seeds) * full
+    return AshaBaselineCost(competent.grid_points, tuple(counts), continued, ends, competent.bisections,
+                            competent.extra_seeds, tokens)
+

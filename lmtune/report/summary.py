@@ -18,6 +18,7 @@ from lmtune.analysis.runs import Budget, equal_token_losses
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.report.comparison import (
+    AshaBaselineCost,
     BaselineCost,
     Convergence,
     EqualTokenLosses,
@@ -28,6 +29,7 @@ from lmtune.report.comparison import (
     Stage,
     StageDecision,
     best_record,
+    careful_baseline,
     competent_baseline,
     full_budget_convergence,
     full_budget_sensitivity,
@@ -241,6 +243,8 @@ class SweepSummary(Generic[ResultT]):
     """The data's unigram baseline the runs were judged by (None: not recorded; no run was judged by it)."""
     competent_baseline: BaselineCost | None = None
     """What a competent user would train by hand for the same answer (None: no LR was tried)."""
+    careful_baseline: AshaBaselineCost | None = None
+    """The same under ASHA with the sweep's rungs, what a careful user with Ray Tune would run (None: no ASHA)."""
 
     @property
     def edge_reading(self) -> str:
@@ -277,6 +281,7 @@ class SweepSummary(Generic[ResultT]):
                    "same_resolution_grid": asdict(self.same_resolution_grid) if self.same_resolution_grid else None,
                    "competent_baseline": ({**asdict(self.competent_baseline), "runs": self.competent_baseline.runs}
                                           if self.competent_baseline else None),
+                   "careful_baseline": asdict(self.careful_baseline) if self.careful_baseline else None,
                    "status_counts": dict(self.status_counts), "trials": [row.to_json() for row in self.trials]}
         if self.search_result is not None:
             summary.update(self.search_result.to_json())
@@ -331,8 +336,9 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         full_budget_convergence(standing, basin.lrs if basin else None), logit_growth(standing, best),
         tuple(stage_accounting(pairs, decisions, range_tokens)),
         same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows, search_result, budget.unigram_loss,
-        competent_baseline(pairs, len(conclusion.best.losses) if conclusion.best else 1, _edge_seeds(conclusion),
-                           conclusion.edge.ratio, budget))
+        competent := competent_baseline(pairs, len(conclusion.best.losses) if conclusion.best else 1,
+                                        _edge_seeds(conclusion), conclusion.edge.ratio, budget),
+        careful_baseline(competent, budget, conclusion.edge.diverged_lr is not None))
     log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", best_lr, best_loss, conclusion.edge.stable_lr,
              conclusion.edge.diverged_lr)
     return summary

@@ -41,6 +41,14 @@ def search_and_compute(summary: SweepSummary, facts: SweepFacts) -> list[str]:
                   f"bracket; {baseline.extra_seeds} more seeds at the best LR and the bracket's ends: "
                   f"{baseline.runs} runs, each to the full budget): {tokens(baseline.tokens)} tokens; this search "
                   f"trained {100.0 * spent / baseline.tokens:.0f}% of that"]
+    careful = summary.careful_baseline
+    if careful and stages and stages[0].name != "grid":
+        lines += [f"- what a careful user would run with the same tools (the same {careful.grid_points}-LR grid under "
+                  f"ASHA with this sweep's rungs: {' → '.join(map(str, careful.at_rungs))} LRs reaching each; "
+                  f"{careful.continued} more near the best and the grid's {careful.bracket_ends} failing-bracket ends "
+                  f"continued to the full budget; the same {careful.bisections} bisection runs and "
+                  f"{careful.extra_seeds} seeds; an estimate from counts): {tokens(careful.tokens)} tokens; this "
+                  f"search trained **{100.0 * spent / careful.tokens:.0f}%** of that"]
     lines += [f"- {key.replace('_', ' ')}: {fmt(value)}" for key, value in compute.items()
               if key not in ("tokens_spent", "full_grid_tokens")]
     return lines + [""]

@@ -10,9 +10,11 @@ The stages, in one sweep:
    later variant, from its reference's) runs none: its coarse grid lies around that answer (settings.warm_lrs).
 2. **coarse**: log-spaced LRs from well below the steepest descent to the blow-up, under ASHA, the most
    promising first (asynchronous ASHA can only cut against results already in).
-3. **landscape**: every coarse LR above the best that ASHA cut is continued from its last checkpoint to
-   the full budget (the cheapest full-budget points between the best LR and the edge): the loss above
-   the best, and the first bracket of the edge.
+3. **landscape**: the coarse LRs above the best's coarse neighbour that ASHA cut are continued from their last
+   checkpoint to the full budget one at a time, by bisection over them, until the failing end lies between two
+   neighbouring coarse LRs: its first bracket for about log2 of their number continuations (the LRs left out only
+   said how bad the loss is far above the best; the refinement continues the best's coarse neighbour, for the
+   useful range and the cost of 2x and 4x).
 4. **bisect**: full-budget probes, ``edge_seeds`` seeds each, between the largest LR whose every run
    trained through its budget and the smallest one at which a run diverged, until their ratio is at most
    ``tolerance``. Divergence is failure to recover (lmtune.training.divergence); the stopper may end a
@@ -36,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 from lmtune.analysis.bracket import bisect_lrs, bracket, needs_confirmation
 from lmtune.analysis.conclusion import conclude
-from lmtune.analysis.runs import Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
+from lmtune.analysis.runs import SAME_LR, Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
 from lmtune.searches.deciding import DecidingSearch
 from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs, warm_lrs
@@ -119,6 +121,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         self.bisect_rounds = 0
         self.extensions = 0
         self.seed_rounds = 0
+        self.landscape_done = False
 
     # -- what Tune asks and tells ------------------------------------------------------------
 
@@ -161,9 +164,9 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
             return
         if self._busy("coarse"):
             return
-        if "landscape" not in started:
+        if not self.landscape_done:
             self._landscape()
-        if not self._busy("landscape"):
+        if self.landscape_done:
             self._edge()
         if "refine" not in started:
             self._refine()
@@ -197,19 +200,41 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
                 if r.stage == "coarse" and r.outcome == "stopped_early" and r.seed == self.budget.seed}
 
     def _landscape(self) -> None:
+        """The next cut coarse LR above the best's coarse neighbour to continue to the full budget, by bisection
+        over those LRs (the middle one of those still between the largest that trained through and the smallest
+        that failed); done when no cut LR is left between them: the failing end's first bracket, two coarse LRs
+        apart, for about log2 of their number continuations instead of all of them."""
+        if self._busy("landscape"):
+            return
         best, _ = crown(full_budget_ranking(self._lr_runs()))
         if best is None:
-            self._plan("landscape", [], "no coarse LR trained the full budget: nothing to continue above it")
+            self._end_landscape("no coarse LR trained the full budget: nothing to continue above it")
             return
-        edge = bracket(self._lr_runs())
+        edge, above = bracket(self._lr_runs()), best.lr * self.settings.coarse_ratio * SAME_LR
+        low = max(above, edge.stable_lr or 0.0)
         cut = {lr: tid for lr, tid in self._cut_runs().items()
-               if lr > best.lr and (edge.diverged_lr is None or lr < edge.diverged_lr)}
-        planned = [Planned("landscape", lr, self.budget.seed, continue_from=cut[lr]) for lr in sorted(cut)]
-        why = (f"the coarse LRs above the best ({best.lr:.3g}) that ASHA cut, continued from their last checkpoint "
-               "to the full budget: the loss between the best LR and the edge, and the edge's first bracket"
-               if planned else f"every coarse LR above the best ({best.lr:.3g}) already trained the full budget "
-                               "or diverged")
-        self._plan("landscape", planned, why)
+               if low < lr and (edge.diverged_lr is None or lr < edge.diverged_lr) and not self._continued(lr)}
+        if not cut:
+            self._end_landscape(f"no coarse LR above the best ({best.lr:.3g}) and its coarse neighbour is left to "
+                                "continue between those that trained through and those that failed")
+            return
+        lrs = sorted(cut)
+        lr = lrs[len(lrs) // 2]
+        self._plan("landscape", [Planned("landscape", lr, self.budget.seed, continue_from=cut[lr])],
+                   f"lr {lr:.3g}, the middle of the {len(lrs)} coarse LRs ASHA cut between the best's neighbour (or "
+                   "the largest LR that trained through) and the smallest that failed, continued from its last "
+                   "checkpoint to the full budget: the failing end's first bracket by bisection over the coarse grid")
+
+    def _end_landscape(self, why: str) -> None:
+        self.landscape_done = True
+        if not any(d.stage == "landscape" for d in self.decisions):
+            self._plan("landscape", [], why)
+
+    def _continued(self, lr: float) -> bool:
+        """A landscape or refinement run of ``lr`` at the first seed is planned or has run."""
+        stages = ("landscape", "refine")
+        return any(p.lr == lr and p.stage in stages for p in self.queue) or any(
+            r.lr == lr and r.stage in stages and r.seed == self.budget.seed for r in self.runs.values())
 
     def _unconfirmed(self, edge) -> list[Planned]:
         """What the bracket's ends still need: the diverged end's rule-judged runs retrained, the stable end's
@@ -327,10 +352,13 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
     def to_json(self) -> JsonObject:
         return {**super().to_json(), "range": asdict(self.range) if self.range else None,
                 "start": asdict(self.start) if self.start else None,
-                "bisect_rounds": self.bisect_rounds, "extensions": self.extensions, "seed_rounds": self.seed_rounds}
+                "bisect_rounds": self.bisect_rounds, "extensions": self.extensions, "seed_rounds": self.seed_rounds,
+                "landscape_done": self.landscape_done}
 
     def _restore(self, data: JsonObject) -> None:
         self.range = RangeFinding(**data["range"]) if data.get("range") else None
         self.start = WarmStart(**data["start"]) if data.get("start") else None
         self.bisect_rounds, self.extensions = data["bisect_rounds"], data["extensions"]
         self.seed_rounds = data.get("seed_rounds", 0)
+        # (a search saved before the landscape went top down had planned all of it at once)
+        self.landscape_done = data.get("landscape_done", any(d["stage"] == "landscape" for d in data["decisions"]))

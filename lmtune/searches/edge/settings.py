@@ -56,8 +56,10 @@ class EdgeSettings:
     rung was within this fraction of that rung's best."""
     seeds: int = 3
     """Runs per LR for the best LRs, the first seed included."""
-    seed_lrs: int = 2
-    """How many of the best LRs get the further seeds."""
+    seed_lrs: int = 1
+    """How many of the best LRs get the further seeds (1: the best alone; an LR that beats it seed for seed is
+    given the same seeds before the crown is settled, so a second LR's seeds buy nothing the contenders rule does
+    not, and cost two full-budget runs)."""
     seed_rounds: int = 3
     """Further rounds of seeds for LRs that beat the crowned best seed for seed (each round: the seeds
     the best has, for every such LR)."""
