@@ -42,7 +42,7 @@ from lmtune.sweep.searcher import DecidingSearcher, tune_search_alg
 from lmtune.sweep.spaces import SearchSpace, load_space, parse_space
 from lmtune.sweep.stopping import TrialStopper, outcome_of
 from lmtune.sweep.trainable import train_trial
-from lmtune.training.config import BUDGETS, budget_config
+from lmtune.training.config import BUDGETS, budget_config, canonical_settings
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import resolve_config
 from lmtune.usercode.checks import check_code
@@ -112,8 +112,8 @@ class Sweep:
         """``model``, ``model_set``, ``optimizer``, ``schedule``: your own code (as ``lmtune.trainable`` takes it), over
         the space's; checked here, before Tune starts."""
         code = user_code(model, model_set, optimizer, schedule)
-        self.plan: SweepPlan = make_plan(_space(space), Path(data) if data is not None else None, budget, overrides,
-                                         code)
+        self.plan: SweepPlan = make_plan(_space(space), Path(data) if data is not None else None, budget,
+                                         canonical_settings(overrides, "Sweep"), code)
         self.space = self.plan.space  # (the plan's: what depends on the base config worked out, as lmtune run's)
         self._searcher: tuple[Searcher | None, int] | None = None
 

@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 from lmtune.errors import LmtuneError, cli_entry, shown
-from lmtune.training.config import field_type
+from lmtune.training.config import canonical_settings, field_type
 
 # The CLI modules (lmtune/NAME.py, each with a main(argv)), in the order a user meets them.
 COMMANDS = ("run", "analyze", "train", "sample", "prepare", "lr_find", "bench", "diagnose", "gpu_check")
@@ -89,5 +89,7 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, str]:
         if not sep or not key:
             raise LmtuneError(f"--set {shown(pair)}: expected key=value, e.g. --set lr=3e-4")
         field_type(key)
+        if key in result:
+            raise LmtuneError(f"--set {key} is given twice; give it once")
         result[key] = value.strip()
-    return result
+    return canonical_settings(result)

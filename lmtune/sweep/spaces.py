@@ -43,7 +43,7 @@ from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, JsonValue, yaml_error_line
 from lmtune.searches import STRATEGIES, SearchStrategy
 from lmtune.searches.base import Fail, Setting, seed_refusal, settings_section
-from lmtune.training.config import BUDGETS, budget_config, check_setting, field_names
+from lmtune.training.config import BUDGETS, budget_config, canonical_settings, check_setting, field_names
 from lmtune.training.divergence import DivergenceRule
 from lmtune.usercode.config import FLAGS, UserCode, checked_model_args, normalized
 
@@ -318,6 +318,10 @@ def _parse_fixed(fixed_raw: JsonValue, strategy: SearchStrategy, fail: Fail) -> 
     if not isinstance(fixed_raw, dict):
         raise fail("set", "must be a mapping of setting -> value")
     fixed = {}
+    try:
+        fixed_raw = canonical_settings(fixed_raw, "set")
+    except LmtuneError as e:
+        raise fail("set", str(e).removeprefix("set: ")) from None
     for name, value in fixed_raw.items():
         if name not in field_names():
             raise fail(f"set.{name}", f"unknown setting; valid settings: {', '.join(field_names())}")

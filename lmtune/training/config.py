@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
@@ -202,10 +202,33 @@ def field_names() -> list[str]:
     return sorted([*MODEL_FIELDS, *TRAIN_FIELDS])
 
 
+# The CS336 handout's names for lmtune's settings (its TransformerLM's arguments, which lmtune passes a user's model
+# under the same names: lmtune.usercode.model.CONSTRUCTOR_ARGS); vocab_size, context_length, d_model, d_ff and
+# rope_theta are lmtune's names too. Accepted wherever a setting is named, mapped once at the door
+# (canonical_settings): what lmtune writes uses its own name only.
+HANDOUT_NAMES = {"num_layers": "n_layers", "num_heads": "n_heads"}
+
+S = TypeVar("S")
+
+
+def canonical_settings(settings: Mapping[str, S], where: str = "--set") -> dict[str, S]:
+    """``settings`` with each handout name (HANDOUT_NAMES) under lmtune's name for it, in the same order; refused in
+    one line where a handout name and lmtune's both name one setting."""
+    result: dict[str, S] = {}
+    for name, value in settings.items():
+        own = HANDOUT_NAMES.get(name, name)
+        if own in result:
+            both = sorted({name, own, *(k for k, v in HANDOUT_NAMES.items() if v == own)} & set(settings))
+            raise LmtuneError(f"{where}: {' and '.join(both)} name one setting ({own}); give it once")
+        result[own] = value
+    return result
+
+
 def field_type(name: str) -> type:
-    spec = MODEL_FIELDS.get(name) or TRAIN_FIELDS.get(name)
+    spec = MODEL_FIELDS.get(HANDOUT_NAMES.get(name, name)) or TRAIN_FIELDS.get(name)
     if spec is None:
-        raise LmtuneError(f"unknown setting '{name}'; valid settings: {', '.join(field_names())}")
+        raise LmtuneError(f"unknown setting '{name}'; valid settings: {', '.join(field_names())} (and the CS336 "
+                          f"handout's {', '.join(f'{k} for {v}' for k, v in HANDOUT_NAMES.items())})")
     return {"int": int, "float": float, "bool": bool, "str": str}[spec.type]
 
 
@@ -299,6 +322,7 @@ def with_settings(config: RunConfig, settings: Mapping[str, Setting]) -> RunConf
 def apply_overrides(config: RunConfig, overrides: Mapping[str, object], where: str = "--set") -> RunConfig:
     """Return a copy of ``config`` with ``overrides`` (flat field names: values as given, a --set string, a YAML
     scalar or a trial's value from a Tuner of the user's, coerced here) applied and validated."""
+    overrides = canonical_settings(overrides, where)
     result = with_settings(config, {name: coerce_value(name, raw, where) for name, raw in overrides.items()})
     validate(result, where)
     return result
@@ -310,7 +334,7 @@ def budget_config(budget: str, overrides: Mapping[str, object] | None = None, da
     if budget not in BUDGETS:
         raise LmtuneError(f"unknown budget '{budget}'; choose one of {', '.join(BUDGETS)}")
     base = RunConfig(budget=budget, data_dir=data_dir, code=code or UserCode())
-    merged = {**BUDGETS[budget], **(overrides or {})}
+    merged = {**BUDGETS[budget], **canonical_settings(overrides or {})}
     return apply_overrides(base, merged, where="--set" if overrides else f"budget '{budget}'")
 
 
