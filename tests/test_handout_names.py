@@ -10,6 +10,7 @@ import pytest
 from lmtune.api import Sweep
 from lmtune.cli import parse_set_args
 from lmtune.errors import LmtuneError
+from lmtune.searches.trial_order import TrialOrder
 from lmtune.sweep.spaces import parse_space
 from lmtune.training.config import budget_config
 
@@ -54,3 +55,9 @@ def test_the_python_api_takes_the_handout_names(builtin_data: Path):
 def test_an_unknown_setting_names_the_handout_names_among_the_valid_ones():
     with pytest.raises(LmtuneError, match="num_layers for n_layers"):
         parse_set_args(["layers=2"])
+
+
+def test_a_trial_whose_tune_config_uses_a_handout_name_trains_lmtunes_setting():
+    order = TrialOrder.from_tune({"lr": 1e-3, "num_heads": 2, "stage": "grid"})
+    assert order.settings == {"lr": 1e-3, "n_heads": 2}
+    assert order.run_config(budget_config("quick"), "trial t", checked=True).model.n_heads == 2

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmtune.errors import LmtuneError
-from lmtune.training.config import RunConfig, apply_overrides, with_settings
+from lmtune.training.config import RunConfig, apply_overrides, canonical_settings, with_settings
 
 # What Ray Tune hands lmtune and takes back: plain dicts, as Tune types them, named so that the code reading them
 # says it stands at Ray's boundary.
@@ -125,7 +125,8 @@ class TrialOrder:
         early_stop = params.get("early_stop", True)
         if not isinstance(early_stop, bool):
             raise LmtuneError(f"trial config early_stop={early_stop!r}: must be true or false")
-        return cls(settings={k: v for k, v in params.items() if k not in ORDER_KEYS}, stage=text("stage"),
+        settings = canonical_settings({k: v for k, v in params.items() if k not in ORDER_KEYS}, "trial config")
+        return cls(settings=settings, stage=text("stage"),
                    continue_from=text("continue_from"), fork_from=text("fork_from"), early_stop=early_stop,
                    members=_members(params.get("members")), variant=text("variant"))
 
