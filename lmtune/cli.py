@@ -2,7 +2,8 @@
 
 ``lmtune run ARGS`` is ``python -m lmtune.run ARGS``: the module's own ``main`` gets ARGS, so its options,
 ``--help`` and exit status are the module's. ``lmtune`` alone or ``lmtune --help`` lists the commands, each
-described by the first sentence of its module's docstring.
+described by the first sentence of its module's docstring; ``lmtune --version`` prints the version. ``python -m
+lmtune`` is the same as ``lmtune`` (lmtune/__main__.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def describe(command: str) -> str:
 def usage() -> str:
     width = min(shutil.get_terminal_size().columns, 100)
     name_width = max(map(len, COMMANDS))
-    lines = ["usage: lmtune COMMAND [ARGS ...]", "",
+    lines = ["usage: lmtune COMMAND [ARGS ...] | lmtune --version", "",
              "Learning-rate sweeps for small Transformer language models on Ray Tune. lmtune COMMAND is",
              "python -m lmtune.COMMAND; lmtune COMMAND --help lists its options.", "", "commands:"]
     for command in COMMANDS:
@@ -63,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from lmtune import __version__
+
+        print(f"lmtune {__version__}")
+        return 0
     command, args = argv[0], argv[1:]
     if command not in COMMANDS:
         raise LmtuneError(f"unknown command {shown(command)}; choose one of: {', '.join(COMMANDS)}")

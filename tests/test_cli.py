@@ -4,10 +4,15 @@ specified in-process next to each component; this is the smoke test of the seven
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, run_lmtune
+
+import lmtune
+from lmtune.cli import COMMANDS
 
 REFUSALS = {
     "prepare": (["--input", "missing.txt", "--out", "prepared"], "missing.txt"),
@@ -43,3 +48,17 @@ def test_a_command_whose_reader_leaves_early_ends_quietly_with_sigpipes_status()
                                          'echo "status ${PIPESTATUS[0]}" >&2', script],
                           capture_output=True, text=True, timeout=120)
     assert "Traceback" not in proc.stderr and "status 141" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_python_m_lmtune_lists_the_commands_as_the_console_script_does():
+    proc = subprocess.run([sys.executable, "-m", "lmtune", "--help"], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: lmtune COMMAND")
+    assert all(f"  {command}" in proc.stdout for command in COMMANDS)
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_the_version_flag_prints_lmtunes_version(flag: str):
+    proc = subprocess.run([sys.executable, "-m", "lmtune", flag], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and proc.stdout == f"lmtune {lmtune.__version__}\n"
