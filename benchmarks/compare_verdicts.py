@@ -15,6 +15,7 @@ the rule before issue 55 (a later variant crowned with its runs at the reference
 the degrees of freedom the spreads' sum). Deterministic: search i draws from seed i.
 
     python benchmarks/compare_verdicts.py --scenarios same --searches 2000
+    python benchmarks/compare_verdicts.py --scenarios same,worse_0.05 --searches 500 --seeds 4
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,13 @@ def _upper95(k: int, n: int) -> float:
     return (p + z * z / (2 * n) + z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
 
 
+def with_seeds(the_plan: SweepPlan, seeds: int) -> SweepPlan:
+    """quick_ablations' plan with ``seeds`` at each variant's best LR (``edge: {seeds: N}``)."""
+    strategy = the_plan.space.strategy
+    settings = replace(strategy.settings, edge=replace(strategy.settings.edge, seeds=seeds))
+    return replace(the_plan, space=replace(the_plan.space, strategy=replace(strategy, settings=settings)))
+
+
 def study(the_plan: SweepPlan, scenario: str, searches: int, noise: float) -> dict:
     from scipy import stats
 
@@ -124,7 +132,8 @@ def study(the_plan: SweepPlan, scenario: str, searches: int, noise: float) -> di
     for z in LEVELS:  # the same rule at other levels: the calibration
         threshold = stats.t.ppf(stats.norm.cdf(z), dofs) * ses
         levels[str(z)] = {"better": float(np.mean(values < -threshold)), "worse": float(np.mean(values > threshold))}
-    return {"scenario": scenario, "true_difference": SCENARIOS[scenario][0], "noise": noise, "searches": searches,
+    return {"scenario": scenario, "true_difference": SCENARIOS[scenario][0], "noise": noise,
+            "seeds": the_plan.space.strategy.settings.edge.seeds, "searches": searches,
             "comparisons": n, "mean_difference": float(values.mean()),
             "mean_difference_se": float(values.std(ddof=1) / math.sqrt(n)),
             "better": better / n, "better_upper95": _upper95(better, n),
@@ -142,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--searches", type=int, default=200)
     parser.add_argument("--noise", type=float, default=NOISE, help="run-to-run sd (nats)")
+    parser.add_argument("--seeds", type=int, help="seeds at each best LR (default: quick_ablations' 2)")
     parser.add_argument("--jsonl", help="append each row to this file")
     args = parser.parse_args(argv)
-    the_plan = plan()
+    the_plan = with_seeds(plan(), args.seeds) if args.seeds else plan()
     print(f"{'scenario':<16} {'true':>6} {'n':>5} {'mean diff':>16} {'better':>7} {'worse':>7} {'ν med':>6} "
           f"{'same k':>7}   before: mean, better, worse   levels {LEVELS}: better/worse")
     for scenario in args.scenarios.split(","):
