@@ -18,6 +18,7 @@ from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.files import check_destination
 from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs
+from lmtune.tools.terminal_progress import bar
 from lmtune.training.config import BUDGETS, budget_config
 from lmtune.training.loop import resolve_config
 from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeTestConfig, lr_range_test
@@ -61,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     config = budget_config(args.budget, overrides, code=code_from_arguments(args))
     config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())  # last: every refusal first
     check_code(resolve_config(config, Path(config.data_dir)))
-    result = lr_range_test(config, settings, out)
+    with bar(settings.steps, "lr_find", "step") as shown:  # on a terminal: a bar with an ETA, the LR and loss
+        def report(row: dict) -> None:
+            shown.update(row["step"] - shown.n)
+            shown.set_postfix(lr=f"{row['lr']:.3g}", loss=f"{row['smoothed_loss']:.4f}", refresh=False)
+
+        result = lr_range_test(config, settings, out, report=report, report_every=1)
     print(f"{result.summary_line()} ({len(result.lrs)} steps, {result.tokens:,} tokens)")
     print(f"stopped: {result.stopped_because}")
     if result.steepest_lr or result.blowup_lr:

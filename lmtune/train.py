@@ -10,10 +10,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from lmtune.cli import parse_set_args, prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import LOCK_FILE, check_destination
+from lmtune.tools.terminal_progress import ProgressSink
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config
 from lmtune.training.fork import same_data
@@ -136,12 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     setup_cli_logging(logging.WARNING if args.quiet else logging.INFO)
     config, out = run_config(args)
     check_code(resolve_config(config, Path(config.data_dir)))  # the user's code, before anything is written
-    sinks = []
+    sinks: list = [ProgressSink(config.train.stop_step, f"train {out.name}")]  # a bar with an ETA on a terminal
     if args.wandb:
         from lmtune.training.wandb_sink import WandbSink
 
         sinks.append(WandbSink(args.wandb, config, out))
-    result = train(config, out, resume=args.resume, sinks=sinks)
+    with logging_redirect_tqdm():  # the log lines print above the bar, not through it
+        result = train(config, out, resume=args.resume, sinks=sinks)
     s = result.summary
     best = f"{s['best_val_loss']:.4f}" if s["best_val_loss"] is not None else "n/a"
     status = "completed, did not learn" if s.get("divergence", {}).get("did_not_learn") else result.status

@@ -29,6 +29,7 @@ from lmtune.files import JsonObject, atomic_write_text
 from lmtune.report.stability import TrialRecord, classify
 from lmtune.sweep.record import run_config_of
 from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.tools.terminal_progress import each
 from lmtune.training.checkpoint import Checkpoint, load_checkpoint
 from lmtune.training.config import RunConfig
 from lmtune.training.lm import LanguageModelLoss, build_model, is_lmtune_model
@@ -337,7 +338,7 @@ def sweep_sharpness(record: SweepRecord, records: list[TrialRecord], best_trial_
             continue
         if context not in batches:
             batches[context] = sharpness_batch(record, context)
-        for path in checkpoints:
+        for path in each(checkpoints, len(checkpoints), f"sharpness {trial.trial_id}", "checkpoint"):
             try:
                 result = checkpoint_sharpness(path, config.model, batches[context], iters=iters, tol=tol,
                                               largest=True)
