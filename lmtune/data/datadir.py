@@ -1,5 +1,6 @@
 """Writing a data dir: train.bin and val.bin (raw uint16 token ids, uint32 when the vocabulary exceeds
-65535), tokenizer.json (none for token-id inputs) and meta.json.
+65535), tokenizer.json (none for token-id inputs prepared without --tokenizer) and meta.json, which also records
+where the validation split came from (``ValidationSource``).
 
 Writes are atomic: everything goes into a temp dir next to DIR first (``staging``). A new DIR is created
 by renaming that temp dir; an existing DIR gets the files renamed into it with meta.json last, and
@@ -31,12 +32,51 @@ CREATED_BY = "lmtune.prepare"
 
 @dataclass(frozen=True)
 class Source:
-    """One input file, as meta.json lists it."""
+    """One training input file, as meta.json lists it (a validation file of its own is under ``validation``)."""
 
     name: str
     """Its path, as given."""
     size_bytes: int
     """Its size when it was prepared."""
+
+
+@dataclass(frozen=True)
+class ValidationSource:
+    """Where val.bin came from, as meta.json records it under ``validation``
+    (lmtune.data.dataset.describe_validation says it in words)."""
+
+    source: str
+    """"file": a validation file of its own (--val-input, --val-tokens); "held_out": carved out of the training
+    input (--val-fraction)."""
+    tokens: int
+    """Tokens in val.bin."""
+    file: str | None = None
+    """A file of its own: its path, as given."""
+    sha256: str | None = None
+    """A file of its own: the SHA-256 of its bytes, as ``sha256sum`` prints it."""
+    size_bytes: int | None = None
+    """A file of its own: its size."""
+    fraction: float | None = None
+    """Held out: the share of the training input asked for."""
+    unit: str | None = None
+    """Held out: what was held out, "documents" (text: whole documents, picked by a hash of their index) or
+    "tokens" (a token array: its last ``fraction``)."""
+    topped_up: bool | None = None
+    """Held out: True when that share fell short of the validation floor (lmtune.data.documents.min_val_tokens)
+    and more was moved there from the end of the training split."""
+
+    def to_json(self) -> dict[str, object]:
+        """Its fields that apply (those of the other source left out)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read 4 MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -70,19 +110,23 @@ class PreparedMeta:
     max_token_id: int
     """The largest id in either file."""
     eot_id: int | None
-    """The id of <|endoftext|> (None for token-id inputs: no document boundaries are known)."""
+    """The id of <|endoftext|> (None for token-id inputs whose tokenizer, if any, has none)."""
     sources: list[Source]
-    """The input files."""
+    """The training input files."""
     tokenizer: str | None
-    """The tokenizer file beside the token files (None for token-id inputs)."""
+    """The tokenizer file beside the token files (None for token-id inputs prepared without --tokenizer)."""
+    validation: ValidationSource | None = None
+    """Where val.bin came from (every prepare records it; None only in code that predates it)."""
     builtin: BuiltinKey | None = None
     """The built-in corpus's key, when this is the built-in corpus (absent from meta.json otherwise)."""
 
     def to_json(self, content_hash: str) -> dict[str, object]:
         """meta.json's content, in its key order: the fields, then the files' hash and who wrote them."""
         fields = asdict(self)
-        if fields["builtin"] is None:
-            del fields["builtin"]
+        fields["validation"] = self.validation.to_json() if self.validation is not None else None
+        for optional in ("validation", "builtin"):
+            if fields[optional] is None:
+                del fields[optional]
         return {**fields, "content_hash": content_hash, "created_by": CREATED_BY}
 
 

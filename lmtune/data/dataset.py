@@ -35,6 +35,9 @@ class DataMeta:
     tokenizer: str | None
     unigram_loss: float | None = None
     """The data's unigram baseline (``unigram_loss``); None in a meta.json written before lmtune recorded it."""
+    validation: dict | None = None
+    """Where the validation split came from, as meta.json records it (lmtune.data.datadir.ValidationSource's
+    fields; ``describe_validation`` says it in words); None in a meta.json written before lmtune recorded it."""
 
 
 @dataclass
@@ -65,6 +68,7 @@ def read_meta(data_dir: Path) -> DataMeta:
             sources=list(raw.get("sources", [])),
             tokenizer=raw.get("tokenizer"),
             unigram_loss=None if raw.get("unigram_loss") is None else float(raw["unigram_loss"]),
+            validation=validation_record(raw.get("validation")),
         )
     except (ValueError, KeyError, TypeError) as err:
         raise LmtuneError(f"{path} is unreadable or incomplete ({type(err).__name__}: {err}); "
@@ -72,6 +76,36 @@ def read_meta(data_dir: Path) -> DataMeta:
     if meta.dtype not in ("uint16", "uint32"):
         raise LmtuneError(f"{path} has dtype {meta.dtype!r}; re-prepare with python -m lmtune.prepare --force")
     return meta
+
+
+def validation_record(value: object) -> dict | None:
+    """meta.json's ``validation`` as read back (None: not recorded); ValueError when it is not a mapping."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"validation is {type(value).__name__}, not a mapping")
+    return dict(value)
+
+
+def describe_validation(validation: dict | None) -> str:
+    """Where the validation split came from, in one line: its own file with its SHA-256, or the share held out of
+    the training input (``validation`` as meta.json records it; None: a data dir prepared before it was recorded,
+    when the split was always held out of the training input)."""
+    if not validation:
+        return "validation split: held out of the training input (its share not recorded: prepared before lmtune " \
+               "recorded it)"
+    tokens = validation.get("tokens")
+    count = f"{tokens:,} tokens" if isinstance(tokens, int) else "tokens not recorded"
+    if validation.get("source") == "file":
+        return f"validation split: {validation.get('file')} (SHA-256 {validation.get('sha256')}, {count})"
+    fraction = validation.get("fraction")
+    share = f"{fraction * 100:g}%" if isinstance(fraction, (int, float)) else "a share"
+    if validation.get("unit") == "tokens":
+        held = f"the last {share} of the training token array"
+    else:
+        held = f"{share} of the training documents"
+    floor = ", topped up to the validation floor" if validation.get("topped_up") else ""
+    return f"validation split: {held}, held out ({count}{floor})"
 
 
 def load_data(data_dir: Path, context_length: int, vocab_size: int | None = None) -> TokenData:

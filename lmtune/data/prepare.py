@@ -7,12 +7,17 @@ lmtune.data.tokenizer trains the tokenizer and encodes, lmtune.data.datadir writ
 atomically (its module doc says what DIR holds), lmtune.data.corpus generates the built-in stories.
 ``--tokens`` inputs are memory-mapped and copied in fixed-size slices; their last ``val_fraction`` (at
 least ``min_val_tokens``) becomes val.
+
+The validation split is either held out of the training input (``val_fraction``) or a file of its own
+(``val_input`` for text, encoded with the tokenizer trained on the training text alone; ``val_tokens`` for
+ids); meta.json records which (lmtune.data.datadir.ValidationSource), with the file's SHA-256.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -26,14 +31,16 @@ from lmtune.data.datadir import (
     PreparedMeta,
     Source,
     TokenFiles,
+    ValidationSource,
     check_out,
     dtype_for,
+    file_sha256,
     staging,
     top_up_val,
     write_meta,
 )
 from lmtune.data.documents import CHUNK_BYTES, EOT, MIN_VAL_TOKENS, DocumentTally, min_val_tokens
-from lmtune.data.tokenizer import encode, require_tokenizers, train_tokenizer
+from lmtune.data.tokenizer import encode, load_tokenizer, require_tokenizers, train_tokenizer
 from lmtune.errors import LmtuneError
 from lmtune.files import check_destination
 
@@ -50,23 +57,55 @@ BUILTIN_VOCAB_SIZE = 4096
 BUILTIN_SEED = 0
 BUILTIN_BYTES = 4_000_000
 TOKENS_SLICE = 1 << 24  # elements copied per step from a --tokens array
+# The share of the training input held out for validation when no validation file of its own is given.
+DEFAULT_VAL_FRACTION = 0.01
+
+
+def _check_text_file(path: Path, option: str) -> None:
+    """One line when ``path`` (given to ``option``) is missing, not a regular file, or empty."""
+    if not path.exists():
+        raise LmtuneError(f"input file {path} does not exist; check the path passed to {option}")
+    if not path.is_file():
+        raise LmtuneError(f"input {path} is not a regular file; pass text files to {option}")
+    if path.stat().st_size == 0:
+        raise LmtuneError(f"input file {path} is empty; pass a file with text in it to {option}")
 
 
 def _check_inputs(inputs: list[Path]) -> None:
     if not inputs:
         raise LmtuneError("no input files given; pass --input FILE [FILE ...] (or omit it for the built-in corpus)")
     for p in inputs:
-        if not p.exists():
-            raise LmtuneError(f"input file {p} does not exist; check the path passed to --input")
-        if not p.is_file():
-            raise LmtuneError(f"input {p} is not a regular file; pass text files to --input")
-        if p.stat().st_size == 0:
-            raise LmtuneError(f"input file {p} is empty; pass a file with text in it")
+        _check_text_file(p, "--input")
 
 
-def _check_val_fraction(val_fraction: float) -> None:
-    if not 0.0 < val_fraction <= 0.5:
-        raise LmtuneError(f"--val-fraction {val_fraction} is out of range; use a value in (0, 0.5], e.g. 0.01")
+def _check_distinct(val_path: Path, train_paths: list[Path], val_option: str, train_option: str) -> None:
+    """Refuse a validation file that is one of the training files (the same path, or the same bytes)."""
+    for p in train_paths:
+        same = p.resolve() == val_path.resolve() or (
+            p.stat().st_size == val_path.stat().st_size and file_sha256(p) == file_sha256(val_path))
+        if same:
+            raise LmtuneError(f"{val_option} {val_path} is the same data as {train_option} {p}: a validation split "
+                              "must be held-out data; pass the validation file (e.g. TinyStoriesV2-GPT4-valid.txt)")
+
+
+def _val_fraction(val_fraction: float | None, val_file: Path | None, val_option: str) -> float | None:
+    """The share to hold out of the training input: ``val_fraction`` (default DEFAULT_VAL_FRACTION) when there
+    is no validation file of its own, None when there is (and refused when both are given)."""
+    if val_file is not None:
+        if val_fraction is not None:
+            raise LmtuneError(f"--val-fraction and {val_option} contradict each other: the validation split is either "
+                              f"held out of the training input or a file of its own; drop --val-fraction")
+        return None
+    fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
+    if not 0.0 < fraction <= 0.5:
+        raise LmtuneError(f"--val-fraction {fraction} is out of range; use a value in (0, 0.5], e.g. 0.01")
+    return fraction
+
+
+def _own_file(path: Path, tokens: int) -> ValidationSource:
+    """The validation record of a validation file of its own."""
+    return ValidationSource(source="file", tokens=tokens, file=str(path), sha256=file_sha256(path),
+                            size_bytes=path.stat().st_size)
 
 
 def _show_progress(total_bytes: int) -> bool:
@@ -80,27 +119,32 @@ def prepare_text(
     inputs: list[Path],
     out: Path,
     vocab_size: int = 10000,
-    val_fraction: float = 0.01,
+    val_fraction: float | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     force: bool = False,
     builtin: BuiltinKey | None = None,
+    val_input: Path | None = None,
 ) -> Path:
-    """Train a byte-level BPE tokenizer on ``inputs`` and encode them into ``out``; returns ``out``.
-    ``builtin``: the key meta.json records when this is the built-in corpus."""
-    inputs = [Path(p) for p in inputs]
-    out = Path(out)
+    """Train a byte-level BPE tokenizer on ``inputs`` and encode them into ``out``; returns ``out``. The validation
+    split is ``val_input``'s text, encoded with that tokenizer, when given; else ``val_fraction`` (default 1%) of the
+    inputs' documents, held out. ``builtin``: the key meta.json records when this is the built-in corpus."""
+    inputs, out = [Path(p) for p in inputs], Path(out)
+    val_input = None if val_input is None else Path(val_input)
     require_tokenizers("prepare trains a BPE tokenizer with it; pip install tokenizers, or prepare token ids with "
                        "--tokens")
+    fraction = _val_fraction(val_fraction, val_input, "--val-input")
     _check_inputs(inputs)
+    if val_input is not None:
+        _check_text_file(val_input, "--val-input")
+        _check_distinct(val_input, inputs, "--val-input", "--input")
     check_out(out, force)
-    _check_val_fraction(val_fraction)
     if not 258 <= vocab_size <= MAX_VOCAB_SIZE:
         raise LmtuneError(f"--vocab-size {vocab_size} is outside what byte-level BPE can train here; "
                           f"use 258 (the 256 bytes, <|endoftext|> and a merge) to {MAX_VOCAB_SIZE:,}")
     t0 = time.perf_counter()
-    progress = _show_progress(sum(p.stat().st_size for p in inputs))
-    tally = DocumentTally(val_fraction)
-    tok = train_tokenizer(inputs, vocab_size, tally, chunk_bytes, progress)
+    progress = _show_progress(sum(p.stat().st_size for p in [*inputs, *([val_input] if val_input else [])]))
+    tally = DocumentTally(fraction or DEFAULT_VAL_FRACTION)
+    tok = train_tokenizer(inputs, vocab_size, tally, chunk_bytes, progress)  # on the training text only
     if tally.docs == 0:
         raise LmtuneError(f"{', '.join(map(str, inputs))} hold no text (only separators/whitespace); "
                           "pass files with text in them")
@@ -110,29 +154,60 @@ def prepare_text(
     log.info("trained tokenizer (vocab %d) on %d documents in %.1fs", real_vocab, tally.docs, t1 - t0)
     with staging(out, force) as tmp:
         with TokenFiles(tmp, dtype) as files:
-            encode(tok, inputs, chunk_bytes, eot_id, tally.split_of(), files, progress)
-        n_train, n_val = files.counts["train"], files.counts["val"]
-        short = min_val_tokens(n_train + n_val, val_fraction) - n_val
-        if short > 0:
-            moved = top_up_val(tmp, dtype, eot_id, n_train, short)
-            n_train, n_val = n_train - moved, n_val + moved
+            _encode_splits(tok, inputs, val_input, chunk_bytes, tally, files, progress)
+        if val_input is None:
+            n_train, n_val, validation = _hold_out_documents(tmp, dtype, eot_id, files.counts, fraction)
+        elif files.counts["val"] == 0:
+            raise LmtuneError(f"--val-input {val_input} holds no text (only separators/whitespace); pass the "
+                              "validation text file")
+        else:
+            n_train, n_val = files.counts["train"], files.counts["val"]
+            validation = _own_file(val_input, n_val)
         tok.save(str(tmp / "tokenizer.json"))
         write_meta(tmp, PreparedMeta(
             vocab_size=real_vocab, dtype=dtype.name, train_tokens=n_train, val_tokens=n_val,
             max_token_id=files.max_id, eot_id=eot_id, sources=[Source(str(p), p.stat().st_size) for p in inputs],
-            tokenizer="tokenizer.json", builtin=builtin))
+            tokenizer="tokenizer.json", validation=validation, builtin=builtin))
     log.info("encoded %d train + %d val tokens into %s in %.1fs", n_train, n_val, out, time.perf_counter() - t1)
     return out
+
+
+def _encode_splits(tok, inputs: list[Path], val_input: Path | None, chunk_bytes: int, tally: DocumentTally,
+                   files: TokenFiles, progress: bool) -> None:
+    """Encode into ``files``: the inputs' documents split by ``tally``'s hash, or (a validation file of its own) all
+    of them into train and ``val_input``'s into val."""
+    eot_id = tok.token_to_id(EOT)
+    if val_input is None:
+        encode(tok, inputs, chunk_bytes, eot_id, tally.split_of(), files, progress)
+        return
+    encode(tok, inputs, chunk_bytes, eot_id, lambda _doc: "train", files, progress)
+    encode(tok, [val_input], chunk_bytes, eot_id, lambda _doc: "val", files, progress)
+
+
+def _hold_out_documents(tmp: Path, dtype: np.dtype, eot_id: int, counts: dict[str, int],
+                        fraction: float) -> tuple[int, int, ValidationSource]:
+    """(train tokens, val tokens, the record) once the hashed documents are in val.bin: topped up from the end of
+    train.bin to the validation floor when they fall short of it."""
+    n_train, n_val = counts["train"], counts["val"]
+    short = min_val_tokens(n_train + n_val, fraction) - n_val
+    if short > 0:
+        moved = top_up_val(tmp, dtype, eot_id, n_train, short)
+        n_train, n_val = n_train - moved, n_val + moved
+    return n_train, n_val, ValidationSource(source="held_out", tokens=n_val, fraction=fraction, unit="documents",
+                                            topped_up=short > 0)
 
 
 # --------------------------------------------------------------------------- pre-tokenized inputs
 
 
-def _open_tokens(path: Path, dtype: str | None) -> np.ndarray:
+def _open_tokens(path: Path, dtype: str | None, option: str = "--tokens") -> np.ndarray:
+    """``path`` (given to ``option``) as a flat integer array, memory-mapped; one line when it is not one."""
     if not path.exists():
-        raise LmtuneError(f"token file {path} does not exist; check the path passed to --tokens")
+        raise LmtuneError(f"token file {path} does not exist; check the path passed to {option}")
+    if not path.is_file():
+        raise LmtuneError(f"token file {path} is not a regular file; pass a .npy or .bin array to {option}")
     if path.stat().st_size == 0:
-        raise LmtuneError(f"token file {path} is empty; pass a non-empty .npy or .bin array of token ids")
+        raise LmtuneError(f"token file {path} is empty; pass a non-empty .npy or .bin array of token ids to {option}")
     if path.suffix == ".npy":
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -150,6 +225,8 @@ def _open_tokens(path: Path, dtype: str | None) -> np.ndarray:
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise LmtuneError(f"{path} holds a {arr.ndim}-D {arr.dtype} array; pass a flat 1-D integer array of "
                           "token ids")
+    if arr.shape[0] < 2:
+        raise LmtuneError(f"{path} holds {arr.shape[0]} token(s); pass at least 2 so that its split is not empty")
     return arr
 
 
@@ -163,47 +240,104 @@ def _id_range(arr: np.ndarray) -> tuple[int, int]:
     return lo, hi
 
 
-def prepare_tokens(
-    path: Path,
-    out: Path,
-    vocab_size: int | None = None,
-    val_fraction: float = 0.01,
-    force: bool = False,
-    dtype: str | None = None,
-) -> Path:
-    """Copy an already-tokenized flat id array into ``out``: the last ``val_fraction`` becomes val."""
-    path, out = Path(path), Path(out)
-    _check_val_fraction(val_fraction)
-    arr = _open_tokens(path, dtype)
-    check_out(out, force)
-    n = int(arr.shape[0])
-    if n < 2:
-        raise LmtuneError(f"{path} holds {n} token(s); pass at least 2 so both train and val are non-empty")
+def _largest_id(path: Path, arr: np.ndarray) -> int:
+    """The largest id in ``arr``, after refusing a negative id or one that does not fit 32 bits."""
     lo, hi = _id_range(arr)
     if lo < 0:
         raise LmtuneError(f"{path} contains negative token id {lo}; token ids must be >= 0 (wrong --dtype?)")
     if hi > MAX_TOKEN_ID:
         raise LmtuneError(f"{path} contains token id {hi}, which does not fit the 32-bit token files lmtune "
                           f"writes (largest {MAX_TOKEN_ID}); remap the ids to a dense range first")
+    return hi
+
+
+def _token_vocab(vocab_size: int | None, largest: dict[Path, int], tokenizer: Path | None,
+                 tokenizer_size: int | None) -> int:
+    """The model vocabulary of token-id inputs: --vocab-size, else the tokenizer's size, else the largest id + 1;
+    one line naming the file whose ids do not fit it."""
     if vocab_size is not None and not 1 <= vocab_size <= MAX_TOKEN_ID + 1:
         raise LmtuneError(f"--vocab-size {vocab_size} must be between 1 and 2**32 (ids are stored in 32 bits)")
-    if vocab_size is None:
-        vocab_size = hi + 1
-    elif hi >= vocab_size:
-        raise LmtuneError(f"{path} contains token id {hi} >= --vocab-size {vocab_size}; "
-                          f"pass --vocab-size {hi + 1} or more")
+    for path, hi in largest.items():
+        if tokenizer_size is not None and hi >= tokenizer_size:
+            raise LmtuneError(f"{path} contains token id {hi} but the tokenizer {tokenizer} has {tokenizer_size:,} "
+                              "tokens; pass the tokenizer these ids were encoded with")
+        if vocab_size is not None and hi >= vocab_size:
+            raise LmtuneError(f"{path} contains token id {hi} >= --vocab-size {vocab_size}; "
+                              f"pass --vocab-size {hi + 1} or more")
+    if vocab_size is not None:
+        return vocab_size
+    return tokenizer_size if tokenizer_size is not None else max(largest.values()) + 1
+
+
+def _open_val_tokens(val_tokens: Path, dtype: str | None, train: np.ndarray, train_path: Path) -> np.ndarray:
+    """--val-tokens as an array of the same dtype as --tokens's (both from one tokenizer), and not the same data."""
+    val = _open_tokens(val_tokens, dtype, "--val-tokens")
+    if val.dtype != train.dtype:
+        raise LmtuneError(f"--val-tokens {val_tokens} holds {val.dtype} ids but --tokens {train_path} holds "
+                          f"{train.dtype}; save both arrays with one dtype (e.g. numpy.save(path, ids.astype("
+                          f"numpy.{train.dtype})))")
+    _check_distinct(val_tokens, [train_path], "--val-tokens", "--tokens")
+    return val
+
+
+def _copy_ids(arr: np.ndarray, start: int, end: int, dest: Path, dtype: np.dtype) -> None:
+    """``arr[start:end]`` as ``dtype`` into the file ``dest``, TOKENS_SLICE at a time."""
+    with open(dest, "wb") as f:
+        for s in range(start, end, TOKENS_SLICE):
+            np.asarray(arr[s : min(s + TOKENS_SLICE, end)]).astype(dtype).tofile(f)
+
+
+def prepare_tokens(
+    path: Path,
+    out: Path,
+    vocab_size: int | None = None,
+    val_fraction: float | None = None,
+    force: bool = False,
+    dtype: str | None = None,
+    val_tokens: Path | None = None,
+    tokenizer: Path | None = None,
+) -> Path:
+    """Copy an already-tokenized flat id array into ``out``. The validation split is ``val_tokens``'s ids when
+    given, else the last ``val_fraction`` (default 1%) of ``path``. ``tokenizer`` (a tokenizers JSON, or a
+    GPT-2-style vocab.json with merges.txt: lmtune.data.tokenizer.load_tokenizer) is saved beside them as
+    tokenizer.json, so that samples and the report decode."""
+    path, out = Path(path), Path(out)
+    val_tokens = None if val_tokens is None else Path(val_tokens)
+    fraction = _val_fraction(val_fraction, val_tokens, "--val-tokens")
+    arr = _open_tokens(path, dtype)
+    val = None if val_tokens is None else _open_val_tokens(val_tokens, dtype, arr, path)
+    tok = _load_tokenizer(tokenizer) if tokenizer is not None else None
+    check_out(out, force)
+    largest = {path: _largest_id(path, arr), **({val_tokens: _largest_id(val_tokens, val)} if val is not None else {})}
+    vocab_size = _token_vocab(vocab_size, largest, tokenizer, tok.get_vocab_size() if tok else None)
     out_dtype = dtype_for(vocab_size)
-    n_val = min(n - 1, min_val_tokens(n, val_fraction))
-    n_train = n - n_val
+    n = int(arr.shape[0])
+    if val is None:
+        n_val = min(n - 1, min_val_tokens(n, fraction))
+        n_train = n - n_val
+        validation = ValidationSource(source="held_out", tokens=n_val, fraction=fraction, unit="tokens",
+                                      topped_up=n_val > math.ceil(n * fraction))
+    else:
+        n_train, n_val = n, int(val.shape[0])
+        validation = _own_file(val_tokens, n_val)
     with staging(out, force) as tmp:
-        for name, a, b in (("train", 0, n_train), ("val", n_train, n)):
-            with open(tmp / f"{name}.bin", "wb") as f:
-                for s in range(a, b, TOKENS_SLICE):
-                    np.asarray(arr[s : min(s + TOKENS_SLICE, b)]).astype(out_dtype).tofile(f)
+        _copy_ids(arr, 0, n_train, tmp / "train.bin", out_dtype)
+        _copy_ids(*((val, 0, n_val) if val is not None else (arr, n_train, n)), tmp / "val.bin", out_dtype)
+        if tok is not None:
+            tok.save(str(tmp / "tokenizer.json"))
         write_meta(tmp, PreparedMeta(
-            vocab_size=vocab_size, dtype=out_dtype.name, train_tokens=n_train, val_tokens=n_val, max_token_id=hi,
-            eot_id=None, sources=[Source(str(path), path.stat().st_size)], tokenizer=None))
+            vocab_size=vocab_size, dtype=out_dtype.name, train_tokens=n_train, val_tokens=n_val,
+            max_token_id=max(largest.values()), eot_id=tok.token_to_id(EOT) if tok else None,
+            sources=[Source(str(path), path.stat().st_size)], tokenizer="tokenizer.json" if tok else None,
+            validation=validation))
     return out
+
+
+def _load_tokenizer(path: Path):
+    """The student's own tokenizer for token-id inputs (load_tokenizer's formats; one line when it is none)."""
+    require_tokenizers("--tokenizer is read with it; pip install tokenizers, or drop --tokenizer (samples are then "
+                       "shown as token ids)")
+    return load_tokenizer(Path(path))
 
 
 # --------------------------------------------------------------------------- built-in corpus

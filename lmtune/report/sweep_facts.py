@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from lmtune.analysis.runs import AshaBudget, Budget
-from lmtune.data.dataset import data_unigram_loss, read_meta
+from lmtune.data.dataset import data_unigram_loss, describe_validation, read_meta
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.report.stability import TrialRecord, budget_tokens, tokens_spent
@@ -67,7 +67,9 @@ def range_summary(result: RangeTestResult | None, variant: str | None = None) ->
 
 
 def data_description(record: SweepRecord) -> str:
-    """What the trials trained on, from sweep.json (the data dir and its meta.json)."""
+    """What the trials trained on, from sweep.json (the data dir and its meta.json), ending with where its
+    validation split came from (lmtune.data.dataset.describe_validation) where meta.json records it (a data dir
+    prepared before lmtune recorded it held its split out of the training input, and is described as before)."""
     meta = record.data.meta
     where = record.data.dir or "an unrecorded data dir"
     parts = [f"{value:,} {label}" for value, label in ((meta.train_tokens, "train tokens"),
@@ -75,8 +77,9 @@ def data_description(record: SweepRecord) -> str:
              ] if meta else []
     sources = [str(s.get("name")) for s in meta.sources if isinstance(s, dict) and s.get("name")] if meta else []
     text = where + (f" ({', '.join(parts)})" if parts else "")
-    return text + (f", prepared from {', '.join(sources[:3])}" + (" and more" if len(sources) > 3 else "")
-                   if sources else "")
+    text += (f", prepared from {', '.join(sources[:3])}" + (" and more" if len(sources) > 3 else "")
+             if sources else "")
+    return text + (f"; {describe_validation(meta.validation)}" if meta and meta.validation else "")
 
 
 def vocab_size(record: SweepRecord) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtune.analysis.runs import AshaBudget
-from lmtune.data.dataset import DataMeta
+from lmtune.data.dataset import DataMeta, validation_record
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, atomic_write_json
 from lmtune.searches import STRATEGIES
@@ -41,7 +41,8 @@ class DataRecord:
     """Its meta.json as it was then (lmtune.prepare's); None where sweep.json does not hold it."""
 
     def to_json(self) -> JsonObject:
-        meta = {k: v for k, v in asdict(self.meta).items() if k != "unigram_loss" or v is not None} if self.meta else {}
+        meta = {k: v for k, v in asdict(self.meta).items() if k not in ("unigram_loss", "validation") or v is not None
+                } if self.meta else {}
         return {**({"dir": self.dir} if self.dir else {}), **({"meta": meta} if meta else {})}
 
 
@@ -166,7 +167,7 @@ def data_meta(meta: Any) -> DataMeta | None:
                     train_tokens=_whole(meta["train_tokens"]), val_tokens=_whole(meta["val_tokens"]),
                     max_token_id=_whole(meta["max_token_id"]), eot_id=_maybe(_whole, meta.get("eot_id")),
                     content_hash=str(meta.get("content_hash", "")), sources=list(meta.get("sources", [])),
-                    tokenizer=meta.get("tokenizer"))
+                    tokenizer=meta.get("tokenizer"), validation=validation_record(meta.get("validation")))
 
 
 def _whole(value: Any) -> int:
