@@ -1,4 +1,8 @@
-"""``python -m lmtune.analyze results/NAME``: the edge-of-stability report of a sweep (lmtune.report)."""
+"""``python -m lmtune.analyze results/NAME``: the edge-of-stability report of a sweep (lmtune.report).
+
+A sweep's folder is data: the report's samples (and --sharpness) of a user's model import its code only with
+``--trust-code``, or build the user's own copy named by ``--model`` (lmtune.usercode.consent); without either, the
+report is written without them and says why, on the command line too."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from lmtune.report.reader import resolve_sweep
 from lmtune.report.summary import SweepFacts
 from lmtune.report.writer import WrittenReport, write_report
 from lmtune.sweep.storage import SweepStorage, is_uri
+from lmtune.usercode.consent import REFUSED_NOTE, add_consent_arguments, consent_from_arguments
 
 
 def parse_target(text: str | None) -> float | None:
@@ -34,7 +39,7 @@ def headline(written: WrittenReport) -> list[str]:
     counts = ", ".join(f"{n} {s}" for s, n in summary.status_counts.items())
     range_test = " and the LR range test" if facts.range_test else ""
     lines = [f"sweep {facts.sweep}: {len(summary.trials)} trials ({counts}){range_test}",
-             *missing_lines(facts), *summary_lines(summary)]
+             *missing_lines(facts), *summary_lines(summary), *refused_samples_lines(facts)]
     if summary.target.target is not None:
         lines.append(f"target {summary.target.target:g}: {'met' if summary.target.met else 'not met'}")
     lines.append(f"report: {written.markdown}")
@@ -52,6 +57,11 @@ def missing_lines(facts: SweepFacts) -> list[str]:
             f"{named}; the best LR was chosen without {'them' if len(missing) > 1 else 'it'}"]
 
 
+def refused_samples_lines(facts: SweepFacts) -> list[str]:
+    """The line saying the report holds no samples for want of consent to the sweep's code (else none)."""
+    return [f"samples {facts.samples_note}"] if facts.samples_note.startswith(REFUSED_NOTE) else []
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog("analyze"),
                                      description="Write the edge-of-stability report of a sweep.")
@@ -66,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="texts the best LR's model writes into the report (default 2; 0: none)")
     parser.add_argument("--x", choices=("tokens", "wall", "both"), default="both",
                         help="the learning curves' x axis: tokens, wall-clock time, or both figures (default both)")
+    add_consent_arguments(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
     return parser
 
@@ -75,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.INFO if args.verbose else logging.WARNING)
     target = parse_target(args.target)
+    consent = consent_from_arguments(args)
     if is_uri(args.sweep):  # a sweep in object storage: its files (no checkpoints) copied to results/NAME first
         local = SweepStorage.of_uri(args.sweep).fetch(Path("results"))
         print(f"copied {args.sweep} (records and trial files, no checkpoints) to {local}")
@@ -87,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.samples <= 20:
         raise LmtuneError(f"--samples must be from 0 to 20 (got {args.samples})")
     report = write_report(sweep_dir, out_dir=Path(args.out) if args.out else None, target=target,
-                          sharpness=args.sharpness, samples=args.samples, x=args.x)
+                          sharpness=args.sharpness, samples=args.samples, x=args.x, consent=consent)
     print("\n".join(headline(report)))
     return 0
 

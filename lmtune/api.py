@@ -47,6 +47,7 @@ from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import resolve_config
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import UserCode, checked_model_args, normalized
+from lmtune.usercode.consent import CodeConsent
 from lmtune.usercode.imports import code_path, objects, register
 
 PYTHON_SPACE = Path("<python>")
@@ -157,7 +158,8 @@ class Sweep:
         """The edge-of-stability report of ``results`` (this sweep's Tuner.fit()): lmtune's records of the sweep
         (sweep.json, the outcome of every trial and the search's state in decisions/) are written into the
         experiment folder if they are not there yet, then the report into ``out`` (default <experiment>/report).
-        Returns the summary (summary.json's content)."""
+        Returns the summary (summary.json's content). The samples' model is this Sweep's own code, handed to it
+        here: the report may build it (a model the folder names otherwise is not imported: lmtune.usercode.consent)."""
         experiment = Path(results.experiment_path)
         if "://" in str(results.experiment_path) or not experiment.is_dir():
             raise LmtuneError(f"{results.experiment_path}: the report reads a local experiment folder; sync it to "
@@ -175,19 +177,27 @@ class Sweep:
         searcher = self._searcher[0] if self._searcher else None
         if isinstance(searcher, DecidingSearcher) and not search_state_path(experiment, searcher.name).exists():
             atomic_write_json(search_state_path(experiment, searcher.name), searcher.search.to_json())
-        return report(experiment, out=out, target=target)
+        return _report(experiment, out, target, CodeConsent(own=frozenset(self.plan.code_specs)))
 
 
-def report(sweep: str | Path | tune.ResultGrid, out: Path | None = None, target: float | None = None) -> JsonObject:
+def report(sweep: str | Path | tune.ResultGrid, out: Path | None = None, target: float | None = None,
+           trust_code: bool = False) -> JsonObject:
     """The edge-of-stability report of a sweep folder written by ``python -m lmtune.run`` or ``Sweep.report`` (or
-    of the ResultGrid of such a sweep), as ``python -m lmtune.analyze`` writes it. Returns the summary."""
+    of the ResultGrid of such a sweep), as ``python -m lmtune.analyze`` writes it. Returns the summary.
+    ``trust_code``: build the best trial's model from the code the folder names, for its samples (as analyze
+    --trust-code); without it a user's model's samples are left out, and the report says why."""
+    return _report(sweep, out, target, CodeConsent(trust=trust_code))
+
+
+def _report(sweep: str | Path | tune.ResultGrid, out: Path | None, target: float | None,
+            consent: CodeConsent) -> JsonObject:
     from lmtune.report.writer import analyze
 
     path = Path(sweep.experiment_path) if isinstance(sweep, tune.ResultGrid) else Path(sweep)
     if not (path / SWEEP_FILE).exists():
         raise LmtuneError(f"{path} has no {SWEEP_FILE}: report on it through the Sweep that ran it "
                           "(sweep.report(results)), which writes lmtune's records first")
-    return analyze(path, out_dir=out, target=target)
+    return analyze(path, out_dir=out, target=target, consent=consent)
 
 
 def _space(space: str | Path | JsonObject) -> SearchSpace:

@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="start even if the results disk has less free space than the sweep is estimated to need")
     add_code_arguments(p)
+    p.add_argument("--trust-code", action="store_true",
+                   help="with --resume: import the code sweep.json names even where it is not the file, unchanged, "
+                        "that the sweep started with (only for a results folder you trust)")
     p.add_argument("--step-hook", metavar="MODULE:FUNCTION",
                    help="code of your own each trial runs: FUNCTION(config, trial_dir) before training, and what it "
                         "returns before every step, with (step, model); MODULE must be on PYTHONPATH")
@@ -94,6 +97,9 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         raise LmtuneError("--fuse must be >= 1 (the LRs trained together in one process; 1: one per trial)")
     if args.resume:
         refuse_resume_changes(args)
+    elif args.trust_code:
+        raise LmtuneError("--trust-code applies to --resume (the code a sweep's folder names); a new sweep imports "
+                          "only the code its flags and space name: drop --trust-code")
     if args.max_failures < 0:
         raise LmtuneError("--max-failures must be >= 0")
     if args.name is None and args.resume:
@@ -121,7 +127,7 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         quiet=args.quiet, wandb_project=args.wandb.strip() if args.wandb else None,
         command=("python -m lmtune.run", *argv),
         keep=Keep(args.keep), force=args.force, cluster_config=args.cluster_config, step_hook=args.step_hook,
-        code=code_from_arguments(args),
+        code=code_from_arguments(args), trust_code=args.trust_code,
     )
 
 

@@ -1,9 +1,11 @@
 """``python -m lmtune.sample CHECKPOINT``: generate text from a trained model (lmtune.training.sampling).
 
-The checkpoint's own config names its model (lmtune's or the user's --model, imported as the run imported it) and
-its data, whose tokenizer encodes the prompt and decodes the sample; ``--tokenizer`` gives another (a tokenizers
-JSON, or a GPT-2-style vocab.json with merges.txt: for data prepared from token ids). Without any tokenizer the
-sample is printed as token ids. Generation stops at ``<|endoftext|>`` or after --max-tokens.
+The checkpoint's own config names its model and its data. lmtune's model needs nothing more; a user's model is code,
+and a checkpoint is data: its recorded code is imported only with ``--trust-code``, or the user names their own copy
+with ``--model PATH:NAME`` (lmtune.usercode.consent); without either, one line saying so. The data's tokenizer
+encodes the prompt and decodes the sample; ``--tokenizer`` gives another (a tokenizers JSON, or a GPT-2-style
+vocab.json with merges.txt: for data prepared from token ids). Without any tokenizer the sample is printed as token
+ids. Generation stops at ``<|endoftext|>`` or after --max-tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from lmtune.data.documents import EOT
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.training.device import resolve_device
 from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate, load_model
+from lmtune.usercode.consent import add_consent_arguments, consent_from_arguments
 
 DEFAULTS = SampleSettings()
 
@@ -38,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", type=Path, help="tokenizer.json, or a GPT-2-style vocab.json with merges.txt "
                                                   "beside it (default: the run's data's tokenizer.json)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
+    add_consent_arguments(p)
     return p
 
 
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     settings.validate()
     if not 1 <= args.samples <= 100:
         raise LmtuneError(f"--samples must be from 1 to 100 (got {args.samples})")
-    model, config = load_model(args.checkpoint, resolve_device(args.device))
+    consent = consent_from_arguments(args)
+    model, config = load_model(args.checkpoint, resolve_device(args.device), consent)
     tokenizer = run_tokenizer(args, config.data_dir)
     prompt = prompt_ids(args, tokenizer)
     vocab = config.model.vocab_size

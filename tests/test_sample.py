@@ -1,5 +1,6 @@
-"""lmtune sample: text from a run's checkpoint, lmtune's model or the user's, decoded with the data's tokenizer (or
-another: a tokenizers JSON, a GPT-2-style vocab.json with merges.txt), token ids where there is none."""
+"""lmtune sample: text from a run's checkpoint, lmtune's model or the user's (named again with --model), decoded
+with the data's tokenizer (or another: a tokenizers JSON, a GPT-2-style vocab.json with merges.txt), token ids where
+there is none."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, assert_refused, run_lmtune, user_model
+from conftest import EXAMPLE, TINY, assert_refused, run_lmtune, user_model
 
 from lmtune.data.prepare import prepare_tokens
 from lmtune.errors import LmtuneError
@@ -30,16 +31,20 @@ def checkpoints(tmp_path_factory, builtin_data) -> dict[str, Path]:
     return found
 
 
+# The example's checkpoint names code: the user names it again (tests/test_results_folder_code.py: without it, none).
+OWN_CODE = {"lmtune": [], "example": ["--model", EXAMPLE]}
+
+
 @pytest.mark.parametrize("name", ["lmtune", "example"])
 def test_a_sample_continues_the_prompt_in_the_datas_own_words(checkpoints, name, capsys):
-    assert main([str(checkpoints[name]), "--prompt", "Once upon a time", "--max-tokens", "12"]) == 0
+    assert main([str(checkpoints[name]), *OWN_CODE[name], "--prompt", "Once upon a time", "--max-tokens", "12"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("Once upon a time") and len(text.strip()) > len("Once upon a time")
 
 
 def test_temperature_zero_gives_one_text_and_seeds_give_others(checkpoints, capsys):
     def sample(*args: str) -> str:
-        assert main([str(checkpoints["example"]), "--max-tokens", "16", *args]) == 0
+        assert main([str(checkpoints["example"]), *OWN_CODE["example"], "--max-tokens", "16", *args]) == 0
         return capsys.readouterr().out
 
     assert sample("--temperature", "0", "--seed", "1") == sample("--temperature", "0", "--seed", "2")
@@ -114,7 +119,7 @@ def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
 
 
 def test_the_console_script_samples_too(checkpoints):
-    proc = run_lmtune("sample", str(checkpoints["example"]), "--max-tokens", "8")
+    proc = run_lmtune("sample", str(checkpoints["example"]), *OWN_CODE["example"], "--max-tokens", "8")
     assert proc.returncode == 0 and proc.stdout.startswith("Once upon a time"), proc.stderr[-2000:]
 
 

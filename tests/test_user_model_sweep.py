@@ -64,7 +64,8 @@ def common(tmp: Path, data: Path, name: str) -> list[str]:
 @pytest.fixture(scope="module")
 def example_edge(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The README's command (the edge search on the example model) run from a folder holding examples/, at test
-    size; Ctrl-C once three trials have ended, resumed to its end, analyzed."""
+    size; Ctrl-C once three trials have ended, resumed to its end, analyzed (naming the model again, as the README
+    does: a results folder's code is imported only so)."""
     tmp = tmp_path_factory.mktemp("example_edge")
     shutil.copytree(README.parent / "examples", tmp / "examples")
     command, *args = readme_command()
@@ -76,7 +77,7 @@ def example_edge(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -
     ended = {t: e["outcome"] for t, e in read_outcomes(sweep_dir).items()}
     resumed = run_lmtune("run", "--resume", *common(tmp, builtin_data, "edge")[:4], "--no-dashboard", "--quiet",
                          cwd=tmp, timeout=900)
-    analyze = run_lmtune("analyze", str(sweep_dir), cwd=tmp)
+    analyze = run_lmtune("analyze", str(sweep_dir), "--model", "examples/cs336_model.py:TransformerLM", cwd=tmp)
     model = f"{(tmp / 'examples' / 'cs336_model.py').resolve()}:TransformerLM"
     return {"dir": sweep_dir, "interrupted": (proc.returncode, interrupted), "ended_before": ended,
             "resumed": resumed, "analyze": analyze, "model": model}

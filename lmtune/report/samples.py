@@ -2,8 +2,10 @@
 them (lmtune.training.sampling), on the CPU: from "Once upon a time" where the data has a tokenizer, else from the
 data's end-of-text token, shown as token ids.
 
-A sample needs the model's code: lmtune's, or the user's as the sweep imported it. Where it cannot be built here (the
-user's code is not importable on this machine, the checkpoint is gone), the report says why instead.
+A sample needs the model's code: lmtune's, or the user's. The user's is code the sweep's folder names, imported only
+with the consent of the command writing the report (``analyze --trust-code``, or ``--model`` naming the user's own
+copy: lmtune.usercode.consent). Where there is none, or the model cannot be built here (the user's code is not
+importable on this machine, the checkpoint is gone), the report says why instead.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from lmtune.data.documents import EOT
 from lmtune.errors import LmtuneError
 from lmtune.report.summary import Sample
 from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate, load_model
+from lmtune.usercode.consent import NO_CONSENT, REFUSED_NOTE, CodeConsent, FolderCodeRefused
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +28,20 @@ log = logging.getLogger(__name__)
 REPORT_SAMPLING = SampleSettings(max_tokens=256, temperature=0.8, top_p=0.9)
 
 
-def best_samples(best_trial_dir: str | None, count: int) -> tuple[tuple[Sample, ...], str]:
-    """``count`` samples (seeds 0, 1, ...) from the best trial's best.pt, or none and why."""
+def best_samples(best_trial_dir: str | None, count: int,
+                 consent: CodeConsent = NO_CONSENT) -> tuple[tuple[Sample, ...], str]:
+    """``count`` samples (seeds 0, 1, ...) from the best trial's best.pt, or none and why (a user's model: only as
+    ``consent`` allows it to be built)."""
     if count <= 0:
         return (), "not drawn (analyze --samples 0)"
     checkpoint = Path(best_trial_dir) / "checkpoints" / "best.pt" if best_trial_dir else None
     if checkpoint is None or not checkpoint.is_file():
         return (), "not drawn: the best trial kept no checkpoints/best.pt"
     try:
-        model, config = load_model(checkpoint, torch.device("cpu"))
+        model, config = load_model(checkpoint, torch.device("cpu"), consent)
         tokenizer, stop, prompt = _prompt(config.data_dir)
+    except FolderCodeRefused as err:  # (said once, by the report and the command, not as a warning too)
+        return (), f"{REFUSED_NOTE}: {err}"
     except LmtuneError as err:
         log.warning("no samples in the report: %s", err)
         return (), f"not drawn: {err}"

@@ -45,6 +45,7 @@ from lmtune.report.sweep_facts import (
 from lmtune.sweep.record import is_sweep_dir
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.lr_range import RangeTestResult
+from lmtune.usercode.consent import NO_CONSENT, CodeConsent, only_consented_code
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,10 @@ class SweepReport:
 
 
 def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int = 0,
-                    sharpness: bool = False) -> SweepReport:
+                    sharpness: bool = False, consent: CodeConsent = NO_CONSENT) -> SweepReport:
     """Read a sweep folder (finished or running) and compute its report, writing nothing: with ``samples`` texts
-    from the best LR's model and, with ``sharpness``, the sharpness of the trials' checkpoints."""
+    from the best LR's model (a user's model: as ``consent`` allows, lmtune.usercode.consent) and, with
+    ``sharpness``, the sharpness of the trials' checkpoints."""
     sweep_dir = Path(sweep_dir)
     if target is not None and not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
         raise LmtuneError(f"--target must be a positive loss in nats/token (got {target!r})")
@@ -96,7 +98,7 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int =
     summary = section_for(search_of(record)).summarize(inputs)
     best = next((t for t in trials if t.trial_id == summary.best_trial), None)
     best_trial_dir = str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None
-    texts, note = best_samples(best_trial_dir, samples)
+    texts, note = best_samples(best_trial_dir, samples, consent)
     facts = SweepFacts(
         sweep=record.name or sweep_dir.name, sweep_dir=str(sweep_dir.resolve()),
         missing_trials=tuple(missing_trials(sweep_dir, trials)), best_trial_dir=best_trial_dir,
@@ -104,7 +106,8 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int =
         compute=compute_accounting(record, trials, range_tokens), data=data_description(record),
         range_test=range_summary(range_test, range_variant), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         model=model_facts(record, trials), samples=texts, samples_note=note)
-    sharp_rows = tuple(sweep_sharpness(record, trials, summary.best_trial)) if sharpness else None
+    with only_consented_code(consent):  # (a checkpoint it cannot build without consent is skipped, with a warning)
+        sharp_rows = tuple(sweep_sharpness(record, trials, summary.best_trial)) if sharpness else None
     return SweepReport(record, trials, summary, facts, sharp_rows, range_test)
 
 
@@ -127,14 +130,16 @@ X_AXES = {"tokens": ("tokens",), "wall": ("wall",), "both": ("tokens", "wall")}
 
 
 def analyze(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
-            sharpness: bool = False, samples: int = 2, x: str = "both") -> JsonObject:
+            sharpness: bool = False, samples: int = 2, x: str = "both",
+            consent: CodeConsent = NO_CONSENT) -> JsonObject:
     """Write the report of one sweep; returns the summary (summary.json's content) with ``report_dir``."""
-    written = write_report(sweep_dir, out_dir, target, sharpness, samples, x)
+    written = write_report(sweep_dir, out_dir, target, sharpness, samples, x, consent)
     return {**written.report.to_json(), "report_dir": str(written.out)}
 
 
 def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | None = None,
-                 sharpness: bool = False, samples: int = 2, x: str = "both") -> WrittenReport:
+                 sharpness: bool = False, samples: int = 2, x: str = "both",
+                 consent: CodeConsent = NO_CONSENT) -> WrittenReport:
     """Write the report of one sweep into ``out_dir`` (default: the sweep's report/): with ``samples`` texts from
     the best LR's model, learning curves against ``x`` (tokens, wall or both)."""
     if x not in X_AXES:
@@ -146,7 +151,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | N
         check_destination(out, "the sweep's report folder", fix="give --out FOLDER to write the report elsewhere")
     else:
         check_destination(out, "--out")
-    report = summarize_sweep(sweep_dir, target, samples, sharpness)
+    report = summarize_sweep(sweep_dir, target, samples, sharpness, consent)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(sweep_dir.resolve())}) + "\n")
     summary, facts, trials = report.summary, report.facts, report.trials

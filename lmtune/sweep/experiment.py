@@ -46,6 +46,7 @@ from lmtune.training.loop import resolve_config
 from lmtune.training.memory import check_fits
 from lmtune.usercode.checks import check_code, check_model
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, UserCode
+from lmtune.usercode.consent import check_recorded_files, recorded_files
 from lmtune.usercode.model import parameter_fingerprint
 
 log = logging.getLogger(__name__)
@@ -209,10 +210,12 @@ def build_trainable(plan: SweepPlan, resources: dict[str, float], shipped: Shipp
     return tune.with_resources(trainable, resources)
 
 
-def check_resumed_code(record: SweepRecord) -> None:
-    """A resumed sweep's user code, checked before Ray starts: it imports, passes lmtune's checks, and builds a model
-    of the parameters the sweep began with (the trials' checkpoints hold those)."""
+def check_resumed_code(record: SweepRecord, trust_code: bool = False) -> None:
+    """A resumed sweep's user code, checked before Ray starts: each file the very one the sweep recorded, unchanged
+    (else refused unless ``trust_code``: lmtune.usercode.consent), it imports, passes lmtune's checks, and builds a
+    model of the parameters the sweep began with (the trials' checkpoints hold those)."""
     plan = record.plan
+    check_recorded_files(plan.code_specs, record.code_files, trust_code)
     check_code(plan.base, plan.space.fuse)
     code, model = plan.base.code, plan.base.model
     if record.model_fingerprint and parameter_fingerprint(code, model) != record.model_fingerprint:
@@ -280,6 +283,7 @@ def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
     base = plan.base
     return SweepRecord(
         model_fingerprint=parameter_fingerprint(base.code, base.model) if base.code.user_model else "",
+        code_files=recorded_files(plan.code_specs),
         name=name, plan=plan, data=DataRecord(str(data_dir.resolve()), read_meta(data_dir)),
         versions={"lmtune": installed_version("lmtune"), "torch": torch.__version__, "ray": ray.__version__,
                   "optuna": installed_version("optuna"), "python": platform.python_version()},

@@ -54,6 +54,9 @@ class SweepOptions:
     step_hook: str | None = None
     """MODULE:FUNCTION each trial runs before every step (lmtune.sweep.hooks); None: none."""
     code: UserCode = field(default_factory=UserCode)
+    trust_code: bool = False
+    """--resume --trust-code: import the sweep's recorded code even where it is not the file the sweep started with
+    (lmtune.usercode.consent)."""
     """The user's code the flags name (--model, --model-set, --optimizer, --schedule), over the space's own."""
 
     @property

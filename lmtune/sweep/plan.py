@@ -93,9 +93,15 @@ class SweepPlan:
         ``space_checked``: the trials get only this plan's space's settings (TrialSetup.space_checked)."""
         from lmtune.usercode.imports import code_path, objects
 
-        specs = [*self.base.code.specs.values(), *map(str, self.space.strategy.values_of(MODEL_SETTING))]
+        specs = self.code_specs
         return TrialSetup(self.base, self.divergence_rule, self.space.strategy.range_test(), self.asha,
                           tuple(code_path(specs)), objects(specs), space_checked)
+
+    @property
+    def code_specs(self) -> list[str]:
+        """Every spec of the user's code the sweep's trials import: the base config's, and any model a compare
+        search's variant trains instead."""
+        return [*self.base.code.specs.values(), *map(str, self.space.strategy.values_of(MODEL_SETTING))]
 
     def budget(self) -> Budget:
         """Every trial's budget as the searchers and the report see it: steps, tokens per step, seed, ASHA's rungs."""

@@ -121,7 +121,8 @@ def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     record = SweepRecord.read(sweep_dir)
     check_resume_inputs(options, record)  # before the lock: a refusal writes nothing
     if record.plan is not None:
-        check_resumed_code(record)  # the user's code imports, passes its checks and builds the sweep's model
+        # the user's code: the very file recorded (or --trust-code), it imports, passes its checks, builds the model
+        check_resumed_code(record, options.trust_code)
     preflight_write_check(sweep_dir)
     with sole_writer(sweep_dir, new=False):
         return _resume_held_sweep(options, sweep_dir, echo)

@@ -81,6 +81,9 @@ class SweepRecord:
     model_fingerprint: str = ""
     """A user's model: its parameters' names and shapes at the base config, as a digest
     (lmtune.usercode.model.parameter_fingerprint), which a resume checks its code still builds; "": lmtune's model."""
+    code_files: JsonObject = field(default_factory=dict)
+    """The user's code the sweep imports: per spec, its file's absolute path and SHA-256 at the start
+    (lmtune.usercode.consent.recorded_files), which a resume checks before importing it; {}: lmtune's code."""
 
     @property
     def num_trials(self) -> int | None:
@@ -103,7 +106,7 @@ class SweepRecord:
                 "max_concurrent": self.max_concurrent, "time_budget_s": self.time_budget_s, "address": self.address,
                 "start_time": self.start_time, "command": list(self.command), "resumed_at": list(self.resumed_at),
                 "keep": str(self.keep), **({"model_fingerprint": self.model_fingerprint} if self.model_fingerprint
-                                           else {})}
+                                           else {}), **({"code_files": self.code_files} if self.code_files else {})}
 
     def write(self, sweep_dir: Path) -> None:
         atomic_write_json(Path(sweep_dir) / SWEEP_FILE, self.to_json())
@@ -142,7 +145,7 @@ class SweepRecord:
             time_budget_s=_maybe(float, raw.get("time_budget_s")), address=raw.get("address"),
             start_time=raw.get("start_time", ""), command=tuple(raw.get("command") or ()),
             resumed_at=tuple(raw.get("resumed_at") or ()), keep=Keep(keep) if keep in set(Keep) else Keep.BEST,
-            model_fingerprint=raw.get("model_fingerprint", ""))
+            model_fingerprint=raw.get("model_fingerprint", ""), code_files=raw.get("code_files") or {})
 
 
 def _maybe(kind: type, value: Any) -> Any:
@@ -185,7 +188,7 @@ SWEEP_JSON: dict[str, object] = {
     "name": str, "space": dict, "budget": str, "base_config": dict, "asha": dict | None, "data": dict,
     "versions": dict, "hardware": dict, "resources_per_trial": dict[str, float], "max_concurrent": int | None,
     "time_budget_s": float | None, "address": str | None, "start_time": str, "command": list[str],
-    "resumed_at": list[str], "keep": str, "model_fingerprint": str}
+    "resumed_at": list[str], "keep": str, "model_fingerprint": str, "code_files": dict}
 # What a JSON value of each type is called in a refusal.
 JSON_WORDS = {dict: "a mapping", list: "a list", str: "a string", int: "a whole number", float: "a number",
               bool: "true or false"}

@@ -1,4 +1,4 @@
-"""Text from a trained model: a checkpoint's model (lmtune's or the user's, as its config names it) loaded back, and
+"""Text from a trained model: a checkpoint's model (lmtune's, or the user's with their consent) loaded back, and
 tokens drawn one at a time with temperature and nucleus (top-p) sampling until ``<|endoftext|>`` or the token limit.
 
     model, config = load_model(Path("results/NAME/TRIAL/checkpoints/best.pt"), device)
@@ -23,6 +23,7 @@ from lmtune.training.checkpoint import load_checkpoint
 from lmtune.training.config import RunConfig
 from lmtune.training.lm import build_model
 from lmtune.training.state import check_same_parameters
+from lmtune.usercode.consent import NO_CONSENT, CodeConsent, only_consented_code
 
 # The prompt a sample starts from unless told otherwise (CS336's: its models learn TinyStories).
 DEFAULT_PROMPT = "Once upon a time"
@@ -50,9 +51,11 @@ class SampleSettings:
             raise LmtuneError(f"--top-p must be in (0, 1] (got {self.top_p})")
 
 
-def load_model(checkpoint: Path, device: torch.device) -> tuple[nn.Module, RunConfig]:
-    """The model a checkpoint holds (best.pt, or a periodic one), built as its own config says (the user's code
-    imported as the run imported it), in eval mode on ``device``; one line when the file cannot serve."""
+def load_model(checkpoint: Path, device: torch.device,
+               consent: CodeConsent = NO_CONSENT) -> tuple[nn.Module, RunConfig]:
+    """The model a checkpoint holds (best.pt, or a periodic one), built as its own config says, in eval mode on
+    ``device``; one line when the file cannot serve. A user's model is code the checkpoint names: built only as
+    ``consent`` allows (--model's in its place, or the recorded one), FolderCodeRefused otherwise."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
         raise LmtuneError(f"{checkpoint}: no such checkpoint file; give a run's checkpoints/best.pt")
@@ -63,7 +66,9 @@ def load_model(checkpoint: Path, device: torch.device) -> tuple[nn.Module, RunCo
     except (ValueError, RuntimeError, EOFError, OSError, KeyError, TypeError, pickle.UnpicklingError) as err:
         raise LmtuneError(f"{checkpoint} is not a usable lmtune checkpoint ({type(err).__name__}: {err}); give a "
                           "run's checkpoints/best.pt") from None
-    model = build_model(config, device)
+    config.code = consent.code_for(config.code, str(checkpoint))
+    with only_consented_code(consent):
+        model = build_model(config, device)
     check_same_parameters(model, weights, str(checkpoint))
     model.load_state_dict(weights)
     return model.eval(), config

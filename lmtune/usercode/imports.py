@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.usercode.config import is_file_spec
+from lmtune.usercode.consent import check_import
 
 HANDED_OVER = "python"
 """The module part of the spec of an object handed over in Python that no import gives back (python:NAME)."""
@@ -30,9 +31,11 @@ _LOADED: dict[str, object] = {}
 
 
 def load(spec: str, flag: str) -> object:
-    """The object ``spec`` names (cached per process). LmtuneError, one line, when it cannot be imported."""
+    """The object ``spec`` names (cached per process). LmtuneError, one line, when it cannot be imported, or when a
+    command reading a results folder has no consent to it (lmtune.usercode.consent)."""
     if spec in _REGISTERED:
         return _REGISTERED[spec]
+    check_import(spec, flag)
     if spec.startswith(f"{HANDED_OVER}:"):
         raise LmtuneError(f"{flag} {shown(spec)}: was handed over as a Python object by the script that started the "
                           "run, and there is none here; run it from that script (lmtune.Sweep(model=...)), or name "
