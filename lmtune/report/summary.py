@@ -117,7 +117,9 @@ class ModelFacts:
     params_total: int | None = None
     flops_per_token: float | None = None
     flops_estimated: bool = False
-    """Whether the FLOPs (and so MFU) are estimated from the parameters' shapes (a user's model)."""
+    """Whether the FLOPs (and so MFU) are estimated from the parameters' shapes (a user's model whose count failed)."""
+    flops_counted: bool = False
+    """Whether the FLOPs were counted by torch's FlopCounterMode over one forward and backward (a user's model)."""
 
     @property
     def attention_logits_measured(self) -> bool:

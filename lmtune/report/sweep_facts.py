@@ -153,4 +153,5 @@ def model_facts(record: SweepRecord, trials: Sequence[TrialRecord]) -> ModelFact
     size = next((s for s in sizes if isinstance(s.get("params_non_embedding"), int)), {})
     flops = size.get("flops_per_token")
     return ModelFacts(code.describe(), code.user_model, size.get("params_non_embedding"), size.get("params_total"),
-                      float(flops) if isinstance(flops, int | float) else None, bool(size.get("flops_estimated")))
+                      float(flops) if isinstance(flops, int | float) else None, bool(size.get("flops_estimated")),
+                      bool(size.get("flops_counted")))

@@ -10,11 +10,14 @@ them names a class:
     probe_tensors(model, idx)          the stability probes the model allows (attention logits: lmtune's only)
     block_parameters(model)            its parameters by transformer block (the relative update size per block)
     weight_decay_multipliers, lr_multipliers   per parameter: μP's in lmtune's model; decay on matrices otherwise
-    model_size(config)                 parameter counts and training FLOPs per token (estimated for a user's model)
+    model_size(config)                 parameter counts and training FLOPs per token (a user's model's counted)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
 import re
 from dataclasses import dataclass
 
@@ -24,6 +27,8 @@ from torch import nn
 from lmtune.training.config import RunConfig
 from lmtune.training.model import TransformerLM, count_parameters, lm_loss
 from lmtune.training.model import flops_per_token as lmtune_flops_per_token
+
+log = logging.getLogger(__name__)
 
 
 def build_model(config: RunConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -109,13 +114,16 @@ class ModelSize:
     flops_per_token: float
     """Training FLOPs per token: 6 x (non-embedding + output projection) + attention, 12 n_layers context d_model."""
     estimated: bool = False
-    """True for a user's model: the embedding and output are told apart by shape, the attention term is the config's
-    (lmtune's own model's counts are exact)."""
+    """True where the FLOPs are a formula's over a user's model's parameters (its count failed): the embedding and
+    output told apart by shape, the attention term the config's. lmtune's own model's formula is exact."""
+    counted: bool = False
+    """True where the FLOPs of a user's model were counted (counted_flops_per_token)."""
 
 
-def model_size(config: RunConfig) -> ModelSize:
+def model_size(config: RunConfig, count_flops: bool = True) -> ModelSize:
     """The size of the model ``config`` describes, without training it (a user's model is built once on the CPU to
-    count it, lmtune.usercode.model.named_parameter_shapes)."""
+    count it, lmtune.usercode.model.named_parameter_shapes; ``count_flops``: its FLOPs counted too, else the formula's,
+    for a caller that reads only the parameter counts)."""
     m = config.model
     if not config.code.user_model:
         counts = count_parameters(m)
@@ -131,9 +139,50 @@ def model_size(config: RunConfig) -> ModelSize:
         if len(shape) == 2 and sorted(shape) == sorted((m.vocab_size, m.d_model)):
             vocab_matrices += count  # the embedding or the output projection (tied: one matrix)
     non_embedding = total - vocab_matrices
-    output = m.vocab_size * m.d_model  # the output projection's matmul, tied or not
-    flops = 6.0 * (non_embedding + output) + 12.0 * m.n_layers * m.context_length * m.d_model
-    return ModelSize(total, non_embedding, flops, estimated=True)
+    counted = counted_flops_per_token(config) if count_flops else None
+    if counted is not None:
+        return ModelSize(total, non_embedding, counted, counted=True)
+    return ModelSize(total, non_embedding, formula_flops_per_token(config, non_embedding), estimated=True)
+
+
+def formula_flops_per_token(config: RunConfig, non_embedding: int) -> float:
+    """The 6N rule over a user's model's non-embedding parameters, its output projection's matmul (tied or not) and
+    attention's 12 n_layers context d_model: the fallback where its FLOPs cannot be counted."""
+    m = config.model
+    return 6.0 * (non_embedding + m.vocab_size * m.d_model) + 12.0 * m.n_layers * m.context_length * m.d_model
+
+
+def counted_flops_per_token(config: RunConfig) -> float | None:
+    """Training FLOPs per token of the user's model, counted by torch.utils.flop_counter.FlopCounterMode over one
+    forward and backward of the loss lmtune trains, on one sequence of context_length tokens on the CPU (matmuls and
+    attention as torch counts them; the random state left as it was). None where the count fails (the caller falls
+    back to the formula and says so). Cached per process, by the model's code and shape."""
+    return _counted(config.code.model, tuple(sorted(config.code.model_args.items())),
+                    tuple(sorted(dataclasses.asdict(config.model).items())))
+
+
+@functools.lru_cache(maxsize=16)
+def _counted(spec: str, model_args: tuple, model_key: tuple) -> float | None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lmtune.training.config import ModelConfig
+    from lmtune.usercode.config import UserCode
+    from lmtune.usercode.model import build_user_model
+
+    shape = ModelConfig(**dict(model_key))
+    tokens = shape.context_length
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_user_model(UserCode(spec, dict(model_args)), shape, torch.device("cpu"))
+            idx = torch.randint(0, shape.vocab_size, (1, tokens + 1), generator=torch.Generator().manual_seed(0))
+            with FlopCounterMode(display=False) as counter:
+                LanguageModelLoss(model)(idx[:, :-1], idx[:, 1:]).backward()
+        total = counter.get_total_flops()
+    except Exception:  # noqa: BLE001 - any failure of the user's code here: the formula stands in, labelled
+        log.warning("could not count the FLOPs of %s with FlopCounterMode; estimating them by formula", spec,
+                    exc_info=True)
+        return None
+    return float(total) / tokens if total > 0 else None
 
 
 def flops_per_token(config: RunConfig) -> float:

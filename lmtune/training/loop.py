@@ -268,6 +268,7 @@ def run_summary(config: RunConfig, state: Progress, end: RunEnd, rows: list[Row]
         "lr": config.train.lr, "model": config.code.describe(),
         "params_non_embedding": size.non_embedding, "params_total": size.total,
         "flops_per_token": size.flops_per_token, "flops_estimated": size.estimated,
+        "flops_counted": size.counted,
     }
 
 
@@ -287,11 +288,15 @@ def training_log(out_dir: Path):
         handler.close()
 
 
+def _flops_how(size) -> str:
+    return " (counted)" if size.counted else " (estimated by formula)" if size.estimated else ""
+
+
 def log_run_start(config: RunConfig, device) -> None:
     size = model_size(config)
     log.info("device=%s params: non-embedding %.2fM, total %.2fM; %.1f MFLOP/token%s; %d steps x %d tokens; model %s",
              device, size.non_embedding / 1e6, size.total / 1e6, size.flops_per_token / 1e6,
-             " (estimated)" if size.estimated else "", config.train.steps, config.tokens_per_step,
+             _flops_how(size), config.train.steps, config.tokens_per_step,
              config.code.describe())
 
 

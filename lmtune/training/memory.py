@@ -57,7 +57,7 @@ def run_memory_bytes(config: RunConfig, amp: bool, members: int = 1) -> int:
     if not config.code.user_model:
         return members * estimate_trial_memory_bytes(config.model, micro_batch(config), amp)
     activations = measured_activations(config, amp).of(micro_batch(config))
-    return members * int(1.2 * (16 * model_size(config).total + activations))
+    return members * int(1.2 * (16 * model_size(config, count_flops=False).total + activations))
 
 
 def check_fits(config: RunConfig, device: torch.device, members: int = 1, where: str = "config") -> None:
@@ -65,12 +65,12 @@ def check_fits(config: RunConfig, device: torch.device, members: int = 1, where:
     ``device`` has: the estimate is the one the sweep's packing uses, without bf16 on the CPU. A user's model whose
     weights and optimizer state alone do not fit is refused before its activations are measured (which builds it)."""
     have = available_memory_bytes(device)
-    persistent = 16 * model_size(config).total * members
+    persistent = 16 * model_size(config, count_flops=False).total * members
     user_too_big = config.code.user_model and have is not None and persistent > have
     need = persistent if user_too_big else run_memory_bytes(config, amp=device.type != "cpu", members=members)
     if have is not None and need > have:
         group = f"{members} fused models" if members > 1 else "the model"
-        raise LmtuneError(f"{where}: {group} ({model_size(config).total * members:,} parameters, "
+        raise LmtuneError(f"{where}: {group} ({model_size(config, count_flops=False).total * members:,} parameters, "
                           f"batch {micro_batch(config)} x {config.model.context_length}) needs about "
                           f"{need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this {device.type} has "
                           "free; use a smaller d_model, n_layers, vocab_size, batch_size or context_length")

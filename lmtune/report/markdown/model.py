@@ -25,8 +25,10 @@ def _size(model: ModelFacts) -> str:
     total = f" ({model.params_total / 1e6:.2f}M in all)" if model.params_total else ""
     flops = ""
     if model.flops_per_token:
-        how = " (estimated from its parameters' shapes: the embedding and output projection told apart by their " \
-              "vocabulary dimension, attention's term from the config)" if model.flops_estimated else ""
+        how = " (estimated by formula from its parameters' shapes, its count having failed: the embedding and output " \
+              "projection told apart by their vocabulary dimension, attention's term from the config)" \
+            if model.flops_estimated else " (counted by torch's FlopCounterMode over one forward and backward)" \
+            if model.flops_counted else ""
         flops = f", {model.flops_per_token / 1e6:.2f} MFLOP per training token{how}"
     return f": {model.params_non_embedding / 1e6:.2f}M non-embedding parameters{total}{flops}"
 
