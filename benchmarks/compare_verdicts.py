@@ -34,8 +34,15 @@ from benchmarks import append_row  # noqa: E402
 from benchmarks.compare_start import CURVATURE, EDGE_RATIO, NOISE, plan, searched  # noqa: E402
 from lmtune.analysis.conclusion import conclude  # noqa: E402
 from lmtune.analysis.locate import t_quantile  # noqa: E402
-from lmtune.analysis.runs import spread_lrs  # noqa: E402
-from lmtune.searches.compare.comparison import BETTER, SIGNIFICANCE_SE, WORSE, compare_variants  # noqa: E402
+from lmtune.analysis.runs import full_budget_ranking, spread_lrs  # noqa: E402
+from lmtune.searches.compare.comparison import (  # noqa: E402
+    BETTER,
+    LOCATION_SD,
+    SIGNIFICANCE_SE,
+    WORSE,
+    compare_variants,
+    pooled_spread,
+)
 from lmtune.searches.trial_order import RANGE_STAGE  # noqa: E402
 from lmtune.sweep.plan import SweepPlan  # noqa: E402
 
@@ -47,7 +54,9 @@ SCENARIOS = {
     **{f"worse_{d:g}": (d, 1.0, "own") for d in (0.02, 0.03, 0.05)},
     **{f"better_{d:g}": (-d, 1.0, "own") for d in (0.02, 0.03, 0.05)},
 }
-LEVELS = (1.8, 2.0, 2.2, 2.5)  # the calibration's levels (z of a normal); the shipped one is SIGNIFICANCE_SE
+# The calibration: the same rule with these location terms (run-to-run sds a crowned LR's landing costs its mean,
+# whatever its seeds); the shipped one is LOCATION_SD.
+LOCATIONS = (0.0, 0.3, 0.4, 0.5, 0.7)
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class Compared:
     verdict: str
     candidates: tuple[int, int]
     """Crown candidates (LRs with as many seeds as the best) of the variant and the reference."""
+    sides: tuple[tuple[float, int, int], tuple[float, int, int]]
+    """(pooled sd, its dof, seeds at the best LR) of the variant and the reference."""
     before_value: float
     before_verdict: str
 
@@ -101,8 +112,12 @@ def compared_in(the_plan: SweepPlan, scenario: str, seed: int, noise: float) -> 
         if d is None or d.se is None:
             continue
         before = _before(runs[v.name], runs[names[0]], v.budget)
-        out.append(Compared(d.value, d.se, d.dof, d.verdict, (_candidates(v.conclusion),
-                                                             _candidates(result.reference.conclusion)), *before))
+        ref = result.reference.conclusion
+        sa = pooled_spread(full_budget_ranking(runs[v.name]), v.conclusion.best)
+        sb = pooled_spread(ref.ranking, ref.best)
+        sides = ((sa.sd, sa.dof, len(v.conclusion.best.losses)), (sb.sd, sb.dof, len(ref.best.losses)))
+        out.append(Compared(d.value, d.se, d.dof, d.verdict, (_candidates(v.conclusion), _candidates(ref)), sides,
+                            *before))
     return out
 
 
@@ -125,13 +140,17 @@ def study(the_plan: SweepPlan, scenario: str, searches: int, noise: float) -> di
     rows = [c for seed in range(searches) for c in compared_in(the_plan, scenario, seed, noise)]
     n = len(rows)
     values = np.array([c.value for c in rows])
-    ses, dofs = np.array([c.se for c in rows]), np.array([c.dof for c in rows])
+    dofs = np.array([c.dof for c in rows])
     better = sum(c.verdict == BETTER for c in rows)
     worse = sum(c.verdict == WORSE for c in rows)
     levels = {}
-    for z in LEVELS:  # the same rule at other levels: the calibration
-        threshold = stats.t.ppf(stats.norm.cdf(z), dofs) * ses
-        levels[str(z)] = {"better": float(np.mean(values < -threshold)), "worse": float(np.mean(values > threshold))}
+    for location in LOCATIONS:  # the same rule with other location terms: the calibration
+        (sa, na, ma), (sb, nb, mb) = (np.array([c.sides[i] for c in rows]).T for i in (0, 1))
+        ea, eb = sa ** 2 * (1 / ma + location ** 2), sb ** 2 * (1 / mb + location ** 2)
+        welch = (ea + eb) ** 2 / (ea ** 2 / na + eb ** 2 / nb)
+        threshold = stats.t.ppf(stats.norm.cdf(SIGNIFICANCE_SE), welch) * np.sqrt(ea + eb)
+        levels[str(location)] = {"better": float(np.mean(values < -threshold)),
+                                 "worse": float(np.mean(values > threshold))}
     return {"scenario": scenario, "true_difference": SCENARIOS[scenario][0], "noise": noise,
             "seeds": the_plan.space.strategy.settings.edge.seeds, "searches": searches,
             "comparisons": n, "mean_difference": float(values.mean()),
@@ -140,7 +159,7 @@ def study(the_plan: SweepPlan, scenario: str, searches: int, noise: float) -> di
             "worse": worse / n, "worse_upper95": _upper95(worse, n),
             "welch_dof_median": float(np.median(dofs)),
             "equal_candidates": float(np.mean([a == b for a, b in (c.candidates for c in rows)])),
-            "levels": levels,
+            "location_sd": LOCATION_SD, "locations": levels,
             "before": {"mean_difference": float(np.mean([c.before_value for c in rows])),
                        "better": float(np.mean([c.before_verdict == BETTER for c in rows])),
                        "worse": float(np.mean([c.before_verdict == WORSE for c in rows]))}}
@@ -156,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     the_plan = with_seeds(plan(), args.seeds) if args.seeds else plan()
     print(f"{'scenario':<16} {'true':>6} {'n':>5} {'mean diff':>16} {'better':>7} {'worse':>7} {'ν med':>6} "
-          f"{'same k':>7}   before: mean, better, worse   levels {LEVELS}: better/worse")
+          f"{'same k':>7}   before: mean, better, worse   location terms {LOCATIONS}: better/worse")
     for scenario in args.scenarios.split(","):
         r = study(the_plan, scenario, args.searches, args.noise)
         b = r["before"]
-        levels = " ".join(f"{v['better']:.1%}/{v['worse']:.1%}" for v in r["levels"].values())
+        levels = " ".join(f"{v['better']:.1%}/{v['worse']:.1%}" for v in r["locations"].values())
         print(f"{scenario:<16} {r['true_difference']:>+6.2f} {r['comparisons']:>5} "
               f"{r['mean_difference']:>+8.4f}±{r['mean_difference_se']:.4f} {r['better']:>7.1%} {r['worse']:>7.1%} "
               f"{r['welch_dof_median']:>6.2f} {r['equal_candidates']:>7.0%}   {b['mean_difference']:+.4f}, "
