@@ -185,7 +185,8 @@ def test_no_module_is_longer_than_400_lines():
 
 def test_no_module_but_a_packages_init_is_shorter_than_40_lines():
     short = [f"{p.relative_to(REPO)} ({n} lines)" for p in MODULES
-             if p.name != "__init__.py" and (n := len(p.read_text().splitlines())) < MIN_MODULE_LINES]
+             if p.name not in ("__init__.py", "__main__.py")  # (a package's entry points: a few lines by nature)
+             and (n := len(p.read_text().splitlines())) < MIN_MODULE_LINES]
     assert not short, short
 
 

@@ -69,8 +69,8 @@ class Conclusion:
 
     @property
     def edge_ratio(self) -> float | None:
-        """The divergence LR (the smallest LR at which a run diverged) / the best LR, as a point value: the seeds'
-        rubric's ratio."""
+        """The divergence LR (the smallest LR at which a run diverged) / the best LR, as a point value: the
+        practitioners' rubric's ratio."""
         return self.divergence.diverged_lr / self.best.lr if self.best and self.divergence.diverged_lr else None
 
     def to_json(self) -> JsonObject:

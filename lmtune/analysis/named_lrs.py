@@ -5,7 +5,7 @@
   mean full-budget loss is within max(SIGNIFICANCE_SE standard errors of the difference, USEFUL_TOLERANCE) of the
   best's; with the measured cost (loss over the best's) of 2x and 4x the best LR;
 - the **divergence LR**: the first LR at which a run diverged: its loss went non-finite, or rose above its initial
-  loss and did not come back (lmtune.training.divergence); the seeds' rubric reads divergence LR / best LR;
+  loss and did not come back (lmtune.training.divergence); the practitioners' rubric reads divergence LR / best LR;
 - the **failing LR**: the first LR, above one that trained, at which a run failed: it diverged, or ended its budget
   no better than the data's unigram baseline (lmtune.analysis.bracket; what the edge search bisects).
 

@@ -252,7 +252,7 @@ def edge_reading_range(smallest: float | None, largest: float | None, useful: Us
 
 
 def edge_reading(ratio: float | None, useful: UsefulRange | None = None) -> str:
-    """Plain-words reading of the divergence LR / best LR ratio by the seeds' rubric (thresholds: AT_EDGE_BAND,
+    """Plain-words reading of the divergence LR / best LR ratio by the practitioners' rubric (thresholds: AT_EDGE_BAND,
     NEAR_EDGE_BELOW, CONSERVATIVE_ABOVE), held against the measured loss: "conservative" only where a larger LR than
     the best was measured to be as good (``useful``: lmtune.analysis.named_lrs; None: not measured)."""
     if ratio is None:

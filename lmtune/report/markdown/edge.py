@@ -77,8 +77,8 @@ def _what_edge_means() -> list[str]:
     return ["What \"edge of stability\" means: in Cohen et al. (2021, 2022) it is a property of training that "
             "succeeds: the sharpness (the loss's top Hessian eigenvalue) rises to about 2/η (38/η preconditioned, "
             "for Adam at β₁ = 0.9) and hovers there; the sharpness figure (`analyze --sharpness`) shows it. The "
-            "seeds' rubric instead reads divergence LR / best LR (> 4: conservative). The practical question, how "
-            "far above the best LR one can go before the loss degrades, is answered by the top of the useful range "
+            "practitioners' rubric instead reads divergence LR / best LR (> 4: conservative). The practical question, "
+            "how far above the best LR one can go before the loss degrades, is answered by the top of the useful range "
             "and the cost of 2x and 4x; where training blows up, by the failing and divergence LRs.", ""]
 
 

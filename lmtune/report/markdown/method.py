@@ -111,7 +111,7 @@ def definitions(summary: SweepSummary) -> list[str]:
             "interpolated in log LR between the LRs tried. **Failing LR**: the smallest LR, above one that trained "
             "through, at which a run failed (above). **Divergence LR**: the smallest LR at which a run diverged "
             "(above); a run can fail without diverging, so the failing LR lies at or below it.",
-            "- **Edge ratio** (the seeds' rubric): divergence LR / best LR; its range: the largest LR below it that "
-            "ran its budget without diverging / the best LR's upper bound, to the divergence LR / its lower bound. "
-            "Read \"conservative\" above 4 only where the top of the useful range lies above the best LR.",
+            "- **Edge ratio** (the practitioners' rubric): divergence LR / best LR; its range: the largest LR below it "
+            "that ran its budget without diverging / the best LR's upper bound, to the divergence LR / its lower "
+            "bound. Read \"conservative\" above 4 only where the top of the useful range lies above the best LR.",
             ""]
