@@ -1,4 +1,5 @@
-"""``python -m lmtune.analyze results/NAME``: the edge-of-stability report of a sweep (lmtune.report).
+"""``python -m lmtune.analyze results/NAME``: the edge-of-stability report of a sweep (lmtune.report); ``--runs
+PATH``: the same report of runs lmtune did not make (lmtune.report.runs_report, docs/analyze-runs.md).
 
 A sweep's folder is data: the report's samples (and --sharpness) of a user's model import its code only with
 ``--trust-code``, or build the user's own copy named by ``--model`` (lmtune.usercode.consent); without either, the
@@ -64,10 +65,19 @@ def refused_samples_lines(facts: SweepFacts) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog("analyze"),
-                                     description="Write the edge-of-stability report of a sweep.")
-    parser.add_argument("sweep", help="results/NAME (a sweep), results/ (reports the newest sweep in it), or a sweep "
-                                      "in object storage: s3://BUCKET/PREFIX/NAME (copied to results/NAME first)")
-    parser.add_argument("--out", default=None, help="report folder (default: results/NAME/report)")
+                                     description="Write the edge-of-stability report of a sweep (or, with --runs, "
+                                                 "of runs lmtune did not make).")
+    parser.add_argument("sweep", nargs="?", help="results/NAME (a sweep), results/ (reports the newest sweep in it), "
+                                                 "or a sweep in object storage: s3://BUCKET/PREFIX/NAME (copied to "
+                                                 "results/NAME first)")
+    parser.add_argument("--runs", default=None, metavar="PATH",
+                        help="report on runs lmtune did not make instead: a CSV/JSONL log (lr, seed, step or tokens, "
+                             "train_loss and/or val_loss, wall_time), a folder of them, a Tune experiment folder or "
+                             "a W&B CSV export (docs/analyze-runs.md; report: PATH_report/ or PATH/report/)")
+    parser.add_argument("--lr-of", action="append", default=None, metavar="NAME=LR",
+                        help="with --runs: the LR of a named run (a W&B export's), repeated once per run")
+    parser.add_argument("--out", default=None, help="report folder (default: results/NAME/report; with --runs, "
+                                                    "PATH_report/ beside a file, PATH/report/ in a folder)")
     parser.add_argument("--target", default=None, help="target val loss (nats/token): was it met, and by which trial")
     parser.add_argument("--sharpness", action="store_true",
                         help="estimate the Hessian's top eigenvalue at saved checkpoints of the best trial and "
@@ -87,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_cli_logging(logging.INFO if args.verbose else logging.WARNING)
     target = parse_target(args.target)
     consent = consent_from_arguments(args)
+    if args.runs is None and args.sweep is None:
+        raise LmtuneError("give a sweep (results/NAME), or --runs PATH for runs lmtune did not make")
+    if args.runs is not None and args.sweep is not None:
+        raise LmtuneError(f"give a sweep ({args.sweep}) or --runs PATH, not both")
+    if args.runs is not None:
+        if args.sharpness:
+            raise LmtuneError("--sharpness needs checkpoints lmtune can load, which runs it did not make lack; drop "
+                              "--sharpness")
+        return analyze_runs(args, target)
     if is_uri(args.sweep):  # a sweep in object storage: its files (no checkpoints) copied to results/NAME first
         local = SweepStorage.of_uri(args.sweep).fetch(Path("results"))
         print(f"copied {args.sweep} (records and trial files, no checkpoints) to {local}")
@@ -101,6 +120,23 @@ def main(argv: list[str] | None = None) -> int:
     report = write_report(sweep_dir, out_dir=Path(args.out) if args.out else None, target=target,
                           sharpness=args.sharpness, samples=args.samples, x=args.x, consent=consent)
     print("\n".join(headline(report)))
+    return 0
+
+
+def analyze_runs(args: argparse.Namespace, target: float | None) -> int:
+    """``--runs PATH``: the report of runs lmtune did not make (lmtune.report.runs_report)."""
+    from lmtune.report.external_runs import parse_lr_of
+    from lmtune.report.runs_report import steps_for_tokens, write_runs_report
+
+    report, out = write_runs_report(Path(args.runs), Path(args.out) if args.out else None, target,
+                                    parse_lr_of(args.lr_of), args.x)
+    summary = report.summary
+    lines = summary_lines(summary) if report.x == "tokens" else steps_for_tokens(summary_lines(summary))
+    notes = [f"note: {m.line()}" for m in report.missing if m.column in ("val_loss", "tokens")]
+    met = [f"target {target:g}: {'met' if summary.target.met else 'not met'}"] if target is not None else []
+    print("\n".join([f"runs {args.runs}: {len(summary.trials)} runs, compared on {report.judged_on} at equal "
+                      f"{report.x.removesuffix('s')}s", *lines, *notes, *met,
+                      f"report: {out / 'lr_sweep_analysis.md'}"]))
     return 0
 
 
