@@ -25,13 +25,14 @@ import pandas as pd
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, atomic_write_text, check_destination
-from lmtune.report.external_runs import COLUMN_NAMES, LOSSES, LoggedRun, RunsInput, read_runs
+from lmtune.report.external_runs import RunsInput, read_runs
 from lmtune.report.figures import COMPARISON, COMPARISON_WALL, LR_VS_LOSS
 from lmtune.report.markdown.edge import edge
 from lmtune.report.markdown.landscape import best_lr, landscape
 from lmtune.report.markdown.method import definitions
 from lmtune.report.markdown.runs import convergence, equal_tokens, overview, sensitivity, target, trials
 from lmtune.report.rows import json_safe
+from lmtune.report.run_tables import COLUMN_NAMES, LOSSES, LoggedRun
 from lmtune.report.sections.base import FigureInputs
 from lmtune.report.stability import TrialRecord
 from lmtune.report.summary import SweepFacts, SweepSummary, sweep_summary
