@@ -207,7 +207,7 @@ def missing_columns(found: RunsInput, judged: str, x: str) -> tuple[MissingColum
         missing.append(MissingColumn("lr_sweep_comparison.png", "train_loss", "the learning curves show val_loss "
                                      "alone"))
     if x != "tokens":
-        missing.append(MissingColumn("Loss against LR at equal token counts", "tokens",
+        missing.append(MissingColumn("Loss against LR at equal step counts", "tokens",
                                      "LRs are compared at equal steps (the figures' 'tokens' axes count steps)"))
     if not found.has("wall_time"):
         missing.append(MissingColumn(COMPARISON_WALL.file, "wall_time", "no learning curves against wall-clock "
