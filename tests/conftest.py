@@ -460,3 +460,13 @@ def drive_search(search, sweep, max_trials: int, stop_after: int | None = None,
         if round_trip is not None:
             search = round_trip(search)
     return count, search
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The user's documentation: the README and the pages of docs/ it links to (their commands and paths are checked).
+DOC_FILES = (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")))
+
+
+def docs_text() -> str:
+    """The README and every docs/ page, one text."""
+    return "\n\n".join(path.read_text() for path in DOC_FILES)

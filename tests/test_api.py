@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLE, TINY_TRIAL, USER_MODELS, run_python
+from tests.conftest import EXAMPLE, TINY_TRIAL, USER_MODELS, docs_text, run_python
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def readme_example(marker: str = "python-api-example") -> str:
-    """The Python block after the README's <!-- MARKER --> marker."""
-    text = README.read_text()
-    match = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", text, re.S)
-    assert match, f"README.md lost its Python example {marker}"
+    """The Python block after the <!-- MARKER --> marker of the docs (docs/python-api.md, docs/your-model.md)."""
+    match = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", docs_text(), re.S)
+    assert match, f"the docs lost their Python example {marker}"
     return match.group(1)
 
 

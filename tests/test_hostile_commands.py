@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import BENCH_MODEL, assert_refused, read_only, set_args, snapshot
+from conftest import BENCH_MODEL, assert_refused, docs_text, read_only, set_args, snapshot
 
 from lmtune import bench, gpu_check
 from lmtune import prepare as prepare_cli
@@ -138,7 +138,7 @@ def test_gpu_check_refuses_a_folder_as_out(tmp_path, capsys):
 
 
 def test_every_module_the_readme_names_exists():
-    text = (REPO / "README.md").read_text()
+    text = docs_text()
     named = set(re.findall(r"`((?:lmtune/)?(?:[a-z_]+/)+[a-z_]+\.py)`", text))
     missing = [name for name in named
                if not (REPO / name).exists() and not (REPO / "lmtune" / name).exists()]
@@ -148,13 +148,13 @@ def test_every_module_the_readme_names_exists():
 def test_the_readme_counts_the_commands_there_are():
     from lmtune.cli import COMMANDS
 
-    text = (REPO / "README.md").read_text()
+    text = docs_text()
     words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
     assert f"the {words[len(COMMANDS)]} commands" in text
 
 
 def test_the_readme_says_no_gpus_per_trial_value_it_refuses():
-    assert "0 hides every GPU" not in (REPO / "README.md").read_text()
+    assert "0 hides every GPU" not in docs_text()
 
 
 @pytest.mark.parametrize("module", ["bench", "diagnose"])

@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from conftest import DOC_FILES
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "lmtune"
 ADAPTER = PACKAGE / "private_apis.py"
@@ -81,7 +83,7 @@ def test_metrics_csv_is_opened_by_the_metrics_module_only():
 
 
 def test_nothing_the_user_gets_points_outside_the_project():
-    texts = {p: p.read_text() for p in [*MODULES, REPO / "README.md", *sorted((REPO / "search_spaces").glob("*.yaml"))]}
+    texts = {p: p.read_text() for p in [*MODULES, *DOC_FILES, *sorted((REPO / "search_spaces").glob("*.yaml"))]}
     pattern = re.compile(r"REFERENCE\.md|\.\./shared|the seeds'")
     leaks = [str(p.relative_to(REPO)) for p, text in texts.items() if pattern.search(text)]
     assert not leaks, leaks
@@ -300,7 +302,7 @@ def test_every_module_path_a_docstring_comment_or_the_readme_names_exists():
     """A moved or renamed module leaves no reader following a dead path: every ``lmtune.x.y`` and ``lmtune/x/y.py``
     the code's docstrings and comments, the README and benchmarks/README.md name is real."""
     pattern = re.compile(r"(?<![.\w/-])lmtune(?:\.[A-Za-z_]\w*)+|(?<![.\w/-])lmtune(?:/[A-Za-z_]\w*)+(?:\.py|/)")
-    sources = [*MODULES, REPO / "README.md", REPO / "benchmarks" / "README.md"]
+    sources = [*MODULES, *DOC_FILES, REPO / "benchmarks" / "README.md"]
     dead = sorted({f"{path.relative_to(REPO)}: {name}" for path in sources
                    for name in pattern.findall(path.read_text())
                    if not _named_path_is_real(name.rstrip("/."))})
@@ -308,8 +310,8 @@ def test_every_module_path_a_docstring_comment_or_the_readme_names_exists():
 
 
 def _layout_rows() -> list[tuple[list[str], str]]:
-    """The README's Layout table: each row's first-column paths (under lmtune/) and its whole text."""
-    text = (REPO / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    """The layout table of docs/contributing.md: each row's first-column paths (under lmtune/) and its whole text."""
+    text = (REPO / "docs" / "contributing.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     return [(re.findall(r"`([^`]+)`", row.split("|")[1]), row) for row in rows]
 
