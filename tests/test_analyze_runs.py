@@ -303,3 +303,23 @@ def test_wandb_history_rows_with_a_run_column_are_a_long_format_log(tmp_path):
     assert main(["--runs", str(log)]) == 0
     summary = json.loads((tmp_path / "history.jsonl_report" / "summary.json").read_text())
     assert (summary["best_lr"], summary["judged_on"], summary["compared_at"]) == (0.05, "val_loss", "step")
+
+
+def test_a_tune_trial_that_reported_nothing_is_skipped(tmp_path):
+    for index, (lr, losses) in enumerate({0.1: [3.0, 2.5], 0.3: [3.0, 2.0], 1.0: None}.items()):
+        trial = tmp_path / "exp" / f"trainable_0000{index}"
+        trial.mkdir(parents=True)
+        (trial / "params.json").write_text(json.dumps({"learning_rate": lr}))
+        rows = "".join(f"{loss},{step}\n" for step, loss in enumerate(losses or [], start=1))
+        (trial / "progress.csv").write_text("" if losses is None else "eval_loss,training_iteration\n" + rows)
+    assert main(["--runs", str(tmp_path / "exp")]) == 0
+    summary = json.loads((tmp_path / "exp" / "report" / "summary.json").read_text())
+    assert (summary["best_lr"], [row["lr"] for row in summary["trials"]]) == (0.3, [0.1, 0.3])
+
+
+def test_an_lr_of_naming_no_run_is_refused(tmp_path, capsys):
+    export = wandb_export(tmp_path / "wandb.csv")
+    before = snapshot(tmp_path)
+    assert_refused(main, ["--runs", str(export), "--lr-of", "wide=0.1", "--lr-of", "wdie=0.1"], capsys,
+                   "--lr-of 'wdie': no run of that name")
+    assert snapshot(tmp_path) == before

@@ -16,6 +16,7 @@ every problem found is one LmtuneError naming the file, its line and the column.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from lmtune.report.run_tables import (
     seed_cell,
     seed_in_name,
 )
+
+log = logging.getLogger(__name__)
 
 WANDB_STEP = ("Step", "step", "_step")
 WANDB_SEPARATOR = " - "
@@ -150,6 +153,20 @@ def tune_trial_folders(folder: Path) -> list[Path]:
     return sorted({p.parent for p in folder.rglob("progress.csv") if p.is_file()})
 
 
+def tune_runs(folder: Path, trials: list[Path]) -> list[LoggedRun]:
+    """The runs of a Tune experiment's trial folders; a trial whose progress.csv holds no row (it reported nothing
+    before it failed) is skipped, with a warning."""
+    runs = []
+    for trial in trials:
+        if len((trial / "progress.csv").read_text(errors="replace").strip().splitlines()) < 2:
+            log.warning("skipped %s: its progress.csv holds no row (the trial reported nothing)", trial.name)
+            continue
+        runs.append(tune_run(trial))
+    if not runs:
+        raise LmtuneError(f"--runs {folder}: no Tune trial in it reported a row (every progress.csv is empty)")
+    return runs
+
+
 def tune_run(trial: Path) -> LoggedRun:
     """A Tune trial folder's run: its LR (and seed) from params.json, its points from progress.csv."""
     params_file = trial / "params.json"
@@ -188,20 +205,30 @@ def read_runs(path: Path, lr_of: Mapping[str, float] | None = None) -> RunsInput
                           f"experiment folder or a W&B CSV export ({DOCS})")
     if path.is_file():
         shape, runs = file_runs(path, lr_of)
-        return RunsInput(path, shape, tuple(unique_names(runs)))
-    trials = tune_trial_folders(path)
-    if trials:
-        return RunsInput(path, "tune", tuple(unique_names(tune_run(trial) for trial in trials)))
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)
-    if not files:
-        raise LmtuneError(f"--runs {path} holds no .csv or .jsonl file and no Tune trial folder (progress.csv with "
-                          f"params.json); give a run log or a folder of them ({DOCS})")
-    shapes, runs = set(), []
-    for file in files:
-        shape, found = file_runs(file, lr_of)
-        shapes.add(shape)
-        runs += found
-    return RunsInput(path, shapes.pop() if len(shapes) == 1 else "log", tuple(unique_names(runs)))
+    elif trials := tune_trial_folders(path):
+        shape, runs = "tune", tune_runs(path, trials)
+    else:
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)
+        if not files:
+            raise LmtuneError(f"--runs {path} holds no .csv or .jsonl file and no Tune trial folder (progress.csv "
+                              f"with params.json); give a run log or a folder of them ({DOCS})")
+        shapes, runs = set(), []
+        for file in files:
+            found_shape, found = file_runs(file, lr_of)
+            shapes.add(found_shape)
+            runs += found
+        shape = shapes.pop() if len(shapes) == 1 else "log"
+    check_lr_of(lr_of, runs, path)
+    return RunsInput(path, shape, tuple(unique_names(runs)))
+
+
+def check_lr_of(lr_of: Mapping[str, float], runs: list[LoggedRun], path: Path) -> None:
+    """Refuse an --lr-of naming no run read (a typo would leave its run's LR to its name, or refuse it)."""
+    names = {run.name for run in runs}
+    unknown = [name for name in lr_of if name not in names]
+    if unknown:
+        listed = ", ".join(shown(name) for name in sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
+        raise LmtuneError(f"--lr-of {shown(unknown[0])}: no run of that name in {path} (its runs: {listed})")
 
 
 def file_runs(path: Path, lr_of: Mapping[str, float]) -> tuple[str, list[LoggedRun]]:
