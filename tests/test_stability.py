@@ -6,6 +6,7 @@ import pytest
 
 from lmtune.analysis.named_lrs import UsefulRange
 from lmtune.errors import LmtuneError
+from lmtune.report.comparison import SENSITIVITY_LRS
 from lmtune.report.stability import (
     TrialRecord,
     candidate_token_range,
@@ -236,15 +237,16 @@ def test_an_edge_ratio_range_is_read_only_when_both_ends_read_the_same():
     assert edge_reading_range(20.0, None) is None
 
 
-def test_lr_sensitivity_matches_the_hand_formula_at_the_full_budget():
+def test_lr_sensitivity_matches_the_hand_formula_on_the_fixed_grid():
     records = sweep()
     ell0 = 5.0
-    # l(eta): full-budget (final) val losses, diverged -> l0; l* = 2.25 (the final, not the best, val loss of t3).
-    losses = [3.0, 2.5, 2.25, 2.6, ell0, ell0]
-    expected = np.mean([min(x, ell0) - 2.25 for x in losses])
-    assert sweep_summary(records, ell0=ell0).sensitivity.value == pytest.approx(expected)
-    assert sweep_summary(records, vocab_size=100).sensitivity.value == pytest.approx(
-        np.mean([min(x, math.log(100)) - 2.25 for x in [3.0, 2.5, 2.25, 2.6, math.log(100), math.log(100)]]))
+    # Full-budget losses 3.0, 2.5, 2.25, 2.6 at 1e-4, 3e-4, 1e-3, 3e-3; 1e-2 and up diverged (l0); l* = 2.25. On the
+    # grid 1e-4, 10^-3.5, ..., 1: 10^-3.5 interpolated in log LR between 3e-4 and 1e-3; 10^-2.5 lies past the last LR
+    # that trained and below the first that diverged: not measured, left out.
+    between = 2.5 + (2.25 - 2.5) * math.log(10 ** -3.5 / 3e-4) / math.log(1e-3 / 3e-4)
+    expected = np.mean([v - 2.25 for v in [3.0, between, 2.25, ell0, ell0, ell0, ell0, ell0]])
+    found = sweep_summary(records, ell0=ell0).sensitivity
+    assert found.value == pytest.approx(expected) and (found.lrs, found.points) == (8, 9)
     # Default l0: median first train loss = 5.0 (every synthetic curve starts at 2 + 3).
     assert sweep_summary(records).sensitivity.value == pytest.approx(expected)
 
@@ -252,10 +254,24 @@ def test_lr_sensitivity_matches_the_hand_formula_at_the_full_budget():
 def test_lr_sensitivity_averages_the_seeds_of_an_lr_and_caps_bad_losses_at_l0():
     records = [make_record("a", 1e-3, val=val_at(2.0)), make_record("b", 1e-3, val=val_at(2.4)),
                make_record("c", 1e-1, val=val_at(9.0))]
-    # Per LR: 1e-3 -> 2.2 (the mean of two seeds), 1e-1 -> min(9, 5) = 5; mean of [0, 2.8].
+    # 1e-3 -> 2.2 (the mean of two seeds), 1e-1 -> min(9, 5) = 5; the grid's 1e-3 ... 1e-1 (five LRs) interpolated
+    # between: 0, 0.7, 1.4, 2.1, 2.8 over the best; 10^-0.5 and 1 lie past what was measured.
     summary = sweep_summary(records, ell0=5.0)
     assert summary.sensitivity.value == pytest.approx(1.4)
-    assert summary.sensitivity.lrs == 2
+    assert summary.sensitivity.lrs == 5
+
+
+def test_lr_sensitivity_is_read_on_the_same_grid_whichever_lrs_were_trained():
+    """issue 55: two sweeps of one loss curve, at different LRs, give one sensitivity (the curve is linear in log LR
+    between the LRs both tried)."""
+    def curve(lr: float) -> float:
+        return 2.0 + 0.5 * abs(math.log10(lr / 1e-3))
+
+    coarse = [make_record(f"c{i}", lr, val=val_at(curve(lr))) for i, lr in enumerate((1e-4, 1e-3, 1e-2))]
+    fine = [make_record(f"f{i}", lr, val=val_at(curve(lr))) for i, lr in enumerate((1e-4, 3e-4, 1e-3, 2e-3, 1e-2))]
+    one, other = (sweep_summary(r, ell0=5.0).sensitivity for r in (coarse, fine))
+    assert one.lrs == other.lrs == 5 and one.value == pytest.approx(other.value, abs=0.02)
+    assert sweep_summary(coarse, ell0=5.0).to_json()["lr_sensitivity_grid"] == list(SENSITIVITY_LRS)
 
 
 def test_lr_sensitivity_leaves_out_trials_stopped_before_the_full_budget():

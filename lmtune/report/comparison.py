@@ -105,41 +105,61 @@ def best_record(pairs: Sequence[Pair], best_lr: float | None) -> TrialRecord | N
     return min(finals, key=lambda item: item[0])[1] if finals else None
 
 
+# LR sensitivity is read on one fixed grid of LRs, the same for every sweep and every variant a report puts side by
+# side (not over whichever LRs a search happened to train): half a decade apart from 1e-4 to 1, the LRs small
+# Transformers train at with AdamW and past where they fail (the built-in corpus's runs fail above about 1.4).
+SENSITIVITY_RANGE = (1e-4, 1.0)
+SENSITIVITY_LRS = tuple(10.0 ** (k / 2) for k in range(-8, 1))
+
+
 @dataclass(frozen=True)
 class Sensitivity:
-    """LR sensitivity (Wortsman et al. 2023) at the full budget."""
+    """LR sensitivity (Wortsman et al. 2023) at the full budget, on the fixed grid SENSITIVITY_LRS."""
 
     value: float | None
-    """S = mean over LRs of min(l(eta), l0) - l* (None: no full-budget loss, or no l0)."""
+    """S = mean over the grid's covered LRs of min(l(eta), l0) - l* (None: no full-budget loss, or no l0)."""
     lrs: int
-    """How many LRs it is over (those with a full-budget loss or a divergence)."""
+    """How many of the grid's LRs it is over: those between two LRs that trained their budget (their loss
+    interpolated in log LR), or at or above a diverged LR (l0)."""
     tokens: int | None
     """The full budget's tokens it is measured at."""
+    points: int = len(SENSITIVITY_LRS)
+    """The grid's LRs (SENSITIVITY_RANGE, half a decade apart)."""
 
 
 def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> Sensitivity:
-    """LR sensitivity (Wortsman et al. 2023) at the full budget: S = mean over LRs of min(l(eta), l0) - l*,
-    with l(eta) the mean full-budget loss of the trials at eta, l0 for an LR at which a trial diverged,
-    and LRs whose trials all stopped early (ASHA, probes) left out: they have no full-budget loss."""
+    """LR sensitivity (Wortsman et al. 2023) at the full budget on the fixed grid SENSITIVITY_LRS: S = mean over its
+    LRs of min(l(eta), l0) - l*, with l(eta) the mean full-budget loss interpolated in log LR between the LRs that
+    trained their budget, l0 at and above the smallest LR at which a trial diverged, and grid LRs outside what was
+    measured left out (``lrs`` says how many count); l* the lowest mean measured."""
     if ell0 is None:
         return Sensitivity(None, 0, None)
     per_lr: dict[float, list[float]] = {}
-    diverged = set()
-    tokens = None
+    diverged, tokens = [], None
     for run, _ in pairs:
         if run.stage == "range":
             continue
         if run.diverged:
-            diverged.add(run.lr)
+            diverged.append(run.lr)
         elif (loss := run.full_loss()) is not None:
             per_lr.setdefault(run.lr, []).append(loss)
             tokens = run.budget_tokens
-    losses = {lr: ell0 if lr in diverged else float(np.mean(v)) for lr, v in per_lr.items()}
-    losses.update(dict.fromkeys(diverged, ell0))
     if not per_lr:
-        return Sensitivity(None, len(losses), tokens)
-    values = np.minimum(np.array(list(losses.values())), ell0)
-    return Sensitivity(float(np.mean(values - values.min())), len(losses), tokens)
+        return Sensitivity(None, 0, tokens)
+    first_diverged = min(diverged, default=math.inf)
+    curve = sorted((math.log(lr), min(float(np.mean(v)), ell0)) for lr, v in per_lr.items() if lr < first_diverged)
+    best = min(y for _, y in curve)
+    values = [ell0 if lr >= first_diverged else _interpolated(curve, math.log(lr)) for lr in SENSITIVITY_LRS]
+    covered = [v - best for v in values if v is not None]
+    return Sensitivity(float(np.mean(covered)) if covered else None, len(covered), tokens)
+
+
+def _interpolated(curve: list[tuple[float, float]], x: float) -> float | None:
+    """The curve's value at x, linear between its points (None outside them)."""
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return curve[0][1] if len(curve) == 1 and abs(curve[0][0] - x) < 1e-12 else None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from lmtune.analysis.runs import Budget, equal_token_losses
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.report.comparison import (
+    SENSITIVITY_LRS,
     AshaBaselineCost,
     BaselineCost,
     Convergence,
@@ -272,6 +273,7 @@ class SweepSummary(Generic[ResultT]):
                                "spikes": [asdict(spike) for spike in s.spikes]} for s in self.spiked],
                    "divergence_rule": asdict(self.divergence_rule), "lr_sensitivity": self.sensitivity.value,
                    "lr_sensitivity_lrs": self.sensitivity.lrs, "lr_sensitivity_tokens": self.sensitivity.tokens,
+                   "lr_sensitivity_grid": list(SENSITIVITY_LRS),
                    "initial_loss": self.initial_loss, "unigram_loss": self.unigram_loss,
                    "target": self.target.target,
                    "target_met": self.target.met, "target_trial": self.target.trial,

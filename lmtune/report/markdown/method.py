@@ -100,9 +100,10 @@ def definitions(summary: SweepSummary) -> list[str]:
             f"- **Basin**: the LRs whose mean full-budget loss is within {SIGNIFICANCE_SE:g} standard errors of the "
             "best's. **Degraded**: above the basin, trained through without diverging, clearly worse. Each region's "
             "ends lie between two LRs tried: that interval is its uncertainty.",
-            "- **LR sensitivity** (Wortsman et al. 2023): S = (1/|H|) Σ_{η∈H} [min(ℓ(η), ℓ₀) − ℓ*], where H is the "
-            "set of LRs with a full-budget loss or a divergence, ℓ(η) the mean full-budget val loss at η (ℓ₀ if a "
-            "trial diverged), ℓ* = min_η ℓ(η).",
+            "- **LR sensitivity** (Wortsman et al. 2023): S = (1/|H|) Σ_{η∈H} [min(ℓ(η), ℓ₀) − ℓ*], where H is "
+            "lmtune's fixed grid (1e-4 to 1, half a decade apart: the same for every sweep and variant) less the "
+            "LRs outside what was measured, ℓ(η) the mean full-budget val loss interpolated in log LR between the "
+            "LRs that trained their budget (ℓ₀ at and above a diverged LR), ℓ* the lowest mean measured.",
             "- **Best LR**: the lowest mean full-budget loss, crowned on as many seeds as any LR it beats. "
             "**Top of the useful range**: the largest LR above the best, reached through tried LRs that all "
             f"qualify, whose mean full-budget loss is within max({SIGNIFICANCE_SE:g} standard errors of the "

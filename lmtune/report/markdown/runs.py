@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from lmtune.report.comparison import SENSITIVITY_RANGE
 from lmtune.report.figures import LR_VS_LOSS
 from lmtune.report.rows import TrialRow, varied_params
 from lmtune.report.summary import SweepFacts, SweepSummary
@@ -105,12 +106,14 @@ def sensitivity(summary: SweepSummary) -> list[str]:
     found = summary.sensitivity
     if found.value is None:
         return ["## LR sensitivity", "", "Not computable: no trial trained its whole budget.", ""]
+    low, high = SENSITIVITY_RANGE
     return ["## LR sensitivity", "",
-            f"LR sensitivity (Wortsman et al. 2023) = **{found.value:.4f}** nats over "
-            f"{found.lrs} LRs at {tokens(found.tokens)} tokens (the whole "
-            f"budget; diverged LRs count as ℓ₀ = {fmt(summary.initial_loss)}, the loss at initialization; "
-            "LRs whose trials all stopped earlier are left out). Lower means the loss degrades less away from "
-            "the best LR.", ""]
+            f"LR sensitivity (Wortsman et al. 2023) = **{found.value:.4f}** nats on lmtune's fixed grid of "
+            f"{found.points} LRs half a decade apart from {low:g} to {high:g} (the same for every sweep and every "
+            f"variant, so values compare), {found.lrs} of them covered, at {tokens(found.tokens)} tokens (the whole "
+            "budget): each grid LR's loss interpolated in log LR between the LRs that trained their budget, "
+            f"ℓ₀ = {fmt(summary.initial_loss)} (the loss at initialization) at and above a diverged LR, grid LRs "
+            "outside what was measured left out. Lower means the loss degrades less away from the best LR.", ""]
 
 
 def target(summary: SweepSummary) -> list[str]:
