@@ -1,6 +1,6 @@
 """How often the compare search's verdict is right, the choice of each variant's best LR included: its false calls
 per side where the variants are the same, and how often it sees a true difference. Simulated searches, Ray-free: the
-real compare search with quick_ablations' settings (2 seeds at each best LR), driven as in
+real compare search with quick_ablations' settings (2 seeds at each best LR; ``--seeds N`` for N), driven as in
 benchmarks/compare_start.py (each run's loss a skewed parabola in ln LR plus seed noise at the quick model's
 run-to-run sd), so that every best LR is crowned as the real search crowns it, from the same candidates; then the
 report's comparison (lmtune.searches.compare.comparison.difference).
@@ -8,14 +8,15 @@ report's comparison (lmtune.searches.compare.comparison.difference).
 Where the variants are the same (null scenarios): ``same`` (three identical variants), ``flatter`` (the later
 variants' curve half as curved about the same best loss: more near-tied LRs for them to crown from than the
 reference), ``start_reference`` (identical, the later variants' searches started from the reference's answer: a
-different design from the reference's). The calibration: each null's per-side false-call rate at several levels of
-the same rule (Student's t at Welch's degrees of freedom, the level a normal's z), the shipped level 2.0. Where they
-differ (power): the later variants' best loss higher (worse) or lower (better) by 0.02-0.05 nats. Beside each row,
-the rule before issue 55 (a later variant crowned with its runs at the reference's best LR among its candidates,
-the degrees of freedom the spreads' sum). Deterministic: search i draws from seed i.
+different design from the reference's). The calibration: each null's per-side false-call rate under the same rule
+with several location terms (LOCATIONS: the run-to-run sds a crowned LR's landing adds to its mean's error), the
+shipped one LOCATION_SD; the level stays 2 SE. Where they differ (power): the later variants' best loss higher
+(worse) or lower (better) by 0.02-0.05 nats. Beside each row, the rule before issue 55 (a later variant crowned with
+its runs at the reference's best LR among its candidates, the degrees of freedom the spreads' sum, no location
+term). Deterministic: search i draws from seed i.
 
-    python benchmarks/compare_verdicts.py --scenarios same --searches 2000
-    python benchmarks/compare_verdicts.py --scenarios same,worse_0.05 --searches 500 --seeds 4
+    python benchmarks/compare_verdicts.py --scenarios same,flatter,start_reference --searches 1500
+    python benchmarks/compare_verdicts.py --scenarios same,flatter --searches 600 --seeds 4
 """
 
 from __future__ import annotations
