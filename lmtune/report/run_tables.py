@@ -180,14 +180,14 @@ def points_frame(table: Table, rows: list[tuple[int, Mapping[str, object]]]) -> 
 
 def _point(table: Table, line: int, name: str, column: str, value: float | None) -> float:
     """A cell of POINT_COLUMNS: NaN where empty; a non-finite loss as inf (NaN is 'not logged'); a step or token
-    count a whole number from 0."""
+    count must be a whole number from 0."""
     if value is None:
         return math.nan
     if column in LOSSES:
         return value if math.isfinite(value) else math.inf
-    if column in ("step", "tokens") and not (math.isfinite(value) and value >= 0):
-        raise LmtuneError(f"{table.path}, line {line}, column {name}: {value:g} is not a {column} count (a number "
-                          "from 0); fix or delete that row")
+    if column in ("step", "tokens") and not (math.isfinite(value) and value >= 0 and value.is_integer()):
+        raise LmtuneError(f"{table.path}, line {line}, column {name}: {value:g} is not a {column} count (a whole "
+                          "number from 0); fix or delete that row")
     return value if math.isfinite(value) else math.nan
 
 

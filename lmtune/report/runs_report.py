@@ -143,8 +143,11 @@ def first_nonfinite(run: LoggedRun, x: str) -> float | None:
         if loss in run.points:
             values = run.points[loss]
             bad |= (values.notna() & ~np.isfinite(values.fillna(0.0))).to_numpy()
-    where = run.points[x].to_numpy()[bad]
-    return float(np.nanmin(where)) if where.size else None
+    if not bad.any():
+        return None
+    steps = run.points[x].to_numpy()
+    where = steps[bad][np.isfinite(steps[bad])]  # (a row may log the other count alone: then its run's last)
+    return float(where.min()) if where.size else float(np.nanmax(steps))
 
 
 def last_evaluated(curve: pd.DataFrame) -> float | None:
