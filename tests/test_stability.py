@@ -203,7 +203,9 @@ def test_without_a_full_budget_trial_the_best_says_its_tokens_are_unequal():
     assert summary.to_json()["candidate_tokens"] == [20 * STEP * TOKENS_PER_STEP, 40 * STEP * TOKENS_PER_STEP]
 
 
-AS_GOOD_ABOVE = UsefulRange(top_lr=2e-3, best_lr=1e-3, next_lr=4e-3, margin=0.05, cost_at=((2, 0.01), (4, 0.3)))
+AS_GOOD_ABOVE = UsefulRange(top_lr=2e-3, best_lr=1e-3, next_lr=4e-3, margin=0.05, cost_at=((2, 0.01), (4, 0.3)),
+                            top_seeds=3)
+AS_GOOD_ON_ONE_SEED = UsefulRange(top_lr=2e-3, best_lr=1e-3, next_lr=4e-3, margin=0.05, cost_at=((2, 0.01), (4, 0.3)))
 NOTHING_AS_GOOD_ABOVE = UsefulRange(top_lr=1e-3, best_lr=1e-3, next_lr=2e-3, margin=0.05, cost_at=((2, 0.07), (4, 0.8)))
 
 
@@ -225,6 +227,11 @@ def test_a_ratio_above_4_without_a_larger_lr_as_good_reads_not_conservative_with
     reading = edge_reading(10.0, NOTHING_AS_GOOD_ABOVE)
     assert reading.startswith("far below divergence, yet not conservative")
     assert "2x the best LR costs +0.07 nats" in reading and "4x the best LR costs +0.80 nats" in reading
+
+
+def test_a_larger_lr_as_good_on_one_seed_does_not_make_the_best_conservative():
+    reading = edge_reading(10.0, AS_GOOD_ON_ONE_SEED)
+    assert not reading.startswith("conservative") and "on one seed" in reading
 
 
 def test_a_ratio_above_4_with_no_loss_measured_above_the_best_is_not_called_conservative():

@@ -45,14 +45,22 @@ class UsefulRange:
     cost_at: tuple[tuple[int, float | None], ...]
     """(multiple of the best LR, mean full-budget loss there minus the best's), interpolated in log LR between the
     LRs tried that trained their budget (None: that multiple lies outside them)."""
+    top_seeds: int = 1
+    """The seeds the top's mean is over (where it is above the best: one seed is one draw of its noise)."""
 
     @property
     def above_best(self) -> bool:
-        """A larger LR than the best was measured to be as good."""
+        """A larger LR than the best came out as good."""
         return self.top_lr > self.best_lr
 
+    @property
+    def measured_above_best(self) -> bool:
+        """A larger LR than the best came out as good on more than one seed: measured, not one draw."""
+        return self.above_best and self.top_seeds > 1
+
     def to_json(self) -> JsonObject:
-        return {"useful_top_lr": self.top_lr, "useful_top_next_lr": self.next_lr, "useful_margin": self.margin,
+        return {"useful_top_lr": self.top_lr, "useful_top_seeds": self.top_seeds, "useful_top_next_lr": self.next_lr,
+                "useful_margin": self.margin,
                 "useful_tolerance": USEFUL_TOLERANCE,
                 **{f"cost_at_{factor}x": cost for factor, cost in self.cost_at}}
 
@@ -76,7 +84,8 @@ def useful_range(ranking: list[LrResult], best: LrResult | None, sigma: float | 
         top = result
     if nxt is None and failing.diverged_lr is not None and failing.diverged_lr > top.lr:
         nxt = failing.diverged_lr
-    return UsefulRange(top.lr, best.lr, nxt, margin, tuple((f, _cost(line, best, f)) for f in COST_AT))
+    return UsefulRange(top.lr, best.lr, nxt, margin, tuple((f, _cost(line, best, f)) for f in COST_AT),
+                       len(top.losses))
 
 
 def _cost(line: list[LrResult], best: LrResult, factor: float) -> float | None:

@@ -267,9 +267,14 @@ def edge_reading(ratio: float | None, useful: UsefulRange | None = None) -> str:
     if ratio > CONSERVATIVE_ABOVE:
         if useful is None:
             return "above 4, which the rubric calls conservative; no loss above the best LR measured to check it"
-        if useful.above_best:
+        if useful.measured_above_best:
             return (f"conservative: the best LR sits well below the edge, and {useful.top_lr:.3g} "
-                    f"({useful.top_lr / useful.best_lr:.2g}x the best) was measured to be as good")
+                    f"({useful.top_lr / useful.best_lr:.2g}x the best) was measured to be as good "
+                    f"({useful.top_seeds} seeds)")
+        if useful.above_best:
+            return (f"far below divergence; whether conservative is not settled: {useful.top_lr:.3g} "
+                    f"({useful.top_lr / useful.best_lr:.2g}x the best) came out as good on one seed, one draw of its "
+                    "noise (more seeds there would settle it)")
         costs = ", ".join(f"{f}x the best LR costs {c:+.2f} nats" for f, c in useful.cost_at if c is not None)
         return ("far below divergence, yet not conservative: no larger LR was measured to be as good"
                 + (f" ({costs})" if costs else ""))

@@ -51,7 +51,9 @@ def _named_lrs(summary: SweepSummary) -> list[str]:
     if useful is not None:
         above = (f"the next LR tried, {useful.next_lr:.3g}, is worse by more than {useful.margin:.3f} nats"
                  if useful.next_lr is not None else "no LR tried above it was worse")
-        rows.append(["top of the useful range", f"**{useful.top_lr:.3g}** ({useful.top_lr / c.best.lr:.2g}x the best)",
+        seeds = f", {useful.top_seeds} seed{'s' * (useful.top_seeds > 1)}" if useful.above_best else ""
+        rows.append(["top of the useful range",
+                     f"**{useful.top_lr:.3g}** ({useful.top_lr / c.best.lr:.2g}x the best{seeds})",
                      f"the largest LR within max(2 SE, {USEFUL_TOLERANCE:g} nats) of the best's loss; {above}"])
     rows.append(["failing LR", _end(failing), "above it a run diverged or ended no better than the data's unigram "
                                               "baseline (it did not train)"])
