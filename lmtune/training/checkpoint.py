@@ -16,8 +16,10 @@ import re
 from pathlib import Path
 from typing import TypedDict
 
+import numpy as np
 import torch
 
+from lmtune.errors import LmtuneError, first_line
 from lmtune.files import JsonObject, atomic_write_bytes, atomic_write_text
 from lmtune.training.config import RunConfig
 from lmtune.training.metrics import Row
@@ -71,9 +73,22 @@ def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def plain(value: object) -> object:
+    """``value`` with every numpy scalar in it (a user's optimizer's state may hold one) made the Python number it
+    holds: what ``torch.load(weights_only=True)`` reads back."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        items = [plain(item) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
 def save_checkpoint(state: Checkpoint, path: Path) -> Path:
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save(plain(state), buffer)
     data = buffer.getvalue()
     atomic_write_bytes(path, data)
     atomic_write_text(checksum_path(path), hashlib.sha256(data).hexdigest() + "\n")
@@ -119,16 +134,45 @@ def load_latest(directory: Path) -> tuple[Checkpoint, Path] | None:
     return load_newest(periodic_checkpoints(directory))
 
 
-def load_newest(candidates: list[Path]) -> tuple[Checkpoint, Path] | None:
-    """The newest of ``candidates`` (periodic checkpoints, oldest first) that verifies."""
+def load_newest(candidates: list[Path],
+                failures: list[tuple[Path, BaseException]] | None = None) -> tuple[Checkpoint, Path] | None:
+    """The newest of ``candidates`` (periodic checkpoints, oldest first) that verifies; each one skipped is warned
+    of, or added to ``failures`` where given (the caller says what it makes of them)."""
     for candidate in reversed(candidates):
         try:
             return load_checkpoint(candidate), candidate
         # UnpicklingError: a file whose checksum matches but that torch.load refuses (corrupt before
         # it was hashed, or holding objects weights_only=True will not build) is unusable too.
         except (ValueError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
-            log.warning("skipping unusable checkpoint %s: %s", candidate, err)
+            if failures is None:
+                log.warning("skipping unusable checkpoint %s: %s", candidate, why_unusable(err))
+            else:
+                failures.append((candidate, err))
     return None
+
+
+def why_unusable(err: BaseException) -> str:
+    """Why a checkpoint did not load, in one line: torch's weights_only refusal spans a dozen lines, whose own
+    reason is the one naming the object it would not build."""
+    for line in str(err).splitlines():
+        if "WeightsUnpickler error:" in line:
+            reason = line.split(":", 1)[1].split(". Please")[0].strip()
+            return f"torch.load(weights_only=True) refused it: {reason[:200]}"
+    return re.sub(r"\x1b\[[0-9;]*m", "", first_line(err))
+
+
+def refuse_unloadable(directory: Path, failures: list[tuple[Path, BaseException]]) -> None:
+    """Refuse, in one line, a resume where no periodic checkpoint of ``directory`` loads though one was written whole
+    (its checksum file there): a restart from step 0 is not what --resume asked for. A folder of writes cut short
+    only (no checksum file: killed mid-write) starts afresh, as it always has."""
+    whole = [(path, err) for path, err in failures if checksum_path(path).exists()]
+    if whole:
+        path, err = whole[0]
+        raise LmtuneError(f"--resume: none of the {len(failures)} checkpoint(s) in {directory} can be loaded (the "
+                          f"newest, {path.name}: {why_unusable(err)}), so nothing would resume; start a new run with "
+                          f"another --out, or delete {directory} to train again from step 0")
+    for path, err in failures:
+        log.warning("skipping unusable checkpoint %s: %s", path, why_unusable(err))
 
 
 class Checkpointer:
@@ -148,7 +192,13 @@ class Checkpointer:
         """Load ``path`` (Ray Tune's restore names one) or, with ``latest``, the newest checkpoint that
         verifies into ``state``. Returns the file loaded; None means a fresh start."""
         if path is None and latest:
-            found = load_latest(self.periodic_dir)
+            failures: list[tuple[Path, BaseException]] = []
+            found = load_newest(periodic_checkpoints(self.periodic_dir), failures)
+            if found is None:
+                refuse_unloadable(self.periodic_dir, failures)
+            else:
+                for skipped, err in failures:
+                    log.warning("skipping unusable checkpoint %s: %s", skipped, why_unusable(err))
             saved, path = found if found else (None, None)
         else:
             saved = load_checkpoint(path) if path is not None else None

@@ -13,16 +13,21 @@ warmup_steps, and steps - 1, so a cosine ends at its minimum on the last step), 
 from __future__ import annotations
 
 import functools
+import io
 import math
+import numbers
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.training.checkpoint import plain
 from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.schedule import scheduled_lr
 from lmtune.usercode.config import UserCode
+from lmtune.usercode.guard import guarded
 from lmtune.usercode.imports import load
 
 
@@ -32,12 +37,9 @@ def build_user_optimizer(code: UserCode, groups: list[dict], t: TrainConfig) -> 
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise LmtuneError(f"--optimizer {code.optimizer}: names {shown(cls)}, not a subclass of "
                           "torch.optim.Optimizer; name your optimizer's class")
-    try:
+    with guarded("--optimizer", code.optimizer, f"{cls.__name__}(param_groups, lr=, betas=, eps=, weight_decay=)",
+                 "give it that signature (a small subclass can map it to yours)"):
         return cls(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
-    except Exception as err:  # noqa: BLE001 - anything the user's constructor raises
-        raise LmtuneError(f"--optimizer {code.optimizer}: {cls.__name__}(param_groups, lr=, betas=, eps=, "
-                          f"weight_decay=) raised {type(err).__name__}: {str(err).strip()[:200]}; give it that "
-                          "signature (a small subclass can map it to yours)") from None
 
 
 def check_optimizer(config: RunConfig) -> None:
@@ -56,17 +58,48 @@ def check_optimizer(config: RunConfig) -> None:
             group["lr"] = lr
         for p in probe.parameters():
             p.grad = torch.ones_like(p)
-        try:
+        with guarded("--optimizer", code.optimizer, "its step()"):
             optimizer.step()
-        except Exception as err:  # noqa: BLE001 - anything the user's step raises
-            raise LmtuneError(f"--optimizer {code.optimizer}: its step() raised {type(err).__name__}: "
-                              f"{str(err).strip()[:200]}; fix it and run again") from None
         moved = any(not torch.equal(a, p) for a, p in zip(before, probe.parameters(), strict=True))
         if moved != should_move:
             what = "changed the parameters at param_group['lr'] = 0" if moved else \
                 f"left the parameters unchanged at param_group['lr'] = {lr:g}"
             raise LmtuneError(f"--optimizer {code.optimizer}: its step() {what}: lmtune sets each group's lr before "
                               "every step (the schedule), so the step must use group['lr'], not an LR of its own")
+    check_checkpointable(optimizer, code.optimizer)
+
+
+SAVED_AS_WEIGHTS = (torch.Tensor, int, float, bool, str, type(None), torch.dtype, torch.device, torch.Size)
+"""What a checkpoint may hold (among containers: dicts, lists, tuples)."""
+
+
+def check_checkpointable(optimizer: torch.optim.Optimizer, spec: str) -> None:
+    """Refuse, in one line, an optimizer whose state a checkpoint cannot hold: every checkpoint is read back with
+    torch.load(weights_only=True) (tensors, numbers, text, lists and dicts; numpy scalars are converted at save)."""
+    with guarded("--optimizer", spec, "its state_dict()"):
+        state = optimizer.state_dict()
+    state, buffer = plain(state), io.BytesIO()
+    try:
+        torch.save(state, buffer)
+        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    except Exception:  # noqa: BLE001 - pickling or weights_only's refusal, whatever the object
+        kinds = sorted({f"{type(v).__module__}.{type(v).__qualname__}".removeprefix("builtins.")
+                        for v in _leaves(state) if not isinstance(v, SAVED_AS_WEIGHTS)})
+        raise LmtuneError(f"--optimizer {spec}: its state holds {', '.join(kinds[:3]) or 'an object'}, which a "
+                          "checkpoint cannot hold (lmtune reads checkpoints back with torch.load(weights_only=True), "
+                          "which builds no other objects); keep tensors and Python numbers in the optimizer's "
+                          "state") from None
+
+
+def _leaves(value: object):
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
 
 
 def schedule_arguments(t: TrainConfig) -> tuple[float, float, int, int]:
@@ -95,22 +128,33 @@ def user_schedule(config: RunConfig) -> Callable[[int], float]:
 
 
 def _lr(function: Callable, it: int, arguments: tuple, spec: str) -> float:
-    try:
+    with guarded("--schedule", spec, f"calling it as f({it}, {', '.join(f'{a:g}' for a in arguments)})",
+                 "lmtune calls f(it, max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters)"):
         value = function(it, *arguments)
-    except Exception as err:  # noqa: BLE001 - anything the user's function raises
-        raise LmtuneError(f"--schedule {spec}: calling it as f({it}, {', '.join(f'{a:g}' for a in arguments)}) "
-                          f"raised {type(err).__name__}: {str(err).strip()[:200]}; lmtune calls f(it, "
-                          "max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters)") from None
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if callable(value):
         raise LmtuneError(f"--schedule {spec}: returned a function, not a learning rate; name a function "
                           "f(it, max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters) -> float "
                           "(a small wrapper around yours)")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+    number = real_number(value)
+    if number is None or not math.isfinite(number) or number < 0:
         raise LmtuneError(f"--schedule {spec}: gave {shown(value)} at step {it}; a learning rate is a finite "
                           "number >= 0")
-    return float(value)
+    return number
+
+
+def real_number(value: object) -> float | None:
+    """``value`` as a float where it is a real number (int, float, numpy's, Fraction, Decimal, any object with
+    __float__ but a bool or a complex), else None."""
+    if isinstance(value, bool | np.bool_ | complex | np.complexfloating | str | bytes):
+        return None
+    if not (isinstance(value, numbers.Real | np.number) or hasattr(value, "__float__")):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def step_lr_function(config: RunConfig) -> Callable[[int], float]:
