@@ -19,7 +19,7 @@ from lmtune.cli import prog
 from lmtune.data.documents import EOT
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.training.device import resolve_device
-from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate, load_model
+from lmtune.training.sampling import DEFAULT_PROMPT, MAX_SEED, SampleSettings, generate, load_model
 from lmtune.usercode.consent import add_consent_arguments, consent_from_arguments
 
 DEFAULTS = SampleSettings()
@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     settings.validate()
     if not 1 <= args.samples <= 100:
         raise LmtuneError(f"--samples must be from 1 to 100 (got {args.samples})")
+    if args.seed + args.samples - 1 > MAX_SEED:
+        raise LmtuneError(f"--seed with --samples {args.samples} draws seeds up to {args.seed + args.samples - 1}: "
+                          f"--seed must be from 0 to {MAX_SEED - args.samples + 1}")
     consent = consent_from_arguments(args)
     model, config = load_model(args.checkpoint, resolve_device(args.device), consent)
     tokenizer = run_tokenizer(args, config.data_dir)
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = tokenizer.token_to_id(EOT) if tokenizer is not None else None
     for k in range(args.samples):
         ids = generate(model, prompt, SampleSettings(settings.max_tokens, settings.temperature, settings.top_p,
-                                                     settings.seed + k), config.model.context_length, stop)
+                                                     settings.seed + k), config.model.context_length, stop,
+                       config.code.model)
         if args.samples > 1:
             print(f"--- sample {k + 1} (seed {settings.seed + k}) ---")
         if tokenizer is None:

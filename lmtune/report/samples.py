@@ -5,7 +5,7 @@ data's end-of-text token, shown as token ids.
 A sample needs the model's code: lmtune's, or the user's. The user's is code the sweep's folder names, imported only
 with the consent of the command writing the report (``analyze --trust-code``, or ``--model`` naming the user's own
 copy: lmtune.usercode.consent). Where there is none, or the model cannot be built here (the user's code is not
-importable on this machine, the checkpoint is gone), the report says why instead.
+importable on this machine, the checkpoint is gone, its forward raises), the report says why instead.
 """
 
 from __future__ import annotations
@@ -48,7 +48,11 @@ def best_samples(best_trial_dir: str | None, count: int,
     samples = []
     for seed in range(count):
         settings = SampleSettings(REPORT_SAMPLING.max_tokens, REPORT_SAMPLING.temperature, REPORT_SAMPLING.top_p, seed)
-        ids = generate(model, prompt, settings, config.model.context_length, stop)
+        try:  # (the user's forward is guarded: whatever it raises is one line naming its file and line)
+            ids = generate(model, prompt, settings, config.model.context_length, stop, config.code.model)
+        except LmtuneError as err:
+            log.warning("no samples in the report: %s", err)
+            return (), f"not drawn: {err}"
         text = tokenizer.decode(ids) if tokenizer is not None else " ".join(map(str, ids))
         shown = DEFAULT_PROMPT if tokenizer is not None else " ".join(map(str, prompt))
         samples.append(Sample(seed, shown, text, len(ids)))

@@ -19,12 +19,15 @@ import torch
 from torch import nn
 
 from lmtune.errors import LmtuneError
-from lmtune.training.checkpoint import load_checkpoint
+from lmtune.training.checkpoint import load_checkpoint, why_unusable
 from lmtune.training.config import RunConfig
 from lmtune.training.lm import build_model
 from lmtune.training.state import check_same_parameters
 from lmtune.usercode.consent import NO_CONSENT, CodeConsent, only_consented_code
+from lmtune.usercode.guard import user_call
 
+# The largest seed a draw takes (torch.Generator.manual_seed's: an unsigned 64-bit integer).
+MAX_SEED = 2**64 - 1
 # The prompt a sample starts from unless told otherwise (CS336's: its models learn TinyStories).
 DEFAULT_PROMPT = "Once upon a time"
 
@@ -49,6 +52,8 @@ class SampleSettings:
             raise LmtuneError(f"--temperature must be a number >= 0 (0: greedy; got {self.temperature})")
         if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             raise LmtuneError(f"--top-p must be in (0, 1] (got {self.top_p})")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise LmtuneError(f"--seed must be from 0 to {MAX_SEED} (got {self.seed})")
 
 
 def load_model(checkpoint: Path, device: torch.device,
@@ -64,8 +69,8 @@ def load_model(checkpoint: Path, device: torch.device,
         config = RunConfig.from_dict(saved["config"])
         weights = saved["model"]
     except (ValueError, RuntimeError, EOFError, OSError, KeyError, TypeError, pickle.UnpicklingError) as err:
-        raise LmtuneError(f"{checkpoint} is not a usable lmtune checkpoint ({type(err).__name__}: {err}); give a "
-                          "run's checkpoints/best.pt") from None
+        raise LmtuneError(f"{checkpoint} is not a usable lmtune checkpoint ({why_unusable(err)}); give a run's "
+                          "checkpoints/best.pt") from None
     config.code = consent.code_for(config.code, str(checkpoint))
     with only_consented_code(consent):
         model = build_model(config, device)
@@ -76,9 +81,10 @@ def load_model(checkpoint: Path, device: torch.device,
 
 @torch.no_grad()
 def generate(model: nn.Module, prompt: list[int], settings: SampleSettings, context_length: int,
-             stop_id: int | None = None) -> list[int]:
+             stop_id: int | None = None, spec: str = "") -> list[int]:
     """Up to ``settings.max_tokens`` token ids following ``prompt`` (which must hold at least one token), ending
-    before ``stop_id`` when the model draws it."""
+    before ``stop_id`` when the model draws it. ``spec``: the user's model's code, whose forward is guarded (whatever
+    it raises one line naming its file and line: lmtune.usercode.guard); '' for lmtune's own model."""
     if not prompt:
         raise LmtuneError("the prompt holds no tokens; give a prompt of at least one token")
     device = next(model.parameters()).device
@@ -86,7 +92,9 @@ def generate(model: nn.Module, prompt: list[int], settings: SampleSettings, cont
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
     generated: list[int] = []
     for _ in range(settings.max_tokens):
-        logits = model(ids[:, -context_length:])[0, -1].float().cpu()
+        window = ids[:, -context_length:]
+        with user_call(spec, f"forward(token_ids of shape {tuple(window.shape)}) while sampling"):
+            logits = model(window)[0, -1].float().cpu()
         token = next_token(logits, settings, generator)
         if token == stop_id:
             break

@@ -7,14 +7,17 @@ a throw-away copy of the model, built on the CPU at the run's shape:
 - ``forward(token_ids[2, T])`` returns one floating-point tensor of shape [2, T, vocab_size], finite;
 - those are logits: not probabilities (every row summing to one) nor log-probabilities (every row's logsumexp 0),
   from which the cross-entropy lmtune computes would be wrong;
+- it is deterministic in eval mode (the same tokens twice give the same logits: dropout follows self.training);
 - it is causal: changing the later half of the tokens leaves the earlier positions' logits unchanged (otherwise the
   model sees the tokens it predicts, and its loss means nothing);
-- every trainable parameter gets a gradient from the loss (a warning, naming those that do not);
+- a forward and backward on one token fewer run, and every trainable parameter gets a gradient from the loss (a
+  warning, naming those that do not);
 - a second build shares no parameter or buffer with the first (a module-level cache): such a model cannot fuse, and
   its trials each get a process of their own (``CodeCheck.shared``).
 
-The optimizer and the schedule are checked by lmtune.usercode.optim. ``fusing_refusal`` says why a model cannot be
-trained as a fused group (lmtune.fused), trying one fused step.
+Every call into the user's code is guarded (lmtune.usercode.guard): whatever it raises is one line naming its file
+and line. The optimizer and the schedule are checked by lmtune.usercode.optim. ``fusing_refusal`` says why a model
+cannot be trained as a fused group (lmtune.fused), trying one fused step.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from lmtune.training.config import RunConfig
 from lmtune.training.lm import LanguageModelLoss, build_model
 from lmtune.training.model import lm_loss
 from lmtune.training.state import seed_everything
+from lmtune.usercode.guard import guarded
 from lmtune.usercode.model import check_host_memory
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,8 @@ log = logging.getLogger(__name__)
 CPU = torch.device("cpu")
 # The window the checks run the model on: long enough to see a causal mask, short enough to be quick at any size.
 CHECK_TOKENS = 32
+WINDOWS = "lmtune feeds windows of up to context_length token ids (shorter ones too: the checks, sample) and needs " \
+    "logits back"
 
 
 @dataclass(frozen=True)
@@ -115,12 +121,8 @@ def _fresh(config: RunConfig) -> nn.Module:
 
 def _logits(model: nn.Module, x: torch.Tensor, spec: str, vocab: int) -> torch.Tensor:
     shape = tuple(x.shape)
-    try:
+    with guarded("--model", spec, f"forward(token_ids of shape {shape}, int64)", WINDOWS):
         out = model(x)
-    except Exception as err:  # noqa: BLE001 - anything the user's forward raises
-        raise LmtuneError(f"--model {spec}: forward(token_ids of shape {shape}, int64) raised {type(err).__name__}: "
-                          f"{str(err).strip()[:200]}; lmtune feeds windows of up to context_length token ids and "
-                          "needs logits back") from None
     if not isinstance(out, torch.Tensor):
         raise LmtuneError(f"--model {spec}: forward(token_ids) returned a {type(out).__name__}, not a tensor of "
                           f"logits (batch, seq, vocab_size={vocab}); return the logits alone (a factory can wrap "
@@ -146,13 +148,20 @@ def _check_logits(logits: torch.Tensor, spec: str) -> None:
 
 
 def _check_causal(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, spec: str, vocab: int) -> None:
-    """Changing the second half of the tokens must leave the first half's logits as they were."""
+    """Changing the second half of the tokens must leave the first half's logits as they were; the same tokens given
+    again first must give the same logits (else the change tells nothing: a forward drawing random numbers)."""
     cut = x.shape[1] // 2
+    tolerance = 1e-4 * max(1.0, float(logits.abs().max()))
+    again = _logits(model, x, spec, vocab)
+    if (drift := float((again - logits).abs().max())) > tolerance:
+        raise LmtuneError(f"--model {spec}: is not deterministic in eval mode: the same token ids gave logits "
+                          f"differing by {drift:.3g} on a second call (dropout or other randomness applied whatever "
+                          "model.eval() says?); lmtune evaluates in eval mode, so make it follow self.training, e.g. "
+                          "F.dropout(x, p, training=self.training)")
     changed = x.clone()
     changed[:, cut:] = (x[:, cut:] + 1) % vocab
-    other = model(changed).float()
+    other = _logits(model, changed, spec, vocab)
     difference = (other[:, :cut] - logits[:, :cut]).abs().amax(dim=(0, 2))
-    tolerance = 1e-4 * max(1.0, float(logits.abs().max()))
     if (difference > tolerance).any():
         position = int((difference > tolerance).nonzero()[0])
         raise LmtuneError(f"--model {spec}: is not causal: changing the tokens at positions {cut} and later changed "
@@ -168,14 +177,17 @@ HIGH_INITIAL_LOSS = 1.5
 def _without_gradient(model: nn.Module, x: torch.Tensor, config: RunConfig) -> list[str]:
     """The trainable parameters the loss of one step gives no (or an all-zero) gradient, warned about; and a fresh
     model's loss far above ln(vocab), which lmtune's divergence rule takes as where a fresh model starts."""
-    loss = lm_loss(model(x[:, :-1]), x[:, 1:], config.model.z_loss)
+    spec, inputs = config.code.model, x[:, :-1]
+    with guarded("--model", spec, f"the gradient check (forward of token_ids of shape {tuple(inputs.shape)}, the "
+                 "loss, backward)", WINDOWS):
+        loss = lm_loss(model(inputs), x[:, 1:], config.model.z_loss)
+        loss.backward()
     uniform = math.log(config.model.vocab_size)
     if float(loss.detach()) > HIGH_INITIAL_LOSS * uniform:
         log.warning("--model %s: a fresh model's loss is %.1f nats, far above ln(vocab) = %.2f (a uniform guess), "
                     "where lmtune's divergence rule starts: a run whose budget ends above %.2f is judged diverged; "
                     "a smaller initialization of the output layer starts the model near it", config.code.model,
                     float(loss.detach()), uniform, uniform)
-    loss.backward()
     missing = [name for name, p in model.named_parameters()
                if p.requires_grad and (p.grad is None or not bool(p.grad.any()))]
     model.zero_grad(set_to_none=True)

@@ -108,6 +108,11 @@ def only_consented_code(consent: CodeConsent) -> Iterator[None]:
         _ACTIVE.pop()
 
 
+def reading_a_folder() -> bool:
+    """Whether a command is reading a results folder's code now (``only_consented_code``)."""
+    return bool(_ACTIVE)
+
+
 def check_import(spec: str, flag: str) -> None:
     """Refuse, in one line, importing ``spec`` where a command reads a folder without consent to it."""
     if _ACTIVE and not _ACTIVE[-1].allows(spec):

@@ -1,11 +1,13 @@
 """Importing the user's code from a spec (``MODULE:NAME`` or ``PATH.py:NAME``; lmtune.usercode.config), in the driver
 and again in every trial process, each problem one line naming the flag and the fix.
 
-A module is looked up as ``python -m`` would: from the current directory (added to ``sys.path`` when the console
-script started without it) and ``PYTHONPATH``. A file is loaded as a module of its own, its folder put on
-``sys.path`` first so that it can import its neighbours. ``code_path`` lists the folders the code came from, which a
-sweep's trials add to their own ``sys.path``; an object handed over in Python (``lmtune.Sweep(model=MyModel)``) is
-``register``ed under a spec and travels to the trials as an object (``objects``).
+A module is looked up as ``python -m`` would: from the current directory (added to ``sys.path`` when the console script
+started without it) and ``PYTHONPATH``. A file is loaded as a module of its own, its folder appended to ``sys.path`` so
+that it can import its neighbours (last: a neighbour named as a standard module, ``profile.py``, shadows nothing, and is
+warned of). Anything the import raises, ``SystemExit`` included, is one line naming the user's file and line
+(lmtune.usercode.guard); ``sys.argv`` is [the module's file] meanwhile. ``code_path`` lists the folders the code came
+from, which a sweep's trials add to their own ``sys.path``; an object handed over in Python
+(``lmtune.Sweep(model=MyModel)``) is ``register``ed under a spec and travels to the trials as an object (``objects``).
 """
 
 from __future__ import annotations
@@ -13,15 +15,18 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
-import traceback
 from collections.abc import Iterable
 from pathlib import Path
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.usercode.config import is_file_spec
-from lmtune.usercode.consent import check_import
+from lmtune.usercode.consent import check_import, reading_a_folder
+from lmtune.usercode.guard import argv_of, guarded
+
+log = logging.getLogger(__name__)
 
 HANDED_OVER = "python"
 """The module part of the spec of an object handed over in Python that no import gives back (python:NAME)."""
@@ -61,49 +66,61 @@ def _module(name: str, spec: str, flag: str):
     if cwd not in sys.path and "" not in sys.path:  # the console script starts without it; python -m with it
         sys.path.append(cwd)
     try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name and name.startswith(err.name) and (err.name == name or name[len(err.name)] == "."):
-            raise LmtuneError(f"{flag} {shown(spec)}: no module named {err.name!r} from {cwd} or PYTHONPATH; run "
-                              "from the folder that holds it, add that folder to PYTHONPATH, or give the file: "
+        with guarded(flag, spec, f"importing {name}"), argv_of(name):
+            return importlib.import_module(name)
+    except LmtuneError as err:
+        missing = err.__context__
+        if isinstance(missing, ModuleNotFoundError) and missing.name and name.startswith(missing.name) \
+                and (missing.name == name or name[len(missing.name)] == "."):
+            raise LmtuneError(f"{flag} {shown(spec)}: no module named {missing.name!r} from {cwd} or PYTHONPATH; "
+                              "run from the folder that holds it, add that folder to PYTHONPATH, or give the file: "
                               f"path/to/{name.split('.')[-1]}.py:{spec.rpartition(':')[2]}") from None
-        raise LmtuneError(f"{flag} {shown(spec)}: importing {name} failed: {_where_it_failed(err)}") from None
-    except Exception as err:  # noqa: BLE001 - anything the user's module raises while it is imported
-        raise LmtuneError(f"{flag} {shown(spec)}: importing {name} failed: {_where_it_failed(err)}") from None
+        raise
 
 
 def _file_module(where: str, spec: str, flag: str):
     path = Path(where).resolve()
     if not path.is_file():
-        raise LmtuneError(f"{flag} {shown(spec)}: no file {path} on this machine; give the path of your .py file, or "
-                          "install your code on every node and name it as MODULE:NAME")
+        raise LmtuneError(missing_file(path, spec, flag))
     # One module per file, named after its path, so two files of one name never collide.
     name = f"lmtune_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
     folder = str(path.parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    if folder not in sys.path:  # last: a file beside the model named as a standard module (profile.py) shadows nothing
+        sys.path.append(folder)
+        warn_shadowing(path.parent, spec, flag)
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # before running it: dataclasses, pickling and torch.compile look it up there
     try:
-        module_spec.loader.exec_module(module)
-    except Exception as err:  # noqa: BLE001 - anything the user's file raises while it runs
+        with guarded(flag, spec, f"running {path.name}"), argv_of(str(path)):
+            module_spec.loader.exec_module(module)
+    except LmtuneError:
         del sys.modules[name]
-        raise LmtuneError(f"{flag} {shown(spec)}: running {path.name} failed: {_where_it_failed(err)}") from None
+        raise
     return module
 
 
-def _where_it_failed(err: BaseException) -> str:
-    """The error and the innermost line of the user's code it came from, as one line."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
-    at = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    if isinstance(err, SyntaxError):
-        at = f" ({Path(err.filename or '?').name}:{err.lineno})"
-        return f"SyntaxError: {err.msg}{at}; fix it and run again"
-    text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-    return f"{type(err).__name__}: {text}{at}; fix it and run again"
+def missing_file(path: Path, spec: str, flag: str) -> str:
+    """The one line of a code file that is not there: a results folder's (sample, analyze: --model names the user's
+    copy) or the user's own flag's."""
+    if reading_a_folder():
+        return (f"the checkpoint's model {shown(spec)}: no file {path} on this machine (moved, or trained elsewhere); "
+                "give --model PATH:NAME naming your copy of the model's file")
+    return (f"{flag} {shown(spec)}: no file {path} on this machine; give the path of your .py file, or install your "
+            "code on every node and name it as MODULE:NAME")
+
+
+def warn_shadowing(folder: Path, spec: str, flag: str) -> None:
+    """Warn, by name, of the files and packages beside the user's file that a standard module's name would import
+    from there if that folder came first on sys.path (lmtune appends it: the standard module is imported)."""
+    names = sorted({p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")})
+    shadowing = [name for name in names if name in sys.stdlib_module_names]
+    if shadowing:
+        log.warning("%s %s: %s beside it %s the name of Python's standard module%s: `import %s` gets the standard "
+                    "one, not yours; rename yours", flag, spec, ", ".join(f"{n}.py" for n in shadowing),
+                    "has" if len(shadowing) == 1 else "have", "" if len(shadowing) == 1 else "s", shadowing[0])
 
 
 def code_path(specs: Iterable[str]) -> list[str]:
@@ -137,21 +154,39 @@ def add_to_sys_path(folders: Iterable[str]) -> None:
 
 
 def register(obj: object) -> str:
-    """A spec for an object handed over in Python (a class or function): its module and name where importing them
-    gives this very object, else ``python:NAME`` (a class of a script, or of a notebook), kept in this process and
-    sent to the trials as the object itself (``objects``)."""
+    """A spec for an object handed over in Python (a class, a function, a functools.partial or any callable but a
+    model's instance): its module and name where importing them gives this very object, else ``python:NAME`` (a
+    class of a script, or of a notebook), kept in this process and sent to the trials as the object itself
+    (``objects``)."""
+    if _is_module_instance(obj):
+        raise LmtuneError(f"a {type(obj).__name__} instance (a built torch.nn.Module) is not a class or function: "
+                          f"lmtune builds a fresh model for every run; give its class ({type(obj).__name__}), or a "
+                          "function returning an instance")
+    if not callable(obj):
+        raise LmtuneError(f"a {type(obj).__name__} ({shown(obj)[:40]!r}) is not a class or function; give one, or "
+                          "its MODULE:NAME")
     module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not callable(obj) or not name:
-        raise LmtuneError(f"{shown(obj)} is not a class or function; give one, or its MODULE:NAME")
-    if module and module != "__main__" and "<locals>" not in name:
+    if module and name and module != "__main__" and "<locals>" not in name:
         try:
             if load(f"{module}:{name}", "model") is obj:
                 return f"{module}:{name}"
         except LmtuneError:
             pass
-    spec = f"{HANDED_OVER}:{name.replace('<locals>.', '')}"
+    inner = getattr(obj, "func", None)  # a functools.partial: named after what it calls
+    base = (name or getattr(inner, "__qualname__", None) or type(obj).__name__).replace("<locals>.", "")
+    spec = f"{HANDED_OVER}:{base}" if name else f"{HANDED_OVER}:{base}_{type(obj).__name__}"
+    taken = 1
+    while _REGISTERED.get(spec, obj) is not obj:  # another object of that name handed over before: a spec of its own
+        taken += 1
+        spec = f"{HANDED_OVER}:{base}_{taken}"
     _REGISTERED[spec] = obj
     return spec
+
+
+def _is_module_instance(obj: object) -> bool:
+    """Whether ``obj`` is a torch.nn.Module instance (without importing torch here)."""
+    return not isinstance(obj, type) and any(
+        cls.__name__ == "Module" and cls.__module__.startswith("torch.nn") for cls in type(obj).__mro__)
 
 
 def objects(specs: Iterable[str]) -> dict[str, object]:

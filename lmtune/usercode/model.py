@@ -26,6 +26,7 @@ from lmtune.training.device import available_memory_bytes
 from lmtune.training.model import count_parameters
 from lmtune.training.model_config import ModelConfig
 from lmtune.usercode.config import UserCode
+from lmtune.usercode.guard import guarded
 from lmtune.usercode.imports import load
 
 log = logging.getLogger(__name__)
@@ -79,20 +80,15 @@ def build_user_model(code: UserCode, model: ModelConfig, device: torch.device,
     parameters then converted to ``dtype`` where another is asked for (float64 to check arithmetic): the same
     weights whatever the dtype, as lmtune's own model's."""
     factory = load(code.model, "--model")
-    if not callable(factory):
+    if isinstance(factory, nn.Module) or not callable(factory):
         raise LmtuneError(f"--model {code.model}: names a {type(factory).__name__}, not a class or function; name "
-                          "the callable that builds your model")
+                          "the callable that builds your model (lmtune builds a fresh one per run)")
     kwargs = constructor_kwargs(code, model)
     placement = {"device": device, "dtype": torch.float32}
     extra = {name: placement[name] for name in accepted_placement(factory, kwargs, code.model)}
-    try:
+    args = ", ".join(f"{k}={shown(v)}" for k, v in kwargs.items())
+    with guarded("--model", code.model, f"building it with ({args})", "check the model's code or its arguments"):
         built = factory(**kwargs, **extra)
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except Exception as err:  # noqa: BLE001 - anything the user's constructor raises
-        args = ", ".join(f"{k}={shown(v)}" for k, v in kwargs.items())
-        raise LmtuneError(f"--model {code.model}: building it with ({args}) raised {type(err).__name__}: "
-                          f"{str(err).strip()[:200]}; check the model's code or its arguments") from None
     if not isinstance(built, nn.Module):
         raise LmtuneError(f"--model {code.model}: returned a {type(built).__name__}, not a torch.nn.Module; "
                           "name the class (or a function returning an instance) of your model")
