@@ -17,26 +17,28 @@ from lmtune.analysis.conclusion import Conclusion, conclude
 from lmtune.analysis.runs import Budget, equal_token_losses
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.report.comparison import (
-    SENSITIVITY_LRS,
+from lmtune.report.baselines import (
     AshaBaselineCost,
     BaselineCost,
+    GridCost,
+    careful_baseline,
+    competent_baseline,
+    same_resolution_grid,
+)
+from lmtune.report.comparison import (
+    SENSITIVITY_LRS,
     Convergence,
     EqualTokenLosses,
-    GridCost,
     LogitGrowth,
     Pair,
     Sensitivity,
     Stage,
     StageDecision,
     best_record,
-    careful_baseline,
-    competent_baseline,
     full_budget_convergence,
     full_budget_sensitivity,
     logit_growth,
     record_runs,
-    same_resolution_grid,
     stage_accounting,
     standing_pairs,
 )

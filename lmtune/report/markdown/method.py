@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lmtune.analysis.named_lrs import USEFUL_TOLERANCE
 from lmtune.analysis.runs import SIGNIFICANCE_SE
-from lmtune.report.comparison import BASELINE_GRID_RATIO
+from lmtune.report.baselines import BASELINE_GRID_RATIO
 from lmtune.report.figures import RANGE_TEST
 from lmtune.report.summary import SweepFacts, SweepSummary
 from lmtune.report.text import fmt, lr, table, tokens

@@ -6,7 +6,7 @@ The verdict's rule: two best mean losses differ where their difference exceeds a
 difference; the threshold is Student's t at the level of 2 SE of a normal (95.4% two-sided, 2.3% a side) for
 Welch-Satterthwaite's degrees of freedom of the difference (each side's pooled sd with its own degrees of freedom:
 ``welch_dof``), not their sum, which overstates them where one side's error dominates. Each best mean's error has
-two parts: the seeds' noise (its variant's pooled run-to-run sd over √seeds) and where its crowned LR landed
+two parts: the noise of its seeds (its variant's pooled run-to-run sd over √seeds) and where its crowned LR landed
 (LOCATION_SD sds, whatever the seeds: the search chooses the LR on one seed's losses, so its true loss lies a little
 above its variant's optimum, by a different amount in every search: in the simulation below, the true losses at
 two identical variants' crowned LRs differed by 0.021 nats sd, at 2 seeds and at 4).
@@ -246,7 +246,7 @@ def welch_dof(a: float, b: float, dof_a: float, dof_b: float) -> float:
 
 
 def _squared_error(spread: Spread, seeds: int) -> float:
-    """The squared standard error of a crowned best LR's mean loss as its variant's best: the seeds' noise (sd^2 /
+    """The squared standard error of a crowned best LR's mean loss as its variant's best: the noise of its seeds (sd^2 /
     seeds) and where the crowned LR landed (LOCATION_SD sds, whatever the seeds)."""
     return spread.sd ** 2 * (1 / seeds + LOCATION_SD ** 2)
 

@@ -1,0 +1,125 @@
+"""What an adaptive search's tokens are compared with, from its runs: a plain grid as fine as its bracket, the
+baseline a competent user would train by hand for the same answers (a grid 2x apart, bisection, the same seeds, each
+to the full budget) and the one a careful user with Ray Tune would run instead (that grid under ASHA)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lmtune.analysis.runs import Budget
+from lmtune.report.comparison import Pair
+
+
+@dataclass(frozen=True)
+class GridCost:
+    """What a plain grid resolving the edge as finely would train."""
+
+    points: int
+    """LRs, from the smallest to the largest tried, ``ratio`` apart."""
+    ratio: float
+    """The bracket ratio the search reached."""
+    low: float
+    """The smallest LR tried."""
+    high: float
+    """The largest LR tried."""
+    tokens: int
+    """Each LR trained to the full budget once."""
+
+
+def same_resolution_grid(pairs: Sequence[Pair], resolution: float | None, budget: Budget) -> GridCost | None:
+    """What a plain grid would cost to resolve the edge as finely: LRs from the smallest to the largest
+    tried, ``resolution`` apart (the bracket ratio reached), each trained to the full budget once."""
+    lrs = [run.lr for run, _ in pairs if run.stage != "range"]
+    if not lrs or resolution is None or resolution <= 1 or min(lrs) <= 0:
+        return None
+    points = math.ceil(math.log(max(lrs) / min(lrs)) / math.log(resolution) - 1e-9) + 1
+    return GridCost(points, resolution, min(lrs), max(lrs), points * budget.full_tokens)
+
+
+@dataclass(frozen=True)
+class BaselineCost:
+    """What a competent user would train by hand for the same answer: a grid 2x apart over the LRs the search tried,
+    bisection of its edge bracket down to the search's, and as many seeds at the best LR and at the bracket's ends."""
+
+    grid_points: int
+    """LRs 2x apart from the smallest to the largest the search tried, each trained to the full budget once."""
+    bisections: int
+    """Full-budget runs halving the grid's 2x edge bracket (in log LR) until it is as narrow as the search's."""
+    extra_seeds: int
+    """Further seeds: the search's at its best LR and at the bracket's two ends, beyond the one each already has."""
+    tokens: int
+    """All of them at the full budget."""
+
+    @property
+    def runs(self) -> int:
+        return self.grid_points + self.bisections + self.extra_seeds
+
+
+# The grid a competent user starts from: LRs this far apart (a factor of 2, as the usual 1e-4, 2e-4, 4e-4, ...).
+BASELINE_GRID_RATIO = 2.0
+
+
+def competent_baseline(pairs: Sequence[Pair], best_seeds: int, edge_seeds: tuple[int, int], resolution: float | None,
+                       budget: Budget) -> BaselineCost | None:
+    """The hand-run baseline for an adaptive search (``BaselineCost``): ``best_seeds`` seeds at its best LR,
+    ``edge_seeds`` (stable end's, failed end's), its bracket ``resolution`` (None: no bracket, no bisection)."""
+    lrs = [run.lr for run, _ in pairs if run.stage != "range"]
+    if not lrs or min(lrs) <= 0:
+        return None
+    points = math.ceil(math.log(max(lrs) / min(lrs)) / math.log(BASELINE_GRID_RATIO) - 1e-9) + 1
+    bisections = 0
+    if resolution is not None and 1 < resolution < BASELINE_GRID_RATIO:
+        bisections = math.ceil(math.log2(math.log(BASELINE_GRID_RATIO) / math.log(resolution)) - 1e-9)
+    extra = max(0, best_seeds - 1) + sum(max(0, seeds - 1) for seeds in edge_seeds)
+    return BaselineCost(points, bisections, extra, (points + bisections + extra) * budget.full_tokens)
+
+
+@dataclass(frozen=True)
+class AshaBaselineCost:
+    """What a careful user would train with the same tools (issue 55): the competent baseline's 2x grid run under
+    ASHA with the sweep's rungs (successive halving: a 1/eta of the LRs goes on at each rung), the best grid LRs
+    continued to the full budget (the best and its two neighbours), the grid's failing bracket (its two ends, cut at
+    the first rung) continued to the full budget, then the same bisections and seeds as the competent baseline.
+    An estimate from counts, not a run: it assumes ASHA keeps exactly a 1/eta at each rung."""
+
+    grid_points: int
+    """LRs 2x apart over the LRs the search tried."""
+    at_rungs: tuple[int, ...]
+    """How many of them reach each rung, the last one the full budget."""
+    continued: int
+    """Grid LRs near the best continued from the last rung below the full budget, beyond those ASHA let through."""
+    bracket_ends: int
+    """The grid's failing bracket's two ends continued from the first rung (0: no bracket)."""
+    bisections: int
+    """Full-budget runs halving the grid's bracket to the search's."""
+    extra_seeds: int
+    """Further full-budget seeds at the best LR and the bracket's ends."""
+    tokens: int
+    """All of them."""
+
+
+# The best grid LR and its two neighbours end at the full budget (the best LR is read between its neighbours).
+CAREFUL_FULL_BUDGET_LRS = 3
+
+
+def careful_baseline(competent: BaselineCost | None, budget: Budget, bracketed: bool) -> AshaBaselineCost | None:
+    """The competent baseline (``competent_baseline``) under ASHA over ``budget``'s rungs, its reduction factor their
+    ratio (None: the sweep compared at one rung, ran no ASHA: no such baseline to price); ``bracketed``: the search
+    bracketed where training fails."""
+    rungs, full = budget.rungs, budget.full_tokens
+    if competent is None or len(rungs) < 2 or rungs[0] <= 0:
+        return None
+    reduction_factor = rungs[1] / rungs[0]
+    counts = [competent.grid_points]
+    for _ in rungs[1:]:
+        counts.append(max(1, math.ceil(counts[-1] / reduction_factor)))
+    tokens = sum(c * (r - prev) for c, r, prev in zip(counts, rungs, (0, *rungs[:-1]), strict=True))
+    continued = max(0, min(CAREFUL_FULL_BUDGET_LRS, competent.grid_points) - counts[-1])
+    ends = 2 if bracketed else 0
+    tokens += continued * (full - rungs[-2]) + ends * (full - rungs[0])
+    tokens += (competent.bisections + competent.extra_seeds) * full
+    return AshaBaselineCost(competent.grid_points, tuple(counts), continued, ends, competent.bisections,
+                            competent.extra_seeds, tokens)
+
