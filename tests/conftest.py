@@ -470,3 +470,26 @@ DOC_FILES = (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))
 def docs_text() -> str:
     """The README and every docs/ page, one text."""
     return "\n\n".join(path.read_text() for path in DOC_FILES)
+
+
+def assert_confirmation_follows_its_rule(confirmed: dict) -> None:
+    """A horizon or width search's confirmation at the target reads its excess and standard error by its rule
+    (lmtune.searches.horizon.report_confirmation): out of the basin exactly when the excess is above 2 SE; in it, or
+    undetermined, only within 2 SE (or with no SE: one seed per LR)."""
+    verdict, excess, se = confirmed["in_basin"], confirmed["predicted_excess"], confirmed["predicted_excess_se"]
+    assert verdict in (True, False, "undetermined") and excess is not None
+    if verdict is False:
+        assert se is not None and excess > 2 * se, confirmed
+    elif se is not None:
+        assert excess <= 2 * se, confirmed
+    if verdict == "undetermined":
+        assert confirmed["verdict"].startswith("undetermined"), confirmed
+
+
+def assert_coord_check_follows_its_rule(coord: dict) -> None:
+    """summary.json's coord_check is flat exactly when every layer's slope is within the tolerance
+    (lmtune.training.coord_check.verdict)."""
+    from lmtune.training.coord_check import FLAT_TOLERANCE
+
+    slopes = [abs(v) for layer in coord["slopes"].values() for v in layer.values()]
+    assert slopes and coord["flat"] is all(v < FLAT_TOLERANCE for v in slopes), coord

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DISK_CONFIG, TINY_MODEL, assert_real_picture
+from conftest import DISK_CONFIG, TINY_MODEL, assert_confirmation_follows_its_rule, assert_real_picture
 
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget
@@ -142,7 +142,7 @@ def test_summary_json_has_the_width_search_keys(report):
     assert written["parametrization"] == "sp" and written["mup_base_width"] is None
     assert {"gamma", "gamma_interval", "gamma_resolved", "law_holds", "lack_of_fit_p", "points"} <= set(
         written["width_fit"])
-    assert written["confirmed"]["in_basin"] in (True, False, "undetermined")
+    assert_confirmation_follows_its_rule(written["confirmed"])
 
 
 def test_the_cost_is_every_runs_tokens_times_its_own_models_flops_per_token(report):
