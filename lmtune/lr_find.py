@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = parse_set_args(args.set)
     if "lr" in overrides:
         raise LmtuneError("lr_find: --set lr has no effect (the test ramps the LR itself); use --min-lr / --max-lr")
+    if args.schedule:
+        raise LmtuneError(f"lr_find: --schedule {args.schedule} has no effect (the test ramps the LR itself, "
+                          "exponentially from --min-lr to --max-lr, whatever the schedule); drop --schedule")
     out = args.out or Path("results") / f"lr_find-{args.budget}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_destination(out, "--out")
     if out.exists() and any(out.iterdir()):
