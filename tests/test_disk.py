@@ -4,7 +4,6 @@ reaches under each --keep, and the refusal when the results folder lacks the spa
 from __future__ import annotations
 
 import shutil
-import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -110,11 +109,11 @@ def test_the_17m_models_full_checkpoint_is_within_3_percent_of_the_estimate(real
     assert CheckpointBytes.of(config).full == pytest.approx(counter.size, rel=0.03)
 
 
-def test_the_estimate_of_a_17m_model_builds_nothing_and_is_instant(monkeypatch):
+def test_the_estimate_of_a_17m_model_builds_nothing(monkeypatch):
+    """Instant because nothing is built (no wall-clock assert: a loaded CI machine would make it flaky)."""
     monkeypatch.setattr(TransformerLM, "__init__", lambda *a: pytest.fail("the estimate built a model"))
-    started = time.perf_counter()
+    monkeypatch.setattr(torch.nn.Module, "__init__", lambda *a: pytest.fail("the estimate built a module"))
     size = CheckpointBytes.of(budget_config("low-resource", {"vocab_size": 10_000}))
-    assert time.perf_counter() - started < 0.5
     assert size.full > 3 * size.best > 0
 
 

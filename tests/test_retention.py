@@ -159,7 +159,9 @@ def test_no_checkpoint_of_a_sweep_is_stored_twice(quick_sweep: Path):
 
 @pytest.mark.slow
 def test_keep_last_leaves_each_ended_trial_its_best_pt_and_its_newest_checkpoint_only(quick_sweep: Path):
-    for trial in trial_dirs(quick_sweep).values():
+    trials = trial_dirs(quick_sweep).values()
+    assert trials  # (an empty sweep would pass every check below)
+    for trial in trials:
         names = sorted(str(p.relative_to(trial)) for p in checkpoint_files(trial))
         tune_kept = [n for n in names if n.startswith("checkpoint_")]
         assert set(names) - set(tune_kept) <= {"checkpoints/best.pt"}, names
@@ -173,6 +175,7 @@ def test_keep_last_leaves_each_ended_trial_its_best_pt_and_its_newest_checkpoint
 
 @pytest.mark.slow
 def test_each_trial_writes_one_tensorboard_stream(quick_sweep: Path):
+    assert trial_dirs(quick_sweep)
     for trial in trial_dirs(quick_sweep).values():
         assert len(list(trial.rglob("events.out.tfevents.*"))) == 1, trial
 
