@@ -10,13 +10,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tqdm.contrib.logging import logging_redirect_tqdm
-
 from lmtune.cli import parse_set_args, prog
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import LOCK_FILE, check_destination
-from lmtune.tools.terminal_progress import ProgressSink
+from lmtune.tools.terminal_progress import ProgressSink, logs_above_the_bar
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config
 from lmtune.training.fork import same_data
@@ -144,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         from lmtune.training.wandb_sink import WandbSink
 
         sinks.append(WandbSink(args.wandb, config, out))
-    with logging_redirect_tqdm():  # the log lines print above the bar, not through it
+    with logs_above_the_bar():
         result = train(config, out, resume=args.resume, sinks=sinks)
     s = result.summary
     best = f"{s['best_val_loss']:.4f}" if s["best_val_loss"] is not None else "n/a"

@@ -253,7 +253,8 @@ def test_a_factory_built_model_trains_with_every_metric_lmtune_can_measure_of_it
     assert all(r.get("attn_logit_max") is None for r in rows)  # not exposed by this model: not measured
     assert {"update_ratio_l0", "update_ratio_l1"} <= rows[-1].keys() and "update_ratio_l2" not in rows[-1]
     summary = result.summary
-    assert summary["flops_estimated"] and summary["model"].endswith("gpt_style.py:make")
+    assert summary["flops_counted"] and not summary["flops_estimated"]  # FlopCounterMode counted them
+    assert summary["model"].endswith("gpt_style.py:make")
 
 
 def test_the_estimated_size_of_lmtunes_own_model_is_its_exact_count(tmp_path, make_tiny_config):
@@ -266,12 +267,14 @@ def test_the_estimated_size_of_lmtunes_own_model_is_its_exact_count(tmp_path, ma
                                              rope_theta))
     """)
     config = make_tiny_config(code=UserCode(f"{spec}:make"))
-    estimated, exact = model_size(config), model_size(replace(config, code=UserCode()))
+    estimated, exact = model_size(config, count_flops=False), model_size(replace(config, code=UserCode()))
     assert estimated.estimated and not exact.estimated
     assert (estimated.total, estimated.non_embedding, estimated.flops_per_token) == \
         (exact.total, exact.non_embedding, exact.flops_per_token) == \
         (count_parameters(config.model)["total"], count_parameters(config.model)["non_embedding"],
          exact.flops_per_token)
+    counted = model_size(config)  # FlopCounterMode's count of the same model: within 1% of its exact formula
+    assert counted.counted and counted.flops_per_token == pytest.approx(exact.flops_per_token, rel=0.01)
 
 
 def test_blocks_are_found_by_layer_index_else_one_per_top_level_module():

@@ -4,11 +4,14 @@ logs stay as they were."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, TypeVar
 
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from lmtune.training.metrics import Row
 
@@ -50,3 +53,17 @@ def each(items: Iterable[T], total: int, desc: str, unit: str, file: IO[str] | N
         for item in items:
             yield item
             shown.update(1)
+
+
+@contextlib.contextmanager
+def logs_above_the_bar() -> Iterator[None]:
+    """On a terminal, the console's log lines printed above a bar rather than through it, each console handler's
+    level kept (--quiet's stays WARNING); elsewhere nothing changes."""
+    if not attached():
+        yield
+        return
+    levels = [h.level for h in logging.root.handlers if isinstance(h, logging.StreamHandler)]
+    with logging_redirect_tqdm():
+        for handler in logging.root.handlers:
+            handler.setLevel(max(levels, default=logging.NOTSET))
+        yield
