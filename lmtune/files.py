@@ -186,3 +186,19 @@ def yaml_error_line(err: Exception) -> int | None:
     """The 1-based line a YAML parser error points at (None: it names none)."""
     mark = getattr(err, "problem_mark", None)
     return mark.line + 1 if mark is not None else None
+
+
+def plain(value: object) -> object:
+    """``value`` with every numpy scalar in it (a user's optimizer's state may hold one) made the Python number it
+    holds: what ``torch.load(weights_only=True)`` reads back, and what JSON writes."""
+    import numpy as np  # (here, not at the top: most of what imports this module needs no numpy)
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        items = [plain(item) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+

@@ -16,11 +16,10 @@ import re
 from pathlib import Path
 from typing import TypedDict
 
-import numpy as np
 import torch
 
 from lmtune.errors import LmtuneError, first_line
-from lmtune.files import JsonObject, atomic_write_bytes, atomic_write_text
+from lmtune.files import JsonObject, atomic_write_bytes, atomic_write_text, plain
 from lmtune.training.config import RunConfig
 from lmtune.training.metrics import Row
 from lmtune.training.state import TrainState, TrainStateDict, check_same_parameters
@@ -71,19 +70,6 @@ Checkpoint = RunCheckpoint | BestCheckpoint
 
 def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
-
-
-def plain(value: object) -> object:
-    """``value`` with every numpy scalar in it (a user's optimizer's state may hold one) made the Python number it
-    holds: what ``torch.load(weights_only=True)`` reads back."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        items = [plain(item) for item in value]
-        return items if isinstance(value, list) else tuple(items)
-    return value
 
 
 def save_checkpoint(state: Checkpoint, path: Path) -> Path:

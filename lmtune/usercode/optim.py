@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from lmtune.errors import LmtuneError, shown
-from lmtune.training.checkpoint import plain
+from lmtune.files import plain
 from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.schedule import scheduled_lr
 from lmtune.usercode.config import UserCode
