@@ -218,6 +218,9 @@ def load_space(name_or_path: str, directory: Path | None = None) -> SearchSpace:
     except _AliasRefused as err:
         raise LmtuneError(f"{path}: line {err.line}: YAML aliases (*name) are not allowed in a search space; "
                           "write each value out") from None
+    except _DuplicateKey as err:
+        raise LmtuneError(f"{path}: line {err.line}: duplicate key '{err.key}' (first at line {err.first}); YAML "
+                          "would keep only the last silently: merge the two into one, or rename one") from None
     except yaml.YAMLError as err:
         line = yaml_error_line(err)
         where = f" line {line}" if line is not None else ""
@@ -237,14 +240,38 @@ class _AliasRefused(yaml.YAMLError):
         return type(self), (self.line,)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, first: int, line: int):
+        super().__init__(f"duplicate key {key!r} at lines {first} and {line}")
+        self.key, self.first, self.line = key, first, line
+
+    def __reduce__(self):
+        return type(self), (self.key, self.first, self.line)
+
+
 class _DataOnlyLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader without aliases: a space needs none, and nested aliases (a "billion
-    laughs" file of a few lines) expand into gigabytes before any value could be checked."""
+    """yaml.safe_load's loader without aliases and without duplicate keys: a space needs no alias, and nested
+    aliases (a "billion laughs" file of a few lines) expand into gigabytes before any value could be checked; a
+    key given twice in one mapping (two variants named alike, a second ``set:``) PyYAML keeps the last of."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             raise _AliasRefused(self.peek_event().start_mark.line + 1)
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[object, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in first_line:
+                        raise _DuplicateKey(key, first_line[key], line)
+                    first_line[key] = line
+                except TypeError:  # an unhashable key: SafeLoader refuses it below
+                    continue
+        return super().construct_mapping(node, deep)
 
 
 def parse_space(raw: JsonValue, path: Path, source: str = "") -> SearchSpace:
