@@ -30,6 +30,9 @@ from lmtune.files import yaml_error_line
 # How long a storage endpoint or a cluster address may take to answer before the sweep is refused.
 ANSWER_TIMEOUT_S = 5.0
 OBJECT_STORES = ("s3", "gs")
+# Schemes a --storage value without "://" may have meant (s3:/bucket, gs:bucket, file:/path): refused, not taken for
+# a folder of that name under the current directory.
+URI_SCHEMES = (*OBJECT_STORES, "gcs", "file", "hdfs", "abfs", "abfss", "az", "http", "https", "ftp", "sftp")
 
 
 def checked_storage(text: str) -> str:
@@ -38,6 +41,7 @@ def checked_storage(text: str) -> str:
     value = text.strip()
     if not value:
         raise LmtuneError("--storage '': give a folder (local, or shared by all nodes) or s3://BUCKET/PREFIX")
+    _check_scheme(text, value)
     if value.startswith("file://"):
         path = value[len("file://"):]
         if not path.startswith("/"):
@@ -53,6 +57,21 @@ def checked_storage(text: str) -> str:
     if not rest.partition("?")[0].split("/")[0]:
         raise LmtuneError(f"--storage {shown(text)}: no bucket; give {scheme}://BUCKET/PREFIX")
     return value
+
+
+def _check_scheme(text: str, value: str) -> None:
+    """A URI's scheme as lmtune reads it: lower case and followed by "//" (``s3:/x``, ``gs:x`` and ``S3://x`` are
+    refused in one line, not run into a folder ./s3:/x or refused as an unknown store)."""
+    scheme, colon, rest = value.partition(":")
+    if not colon or "/" in scheme or scheme.lower() not in URI_SCHEMES:
+        return
+    if not rest.startswith("//"):
+        fix = "file:///PATH or the path itself" if scheme.lower() == "file" else f"{scheme.lower()}://BUCKET/PREFIX"
+        raise LmtuneError(f"--storage {shown(text)}: '{scheme}:' without '//' is not a URI; give {fix} (a folder of "
+                          f"that name: ./{value})")
+    if scheme != scheme.lower() and scheme.lower() in (*OBJECT_STORES, "file"):
+        raise LmtuneError(f"--storage {shown(text)}: a URI's scheme is lower case; give "
+                          f"{scheme.lower()}:{rest}")
 
 
 def check_storage_answers(root: str, timeout_s: float = ANSWER_TIMEOUT_S) -> None:
