@@ -99,3 +99,14 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, str]:
             raise LmtuneError(f"--set {key} is given twice; give it once")
         result[key] = value.strip()
     return canonical_settings(result)
+
+
+def device_flag(name: str):
+    """The torch device ``--device NAME`` names, for a command with a ``--device`` flag and no ``--set`` (sample,
+    diagnose): a device this machine lacks is refused in one line naming ``--device``, not ``--set device=``."""
+    from lmtune.training.device import resolve_device
+
+    try:
+        return resolve_device(name)
+    except LmtuneError as err:
+        raise LmtuneError(str(err).replace("--set device=", "--device ")) from None

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import torch
 
-from lmtune.cli import prog
+from lmtune.cli import device_flag, prog
 from lmtune.errors import cli_entry, setup_cli_logging
 from lmtune.tools import environment, progress
 from lmtune.tools.environment import NvmlSummary
 from lmtune.tools.throughput import benchmark
 from lmtune.tools.throughput.machine import full_device_name
 from lmtune.tools.throughput.results import BenchResult
-from lmtune.training.device import resolve_device
 
 
 def print_environment(device: torch.device) -> bool:
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.WARNING)
     if args.sweep_dir is None:
-        device = resolve_device(args.device)
+        device = device_flag(args.device)
         compile_ok = print_environment(device)
         config_name = args.budget or ("default" if device.type == "cuda" else "quick")
         result, nvml = benchmark_with_nvml(device, config_name, args.batch_size, args.steps, args.repeats,

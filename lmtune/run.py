@@ -115,10 +115,12 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
     if args.step_hook:
         load_step_hook(args.step_hook)  # (a name that imports nothing is refused before Ray starts)
     address, results, storage = where_it_runs(args)
+    results_flag = "--storage" if args.storage is not None and storage is None else "--results"
     space = args.space or (None if args.resume else "lr_grid")  # a resume reads its space from sweep.json
     return SweepOptions(
         space=space, name=check_name(args.name or f"{Path(space or '').stem}-{time.strftime('%Y%m%d-%H%M%S')}"),
-        results=results, data=args.data, budget=args.budget, overrides=parse_set_args(args.set),
+        results=results, results_flag=results_flag, data=args.data, budget=args.budget,
+        overrides=parse_set_args(args.set),
         resume=args.resume, storage=storage, time_budget_s=parse_duration(args.time_budget),
         gpus_per_trial=args.gpus_per_trial, fuse=args.fuse, cpus_per_trial=args.cpus_per_trial,
         max_concurrent=args.max_concurrent,

@@ -156,8 +156,9 @@ def free_disk(directory: Path) -> int:
     return shutil.disk_usage(existing_ancestor(directory)).free
 
 
-def check_free_disk(directory: Path, need: DiskNeed, force: bool) -> int:
-    """Free bytes under ``directory``; refuse, in one line, a sweep that needs more (unless ``force``)."""
+def check_free_disk(directory: Path, need: DiskNeed, force: bool, flag: str = "--results") -> int:
+    """Free bytes under ``directory``; refuse, in one line, a sweep that needs more (unless ``force``). ``flag``: the
+    option that named the folder (--results, or --storage), named in the fix."""
     free = free_disk(directory)
     if free >= need.total:
         return free
@@ -165,7 +166,7 @@ def check_free_disk(directory: Path, need: DiskNeed, force: bool) -> int:
                f"{format_bytes(need.total)} ({format_bytes(need.per_running_trial)} per running trial, "
                f"{format_bytes(need.per_ended_trial)} kept per ended trial)")
     if not force:
-        raise LmtuneError(f"{problem}; free space, choose another --results, lower --keep, "
+        raise LmtuneError(f"{problem}; free space, choose another {flag}, lower --keep, "
                           "or pass --force to start anyway")
     log.warning("%s; starting anyway (--force)", problem)
     return free

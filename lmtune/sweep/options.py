@@ -18,6 +18,8 @@ class SweepOptions:
     name: str
     """The sweep's folder under ``results``."""
     results: Path = Path("results")
+    results_flag: str = "--results"
+    """The option that named ``results`` (--storage for a storage folder), named in the messages about it."""
     data: Path | None = None
     """A prepared data dir; None: the built-in corpus."""
     budget: str | None = None

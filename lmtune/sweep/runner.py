@@ -77,7 +77,7 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     if sweep_dir.exists():
         raise LmtuneError(f"{sweep_dir} already exists; pass --resume to continue it or choose another --name")
     plan = plan_sweep(options)
-    preflight_write_check(options.results.resolve())
+    preflight_write_check(options.results.resolve(), flag=options.results_flag)
     storage = SweepStorage(options.storage_path, options.name)
     with sole_writer(sweep_dir, new=True) as started, ray_session(options, echo), \
             mirrored_records(storage, sweep_dir):
@@ -85,7 +85,7 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
         check_storage_reach(options, storage)
         need = sweep_disk_need(options, plan, placement)
         free = free_disk(options.results.resolve()) if storage.remote else \
-            check_free_disk(options.results.resolve(), need, options.force)
+            check_free_disk(options.results.resolve(), need, options.force, options.results_flag)
         shipped = ship_data(options, Path(plan.base.data_dir))
         sweep_record(options, plan, placement).write(sweep_dir)
         base = plan.base
@@ -123,7 +123,7 @@ def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     if record.plan is not None:
         # the user's code: the very file recorded (or --trust-code), it imports, passes its checks, builds the model
         check_resumed_code(record, options.trust_code)
-    preflight_write_check(sweep_dir)
+    preflight_write_check(sweep_dir, flag=options.results_flag)
     with sole_writer(sweep_dir, new=False):
         return _resume_held_sweep(options, sweep_dir, echo)
 
@@ -269,18 +269,22 @@ def sweep_result(sweep_dir: Path, results: tune.ResultGrid, plan: SweepPlan) -> 
     return summary
 
 
-def preflight_write_check(directory: Path, min_free: int = MIN_FREE_BYTES) -> None:
+def preflight_write_check(directory: Path, min_free: int = MIN_FREE_BYTES, flag: str = "--results") -> None:
     """Refuse at start, not hours later, a results folder that cannot take writes (one not made yet: the folder
-    it would be made in; it is made with the sweep's own folder, so that a refused start leaves nothing)."""
+    it would be made in; it is made with the sweep's own folder, so that a refused start leaves nothing). ``flag``:
+    the option that named the folder (--results, or --storage for a storage folder), named in the fix."""
+    if not (ancestor := existing_ancestor(directory)).is_dir():
+        where = "" if ancestor == Path(directory).absolute() else f"cannot write to {directory}: "
+        raise LmtuneError(f"{where}{ancestor} is a file, not a folder; choose another {flag} folder")
     try:
-        probe = existing_ancestor(directory) / f".lmtune-write-test-{os.getpid()}"
+        probe = ancestor / f".lmtune-write-test-{os.getpid()}"
         probe.write_bytes(b"x" * 4096)
         probe.unlink()
     except OSError as err:
-        raise LmtuneError(f"cannot write to {directory} ({err.strerror or err}); choose a writable --results "
+        raise LmtuneError(f"cannot write to {directory} ({err.strerror or err}); choose a writable {flag} "
                           f"folder or fix its permissions") from None
     free = shutil.disk_usage(existing_ancestor(directory)).free
     if free < min_free:
         raise LmtuneError(f"only {free / 2**20:.0f} MiB free under {directory}; free at least "
-                          f"{min_free / 2**20:.0f} MiB or choose another --results folder (a floor --force does not "
+                          f"{min_free / 2**20:.0f} MiB or choose another {flag} folder (a floor --force does not "
                           "lower: below it a checkpoint's own temporary file may not fit)")
