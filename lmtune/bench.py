@@ -5,6 +5,7 @@ with ``--coord-check``, no timing: μP's coordinate check across widths (lmtune.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -194,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = 10 if args.steps is None else args.steps
     overrides = parse_set_args(args.set)
     compile_choice = "auto" if args.compile == "both" else args.compile
-    config = bench_config(args.config, args.batch_size, overrides, args.device, compile_choice, code)
-    check_code(config)
+    # --json: stdout holds the JSON alone; what the user's code prints (at import, in its forward) goes to stderr
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with quiet:
+        config = bench_config(args.config, args.batch_size, overrides, args.device, compile_choice, code)
+        check_code(config)
     if args.record:  # checked before the timing run, which takes minutes
         check_destination(args.results_file, "--results-file", kind="file")
     if args.project is not None:  # (an empty value is a wrong device, not "no --project")
@@ -208,13 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         return _main_fuse(args, config, _command(argv))
     if args.worker and args.compile == "both":
         raise LmtuneError("--compile both cannot be used with --concurrency; choose on, off or auto")
-    result = run_bench(
-        config, steps=args.steps, repeats=args.repeats, warmup=args.warmup, compile_choice=args.compile,
-        compile_mode=args.compile_mode, naive=not (args.no_naive or args.worker),
-        measure_eval=not (args.no_eval or args.worker),
-        barrier=(args.barrier, args.barrier_count) if args.barrier else None, config_name=args.config,
-        measured_peak=args.measured_peak,
-    )
+    with quiet:
+        result = run_bench(
+            config, steps=args.steps, repeats=args.repeats, warmup=args.warmup, compile_choice=args.compile,
+            compile_mode=args.compile_mode, naive=not (args.no_naive or args.worker),
+            measure_eval=not (args.no_eval or args.worker),
+            barrier=(args.barrier, args.barrier_count) if args.barrier else None, config_name=args.config,
+            measured_peak=args.measured_peak,
+        )
     result = replace(result, command=_command(argv))
     if args.record:
         record(result, args.results_file)
