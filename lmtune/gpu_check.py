@@ -27,7 +27,20 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import torch
+try:  # a GPU box as it comes may lack even these: one line naming what is missing and how to install it
+    import numpy  # noqa: F401
+    import torch
+    import yaml  # noqa: F401
+except ModuleNotFoundError:
+    _lacks = [pip for module, pip in (("torch", "torch"), ("numpy", "numpy"), ("yaml", "pyyaml"))
+              if importlib.util.find_spec(module) is None]
+    if not _lacks:  # (one of their own dependencies is missing: its traceback names it)
+        raise
+    print(f"error: {sys.executable} has no {', '.join(_lacks)} (lmtune needs torch, numpy and pyyaml); install "
+          f"{'it' if len(_lacks) == 1 else 'them'}: {sys.executable} -m pip install {' '.join(_lacks)} (torch for "
+          "this GPU's CUDA: https://pytorch.org/get-started/locally/), or run bash scripts/gpu_check.sh without "
+          "--system to set up .venv", file=sys.stderr)
+    sys.exit(2)
 
 from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry
