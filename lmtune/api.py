@@ -123,8 +123,12 @@ class Sweep:
         return tune.with_parameters(train_trial, setup=self.plan.trial_setup())
 
     def param_space(self) -> TuneParams:
-        """The Tuner's param_space: a grid's or Optuna's domains; {} for a search that suggests every trial."""
-        return self.space.strategy.param_space(self.space.fuse)
+        """The Tuner's param_space: a grid's or Optuna's domains; for a search that suggests every trial, only the
+        default every trial starts from (``early_stop: True``, which a trial the search runs to its end overrides).
+        Tune hands your TuneConfig's metric and mode to the searcher (Searcher.set_search_properties) only with a
+        non-empty param_space: with {} lmtune's searcher never saw mode="max" and ran its whole search under it."""
+        params = self.space.strategy.param_space(self.space.fuse)
+        return params if params or self.searcher() is None else {"early_stop": True}
 
     def searcher(self) -> Searcher | None:
         """The search as a Tune Searcher (the same object on every call; None: Tune's own grid generation)."""
