@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
-from lmtune.report.headline import summary_lines
+from lmtune.report.headline import summary_lines, unfinished_mark
 from lmtune.report.reader import resolve_sweep
 from lmtune.report.summary import SweepFacts
 from lmtune.report.writer import WrittenReport, write_report
@@ -39,11 +39,16 @@ def headline(written: WrittenReport) -> list[str]:
     summary, facts = written.report.summary, written.report.facts
     counts = ", ".join(f"{n} {s}" for s, n in summary.status_counts.items())
     range_test = " and the LR range test" if facts.range_test else ""
-    lines = [f"sweep {facts.sweep}: {len(summary.trials)} trials ({counts}){range_test}",
+    unfinished = unfinished_mark(summary)  # (a sweep read while trials ran: every verdict may still change)
+    mark = f"{unfinished}: " if unfinished else ""
+    lines = [f"sweep {facts.sweep}: {mark}{len(summary.trials)} trials ({counts}){range_test}",
              *missing_lines(facts), *summary_lines(summary), *refused_samples_lines(facts)]
     if summary.target.target is not None:
         lines.append(f"target {summary.target.target:g}: {'met' if summary.target.met else 'not met'}")
     lines.append(f"report: {written.markdown}")
+    if mark:
+        lines.append("note: every verdict above may change before the sweep ends; analyze it again then (the new "
+                     "report replaces this one)")
     return lines
 
 

@@ -13,9 +13,27 @@ from lmtune.report.summary import SweepSummary
 from lmtune.report.text import basin_ends, basin_lrs, interval_line, per_doubling, ratio_range_text
 
 
+def running_trials(summary: SweepSummary) -> int:
+    """How many of the sweep's trials were still running when it was read (no ending in the ledger, in their own
+    summary.json or in Tune's result.json: lmtune.report.reader.trial_record)."""
+    return int(summary.status_counts.get("running", 0))
+
+
+def unfinished_mark(summary: SweepSummary) -> str:
+    """"unfinished (N trials running)" for a sweep read while trials ran; "" for one whose every trial ended."""
+    running = running_trials(summary)
+    return f"unfinished ({running} trial{'s' * (running != 1)} running)" if running else ""
+
+
 def summary_lines(summary: SweepSummary) -> list[str]:
     """What both CLIs print of a sweep's summary: its search's own lines, its best LR with its spread and
-    interval, the regions above it, the edge and the ratio, and the best trial."""
+    interval, the regions above it, the edge and the ratio, and the best trial; each marked "[unfinished]" while
+    trials run (a verdict they may still overturn)."""
+    lines = _verdict_lines(summary)
+    return [f"[unfinished] {line}" for line in lines] if running_trials(summary) else lines
+
+
+def _verdict_lines(summary: SweepSummary) -> list[str]:
     lines = list(section_for(summary.search).headline(summary))
     if summary.candidate_tokens:
         fewest, most = summary.candidate_tokens

@@ -23,6 +23,7 @@ from pathlib import Path
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, atomic_write_text, check_destination
 from lmtune.report.figures import FIGURES
+from lmtune.report.headline import running_trials
 from lmtune.report.markdown import write_markdown
 from lmtune.report.reader import load_range_test, load_sweep, missing_trials
 from lmtune.report.rows import TrialRow, json_safe, varied_params
@@ -73,8 +74,11 @@ class SweepReport:
     def to_json(self) -> JsonObject:
         """summary.json: its keys and their meaning are the report's public interface (README)."""
         sharpness = {} if self.sharpness is None else {"sharpness": [row.to_json() for row in self.sharpness]}
+        # A sweep read while trials ran: its verdicts are provisional (the key is absent once every trial ended).
+        running = running_trials(self.summary)
+        unfinished = {"unfinished": {"running": running}} if running else {}
         # (the summary's part is JSON-safe already: SweepSummary.to_json)
-        return {**self.summary.to_json(), **json_safe({**self.facts.to_json(), **sharpness})}
+        return {**unfinished, **self.summary.to_json(), **json_safe({**self.facts.to_json(), **sharpness})}
 
 
 def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int = 0,

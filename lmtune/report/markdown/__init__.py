@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lmtune.files import atomic_write_text
+from lmtune.report.headline import unfinished_mark
 from lmtune.report.markdown.edge import edge, how_runs_broke
 from lmtune.report.markdown.landscape import best_lr, landscape
 from lmtune.report.markdown.method import definitions, range_test, search_and_compute
@@ -46,7 +47,22 @@ def write_markdown(summary: SweepSummary, facts: SweepFacts, records: Sequence[T
         convergence(summary), sensitivity(summary), target(summary), how_runs_broke(summary, records),
         search_and_compute(summary, facts), range_test(facts), definitions(summary),
     ]
-    text = "\n".join(line for section in sections for line in section)
+    text = "\n".join(mark_unfinished([line for section in sections for line in section], summary))
     atomic_write_text(Path(path), text)
     log.info("wrote %s", path)
     return Path(path)
+
+
+def mark_unfinished(lines: list[str], summary: SweepSummary) -> list[str]:
+    """``lines`` of a sweep read while trials ran: its title and every heading marked "unfinished (N trials
+    running)", and a warning under the title that every verdict may change (a later report replaces this one)."""
+    mark = unfinished_mark(summary)
+    if not mark:
+        return lines
+    warning = (f"**{mark[0].upper()}{mark[1:]}:** this report was written while the sweep ran. Every verdict below "
+               "may change before it ends; run `lmtune analyze` again then, and its report replaces this one.")
+    marked, fenced = [], False
+    for line in lines:
+        fenced ^= line.startswith("```")  # (a sample's text, in a fence, is no heading)
+        marked.append(f"{line} ({mark})" if line.startswith(("# ", "## ")) and not fenced else line)
+    return [marked[0], "", warning, *marked[1:]]
