@@ -53,7 +53,7 @@ ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 SERIAL_RAY_FILES = frozenset({
     "test_analyze.py", "test_diagnose.py", "test_hostile_inputs.py", "test_retention.py", "test_sweep.py",
     "test_faults.py", "test_cloud_rehearsal.py", "test_hostile_sweeps.py", "test_edge_sweep.py",
-    "test_horizon_sweep.py", "test_width_sweep.py", "test_fused_sweep.py"})
+    "test_horizon_sweep.py", "test_width_sweep.py", "test_fused_sweep.py", "test_hostile_part6_surfaces.py"})
 
 
 @pytest.hookimpl(optionalhook=True)

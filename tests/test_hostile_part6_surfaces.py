@@ -201,8 +201,6 @@ def test_a_storage_path_that_is_a_file_is_refused_naming_storage_not_results(
     assert "--results" not in line
 
 
-@pytest.mark.xfail(strict=True, reason="the note is written in lmtune/usercode/config.py (check_user_code), "
-                                       "another engineer's file: fixed there")
 def test_a_model_switch_beside_a_users_model_is_refused_without_the_unrelated_mup_note(capsys):
     from lmtune import train
 

@@ -224,9 +224,10 @@ def check_user_code(code: UserCode, changed_switches: Mapping[str, object], sche
          "model's callable, but no --model names it; give --model too")
     if code.user_model:
         for name, value in changed_switches.items():  # (the first one is refused)
-            need(False, f"{name}={shown(value)} is a switch of lmtune's model, which --model {code.model} replaces "
-                 "(μP needs lmtune's model: its multipliers are written for it); pass your model's own flags with "
-                 "--model-set key=value")
+            why = (" (μP needs lmtune's model: its multipliers are written for it)"
+                   if name == "parametrization" or name.startswith("mup") else "")
+            need(False, f"{name}={shown(value)} is a switch of lmtune's model, which --model {code.model} "
+                 f"replaces{why}; pass your model's own flags with --model-set key=value")
     if code.schedule:
         need(schedule == "cosine", f"schedule={schedule} picks one of lmtune's schedules, which --schedule "
              f"{code.schedule} replaces; drop one of them")
