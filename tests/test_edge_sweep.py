@@ -141,7 +141,8 @@ def test_asha_cut_the_coarse_trials_an_uninterrupted_search_would_have_cut(resum
 def test_the_bracket_is_within_the_tolerance_and_the_best_lr_has_two_seeds(resumed_edge_sweep):
     c = read_search_state(resumed_edge_sweep["dir"], "edge")["conclusion"]
     assert c["bracket_ratio"] <= 2.0 and c["failing_lr_low"] < c["failing_lr"]
-    assert len(c["best_lr_seed_losses"]) == 2 and c["best_lr"] < c["failing_lr_low"]
+    # (a tiny model at 30 steps may learn best at the largest LR that trains through: the bracket's stable end)
+    assert len(c["best_lr_seed_losses"]) == 2 and c["best_lr"] <= c["failing_lr_low"]
 
 
 def test_the_bracket_agrees_with_direct_runs_trained_without_early_stopping(resumed_edge_sweep, tmp_path):

@@ -13,14 +13,16 @@ import pytest
 from lmtune.errors import LmtuneError
 from lmtune.files import DiskFullError
 from lmtune.sweep.hooks import StepHookError
-from lmtune.sweep.spaces import _AliasRefused
+from lmtune.sweep.spaces import _AliasRefused, _DuplicateKey
 from lmtune.training.metric_registry import UnregisteredMetric
 from lmtune.training.metrics import _OutOfRange
+from lmtune.usercode.consent import FolderCodeRefused
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lmtune"
 EXAMPLES = [LmtuneError("--fuse must be >= 1"), DiskFullError(Path("/tmp/no/such/folder/ckpt.pt"), 3 << 20),
             UnregisteredMetric("metrics row key 'x'"), _AliasRefused(7), _OutOfRange("step -6"),
-            StepHookError("--step-hook 'h:f' raised ValueError: no")]
+            StepHookError("--step-hook 'h:f' raised ValueError: no"), _DuplicateKey("a", 6, 8),
+            FolderCodeRefused("the checkpoint's model names trial/payload.py:Model; give --model or --trust-code")]
 
 
 def test_every_exception_class_lmtune_defines_is_among_those_tested():

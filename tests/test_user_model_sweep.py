@@ -99,11 +99,11 @@ def test_the_report_of_the_users_model_names_it_and_says_what_is_estimated_and_n
     assert example_edge["analyze"].returncode == 0, example_edge["analyze"].stderr[-3000:]
     report = example_edge["dir"] / "report"
     summary = json.loads((report / "summary.json").read_text())
-    assert summary["model"]["name"] == example_edge["model"] and summary["model"]["flops_estimated"]
+    assert summary["model"]["name"] == example_edge["model"] and summary["model"]["flops_counted"]
     assert not summary["model"]["attention_logits_measured"]
     text = (report / "lr_sweep_analysis.md").read_text()
     assert f"your `{example_edge['model']}`" in text and "Its attention logits are not measured for this model" in text
-    assert "estimated from its parameters' shapes" in text
+    assert "counted by torch's FlopCounterMode" in text
 
 
 def test_the_report_shows_the_best_lrs_samples_and_curves_against_wall_clock_time(example_edge):
@@ -181,7 +181,7 @@ def test_the_width_search_under_sp_builds_every_proxy_with_the_users_factory(wid
     for folder in trial_dirs(width_factory["dir"]).values():
         d_model = json.loads((folder / "config.json").read_text())["model"]["d_model"]
         summary = json.loads((folder / "summary.json").read_text())
-        assert summary["model"].endswith("gpt_style.py:make") and summary["flops_estimated"]
+        assert summary["model"].endswith("gpt_style.py:make") and summary["flops_counted"]
         sizes.setdefault(d_model, set()).add(summary["params_non_embedding"])
     assert sorted(sizes) == [16, 32, 64]
     # one model per width, each its own size: the factory built every width's
