@@ -394,3 +394,16 @@ def test_the_conclusion_of_no_runs_names_nothing():
 def test_settings_no_search_could_use_are_refused_naming_the_key(key, value, fragment):
     with pytest.raises(Exception, match=fragment):
         EdgeSettings(**{key: value}).validate()
+
+
+def test_with_two_trials_at_a_time_the_landscape_continues_the_middle_and_the_highest_cut_lr_together():
+    grid = sorted(float(f"{lr:.4g}") for lr in coarse_lrs(0.012, 1.9, EdgeSettings())[0])
+    cut = [lr for lr in grid if lr > 0.012]
+    search = EdgeSearch(EdgeSettings(), BUDGET, max_pending=2)
+    sweep = SimulatedSweep(cut={round(lr, 6): 0 for lr in cut})
+    drive(search, sweep)
+    assert search.finished
+    candidates = [lr for lr in cut if lr > 0.012 * EdgeSettings().coarse_ratio * 1.02]
+    first = next(d for d in search.decisions if d.stage == "landscape")
+    assert first.lrs == [candidates[2], candidates[3]]  # the middle of four and the highest, in one round
+

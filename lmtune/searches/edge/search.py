@@ -219,11 +219,14 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
                                 "continue between those that trained through and those that failed")
             return
         lrs = sorted(cut)
-        lr = lrs[len(lrs) // 2]
-        self._plan("landscape", [Planned("landscape", lr, self.budget.seed, continue_from=cut[lr])],
-                   f"lr {lr:.3g}, the middle of the {len(lrs)} coarse LRs ASHA cut between the best's neighbour (or "
-                   "the largest LR that trained through) and the smallest that failed, continued from its last "
-                   "checkpoint to the full budget: the failing end's first bracket by bisection over the coarse grid")
+        # The middle one; with a second slot free, the highest too (above the edge it often fails, and early), so
+        # that a sweep of two trials at a time spends no round with one core idle.
+        picked = sorted({lrs[len(lrs) // 2], *([lrs[-1]] if self.max_pending > 1 else [])})
+        self._plan("landscape", [Planned("landscape", lr, self.budget.seed, continue_from=cut[lr]) for lr in picked],
+                   f"lr {', '.join(f'{lr:.3g}' for lr in picked)}: the middle (and the highest) of the {len(lrs)} "
+                   "coarse LRs ASHA cut between the best's neighbour (or the largest LR that trained through) and the "
+                   "smallest that failed, continued from their last checkpoints to the full budget: the failing end's "
+                   "first bracket by bisection over the coarse grid")
 
     def _end_landscape(self, why: str) -> None:
         self.landscape_done = True
