@@ -91,12 +91,15 @@ def useful_range(ranking: list[LrResult], best: LrResult | None, sigma: float | 
 def _cost(line: list[LrResult], best: LrResult, factor: float) -> float | None:
     """The mean full-budget loss at ``factor`` x the best LR minus the best's, linear in log LR between the LRs
     tried on either side (None: no LR tried at or beyond it)."""
-    x = math.log(factor)
-    points = [(math.log(r.lr / best.lr), r.mean - best.mean) for r in line]
-    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+    return interpolated([(math.log(r.lr / best.lr), r.mean - best.mean) for r in line], math.log(factor))
+
+
+def interpolated(curve: list[tuple[float, float]], x: float) -> float | None:
+    """The value at ``x`` of a curve given by its points (ascending x), linear between them (None outside them)."""
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return None
+    return curve[0][1] if len(curve) == 1 and abs(curve[0][0] - x) < 1e-12 else None
 
 
 def divergence_bracket(runs: Iterable[Run]) -> Bracket:

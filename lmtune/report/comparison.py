@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmtune.analysis.named_lrs import interpolated
 from lmtune.analysis.runs import INTERRUPTED, Budget, Run, effective_runs
 from lmtune.report.stability import (
     TrialRecord,
@@ -149,17 +150,9 @@ def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> Sensit
     first_diverged = min(diverged, default=math.inf)
     curve = sorted((math.log(lr), min(float(np.mean(v)), ell0)) for lr, v in per_lr.items() if lr < first_diverged)
     best = min(y for _, y in curve)
-    values = [ell0 if lr >= first_diverged else _interpolated(curve, math.log(lr)) for lr in SENSITIVITY_LRS]
+    values = [ell0 if lr >= first_diverged else interpolated(curve, math.log(lr)) for lr in SENSITIVITY_LRS]
     covered = [v - best for v in values if v is not None]
     return Sensitivity(float(np.mean(covered)) if covered else None, len(covered), tokens)
-
-
-def _interpolated(curve: list[tuple[float, float]], x: float) -> float | None:
-    """The curve's value at x, linear between its points (None outside them)."""
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return curve[0][1] if len(curve) == 1 and abs(curve[0][0] - x) < 1e-12 else None
 
 
 @dataclass(frozen=True)
