@@ -24,11 +24,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.truth import _as_runs, basin_lrs, read_truth, truth_conclusion  # noqa: E402
+from benchmarks.truth import TruthRun, basin_lrs, read_truth, truth_conclusion  # noqa: E402
 from lmtune.analysis.conclusion import Conclusion, conclude  # noqa: E402
-from lmtune.analysis.runs import SAME_LR, Budget, same_lr  # noqa: E402
+from lmtune.analysis.runs import SAME_LR, Budget, Run, same_lr  # noqa: E402
 from lmtune.errors import LmtuneError, cli_entry  # noqa: E402
 from lmtune.searches.compare.comparison import difference  # noqa: E402
+from lmtune.training.divergence import WHOLE_RUN  # noqa: E402
+
+
+def _as_runs(runs: list[TruthRun]) -> list[Run]:
+    """The truth's runs as the compare search's ``difference`` reads runs: every one trained its whole budget (or
+    diverged on it). (The compare verdict is lmtune's own rule applied to the truth; benchmarks/truth.py's best LR
+    and basin are judged apart, by benchmarks.truth_rules.)"""
+    full = runs[0].steps * runs[0].tokens_per_step
+    return [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
+                divergence=WHOLE_RUN, baseline=r.baseline) for r in runs]
 
 
 def truth_of(folder: Path) -> tuple[Conclusion, dict]:

@@ -244,7 +244,7 @@ def print_table(args: argparse.Namespace) -> None:
     if not 0 < args.window <= 1:  # (NaN fails this too)
         raise LmtuneError(f"--window {args.window:g}: must be a fraction of the budget's steps in (0, 1], e.g. 1")
     rule = DivergenceRule(recovery_window=args.window)
-    runs = read_truth(args.truth, rule)
+    runs = read_truth(args.truth, stopper_of(rule))
     print(f"| lr | seed | val loss at the full budget | steps above ℓ₀ (longest) | recovered | stopped early by the "
           f"rule (window {args.window:g}) at step |")
     print("|---|---|---|---|---|---|")
@@ -262,6 +262,31 @@ def print_table(args: argparse.Namespace) -> None:
     c = truth_conclusion(runs)
     print(json.dumps({k: c[k] for k in ("best_lr", "best_lr_seed_losses", "basin", "degraded", "failing_lr_low",
                                         "failing_lr", "seed_dependent")}, indent=1))
+
+
+def stopper_of(rule):
+    """lmtune's stopper rule (lmtune.training.divergence.judge) as the table puts it to the truth: where it would
+    end each run and the spikes it names. The product under test, not the truth's judge (benchmarks.truth_rules)."""
+    from lmtune.training.divergence import judge
+
+    def stops(rows: list, ell0: float, steps: int) -> tuple[int | None, list[str]]:
+        watch = judge([(r["step"], r["train_loss"]) for r in rows], ell0, steps, steps, rule)
+        return (watch.verdict.step if watch.verdict.stop else None), [s.describe() for s in watch.all_spikes()]
+    return stops
+
+
+def truth_located_lr(truth: dict, tokens: int):
+    """The truth's own LR* located between its grid points by the search's rule (lmtune.analysis.locate: a weighted
+    quadratic in ln LR around its best, Fieller's 90% interval) from the truth's ranking and edge as
+    benchmarks.truth_rules judged them: what a prediction's interval is checked against, rather than the grid's best
+    LR, whose precision is the grid's gap. The search's estimator applied to the truth, so not in benchmarks/truth.py;
+    None: no LR ran its budget."""
+    from lmtune.analysis.bracket import Bracket
+    from lmtune.analysis.locate import locate_best_lr
+    from lmtune.analysis.runs import LrResult
+
+    ranking = [LrResult(r["lr"], tuple(r["losses"]), (), tuple(r["seeds"])) for r in truth.get("ranking") or []]
+    return locate_best_lr(ranking, tokens, Bracket(truth.get("failing_lr_low"), truth.get("failing_lr")))
 
 
 def read_report(sweep: Path) -> dict:
@@ -289,7 +314,6 @@ def print_comparison(args: argparse.Namespace) -> None:
         naive_candidates,
         read_truth,
         truth_conclusion,
-        truth_located_lr,
     )
     from benchmarks.truth_setting import check_comparable
     from lmtune.sweep.sweep_file import SweepRecord
@@ -302,7 +326,8 @@ def print_comparison(args: argparse.Namespace) -> None:
     if "predicted_lr" in summary:  # a horizon or width search: its prediction against the truth at its target
         tokens = sum(r.steps * r.tokens_per_step for r in runs)
         comparison = compare_horizon(truth, summary, tokens).to_json()
-        located, (low, high) = truth_located_lr(runs), summary.get("predicted_lr_interval") or (None, None)
+        located = truth_located_lr(truth, runs[0].steps * runs[0].tokens_per_step)
+        low, high = summary.get("predicted_lr_interval") or (None, None)
         if located is not None and located.usable:  # the truth's LR* between its grid points, by the search's rule
             comparison.update(truth_located_lr=located.lr, truth_located_lr_interval=list(located.interval()),
                               interval_holds_truth_located_lr=bool(low and high and low <= located.lr <= high))

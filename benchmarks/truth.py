@@ -1,15 +1,16 @@
 """A search checked against the truth: a dense grid of LRs, at least TRUTH_SEEDS seeds each, every run trained
 to the full budget with nothing stopping it early (benchmarks/lr_truth.py trains one).
 
-The truth about failure needs no window: a run of the grid fails when it ends its budget with the loss above
-ℓ₀ or goes non-finite. Its best LR, basin and degraded region are lmtune's own analysis
-(lmtune.analysis.conclusion.conclude) applied to those runs. ``compare`` then asks of a sweep's summary what a
-careful reader would, each a check that can fail: is the search's best LR inside the truth's basin (the LRs
-within 2 standard errors of its best, not the clearly worse LRs around them), does its edge bracket overlap the
-truth's (where the truth's own seeds disagree about the edge, no wider), and do its basin and degraded region
-overlap the truth's. ``compare_horizon`` asks of a horizon search's prediction whether its loss on the truth's
-curve is within 2 standard errors of the truth's best. Each refuses, in one line, a truth with fewer than
-TRUTH_SEEDS seeds at an LR it reads.
+The truth about failure needs no window: a run of the grid fails when it goes non-finite, ends its budget with the
+loss above ℓ₀, or (above an LR that trained) ends no better than the data's unigram baseline. The grid is judged by
+benchmarks.truth_rules, a small implementation of those definitions written apart from lmtune's analysis, so that
+a bug in lmtune's own rules cannot pass both the search and its truth: best LR, basin, degraded region, edge.
+``compare`` then asks of a sweep's summary what a careful reader would, each a check that can fail: is the
+search's best LR inside the truth's basin (the LRs within 2 standard errors of its best, not the clearly worse LRs
+around them), does its edge bracket overlap the truth's (where the truth's own seeds disagree about the edge, no
+wider), and do its basin and degraded region overlap the truth's. ``compare_horizon`` asks of a horizon search's
+prediction whether its loss on the truth's curve is within 2 standard errors of the truth's best. Each refuses,
+in one line, a truth with fewer than TRUTH_SEEDS seeds at an LR it reads.
 
 A truth answers for one setting (benchmarks.truth_setting): its runs must share it, and a sweep is compared
 with it only where they agree on it; the LR and seed are what a grid varies.
@@ -19,22 +20,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import truth_rules as rules
 from benchmarks.truth_setting import Setting, data_of, setting_differences, setting_of
-from lmtune.analysis.bracket import bracket, failed_runs
-from lmtune.analysis.conclusion import conclude
-from lmtune.analysis.locate import LocatedLr, locate_best_lr
-from lmtune.analysis.runs import SAME_LR, SIGNIFICANCE_SE, Budget, Run, full_budget_ranking
 from lmtune.data.dataset import data_unigram_loss
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, JsonValue
 from lmtune.searches.textbook import TextbookRule, horizon_rule, width_rule
 from lmtune.sweep.record import run_config_of
-from lmtune.training.divergence import DEFAULT_RULE, WHOLE_RUN, DivergenceRule, judge
 from lmtune.training.metric_registry import Row
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 
@@ -58,18 +56,19 @@ class TruthRun:
     end_val: float | None
     """Its val loss at the end of the budget (None: it went non-finite before)."""
     failed: bool
-    """It went non-finite, or its budget ended with the loss above ℓ₀."""
+    """It diverged (benchmarks.truth_rules.diverged): it went non-finite, or its budget ended with the loss above
+    ℓ₀. (Failing also counts ending no better than the baseline: truth_rules.failed_runs.)"""
     non_finite: bool
     longest_above: int
     """The most steps its loss spent above ℓ₀ in one stretch."""
     rule_stops_at: int | None
-    """Where the stopper's rule (with the rule given to ``read_truth``) would have ended it."""
+    """Where the stopper given to ``read_truth`` would have ended it (None: never, or none given)."""
     setting: Setting
     """What it shares with every other run of its truth (``setting_of``)."""
     spikes: list[str] = field(default_factory=list)
     baseline: float | None = None
     """Its data's unigram baseline (lmtune.data.dataset.data_unigram_loss; None: the data dir is gone): ending no
-    better, above an LR that trained, it failed (lmtune.analysis.bracket)."""
+    better, above an LR that trained, it failed (benchmarks.truth_rules.failed_runs)."""
 
 
 def _json_object(path: Path) -> JsonObject:
@@ -94,9 +93,15 @@ def run_folders(folder: Path) -> list[Path]:
     return runs
 
 
-def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthRun]:
+Stopper = Callable[[list[Row], float, int], tuple[int | None, list[str]]]
+"""A stopper's rule put to the truth (its rows, ℓ₀, its steps -> the step at which the rule would end it, None:
+never; the spikes it names): what ``lr_truth.py table`` checks against the truth, never how the truth is judged."""
+
+
+def read_truth(folder: Path, stopper: Stopper | None = None) -> list[TruthRun]:
     """Every finished run under ``folder`` (one run folder per LR and seed, as lmtune.training.loop writes);
-    refused in one line where there are none or they differ in setting."""
+    refused in one line where there are none or they differ in setting. ``stopper``: a rule whose verdict each
+    run records (``rule_stops_at``, ``spikes``; None: none recorded)."""
     runs, data, baselines = [], {}, {}
     for run_dir in run_folders(folder):
         summary = _json_object(run_dir / "summary.json")
@@ -111,17 +116,16 @@ def read_truth(folder: Path, rule: DivergenceRule = DEFAULT_RULE) -> list[TruthR
                               "a truth holds one setting: move the odd runs out")
         rows = read_metrics(run_dir / METRICS_FILE)
         ell0, steps = math.log(config.model.vocab_size), config.train.steps
+        # (what the loop recorded: a gradient norm can go non-finite where no logged loss shows it)
         non_finite = summary["status"] == "diverged" and "non-finite" in (summary.get("reason") or "")
         last = rows[-1]["train_loss"] if rows else math.nan
-        watch = judge([(r["step"], r["train_loss"]) for r in rows], ell0, steps, steps, rule)
+        stops, spikes = stopper(rows, ell0, steps) if stopper else (None, [])
         val = {int(r["tokens"]): r["val_loss"] for r in rows if r.get("val_loss") is not None}
         full = rows and rows[-1]["step"] == steps and not non_finite
         runs.append(TruthRun(
             config.train.lr, config.train.seed, steps, config.tokens_per_step, ell0, val,
-            rows[-1].get("val_loss") if full else None,
-            non_finite or not (math.isfinite(last) and last <= ell0), non_finite, longest_above(rows, ell0),
-            watch.verdict.step if watch.verdict.stop and not non_finite else None, setting,
-            [s.describe() for s in watch.all_spikes()], baselines[config.data_dir]))
+            rows[-1].get("val_loss") if full else None, rules.diverged(non_finite, last, ell0), non_finite,
+            longest_above(rows, ell0), None if non_finite else stops, setting, spikes, baselines[config.data_dir]))
     return sorted(runs, key=lambda r: (r.lr, r.seed))
 
 
@@ -144,33 +148,66 @@ def longest_above(rows: list[Row], ell0: float) -> int:
 
 
 def truth_conclusion(runs: list[TruthRun]) -> JsonObject:
-    """lmtune's analysis of the grid (nothing stopped its runs): best LR, basin, degraded region, and the
-    first LR at which a run failed (``failing_lr``), all at the full budget; in summary.json's keys, as
-    ``compare`` reads them beside a sweep's summary.json, and ``grid``: each LR's seeds that came through and
-    that failed."""
-    first = runs[0]
-    full = first.steps * first.tokens_per_step
-    as_runs = _as_runs(runs)
-    failed = {id(r) for r in failed_runs(as_runs)}
-    grid = [{"lr": lr, "seeds_through": sorted(r.seed for r in as_runs if r.lr == lr and id(r) not in failed),
-             "seeds_failed": sorted(r.seed for r in as_runs if r.lr == lr and id(r) in failed)}
+    """The grid judged by the truth's own rules (benchmarks.truth_rules, nothing of lmtune's analysis): best LR,
+    basin, degraded region, the first LR at which a run failed (``failing_lr``) and at which one diverged, all at
+    the full budget; in summary.json's keys, as ``compare`` reads them beside a sweep's summary.json, and
+    ``grid``: each LR's seeds that came through and that failed."""
+    failed = {id(r) for r in rules.failed_runs(runs)}
+    grid = [{"lr": lr, "seeds_through": sorted(r.seed for r in runs if r.lr == lr and id(r) not in failed),
+             "seeds_failed": sorted(r.seed for r in runs if r.lr == lr and id(r) in failed)}
             for lr in sorted({r.lr for r in runs})]
-    return {**conclude(as_runs, Budget(first.steps, 0, first.tokens_per_step, 0, (full,))).to_json(), "grid": grid}
+    ranked = rules.ranking(runs)
+    sigma, spread_lrs = rules.pooled_spread(ranked)
+    best = ranked[0] if ranked else None
+    failing_low, failing = rules.failing_bracket(runs)
+    divergence_low, divergence = rules.divergence_bracket(runs)
+    return {"best_lr": best.lr if best else None, "best_lr_seed_losses": list(best.losses) if best else [],
+            "best_lr_seeds": list(best.seeds) if best else [], "best_lr_mean_loss": best.mean if best else None,
+            "seed_spread": sigma, "failing_lr_low": failing_low, "failing_lr": failing,
+            "divergence_lr_low": divergence_low, "divergence_lr": divergence,
+            "seed_dependent": [{"lr": row["lr"], "seeds_through": row["seeds_through"],
+                                "seeds_diverged": row["seeds_failed"]}
+                               for row in grid if row["seeds_through"] and row["seeds_failed"]],
+            **_regions(ranked, sigma, spread_lrs, failing), "ranking": [r.to_json() for r in ranked], "grid": grid}
 
 
-def truth_located_lr(runs: list[TruthRun]) -> LocatedLr | None:
-    """The truth's own LR* located between its grid points, by the search's rule (a weighted quadratic in ln LR
-    around its crowned best, Fieller's 90% interval: lmtune.analysis.locate): what a prediction's
-    interval is checked against, rather than the crowned grid LR, whose precision is the grid's gap."""
-    as_runs = _as_runs(runs)
-    return locate_best_lr(full_budget_ranking(as_runs), as_runs[0].budget_tokens, bracket(as_runs))
+def _regions(ranked: list[rules.LrMean], sigma: float | None, spread_lrs: list[float],
+             failing: float | None) -> JsonObject:
+    """The basin (truth_rules.basin) and the degraded region above it, each end between two tried LRs (summary.json's
+    form): the degraded region is the LRs above the basin's last, below the failing LR (None: fewer than one)."""
+    if not ranked:
+        return {"basin": None, "degraded": None}
+    best, line = ranked[0], sorted(ranked, key=lambda r: r.lr)
+    inside = rules.basin(ranked, sigma)
+    low, high = line.index(inside[0]), line.index(inside[-1])
+    above = [r for r in line[high:] if failing is None or r.lr < failing]
+    basin = {"lrs": [r.lr for r in inside], "low": [line[low - 1].lr if low else None, inside[0].lr],
+             "high": [inside[-1].lr, line[high + 1].lr if high + 1 < len(line) else failing],
+             "best_loss": best.mean, "seed_spread": sigma, "spread_lrs": spread_lrs,
+             "margin": rules.margin(best, best, sigma) if sigma is not None else None}
+    return {"basin": basin, "degraded": _degraded(above, best, failing) if len(above) > 1 else None}
 
 
-def _as_runs(runs: list[TruthRun]) -> list[Run]:
-    """The truth's runs as the searches see runs: every one trained its whole budget (or failed on it)."""
-    full = runs[0].steps * runs[0].tokens_per_step
-    return [Run(r.lr, r.seed, "grid", full, full, "diverged" if r.failed else "completed", full, r.val,
-                divergence=WHOLE_RUN, baseline=r.baseline) for r in runs]
+# The multiples of the best LR at which the degraded region's excess loss is stated (interpolated in log LR).
+DEGRADED_AT = (2, 4, 10, 30, 100, 300)
+
+
+def _degraded(top: list[rules.LrMean], best: rules.LrMean, failing: float | None) -> JsonObject:
+    """The degraded region from the basin's last LR (``top[0]``) up: each LR's excess over the best's mean, that
+    excess at DEGRADED_AT multiples of the best LR within the LRs tried, and the least-squares slope of the excess
+    against log2 LR (nats per doubling) with its straight-line standard error (None under 3 points)."""
+    xs = np.log2([r.lr / best.lr for r in top])
+    ys = np.array([r.mean - best.mean for r in top])
+    slope, intercept = np.polyfit(xs, ys, 1)
+    residual = ys - (slope * xs + intercept)
+    se = math.sqrt(float(residual @ residual) / (len(xs) - 2) / float(((xs - xs.mean()) ** 2).sum())) \
+        if len(xs) > 2 else None
+    return {"low": [top[0].lr, top[1].lr], "high": [top[-1].lr, failing],
+            "points": [{"lr": r.lr, "ratio_to_best": r.lr / best.lr, "loss": r.mean, "excess": r.mean - best.mean,
+                        "seeds": len(r.losses)} for r in top[1:]],
+            "excess_at": {str(f): float(np.interp(math.log2(f), xs, ys)) for f in DEGRADED_AT
+                          if xs[0] <= math.log2(f) <= xs[-1]},
+            "per_doubling": float(slope), "per_doubling_se": se}
 
 
 def check_truth_seeds(truth: JsonObject, lrs: list[float | None]) -> None:
@@ -207,7 +244,7 @@ class HorizonComparison:
     """The predicted LR's loss on the truth's curve (log-LR interpolation between its two grid LRs) above the
     truth's best mean (None: the prediction lies outside the truth's LRs)."""
     truth_two_standard_errors: float | None
-    """SIGNIFICANCE_SE standard errors of that difference, from the truth's own pooled seed spread and seed counts."""
+    """rules.SE_MARGIN standard errors of that difference, from the truth's own pooled seed spread and seed counts."""
     predicted_lr_in_truth_basin: bool
     """The excess is within those two standard errors: the prediction is as good as the truth's best."""
     interval_holds_truth_best: bool
@@ -231,7 +268,7 @@ class TruthComparison:
 
     best_lr_in_truth_basin: bool
     """The search's best LR lies inside the truth's basin: from its lowest to its highest LR (those whose mean
-    is within 2 standard errors of the truth's best), give or take SAME_LR; never out among the LRs clearly
+    is within 2 standard errors of the truth's best), give or take rules.LR_TOLERANCE; never out among the LRs clearly
     worse that bound it."""
     truth_basin_lrs: Span
     """The truth's basin: its lowest and highest LR."""
@@ -269,7 +306,7 @@ class TruthComparison:
 
 def compare_horizon(truth: JsonObject, search: JsonObject, truth_tokens: int) -> HorizonComparison:
     """A horizon search's prediction (summary.json keys) against the truth at its target budget: its loss on
-    the truth's curve (between the two grid LRs either side, in log LR) within SIGNIFICANCE_SE standard errors
+    the truth's curve (between the two grid LRs either side, in log LR) within rules.SE_MARGIN standard errors
     of the truth's best mean, the error from the truth's own pooled seed spread; where the predicted LR lies
     against the truth's best; the tokens the search trained against the truth's. Refused in one line where the
     truth has fewer than TRUTH_SEEDS seeds at its best LR or at the two LRs the prediction is read between."""
@@ -298,7 +335,7 @@ def _read_between(truth: JsonObject, lr: float | None) -> tuple[JsonObject, Json
 
 def excess_in_truth(truth: JsonObject, lr: float | None) -> tuple[float | None, float | None]:
     """``lr``'s loss on the truth's curve (log-LR interpolation between its two grid LRs) above the truth's best
-    mean, and SIGNIFICANCE_SE standard errors of that difference (None, None: ``lr`` lies outside the truth's LRs).
+    mean, and rules.SE_MARGIN standard errors of that difference (None, None: ``lr`` lies outside the truth's LRs).
     Refused in one line where the truth has fewer than TRUTH_SEEDS seeds at the two LRs read."""
     between = _read_between(truth, lr)
     if between is None:
@@ -308,7 +345,7 @@ def excess_in_truth(truth: JsonObject, lr: float | None) -> tuple[float | None, 
     excess = below["mean"] + t * (above["mean"] - below["mean"]) - truth["best_lr_mean_loss"]
     sigma, n_best = truth.get("seed_spread"), len(truth.get("best_lr_seed_losses") or [])
     n_read = min(len(below["losses"]), len(above["losses"]))
-    two_se = SIGNIFICANCE_SE * sigma * math.sqrt(1 / n_best + 1 / n_read) if sigma is not None else None
+    two_se = rules.SE_MARGIN * sigma * math.sqrt(1 / n_best + 1 / n_read) if sigma is not None else None
     return excess, two_se
 
 
@@ -348,7 +385,7 @@ def naive_pass_rate(truth: JsonObject, lr: float, draws: int = REDRAWS, seed: in
     best = drawn.argmin(axis=1)
     i, j = ranking.index(below), ranking.index(above)
     excess = drawn[:, i] + t * (drawn[:, j] - drawn[:, i]) - drawn[np.arange(draws), best]
-    two_se = SIGNIFICANCE_SE * sigma * np.sqrt(1 / seeds[best] + 1 / min(seeds[i], seeds[j]))
+    two_se = rules.SE_MARGIN * sigma * np.sqrt(1 / seeds[best] + 1 / min(seeds[i], seeds[j]))
     return float(np.mean(excess <= two_se))
 
 
@@ -472,7 +509,8 @@ def compare(truth: JsonObject, search: JsonObject) -> TruthComparison:
     check_truth_seeds(truth, [*(t_basin["lrs"] if t_basin else []), *(t_basin["low"] if t_basin else []),
                               *(t_basin["high"] if t_basin else []), *band, first_fail])
     best, (lowest, highest) = search.get("best_lr"), basin_lrs(t_basin)
-    in_basin = best is not None and lowest is not None and lowest / SAME_LR <= best <= highest * SAME_LR
+    close = rules.LR_TOLERANCE  # (a search's best a grid point away by rounding is at that grid point)
+    in_basin = best is not None and lowest is not None and lowest / close <= best <= highest * close
     low, high = search.get("failing_lr_low"), search.get("failing_lr")
     return TruthComparison(
         best_lr_in_truth_basin=in_basin, truth_basin_lrs=(lowest, highest), search_best_lr=best,

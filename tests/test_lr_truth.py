@@ -28,7 +28,6 @@ from benchmarks.truth import (
     naive_candidates,
     naive_pass_rate,
     truth_conclusion,
-    truth_located_lr,
 )
 from benchmarks.truth_setting import Setting, TruthData
 from lmtune.data.dataset import read_meta
@@ -322,7 +321,7 @@ def test_the_truths_own_lr_star_is_located_between_its_grid_points_not_read_off_
     """Losses an exact parabola in ln LR about 0.006 on a grid 2x apart: the crowned grid LR is 0.004 or 0.008, the
     located LR* the parabola's minimum, within its interval (what a prediction's interval is checked against)."""
     means = {lr: 2.0 + 0.1 * math.log(lr / 0.006) ** 2 for lr in (0.001, 0.002, 0.004, 0.008, 0.016, 0.032)}
-    located = truth_located_lr(constructed_runs(means))
+    located = lr_truth.truth_located_lr(truth_conclusion(constructed_runs(means)), 100 * 64)
     assert located.located and located.lr == pytest.approx(0.006, rel=1e-6)
     low, high = located.interval()
     assert low < 0.006 < high and high / low < 2
