@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from lmtune.analysis.bracket import Bracket
+from lmtune.analysis.named_lrs import interpolated
 from lmtune.analysis.runs import (
     SIGNIFICANCE_SE,
     LrResult,
@@ -179,18 +180,13 @@ def _degraded(above: list[LrResult], best: LrResult, edge: Bracket) -> Degraded 
         return None
     points = tuple(DegradedPoint(r.lr, r.lr / best.lr, r.mean, r.mean - best.mean, len(r.losses)) for r in top[1:])
     xs, ys = [math.log2(r.lr / best.lr) for r in top], [r.mean - best.mean for r in top]
-    at = tuple((f, _interpolate(xs, ys, math.log2(f))) for f in DEGRADED_AT if xs[0] <= math.log2(f) <= xs[-1])
+    # (within the LRs tried, so never None: interpolated is None only outside its points)
+    at = tuple((f, interpolated(list(zip(xs, ys, strict=True)), math.log2(f))) for f in DEGRADED_AT
+               if xs[0] <= math.log2(f) <= xs[-1])
     slope, error = _slope(xs, ys)
     between = tuple((y1 - y0) / (x1 - x0) for x0, y0, x1, y1 in zip(xs, ys, xs[1:], ys[1:], strict=False))
     return Degraded((top[0].lr, top[1].lr), (top[-1].lr, edge.diverged_lr), points, at, slope, error, between,
                     tuple(len(r.losses) for r in top))
-
-
-def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[-1]
 
 
 def _slope(xs: list[float], ys: list[float]) -> tuple[float, float | None]:
