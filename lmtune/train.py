@@ -21,7 +21,8 @@ from lmtune.training.fork import same_data
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.schedule import first_lr_difference
 from lmtune.usercode.checks import check_code
-from lmtune.usercode.config import add_code_arguments, code_from_arguments
+from lmtune.usercode.config import FLAGS, add_code_arguments, code_from_arguments
+from lmtune.usercode.consent import RUN_RECORD, TRUST_FLAG, check_recorded_files, read_run_record
 from lmtune.usercode.optim import step_lr_function
 
 # What a resumed run may change: where and how it runs, its bookkeeping, and its LR schedule (checked to give
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                         help="override any model/training field, e.g. --set batch_size=64 (repeatable)")
     add_code_arguments(parser)
+    parser.add_argument(TRUST_FLAG, action="store_true",
+                        help="with --resume: import the code the run's config.json names even where it is not the "
+                             "file, unchanged, that the run started with (only for a results folder you trust)")
     parser.add_argument("--wandb", metavar="PROJECT",
                         help="also log to Weights & Biases project PROJECT (needs pip install -e '.[wandb]')")
     parser.add_argument("--quiet", action="store_true", help="only warnings and the final summary")
@@ -58,6 +62,9 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
     check_destination(out, "--out")
     if args.resume:
         return resumed_config(args, out, overrides), out
+    if args.trust_code:
+        raise LmtuneError(f"{TRUST_FLAG} applies to --resume (the code a run's folder names); a new run imports only "
+                          f"the code its flags name: drop {TRUST_FLAG}")
     if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise LmtuneError(f"{out} already holds files; pass --resume to continue it or choose another --out")
     config = budget_config(budget, overrides, code=code_from_arguments(args))
@@ -84,8 +91,21 @@ def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, obj
         raise LmtuneError(f"--resume: the run in {out} trains {saved.code.describe()}, not {config.code.describe()} "
                           "(or another optimizer or schedule); drop --model/--optimizer/--schedule to continue it, "
                           "or choose another --out for a new run")
+    check_resumed_code(args, saved, out)  # before check_resumable, which calls the run's schedule
     check_resumable(saved, config, newest_checkpoint_step(out / "checkpoints"), out)
     return config
+
+
+def check_resumed_code(args: argparse.Namespace, saved: RunConfig, out: Path) -> None:
+    """A run folder is data, never code: the code its config.json names is imported only where this command names
+    it again, where it is the very file the run recorded as it started (RUN_RECORD: the user's own run, resumed on
+    the machine that trained it), unchanged, or with --trust-code; one line otherwise, before any import."""
+    named = set(code_from_arguments(args).specs.values())
+    record = read_run_record(out)
+    for field_name, spec in saved.code.specs.items():
+        if spec not in named:
+            check_recorded_files([spec], record, args.trust_code, whose="run", record=f"{out / RUN_RECORD}",
+                                 folder=out, fix=f"give {FLAGS[field_name]} {spec} again if it is your own code")
 
 
 def read_run_config(path: Path) -> RunConfig:
@@ -143,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sinks.append(WandbSink(args.wandb, config, out))
     with logs_above_the_bar():
-        result = train(config, out, resume=args.resume, sinks=sinks)
+        result = train(config, out, resume=args.resume, sinks=sinks, record_code=True)
     s = result.summary
     best = f"{s['best_val_loss']:.4f}" if s["best_val_loss"] is not None else "n/a"
     status = "completed, did not learn" if s.get("divergence", {}).get("did_not_learn") else result.status

@@ -20,8 +20,10 @@ from conftest import (
     EXAMPLE,
     TINY,
     assert_one_line_error,
+    assert_refused,
     disk_sweep,
     run_lmtune,
+    set_args,
     snapshot,
     user_model,
     write_grid_space,
@@ -257,3 +259,105 @@ def test_a_resume_of_the_users_own_sweep_imports_its_code_and_one_whose_code_cha
     model.write_text(original)
     resumed = run_lmtune("run", "--resume", *where, *quiet)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# train --resume: a run folder handed over names code too (config.json's code), and is data all the same
+
+
+def _train_argv(data: Path, out: Path, *extra: str) -> list[str]:
+    """``lmtune train`` of the tiny model, 10 steps of which the run trains the first 5 (a resume trains the rest)."""
+    return ["--data", str(data), "--out", str(out), "--quiet",
+            *set_args({**TINY, "steps": 10, "run_steps": 5, "eval_interval": 5, "checkpoint_interval": 5}), *extra]
+
+
+def _files(root: Path) -> dict:
+    """Every file under ``root`` (its size and time): a refused resume leaves them as they were (its folder's time
+    may change: --out's writability probe comes first)."""
+    return {path: stat for path, stat in snapshot(root).items() if (root / path).is_file()}
+
+
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory, builtin_data) -> Path:
+    """A run of the example model trained by ``lmtune train`` to step 5 of 10 (code_files.json recorded)."""
+    from lmtune.train import main as train_main
+
+    out = tmp_path_factory.mktemp("example_run") / "run"
+    assert train_main(_train_argv(builtin_data, out, "--model", EXAMPLE)) == 0
+    return out
+
+
+@pytest.fixture
+def handed_run(tmp_path, example_run, builtin_data) -> dict[str, Path]:
+    """The hostile run folder: the example run copied, its config.json naming ``payload.py:Model`` (a payload in the
+    folder that writes a marker outside it), and a code_files.json forged to vouch for the payload's path and hash
+    where the folder lands: {"run", "marker", "root", "argv" (of train --resume)}."""
+    import shutil
+
+    from lmtune.usercode.consent import RUN_RECORD
+
+    run = tmp_path / "run"
+    shutil.copytree(example_run, run)
+    marker = tmp_path / "PAYLOAD_RAN"
+    example = Path(EXAMPLE.rpartition(":")[0]).read_text()
+    payload = run / "payload.py"
+    payload.write_text(f"{example}\nfrom pathlib import Path as _P\n_P({str(marker)!r}).write_text('ran')\n"
+                       "Model = TransformerLM\n")
+    config = json.loads((run / "config.json").read_text())
+    config["code"]["model"] = "payload.py:Model"
+    (run / "config.json").write_text(json.dumps(config))
+    (run / RUN_RECORD).write_text(json.dumps({"payload.py:Model": {"path": str(payload),
+                                                                   "sha256": file_sha256(payload)}}))
+    argv = ["train", "--resume", "--out", ".", "--data", str(builtin_data), "--set", "run_steps=10"]
+    return {"run": run, "marker": marker, "root": tmp_path, "argv": argv}
+
+
+@pytest.mark.parametrize("record", ["forged", "none"])
+def test_train_resume_of_a_handed_over_run_refuses_in_one_line_and_runs_nothing(handed_run, record):
+    from lmtune.usercode.consent import RUN_RECORD
+
+    if record == "none":
+        (handed_run["run"] / RUN_RECORD).unlink()
+    before = _files(handed_run["root"])
+    proc = run_lmtune(*handed_run["argv"], cwd=handed_run["run"])
+    why = "lies in the run's own folder" if record == "forged" else "records no file and hash"
+    assert_one_line_error(proc.returncode, proc.stderr, "payload.py:Model", why, "--model payload.py:Model again",
+                          "--trust-code")
+    assert not handed_run["marker"].exists() and proc.stdout == ""
+    assert _files(handed_run["root"]) == before
+
+
+def test_train_resume_of_a_handed_over_run_with_trust_code_imports_it_and_resumes(handed_run):
+    proc = run_lmtune(*handed_run["argv"], "--trust-code", cwd=handed_run["run"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("completed: 10 steps"), proc.stdout
+    assert handed_run["marker"].read_text() == "ran"
+
+
+def test_train_resume_of_the_users_own_run_needs_no_flag_and_asks_once_its_code_changed(tmp_path, builtin_data,
+                                                                                           capsys):
+    """The common case: the run resumed where it was trained, its model file unchanged, imports as before; the file
+    edited, the resume asks for --model again (or --trust-code), and with --model it resumes."""
+    from lmtune.train import main as train_main
+
+    model = tmp_path / "model.py"
+    model.write_text(Path(EXAMPLE.rpartition(":")[0]).read_text())
+    spec, out = f"{model}:TransformerLM", tmp_path / "run"
+    assert train_main(_train_argv(builtin_data, out, "--model", spec)) == 0
+    resume = ["--resume", "--out", str(out), "--set", "run_steps=8", "--quiet"]
+    assert train_main(resume) == 0 and "completed: 8 steps" in capsys.readouterr().out
+    model.write_text(model.read_text() + "\n# edited\n")
+    before = _files(out)
+    assert_refused(train_main, [*resume[:-2], "run_steps=10", "--quiet"], capsys, "changed since the run started",
+                   f"--model {spec} again", "--trust-code")
+    assert _files(out) == before
+    assert train_main([*resume[:-2], "run_steps=10", "--quiet", "--model", spec]) == 0
+    assert "completed: 10 steps" in capsys.readouterr().out
+
+
+def test_trust_code_on_a_new_training_run_is_one_line(tmp_path, capsys):
+    from lmtune.train import main as train_main
+
+    assert_refused(train_main, ["--trust-code", "--out", str(tmp_path / "new")], capsys,
+                   "--trust-code applies to --resume")
+    assert not (tmp_path / "new").exists()

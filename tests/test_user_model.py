@@ -357,7 +357,8 @@ def test_a_resume_whose_model_code_changed_is_refused_in_one_line(tmp_path, caps
 
     for name in [n for n in sys.modules if n.startswith("lmtune_user_changing_model")]:
         monkeypatch.delitem(sys.modules, name)
-    assert_refused(train_main, ["--out", str(out), "--resume", "--set", "run_steps=0"], capsys,
+    # (--model named again: the edited file is the user's own, which the resume may import, and then refuses)
+    assert_refused(train_main, ["--out", str(out), "--resume", "--set", "run_steps=0", "--model", args[1]], capsys,
                    "holds another model than the one built now", "ln_final.weight", "restore that code")
 
 

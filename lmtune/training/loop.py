@@ -2,7 +2,7 @@
 
 ``train()`` is what the CLI (python -m lmtune.train), a sweep's trials and the tests call. Per run it
 writes into ``out_dir``: config.json, metrics.csv, TensorBoard events, training.log, checkpoints/,
-summary.json, loss_curves.png and lr_schedule.png.
+summary.json, loss_curves.png and lr_schedule.png; for the CLI, with the user's code, code_files.json.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from lmtune.training.memory import check_fits, out_of_memory
 from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, TensorBoardSink
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, evaluate, train_step
+from lmtune.usercode.consent import write_run_record
 from lmtune.usercode.optim import step_lr_function
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ class RunResult:
 
 def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from: Path | None = None,
           sinks: Sequence[MetricsSink] = (), before_step: StepHook | None = None,
-          divergence: DivergenceRule = DEFAULT_RULE, periodic_dir: Path | None = None) -> RunResult:
+          divergence: DivergenceRule = DEFAULT_RULE, periodic_dir: Path | None = None,
+          record_code: bool = False) -> RunResult:
     """Train one model as ``config`` says, writing everything to ``out_dir``.
 
     ``resume`` continues from the newest verified checkpoint in out_dir/checkpoints (a fresh start if
@@ -92,7 +94,8 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
     ``divergence`` judges the run's loss (spikes, failure to recover); the loop itself only ever ends a
     run at a non-finite value: stopping on the judgement is a sweep's decision. ``periodic_dir``: where the
     periodic checkpoints go and resume looks (default out_dir/checkpoints, beside best.pt; a sweep's trial
-    stages them elsewhere and hands each to Ray Tune, which keeps the only copy).
+    stages them elsewhere and hands each to Ray Tune, which keeps the only copy). ``record_code``: write the
+    files of the user's code beside config.json (``lmtune train``: what a ``train --resume`` may import unasked).
     """
     out_dir = Path(out_dir)
     config = resolve_config(config, Path(config.data_dir))
@@ -109,6 +112,8 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints, periodic_dir=periodic_dir)
         resumed_from = checkpointer.restore(state, path=resume_from, latest=resume)
         atomic_write_text(out_dir / "config.json", config.to_json())
+        if record_code:
+            write_run_record(out_dir, config.code)
         cleanup.enter_context(training_log(out_dir))  # first, so it records the resume and everything after
         csv_sink = cleanup.enter_context(CsvSink(out_dir, resume_step=state.step,
                                                  history=checkpointer.restored_history))

@@ -11,6 +11,8 @@ optimizer and schedules are not code of the folder and need none. While a comman
 ``run --resume`` continues the user's own sweep: sweep.json records, at the sweep's start, the path and SHA-256 of
 every file of code it imports (``recorded_files``); a resume imports them as the sweep did when each is that same
 file, unchanged, on the machine resuming (``check_recorded_files``), and asks for ``--trust-code`` otherwise.
+``train --resume`` does the same with the run's ``RUN_RECORD`` (code_files.json), and also imports code the command
+names again (``--model`` as the run recorded it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.machinery
+import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.files import atomic_write_text
 from lmtune.usercode.config import UserCode, is_file_spec, normalized
 
 TRUST_FLAG = "--trust-code"
@@ -133,26 +137,55 @@ def recorded_files(specs: Iterable[str]) -> dict[str, dict[str, str]]:
     return recorded
 
 
-def check_recorded_files(specs: Iterable[str], recorded: Mapping[str, object], trust: bool) -> None:
-    """Refuse, in one line, resuming with code that is not the file the sweep recorded at its start (another path,
-    changed bytes, or none recorded), unless --trust-code. Nothing is imported to tell."""
+def check_recorded_files(specs: Iterable[str], recorded: Mapping[str, object], trust: bool, *, whose: str = "sweep",
+                         record: str = "sweep.json", folder: Path | None = None, fix: str = "restore it") -> None:
+    """Refuse, in one line, resuming with code that is not the file the ``whose`` (sweep, run) recorded at its start
+    in ``record`` (another path, changed bytes, or none recorded), unless --trust-code. A file inside the results
+    ``folder`` itself is never the user's own: the folder was empty when the record was written, so such a record was
+    written by someone else. Nothing is imported to tell."""
     if trust:
         return
     for spec in dict.fromkeys(specs):
         if spec.startswith(f"{HANDED_OVER}:"):
             continue
-        entry = recorded.get(spec)
-        path = code_file(spec)
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str):
-            why = "sweep.json records no file and hash of it (an earlier lmtune, or an edited sweep.json)"
-        elif path is None or str(path) != entry["path"] or not path.is_file():
-            why = f"it is not the file the sweep started with ({entry['path']})"
-        elif file_sha256(path) != entry.get("sha256"):
-            why = f"{path} changed since the sweep started"
-        else:
-            continue
-        raise FolderCodeRefused(f"--resume: the sweep's code {shown(spec)} is not imported: {why}; restore it, or "
-                                f"give {TRUST_FLAG} to import it as it is now (only for a results folder you trust)")
+        why = _not_recorded(spec, recorded.get(spec), whose, record, folder)
+        if why:
+            raise FolderCodeRefused(f"--resume: the {whose}'s code {shown(spec)} is not imported: {why}; {fix}, or "
+                                    f"give {TRUST_FLAG} to import it as it is now (only for a results folder you "
+                                    "trust)")
+
+
+def _not_recorded(spec: str, entry: object, whose: str, record: str, folder: Path | None) -> str:
+    """Why ``spec``'s file is not the one ``entry`` (its record) names, unchanged ('': it is)."""
+    path = code_file(spec)
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str):
+        return f"{record} records no file and hash of it (written by an earlier lmtune, missing or edited)"
+    if path is None or str(path) != entry["path"] or not path.is_file():
+        return f"it is not the file the {whose} started with ({entry['path']})"
+    if folder is not None and path.is_relative_to(Path(folder).resolve()):
+        return f"it lies in the {whose}'s own folder, which holds data, never the code it started with"
+    if file_sha256(path) != entry.get("sha256"):
+        return f"{path} changed since the {whose} started"
+    return ""
+
+
+RUN_RECORD = "code_files.json"
+"""A training run's ``recorded_files`` (written by ``lmtune train`` as it starts), which ``train --resume`` checks."""
+
+
+def write_run_record(out: Path, code: UserCode) -> None:
+    """The run's RUN_RECORD of the files of its code as they are now (none: lmtune's own code, nothing to record)."""
+    if code.specs:
+        atomic_write_text(Path(out) / RUN_RECORD, json.dumps(recorded_files(code.specs.values()), indent=2) + "\n")
+
+
+def read_run_record(out: Path) -> Mapping[str, object]:
+    """A run's RUN_RECORD ({} where there is none or it is unreadable: nothing recorded, so nothing vouched for)."""
+    try:
+        record = json.loads((Path(out) / RUN_RECORD).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return record if isinstance(record, Mapping) else {}
 
 
 def code_file(spec: str) -> Path | None:
