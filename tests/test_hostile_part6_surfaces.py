@@ -163,6 +163,41 @@ def test_analyze_of_the_finished_sweep_replaces_the_unfinished_report_with_an_un
     assert "nfinished" not in (report / "lr_sweep_analysis.md").read_text()
 
 
+def _figure_marks(monkeypatch) -> dict[str, list[str]]:
+    """Every figure saved from now on, by file name: the texts it carries besides its axes' (fig.text, suptitle)."""
+    from matplotlib.figure import Figure
+
+    saved: dict[str, list[str]] = {}
+    save = Figure.savefig
+
+    def recording(fig, target, *args, **kwargs):
+        saved[f"figure {len(saved)}"] = [text.get_text() for text in fig.texts]
+        return save(fig, target, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording)
+    return saved
+
+
+UNFINISHED_FIGURE = "sweep unfinished (1 of 3 trials running): re-run analyze when it ends"
+
+
+def test_every_figure_of_a_running_sweeps_report_is_marked_unfinished(running_sweep, monkeypatch, capsys):
+    saved = _figure_marks(monkeypatch)
+    _analyze(running_sweep, capsys)
+    drawn = list((running_sweep / "report").glob("*.png"))
+    assert drawn and len(saved) == len(drawn), (saved, drawn)
+    assert all(UNFINISHED_FIGURE in texts for texts in saved.values()), saved
+
+
+def test_the_figures_of_the_finished_sweep_carry_no_unfinished_mark(running_sweep, monkeypatch, capsys):
+    ledger = json.loads(ledger_path(running_sweep).read_text())
+    ledger["c"] = {"outcome": "stopped_early", "reason": "stopped_early"}
+    ledger_path(running_sweep).write_text(json.dumps(ledger))
+    saved = _figure_marks(monkeypatch)
+    _analyze(running_sweep, capsys)
+    assert saved and not any("unfinished" in text for texts in saved.values() for text in texts), saved
+
+
 # ---------------------------------------------------------------------------------------------
 # Item 5: a storage URI's scheme
 

@@ -25,6 +25,14 @@ def unfinished_mark(summary: SweepSummary) -> str:
     return f"unfinished ({running} trial{'s' * (running != 1)} running)" if running else ""
 
 
+def unfinished_figure_mark(summary: SweepSummary) -> str:
+    """What every figure of a sweep read while trials ran carries ("" once every trial ended), as the text's
+    ``unfinished_mark`` says it."""
+    running = running_trials(summary)
+    return (f"sweep unfinished ({running} of {len(summary.trials)} trials running): re-run analyze when it ends"
+            if running else "")
+
+
 def summary_lines(summary: SweepSummary) -> list[str]:
     """What both CLIs print of a sweep's summary: its search's own lines, its best LR with its spread and
     interval, the regions above it, the edge and the ratio, and the best trial; each marked "[unfinished]" while

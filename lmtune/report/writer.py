@@ -23,7 +23,7 @@ from pathlib import Path
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, atomic_write_text, check_destination
 from lmtune.report.figures import FIGURES
-from lmtune.report.headline import running_trials
+from lmtune.report.headline import running_trials, unfinished_figure_mark
 from lmtune.report.markdown import write_markdown
 from lmtune.report.reader import load_range_test, load_sweep, missing_trials
 from lmtune.report.rows import TrialRow, json_safe, varied_params
@@ -45,6 +45,7 @@ from lmtune.report.sweep_facts import (
 )
 from lmtune.sweep.record import is_sweep_dir
 from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.training.figures import figures_marked
 from lmtune.training.lr_range import RangeTestResult
 from lmtune.usercode.consent import NO_CONSENT, CodeConsent, only_consented_code
 
@@ -171,10 +172,12 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | N
 
 
 def write_figures(out: Path, inputs: FigureInputs, figures: tuple[ReportFigure, ...]) -> list[ReportFigure]:
-    """Draw each figure that has something to show; returns those drawn, in the report's order."""
+    """Draw each figure that has something to show; returns those drawn, in the report's order. Each one of a sweep
+    read while trials ran is marked so (a PNG shared alone must not pass for the finished sweep's)."""
     drawn = [figure for figure in figures if figure.shown(inputs)]
-    for figure in drawn:
-        figure.draw(inputs, out / figure.file)
+    with figures_marked(unfinished_figure_mark(inputs.summary)):
+        for figure in drawn:
+            figure.draw(inputs, out / figure.file)
     return drawn
 
 

@@ -10,6 +10,8 @@ import importlib.util
 import io
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lmtune.files import atomic_write_bytes
@@ -55,7 +57,28 @@ def write_run_figures(out_dir: Path, rows: list[dict], config: RunConfig) -> Non
                      f"learning-rate schedule ({shape})")
 
 
+_MARKS: list[str] = []
+
+
+@contextmanager
+def figures_marked(text: str) -> Iterator[None]:
+    """While it lasts every figure ``save_figure`` writes carries ``text`` in red above it (a report of a sweep read
+    while trials ran: its figures may still change, and must not pass for a finished sweep's); '' marks nothing."""
+    _MARKS.append(text)
+    try:
+        yield
+    finally:
+        _MARKS.pop()
+
+
+def mark_figure(fig, text: str) -> None:
+    """``text`` above ``fig``'s own titles (a suptitle included), where no plot hides it."""
+    fig.text(0.5, 1.0, text, ha="center", va="bottom", color="tab:red", fontsize=11, fontweight="bold")
+
+
 def save_figure(fig, path: Path) -> Path:
+    if _MARKS and _MARKS[-1]:  # (here, so a search section's own figures are marked as lmtune's are)
+        mark_figure(fig, _MARKS[-1])
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
     pyplot().close(fig)
