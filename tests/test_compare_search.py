@@ -203,7 +203,6 @@ def write_space(tmp_path, extra: dict):
     ({"variants": {"reference": {}, "odd": {"set": {"norm": "sideways"}}}}, r"variants\.odd: norm must be one of"),
     ({"variants": {"reference": {}, "mine": {"model_set": "use_rope=false"}}}, r"variants\.mine\.model_set: must be "
                                                                              r"a mapping"),
-    ({"scheduler": {"name": "asha"}}, r"scheduler\.name: search: compare trains every run to its whole budget"),
     ({"per_variant": "optuna"}, r"per_variant: unknown LR search"),
     ({"start": "middle"}, r"start: 'middle': where a later variant's LR search starts; use own .* or reference"),
 ])
@@ -211,6 +210,19 @@ def test_a_space_the_compare_search_cannot_run_is_refused_in_one_line(tmp_path, 
     with pytest.raises(LmtuneError, match=problem) as err:
         load_space(str(write_space(tmp_path, extra)))
     assert "\n" not in str(err.value)
+
+
+def test_under_asha_each_variant_is_cut_at_the_references_rungs_in_tokens(tmp_path):
+    """A compare space under ASHA: ASHA may cut each variant's coarse grid only (the edge search's stages), and a
+    batch-size variant's budget is compared at the reference's rungs in tokens, its own steps to the same end."""
+    space = load_space(str(write_space(tmp_path, {"scheduler": {"name": "asha", "grace_period": 0.25},
+                                                  "variants": {"reference": {}, "big": {"batch_size": 64}}})))
+    plan = SweepPlan.create(space, budget_config(space.budget, space.fixed))
+    assert space.strategy.asha_stages() == frozenset({"coarse"})
+    reference = plan.budget()
+    big = next(v for v in space.strategy.settings.variants if v.name == "big").budget(reference)
+    assert len(reference.rungs) > 1 and big.rungs == reference.rungs
+    assert big.steps * big.tokens_per_step == reference.full_tokens and big.steps < reference.steps
 
 
 def test_a_batch_size_that_does_not_divide_the_budgets_tokens_is_refused_before_any_trial(tmp_path):

@@ -16,14 +16,15 @@ from lmtune.searches.state import read_search_state
 pytestmark = pytest.mark.slow
 
 # 32 steps of batch 8 (the reference and no_norm); the batch-32 variant trains the same tokens in 8 steps. The edge
-# searches are cut to the bone: a short range test, a coarse grid 5x apart, a 4x bracket, one seed.
+# searches are cut to the bone: a short range test, a coarse grid 5x apart under ASHA (rungs at a quarter of the
+# tokens and then every tripling), a 4x bracket, one seed.
 TINY_COMPARE = f"""\
 description: tiny compare search for the tests
 search: compare
 budget: quick
 set: {json.dumps({**TINY_TRIAL, "steps": 32, "warmup_steps": 4, "eval_interval": 8, "log_interval": 4,
                          "checkpoint_interval": 32})}
-scheduler: {{name: none}}
+scheduler: {{name: asha, grace_period: 0.25, reduction_factor: 3}}
 variants:
   reference: {{}}
   no_norm: {{set: {{norm: none}}}}
@@ -52,6 +53,20 @@ def test_the_search_finishes_and_each_trial_trains_its_own_variant(compare_sweep
         train = config["train"]
         assert (train["batch_size"], train["steps"]) == ((32, 8) if variant == "batch_32" else (8, 32))
     assert seen == {"reference", "no_norm", "batch_32"}
+
+
+def test_each_variants_coarse_grid_is_judged_by_an_asha_of_its_own(compare_sweep):
+    """Each variant's rung records hold that variant's trials only (one ASHA would cut a variant's LRs against
+    another variant's losses), in a state file of its own beside the sweep's."""
+    variant_of = {trial_id: json.loads((folder / "trial.json").read_text())["params"]["variant"]
+                  for trial_id, folder in trial_dirs(compare_sweep["dir"]).items()}
+    recorded = {}
+    for state in sorted((compare_sweep["dir"] / "decisions").glob("asha_state.*.json")):
+        brackets = json.loads(state.read_text())["brackets"]
+        recorded[state.stem.split(".", 1)[1]] = {t for rung in brackets[0] for t in rung["recorded"]}
+    assert set(recorded) == {"reference", "no_norm", "batch_32"}
+    for variant, trials in recorded.items():
+        assert trials and {variant_of[t] for t in trials} == {variant}, (variant, trials)
 
 
 def test_the_report_compares_every_variant_with_the_reference_at_its_own_best_lr(compare_sweep):

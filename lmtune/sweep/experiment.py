@@ -40,6 +40,7 @@ from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
 from lmtune.sweep.storage import is_uri
 from lmtune.sweep.sweep_file import DataRecord, SweepRecord
 from lmtune.sweep.trainable import DATA_FILES, ShippedData, train_trial
+from lmtune.sweep.variant_asha import VARIANT_AXIS, PerVariantASHA
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.device import resolve_device
 from lmtune.training.loop import resolve_config
@@ -184,16 +185,19 @@ def reuses_workers(plan: SweepPlan) -> bool:
 
 
 def plan_scheduler(plan: SweepPlan, recorder: OutcomeRecorder | None = None, state_path: Path | None = None,
-                   metric: str | None = None, mode: str | None = None) -> PersistentASHA | None:
+                   metric: str | None = None, mode: str | None = None) -> PersistentASHA | PerVariantASHA | None:
     """The plan's ASHA on tokens (None without one): cutting only the stages its strategy lets it cut, each trial
-    judged in the sweep's order; with a ``recorder`` and a ``state_path``, its decisions in the ledger and its
-    rungs kept across restarts. ``metric``/``mode`` None: the Tuner's TuneConfig sets them."""
+    judged in the sweep's order — and, where the trials are variants (a compare search), only against its own
+    variant's; with a ``recorder`` and a ``state_path``, its decisions in the ledger and its rungs kept across
+    restarts. ``metric``/``mode`` None: the Tuner's TuneConfig sets them."""
     asha = plan.asha
     if asha is None:
         return None
-    return PersistentASHA(recorder, state_path, time_attr="tokens", metric=metric, mode=mode, max_t=asha.max_t,
-                          grace_period=asha.grace_period, reduction_factor=asha.reduction_factor,
-                          stages=plan.space.strategy.asha_stages())
+    strategy = plan.space.strategy
+    per_variant = VARIANT_AXIS in getattr(strategy, "axis_columns", ())
+    return (PerVariantASHA if per_variant else PersistentASHA)(
+        recorder, state_path, time_attr="tokens", metric=metric, mode=mode, max_t=asha.max_t,
+        grace_period=asha.grace_period, reduction_factor=asha.reduction_factor, stages=strategy.asha_stages())
 
 
 def disk_reserve(plan: SweepPlan, max_concurrent: int) -> int:

@@ -35,11 +35,6 @@ class CompareStrategy(DecidingDefaults):
         if raw.get("params"):
             raise fail("params", "search: compare chooses each variant's learning rates itself; remove params (list "
                                  "what differs under variants)")
-        scheduler = raw.get("scheduler")
-        if isinstance(scheduler, dict) and scheduler.get("name", "asha") != "none":
-            raise fail("scheduler.name", "search: compare trains every run to its whole budget (one ASHA would judge "
-                                         "one variant's runs against another's); set scheduler: {name: none} or "
-                                         "remove scheduler")
         settings = parse_compare(raw, fail)
         _check_variants(settings, raw, fail)
         return cls(settings)
@@ -85,12 +80,15 @@ class CompareStrategy(DecidingDefaults):
     def describe(self, fuse: int) -> str:
         names = [v.name for v in self.settings.variants]
         return (f"compare search: {len(names)} variants, {names[0]} (the reference), {', '.join(names[1:])}: each "
-                f"its own {self.settings.per_variant} search for its best LR and where training fails, every run "
-                "trained to its whole budget at the same tokens"
+                f"its own {self.settings.per_variant} search for its best LR and where training fails, at the same "
+                "tokens (under an ASHA of its own where the space runs ASHA)"
                 + (", each later variant's starting from the reference's answer" if self.settings.start == "reference"
                    else "") + "; then each variant at its own best LR against the reference")
 
-    # (no ASHA: whole_budget_only, its decisions' — one ASHA would judge one variant's runs against another's)
+    def asha_stages(self) -> frozenset[str]:
+        # Each variant's edge search's (its coarse grid), under an ASHA of the variant's own (lmtune.sweep.variant_asha:
+        # one ASHA would cut a variant's LRs against another variant's losses).
+        return EdgeStrategy(self.settings.edge).asha_stages()
 
     def range_test(self) -> RangeTestConfig:
         return EdgeStrategy(self.settings.edge).range_test()  # each variant's edge search's

@@ -123,9 +123,13 @@ class CompareSection:
 
 def _method(result: CompareResult) -> str:
     budget = result.reference.budget
-    return (f"Every variant had an edge search of its own (its LRs chosen from its own runs), every run trained its "
-            f"whole budget ({tokens(budget.full_tokens)} tokens: a batch-size variant in its own steps) with nothing "
-            "cut early but a divergence; each variant is read at its own crowned best LR (the lowest mean over as "
+    trained = (f"every run trained its whole budget ({tokens(budget.full_tokens)} tokens: a batch-size variant in its "
+               "own steps) with nothing cut early but a divergence") if len(budget.rungs) < 2 else (
+        f"its coarse grid cut by an ASHA of the variant's own (rungs at {', '.join(tokens(r) for r in budget.rungs)} "
+        "tokens: a variant's LRs judged only against its own), the rest trained to the whole budget (a batch-size "
+        "variant in its own steps)")
+    return (f"Every variant had an edge search of its own (its LRs chosen from its own runs), {trained}; each "
+            "variant is read at its own crowned best LR (the lowest mean over as "
             "many seeds as the LRs it beats, from its own search's runs: the same design, so the same number of "
             "candidates, as the reference's). Against the reference: the difference of the two best means, judged "
             "at the level of 2 standard errors of a difference (each mean's error its variant's pooled seed sd over "

@@ -5,8 +5,9 @@ file. Ray-free and deterministic, driven like any deciding search (lmtune.sweep.
 How the variants share the sweep: a trial slot goes to the first variant, in the space's order (the reference
 first), whose search has a trial to run; a variant waiting on its runs' results leaves the slot to the next. Each
 trial carries its variant's name and settings (a batch-size variant its scaled steps); each variant's search sees only
-its own runs, at its own budget (the same tokens). The sweep runs no ASHA: one ASHA would judge one variant's runs
-against another's, so every coarse LR trains its whole budget.
+its own runs, at its own budget (the same tokens). Under ASHA each variant's coarse grid is cut by an ASHA of the
+variant's own (lmtune.sweep.variant_asha: one ASHA would judge one variant's runs against another's), at the same
+rungs in tokens.
 
 With ``start: reference`` a later variant's search waits for the reference's to finish and starts from its answer
 (no range test; a grid around the reference's best LR and the ends of its edge bracket: EdgeSearch's WarmStart):
@@ -50,7 +51,7 @@ class CompareSearch:
 
     name: ClassVar[str] = "compare"
     settings_class: ClassVar[type] = CompareSettings
-    whole_budget_only: ClassVar[bool] = True
+    whole_budget_only: ClassVar[bool] = False
     axis_columns: ClassVar[tuple[str, ...]] = ("variant",)
 
     def __init__(self, settings: CompareSettings, budget: Budget, max_pending: int = 1):

@@ -123,15 +123,17 @@ class Variant:
         return apply_overrides(base, self.run_settings(base), where=f"variants.{self.name}")
 
     def budget(self, base: Budget) -> Budget:
-        """The reference's ``base`` budget as this variant's runs have it (its steps and tokens per step; every
-        comparison at the full budget)."""
+        """The reference's ``base`` budget as this variant's runs have it (its steps and tokens per step), compared at
+        the reference's rungs in tokens (ASHA's: each variant's own ASHA cuts at the same token counts) below its own
+        full budget."""
         settings = self.settings
         batch = int(settings.get("batch_size", base.batch_size))
         tokens_per_step = base.tokens_per_step * batch // base.batch_size if base.batch_size else base.tokens_per_step
         steps = int(settings.get("steps", base.full_tokens // tokens_per_step))
         warmup = int(settings.get("warmup_steps", scaled_steps(base.warmup_steps, base.batch_size, batch)))
         return replace(base, steps=steps, warmup_steps=warmup, tokens_per_step=tokens_per_step,
-                       rungs=(steps * tokens_per_step,), batch_size=batch,
+                       rungs=(*(r for r in base.rungs[:-1] if r < steps * tokens_per_step), steps * tokens_per_step),
+                       batch_size=batch,
                        d_model=int(settings.get("d_model", base.d_model)), d_ff=int(settings.get("d_ff", base.d_ff)),
                        n_heads=int(settings.get("n_heads", base.n_heads)))
 
