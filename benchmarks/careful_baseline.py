@@ -192,10 +192,10 @@ class Runner:
 
         table = {f"{o.stage}-{i}": o for i, o in enumerate(orders)}
         space = {"stage": tune.grid_search(list(table)),
-                 "lr": tune.sample_from(lambda spec: table[spec.config.stage].lr),
-                 "seed": tune.sample_from(lambda spec: table[spec.config.stage].seed)}
+                 "lr": tune.sample_from(lambda config: table[config["stage"]].lr),
+                 "seed": tune.sample_from(lambda config: table[config["stage"]].seed)}
         if any(o.continue_from for o in orders):
-            space["continue_from"] = tune.sample_from(lambda spec: table[spec.config.stage].continue_from)
+            space["continue_from"] = tune.sample_from(lambda config: table[config["stage"]].continue_from)
         rungs = self.spec.rungs
         scheduler = ASHAScheduler(time_attr="tokens", max_t=self.full, grace_period=rungs[0],
                                   reduction_factor=rungs[1] / rungs[0]) if asha else None
@@ -212,6 +212,8 @@ class Runner:
         """The trial's own reported tokens and losses (tokens it continued from taken off)."""
         from lmtune.sweep.record import trial_folders
 
+        if result.error is not None:  # (a trial that could not train is a broken benchmark, not a measured run)
+            raise RuntimeError(f"trial {result.path} failed: {result.error}; the baseline is not measured")
         order = table[result.config["stage"]]
         folder = next((f for f in trial_folders(self.storage / self.name) if f.path == Path(result.path)), None)
         frame = result.metrics_dataframe
@@ -403,9 +405,8 @@ def stage_text(baseline: Baseline) -> str:
 
 def row(args: argparse.Namespace, search: Search, baseline: Baseline, spec: Spec,
         loads: dict[str, tuple[float, ...]]) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     s = search.summary
-    return {"benchmark": "careful_baseline", "commit": commit.stdout.strip(), "device": f"{os.cpu_count()}-core CPU "
+    return {"benchmark": "careful_baseline", "commit": args.commit, "device": f"{os.cpu_count()}-core CPU "
             "(this machine, other agents' work beside it)", "date": datetime.date.today().isoformat(),
             "command": " ".join(["python", "benchmarks/careful_baseline.py", *sys.argv[1:]]),
             "space": args.space, "sets": list(args.set), "num_cpus": args.num_cpus, "load_average": loads,
@@ -431,7 +432,11 @@ def main() -> None:
     parser.add_argument("--cpus-per-trial", type=float, default=1.0, help="as lmtune.run's default")
     parser.add_argument("--search-dir", type=Path, help="an edge search already run and analyzed: not run again")
     parser.add_argument("--no-row", action="store_true", help="write no results.jsonl row (a smoke test)")
+    parser.add_argument("--commit", help="the code's commit (default: git's HEAD here; give it for a snapshot of "
+                        "the code run outside the checkout)")
     args = parser.parse_args()
+    args.commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                text=True, cwd=ROOT).stdout.strip()
     loads = {"start": os.getloadavg()}
     search = (searched(args.search_dir) if args.search_dir else
               run_search(args.space, f"{args.name}-search", args.results, args.num_cpus, args.set))
