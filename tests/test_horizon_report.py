@@ -14,8 +14,8 @@ import pytest
 from lmtune.analysis.fit import fit_horizon
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
+from lmtune.searches.axis.held_out import PRINTED_90_FLOOR, interval_words
 from lmtune.searches.horizon.budgets import fit_budgets
-from lmtune.searches.horizon.held_out import PRINTED_90_FLOOR, interval_words
 from lmtune.searches.horizon.report import (
     HELD_OUT_COVERAGE,
     HorizonSection,

@@ -43,7 +43,7 @@ class HorizonFit:
     predicted_lr: float
     predicted_lr_interval: tuple[float, float]
     """The predicted LR's nominal 90% interval (widened to the largest budget's LR* when beta is not resolved); what
-        it held where the method was not tuned: lmtune.searches.horizon.held_out."""
+        it held where the method was not tuned: lmtune.searches.axis.held_out."""
     points: tuple[LocatedLr, ...]
     """Each searched budget's LR*, smallest budget first (the points fitted: those with a finite SE)."""
     chi2: float

@@ -5,16 +5,53 @@ can never report; and the JSON of that state. Each search adds its own stages (`
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import ClassVar, Generic, TypeVar
 
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
-from lmtune.searches.trial_order import TuneParams, TuneResult, evaluated_val_loss
+from lmtune.searches.trial_order import TrialOrder, TuneParams, TuneResult, evaluated_val_loss
 from lmtune.training.divergence import BY_RULE, WHOLE_RUN
 
 # What a search that decides as it goes answers suggest() with when it has no trial to give.
 WAIT, FINISHED = "wait", "finished"
+
+@dataclass(frozen=True)
+class Decision:
+    """A stage's plan: the LRs it asked for, and why (at which point of its axis, for a search along one)."""
+
+    stage: str
+    lrs: list[float]
+    why: str
+    point: int | None = None
+    """The budget in steps (search: horizon) or the width, d_model (search: width); None for the edge search."""
+
+
+@dataclass
+class Planned:
+    """A trial a search asks for: its stage, LR (None: the range test, whose LR rises over its run) and seed, why,
+    and (for a search along an axis) its point; the run it continues, if any."""
+
+    stage: str
+    lr: float | None
+    seed: int
+    why: str = ""
+    point: int | None = None
+    """The budget in steps (search: horizon) or the width, d_model (search: width); None for the edge search."""
+    continue_from: str | None = None
+    """The trial id of an ASHA-cut run this one continues from its newest checkpoint (the edge search)."""
+    fork_from: str | None = None
+    """Under WSD: the trial id of this LR and seed's run at a smaller budget, whose stable phase this run
+    continues from where it ended (the same run as from scratch: lmtune.training.fork)."""
+
+    def config(self, early_stop: bool = True) -> TuneParams:
+        """The trial's order as Tune carries it: its stage, LR and seed, the run it continues, and whether the
+        stopper's divergence rule may end it; not what its point sets (a search along an axis adds that:
+        lmtune.searches.axis.axis.SearchAxis.params)."""
+        settings = {"seed": self.seed, **({"lr": self.lr} if self.lr is not None else {})}
+        return TrialOrder(settings, stage=self.stage, continue_from=self.continue_from, fork_from=self.fork_from,
+                          early_stop=early_stop).to_tune()
+
 
 PlannedT = TypeVar("PlannedT")
 """A search's own dataclass of a trial it asks for (its stage, LR, seed, why: ``planned_class``)."""

@@ -40,9 +40,9 @@ from lmtune.analysis.bracket import bisect_lrs, bracket, needs_confirmation
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import SAME_LR, Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
-from lmtune.searches.deciding import DecidingSearch
+from lmtune.searches.deciding import DecidingSearch, Decision, Planned
 from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs, warm_lrs
-from lmtune.searches.trial_order import RANGE_STAGE, TrialOrder, TuneParams, TuneResult
+from lmtune.searches.trial_order import RANGE_STAGE, TuneParams, TuneResult
 
 STAGES = (RANGE_STAGE, "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
 ASHA_STAGES = frozenset({"coarse"})  # the only stage ASHA may cut
@@ -53,15 +53,6 @@ MAX_BISECT_ROUNDS = 12
 
 # ---------------------------------------------------------------------------------------------
 # The search, stage by stage
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A stage's plan: the LRs it asked for, and why."""
-
-    stage: str
-    lrs: list[float]
-    why: str
 
 
 @dataclass(frozen=True)
@@ -83,24 +74,6 @@ class WarmStart:
     best_lr: float
     stable_lr: float | None
     diverged_lr: float | None
-
-
-@dataclass
-class Planned:
-    """A trial the search asks for, and why."""
-
-    stage: str
-    lr: float | None
-    seed: int
-    why: str = ""
-    continue_from: str | None = None
-    """The trial id of an ASHA-cut run this one continues from its newest checkpoint."""
-
-    def config(self) -> TuneParams:
-        """The trial's order, as Tune carries it: its stage, LR and seed (and the trial it continues)."""
-        settings = {"seed": self.seed, **({"lr": self.lr} if self.lr is not None else {})}
-        return TrialOrder(settings, stage=self.stage, continue_from=self.continue_from,
-                          early_stop=self.stage not in NO_EARLY_STOP_STAGES).to_tune()
 
 
 class EdgeSearch(DecidingSearch[Planned, Decision]):
@@ -128,6 +101,9 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
     def _start(self, trial_id: str, planned: Planned) -> Run:
         return Run(planned.lr or 0.0, planned.seed, planned.stage, self.budget.full_tokens, self.budget.full_tokens,
                    trial_id=trial_id, continue_from=planned.continue_from, baseline=self.budget.unigram_loss)
+
+    def _order(self, planned: Planned) -> TuneParams:
+        return planned.config(early_stop=planned.stage not in NO_EARLY_STOP_STAGES)
 
     def complete(self, trial_id: str, outcome: str, result: TuneResult | None = None) -> Run | None:
         """As every deciding search's; for the range test ``result`` carries its finding (steepest_lr,

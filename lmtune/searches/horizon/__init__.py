@@ -1,6 +1,7 @@
 """``search: horizon``: the best LR at the budget the user will train at, predicted from the best LR at
-smaller budgets (a power law in the token horizon) and confirmed at that budget (the stages:
-lmtune.searches.horizon.search; the fit: lmtune.analysis.fit)."""
+smaller budgets (a power law in the token horizon) and confirmed at that budget (the search:
+lmtune.searches.horizon.search, on the engine of a search along an axis, lmtune.searches.axis; the fit:
+lmtune.analysis.fit)."""
 
 from __future__ import annotations
 

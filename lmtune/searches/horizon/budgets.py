@@ -1,19 +1,49 @@
-"""What the runs of each searched budget show, Ray-free: the runs at a budget, each budget's located LR*
-(lmtune.analysis.locate), the power law through them (lmtune.analysis.fit), and every budget's conclusion with the
-fit as one value (``conclude_horizon``; the axis-generic parts: lmtune.searches.horizon.axis). The search (deciding
-when to confirm) and the report (lmtune.searches.horizon.report_conclusion) both call these, so they agree."""
+"""The horizon search's axis, token budgets (``TokenAxis``), and what the runs of each searched budget show,
+Ray-free: the runs at a budget, each budget's located LR* (lmtune.analysis.locate), the power law through them
+(lmtune.analysis.fit), and every budget's conclusion with the fit as one value (``conclude_horizon``; the
+axis-generic parts: lmtune.searches.axis.axis). The search (deciding when to confirm) and the report
+(lmtune.searches.horizon.report_conclusion) both call these, so they agree."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from lmtune.analysis.fit import HorizonFit, fit_horizon
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
 from lmtune.errors import LmtuneError
-from lmtune.searches.horizon.axis import AxisConclusion, TokenAxis, conclude_along, locate_along, surface_along
-from lmtune.searches.horizon.axis import runs_at as runs_on
+from lmtune.searches.axis.axis import Axis, AxisConclusion, conclude_along, locate_along, surface_along
+from lmtune.searches.axis.axis import runs_at as runs_on
 from lmtune.searches.horizon.settings import HorizonSettings
+from lmtune.searches.trial_order import TuneParams
+
+
+@dataclass(frozen=True)
+class TokenAxis(Axis):
+    """Token budgets: a trial's ``steps`` is its budget (its schedule decays over them); the target is the
+    space's own steps."""
+
+    name = "budget"
+
+    @property
+    def target(self) -> int:
+        return self.budget.steps
+
+    def params(self, point: int) -> TuneParams:
+        return {"steps": point}
+
+    def budget_at(self, point: int) -> Budget:
+        return self.budget.at_steps(point)
+
+    def holds(self, run: Run, point: int) -> bool:
+        return run.budget_tokens == point * self.budget.tokens_per_step
+
+    def others(self, point: int) -> tuple[tuple[str, object], ...]:
+        return ()  # a budget tells runs apart by their budget_tokens
+
+    def label(self, point: int) -> str:
+        return f"{point}-step budget"
 
 
 def budget_axis(settings: HorizonSettings, target: Budget) -> TokenAxis:

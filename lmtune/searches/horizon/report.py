@@ -21,8 +21,8 @@ from lmtune.report.comparison import record_runs  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
-from lmtune.searches.horizon.axis import PointConclusion  # noqa: E402
-from lmtune.searches.horizon.held_out import (  # noqa: E402
+from lmtune.searches.axis.axis import PointConclusion  # noqa: E402
+from lmtune.searches.axis.held_out import (  # noqa: E402
     HELD_OUT_COVERAGE,
     held_out_sentence,
     held_out_span,

@@ -17,8 +17,8 @@ from lmtune.analysis.fit import HorizonFit
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
 from lmtune.report.stability import TrialRecord
+from lmtune.searches.axis.axis import PointConclusion
 from lmtune.searches.horizon import HorizonStrategy
-from lmtune.searches.horizon.axis import PointConclusion
 from lmtune.searches.horizon.budgets import conclude_horizon
 from lmtune.searches.horizon.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.searches.horizon.settings import HorizonSettings

@@ -1,5 +1,5 @@
 """What a width search steps along and what its runs conclude, Ray-free and typed: the proxies' d_model, then the
-target's (``WidthAxis``, a lmtune.searches.horizon.axis.Axis); each width's conclusion at the budget's full token count
+target's (``WidthAxis``, a lmtune.searches.axis.axis.Axis); each width's conclusion at the budget's full token count
 (lmtune.analysis.conclusion.conclude), each proxy's located LR* (lmtune.analysis.locate) and the power
 law ln LR* = a - gamma ln width: the line through the located LR*s, or (``fit: surface``) the loss surface through
 every proxy's runs (lmtune.analysis.surface) where its law test holds. The search (deciding when to confirm) and
@@ -21,8 +21,8 @@ from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.searches.horizon.axis import Axis, AxisConclusion, SearchAxis, conclude_along, locate_along, surface_along
-from lmtune.searches.horizon.axis import runs_at as runs_on
+from lmtune.searches.axis.axis import Axis, AxisConclusion, SearchAxis, conclude_along, locate_along, surface_along
+from lmtune.searches.axis.axis import runs_at as runs_on
 from lmtune.searches.horizon.search import HorizonSearch
 from lmtune.searches.trial_order import TuneParams
 from lmtune.searches.width.settings import WidthSettings, proxy_shape

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
-from lmtune.searches.horizon.axis import PointConclusion
+from lmtune.searches.axis.axis import PointConclusion
 from lmtune.searches.horizon.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.searches.width import WidthStrategy
 from lmtune.searches.width.conclusion import WidthFit, conclude_widths, runs_at_width

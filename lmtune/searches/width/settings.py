@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from lmtune.analysis.fit import LINE, SURFACE
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
-from lmtune.searches.horizon.settings import MAX_BUDGETS, LrSearchSettings
+from lmtune.searches.axis.settings import MAX_BUDGETS, LrSearchSettings
 from lmtune.searches.trial_order import TuneParams
 
 WIDTH_FITS = (LINE, SURFACE)

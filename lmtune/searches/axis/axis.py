@@ -1,10 +1,9 @@
-"""What the horizon search steps along: token budgets (``search: horizon``) or model widths (``search: width``).
+"""What a search along an axis steps along: token budgets (``search: horizon``: lmtune.searches.horizon.budgets)
+or model widths (``search: width``: lmtune.searches.width.conclusion), and what its runs conclude point by point.
 
-The search's stages (grid, seeds, refine, walls, edge probes, the confirmation) are the same along either axis: at
-each searched point an LR search of its own, every run trained to the point's whole budget, then a power law in
-the axis through each point's LR* predicts the target's. An axis says which points are searched, which of them is
-the target, what a trial at a point sets, and which runs belong to it. What a stage plans at a point (``Decision``)
-and each trial it asks Tune for (``Planned``) are here too.
+An axis says which points are searched, which of them is the target, what a trial at a point sets, and which runs
+belong to it; each point's LR* is located on its own runs and a search's fit (a power law in the axis) goes through
+them (``conclude_along``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from lmtune.analysis.fit import PowerLaw
 from lmtune.analysis.locate import LocatedLr, locate_best_lr
 from lmtune.analysis.runs import Budget, Run, effective_runs, full_budget_ranking
 from lmtune.analysis.surface import WIDENING, surface_where_law_holds
-from lmtune.searches.trial_order import TrialOrder, TuneParams
+from lmtune.files import JsonObject
+from lmtune.searches.trial_order import TuneParams
 
 
 class SearchAxis(Protocol):
@@ -67,37 +67,9 @@ class Axis:
         return sorted(self.values)
 
 
-@dataclass(frozen=True)
-class TokenAxis(Axis):
-    """Token budgets: a trial's ``steps`` is its budget (its schedule decays over them); the target is the
-    space's own steps."""
-
-    name = "budget"
-
-    @property
-    def target(self) -> int:
-        return self.budget.steps
-
-    def params(self, point: int) -> TuneParams:
-        return {"steps": point}
-
-    def budget_at(self, point: int) -> Budget:
-        return self.budget.at_steps(point)
-
-    def holds(self, run: Run, point: int) -> bool:
-        return run.budget_tokens == point * self.budget.tokens_per_step
-
-    def others(self, point: int) -> tuple[tuple[str, object], ...]:
-        return ()  # a budget tells runs apart by their budget_tokens
-
-    def label(self, point: int) -> str:
-        return f"{point}-step budget"
-
-
 def runs_at(axis: SearchAxis, runs: Iterable[Run], point: int) -> list[Run]:
     """The runs trained at ``point`` that stand (lmtune.analysis.runs.effective_runs)."""
     return effective_runs(r for r in runs if axis.holds(r, point))
-
 
 
 @dataclass(frozen=True)
@@ -116,6 +88,19 @@ class PointConclusion:
     """What its runs conclude (lmtune.analysis.conclusion.conclude)."""
     located: LocatedLr | None
     """Its LR* located between grid points around the crowned best (None: the target, or no LR trained it)."""
+
+
+class SearchFit(Protocol):
+    """What the engine (lmtune.searches.axis.search) reads of a search's fit (lmtune.analysis.fit.HorizonFit,
+    lmtune.searches.width.conclusion.WidthFit)."""
+
+    @property
+    def predicted_lr(self) -> float: ...
+
+    @property
+    def predicted_lr_interval(self) -> tuple[float, float]: ...
+
+    def to_json(self) -> JsonObject: ...
 
 
 Fit = TypeVar("Fit")
@@ -166,34 +151,3 @@ def conclude_along(axis: SearchAxis, runs: Iterable[Run],
         points.append(PointConclusion(value, budget.full_tokens, value / axis.target, len(at), conclude(at, budget),
                                       located[i] if i < len(located) else None))
     return AxisConclusion(tuple(points), *fit(located))
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A stage's plan at one point: the LRs it asked for, and why."""
-
-    stage: str
-    point: int
-    """The budget in steps (search: horizon) or the width, d_model (search: width)."""
-    lrs: list[float]
-    why: str
-
-
-@dataclass
-class Planned:
-    """A trial the search asks for: its stage, point (budget in steps, or width), LR and seed, and why."""
-
-    stage: str
-    point: int
-    """The budget in steps (search: horizon) or the width, d_model (search: width)."""
-    lr: float
-    seed: int
-    why: str = ""
-    fork_from: str | None = None
-    """Under WSD: the trial id of this LR and seed's run at a smaller budget, whose stable phase this run
-    continues from where it ended (the same run as from scratch: lmtune.training.fork)."""
-
-    def config(self) -> TuneParams:
-        """The trial's order as Tune carries it, but for what its point sets (the search's axis adds it:
-        SearchAxis.params)."""
-        return TrialOrder({"lr": self.lr, "seed": self.seed}, stage=self.stage, fork_from=self.fork_from).to_tune()
