@@ -395,6 +395,17 @@ def test_a_searchs_report_part_is_the_report_module_of_its_own_folder():
         assert type(section).__module__ == f"{STRATEGIES[name].__module__}.report"
 
 
+def test_no_search_class_subclasses_another_searchs():
+    """horizon and width are siblings on the engine of lmtune.searches.axis: no registered search's decisions
+    class is (or derives from) another registered search's."""
+    from lmtune.searches import STRATEGIES
+
+    classes = {name: s.search_class for name, s in STRATEGIES.items() if getattr(s, "search_class", None)}
+    assert {"horizon", "width", "edge"} <= set(classes)
+    derived = [(a, b) for a, ca in classes.items() for b, cb in classes.items() if a != b and issubclass(ca, cb)]
+    assert not derived, derived
+
+
 # Folders of lmtune/searches/ that hold an engine several searches build on, not a registered search of their own.
 ENGINE_FOLDERS = {"axis"}
 

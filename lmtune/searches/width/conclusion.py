@@ -5,10 +5,10 @@ law ln LR* = a - gamma ln width: the line through the located LR*s, or (``fit: s
 every proxy's runs (lmtune.analysis.surface) where its law test holds. The search (deciding when to confirm) and
 the report (lmtune.searches.width.report_conclusion) both call these, so they agree.
 
-The width search itself (``WidthSearch``) is the horizon search (lmtune.searches.horizon.search) stepping
-along width instead of tokens: at each proxy width, narrowest first, the same stages with the same full-budget
-crowning rules; then the power law in width, and the predicted LR and it divided and multiplied by
-``confirm_ratio`` trained at the target width, ``confirm_seeds`` runs each.
+The width search itself (``WidthSearch``) is the engine of a search along an axis (lmtune.searches.axis.search),
+the horizon search's sibling, stepping along width instead of tokens: at each proxy width, narrowest first, the
+same stages with the same full-budget crowning rules; then the power law in width, and the predicted LR and it
+divided and multiplied by ``confirm_ratio`` trained at the target width, ``confirm_seeds`` runs each.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.searches.axis.axis import Axis, AxisConclusion, SearchAxis, conclude_along, locate_along, surface_along
 from lmtune.searches.axis.axis import runs_at as runs_on
-from lmtune.searches.horizon.search import HorizonSearch
+from lmtune.searches.axis.search import AxisSearch
 from lmtune.searches.trial_order import TuneParams
 from lmtune.searches.width.settings import WidthSettings, proxy_shape
 
@@ -153,8 +153,8 @@ def conclude_widths(runs: Iterable[Run], settings: WidthSettings, target: Budget
                           lambda located: fit_located_widths(located, runs, settings, target))
 
 
-class WidthSearch(HorizonSearch):
-    """The width search's state and decisions: deterministic and JSON-serializable, like the horizon search's."""
+class WidthSearch(AxisSearch):
+    """The width search's state and decisions (lmtune.searches.axis.search.AxisSearch) along the proxies' widths."""
 
     name = "width"
     settings_class = WidthSettings
