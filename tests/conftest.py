@@ -474,7 +474,7 @@ def docs_text() -> str:
 
 def assert_confirmation_follows_its_rule(confirmed: dict) -> None:
     """A horizon or width search's confirmation at the target reads its excess and standard error by its rule
-    (lmtune.searches.horizon.report_confirmation): out of the basin exactly when the excess is above 2 SE; in it, or
+    (lmtune.searches.axis.report_confirmation): out of the basin exactly when the excess is above 2 SE; in it, or
     undetermined, only within 2 SE (or with no SE: one seed per LR)."""
     verdict, excess, se = confirmed["in_basin"], confirmed["predicted_excess"], confirmed["predicted_excess_se"]
     assert verdict in (True, False, "undetermined") and excess is not None

@@ -15,6 +15,7 @@ from lmtune.analysis.fit import fit_horizon
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget, Run
 from lmtune.searches.axis.held_out import PRINTED_90_FLOOR, interval_words
+from lmtune.searches.axis.report_confirmation import confirmation
 from lmtune.searches.horizon.budgets import fit_budgets
 from lmtune.searches.horizon.report import (
     HELD_OUT_COVERAGE,
@@ -25,7 +26,6 @@ from lmtune.searches.horizon.report import (
     textbook_sentence,
 )
 from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_summary
-from lmtune.searches.horizon.report_confirmation import confirmation
 from lmtune.searches.horizon.report_fit import NOT_RESOLVED, fit_headline, fit_sentences
 from lmtune.searches.horizon.settings import HorizonSettings
 from lmtune.searches.textbook import horizon_rule, rule_sentence

@@ -4,7 +4,6 @@ of lr_sweep_analysis.md, horizon.png, and its lines before the CLIs' common ones
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -12,15 +11,13 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import EngFormatter, NullFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from lmtune.analysis.conclusion import Conclusion  # noqa: E402
-from lmtune.analysis.locate import LocatedLr  # noqa: E402
-from lmtune.analysis.runs import Budget, LrResult, format_tokens, standard_error  # noqa: E402
+from lmtune.analysis.runs import Budget, format_tokens  # noqa: E402
 from lmtune.report.comparison import record_runs  # noqa: E402
 from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
-from lmtune.report.text import fmt, lr, table, tokens  # noqa: E402
+from lmtune.report.text import lr, table, tokens  # noqa: E402
 from lmtune.searches.axis.axis import PointConclusion  # noqa: E402
 from lmtune.searches.axis.held_out import (  # noqa: E402
     HELD_OUT_COVERAGE,
@@ -28,8 +25,15 @@ from lmtune.searches.axis.held_out import (  # noqa: E402
     held_out_span,
     interval_words,
 )
+from lmtune.searches.axis.report_confirmation import TargetConfirmation  # noqa: E402
+from lmtune.searches.axis.report_points import (  # noqa: E402
+    LrAgainstAxis,
+    best_loss_text,
+    confirmation_markdown,
+    draw_lr_against_axis,
+    located_text,
+)
 from lmtune.searches.horizon.report_conclusion import HorizonResult, horizon_settings, horizon_summary, records_at  # noqa: E402
-from lmtune.searches.horizon.report_confirmation import TargetConfirmation  # noqa: E402
 from lmtune.searches.horizon.report_fit import fit_headline, fit_sentences  # noqa: E402
 from lmtune.searches.horizon.settings import NO_GAIN_UP_TO_RATIO  # noqa: E402
 from lmtune.searches.textbook import horizon_rule, largest_below, rule_sentence  # noqa: E402
@@ -133,16 +137,6 @@ def _pays_sentence(ratio: float) -> str:
             "searches pay\").")
 
 
-def located_text(at: LocatedLr | None) -> str:
-    """"0.0087 (90%: 0.0061–0.012)" (LR* and its 90% interval), or why it was not located."""
-    if at is None:
-        return "—"
-    if at.located:
-        low, high = at.interval()
-        return f"{at.lr:.3g} (90%: {low:.2g}–{high:.2g})"
-    return f"not located: {at.why}" + ("" if at.usable else "; not fitted")
-
-
 def _edge_text(b: PointConclusion) -> str:
     edge = b.conclusion.edge
     if edge.diverged_lr:
@@ -175,13 +169,6 @@ def _budget_row(b: PointConclusion, target: int) -> list[str]:
     return [f"{b.value:,}" + (" (target)" if is_target else ""), tokens(b.tokens), str(b.trials), lr(c.best_lr),
             best_loss_text(c), _interval_text(low, high),
             "predicted (below)" if is_target else located_text(b.located), _edge_text(b)]
-
-
-def best_loss_text(c: Conclusion) -> str:
-    """The crowned LR's mean loss ± its sd over seeds (the seeds), for a table cell."""
-    losses = c.best.losses if c.best else ()
-    spread = f" ± {c.best.spread:.4f}" if len(losses) > 1 else ""
-    return f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—"
 
 
 def budget_line(b: PointConclusion) -> str:
@@ -218,25 +205,6 @@ def _confirmed(result: HorizonResult) -> list[str]:
     return confirmation_markdown(result.confirmed, result.predicted_lr, _cost(result.confirmed), "the target budget")
 
 
-def confirmation_markdown(confirmed: TargetConfirmation, predicted: float | None, cost: str, where: str) -> list[str]:
-    """The confirmation's runs (each LR's loss above the crowned best ± SE), its verdict and ``cost`` (in words),
-    at ``where`` ("the target budget")."""
-    if not confirmed.losses:
-        return [f"**Confirmation**: {confirmed.verdict}.", ""]
-    best = next((r for r in confirmed.losses if r.lr == confirmed.best_lr), None)
-
-    def above(r: LrResult) -> str:
-        se = standard_error(r, best, confirmed.seed_sd) if best else None
-        return "—" if best is None else f"{r.mean - best.mean:+.4f}" + (f" ± {se:.4f}" if se else "")
-
-    rows = [[lr(r.lr), f"{r.lr / predicted:.2g}x" if predicted else "—", ", ".join(f"{v:.4f}" for v in r.losses),
-             fmt(r.mean), above(r)] for r in confirmed.losses]
-    return [f"**Confirmation** at {where} (each LR's loss above the crowned best ± the SE of the "
-            "difference, from the target runs' own seeds):", "",
-            *table(["lr", "of the prediction", "val loss per seed", "mean", "above the best ± SE"], rows), "",
-            f"**Verdict**: {confirmed.verdict}. Its cost: {cost}.", ""]
-
-
 def plot_horizon(path: Path, summary: SweepSummary[HorizonResult]) -> Path:
     """Left, val loss against LR at each budget's full token count (seeds as dots, the budget's first failing LR
     as an x: an edge probe of one seed); right, each budget's located LR* with its 90% interval and its crowned
@@ -270,22 +238,6 @@ def plot_horizon(path: Path, summary: SweepSummary[HorizonResult]) -> Path:
     return save_figure(fig, path)
 
 
-def plot_located(ax, points: list[tuple[float, float, LocatedLr | None]], what: str) -> None:
-    """Each searched point's crowned grid LR (an open circle) and its located LR* with its 90% interval (a point
-    that could not be located: a grey diamond over the span it may lie in), at x; ``what``: "budget", "proxy"."""
-    for x, crowned, at in points:
-        ax.plot([x], [crowned], "o", mfc="none", color="tab:blue", markersize=9)
-        if at is not None and at.usable:
-            low, high = at.interval()
-            ax.errorbar([x], [at.lr], yerr=[[at.lr - low], [high - at.lr]], capsize=4,
-                        fmt="o" if at.located else "D", color="tab:blue" if at.located else "tab:gray")
-    ax.plot([], [], "o", mfc="none", color="tab:blue", markersize=9, label=f"crowned grid LR of a {what}")
-    ax.errorbar([], [], yerr=[], fmt="o", color="tab:blue", capsize=4, label="located LR* (90% interval)")
-    if any(at is not None and not at.located and at.usable for _, _, at in points):
-        ax.errorbar([], [], yerr=[], fmt="D", color="tab:gray", capsize=4,
-                    label="LR* not located: carried as the span it may lie in")
-
-
 def _plot_fit(ax, result: HorizonResult) -> None:
     searched = [b for b in result.budgets[:-1] if b.conclusion.best_lr]
     fit, target = result.fit, result.target_tokens
@@ -300,52 +252,6 @@ def _plot_fit(ax, result: HorizonResult) -> None:
         if fit is not None and searched else None,
         result.confirmed.best_lr, {"color": "black", "markersize": 13}, [b.tokens for b in searched] + [target],
         EngFormatter(places=0), "tokens (the budget)", "the best LR against the token horizon"))
-
-
-@dataclass(frozen=True)
-class LrAgainstAxis:
-    """A horizon-style search's figure of the best LR against its axis (token budget or width)."""
-
-    points: list[tuple[float, float, LocatedLr | None]]
-    """Each searched point's (position, crowned best LR, located LR*)."""
-    what: str
-    """What a point is, for the legend ("searched budget", "proxy")."""
-    target: float
-    curve: tuple[np.ndarray, np.ndarray, str] | None
-    """The fitted law's (xs, LR*s, legend label), or None: no fit."""
-    predicted: tuple[float, tuple[float, float], str] | None
-    """The predicted LR at the target, its interval and what to call that (interval_words), or None."""
-    confirmed_best: float | None
-    """The crowned best of the target's own runs, or None."""
-    star: dict
-    """How that crowned best is drawn."""
-    ticks: list[float]
-    formatter: object
-    xlabel: str
-    title: str
-
-
-def draw_lr_against_axis(ax, plot: LrAgainstAxis) -> None:
-    plot_located(ax, plot.points, plot.what)
-    if plot.curve is not None:
-        xs, ys, label = plot.curve
-        ax.plot(xs, ys, "-", color="tab:blue", alpha=0.7, label=label)
-    if plot.predicted is not None:
-        lr, (low, high), words = plot.predicted
-        ax.errorbar([plot.target], [lr], yerr=[[lr - low], [high - lr]], fmt="s", color="tab:orange", capsize=5,
-                    label=f"predicted at the target ({words})")
-    if plot.confirmed_best:
-        ax.plot([plot.target], [plot.confirmed_best], "*", label="crowned best of the target runs", **plot.star)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(plot.ticks)  # the points themselves, labelled
-    ax.xaxis.set_major_formatter(plot.formatter)
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel(plot.xlabel)
-    ax.set_ylabel("best learning rate")
-    ax.set_title(plot.title, fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
 
 
 SECTION = HorizonSection()

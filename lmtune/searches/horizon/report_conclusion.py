@@ -2,7 +2,7 @@
 full token count with its seed spread, basin and edge, and its LR* located between grid points with its SE; the
 power law fitted through the LR*s with its interval; the LR it predicts at the target budget with its interval;
 and the confirmation's verdict: whether the target budget's own runs place the prediction in their basin
-(lmtune.searches.horizon.report_confirmation).
+(lmtune.searches.axis.report_confirmation).
 
 Read from the trials' own files like the rest of the report (never from the searcher's state): the fit is
 recomputed from the runs, with the search's bootstrap settings and seed, so the two agree.
@@ -18,9 +18,9 @@ from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
 from lmtune.report.stability import TrialRecord
 from lmtune.searches.axis.axis import PointConclusion
+from lmtune.searches.axis.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.searches.horizon import HorizonStrategy
 from lmtune.searches.horizon.budgets import conclude_horizon
-from lmtune.searches.horizon.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.searches.horizon.settings import HorizonSettings
 from lmtune.sweep.plan import SweepPlan
 
@@ -95,7 +95,7 @@ def _fit_json(fit: HorizonFit) -> JsonObject:
 
 def horizon_summary(runs: Sequence[Run], settings: HorizonSettings, target: Budget) -> HorizonResult:
     """Every budget's conclusion and located LR*, the fit (beta, intercept, their 90% intervals) and its prediction
-    at the target, and the confirmation's verdict (lmtune.searches.horizon.report_confirmation), from every trial
+    at the target, and the confirmation's verdict (lmtune.searches.axis.report_confirmation), from every trial
     as a run (lmtune.report.comparison.record_runs)."""
     found = conclude_horizon(runs, settings, target)
     at_target = [r for r in runs if r.budget_tokens == target.full_tokens]

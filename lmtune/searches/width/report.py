@@ -23,7 +23,7 @@ from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
 from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
 from lmtune.report.text import lr, table, tokens  # noqa: E402
 from lmtune.searches.axis.held_out import held_out_sentence, held_out_span, interval_words  # noqa: E402
-from lmtune.searches.horizon.report import (  # noqa: E402
+from lmtune.searches.axis.report_points import (  # noqa: E402
     LrAgainstAxis,
     best_loss_text,
     confirmation_markdown,

@@ -2,7 +2,7 @@
 model's size and training FLOPs per token, the crowned LR at the budget's full token count with its seed spread,
 and its LR* located between grid points with its SE; the power law ln LR* = a - gamma ln width through the proxies
 with its interval; the LR it predicts at the target width; the confirmation's verdict (the horizon search's,
-lmtune.searches.horizon.report_confirmation, judged by the target width's own runs); and what the search cost in
+lmtune.searches.axis.report_confirmation, judged by the target width's own runs); and what the search cost in
 training FLOPs, which (unlike tokens) compare runs of different widths.
 
 Read from the trials' own files like the rest of the report (never from the searcher's state): the fit is
@@ -18,7 +18,7 @@ from pathlib import Path
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
 from lmtune.searches.axis.axis import PointConclusion
-from lmtune.searches.horizon.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
+from lmtune.searches.axis.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.searches.width import WidthStrategy
 from lmtune.searches.width.conclusion import WidthFit, conclude_widths, runs_at_width
 from lmtune.searches.width.report_coord import SweepCoordCheck

@@ -1,4 +1,5 @@
-"""Whether a horizon search's prediction lies in the target budget's own basin, judged by the target runs alone
+"""Whether a horizon or width search's prediction lies in the target's own basin (the target budget, or the target
+width), judged by the target runs alone
 (the confirmation: the predicted LR and confirm_ratio x either side, confirm_seeds seeds each).
 
 The verdict, with sigma the target runs' pooled seed sd (lmtune.analysis.runs.pooled_seed_spread) and best their
