@@ -89,6 +89,15 @@ class PointConclusion:
     located: LocatedLr | None
     """Its LR* located between grid points around the crowned best (None: the target, or no LR trained it)."""
 
+    def located_json(self, not_located: str) -> JsonObject:
+        """summary.json's keys of its located LR* (a horizon budget's and a width's alike); ``not_located``: why
+        there is none, where none was located."""
+        at = self.located
+        usable = at is not None and at.usable
+        return {"located_lr": at.lr if at else None, "located_lr_se": at.log_se if usable else None,
+                "located_lr_interval": list(at.interval()) if usable else None,
+                "located": at.located if at else None, "located_why": at.why if at else not_located}
+
 
 class SearchFit(Protocol):
     """What the engine (lmtune.searches.axis.search) reads of a search's fit (lmtune.analysis.fit.HorizonFit,

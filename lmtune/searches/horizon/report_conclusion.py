@@ -69,13 +69,10 @@ class HorizonResult(Predicted):
 
 def _budget_json(budget: PointConclusion) -> JsonObject:
     """One budget's conclusion, its crowned LR and its located LR* (None at the target: its LR is predicted)."""
-    conclusion, at = budget.conclusion.to_json(), budget.located
-    usable = at is not None and at.usable
+    conclusion = budget.conclusion.to_json()
     return {"steps": budget.value, "tokens": budget.tokens, "fraction": budget.fraction, "trials": budget.trials,
             **{k: conclusion[k] for k in BUDGET_KEYS}, "crowned_lr": budget.conclusion.best_lr,
-            "located_lr": at.lr if at else None, "located_lr_se": at.log_se if usable else None,
-            "located_lr_interval": list(at.interval()) if usable else None,
-            "located": at.located if at else None, "located_why": at.why if at else _not_located(budget)}
+            **budget.located_json(_not_located(budget))}
 
 
 def _not_located(budget: PointConclusion) -> str:

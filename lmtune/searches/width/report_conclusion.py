@@ -49,16 +49,13 @@ class WidthRow:
     """Its training FLOPs per token (lmtune.training.lm.model_size; estimated for a user's model)."""
 
     def to_json(self) -> JsonObject:
-        c, at = self.point.conclusion, self.point.located
-        usable = at is not None and at.usable
+        c = self.point.conclusion
         return {"d_model": self.point.value, "params": self.params, "flops_per_token": self.flops_per_token,
                 "trials": self.point.trials, "crowned_lr": c.best_lr,
                 "best_lr_mean_loss": c.best.mean if c.best else None,
                 "best_lr_spread": c.best.spread if c.best else None,
                 "best_lr_seeds": list(c.best.seeds) if c.best else [],
-                "located_lr": at.lr if at else None, "located_lr_se": at.log_se if usable else None,
-                "located_lr_interval": list(at.interval()) if usable else None,
-                "located": at.located if at else None, "located_why": at.why if at else self.not_located}
+                **self.point.located_json(self.not_located)}
 
     @property
     def not_located(self) -> str:
