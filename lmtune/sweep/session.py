@@ -23,6 +23,8 @@ from lmtune.private_apis import (
 )
 from lmtune.sweep.options import SweepOptions
 
+log = logging.getLogger(__name__)
+
 Echo = Callable[[str], None]
 
 
@@ -110,6 +112,12 @@ class _WithoutRaysRestoreHint(logging.Filter):
         return "Tuner.restore(" not in record.getMessage()
 
 
+# Ray's words when its raylet does not register within its fixed 30 s (ray._private.node), as on a busy 2-core
+# machine: the start is tried again, then refused in one line.
+RAY_STARTUP_TIMEOUT = "timed out during startup"
+LOCAL_RAY_ATTEMPTS = 2
+
+
 def _init_ray(options: SweepOptions) -> object:
     """ray.init for a sweep: the cluster at --address, or a local instance of this process; Ray's context."""
     if options.address:
@@ -124,9 +132,21 @@ def _init_ray(options: SweepOptions) -> object:
     keep_local_ray_on_loopback()
     ray_processes_in_one_group()
     dashboard = {"dashboard_host": options.dashboard_host} if options.dashboard else {}
-    return ray.init(address="local", num_cpus=options.num_cpus, num_gpus=options.num_gpus,
-                    include_dashboard=options.dashboard, logging_level=logging.WARNING, configure_logging=True,
-                    **dashboard)
+    for attempt in range(LOCAL_RAY_ATTEMPTS):
+        try:
+            return ray.init(address="local", num_cpus=options.num_cpus, num_gpus=options.num_gpus,
+                            include_dashboard=options.dashboard, logging_level=logging.WARNING,
+                            configure_logging=True, **dashboard)
+        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception when its raylet misses its wait
+            if RAY_STARTUP_TIMEOUT not in str(err):
+                raise
+            ray.shutdown()  # (what the failed start left running)
+            log.warning("Ray's local instance did not start in time (attempt %d of %d)", attempt + 1,
+                        LOCAL_RAY_ATTEMPTS)
+    load = os.getloadavg()[0]
+    raise LmtuneError(f"Ray's local instance did not start: its raylet missed Ray's fixed 30 s to register, "
+                      f"{LOCAL_RAY_ATTEMPTS} times (load average {load:.1f} on {os.cpu_count()} CPUs); run again "
+                      "when the machine is less busy, or start Ray once (`ray start --head`) and pass --address auto")
 
 
 @contextlib.contextmanager
