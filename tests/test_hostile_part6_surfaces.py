@@ -236,6 +236,16 @@ def test_a_storage_path_that_is_a_file_is_refused_naming_storage_not_results(
     assert "--results" not in line
 
 
+def test_a_refused_storage_folder_leaves_no_built_in_corpus_behind(tmp_path, monkeypatch, capsys):
+    """Without --data the sweep would prepare the built-in corpus in ./data/builtin: a --storage refused at the
+    start leaves nothing there (the results folder is checked before planning prepares any data)."""
+    grid = write_grid_space(tmp_path / "grid.yaml", [1e-3, 3e-3])
+    (tmp_path / "afile").write_text("not a folder")
+    _refused_run(tmp_path, monkeypatch, capsys, ["--space", str(grid), "--name", "n", "--storage", "afile"],
+                 "is a file, not a folder", "--storage")
+    assert not (tmp_path / "data").exists()
+
+
 def test_a_model_switch_beside_a_users_model_is_refused_without_the_unrelated_mup_note(capsys):
     from lmtune import train
 

@@ -76,8 +76,9 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
     sweep_dir = options.sweep_dir
     if sweep_dir.exists():
         raise LmtuneError(f"{sweep_dir} already exists; pass --resume to continue it or choose another --name")
-    plan = plan_sweep(options)
+    # The results folder checked first: a refused one must not leave the built-in corpus that planning prepares.
     preflight_write_check(options.results.resolve(), flag=options.results_flag)
+    plan = plan_sweep(options)
     storage = SweepStorage(options.storage_path, options.name)
     with sole_writer(sweep_dir, new=True) as started, ray_session(options, echo), \
             mirrored_records(storage, sweep_dir):
