@@ -40,6 +40,7 @@ from lmtune.training.device import autocast_dtype, available_memory_bytes, resol
 from lmtune.training.memory import check_fits, run_memory_bytes
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import add_code_arguments, code_from_arguments
+from lmtune.usercode.spec import spec_for
 
 DEFAULT_RESULTS = Path("benchmarks/results.jsonl")
 # --coord-check's defaults: the quick budget's shape (head dim 32, 2 layers, context 128) at 4 sequences a batch,
@@ -158,14 +159,15 @@ def check_ks(ks: list[int], config: RunConfig, device: torch.device, flag: str) 
     if max(ks) > WORKERS_PER_CORE * cores:
         raise LmtuneError(f"{flag}: K={max(ks)} would start {max(ks)} worker processes on {cores} CPU cores; use "
                           f"K <= {WORKERS_PER_CORE * cores} ({WORKERS_PER_CORE} per core)")
-    per_worker = WORKER_PROCESS_BYTES + (0 if device.type != "cpu" else run_memory_bytes(config, amp=False))
+    spec = spec_for(config)
+    per_worker = WORKER_PROCESS_BYTES + (0 if device.type != "cpu" else run_memory_bytes(config, False, spec=spec))
     host = available_memory_bytes(torch.device("cpu"))
     if host is not None and max(ks) * per_worker > host:
         fits = max(1, host // per_worker)
         raise LmtuneError(f"{flag}: K={max(ks)} worker processes need about {max(ks) * per_worker / 2**30:.1f} GiB "
                           f"and this machine has {host / 2**30:.1f} GiB free; use K <= {fits}")
     if flag == "--fuse":
-        check_fits(config, device, members=max(ks), where=f"--fuse {max(ks)}")
+        check_fits(config, device, members=max(ks), where=f"--fuse {max(ks)}", spec=spec)
 
 
 def _worker_args(args: argparse.Namespace) -> list[str]:
@@ -294,7 +296,7 @@ def _main_concurrency(args: argparse.Namespace, config: RunConfig, command: str)
     check_ks(ks, config, device, "--concurrency")
     rows = run_concurrency(ks, _worker_args(args), device)
     amp = autocast_dtype(config, device) is not None
-    estimate = run_memory_bytes(config, amp)
+    estimate = run_memory_bytes(config, amp, spec=spec_for(config))
     recommended = None
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
@@ -329,7 +331,7 @@ def _main_fuse(args: argparse.Namespace, config: RunConfig, command: str) -> int
     device = resolve_device(config.train.device)
     ks = _parse_ks(args.fuse, flag="--fuse")
     check_ks(ks, config, device, "--fuse")
-    compiled = should_compile(config, device)
+    compiled = should_compile(config, device, spec_for(config))
     measured = run_concurrency(sorted({1, *ks}), _worker_args(args), device)
     separate = {row.k: row.aggregate_tokens_per_s for row in measured}
     alone = separate[1]

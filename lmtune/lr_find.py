@@ -24,6 +24,7 @@ from lmtune.training.loop import resolve_config
 from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeTestConfig, lr_range_test
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import add_code_arguments, code_from_arguments
+from lmtune.usercode.spec import spec_for
 
 DEFAULTS = RangeTestConfig()
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             shown.update(row["step"] - shown.n)
             shown.set_postfix(lr=f"{row['lr']:.3g}", loss=f"{row['smoothed_loss']:.4f}", refresh=False)
 
-        result = lr_range_test(config, settings, out, report=report, report_every=1)
+        result = lr_range_test(config, settings, out, report=report, report_every=1, spec=spec_for(config))
     print(f"{result.summary_line()} ({len(result.lrs)} steps, {result.tokens:,} tokens)")
     print(f"stopped: {result.stopped_because}")
     if result.steepest_lr or result.blowup_lr:

@@ -20,6 +20,7 @@ from lmtune.data.documents import EOT
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.training.sampling import DEFAULT_PROMPT, MAX_SEED, SampleSettings, generate, load_model
 from lmtune.usercode.consent import add_consent_arguments, consent_from_arguments
+from lmtune.usercode.spec import spec_for
 
 DEFAULTS = SampleSettings()
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         raise LmtuneError(f"--seed with --samples {args.samples} draws seeds up to {args.seed + args.samples - 1}: "
                           f"--seed must be from 0 to {MAX_SEED - args.samples + 1}")
     consent = consent_from_arguments(args)
-    model, config = load_model(args.checkpoint, device_flag(args.device), consent)
+    model, config = load_model(args.checkpoint, device_flag(args.device), consent, spec_for)
     tokenizer = run_tokenizer(args, config.data_dir)
     prompt = prompt_ids(args, tokenizer)
     vocab = config.model.vocab_size

@@ -23,7 +23,7 @@ from lmtune.training.schedule import first_lr_difference
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import FLAGS, add_code_arguments, code_from_arguments
 from lmtune.usercode.consent import RUN_RECORD, TRUST_FLAG, check_recorded_files, read_run_record
-from lmtune.usercode.optim import step_lr_function
+from lmtune.usercode.spec import spec_for
 
 # What a resumed run may change: where and how it runs, its bookkeeping, and its LR schedule (checked to give
 # every step it already trained the same LR). The model, batch, seed, optimizer and evaluation stay the run's.
@@ -138,7 +138,8 @@ def check_resumable(saved: RunConfig, config: RunConfig, step: int, out: Path) -
     if changed:
         raise LmtuneError(f"--resume: --set {', '.join(changed)} would make the run in {out} another run; "
                           "continue it unchanged, or start a new run with another --out")
-    if (first := first_lr_difference(step_lr_function(saved), step_lr_function(config), step)) is not None:
+    old_lr, new_lr = (spec_for(c).schedule.lr_function(c) for c in (saved, config))
+    if (first := first_lr_difference(old_lr, new_lr, step)) is not None:
         at, before, after = first
         raise LmtuneError(f"--resume: the run in {out} is at step {step} and trained step {at} at lr {before:.3g}, "
                           f"where these settings give {after:.3g}; fork it from a checkpoint before that step "
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sinks.append(WandbSink(args.wandb, config, out))
     with logs_above_the_bar():
-        result = train(config, out, resume=args.resume, sinks=sinks, record_code=True)
+        result = train(config, out, resume=args.resume, sinks=sinks, record_code=True, spec=spec_for(config))
     s = result.summary
     best = f"{s['best_val_loss']:.4f}" if s["best_val_loss"] is not None else "n/a"
     status = "completed, did not learn" if s.get("divergence", {}).get("did_not_learn") else result.status

@@ -12,8 +12,9 @@ from conftest import TINY_MODEL
 from lmtune.report.markdown.model import model_overview
 from lmtune.report.summary import ModelFacts
 from lmtune.training.config import budget_config
-from lmtune.training.lm import formula_flops_per_token, model_size
+from lmtune.training.lm import formula_flops_per_token
 from lmtune.usercode.config import UserCode
+from lmtune.usercode.spec import model_size
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "cs336_model.py") + ":TransformerLM"
 BROKEN_FORWARD = '''

@@ -16,12 +16,13 @@ from lmtune.fused.loop import train_fused
 from lmtune.fused.state import FusedState
 from lmtune.fused.step import fused_train_step
 from lmtune.training.checkpoint import STABLE_NAME, load_checkpoint
-from lmtune.training.lm import LanguageModelLoss, probe_tensors
+from lmtune.training.lm import LanguageModelLoss
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 from lmtune.training.schedule import lr_at, scheduled_lr
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, train_step
+from lmtune.usercode.spec import spec_for
 
 LRS = (3e-3, 1e-2, 3e-2)
 
@@ -44,7 +45,7 @@ def _separate_runs(configs, batches):
     """Each config alone through the ordinary train_step, in float64: per-step losses, grad norms, final weights."""
     runs = []
     for config in configs:
-        state = TrainState.create(config, torch.device("cpu"))
+        state = TrainState.create(config, torch.device("cpu"), spec_for(config))
         state.model.double()
         runtime = Runtime(torch.device("cpu"), LanguageModelLoss(state.model, config.model.z_loss), None,
                           compiled=False)
@@ -59,7 +60,7 @@ def _separate_runs(configs, batches):
 
 
 def _fused_run(configs, batches, lr_scale=None):
-    state = FusedState.create(configs, torch.device("cpu"), dtype=torch.float64)
+    state = FusedState.create(configs, torch.device("cpu"), dtype=torch.float64, spec=spec_for(configs[0]))
     runtime = Runtime(torch.device("cpu"), state.model, None, compiled=False)
     losses, norms = [], []
     for step, (x, y) in enumerate(batches):
@@ -102,12 +103,13 @@ def test_each_members_stability_probes_are_its_own_models(make_tiny_config, opti
     # A seed each, so that the members' weights, and probes, differ.
     configs = [resolve_config(c, Path(c.data_dir)) for c in
                (make_tiny_config(lr=lr, seed=seed, **options) for seed, lr in enumerate(LRS))]
-    state = FusedState.create(configs, torch.device("cpu"), dtype=torch.float64)
+    state = FusedState.create(configs, torch.device("cpu"), dtype=torch.float64, spec=spec_for(configs[0]))
     x, _ = _batches(configs[0], 1)[0]
     fused = state.model.stability_probes(x)
     for k, config in enumerate(configs):
-        alone = TrainState.create(config, torch.device("cpu")).model.double()
-        for name, value in probe_tensors(alone, x).items():
+        spec = spec_for(config)
+        alone = TrainState.create(config, torch.device("cpu"), spec).model.double()
+        for name, value in spec.model.probes(alone, x).items():
             assert _close(fused[name][k].item(), value), (k, name)
 
 

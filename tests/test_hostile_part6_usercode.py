@@ -34,6 +34,7 @@ from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import UserCode
 from lmtune.usercode.consent import CodeConsent
 from lmtune.usercode.optim import user_schedule
+from lmtune.usercode.spec import spec_for
 
 SHORT = {**TINY, "steps": 10, "eval_interval": 5, "checkpoint_interval": 5, "log_interval": 5}
 
@@ -124,13 +125,13 @@ def test_an_optimizer_holding_numpy_scalars_writes_checkpoints_that_load_and_res
     config = make_tiny_config(code=UserCode(optimizer=f"{tmp_path / 'opt.py'}:NumpySGD"), **SHORT)
     check_code(resolve_config(config, Path(config.data_dir)))
     out = tmp_path / "run"
-    train(config, out)
+    train(config, out, spec=spec_for(config))
     newest = periodic_checkpoints(out / "checkpoints")[-1]
     state = load_checkpoint(newest)  # weights_only=True
     counts = [s["count"] for s in state["optimizer"]["state"].values()]
     assert counts and all(isinstance(c, float) and c == 10.0 for c in counts)
     caplog.set_level(logging.INFO, logger="lmtune")
-    result = train(config, out, resume=True)
+    result = train(config, out, resume=True, spec=spec_for(config))
     assert result.status == "completed"
     assert any("resuming from" in r.getMessage() and newest.name in r.getMessage() for r in caplog.records)
     assert not any("skipping" in r.getMessage() for r in caplog.records)
@@ -198,7 +199,7 @@ def cached_arange_run(tmp_path, make_tiny_config) -> tuple[str, Path]:
     spec = _write(tmp_path / "code", CACHED_ARANGE)
     config = make_tiny_config(code=UserCode(model=spec), **{**SHORT, "context_length": 16})
     check_code(resolve_config(config, Path(config.data_dir)))
-    train(config, tmp_path / "trial")
+    train(config, tmp_path / "trial", spec=spec_for(config))
     return spec, tmp_path / "trial"
 
 
@@ -330,7 +331,8 @@ def user_checkpoint(tmp_path_factory, builtin_data) -> Path:
     """best.pt of a 10-step run of a user's model whose file was then moved away."""
     root = tmp_path_factory.mktemp("moved")
     spec = _write(root / "code")
-    train(budget_config("quick", SHORT, data_dir=str(builtin_data), code=UserCode(model=spec)), root / "run")
+    config = budget_config("quick", SHORT, data_dir=str(builtin_data), code=UserCode(model=spec))
+    train(config, root / "run", spec=spec_for(config))
     Path(spec.rpartition(":")[0]).rename(root / "elsewhere.py")
     return root / "run" / "checkpoints" / "best.pt"
 

@@ -44,6 +44,7 @@ from lmtune.usercode.consent import (
     recorded_files,
 )
 from lmtune.usercode.imports import load
+from lmtune.usercode.spec import spec_for
 
 PAYLOAD = "trial/payload.py:Model"
 # The best trial of the crafted sweep: the lowest validation loss.
@@ -59,7 +60,7 @@ def trained(tmp_path_factory, builtin_data) -> dict[str, Path]:
     for name, code in (("lmtune", None), ("example", user_model("example"))):
         config = budget_config("quick", {**TINY, "steps": 10, "eval_interval": 5, "lr": 1e-2},
                                data_dir=str(builtin_data), code=code)
-        train(config, root / name)
+        train(config, root / name, spec=spec_for(config))
         found[name] = root / name / "checkpoints" / "best.pt"
     return found
 

@@ -17,6 +17,7 @@ from lmtune.sample import main
 from lmtune.training.config import budget_config
 from lmtune.training.loop import train
 from lmtune.training.sampling import SampleSettings, generate, next_token
+from lmtune.usercode.spec import spec_for
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def checkpoints(tmp_path_factory, builtin_data) -> dict[str, Path]:
     found = {}
     for name, code in (("lmtune", None), ("example", user_model("example"))):
         config = budget_config("quick", {**TINY, "lr": 1e-2}, data_dir=str(builtin_data), code=code)
-        train(config, root / name)
+        train(config, root / name, spec=spec_for(config))
         found[name] = root / name / "checkpoints" / "best.pt"
     return found
 

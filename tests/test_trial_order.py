@@ -119,7 +119,7 @@ def test_an_lr_from_a_space_file_reaches_the_optimizer_through_five_modules_held
     import torch
 
     from lmtune.sweep.spaces import load_space
-    from lmtune.training.lm import build_model
+    from lmtune.training.spec import LMTUNE
     from lmtune.training.state import build_optimizer
 
     (tmp_path / "s.yaml").write_text(f"search: grid\nbudget: quick\nparams:\n  lr: [{LR!r}, 0.01]\n")
@@ -133,7 +133,7 @@ def test_an_lr_from_a_space_file_reaches_the_optimizer_through_five_modules_held
     start, stop = _modules_holding_lr(trial)
     start()
     config = TrialOrder.from_tune(params).run_config(base, "trial t", checked=True)
-    optimizer = build_optimizer(build_model(config, torch.device("cpu")), config, torch.device("cpu"))
+    optimizer = build_optimizer(LMTUNE.model.build(config, torch.device("cpu")), config, torch.device("cpu"))
     stop()
     assert optimizer.param_groups[0]["lr"] == LR
     modules = {m for m, _ in parsed + trial} | {"lmtune.sweep.trainable"}

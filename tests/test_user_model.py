@@ -19,7 +19,7 @@ from conftest import EXAMPLE, TINY, USER_MODELS, assert_refused, user_model
 
 from lmtune.errors import LmtuneError
 from lmtune.train import main as train_main
-from lmtune.training.lm import block_parameters, build_model, model_size
+from lmtune.training.lm import block_parameters
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.memory import check_fits, measured_activations
 from lmtune.training.metrics import read_metrics
@@ -29,8 +29,14 @@ from lmtune.usercode.checks import check_code, fusing_refusal
 from lmtune.usercode.config import UserCode, normalized
 from lmtune.usercode.imports import load
 from lmtune.usercode.model import build_user_model
+from lmtune.usercode.spec import model_size, spec_for
 
 CPU = torch.device("cpu")
+
+
+def build_model(config):
+    """The model of ``config`` on the CPU, as its training spec builds it."""
+    return spec_for(config).model.build(config, CPU)
 TINY_SETS = [arg for k, v in TINY.items() for arg in ("--set", f"{k}={v}")]
 
 
@@ -141,9 +147,9 @@ def test_a_constructor_requiring_an_argument_lmtune_does_not_pass_is_refused_nam
 
 def test_model_set_passes_the_users_own_arguments(make_tiny_config):
     config = make_tiny_config(code=user_model("example", use_rope=False))
-    model = build_model(config, CPU)
+    model = build_model(config)
     assert all(layer.attn.rope is None for layer in model.layers)
-    assert all(layer.attn.rope is not None for layer in build_model(make_tiny_config(code=user_model("example")), CPU)
+    assert all(layer.attn.rope is not None for layer in build_model(make_tiny_config(code=user_model("example")))
                .layers)
 
 
@@ -163,7 +169,7 @@ def test_lmtunes_own_model_switches_are_refused_for_a_users_model(make_tiny_conf
 def test_a_model_that_ignores_its_dtype_is_converted_and_told_once(tmp_path, make_tiny_config, caplog):
     config = _inline(tmp_path, make_tiny_config, init="self.double()", name="float64_model")
     with caplog.at_level(logging.WARNING):
-        first, second = build_model(config, CPU), build_model(config, CPU)
+        first, second = build_model(config), build_model(config)
     assert {p.dtype for p in [*first.parameters(), *second.parameters()]} == {torch.float32}
     assert sum("other than torch.float32" in r.getMessage() for r in caplog.records) == 1
 
@@ -224,7 +230,7 @@ def test_a_model_sharing_a_module_between_builds_trains_alone_but_cannot_fuse(ma
     assert found.shared and all(".rope." in name for name in found.shared)
     with pytest.raises(LmtuneError, match="--fuse 2: two builds of --model .* share .*module-level cache"):
         check_code(config, fuse=2)
-    assert train(config, tmp_path / "alone").status == "completed"
+    assert train(config, tmp_path / "alone", spec=spec_for(config)).status == "completed"
 
 
 def test_a_model_vmap_cannot_run_is_refused_for_fusing_naming_why(tmp_path, make_tiny_config):
@@ -246,7 +252,7 @@ def test_the_example_and_a_factory_built_model_fuse(make_tiny_config):
 
 def test_a_factory_built_model_trains_with_every_metric_lmtune_can_measure_of_it(make_tiny_config, tmp_path):
     config = make_tiny_config(code=user_model("gpt_style.py:make"), steps=20, lr=3e-3)
-    result = train(config, tmp_path / "run")
+    result = train(config, tmp_path / "run", spec=spec_for(config))
     rows = read_metrics(tmp_path / "run" / "metrics.csv")
     assert result.status == "completed" and rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert all(math.isfinite(r["grad_norm"]) and r["output_logit_max"] > 0 for r in rows)
@@ -292,7 +298,7 @@ def test_the_examples_optimizer_and_schedule_train_at_the_schedules_lrs(make_tin
                    schedule=f"{EXAMPLE.rpartition(':')[0]}:get_lr_cosine_schedule")
     config = make_tiny_config(code=code, steps=20)
     check_code(config)
-    result = train(config, tmp_path / "run")
+    result = train(config, tmp_path / "run", spec=spec_for(config))
     t = config.train
     assert result.status == "completed"
     for row in read_metrics(tmp_path / "run" / "metrics.csv"):
@@ -335,9 +341,10 @@ def test_a_schedule_of_the_users_own_replaces_lmtunes_so_wsd_is_refused(make_tin
 def test_a_users_model_optimizer_and_schedule_resume_to_the_uninterrupted_run(make_tiny_config, tmp_path):
     folder = EXAMPLE.rpartition(":")[0]
     code = replace(user_model("example"), optimizer=f"{folder}:AdamW", schedule=f"{folder}:get_lr_cosine_schedule")
-    whole = train(make_tiny_config(code=code), tmp_path / "whole")
-    train(make_tiny_config(code=code, run_steps=20), tmp_path / "parts")
-    resumed = train(make_tiny_config(code=code), tmp_path / "parts", resume=True)
+    spec = spec_for(make_tiny_config(code=code))
+    whole = train(make_tiny_config(code=code), tmp_path / "whole", spec=spec)
+    train(make_tiny_config(code=code, run_steps=20), tmp_path / "parts", spec=spec)
+    resumed = train(make_tiny_config(code=code), tmp_path / "parts", resume=True, spec=spec)
     losses = [[(r["step"], r["train_loss"], r["val_loss"]) for r in read_metrics(d / "metrics.csv")]
               for d in (tmp_path / "whole", tmp_path / "parts")]
     assert losses[0] == losses[1]
@@ -378,12 +385,13 @@ def test_a_users_model_too_large_for_the_host_is_refused_before_it_is_built(make
     with pytest.raises(LmtuneError, match="lmtune builds it on the CPU to check and count it.*use a smaller d_model"):
         check_code(config)
     with pytest.raises(LmtuneError, match="needs about .* GiB"):
-        check_fits(config, CPU)
+        check_fits(config, CPU, spec=spec_for(config))
 
 
 def test_a_users_models_activations_are_measured_per_sequence_and_grow_with_the_context(make_tiny_config):
     def measured(context_length: int, amp: bool):
-        return measured_activations(make_tiny_config(code=user_model("example"), context_length=context_length), amp)
+        config = make_tiny_config(code=user_model("example"), context_length=context_length)
+        return measured_activations(config, amp, spec_for(config))
 
     short, long, long_bf16 = measured(16, False), measured(32, False), measured(32, True)
     assert 0 < short.per_sequence < long.per_sequence

@@ -38,12 +38,11 @@ from lmtune.training.compile import compile_backend
 from lmtune.training.config import RunConfig
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
-from lmtune.training.lm import flops_per_token
 from lmtune.training.loop import RunEnd, RunResult, resolve_config, save_checkpoints, training_log
 from lmtune.training.memory import check_fits
 from lmtune.training.metrics import IntervalMeter, Row
+from lmtune.training.spec import TrainSpec, lmtune_spec
 from lmtune.training.step import Runtime
-from lmtune.usercode.optim import step_lr_function
 
 log = logging.getLogger(__name__)
 
@@ -83,34 +82,36 @@ def check_fusable(configs: Sequence[RunConfig]) -> None:
 
 def train_fused(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, resume: bool = False,
                 group_sink: GroupSink | None = None, member_rule: MemberRule | None = None,
-                divergence: DivergenceRule = DEFAULT_RULE) -> list[RunResult]:
+                divergence: DivergenceRule = DEFAULT_RULE, spec: TrainSpec | None = None) -> list[RunResult]:
     """Train every config as one member of a fused group, member k writing to ``out_dirs[k]``.
 
     ``resume`` continues the members that have not ended from their newest common checkpoint;
     ``member_rule`` ends members at a log interval (a sweep's divergence and rung rules); ``divergence``
-    judges each member's loss as ``train()`` judges a run's.
+    judges each member's loss as ``train()`` judges a run's; ``spec``: the members' (they share their code;
+    None: lmtune's own).
     Returns each member's RunResult, in the order of ``configs``.
     """
     if len(configs) != len(out_dirs) or not configs:
         raise LmtuneError(f"{len(configs)} configs for {len(out_dirs)} output folders; give one folder per member")
     configs = [resolve_config(c, Path(c.data_dir)) for c in configs]
     check_fusable(configs)
-    return FusedRun(configs, out_dirs, group_sink, member_rule, divergence).run(resume)
+    spec = spec or lmtune_spec(configs[0])
+    return FusedRun(configs, out_dirs, group_sink, member_rule, divergence, spec).run(resume)
 
 
 class FusedRun:
     def __init__(self, configs: list[RunConfig], out_dirs: Sequence[Path], group_sink: GroupSink | None,
-                 member_rule: MemberRule | None, divergence: DivergenceRule):
-        self.configs, self.t = configs, configs[0].train
+                 member_rule: MemberRule | None, divergence: DivergenceRule, spec: TrainSpec):
+        self.configs, self.t, self.spec = configs, configs[0].train, spec
         self.group_sink, self.member_rule, self.divergence = group_sink, member_rule, divergence
         self.device = resolve_device(self.t.device)
-        check_fits(configs[0], self.device, members=len(configs))
+        check_fits(configs[0], self.device, members=len(configs), spec=spec)
         configure_backend(self.device)
-        self.members = [Member.of(i, c, d) for i, (c, d) in enumerate(zip(configs, out_dirs, strict=True))]
-        self.state = FusedState.create(configs, self.device)
+        self.members = [Member.of(i, c, d, spec) for i, (c, d) in enumerate(zip(configs, out_dirs, strict=True))]
+        self.state = FusedState.create(configs, self.device, spec=spec)
         dtype = next(self.state.model.parameters()).dtype
         # Every member's learning rate at every step, on the device: no host-to-device copy per step.
-        self.schedules = [step_lr_function(c) for c in configs]
+        self.schedules = [spec.schedule.lr_function(c) for c in configs]
         self.lr_table = torch.tensor([[lr(s) for lr in self.schedules] for s in range(self.t.stop_step)],
                                      dtype=dtype, device=self.device)
 
@@ -130,7 +131,7 @@ class FusedRun:
             per_member = len({c.train.seed for c in self.configs}) > 1  # a batch per member: (K, B, T)
             self.runtime = Runtime.build(self.state.model, first, self.device,
                                          train_shape=(len(self.state.positions), *micro) if per_member else micro,
-                                         eval_shape=micro)
+                                         eval_shape=micro, spec=self.spec)
             if self.runtime.compiled:
                 compile_update(self.state, compile_backend(first, self.device))
             log.info("fused group of %d members (%s), from step %d", len(self.state.positions),
@@ -139,7 +140,7 @@ class FusedRun:
                 MemberBatches(data.train, self.configs, self.state.positions, self.device, self.state.step))
             self.val_batches = fixed_val_batches(data.val, self.t.batch_size, first.model.context_length,
                                                  self.t.eval_batches)
-            self.meter = IntervalMeter(self.device, first.tokens_per_step, flops_per_token(first),
+            self.meter = IntervalMeter(self.device, first.tokens_per_step, self.spec.model.size(first).flops_per_token,
                                        peak_flops(self.device, self.runtime.amp_dtype or torch.float32), elapsed,
                                        members=len(self.state.positions))
             self.index_positions()

@@ -16,6 +16,7 @@ from lmtune.training.config import RunConfig
 from lmtune.training.divergence import DivergenceRule, LossWatch
 from lmtune.training.loop import RunEnd, RunResult, finish_run, loss_watch
 from lmtune.training.metrics import CsvSink, Row, TensorBoardSink
+from lmtune.training.spec import TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,15 @@ class Member:
     result: RunResult | None = None
     """How it ended, once it has."""
     rows: list[Row] = field(default_factory=list)
+    spec: TrainSpec | None = None
+    """The group's training spec (its schedule draws the member's lr_schedule.png; None: lmtune's own)."""
 
     @classmethod
-    def of(cls, index: int, config: RunConfig, out_dir: Path) -> Member:
+    def of(cls, index: int, config: RunConfig, out_dir: Path, spec: TrainSpec | None = None) -> Member:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        return cls(index, config, out_dir, Checkpointer(out_dir / "checkpoints", keep=config.train.keep_checkpoints))
+        return cls(index, config, out_dir, Checkpointer(out_dir / "checkpoints", keep=config.train.keep_checkpoints),
+                   spec=spec)
 
     @property
     def label(self) -> str:
@@ -69,6 +73,6 @@ class Member:
     def finish(self, end: RunEnd, wall_time_s: float, runtime=None) -> RunResult:
         """summary.json and figures, as an unfused run of this config ending so would write them."""
         self.result = finish_run(self.out_dir, self.config, self, end, self.csv.rows, wall_time_s, (), self.watch,
-                                 runtime)
+                                 runtime, self.spec)
         log.info("member %s (%s) ended: %s %s", self.index, self.label, end.status, end.reason)
         return self.result

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lmtune.training.lm import lr_multipliers, probe_tensors, weight_decay_multipliers
 from lmtune.training.model import lm_loss
+from lmtune.training.spec import ModelSpec
 
 # CPU's flash attention has no vmap rule, so vmap runs it once per member and warns at every call; on the
 # quick model with 4 members that measured no slower than one SDPA call over the folded batch.
@@ -40,14 +40,15 @@ class FusedLM(nn.Module):
     computes_loss = True
     """Its forward is the loss already (lmtune.training.step.Runtime takes it as it is)."""
 
-    def __init__(self, models: list[nn.Module], z_loss: float = 0.0):
-        """The fused model whose member k is ``models[k]`` (one config, device and dtype), copied."""
+    def __init__(self, models: list[nn.Module], z_loss: float, spec: ModelSpec):
+        """The fused model whose member k is ``models[k]`` (one config, device and dtype, built by ``spec``),
+        copied."""
         super().__init__()
-        self.z_loss = z_loss
-        self.weight_decay_multipliers = weight_decay_multipliers(models[0])
-        """A member's weight-decay multipliers by parameter name (lmtune.training.lm's): a member's, not the stacked
+        self.z_loss, self.spec = z_loss, spec
+        self.weight_decay_multipliers = spec.weight_decay_multipliers(models[0])
+        """A member's weight-decay multipliers by parameter name (the spec's): a member's, not the stacked
         model's, whose every parameter has one dimension more (the shape rule would decay its gains)."""
-        self.lr_multipliers = lr_multipliers(models[0])
+        self.lr_multipliers = spec.lr_multipliers(models[0])
         """A member's LR multipliers by parameter name."""
         self.stacked = copy.deepcopy(models[0])
         """The model whose every parameter has the members on its first dimension."""
@@ -84,19 +85,19 @@ class FusedLM(nn.Module):
 
     @torch.no_grad()
     def stability_probes(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The model's probes (lmtune.training.lm.probe_tensors) per member (tensors of shape (K,))."""
-        probes = _Probes(self.stacked)
+        """The model's probes (its spec's) per member (tensors of shape (K,))."""
+        probes = _Probes(self.stacked, self.spec)
         params = {f"model.{name}": p for name, p in self.stacked.named_parameters()}
         batch_dim = None if idx.dim() == 2 else 0
         return vmap(lambda p, x: functional_call(probes, p, (x,)), in_dims=(0, batch_dim))(params, idx)
 
 
 class _Probes(nn.Module):
-    """The model's probe_tensors as a forward (functional_call calls forward)."""
+    """The model's probes (``spec``'s) as a forward (functional_call calls forward)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, spec: ModelSpec):
         super().__init__()
-        self.model = model
+        self.model, self.spec = model, spec
 
     def forward(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        return probe_tensors(self.model, idx)
+        return self.spec.probes(self.model, idx)

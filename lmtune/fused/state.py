@@ -17,7 +17,7 @@ from torch import nn
 from lmtune.fused.model import FusedLM
 from lmtune.fused.optim import MemberAdamW, MemberHyperparameters
 from lmtune.training.config import RunConfig
-from lmtune.training.lm import build_model
+from lmtune.training.spec import TrainSpec, lmtune_spec
 from lmtune.training.state import TrainState, TrainStateDict, build_optimizer, grouped, seed_everything
 
 
@@ -37,26 +37,30 @@ class FusedState:
     """The group index of the member at each position of the fused tensors."""
     active: torch.Tensor
     """(K,) device bools: false once a member's step went non-finite (its updates are masked)."""
+    spec: TrainSpec | None = None
+    """How each member's model and its checkpoint's optimizer are built (None: lmtune's own)."""
     step: int = 0
     compiled_update: Callable | None = None
     """The clipping and AdamW update, compiled (lmtune.fused.step.compile_update), or None: eager."""
 
     @classmethod
     def create(cls, configs: Sequence[RunConfig], device: torch.device,
-               dtype: torch.dtype = torch.float32) -> FusedState:
+               dtype: torch.dtype = torch.float32, spec: TrainSpec | None = None) -> FusedState:
         """Each member initialised as ``TrainState.create`` would with its seed (one model per seed), its
-        parameters in ``dtype`` (float64 to check the fusion's arithmetic against separate runs)."""
+        parameters in ``dtype`` (float64 to check the fusion's arithmetic against separate runs), built by ``spec``
+        (the members'; None: lmtune's own)."""
+        spec = spec or lmtune_spec(configs[0])
         by_seed: dict[int, nn.Module] = {}
         for config in configs:
             seed = config.train.seed
             if seed not in by_seed:
                 seed_everything(seed)
-                by_seed[seed] = build_model(config, device, dtype)
-        model = FusedLM([by_seed[c.train.seed] for c in configs], configs[0].model.z_loss)
+                by_seed[seed] = spec.model.build(config, device, dtype)
+        model = FusedLM([by_seed[c.train.seed] for c in configs], configs[0].model.z_loss, spec.model)
         like = next(model.parameters())
         optimizer = MemberAdamW(model, MemberHyperparameters.of([c.train for c in configs], like))
         active = torch.ones(len(configs), dtype=torch.bool, device=device)
-        return cls(model, optimizer, list(configs), list(range(len(configs))), active)
+        return cls(model, optimizer, list(configs), list(range(len(configs))), active, spec)
 
     @property
     def device(self) -> torch.device:
@@ -77,9 +81,10 @@ class FusedState:
     def member_train_state(self, member: int, best_val_loss: float, elapsed_s: float) -> TrainState:
         """The member as a single-model TrainState (model and AdamW state): what its checkpoint holds."""
         config, position = self.configs[member], self.positions.index(member)
-        model = build_model(config, self.device, next(self.model.parameters()).dtype)
+        spec = self.spec or lmtune_spec(config)
+        model = spec.model.build(config, self.device, next(self.model.parameters()).dtype)
         model.load_state_dict(self.model.member_state_dict(position))
-        optimizer = build_optimizer(model, config, self.device)
+        optimizer = build_optimizer(model, config, self.device, spec=spec)
         params = dict(model.named_parameters())
         steps = float(self.optimizer.steps[position])
         for name, (m, v) in self.optimizer.member_moments(position).items():

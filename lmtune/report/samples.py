@@ -21,6 +21,7 @@ from lmtune.errors import LmtuneError
 from lmtune.report.summary import Sample
 from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate, load_model
 from lmtune.usercode.consent import NO_CONSENT, REFUSED_NOTE, CodeConsent, FolderCodeRefused
+from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def best_samples(best_trial_dir: str | None, count: int,
     if checkpoint is None or not checkpoint.is_file():
         return (), "not drawn: the best trial kept no checkpoints/best.pt"
     try:
-        model, config = load_model(checkpoint, torch.device("cpu"), consent)
+        model, config = load_model(checkpoint, torch.device("cpu"), consent, spec_for)
         tokenizer, stop, prompt = _prompt(config.data_dir)
     except FolderCodeRefused as err:  # (said once, by the report and the command, not as a warning too)
         return (), f"{REFUSED_NOTE}: {err}"

@@ -32,10 +32,11 @@ from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.tools.terminal_progress import each
 from lmtune.training.checkpoint import Checkpoint, load_checkpoint
 from lmtune.training.config import RunConfig
-from lmtune.training.lm import LanguageModelLoss, build_model, is_lmtune_model
+from lmtune.training.lm import LanguageModelLoss
 from lmtune.training.model_config import ModelConfig
+from lmtune.training.spec import ModelSpec
 from lmtune.training.state import optimizer_order
-from lmtune.usercode.optim import step_lr_function
+from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -214,13 +215,14 @@ def _run_config(model: ModelConfig | None, state: Checkpoint) -> RunConfig:
     return replace(config, model=model) if model is not None else config
 
 
-def _optimizer_order(model: nn.Module) -> list[torch.Tensor]:
-    """Parameters in the order build_optimizer (lmtune.training.state) gives AdamW: its param groups'."""
+def _optimizer_order(model: nn.Module, spec: ModelSpec) -> list[torch.Tensor]:
+    """Parameters in the order build_optimizer (lmtune.training.state) gives AdamW: its param groups' (``spec``
+    built the model)."""
     params = dict(model.named_parameters())
-    return [params[name] for name in optimizer_order(model)]
+    return [params[name] for name in optimizer_order(model, spec)]
 
 
-def _second_moments(model: nn.Module, optimizer_state: StateDict) -> tuple[Vector, int] | None:
+def _second_moments(model: nn.Module, optimizer_state: StateDict, spec: ModelSpec) -> tuple[Vector, int] | None:
     """Adam's exp_avg_sq per model parameter (model.parameters() order) and the step count."""
     ids = [i for group in optimizer_state.get("param_groups", []) for i in group["params"]]
     state = optimizer_state.get("state", {})
@@ -228,7 +230,7 @@ def _second_moments(model: nn.Module, optimizer_state: StateDict) -> tuple[Vecto
         return None
     moments = [state[i]["exp_avg_sq"] for i in ids]
     params = list(model.parameters())
-    for order in (_optimizer_order(model), params):
+    for order in (_optimizer_order(model, spec), params):
         if len(order) == len(moments) and all(p.shape == m.shape for p, m in zip(order, moments, strict=True)):
             by_param = {id(p): m.float() for p, m in zip(order, moments, strict=True)}
             step = int(float(state[ids[0]]["step"]))
@@ -242,17 +244,17 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config: ModelConfig | None
     """Sharpness and Adam-preconditioned sharpness of a training checkpoint on one fixed batch.
 
     Computed in float32 on CPU, lmtune's model with its reference attention path (SDPA lacks double backward on
-    some builds; a user's model runs as written, lmtune.training.lm). ``model_config``: the model's shape (None: the
-    checkpoint's own config's). The preconditioned value is None when the checkpoint holds no optimizer state.
+    some builds; a user's model runs as written: ModelSpec.plain_attention). ``model_config``: the model's shape
+    (None: the checkpoint's own config's). The preconditioned value is None when the checkpoint holds no optimizer
+    state.
     ``largest``: the largest algebraic eigenvalues instead of the largest-magnitude ones.
     """
     state = load_checkpoint(Path(checkpoint_path))
     config = _run_config(model_config, state)
-    model = build_model(config, torch.device("cpu"))
+    spec = spec_for(config).model
+    model = spec.build(config, torch.device("cpu"))
     model.load_state_dict(state["model"])
-    if is_lmtune_model(model):
-        for block in model.blocks:
-            block.attn.use_sdpa = False
+    spec.plain_attention(model)  # (SDPA lacks double backward on some builds)
     model.train()
     x, y = (t.to("cpu") for t in batch)
     params = list(model.parameters())
@@ -268,12 +270,12 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config: ModelConfig | None
     lr = group.get("lr")
     own = run_config_of(state.get("config"))
     if lr is None and own is not None:  # Step k was taken with the schedule's value at 0-based index k - 1.
-        lr = step_lr_function(own)(max(state["step"] - 1, 0))
+        lr = spec_for(own).schedule.lr_function(own)(max(state["step"] - 1, 0))
     lr = float(lr) if lr is not None else None
 
     sharp = hessian_top_eigenvalue(loss_fn, params, iters=iters, tol=tol, seed=seed, largest=largest)
     pre = None
-    moments = _second_moments(model, optimizer_state) if optimizer_state else None
+    moments = _second_moments(model, optimizer_state, spec) if optimizer_state else None
     if moments is not None and beta2 is not None:
         exp_avg_sq, step = moments
         pre = preconditioned_sharpness(loss_fn, params, exp_avg_sq, step, float(beta2), float(eps),

@@ -17,8 +17,8 @@ from pathlib import Path
 from lmtune.errors import LmtuneError
 from lmtune.files import existing_ancestor
 from lmtune.training.config import RunConfig, TrainConfig
-from lmtune.training.lm import model_size
 from lmtune.training.metrics import METRIC_COLUMNS
+from lmtune.usercode.spec import model_size, spec_for
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,9 @@ def format_bytes(n: float) -> str:
 
 
 def tensor_count(config: RunConfig) -> int:
-    """Parameter tensors of the model: in lmtune's TransformerLM, from the config alone (per block two norm gains,
-    qkv, out, gate, up and down, and the q/k norm gains; the embedding, the final norm and the output layer); in a
-    user's model, counted from its parameters (lmtune.usercode.model.parameter_shapes)."""
-    if config.code.user_model:
-        from lmtune.usercode.model import parameter_shapes
-
-        return len(parameter_shapes(config.code, config.model))
-    return config.model.n_layers * (7 + 2 * config.model.qk_norm) + 3
+    """Parameter tensors of the model, by its training spec (lmtune's TransformerLM's from the config alone, a
+    user's model's counted from its parameters)."""
+    return spec_for(config).model.parameter_tensors(config)
 
 
 def history_rows(t: TrainConfig) -> int:

@@ -49,6 +49,7 @@ from lmtune.usercode.checks import check_code, check_model
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, UserCode
 from lmtune.usercode.consent import check_recorded_files, recorded_files
 from lmtune.usercode.model import parameter_fingerprint
+from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def place_on_cluster(options: SweepOptions, plan: SweepPlan) -> Placement:
     if not gpus and not options.address:  # trials on this machine's CPU: the largest one must fit its memory
         largest = plan.largest_trial()
         check_fits(largest, torch.device("cpu"), members=plan.space.fuse,
-                   where=f"the sweep's largest trial (batch_size {largest.train.batch_size})")
+                   where=f"the sweep's largest trial (batch_size {largest.train.batch_size})", spec=spec_for(largest))
     return place_trials(plan.largest_trial(), plan.space.fuse, options.cpus_per_trial, options.gpus_per_trial,
                         options.max_concurrent, cpus, gpus, gpu_bytes, why)
 

@@ -28,6 +28,7 @@ from lmtune.training.config import RunConfig
 from lmtune.training.divergence import BY_RULE
 from lmtune.training.loop import RunEnd, RunResult
 from lmtune.training.metrics import Row
+from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ def train_group_trial(order: TrialOrder, params: TuneParams, base: RunConfig, gr
     restore_group_checkpoint(folders)
     sink = GroupTuneSink(configs[0], list(folders))
     return train_fused(configs, list(folders.values()), resume=True, group_sink=sink,
-                       member_rule=member_rule(configs[0], rungs), divergence=setup.divergence)
+                       member_rule=member_rule(configs[0], rungs), divergence=setup.divergence,
+                       spec=spec_for(configs[0]))
 
 
 def member_rule(config: RunConfig, rungs: Rungs | None):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from lmtune.errors import LmtuneError
 from lmtune.training.config import RunConfig
 from lmtune.training.memory import CUDA_CONTEXT_BYTES, MEMORY_HEADROOM, run_memory_bytes
+from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ ASSUMED_GPU_BYTES = 80 * 2**30
 def trial_memory_bytes(config: RunConfig, members: int = 1) -> int:
     """Device memory of one trial of ``config`` (bf16 activations): a fused trial holds ``members`` models,
     their optimizer states and their activations."""
-    return run_memory_bytes(config, amp=True, members=members)
+    return run_memory_bytes(config, amp=True, members=members, spec=spec_for(config))
 
 
 def trial_resources(base: RunConfig, cpus_per_trial: float, gpus_per_trial: float | None,

@@ -51,6 +51,7 @@ from lmtune.training.fork import check_forkable
 from lmtune.training.loop import train
 from lmtune.training.lr_range import RangeTestConfig, lr_range_test
 from lmtune.training.metrics import METRICS_FILE, Row, read_metrics, write_metrics
+from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +204,7 @@ def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | No
         sink.refuse(str(err))
         return
     result = train(config, out_dir, resume=True, sinks=[sink], before_step=before_step,
-                   divergence=setup.divergence, periodic_dir=staging)
+                   divergence=setup.divergence, periodic_dir=staging, spec=spec_for(config))
     if gpu_note:  # (the loop's own log line went to training.log; the summary says it too)
         atomic_write_json(out_dir / "summary.json", {**result.summary, "gpu_share_unused": gpu_note})
     with contextlib.suppress(OSError):  # every checkpoint was handed to Tune: the empty staging folders go
@@ -309,7 +310,7 @@ def run_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path) 
         tune.report({**row, **unevaluated})
 
     atomic_write_text(out_dir / "config.json", config.to_json())
-    found = lr_range_test(config, settings, out_dir, report=report)
+    found = lr_range_test(config, settings, out_dir, report=report, spec=spec_for(config))
     tune.report({**unevaluated, "tokens": found.tokens, "steepest_lr": found.steepest_lr,
                  "min_loss_lr": found.min_loss_lr, "blowup_lr": found.blowup_lr,
                  "range_summary": f"LR range test: {found.summary_line()}"})

@@ -26,7 +26,7 @@ from torch import nn
 
 from lmtune.private_apis import switch_on_inductor_caches
 from lmtune.training.config import RunConfig
-from lmtune.training.lm import flops_per_token
+from lmtune.training.spec import TrainSpec, lmtune_spec
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,15 @@ log = logging.getLogger(__name__)
 CPU_COMPILE_MIN_FLOPS_PER_TOKEN = 50e6
 
 
-def should_compile(config: RunConfig, device: torch.device) -> bool:
+def should_compile(config: RunConfig, device: torch.device, spec: TrainSpec | None = None) -> bool:
+    """The config's ``compile``; "auto": on CUDA and MPS, and on the CPU for a model (by ``spec``, None: lmtune's
+    own) of at least CPU_COMPILE_MIN_FLOPS_PER_TOKEN."""
     choice = config.train.compile
     if choice in ("on", "off"):
         return choice == "on"
     if device.type in ("cuda", "mps"):
         return True
-    return flops_per_token(config) >= CPU_COMPILE_MIN_FLOPS_PER_TOKEN
+    return (spec or lmtune_spec(config)).model.size(config).flops_per_token >= CPU_COMPILE_MIN_FLOPS_PER_TOKEN
 
 
 def compile_backend(config: RunConfig, device: torch.device) -> str | Callable:

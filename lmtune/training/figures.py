@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lmtune.files import atomic_write_bytes
 from lmtune.training.config import RunConfig
-from lmtune.usercode.optim import step_lr_function
+from lmtune.training.spec import ScheduleSpec
 
 log = logging.getLogger(__name__)
 _told = False
@@ -43,16 +43,16 @@ def drawable(what: str) -> bool:
     return False
 
 
-def write_run_figures(out_dir: Path, rows: list[dict], config: RunConfig) -> None:
+def write_run_figures(out_dir: Path, rows: list[dict], config: RunConfig, schedule: ScheduleSpec) -> None:
+    """loss_curves.png and lr_schedule.png (the LR of each step by the run's ``schedule``)."""
     if not drawable("a run's loss_curves.png and lr_schedule.png"):
         return
     t = config.train
     plot_loss_curves(rows, out_dir / "loss_curves.png", title=f"lr={t.lr:g} ({config.budget})")
     stride = max(1, t.steps // 500)
     steps = list(range(0, t.steps, stride)) + [t.steps - 1]
-    lr_of_step = step_lr_function(config)
-    shape = (f"{config.code.schedule}" if config.code.schedule else
-             "linear warm-up, warmup-stable-decay" if t.schedule == "wsd" else "linear warm-up, cosine decay")
+    lr_of_step = schedule.lr_function(config)
+    shape = schedule.describe(t)
     plot_lr_schedule([s + 1 for s in steps], [lr_of_step(s) for s in steps], out_dir / "lr_schedule.png",
                      f"learning-rate schedule ({shape})")
 

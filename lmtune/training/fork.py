@@ -19,7 +19,7 @@ from lmtune.training.config import RunConfig
 from lmtune.training.loop import RunResult, resolve_config, train
 from lmtune.training.metrics import METRICS_FILE, write_metrics
 from lmtune.training.schedule import first_lr_difference
-from lmtune.usercode.optim import step_lr_function
+from lmtune.training.spec import TrainSpec, lmtune_spec
 
 # What may differ between a run and the longer run it forks from: the budget and its bookkeeping. Anything
 # else (LR, seed, warm-up, batch, model, the cooldown's floor) would make the shared prefix a different run.
@@ -27,10 +27,13 @@ MAY_DIFFER = {"steps", "run_steps", "cooldown_fraction", "log_interval", "eval_i
               "keep_checkpoints", "cooldown_shape", "device", "compile", "compile_backend", "compile_mode"}
 
 
-def fork_run(parent_checkpoint: Path, config: RunConfig, out_dir: Path, **train_kwargs) -> RunResult:
+def fork_run(parent_checkpoint: Path, config: RunConfig, out_dir: Path, spec: TrainSpec | None = None,
+             **train_kwargs) -> RunResult:
     """Train ``config`` (a WSD run) from ``parent_checkpoint`` of another WSD run, writing a whole run into
     ``out_dir``: the parent's metrics rows up to the fork, then this run's own. Refused, in one line, when
-    the two runs would not have trained identically up to the checkpoint."""
+    the two runs would not have trained identically up to the checkpoint. ``spec``: both runs' (a fork shares
+    their code; None: lmtune's own)."""
+    spec = spec or lmtune_spec(config)
     out_dir = check_destination(Path(out_dir), "out_dir", fix="fork into a new folder")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise LmtuneError(f"{out_dir} already holds files; fork into a new folder")
@@ -38,10 +41,10 @@ def fork_run(parent_checkpoint: Path, config: RunConfig, out_dir: Path, **train_
     parent = RunConfig.from_dict(saved["config"])
     config = resolve_config(config, Path(config.data_dir))  # the data's vocabulary, as the parent has it
     step = int(saved["step"])
-    check_forkable(parent, config, step, Path(parent_checkpoint))
+    check_forkable(parent, config, step, Path(parent_checkpoint), spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_metrics(out_dir / METRICS_FILE, [row for row in saved.get("history", []) if row["step"] <= step])
-    return train(config, out_dir, resume_from=Path(parent_checkpoint), **train_kwargs)
+    return train(config, out_dir, resume_from=Path(parent_checkpoint), spec=spec, **train_kwargs)
 
 
 def read_parent(path: Path) -> RunCheckpoint:
@@ -67,9 +70,9 @@ def same_data(a: str, b: str) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-def check_forkable(parent: RunConfig, child: RunConfig, step: int, where: Path) -> None:
+def check_forkable(parent: RunConfig, child: RunConfig, step: int, where: Path, spec: TrainSpec) -> None:
     """One line when ``child`` trained from ``parent``'s checkpoint at ``step`` would not be the run ``child``
-    trains from scratch."""
+    trains from scratch (their LRs by ``spec``'s schedule, which the same code makes both runs')."""
     t, p = child.train, parent.train
     if t.schedule != "wsd" or p.schedule != "wsd":
         raise LmtuneError(f"{where}: only warmup-stable-decay runs fork (schedule: wsd on both runs)")
@@ -79,7 +82,7 @@ def check_forkable(parent: RunConfig, child: RunConfig, step: int, where: Path) 
             or not same_data(parent.data_dir, child.data_dir):
         what = ", ".join(differ) or "the model, its code or the data"
         raise LmtuneError(f"{where}: the runs differ in {what}; a fork shares everything but the budget")
-    first = first_lr_difference(step_lr_function(parent), step_lr_function(child), step)
+    first = first_lr_difference(spec.schedule.lr_function(parent), spec.schedule.lr_function(child), step)
     if first is not None:  # (only their cooldowns can differ here)
         raise LmtuneError(f"{where} is at step {step}, after step {first[0] - 1}, where the shorter run's cooldown "
                           "begins; fork from an earlier checkpoint")

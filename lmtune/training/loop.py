@@ -28,13 +28,13 @@ from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.device import configure_backend, peak_flops, resolve_device
 from lmtune.training.divergence import DEFAULT_RULE, NON_FINITE, WHOLE_RUN, DivergenceRule, LossWatch
 from lmtune.training.figures import write_run_figures
-from lmtune.training.lm import model_size, probe_tensors
+from lmtune.training.lm import ModelSize
 from lmtune.training.memory import check_fits, out_of_memory
 from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, TensorBoardSink
+from lmtune.training.spec import TrainSpec, lmtune_spec
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, evaluate, train_step
 from lmtune.usercode.consent import write_run_record
-from lmtune.usercode.optim import step_lr_function
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class RunResult:
 def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from: Path | None = None,
           sinks: Sequence[MetricsSink] = (), before_step: StepHook | None = None,
           divergence: DivergenceRule = DEFAULT_RULE, periodic_dir: Path | None = None,
-          record_code: bool = False) -> RunResult:
+          record_code: bool = False, spec: TrainSpec | None = None) -> RunResult:
     """Train one model as ``config`` says, writing everything to ``out_dir``.
 
     ``resume`` continues from the newest verified checkpoint in out_dir/checkpoints (a fresh start if
@@ -96,19 +96,22 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
     periodic checkpoints go and resume looks (default out_dir/checkpoints, beside best.pt; a sweep's trial
     stages them elsewhere and hands each to Ray Tune, which keeps the only copy). ``record_code``: write the
     files of the user's code beside config.json (``lmtune train``: what a ``train --resume`` may import unasked).
+    ``spec``: how the run builds its model, optimizer and schedule (lmtune.usercode.spec.spec_for's; None:
+    lmtune's own, lmtune.training.spec.LMTUNE).
     """
     out_dir = Path(out_dir)
     config = resolve_config(config, Path(config.data_dir))
     t = config.train
     data = load_data(Path(config.data_dir), config.model.context_length, config.model.vocab_size)
     device = resolve_device(t.device)
-    check_fits(config, device)
+    spec = spec or lmtune_spec(config)
+    check_fits(config, device, spec=spec)
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: refused inputs leave no empty run folder behind
     with contextlib.ExitStack() as cleanup:
         cleanup.enter_context(writer_lock(out_dir, lambda pid: f"{out_dir} is being written by another lmtune "
                                           f"training run (pid {pid}); wait for it to end, or choose another --out"))
         configure_backend(device)
-        state = TrainState.create(config, device)
+        state = TrainState.create(config, device, spec)
         checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints, periodic_dir=periodic_dir)
         resumed_from = checkpointer.restore(state, path=resume_from, latest=resume)
         atomic_write_text(out_dir / "config.json", config.to_json())
@@ -120,16 +123,17 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         tensorboard = cleanup.enter_context(TensorBoardSink(out_dir, resume_step=state.step))
         if resumed_from is not None:
             log.info("resuming from %s (step %d)", resumed_from, state.step)
-        runtime = Runtime.build(state.model, config, device)
-        log_run_start(config, device)
+        runtime = Runtime.build(state.model, config, device, spec=spec)
+        size = spec.model.size(config)
+        log_run_start(config, device, size)
         sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed, config.model.vocab_size)
         batches = cleanup.enter_context(DeviceBatches(sampler, device, start_step=state.step))
         val_batches = fixed_val_batches(data.val, t.batch_size, config.model.context_length, t.eval_batches)
-        meter = IntervalMeter(device, config.tokens_per_step, model_size(config).flops_per_token,
+        meter = IntervalMeter(device, config.tokens_per_step, size.flops_per_token,
                               peak_flops(device, runtime.amp_dtype or torch.float32),
                               elapsed_before_s=state.elapsed_s)
         watch = loss_watch(config, divergence, csv_sink.rows)
-        lr_of_step = step_lr_function(config)
+        lr_of_step = spec.schedule.lr_function(config)
         end = RunEnd()
         try:
             while state.step < t.stop_step:
@@ -147,7 +151,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
                 if not t.logs_at(step):
                     continue
                 # ---- a log interval: the loop's only host syncs ----
-                row, end = interval_row(step, lr, x, state, runtime, meter, val_batches, watch, t)
+                row, end = interval_row(step, lr, x, state, runtime, meter, val_batches, watch, t, spec)
                 if row is None:
                     break
                 for sink in (csv_sink, tensorboard):  # before the checkpoint, which a resume keeps its rows to
@@ -160,16 +164,17 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         except KeyboardInterrupt:
             end = RunEnd("stopped", f"interrupted at step {state.step}")
             log.warning("interrupted: the newest checkpoint is kept; continue with --resume")
-        return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks, watch, runtime)
+        return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks, watch, runtime,
+                          spec)
 
 
 def interval_row(step: int, lr: float, x: torch.Tensor, state: TrainState, runtime: Runtime, meter: IntervalMeter,
-                 val_batches, watch: LossWatch, t: TrainConfig) -> tuple[Row | None, RunEnd]:
+                 val_batches, watch: LossWatch, t: TrainConfig, spec: TrainSpec) -> tuple[Row | None, RunEnd]:
     """The row of a log interval (its evaluation, the loss judged, the stability probes on ``x``), or None and
     how the run ended when a loss or gradient norm went non-finite."""
     if (bad_step := meter.first_nonfinite_step()) is not None:
         return None, RunEnd.non_finite("loss or gradient norm", bad_step)
-    row = {**meter.take(step, lambda: probe_tensors(state.model, x[:2])), "lr": lr, "val_loss": None}
+    row = {**meter.take(step, lambda: spec.model.probes(state.model, x[:2])), "lr": lr, "val_loss": None}
     if t.evaluates_at(step):
         row["val_loss"] = evaluate(runtime, val_batches, t.grad_accum_steps)
         if not math.isfinite(row["val_loss"]):
@@ -232,16 +237,17 @@ def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunC
 
 def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float,
                sinks: Sequence[MetricsSink], watch: LossWatch | None = None,
-               runtime: Runtime | None = None) -> RunResult:
-    """summary.json and the run's figures, then the sinks hear how it ended."""
+               runtime: Runtime | None = None, spec: TrainSpec | None = None) -> RunResult:
+    """summary.json and the run's figures, then the sinks hear how it ended (``spec``: the run's, None: lmtune's)."""
+    spec = spec or lmtune_spec(config)
     end = judged_end(end, watch, state.step)
-    summary = run_summary(config, state, end, rows, wall_time)
+    summary = run_summary(config, state, end, rows, wall_time, spec.model.size(config))
     if watch is not None:
         summary["divergence"] = watch.record()
     if runtime is not None:  # how it ran: compiled or eager (a failed compile falls back), in which precision
         summary.update(compiled=runtime.compiled, precision=str(runtime.amp_dtype or torch.float32).split(".")[-1])
     atomic_write_json(out_dir / "summary.json", summary)
-    write_run_figures(out_dir, rows, config)
+    write_run_figures(out_dir, rows, config, spec.schedule)
     if end.status == "diverged":
         log.warning("run diverged: %s", end.reason)
     elif end.status == "completed" and end.detail:  # its loss never fell below where it started
@@ -253,11 +259,11 @@ def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, r
     return result
 
 
-def run_summary(config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float) -> dict:
-    """summary.json: how the run ended, its losses, tokens and speed."""
+def run_summary(config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float,
+                size: ModelSize) -> dict:
+    """summary.json: how the run ended, its losses, tokens and speed (``size``: its model's, by its spec)."""
     steps = end.diverged_step - 1 if end.divergence == NON_FINITE else state.step
     last_val = next((r["val_loss"] for r in reversed(rows) if r.get("val_loss") is not None), None)
-    size = model_size(config)
     tokens = steps * config.tokens_per_step
     return {
         "status": end.status, "reason": end.reason,
@@ -297,8 +303,7 @@ def _flops_how(size) -> str:
     return " (counted)" if size.counted else " (estimated by formula)" if size.estimated else ""
 
 
-def log_run_start(config: RunConfig, device) -> None:
-    size = model_size(config)
+def log_run_start(config: RunConfig, device, size: ModelSize) -> None:
     log.info("device=%s params: non-embedding %.2fM, total %.2fM; %.1f MFLOP/token%s; %d steps x %d tokens; model %s",
              device, size.non_embedding / 1e6, size.total / 1e6, size.flops_per_token / 1e6,
              _flops_how(size), config.train.steps, config.tokens_per_step,

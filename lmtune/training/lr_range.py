@@ -34,6 +34,7 @@ from lmtune.training.device import configure_backend, resolve_device
 from lmtune.training.figures import drawable, plot_range_test
 from lmtune.training.loop import resolve_config
 from lmtune.training.memory import check_fits
+from lmtune.training.spec import TrainSpec, lmtune_spec
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, train_step
 
@@ -208,21 +209,23 @@ Report = Callable[[RangeRow], None]
 
 
 def lr_range_test(config: RunConfig, settings: RangeTestConfig, out_dir: Path, report: Report | None = None,
-                  report_every: int = 10) -> RangeTestResult:
+                  report_every: int = 10, spec: TrainSpec | None = None) -> RangeTestResult:
     """Run the range test on ``config``'s model and data (its own lr and schedule are not used).
 
-    ``report`` receives a row every ``report_every`` steps and the last one (a sweep's Tune report)."""
+    ``report`` receives a row every ``report_every`` steps and the last one (a sweep's Tune report). ``spec``: how
+    the run builds its model and optimizer (None: lmtune's own)."""
     settings.validate()
     out_dir = Path(out_dir)
     config = resolve_config(config, Path(config.data_dir))  # the data's vocabulary, as train uses
     t = config.train
     data = load_data(Path(config.data_dir), config.model.context_length, config.model.vocab_size)
     device = resolve_device(t.device)
-    check_fits(config, device)
+    spec = spec or lmtune_spec(config)
+    check_fits(config, device, spec=spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     configure_backend(device)
-    state = TrainState.create(config, device)
-    runtime = Runtime.build(state.model, config, device)
+    state = TrainState.create(config, device, spec)
+    runtime = Runtime.build(state.model, config, device, spec=spec)
     sampler = BatchSampler(data.train, t.batch_size, config.model.context_length, t.seed, config.model.vocab_size)
     result = RangeTestResult()
     with DeviceBatches(sampler, device) as batches:

@@ -12,9 +12,10 @@ import torch
 from lmtune.errors import LmtuneError
 from lmtune.training.config import RunConfig, with_settings
 from lmtune.training.device import available_memory_bytes
-from lmtune.training.lm import LanguageModelLoss, build_model, model_size
+from lmtune.training.lm import LanguageModelLoss
 from lmtune.training.model import count_parameters
 from lmtune.training.model_config import ModelConfig
+from lmtune.training.spec import TrainSpec, lmtune_spec
 from lmtune.training.state import seed_everything
 
 # Per-process CUDA context, cuBLAS workspace and allocator slack that torch's allocator does not count.
@@ -49,28 +50,33 @@ def micro_batch(config: RunConfig) -> int:
     return max(1, config.train.batch_size // config.train.grad_accum_steps)
 
 
-def run_memory_bytes(config: RunConfig, amp: bool, members: int = 1) -> int:
+def run_memory_bytes(config: RunConfig, amp: bool, members: int = 1, spec: TrainSpec | None = None) -> int:
     """Device memory of one run of ``config`` (a fused group: ``members`` models, their optimizer states and
-    activations), with bf16 activations when ``amp``. lmtune's model: ``estimate_trial_memory_bytes``; a user's
-    model: 16 bytes per parameter counted from the module, and the activations of one micro-batch, measured
-    (``measured_activations``), plus 20%."""
-    if not config.code.user_model:
+    activations), with bf16 activations when ``amp``. A model lmtune knows (``spec``'s, None: lmtune's own):
+    ``estimate_trial_memory_bytes``; one it knows only as a module (spec.model.measured_memory): 16 bytes per
+    parameter counted from the module, and the activations of one micro-batch, measured (``measured_activations``),
+    plus 20%."""
+    spec = spec or lmtune_spec(config)
+    if not spec.model.measured_memory:
         return members * estimate_trial_memory_bytes(config.model, micro_batch(config), amp)
-    activations = measured_activations(config, amp).of(micro_batch(config))
-    return members * int(1.2 * (16 * model_size(config, count_flops=False).total + activations))
+    activations = measured_activations(config, amp, spec).of(micro_batch(config))
+    return members * int(1.2 * (16 * spec.model.size(config, count_flops=False).total + activations))
 
 
-def check_fits(config: RunConfig, device: torch.device, members: int = 1, where: str = "config") -> None:
+def check_fits(config: RunConfig, device: torch.device, members: int = 1, where: str = "config",
+               spec: TrainSpec | None = None) -> None:
     """Refuse, in one line, a run (or a fused group of ``members``) whose estimated memory exceeds what
     ``device`` has: the estimate is the one the sweep's packing uses, without bf16 on the CPU. A user's model whose
-    weights and optimizer state alone do not fit is refused before its activations are measured (which builds it)."""
+    weights and optimizer state alone do not fit is refused before its activations are measured (which builds it).
+    ``spec``: the run's (None: lmtune's own)."""
+    spec = spec or lmtune_spec(config)
     have = available_memory_bytes(device)
-    persistent = 16 * model_size(config, count_flops=False).total * members
-    user_too_big = config.code.user_model and have is not None and persistent > have
-    need = persistent if user_too_big else run_memory_bytes(config, amp=device.type != "cpu", members=members)
+    params = spec.model.size(config, count_flops=False).total * members
+    too_big = spec.model.measured_memory and have is not None and 16 * params > have
+    need = 16 * params if too_big else run_memory_bytes(config, amp=device.type != "cpu", members=members, spec=spec)
     if have is not None and need > have:
         group = f"{members} fused models" if members > 1 else "the model"
-        raise LmtuneError(f"{where}: {group} ({model_size(config, count_flops=False).total * members:,} parameters, "
+        raise LmtuneError(f"{where}: {group} ({params:,} parameters, "
                           f"batch {micro_batch(config)} x {config.model.context_length}) needs about "
                           f"{need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this {device.type} has "
                           "free; use a smaller d_model, n_layers, vocab_size, batch_size or context_length")
@@ -137,14 +143,14 @@ class ActivationBytes:
 _activations: dict[tuple, ActivationBytes] = {}
 
 
-def measured_activations(config: RunConfig, amp: bool) -> ActivationBytes:
+def measured_activations(config: RunConfig, amp: bool, spec: TrainSpec) -> ActivationBytes:
     """What a forward pass of ``config``'s model and the loss keep for backward (bf16 autocast when ``amp``), measured
     once per process on the CPU from batches of one and two sequences of context_length tokens: every tensor saved
-    for backward but the parameters themselves (counted apart)."""
+    for backward but the parameters themselves (counted apart). ``spec`` builds the model."""
     key = (repr(config.code.to_dict()), repr(sorted(asdict(config.model).items())), amp)
     if key not in _activations:
         seed_everything(config.train.seed)
-        model = build_model(config, torch.device("cpu"))
+        model = spec.model.build(config, torch.device("cpu"))
         one, two = (_saved_bytes(model, config, batch, amp) for batch in (1, 2))
         _activations[key] = ActivationBytes(max(0, 2 * one - two), max(0, two - one))
     return _activations[key]

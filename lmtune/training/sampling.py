@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from torch import nn
 from lmtune.errors import LmtuneError
 from lmtune.training.checkpoint import load_checkpoint, why_unusable
 from lmtune.training.config import RunConfig
-from lmtune.training.lm import build_model
+from lmtune.training.spec import TrainSpec, lmtune_spec
 from lmtune.training.state import check_same_parameters
 from lmtune.usercode.consent import NO_CONSENT, CodeConsent, only_consented_code
 from lmtune.usercode.guard import user_call
@@ -57,10 +58,12 @@ class SampleSettings:
 
 
 def load_model(checkpoint: Path, device: torch.device,
-               consent: CodeConsent = NO_CONSENT) -> tuple[nn.Module, RunConfig]:
+               consent: CodeConsent = NO_CONSENT,
+               spec_of: Callable[[RunConfig], TrainSpec] = lmtune_spec) -> tuple[nn.Module, RunConfig]:
     """The model a checkpoint holds (best.pt, or a periodic one), built as its own config says, in eval mode on
     ``device``; one line when the file cannot serve. A user's model is code the checkpoint names: built only as
-    ``consent`` allows (--model's in its place, or the recorded one), FolderCodeRefused otherwise."""
+    ``consent`` allows (--model's in its place, or the recorded one), FolderCodeRefused otherwise. ``spec_of``: the
+    training spec of the checkpoint's config (lmtune.usercode.spec.spec_for; the default: lmtune's own only)."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
         raise LmtuneError(f"{checkpoint}: no such checkpoint file; give a run's checkpoints/best.pt")
@@ -73,7 +76,7 @@ def load_model(checkpoint: Path, device: torch.device,
                           "checkpoints/best.pt") from None
     config.code = consent.code_for(config.code, str(checkpoint))
     with only_consented_code(consent):
-        model = build_model(config, device)
+        model = spec_of(config).model.build(config, device)
     check_same_parameters(model, weights, str(checkpoint))
     model.load_state_dict(weights)
     return model.eval(), config

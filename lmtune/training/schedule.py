@@ -79,7 +79,7 @@ def scheduled_lr(step: int, t: Schedule) -> float:
 
 def first_lr_difference(old: Callable[[int], float], new: Callable[[int], float],
                         steps: int) -> tuple[int, float, float] | None:
-    """Whether the schedule ``new`` (a step's LR by its 0-based index: ``step_lr_function``'s) trains the first
+    """Whether the schedule ``new`` (a step's LR by its 0-based index: ScheduleSpec.lr_function's) trains the first
     ``steps`` steps at ``old``'s LRs, so that a checkpoint of ``old``'s run after them is a state ``new``'s passes
     through: None if so, else the first (1-based) step whose LR differs and its two LRs (old, new)."""
     for index in range(steps):  # step k's update uses the LR of 0-based index k - 1

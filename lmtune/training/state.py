@@ -18,7 +18,7 @@ from torch.optim.optimizer import StateDict
 
 from lmtune.errors import LmtuneError
 from lmtune.training.config import RunConfig
-from lmtune.training.lm import build_model, lr_multipliers, weight_decay_multipliers
+from lmtune.training.spec import ModelSpec, TrainSpec, lmtune_spec
 
 
 class RngState(TypedDict):
@@ -66,11 +66,13 @@ class TrainState:
     """Wall time of the earlier processes of a resumed run."""
 
     @classmethod
-    def create(cls, config: RunConfig, device: torch.device) -> TrainState:
-        """A freshly initialised model and optimizer: seeded, so the same config starts identically."""
+    def create(cls, config: RunConfig, device: torch.device, spec: TrainSpec | None = None) -> TrainState:
+        """A freshly initialised model and optimizer, as ``spec`` (None: lmtune's own) builds them: seeded, so the
+        same config starts identically."""
+        spec = spec or lmtune_spec(config)
         seed_everything(config.train.seed)
-        model = build_model(config, device)
-        return cls(model=model, optimizer=build_optimizer(model, config, device))
+        model = spec.model.build(config, device)
+        return cls(model=model, optimizer=build_optimizer(model, config, device, spec=spec))
 
     def state_dict(self) -> TrainStateDict:
         device = next(self.model.parameters()).device
@@ -99,12 +101,12 @@ class ParamGroup:
     """Its learning rate over the schedule's: 1, or 1/m (μP's hidden matrices)."""
 
 
-def param_groups(model: nn.Module) -> list[ParamGroup]:
-    """The parameters grouped by (weight decay, LR) multiplier (lmtune.training.lm's): the decayed groups first,
-    then the undecayed (gains, biases), each in the order of its first parameter. Under SP (or μP at its base
-    width) that is two groups, the matrices and the gains, so the optimizer's state-dict indices stay what older
-    checkpoints hold."""
-    return grouped(weight_decay_multipliers(model), lr_multipliers(model))
+def param_groups(model: nn.Module, spec: ModelSpec) -> list[ParamGroup]:
+    """The parameters grouped by (weight decay, LR) multiplier (``spec``'s, which built the model): the decayed
+    groups first, then the undecayed (gains, biases), each in the order of its first parameter. Under SP (or μP at
+    its base width) that is two groups, the matrices and the gains, so the optimizer's state-dict indices stay what
+    older checkpoints hold."""
+    return grouped(spec.weight_decay_multipliers(model), spec.lr_multipliers(model))
 
 
 def grouped(decay: dict[str, float], lr: dict[str, float]) -> list[ParamGroup]:
@@ -116,27 +118,23 @@ def grouped(decay: dict[str, float], lr: dict[str, float]) -> list[ParamGroup]:
     return [ParamGroup(tuple(names), wd, scale) for (wd, scale), names in groups.items()]
 
 
-def optimizer_order(model: nn.Module) -> list[str]:
+def optimizer_order(model: nn.Module, spec: ModelSpec) -> list[str]:
     """Parameter names in the order ``build_optimizer`` lists them (its state dict's integer keys)."""
-    return [name for group in param_groups(model) for name in group.names]
+    return [name for group in param_groups(model, spec) for name in group.names]
 
 
-def build_optimizer(model: nn.Module, config: RunConfig, device: torch.device,
-                    fused: bool | None = None) -> torch.optim.Optimizer:
-    """The user's optimizer (config.code.optimizer), or AdamW: either over a group per ``param_groups`` entry, weight
-    decay on matrices only (not on gains or biases), each group's ``lr_scale`` the step multiplies the schedule's
-    LR by. lmtune's AdamW runs fused kernels (one launch for every parameter, no host sync) on CUDA, or wherever
-    ``fused`` asks; else torch's foreach implementation."""
+def build_optimizer(model: nn.Module, config: RunConfig, device: torch.device, fused: bool | None = None,
+                    spec: TrainSpec | None = None) -> torch.optim.Optimizer:
+    """``spec``'s optimizer (None: lmtune's AdamW) over a group per ``param_groups`` entry, weight decay on matrices
+    only (not on gains or biases), each group's ``lr_scale`` the step multiplies the schedule's LR by. lmtune's
+    AdamW runs fused kernels (one launch for every parameter, no host sync) on CUDA, or wherever ``fused`` asks;
+    else torch's foreach implementation."""
+    spec = spec or lmtune_spec(config)
     params = dict(model.named_parameters())
     t = config.train
     groups = [{"params": [params[n] for n in g.names], "weight_decay": t.weight_decay * g.weight_decay_scale,
-               "lr": t.lr * g.lr_scale, "lr_scale": g.lr_scale} for g in param_groups(model)]
-    if config.code.optimizer:
-        from lmtune.usercode.optim import build_user_optimizer
-
-        return build_user_optimizer(config.code, groups, t)
-    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                             fused=device.type == "cuda" if fused is None else fused)
+               "lr": t.lr * g.lr_scale, "lr_scale": g.lr_scale} for g in param_groups(model, spec.model)]
+    return spec.optimizer.build(groups, t, device, fused)
 
 
 def check_same_parameters(model: nn.Module, saved: dict[str, torch.Tensor], where: str = "the checkpoint") -> None:

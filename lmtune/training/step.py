@@ -20,6 +20,7 @@ from lmtune.training.compile import compile_backend, compile_failed, compile_mod
 from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.device import autocast_dtype
 from lmtune.training.lm import LanguageModelLoss, block_parameters
+from lmtune.training.spec import TrainSpec
 from lmtune.training.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -48,15 +49,16 @@ class Runtime:
     @classmethod
     def build(cls, model: nn.Module, config: RunConfig, device: torch.device, compile_mode: str | None = None,
               compiled: bool | None = None, train_shape: tuple[int, ...] | None = None,
-              eval_shape: tuple[int, ...] | None = None) -> Runtime:
+              eval_shape: tuple[int, ...] | None = None, spec: TrainSpec | None = None) -> Runtime:
         """``model``'s loss (a single model's: lmtune.training.lm.LanguageModelLoss; a fused group computes its own),
         compiled as ``should_compile`` says (or as ``compiled`` forces), with the config's backend, mode and
         precision, and the first calls run at once (``warm_up``) on inputs of ``train_shape`` and ``eval_shape``
-        (default: a micro-batch of the config's): a compile that fails there falls back to eager, said once."""
+        (default: a micro-batch of the config's): a compile that fails there falls back to eager, said once.
+        ``spec``: the run's (its model's size decides "auto" on the CPU; None: lmtune's own)."""
         amp = autocast_dtype(config, device)
         model = model if getattr(model, "computes_loss", False) else LanguageModelLoss(model, config.model.z_loss)
         if compiled is None:
-            compiled = should_compile(config, device)
+            compiled = should_compile(config, device, spec)
         if not compiled:
             why = "CPU default for small models: eager measured faster" if config.train.compile == "auto" \
                 else "compile=off"

@@ -31,11 +31,12 @@ from torch import nn
 
 from lmtune.errors import LmtuneError
 from lmtune.training.config import RunConfig
-from lmtune.training.lm import LanguageModelLoss, build_model
+from lmtune.training.lm import LanguageModelLoss
 from lmtune.training.model import lm_loss
 from lmtune.training.state import seed_everything
 from lmtune.usercode.guard import guarded
 from lmtune.usercode.model import check_host_memory
+from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def _check_model(config: RunConfig) -> CodeCheck:
 
 def _fresh(config: RunConfig) -> nn.Module:
     seed_everything(config.train.seed)
-    return build_model(config, CPU)
+    return spec_for(config).model.build(config, CPU)
 
 
 def _logits(model: nn.Module, x: torch.Tensor, spec: str, vocab: int) -> torch.Tensor:
@@ -236,7 +237,7 @@ def _try_fusing(config: RunConfig) -> str | None:
                       generator=torch.Generator().manual_seed(1))
     inputs, targets = x[:, :-1], x[:, 1:]
     try:
-        fused = FusedLM(members, config.model.z_loss)
+        fused = FusedLM(members, config.model.z_loss, spec_for(config).model)
         losses = fused(inputs, targets)
         losses.sum().backward()
     except Exception as err:  # noqa: BLE001 - whatever vmap cannot run in the user's forward

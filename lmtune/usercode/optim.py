@@ -12,7 +12,6 @@ warmup_steps, and steps - 1, so a cosine ends at its minimum on the last step), 
 
 from __future__ import annotations
 
-import functools
 import io
 import math
 import numbers
@@ -155,10 +154,3 @@ def real_number(value: object) -> float | None:
         return float(value)
     except (TypeError, ValueError, OverflowError):
         return None
-
-
-def step_lr_function(config: RunConfig) -> Callable[[int], float]:
-    """The LR of each 0-based step of the run ``config`` configures (the user's schedule is checked here)."""
-    if config.code.schedule:
-        return user_schedule(config)
-    return functools.partial(scheduled_lr, t=config.train)

@@ -18,10 +18,10 @@ from lmtune.searches.compare.settings import CompareSettings, parse_compare
 from lmtune.searches.edge import EdgeStrategy
 from lmtune.searches.edge.settings import EdgeSettings
 from lmtune.training.config import RunConfig, budget_config
-from lmtune.training.lm import model_size
 from lmtune.training.lr_range import RangeTestConfig
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import is_code_setting
+from lmtune.usercode.spec import model_size
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from lmtune.searches.base import DecidingDefaults, Fail, settings_section
 from lmtune.searches.width.conclusion import WidthSearch
 from lmtune.searches.width.settings import WidthSettings, check_widths, proxy_shape
 from lmtune.training.config import RunConfig, apply_overrides
-from lmtune.training.lm import model_size
+from lmtune.usercode.spec import model_size
 
 # The ratio (target d_model over the widest proxy's) up to which the width search gained nothing in lmtune's
 # measurements: a direct local search at the target cost less for an answer as good (benchmarks/README.md,

@@ -25,7 +25,7 @@ from lmtune.searches.width.report_coord import SweepCoordCheck
 from lmtune.searches.width.settings import WidthSettings, proxy_shape
 from lmtune.sweep.plan import SweepPlan
 from lmtune.training.config import RunConfig, apply_overrides
-from lmtune.training.lm import flops_per_token, model_size
+from lmtune.usercode.spec import flops_per_token, model_size
 
 # What a width search's trial sets of the model (lmtune.searches.width.settings.proxy_shape).
 SHAPE_KEYS = ("d_model", "d_ff", "n_heads")
@@ -44,9 +44,9 @@ class WidthRow:
     point: PointConclusion
     """Its runs' conclusion and located LR* (lmtune.searches.width.conclusion)."""
     params: int
-    """Its non-embedding parameters (lmtune.training.lm.model_size)."""
+    """Its non-embedding parameters (lmtune.usercode.spec.model_size)."""
     flops_per_token: float
-    """Its training FLOPs per token (lmtune.training.lm.model_size; estimated for a user's model)."""
+    """Its training FLOPs per token (lmtune.usercode.spec.model_size; estimated for a user's model)."""
 
     def to_json(self) -> JsonObject:
         c = self.point.conclusion

@@ -37,9 +37,9 @@ from lmtune.tools.throughput.results import BenchResult, CompileComparison, Fuse
 from lmtune.training.compile import should_compile
 from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.device import configure_backend, peak_flops, resolve_device, synchronize
-from lmtune.training.lm import model_size
 from lmtune.training.step import evaluate
 from lmtune.usercode.config import UserCode
+from lmtune.usercode.spec import model_size, spec_for
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def compile_variants(compile_choice: str, config: RunConfig, device: torch.devic
     """Optimized loops to time, by name: auto (``should_compile``), on, off, or both (eager and compiled)."""
     if compile_choice == "both":
         return {"eager": False, "compiled": True}
-    compiled = should_compile(config, device) if compile_choice == "auto" else compile_choice == "on"
+    compiled = should_compile(config, device, spec_for(config)) if compile_choice == "auto" else compile_choice == "on"
     return {"compiled" if compiled else "eager": compiled}
 
 
@@ -161,7 +161,7 @@ def run_bench(config: RunConfig, *, steps: int = 10, repeats: int = 3, warmup: i
         interleaved_repeats(loops, device, steps, repeats, timings)
         best = max(variants, key=lambda n: timings.rate(n, steps * config.tokens_per_step))
         primary = optimized[best]
-        kernel = sdpa_kernel_used(m, device, primary.runtime.amp_dtype) if not config.code.user_model \
+        kernel = sdpa_kernel_used(m, device, primary.runtime.amp_dtype) if spec_for(config).model.exposes_layers \
             else "the model's own"
         host_syncs = count_host_syncs(primary)
         eval_s, eval_fraction = eval_cost(primary, config, tokens, timings, best, steps) if measure_eval \

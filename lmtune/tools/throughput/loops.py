@@ -16,11 +16,11 @@ from lmtune.fused.state import FusedState
 from lmtune.fused.step import fused_train_step
 from lmtune.training.config import RunConfig
 from lmtune.training.device import synchronize
-from lmtune.training.lm import LanguageModelLoss, build_model, flops_per_token, is_lmtune_model
+from lmtune.training.lm import LanguageModelLoss
 from lmtune.training.metrics import IntervalMeter
 from lmtune.training.state import TrainState, seed_everything
 from lmtune.training.step import Runtime, train_step
-from lmtune.usercode.optim import step_lr_function
+from lmtune.usercode.spec import spec_for
 
 
 class TimedLoop(Protocol):
@@ -46,11 +46,12 @@ class OptimizedLoop:
                  compile_mode: str = "default"):
         m, t = config.model, config.train
         self.config, self.device = config, device
-        self.state = TrainState.create(config, device)
-        self.runtime = Runtime.build(self.state.model, config, device, compile_mode, compiled=compiled)
+        spec = spec_for(config)
+        self.state = TrainState.create(config, device, spec)
+        self.runtime = Runtime.build(self.state.model, config, device, compile_mode, compiled=compiled, spec=spec)
         self.batches = DeviceBatches(BatchSampler(tokens, t.batch_size, m.context_length, t.seed), device)
-        self.meter = IntervalMeter(device, config.tokens_per_step, flops_per_token(config), None)
-        self.lr_of_step = step_lr_function(config)
+        self.meter = IntervalMeter(device, config.tokens_per_step, spec.model.size(config).flops_per_token, None)
+        self.lr_of_step = spec.schedule.lr_function(config)
         self.wait_s = 0.0
 
     def step(self) -> None:
@@ -72,10 +73,9 @@ class NaiveLoop:
         t = config.train
         self.config, self.device, self.tokens = config, device, tokens
         seed_everything(t.seed)
-        self.model = build_model(config, device)
-        if is_lmtune_model(self.model):
-            for block in self.model.blocks:
-                block.attn.use_sdpa = False
+        spec = spec_for(config).model
+        self.model = spec.build(config, device)
+        spec.plain_attention(self.model)  # (the explicit-mask attention of the usual "before")
         self.loss = LanguageModelLoss(self.model, config.model.z_loss)
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
@@ -123,8 +123,9 @@ class FusedLoop:
             member = RunConfig.from_dict(config.to_dict())
             member.train.lr = t.lr * 2.0 ** (k - (members - 1) / 2)
             configs.append(member)
-        self.state = FusedState.create(configs, device)
-        self.runtime = Runtime.build(self.state.model, config, device, compiled=compiled)
+        spec = spec_for(config)
+        self.state = FusedState.create(configs, device, spec=spec)
+        self.runtime = Runtime.build(self.state.model, config, device, compiled=compiled, spec=spec)
         self.batches = DeviceBatches(BatchSampler(tokens, t.batch_size, m.context_length, t.seed), device)
         self.lrs = torch.tensor([c.train.lr for c in configs], device=device)
         self.wait_s = 0.0
