@@ -11,6 +11,7 @@ ids. Generation stops at ``<|endoftext|>`` or after --max-tokens.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 from pathlib import Path
@@ -18,9 +19,10 @@ from pathlib import Path
 from lmtune.cli import device_flag, prog
 from lmtune.data.documents import EOT
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
-from lmtune.training.sampling import DEFAULT_PROMPT, MAX_SEED, SampleSettings, generate, load_model
+from lmtune.training.sampling import DEFAULT_PROMPT, MAX_SEED, SampleSettings, generate
 from lmtune.usercode.consent import add_consent_arguments, consent_from_arguments
-from lmtune.usercode.spec import spec_for
+from lmtune.usercode.guard import user_call
+from lmtune.usercode.spec import load_model
 
 DEFAULTS = SampleSettings()
 
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         raise LmtuneError(f"--seed with --samples {args.samples} draws seeds up to {args.seed + args.samples - 1}: "
                           f"--seed must be from 0 to {MAX_SEED - args.samples + 1}")
     consent = consent_from_arguments(args)
-    model, config = load_model(args.checkpoint, device_flag(args.device), consent, spec_for)
+    model, config = load_model(args.checkpoint, device_flag(args.device), consent)
     tokenizer = run_tokenizer(args, config.data_dir)
     prompt = prompt_ids(args, tokenizer)
     vocab = config.model.vocab_size
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.samples):
         ids = generate(model, prompt, SampleSettings(settings.max_tokens, settings.temperature, settings.top_p,
                                                      settings.seed + k), config.model.context_length, stop,
-                       config.code.model)
+                       functools.partial(user_call, config.code.model))
         if args.samples > 1:
             print(f"--- sample {k + 1} (seed {settings.seed + k}) ---")
         if tokenizer is None:

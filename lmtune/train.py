@@ -22,7 +22,7 @@ from lmtune.training.loop import resolve_config, train
 from lmtune.training.schedule import first_lr_difference
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import FLAGS, add_code_arguments, code_from_arguments
-from lmtune.usercode.consent import RUN_RECORD, TRUST_FLAG, check_recorded_files, read_run_record
+from lmtune.usercode.consent import RUN_RECORD, TRUST_FLAG, check_recorded_files, read_run_record, write_run_record
 from lmtune.usercode.spec import spec_for
 
 # What a resumed run may change: where and how it runs, its bookkeeping, and its LR schedule (checked to give
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
         sinks.append(WandbSink(args.wandb, config, out))
     with logs_above_the_bar():
-        result = train(config, out, resume=args.resume, sinks=sinks, record_code=True, spec=spec_for(config))
+        result = train(config, out, resume=args.resume, sinks=sinks, spec=spec_for(config),
+                       on_start=lambda folder: write_run_record(folder, config.code))
     s = result.summary
     best = f"{s['best_val_loss']:.4f}" if s["best_val_loss"] is not None else "n/a"
     status = "completed, did not learn" if s.get("divergence", {}).get("did_not_learn") else result.status

@@ -10,6 +10,7 @@ importable on this machine, the checkpoint is gone, its forward raises), the rep
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from lmtune.data.dataset import read_meta
 from lmtune.data.documents import EOT
 from lmtune.errors import LmtuneError
 from lmtune.report.summary import Sample
-from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate, load_model
+from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate
 from lmtune.usercode.consent import NO_CONSENT, REFUSED_NOTE, CodeConsent, FolderCodeRefused
-from lmtune.usercode.spec import spec_for
+from lmtune.usercode.guard import user_call
+from lmtune.usercode.spec import load_model
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ def best_samples(best_trial_dir: str | None, count: int,
     if checkpoint is None or not checkpoint.is_file():
         return (), "not drawn: the best trial kept no checkpoints/best.pt"
     try:
-        model, config = load_model(checkpoint, torch.device("cpu"), consent, spec_for)
+        model, config = load_model(checkpoint, torch.device("cpu"), consent)
         tokenizer, stop, prompt = _prompt(config.data_dir)
     except FolderCodeRefused as err:  # (said once, by the report and the command, not as a warning too)
         return (), f"{REFUSED_NOTE}: {err}"
@@ -50,7 +52,8 @@ def best_samples(best_trial_dir: str | None, count: int,
     for seed in range(count):
         settings = SampleSettings(REPORT_SAMPLING.max_tokens, REPORT_SAMPLING.temperature, REPORT_SAMPLING.top_p, seed)
         try:  # (the user's forward is guarded: whatever it raises is one line naming its file and line)
-            ids = generate(model, prompt, settings, config.model.context_length, stop, config.code.model)
+            ids = generate(model, prompt, settings, config.model.context_length, stop,
+                           functools.partial(user_call, config.code.model))
         except LmtuneError as err:
             log.warning("no samples in the report: %s", err)
             return (), f"not drawn: {err}"

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
+from lmtune.training.code import MODEL_ARG_PREFIX, UserCode, check_user_code, code_setting, is_code_setting
 from lmtune.training.model_config import ABLATION_SWITCHES, FFNS, NORMS, POSITIONS, ModelConfig
 from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
-from lmtune.usercode.config import MODEL_ARG_PREFIX, UserCode, check_user_code, code_setting, is_code_setting
 
 
 @dataclass
@@ -234,7 +234,7 @@ def field_type(name: str) -> type:
 
 def coerce_value(name: str, value: object, where: str = "--set") -> Setting:
     """Convert ``value`` (a string from the CLI or a YAML scalar) to the type of field ``name`` (a code setting,
-    lmtune.usercode.config.is_code_setting: as the user's model takes it)."""
+    lmtune.training.code.is_code_setting: as the user's model takes it)."""
     if is_code_setting(name):
         return code_setting(name, value, f"{where}.{name.removeprefix(MODEL_ARG_PREFIX)}")
     kind = field_type(name)

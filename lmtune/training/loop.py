@@ -34,7 +34,6 @@ from lmtune.training.metrics import CsvSink, IntervalMeter, MetricsSink, Row, Te
 from lmtune.training.spec import TrainSpec, lmtune_spec
 from lmtune.training.state import TrainState
 from lmtune.training.step import Runtime, evaluate, train_step
-from lmtune.usercode.consent import write_run_record
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ class RunResult:
 def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from: Path | None = None,
           sinks: Sequence[MetricsSink] = (), before_step: StepHook | None = None,
           divergence: DivergenceRule = DEFAULT_RULE, periodic_dir: Path | None = None,
-          record_code: bool = False, spec: TrainSpec | None = None) -> RunResult:
+          on_start: Callable[[Path], None] | None = None, spec: TrainSpec | None = None) -> RunResult:
     """Train one model as ``config`` says, writing everything to ``out_dir``.
 
     ``resume`` continues from the newest verified checkpoint in out_dir/checkpoints (a fresh start if
@@ -94,8 +93,9 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
     ``divergence`` judges the run's loss (spikes, failure to recover); the loop itself only ever ends a
     run at a non-finite value: stopping on the judgement is a sweep's decision. ``periodic_dir``: where the
     periodic checkpoints go and resume looks (default out_dir/checkpoints, beside best.pt; a sweep's trial
-    stages them elsewhere and hands each to Ray Tune, which keeps the only copy). ``record_code``: write the
-    files of the user's code beside config.json (``lmtune train``: what a ``train --resume`` may import unasked).
+    stages them elsewhere and hands each to Ray Tune, which keeps the only copy). ``on_start``: called with
+    out_dir once config.json is written (``lmtune train``: the record of the files of the user's code, what a
+    ``train --resume`` may import unasked, lmtune.usercode.consent.write_run_record).
     ``spec``: how the run builds its model, optimizer and schedule (lmtune.usercode.spec.spec_for's; None:
     lmtune's own, lmtune.training.spec.LMTUNE).
     """
@@ -115,8 +115,8 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
         checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints, periodic_dir=periodic_dir)
         resumed_from = checkpointer.restore(state, path=resume_from, latest=resume)
         atomic_write_text(out_dir / "config.json", config.to_json())
-        if record_code:
-            write_run_record(out_dir, config.code)
+        if on_start is not None:
+            on_start(out_dir)
         cleanup.enter_context(training_log(out_dir))  # first, so it records the resume and everything after
         csv_sink = cleanup.enter_context(CsvSink(out_dir, resume_step=state.step,
                                                  history=checkpointer.restored_history))

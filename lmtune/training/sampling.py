@@ -1,5 +1,6 @@
-"""Text from a trained model: a checkpoint's model (lmtune's, or the user's with their consent) loaded back, and
-tokens drawn one at a time with temperature and nucleus (top-p) sampling until ``<|endoftext|>`` or the token limit.
+"""Text from a trained model: a checkpoint's model (lmtune's; the user's with their consent: lmtune.usercode.spec)
+loaded back, and tokens drawn one at a time with temperature and nucleus (top-p) sampling until ``<|endoftext|>`` or
+the token limit.
 
     model, config = load_model(Path("results/NAME/TRIAL/checkpoints/best.pt"), device)
     ids = generate(model, prompt_ids, SampleSettings(max_tokens=256, temperature=0.8, top_p=0.9), ...)
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +26,15 @@ from lmtune.training.checkpoint import load_checkpoint, why_unusable
 from lmtune.training.config import RunConfig
 from lmtune.training.spec import TrainSpec, lmtune_spec
 from lmtune.training.state import check_same_parameters
-from lmtune.usercode.consent import NO_CONSENT, CodeConsent, only_consented_code
-from lmtune.usercode.guard import user_call
 
 # The largest seed a draw takes (torch.Generator.manual_seed's: an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
 # The prompt a sample starts from unless told otherwise (CS336's: its models learn TinyStories).
 DEFAULT_PROMPT = "Once upon a time"
+
+
+def _unguarded(what: str) -> AbstractContextManager:
+    return nullcontext()
 
 
 @dataclass(frozen=True)
@@ -57,37 +61,42 @@ class SampleSettings:
             raise LmtuneError(f"--seed must be from 0 to {MAX_SEED} (got {self.seed})")
 
 
-def load_model(checkpoint: Path, device: torch.device,
-               consent: CodeConsent = NO_CONSENT,
-               spec_of: Callable[[RunConfig], TrainSpec] = lmtune_spec) -> tuple[nn.Module, RunConfig]:
-    """The model a checkpoint holds (best.pt, or a periodic one), built as its own config says, in eval mode on
-    ``device``; one line when the file cannot serve. A user's model is code the checkpoint names: built only as
-    ``consent`` allows (--model's in its place, or the recorded one), FolderCodeRefused otherwise. ``spec_of``: the
-    training spec of the checkpoint's config (lmtune.usercode.spec.spec_for; the default: lmtune's own only)."""
+def read_model_checkpoint(checkpoint: Path) -> tuple[RunConfig, dict[str, torch.Tensor]]:
+    """The config and model weights a checkpoint holds (best.pt, or a periodic one); one line when the file cannot
+    serve."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
         raise LmtuneError(f"{checkpoint}: no such checkpoint file; give a run's checkpoints/best.pt")
     try:
         saved = load_checkpoint(checkpoint)
-        config = RunConfig.from_dict(saved["config"])
-        weights = saved["model"]
+        return RunConfig.from_dict(saved["config"]), saved["model"]
     except (ValueError, RuntimeError, EOFError, OSError, KeyError, TypeError, pickle.UnpicklingError) as err:
         raise LmtuneError(f"{checkpoint} is not a usable lmtune checkpoint ({why_unusable(err)}); give a run's "
                           "checkpoints/best.pt") from None
-    config.code = consent.code_for(config.code, str(checkpoint))
-    with only_consented_code(consent):
-        model = spec_of(config).model.build(config, device)
+
+
+def with_weights(model: nn.Module, weights: dict[str, torch.Tensor], checkpoint: Path) -> nn.Module:
+    """``model`` holding ``weights`` (one line when they are not its parameters), in eval mode."""
     check_same_parameters(model, weights, str(checkpoint))
     model.load_state_dict(weights)
-    return model.eval(), config
+    return model.eval()
+
+
+def load_model(checkpoint: Path, device: torch.device,
+               spec_of: Callable[[RunConfig], TrainSpec] = lmtune_spec) -> tuple[nn.Module, RunConfig]:
+    """The model a checkpoint holds, built as its own config says by ``spec_of``'s spec, in eval mode on ``device``
+    (the default: lmtune's own model only; a user's model is code the checkpoint names, built only with the user's
+    consent: lmtune.usercode.spec.load_model)."""
+    config, weights = read_model_checkpoint(checkpoint)
+    return with_weights(spec_of(config).model.build(config, device), weights, checkpoint), config
 
 
 @torch.no_grad()
 def generate(model: nn.Module, prompt: list[int], settings: SampleSettings, context_length: int,
-             stop_id: int | None = None, spec: str = "") -> list[int]:
+             stop_id: int | None = None, guard: Callable[[str], AbstractContextManager] = _unguarded) -> list[int]:
     """Up to ``settings.max_tokens`` token ids following ``prompt`` (which must hold at least one token), ending
-    before ``stop_id`` when the model draws it. ``spec``: the user's model's code, whose forward is guarded (whatever
-    it raises one line naming its file and line: lmtune.usercode.guard); '' for lmtune's own model."""
+    before ``stop_id`` when the model draws it. ``guard(what)``: around each forward (a user's model's:
+    lmtune.usercode.guard.user_call, whatever it raises one line naming its file and line; default none)."""
     if not prompt:
         raise LmtuneError("the prompt holds no tokens; give a prompt of at least one token")
     device = next(model.parameters()).device
@@ -96,7 +105,7 @@ def generate(model: nn.Module, prompt: list[int], settings: SampleSettings, cont
     generated: list[int] = []
     for _ in range(settings.max_tokens):
         window = ids[:, -context_length:]
-        with user_call(spec, f"forward(token_ids of shape {tuple(window.shape)}) while sampling"):
+        with guard(f"forward(token_ids of shape {tuple(window.shape)}) while sampling"):
             logits = model(window)[0, -1].float().cpu()
         token = next_token(logits, settings, generator)
         if token == stop_id:

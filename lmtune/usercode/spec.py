@@ -4,7 +4,8 @@ as lmtune.usercode.model and lmtune.usercode.optim guard them.
 
 ``spec_for(config)`` is what an entry point (train, a sweep's trial, lr_find, bench, the report) calls once to learn
 how the run it starts builds its model, optimizer and schedule; ``model_size(config)`` is the spec's size of the
-model, for the callers above training that only count it.
+model, for the callers above training that only count it; ``load_model`` a checkpoint's model, the user's built only
+with the user's consent.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -20,8 +22,10 @@ from torch import nn
 from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.lm import LanguageModelLoss, ModelSize, formula_flops_per_token
 from lmtune.training.model_config import ModelConfig
+from lmtune.training.sampling import read_model_checkpoint, with_weights
 from lmtune.training.spec import LMTUNE, TrainSpec
 from lmtune.usercode.config import UserCode
+from lmtune.usercode.consent import NO_CONSENT, CodeConsent, only_consented_code
 from lmtune.usercode.model import build_user_model, parameter_shapes
 from lmtune.usercode.optim import build_user_optimizer, user_schedule
 
@@ -112,6 +116,18 @@ def spec_for(config: RunConfig) -> TrainSpec:
     return TrainSpec(UserModel(code) if code.model else LMTUNE.model,
                      UserOptimizer(code.optimizer) if code.optimizer else LMTUNE.optimizer,
                      UserSchedule(code.schedule) if code.schedule else LMTUNE.schedule)
+
+
+def load_model(checkpoint: Path, device: torch.device,
+               consent: CodeConsent = NO_CONSENT) -> tuple[nn.Module, RunConfig]:
+    """The model a checkpoint holds (best.pt, or a periodic one), built as its own config says, in eval mode on
+    ``device``; one line when the file cannot serve. A user's model is code the checkpoint names: built only as
+    ``consent`` allows (--model's in its place, or the recorded one), FolderCodeRefused otherwise."""
+    config, weights = read_model_checkpoint(checkpoint)
+    config.code = consent.code_for(config.code, str(checkpoint))
+    with only_consented_code(consent):
+        model = spec_for(config).model.build(config, device)
+    return with_weights(model, weights, checkpoint), config
 
 
 def model_size(config: RunConfig, count_flops: bool = True) -> ModelSize:
