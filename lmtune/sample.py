@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def prompt_ids(args: argparse.Namespace, tokenizer) -> list[int]:
+def prompt_ids(args: argparse.Namespace, tokenizer, data_dir: str) -> list[int]:
     if args.prompt_ids is not None:
         try:
             return [int(part) for part in args.prompt_ids.split(",") if part.strip()]
@@ -55,9 +55,18 @@ def prompt_ids(args: argparse.Namespace, tokenizer) -> list[int]:
             raise LmtuneError(f"--prompt-ids {shown(args.prompt_ids)}: give token ids separated by commas, e.g. "
                               "--prompt-ids 464,3290") from None
     if tokenizer is None:
-        raise LmtuneError("--prompt: no tokenizer to encode it (the run's data was prepared from token ids and has no "
-                          "tokenizer.json); give --tokenizer PATH, or the prompt as --prompt-ids")
+        raise LmtuneError(f"--prompt: no tokenizer to encode it ({no_tokenizer_why(data_dir)}); give --tokenizer PATH, "
+                          "or the prompt as --prompt-ids")
     return tokenizer.encode(args.prompt if args.prompt is not None else DEFAULT_PROMPT).ids
+
+
+def no_tokenizer_why(data_dir: str) -> str:
+    """Why the run's data gives no tokenizer: its folder is not where the run recorded it (a relative path read from
+    another folder, or data moved), or it was prepared from token ids."""
+    if not Path(data_dir).is_dir():
+        return (f"the run's data folder {data_dir} is not found from {Path.cwd()}: run sample where the run was "
+                "trained")
+    return "the run's data was prepared from token ids and has no tokenizer.json"
 
 
 def run_tokenizer(args: argparse.Namespace, data_dir: str):
@@ -84,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     consent = consent_from_arguments(args)
     model, config = load_model(args.checkpoint, device_flag(args.device), consent)
     tokenizer = run_tokenizer(args, config.data_dir)
-    prompt = prompt_ids(args, tokenizer)
+    prompt = prompt_ids(args, tokenizer, config.data_dir)
     vocab = config.model.vocab_size
     if any(not 0 <= i < vocab for i in prompt):
         raise LmtuneError(f"--prompt-ids: every id must be in [0, {vocab}) (the model's vocabulary)")
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.samples > 1:
             print(f"--- sample {k + 1} (seed {settings.seed + k}) ---")
         if tokenizer is None:
-            print("token ids (no tokenizer: the data was prepared from token ids; give --tokenizer to read text):")
+            print(f"token ids (no tokenizer: {no_tokenizer_why(config.data_dir)}; give --tokenizer to read text):")
             print(" ".join(map(str, prompt)) + " | " + " ".join(map(str, ids)))
         else:
             print(tokenizer.decode(prompt + ids))

@@ -127,3 +127,16 @@ def test_the_console_script_samples_too(checkpoints):
 def test_the_settings_refuse_what_no_sampler_can_use():
     with pytest.raises(LmtuneError):
         SampleSettings(max_tokens=10**9).validate()
+
+
+def test_no_tokenizer_names_a_data_folder_not_found_from_here_not_token_ids(tmp_path, monkeypatch):
+    """A run's data recorded as a relative path (lmtune train's default data/builtin), sampled from another folder:
+    the line says the folder is not found from here, not that the data was prepared from token ids."""
+    from lmtune.sample import no_tokenizer_why
+
+    monkeypatch.chdir(tmp_path)
+    why = no_tokenizer_why("data/builtin")
+    assert "data/builtin is not found from" in why and "where the run was trained" in why
+    (tmp_path / "ids").mkdir()
+    assert no_tokenizer_why(str(tmp_path / "ids")) == "the run's data was prepared from token ids and has no " \
+                                                      "tokenizer.json"
