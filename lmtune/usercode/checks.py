@@ -47,6 +47,18 @@ WINDOWS = "lmtune feeds windows of up to context_length token ids (shorter ones 
     "logits back"
 
 
+# autograd's words for a tensor it needs that an in-place operation changed.
+IN_PLACE = "modified by an inplace operation"
+
+
+def backward_fix(err: BaseException) -> str:
+    """The fix for a model whose gradient check failed: an in-place operation's, else the windows' (a shape)."""
+    if IN_PLACE in str(err):
+        return ("an in-place operation (x += ..., .add_(), ReLU(inplace=True), ...) changed a tensor backward needs: "
+                "use its out-of-place form there")
+    return WINDOWS
+
+
 @dataclass(frozen=True)
 class CodeCheck:
     """What the checks found of a model that passed them."""
@@ -180,7 +192,7 @@ def _without_gradient(model: nn.Module, x: torch.Tensor, config: RunConfig) -> l
     model's loss far above ln(vocab), which lmtune's divergence rule takes as where a fresh model starts."""
     spec, inputs = config.code.model, x[:, :-1]
     with guarded("--model", spec, f"the gradient check (forward of token_ids of shape {tuple(inputs.shape)}, the "
-                 "loss, backward)", WINDOWS):
+                 "loss, backward)", backward_fix):
         loss = lm_loss(model(inputs), x[:, 1:], config.model.z_loss)
         loss.backward()
     uniform = math.log(config.model.vocab_size)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import sysconfig
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
@@ -31,8 +31,9 @@ _PASS_THROUGH = ("OutOfMemoryError",)
 
 
 @contextmanager
-def guarded(flag: str, spec: str, what: str, fix: str = FIX) -> Iterator[None]:
-    """Turn anything the user's code ``spec`` (given by ``flag``) raises while ``what`` runs into one line."""
+def guarded(flag: str, spec: str, what: str, fix: str | Callable[[BaseException], str] = FIX) -> Iterator[None]:
+    """Turn anything the user's code ``spec`` (given by ``flag``) raises while ``what`` runs into one line, ending in
+    ``fix`` (or what ``fix(err)`` says for that error)."""
     try:
         yield
     except (LmtuneError, KeyboardInterrupt):
@@ -40,7 +41,8 @@ def guarded(flag: str, spec: str, what: str, fix: str = FIX) -> Iterator[None]:
     except BaseException as err:  # noqa: BLE001 - anything the user's code raises, SystemExit included
         if type(err).__name__ in _PASS_THROUGH:
             raise
-        raise LmtuneError(f"{flag} {spec}: {what} {failure(err, spec)}; {fix}") from None
+        advice = fix(err) if callable(fix) else fix
+        raise LmtuneError(f"{flag} {spec}: {what} {failure(err, spec)}; {advice}") from None
 
 
 def user_call(spec: str, what: str, flag: str = "--model") -> AbstractContextManager:
@@ -58,8 +60,16 @@ def failure(err: BaseException, spec: str) -> str:
     if isinstance(err, SystemExit):
         return f"called sys.exit({err.code!r}){where}"
     text = str(err).strip()
-    message = f": {text.splitlines()[0][:200]}" if text else ""
+    message = f": {clipped(text.splitlines()[0])}" if text else ""
     return f"raised {type(err).__name__}{message}{where}"
+
+
+def clipped(text: str, limit: int = 200) -> str:
+    """``text`` up to ``limit`` characters, cut at a word's end and marked (torch's messages run to hundreds)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    return f"{cut[:cut.rfind(' ')] if ' ' in cut else cut} …"
 
 
 def location(err: BaseException, spec: str) -> str:
