@@ -225,6 +225,16 @@ def test_under_asha_each_variant_is_cut_at_the_references_rungs_in_tokens(tmp_pa
     assert big.steps * big.tokens_per_step == reference.full_tokens and big.steps < reference.steps
 
 
+def test_under_asha_a_cut_coarse_trials_newest_checkpoint_is_held_for_its_continuation(tmp_path):
+    """The sweep's pruner keeps what the search may still use: a variant's LR its ASHA cut is continued to the full
+    budget from its newest checkpoint, as in an edge search (without it the continuation trains from step 0)."""
+    from lmtune.analysis.runs import Outcome
+
+    space = load_space(str(write_space(tmp_path, {"scheduler": {"name": "asha", "grace_period": 0.25}})))
+    assert space.strategy.held_checkpoints(Outcome.STOPPED_EARLY) == frozenset({"periodic"})
+    assert space.strategy.held_checkpoints(Outcome.COMPLETED) == frozenset()
+
+
 def test_a_batch_size_that_does_not_divide_the_budgets_tokens_is_refused_before_any_trial(tmp_path):
     with pytest.raises(LmtuneError, match=r"variants\.odd\.batch_size: the budget's .* give a batch_size that divides"):
         load_space(str(write_space(tmp_path, {"variants": {"reference": {}, "odd": {"batch_size": 7}}})))

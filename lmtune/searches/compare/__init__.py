@@ -85,6 +85,10 @@ class CompareStrategy(DecidingDefaults):
                 + (", each later variant's starting from the reference's answer" if self.settings.start == "reference"
                    else "") + "; then each variant at its own best LR against the reference")
 
+    def held_checkpoints(self, outcome: str) -> frozenset[str]:
+        # Each variant's edge search's: a coarse LR its ASHA cut is continued from its newest checkpoint.
+        return EdgeStrategy(self.settings.edge).held_checkpoints(outcome)
+
     def asha_stages(self) -> frozenset[str]:
         # Each variant's edge search's (its coarse grid), under an ASHA of the variant's own (lmtune.sweep.variant_asha:
         # one ASHA would cut a variant's LRs against another variant's losses).
