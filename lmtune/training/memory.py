@@ -92,7 +92,7 @@ def usable_memory_bytes(device: torch.device) -> int | None:
 
 
 def largest_fitting_batch(config: RunConfig, device: torch.device, allowed: Callable[[int], bool],
-                          limit: int | None = None) -> int | None:
+                          limit: int | None = None, spec: TrainSpec | None = None) -> int | None:
     """The largest batch_size that ``allowed`` takes whose run of ``config`` fits ``device`` (usable_memory_bytes,
     or ``limit`` bytes), by the estimate check_fits and the sweep's packing use (bf16 activations off the CPU);
     None: not even batch 1 fits. The estimate is linear in the micro-batch, so two sizes give the bound."""
@@ -103,7 +103,7 @@ def largest_fitting_batch(config: RunConfig, device: torch.device, allowed: Call
     accum = config.train.grad_accum_steps
 
     def need(batch: int) -> int:
-        return run_memory_bytes(with_settings(config, {"batch_size": batch}), amp=amp)
+        return run_memory_bytes(with_settings(config, {"batch_size": batch}), amp=amp, spec=spec)
 
     one, two = need(accum), need(2 * accum)  # (micro-batches of one and two sequences)
     if one > limit:

@@ -27,6 +27,7 @@ from lmtune.searches.edge.settings import RETIRED_KEYS, EdgeSettings
 from lmtune.training.config import RunConfig, apply_overrides, check_setting, field_names
 from lmtune.training.memory import largest_fitting_batch, usable_memory_bytes
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, checked_model_args, normalized
+from lmtune.usercode.spec import spec_for
 
 # The LR searches a variant may get (each's settings: the space's section of that name).
 PER_VARIANT = ("edge",)
@@ -92,7 +93,7 @@ class Variant:
         config = self.config(base)
         sequences = base.total_tokens // config.model.context_length
         limit = usable_memory_bytes(device) if limit is None else limit
-        fits = largest_fitting_batch(config, device, lambda b: sequences % b == 0, limit)
+        fits = largest_fitting_batch(config, device, lambda b: sequences % b == 0, limit, spec_for(config))
         # (a smaller batch needs less memory: the cap takes the largest divisor at or under both bounds)
         most = min(fits or 0, sequences // LARGEST_MIN_STEPS)
         batch = next((b for b in range(most, 0, -1) if sequences % b == 0), None)
