@@ -293,7 +293,7 @@ def source_checkpoint(source: TrialFolder, fork: RunConfig | None) -> tuple[int,
     path = source.path / "checkpoints" / STABLE_NAME
     try:
         saved = load_checkpoint(path)
-        check_forkable(RunConfig.from_dict(saved["config"]), fork, int(saved["step"]), path)
+        check_forkable(RunConfig.from_dict(saved["config"]), fork, int(saved["step"]), path, spec_for(fork))
     except (OSError, ValueError, KeyError, LmtuneError) as err:
         log.warning("not forking from %s (%s)", path, err)
         return None
