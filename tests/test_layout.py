@@ -100,8 +100,11 @@ def test_every_function_is_shorter_than_100_lines():
 # is a fragment of its neighbour's concern (a package's __init__ may be short).
 MAX_MODULE_LINES, MIN_MODULE_LINES = 400, 40
 # The layers, lowest first: a module imports only from its own layer or lower ones (the top-level modules, the
-# commands, sit above all of them; errors, files and private_apis below).
-LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "analysis", "searches", "sweep", "report")
+# commands, sit above all of them; errors, files and private_apis below). usercode/ (the user's code behind the
+# training spec's protocols) sits on training and fused; tools/ (what the diagnose and bench commands measure) on the
+# sweep's records.
+LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "usercode", "analysis", "searches", "sweep",
+          "tools", "report")
 # A search's folder holds its part of the report too (lmtune.searches.NAME.report*): those modules sit in the report's
 # layer, above the sweep; the rest of the folder (settings, decisions) below it.
 SEARCH_REPORT_PREFIX = "report"
@@ -204,6 +207,13 @@ def test_no_layer_imports_a_layer_above_it():
     upward = [f"{m} imports {t}" for m, targets in import_graph().items() for t in sorted(targets)
               if layer_of(m) is not None and layer_of(t) is not None and layer_of(t) > layer_of(m)]
     assert not upward, upward
+
+
+def test_every_package_and_every_top_level_module_has_a_layer_or_is_a_command():
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"search_spaces"}  # (data, no code)
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert packages and packages <= set(LAYERS), sorted(packages - set(LAYERS))
+    assert sorted(modules & set(LAYERS)) == ["errors", "files", "private_apis"]
 
 
 def loaded_by_importing(modules: list[str], packages: tuple[str, ...] = (), prefixes: tuple[str, ...] = (),
