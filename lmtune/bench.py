@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     code = code_from_arguments(args)
     lmtune_only = [flag for flag, given in (("--coord-check", args.coord_check), ("--concurrency", args.concurrency),
                                             ("--fuse", args.fuse), ("--project", args.project is not None)) if given]
-    if code.user_model and lmtune_only:
+    if code.model and lmtune_only:  # (flags that clash: --model with one that measures lmtune's own model)
         raise LmtuneError(f"--model times your model in lmtune's loop against the naive loop; {lmtune_only[0]} "
                           "measures lmtune's own model: drop one of them")
     if args.coord_check:

@@ -18,11 +18,11 @@ from lmtune.usercode.spec import UserModel, UserSchedule, spec_for
 # Where "is it the user's code?" may be asked: the code record that defines it, the spec modules and the user's side.
 MAY_ASK = ("lmtune/training/code.py", "lmtune/training/spec.py", "lmtune/usercode/")
 # Issue 58 item 3's leftovers: modules outside training that still ask, each to go (not to grow). The report reads
-# a recorded fact (ModelFacts.user_model) for its wording; the sweep decides fusing and resume fingerprints by it;
-# width's coord check and bench's flag clash refuse it.
-STILL_ASK = {"lmtune/bench.py", "lmtune/sweep/experiment.py", "lmtune/searches/width/report_coord.py",
-             "lmtune/report/markdown/model.py", "lmtune/report/sweep_facts.py", "lmtune/report/figures.py",
-             "lmtune/report/summary.py"}
+# a recorded fact (summary.json's ModelFacts.user_model) for its wording; the sweep lets a worker run the next trial
+# unless a user's model's builds share state (lmtune.usercode.checks' finding, which the spec module cannot import
+# without a cycle).
+STILL_ASK = {"lmtune/sweep/experiment.py", "lmtune/report/markdown/model.py", "lmtune/report/sweep_facts.py",
+             "lmtune/report/figures.py", "lmtune/report/summary.py"}
 ASKING = {"user_model", "is_lmtune_model"}
 
 
@@ -65,3 +65,12 @@ def test_training_given_no_spec_refuses_a_run_that_names_the_users_code(make_tin
     with pytest.raises(LmtuneError, match="given lmtune's training spec; resolve it with .*spec_for"):
         lmtune_spec(make_tiny_config(code=user_model("example")))
     assert lmtune_spec(make_tiny_config()) is LMTUNE
+
+
+def test_the_fingerprint_a_resume_checks_is_the_users_models_parameters_and_none_for_lmtunes(make_tiny_config):
+    config = make_tiny_config(code=user_model("example"))
+    fingerprint = spec_for(config).model.fingerprint(config)
+    assert len(fingerprint) == 16
+    wider = make_tiny_config(code=user_model("example"), d_model=64, d_ff=128)
+    assert spec_for(wider).model.fingerprint(wider) != fingerprint
+    assert LMTUNE.model.fingerprint(make_tiny_config()) == ""

@@ -48,7 +48,6 @@ from lmtune.training.memory import check_fits
 from lmtune.usercode.checks import check_code, check_model
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, UserCode
 from lmtune.usercode.consent import check_recorded_files, recorded_files
-from lmtune.usercode.model import parameter_fingerprint
 from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
@@ -222,11 +221,11 @@ def check_resumed_code(record: SweepRecord, trust_code: bool = False) -> None:
     plan = record.plan
     check_recorded_files(plan.code_specs, record.code_files, trust_code)
     check_code(plan.base, plan.space.fuse)
-    code, model = plan.base.code, plan.base.model
-    if record.model_fingerprint and parameter_fingerprint(code, model) != record.model_fingerprint:
-        raise LmtuneError(f"--resume: --model {code.model} now builds a model of other parameters (names or shapes) "
-                          "than when the sweep started, so its trials' checkpoints cannot continue; restore the "
-                          "model's code as it was, or start a new sweep")
+    base = plan.base
+    if record.model_fingerprint and spec_for(base).model.fingerprint(base) != record.model_fingerprint:
+        raise LmtuneError(f"--resume: --model {base.code.model} now builds a model of other parameters (names or "
+                          "shapes) than when the sweep started, so its trials' checkpoints cannot continue; restore "
+                          "the model's code as it was, or start a new sweep")
 
 
 def ship_data(options: SweepOptions, data_dir: Path) -> ShippedData | None:
@@ -287,7 +286,7 @@ def plan_record(plan: SweepPlan, name: str, **where: Any) -> SweepRecord:
     data_dir = Path(plan.base.data_dir)
     base = plan.base
     return SweepRecord(
-        model_fingerprint=parameter_fingerprint(base.code, base.model) if base.code.user_model else "",
+        model_fingerprint=spec_for(base).model.fingerprint(base),
         code_files=recorded_files(plan.code_specs),
         name=name, plan=plan, data=DataRecord(str(data_dir.resolve()), read_meta(data_dir)),
         versions={"lmtune": installed_version("lmtune"), "torch": torch.__version__, "ray": ray.__version__,

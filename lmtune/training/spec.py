@@ -44,6 +44,10 @@ class ModelSpec(Protocol):
     def parameter_tensors(self, config: RunConfig) -> int:
         """Args: config: the run. How many parameter tensors its model has (a checkpoint's per-tensor costs)."""
 
+    def fingerprint(self, config: RunConfig) -> str:
+        """Args: config: the run. A digest of the parameters it builds, which a resumed sweep checks its model
+        against ('': the config alone fixes them, as it does lmtune's model)."""
+
     def probes(self, model: nn.Module, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """Args: model: one it built; idx: token ids [B, T]. The stability probes as 0-d device tensors."""
 
@@ -102,6 +106,9 @@ class LmtuneModel:
         # Per block two norm gains, qkv, out, gate, up and down, and the q/k norm gains; the embedding, the final
         # norm and the output layer.
         return config.model.n_layers * (7 + 2 * config.model.qk_norm) + 3
+
+    def fingerprint(self, config: RunConfig) -> str:
+        return ""  # (its parameters are its config's model section, which sweep.json records)
 
     @torch.no_grad()
     def probes(self, model: nn.Module, idx: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ from lmtune.training.sampling import read_model_checkpoint, with_weights
 from lmtune.training.spec import LMTUNE, TrainSpec
 from lmtune.usercode.config import UserCode
 from lmtune.usercode.consent import NO_CONSENT, CodeConsent, only_consented_code
-from lmtune.usercode.model import build_user_model, parameter_shapes
+from lmtune.usercode.model import build_user_model, parameter_fingerprint, parameter_shapes
 from lmtune.usercode.optim import build_user_optimizer, user_schedule
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,9 @@ class UserModel:
 
     def parameter_tensors(self, config: RunConfig) -> int:
         return len(parameter_shapes(self.code, config.model))
+
+    def fingerprint(self, config: RunConfig) -> str:
+        return parameter_fingerprint(self.code, config.model)  # (its code may build other parameters next time)
 
     @torch.no_grad()
     def probes(self, model: nn.Module, idx: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.training.config import RunConfig
 from lmtune.training.coord_check import CoordCheck, Verdict, coord_check, read_checks, verdict, write_checks
+from lmtune.usercode.spec import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def sweep_coord_check(sweep_dir: Path | None, base: RunConfig, widths: list[int]
             return SweepCoordCheck(None, f"{path} is unreadable ({err}); delete it to measure again")
         if found:
             return SweepCoordCheck(found[0], f"measured at the first report, kept in {path}")
-    if base.code.user_model:  # (its per-layer hooks are written for lmtune's model, as μP is)
+    if not spec_for(base).model.exposes_layers:  # (its per-layer hooks are written for lmtune's model, as μP is)
         return SweepCoordCheck(None, f"not measured for this model: the coord check measures lmtune's own model's "
                                      f"layers, not {base.code.model}'s")
     if not base.data_dir or not Path(base.data_dir).is_dir():
