@@ -406,6 +406,21 @@ def test_no_search_class_subclasses_another_searchs():
     assert not derived, derived
 
 
+def test_a_deciding_strategy_states_what_its_decisions_are():
+    """Each strategy that decides as it goes states in its own body (no hook copies it) its name, settings class,
+    whole-budget rule and progress columns: its decisions' own, and its section among the keys it reads."""
+    from lmtune.searches import STRATEGIES
+
+    deciding = {name: s for name, s in STRATEGIES.items() if getattr(s, "search_class", None)}
+    assert {"edge", "horizon", "width", "compare"} <= set(deciding)
+    for name, strategy in deciding.items():
+        search = strategy.search_class
+        assert (strategy.name, strategy.settings_class) == (search.name, search.settings_class) == (
+            name, strategy.settings_class), name
+        assert (strategy.whole_budget_only, strategy.axis_columns) == (search.whole_budget_only, search.axis_columns)
+        assert {strategy.settings_section[0], "params"} <= strategy.keys, name
+
+
 # Folders of lmtune/searches/ that hold an engine several searches build on, not a registered search of their own.
 ENGINE_FOLDERS = {"axis"}
 

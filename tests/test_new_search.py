@@ -90,7 +90,11 @@ class PairSearch(DecidingSearch[PairPlanned, PairDecision]):
 class PairStrategy(DecidingDefaults):
     settings: PairSettings
 
-    search_class: ClassVar[type] = PairSearch  # (its name, "pair", and its settings class are PairSearch's)
+    name: ClassVar[str] = "pair"
+    keys: ClassVar[frozenset[str]] = frozenset({"pair", "params"})
+    settings_class: ClassVar[type] = PairSettings
+    settings_section: ClassVar[tuple[str, type]] = ("pair", PairSettings)
+    search_class: ClassVar[type] = PairSearch
     owns: ClassVar[tuple[str, ...]] = ("lr",)
 
     def describe(self, fuse: int) -> str:

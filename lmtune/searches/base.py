@@ -204,14 +204,21 @@ class StrategyDefaults:
 
 
 class DecidingDefaults(StrategyDefaults):
-    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width, compare) shares: its name
-    and settings (a dataclass, ``settings_class``, read from the space's section of that name) are its decisions'
-    (``search_class``), it takes no ``params``, it sets ``owns``
-    per trial itself, no param space for Tune to generate, no trial count known in advance, nothing swept for a
-    config check to try."""
+    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width, compare) shares: its
+    settings (a dataclass, ``settings_class``, read from the space's section of its name), its decisions
+    (``search_class``), no ``params``, ``owns`` set per trial itself, no param space for Tune to generate, no trial
+    count known in advance, nothing swept for a config check to try. Each strategy states in its own body what it
+    is: ``name``, ``keys``, ``settings_class``, ``settings_section`` and ``search_class`` (and ``whole_budget_only``
+    and ``axis_columns`` where they differ from the defaults), the same as its decisions' (tests/test_layout.py
+    checks they agree)."""
 
+    name: ClassVar[str]
+    """Its ``search:`` value: its decisions' ``name``."""
+    keys: ClassVar[frozenset[str]]
+    """The top-level keys of a space file it reads: its section and ``params`` (to say it takes none)."""
     stage_column: ClassVar[bool] = True
     settings_class: ClassVar[type]
+    """The dataclass its section is read as: its decisions' ``settings_class``."""
     owns: ClassVar[tuple[str, ...]] = ("lr", "run_steps")
     """The settings it sets per trial itself (a fixed setting or --set may not name them; seed: the base seed may
     be set, and the search adds further seeds)."""
@@ -226,17 +233,7 @@ class DecidingDefaults(StrategyDefaults):
     and settings_class, unless it says otherwise (a compare search: edge:, its variants' LR search's)."""
     search_class: ClassVar[type]
     """Its decisions, Ray-free (a DecidingSearch), which one Tune adapter drives for every deciding search
-    (lmtune.sweep.searcher.DecidingSearcher). Its ``name``, ``settings_class``, ``whole_budget_only`` and
-    ``axis_columns`` are the strategy's too."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "search_class" in cls.__dict__:  # said once, by its decisions
-            search = cls.search_class
-            cls.name, cls.settings_class = search.name, search.settings_class
-            cls.whole_budget_only, cls.axis_columns = search.whole_budget_only, search.axis_columns
-            cls.keys = frozenset({cls.name, "params"})  # its section, and params: to say it has none
-            cls.settings_section = (cls.name, cls.settings_class)
+    (lmtune.sweep.searcher.DecidingSearcher)."""
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail):

@@ -28,7 +28,13 @@ from lmtune.usercode.spec import model_size
 class CompareStrategy(DecidingDefaults):
     settings: CompareSettings
 
+    name: ClassVar[str] = CompareSearch.name
+    # (its variants are checked where they are parsed, its edge: section as the edge search's)
+    keys: ClassVar[frozenset[str]] = frozenset({"variants", "per_variant", "edge", "params", "start"})
+    settings_class: ClassVar[type] = CompareSettings
+    settings_section: ClassVar[tuple[str, type]] = ("edge", EdgeSettings)
     search_class: ClassVar[type] = CompareSearch
+    axis_columns: ClassVar[tuple[str, ...]] = CompareSearch.axis_columns
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail) -> CompareStrategy:
@@ -103,12 +109,6 @@ class CompareStrategy(DecidingDefaults):
     def expected_trials(self) -> tuple[int, int]:
         per_variant, _ = EdgeStrategy(self.settings.edge).expected_trials()
         return per_variant * len(self.settings.variants), 0
-
-
-# (DecidingDefaults names a search's keys and section after it: compare's are these; its variants are checked
-# where they are parsed, its edge: section as the edge search's)
-CompareStrategy.keys = frozenset({"variants", "per_variant", "edge", "params", "start"})
-CompareStrategy.settings_section = ("edge", EdgeSettings)
 
 
 def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> None:

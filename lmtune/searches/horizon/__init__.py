@@ -18,7 +18,13 @@ from lmtune.training.config import RunConfig, apply_overrides
 class HorizonStrategy(DecidingDefaults):
     settings: HorizonSettings
 
+    name: ClassVar[str] = HorizonSearch.name
+    keys: ClassVar[frozenset[str]] = frozenset({"horizon", "params"})
+    settings_class: ClassVar[type] = HorizonSettings
+    settings_section: ClassVar[tuple[str, type]] = ("horizon", HorizonSettings)
     search_class: ClassVar[type] = HorizonSearch
+    whole_budget_only: ClassVar[bool] = HorizonSearch.whole_budget_only
+    axis_columns: ClassVar[tuple[str, ...]] = HorizonSearch.axis_columns
 
     def check_base(self, base: RunConfig) -> None:
         super().check_base(base)

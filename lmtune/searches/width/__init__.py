@@ -26,7 +26,13 @@ NO_GAIN_UP_TO_RATIO = 4.0  # (2x on the built-in corpus; 4x on real text, where 
 class WidthStrategy(DecidingDefaults):
     settings: WidthSettings
 
+    name: ClassVar[str] = WidthSearch.name
+    keys: ClassVar[frozenset[str]] = frozenset({"width", "params"})
+    settings_class: ClassVar[type] = WidthSettings
+    settings_section: ClassVar[tuple[str, type]] = ("width", WidthSettings)
     search_class: ClassVar[type] = WidthSearch
+    whole_budget_only: ClassVar[bool] = WidthSearch.whole_budget_only
+    axis_columns: ClassVar[tuple[str, ...]] = WidthSearch.axis_columns
 
     @classmethod
     def parse_settings(cls, section: JsonValue, fail: Fail) -> WidthSettings:
