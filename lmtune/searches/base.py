@@ -1,5 +1,5 @@
-"""What every search strategy provides: the ``SearchStrategy`` protocol, and the helpers strategies share
-to read their part of a space file.
+"""What every search strategy provides: the ``SearchStrategy`` protocol (a ``SpaceSection`` of lmtune.searches.contracts
+that also says what the sweep runs), and the helpers strategies share to read their part of a space file.
 
 A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, edge, horizon, width, compare). It
 reads its own keys of the file, says which settings each trial sets, how many trials it plans, and builds what Ray Tune
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, JsonValue
+from lmtune.searches.contracts import Fail, SpaceSection, TrialSource
 from lmtune.searches.state import read_search_state
 from lmtune.searches.trial_order import TuneParams
 from lmtune.training.config import MAX_SEED, field_names
@@ -37,34 +38,17 @@ if TYPE_CHECKING:
 # seed-to-seed spread, far past what the crown needs; each seed is a whole run.
 MAX_SEEDS = 100
 
-Fail = Callable[[str, str], LmtuneError]
-"""fail(key, message): the one-line error naming the space file and the key."""
-
 Setting = int | float | bool | str
 """A run setting's value (the type of its RunConfig field: lmtune.training.config.coerce_value)."""
 
 
-class SearchStrategy(Protocol):
-    """How a sweep chooses its trials. Frozen and JSON-round-trippable: it travels inside the SweepPlan to
-    every trial and back from sweep.json on --resume."""
+class SearchStrategy(SpaceSection, Protocol):
+    """How a sweep chooses its trials: its section of the space file (``SpaceSection``: name, keys, parse, JSON) and
+    what the sweep runs. Frozen and JSON-round-trippable: it travels inside the SweepPlan to every trial and back
+    from sweep.json on --resume."""
 
-    name: ClassVar[str]
-    """Its ``search:`` value."""
-    keys: ClassVar[frozenset[str]]
-    """The top-level keys of a space file it reads (besides those every space has)."""
     stage_column: ClassVar[bool]
     """Whether its trials carry a ``stage`` (the progress table shows it)."""
-
-    @classmethod
-    def parse(cls, raw: JsonObject, fail: Fail) -> SearchStrategy:
-        """Its settings from the space file's top-level mapping, every problem a ``fail`` naming the key."""
-
-    @classmethod
-    def from_json(cls, data: JsonObject) -> SearchStrategy:
-        """Back from ``to_json`` (the space's entry in sweep.json)."""
-
-    def to_json(self) -> JsonObject:
-        """Its keys of the space's JSON (the same keys as its YAML)."""
 
     def swept(self) -> list[str]:
         """The settings each trial sets for itself (a fixed setting or --set may not name them)."""
@@ -117,8 +101,8 @@ class SearchStrategy(Protocol):
         ``budget`` (its seed the base config's); asked only of a search without ``decisions`` (a deciding search's go
         through the one adapter). Tune gets it from lmtune.sweep.searcher.tune_search_alg."""
 
-    def decisions(self, budget: Budget) -> Any:
-        """Its Ray-free decisions for trials of ``budget`` (a DecidingSearch, which the one Tune adapter,
+    def decisions(self, budget: Budget) -> TrialSource | None:
+        """Its Ray-free decisions for trials of ``budget`` (a ``TrialSource``, which the one Tune adapter,
         lmtune.sweep.searcher.DecidingSearcher, drives), or None: a search Tune runs by itself (grid and optuna)."""
 
     def progress_columns(self, fuse: int) -> list[str]:
@@ -295,7 +279,7 @@ class DecidingDefaults(StrategyDefaults):
     def param_space(self, fuse: int) -> TuneParams:
         return {}  # the searcher suggests every trial's config
 
-    def decisions(self, budget: Budget) -> Any:
+    def decisions(self, budget: Budget) -> TrialSource:
         return self.search_class(self.settings, budget)
 
     def finished(self, sweep_dir: Path) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from lmtune.report.sections.base import PlainSection, ReportSection
+from lmtune.report.sections.base import PlainSection, ReportPart
 from lmtune.searches import STRATEGIES
 from lmtune.sweep.sweep_file import SweepRecord
 
@@ -16,7 +16,7 @@ REPORT_MODULE = "report"
 """The module of a search's folder that holds its part of the report, as ``SECTION``."""
 
 
-def section_for(search: str) -> ReportSection:
+def section_for(search: str) -> ReportPart:
     """The report's part for a search (one without a report module, or not registered: the common report)."""
     strategy = STRATEGIES.get(search)
     if strategy is None:
