@@ -112,7 +112,7 @@ class PairStrategy(DecidingDefaults):
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setitem(searches.STRATEGIES, "pair", PairStrategy)  # the one line a new search adds
+    monkeypatch.setitem(searches.STRATEGIES, "pair", searches.SearchEntry(PairStrategy))  # its one line
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -125,3 +125,11 @@ def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> N
         except LmtuneError as err:  # ("variants.NAME: ..." or "variants.NAME.KEY VALUE: ...": the key leads)
             key, _, message = str(err).partition(": ")
             raise fail(key.split(" ")[0], message) from None
+
+
+def report_part() -> Any:
+    """Its part of the report (lmtune.searches.compare.report.SECTION, a ReportPart), imported only when the report asks
+    for it: a sweep loads none of it."""
+    from lmtune.searches.compare.report import SECTION
+
+    return SECTION

@@ -6,7 +6,7 @@ lmtune.analysis.fit)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lmtune.searches.base import DecidingDefaults
 from lmtune.searches.horizon.search import HorizonSearch
@@ -57,3 +57,11 @@ class HorizonStrategy(DecidingDefaults):
 
     def held_checkpoints(self, outcome: str) -> frozenset[str]:
         return frozenset({"stable"})  # a larger budget's run of the same LR and seed forks from it
+
+
+def report_part() -> Any:
+    """Its part of the report (lmtune.searches.horizon.report.SECTION, a ReportPart), imported only when the report asks
+    for it: a sweep loads none of it."""
+    from lmtune.searches.horizon.report import SECTION
+
+    return SECTION

@@ -5,7 +5,7 @@ lmtune.searches.width.conclusion; the fit: lmtune.searches.width.conclusion)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
@@ -80,3 +80,11 @@ class WidthStrategy(DecidingDefaults):
 
     def expected_trials(self) -> tuple[int, int]:
         return self.settings.expected_trials(len(self.settings.widths)), 0
+
+
+def report_part() -> Any:
+    """Its part of the report (lmtune.searches.width.report.SECTION, a ReportPart), imported only when the report asks
+    for it: a sweep loads none of it."""
+    from lmtune.searches.width.report import SECTION
+
+    return SECTION
