@@ -5,10 +5,10 @@ A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, e
 reads its own keys of the file, says which settings each trial sets, how many trials it plans, and builds what Ray Tune
 runs: the param space and the searcher. Everything else about a sweep (budget, fixed settings, scheduler,
 stopper, placement) is the same for every strategy (lmtune.sweep.spaces, lmtune.sweep.plan). A new search is
-one package here (its settings, its Ray-free decisions as a DecidingSearch, and its strategy naming both) plus its
-line in ``lmtune.searches.STRATEGIES``: the one Tune adapter (lmtune.sweep.searcher) drives
-it, its state is decisions/NAME_search.json, and the report gives it the common part unless it has a section of
-its own (tests/test_new_search.py writes one).
+one package here, a file per contract of lmtune.searches.contracts (its strategy, its Ray-free decisions as a
+DecidingSearch, its report part), plus its line in ``lmtune.searches.STRATEGIES``: the one Tune adapter
+(lmtune.sweep.searcher) drives it, its state is decisions/NAME_search.json, and the report gives it the common part
+unless it registers a part of its own (docs/contributing.md, "Adding a search"; tests/pair_search/ is one).
 """
 
 from __future__ import annotations
