@@ -141,11 +141,26 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     return {name for name in found if name.startswith("lmtune")}
 
 
+def _registered_report_part(tree: ast.Module, module: str) -> set[str]:
+    """A search folder's own report module, where its ``__init__`` (the strategy, lmtune.searches.NAME) imports it
+    inside a function, the report part lmtune.searches.STRATEGIES registers: imported when the report asks, never by
+    a sweep (test_a_sweep_loads_no_search_report_part_nor_figure_code), so no import of its layer or a cycle."""
+    if not re.fullmatch(r"lmtune\.searches\.\w+", module):
+        return set()
+    own = f"{module}.{SEARCH_REPORT_PREFIX}"
+    return {name for function in tree.body if isinstance(function, ast.FunctionDef)
+            for node in ast.walk(function) if isinstance(node, ast.ImportFrom) and node.module == own
+            for name in (own, *(f"{own}.{alias.name}" for alias in node.names))}
+
+
 def import_graph() -> dict[str, set[str]]:
     modules = {_module_name(p): p for p in MODULES}
     graph = {}
     for name, path in modules.items():
-        targets = _imports(ast.parse(path.read_text()), name, path.name == "__init__.py")
+        tree, package = ast.parse(path.read_text()), path.name == "__init__.py"
+        outside_functions = ast.Module([n for n in tree.body if not isinstance(n, ast.FunctionDef)], [])
+        lazy = _registered_report_part(tree, name) - _imports(outside_functions, name, package)
+        targets = _imports(tree, name, package) - lazy
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
 
@@ -377,7 +392,7 @@ def test_every_list_of_searches_in_the_code_names_them_all():
     from lmtune.searches.base import DecidingDefaults
 
     every = set(STRATEGIES)
-    deciding = {name for name, cls in STRATEGIES.items() if issubclass(cls, DecidingDefaults)}
+    deciding = {name for name, entry in STRATEGIES.items() if issubclass(entry.strategy, DecidingDefaults)}
     word = "|".join(sorted(every))
     pattern = re.compile(rf"\((?:[^()]*: )?((?:{word})(?:, (?:{word}))+)\)")
     short = []
@@ -392,17 +407,37 @@ def test_every_list_of_searches_in_the_code_names_them_all():
 
 def test_a_searchs_report_part_is_the_report_module_of_its_own_folder():
     """Each registered search with a part of its own keeps it in its folder (lmtune.searches.NAME.report, as
-    SECTION, named after the search); the report lists none of them."""
+    SECTION) and registers it; every folder with a report module registers its part; the report lists none."""
     from lmtune.report.sections import section_for
     from lmtune.searches import STRATEGIES
 
-    with_part = {name for name, strategy in STRATEGIES.items()
-                 if (PACKAGE.parent / strategy.__module__.replace(".", "/") / "report.py").exists()}
-    assert with_part == {"horizon", "width", "compare"}
+    with_part = {name for name, entry in STRATEGIES.items() if entry.report is not None}
+    with_module = {name for name, entry in STRATEGIES.items()
+                   if (PACKAGE.parent / entry.strategy.__module__.replace(".", "/") / "report.py").exists()}
+    assert with_part == with_module == {"horizon", "width", "compare"}
     for name in with_part:
         section = section_for(name)
         assert all(callable(getattr(section, part)) for part in ("summarize", "markdown", "figures", "headline"))
-        assert type(section).__module__ == f"{STRATEGIES[name].__module__}.report"
+        assert type(section).__module__ == f"{STRATEGIES[name].strategy.__module__}.report"
+
+
+def test_a_search_and_its_report_part_are_found_by_no_hook_or_module_name():
+    """The registry names each search's parts: no ``__init_subclass__`` fills a strategy in, and nothing of the
+    searches or the report imports a module by its name."""
+    found = [f"{p.relative_to(REPO)}: {word}" for p in MODULES
+             if p.is_relative_to(PACKAGE / "searches") or p.is_relative_to(PACKAGE / "report")
+             for word in ("__init_subclass__", "importlib", "import_module") if word in p.read_text()]
+    assert not found, found
+
+
+def test_a_sweep_loads_no_search_report_part_nor_figure_code():
+    """The registry names each search's report part behind a function: running a sweep (its command, the runner,
+    the trainable, the Tune adapter) imports none of them, nor matplotlib."""
+    parts = loaded_by_importing(["lmtune.run", "lmtune.sweep.runner", "lmtune.sweep.trainable",
+                                 "lmtune.sweep.searcher"], packages=("matplotlib",), prefixes=("lmtune.report",))
+    reports = [m for m in loaded_by_importing(["lmtune.run", "lmtune.sweep.runner"], prefixes=("lmtune.searches",))
+               if m.split(".")[-1].startswith(SEARCH_REPORT_PREFIX)]
+    assert parts == reports == []
 
 
 def test_no_search_class_subclasses_another_searchs():
@@ -410,10 +445,26 @@ def test_no_search_class_subclasses_another_searchs():
     class is (or derives from) another registered search's."""
     from lmtune.searches import STRATEGIES
 
-    classes = {name: s.search_class for name, s in STRATEGIES.items() if getattr(s, "search_class", None)}
+    classes = {name: e.strategy.search_class for name, e in STRATEGIES.items()
+               if getattr(e.strategy, "search_class", None)}
     assert {"horizon", "width", "edge"} <= set(classes)
     derived = [(a, b) for a, ca in classes.items() for b, cb in classes.items() if a != b and issubclass(ca, cb)]
     assert not derived, derived
+
+
+def test_a_deciding_strategy_states_what_its_decisions_are():
+    """Each strategy that decides as it goes states in its own body (no hook copies it) its name, settings class,
+    whole-budget rule and progress columns: its decisions' own, and its section among the keys it reads."""
+    from lmtune.searches import STRATEGIES
+
+    deciding = {name: e.strategy for name, e in STRATEGIES.items() if getattr(e.strategy, "search_class", None)}
+    assert {"edge", "horizon", "width", "compare"} <= set(deciding)
+    for name, strategy in deciding.items():
+        search = strategy.search_class
+        assert (strategy.name, strategy.settings_class) == (search.name, search.settings_class) == (
+            name, strategy.settings_class), name
+        assert (strategy.whole_budget_only, strategy.axis_columns) == (search.whole_budget_only, search.axis_columns)
+        assert {strategy.settings_section[0], "params"} <= strategy.keys, name
 
 
 # Folders of lmtune/searches/ that hold an engine several searches build on, not a registered search of their own.
@@ -427,4 +478,6 @@ def test_every_search_is_one_folder_of_lmtune_searches():
 
     folders = {p.name for p in (PACKAGE / "searches").iterdir() if (p / "__init__.py").exists()}
     assert ENGINE_FOLDERS <= folders
-    assert {s.__module__ for s in STRATEGIES.values()} == {f"lmtune.searches.{f}" for f in folders - ENGINE_FOLDERS}
+    assert {e.strategy.__module__ for e in STRATEGIES.values()} == {
+        f"lmtune.searches.{f}" for f in folders - ENGINE_FOLDERS}
+    assert all(e.strategy.name == name for name, e in STRATEGIES.items())

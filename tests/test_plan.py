@@ -96,7 +96,7 @@ class LogSpaced(StrategyDefaults):
 
 
 def test_a_new_strategy_is_one_class_and_its_registration(tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(searches.STRATEGIES, LogSpaced.name, LogSpaced)
+    monkeypatch.setitem(searches.STRATEGIES, LogSpaced.name, searches.SearchEntry(LogSpaced))
     path = tmp_path / "logspaced.yaml"
     path.write_text("search: logspaced\nbudget: quick\nlrs: [1.0e-4, 1.0e-2]\ncount: 3\n")
     space = load_space(str(path))

@@ -86,7 +86,7 @@ def test_what_the_search_holds_survives_the_trials_end_but_not_the_sweeps(tmp_pa
     ("horizon", "completed", {"stable"}), ("grid", "stopped_early", set()), ("optuna", "stopped_early", set()),
 ])
 def test_each_search_says_what_of_an_ended_trial_it_may_still_use(search, outcome, held):
-    strategy = STRATEGIES[search]
+    strategy = STRATEGIES[search].strategy
     assert strategy.held_checkpoints(strategy, outcome) == held
 
 

@@ -18,7 +18,7 @@ from conftest import TINY_TRIAL, assert_refused, run_lmtune
 
 from lmtune import run as run_cli
 from lmtune.errors import LmtuneError
-from lmtune.searches.optuna import Distribution
+from lmtune.searches.optuna.settings import Distribution
 from lmtune.sweep.plan import SweepPlan
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.training.config import budget_config

@@ -1,8 +1,16 @@
-"""Search strategies: how a sweep chooses its trials. The protocol is ``base.SearchStrategy``; each
-``search:`` value of a space file is one strategy, registered here by that name."""
+"""Search strategies: how a sweep chooses its trials. Each ``search:`` value of a space file is one search, registered
+here by that name with its three parts (lmtune.searches.contracts): its strategy, whose section of the space file it
+reads (a SpaceSection) and whose ``decisions`` are where its next trial comes from (a TrialSource; grid and optuna:
+Tune's own), and its part of the report (a ReportPart), behind a function that imports it only when the report asks
+(a sweep loads no figure code)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lmtune.searches import compare, horizon, width
 from lmtune.searches.base import SearchStrategy
 from lmtune.searches.compare import CompareStrategy
 from lmtune.searches.edge import EdgeStrategy
@@ -11,8 +19,27 @@ from lmtune.searches.horizon import HorizonStrategy
 from lmtune.searches.optuna import OptunaSearch
 from lmtune.searches.width import WidthStrategy
 
-STRATEGIES: dict[str, type[SearchStrategy]] = {
-    s.name: s for s in (GridSearch, OptunaSearch, EdgeStrategy, HorizonStrategy, WidthStrategy, CompareStrategy)}
+
+@dataclass(frozen=True)
+class SearchEntry:
+    """One search as registered: its strategy and its part of the report."""
+
+    strategy: type[SearchStrategy]
+    """Its section of the space file and what its sweep runs (lmtune.searches.base.SearchStrategy)."""
+    report: Callable[[], Any] | None = None
+    """Its part of the report (a lmtune.report.sections.base.ReportPart), imported when called (None: the common
+    report alone, lmtune.report.sections.base.PlainSection)."""
+
+
+STRATEGIES: dict[str, SearchEntry] = {
+    "grid": SearchEntry(GridSearch),
+    "optuna": SearchEntry(OptunaSearch),
+    "edge": SearchEntry(EdgeStrategy),
+    "horizon": SearchEntry(HorizonStrategy, report=horizon.report_part),
+    "width": SearchEntry(WidthStrategy, report=width.report_part),
+    "compare": SearchEntry(CompareStrategy, report=compare.report_part),
+}
+"""Every search by its ``search:`` value: a new search is its folder and one line here."""
 
 __all__ = ["STRATEGIES", "CompareStrategy", "EdgeStrategy", "GridSearch", "HorizonStrategy", "OptunaSearch",
-           "SearchStrategy", "WidthStrategy"]
+           "SearchEntry", "SearchStrategy", "WidthStrategy"]

@@ -1,14 +1,14 @@
-"""What every search strategy provides: the ``SearchStrategy`` protocol, and the helpers strategies share
-to read their part of a space file.
+"""What every search strategy provides: the ``SearchStrategy`` protocol (a ``SpaceSection`` of lmtune.searches.contracts
+that also says what the sweep runs), and the helpers strategies share to read their part of a space file.
 
 A strategy is one ``search:`` value of ``search_spaces/*.yaml`` (grid, optuna, edge, horizon, width, compare). It
 reads its own keys of the file, says which settings each trial sets, how many trials it plans, and builds what Ray Tune
 runs: the param space and the searcher. Everything else about a sweep (budget, fixed settings, scheduler,
 stopper, placement) is the same for every strategy (lmtune.sweep.spaces, lmtune.sweep.plan). A new search is
-one package here (its settings, its Ray-free decisions as a DecidingSearch, and its strategy naming both) plus its
-line in ``lmtune.searches.STRATEGIES``: the one Tune adapter (lmtune.sweep.searcher) drives
-it, its state is decisions/NAME_search.json, and the report gives it the common part unless it has a section of
-its own (tests/test_new_search.py writes one).
+one package here, a file per contract of lmtune.searches.contracts (its strategy, its Ray-free decisions as a
+DecidingSearch, its report part), plus its line in ``lmtune.searches.STRATEGIES``: the one Tune adapter
+(lmtune.sweep.searcher) drives it, its state is decisions/NAME_search.json, and the report gives it the common part
+unless it registers a part of its own (docs/contributing.md, "Adding a search"; tests/pair_search/ is one).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, JsonValue
+from lmtune.searches.contracts import Fail, SpaceSection, TrialSource
 from lmtune.searches.state import read_search_state
 from lmtune.searches.trial_order import TuneParams
 from lmtune.training.config import MAX_SEED, field_names
@@ -37,34 +38,17 @@ if TYPE_CHECKING:
 # seed-to-seed spread, far past what the crown needs; each seed is a whole run.
 MAX_SEEDS = 100
 
-Fail = Callable[[str, str], LmtuneError]
-"""fail(key, message): the one-line error naming the space file and the key."""
-
 Setting = int | float | bool | str
 """A run setting's value (the type of its RunConfig field: lmtune.training.config.coerce_value)."""
 
 
-class SearchStrategy(Protocol):
-    """How a sweep chooses its trials. Frozen and JSON-round-trippable: it travels inside the SweepPlan to
-    every trial and back from sweep.json on --resume."""
+class SearchStrategy(SpaceSection, Protocol):
+    """How a sweep chooses its trials: its section of the space file (``SpaceSection``: name, keys, parse, JSON) and
+    what the sweep runs. Frozen and JSON-round-trippable: it travels inside the SweepPlan to every trial and back
+    from sweep.json on --resume."""
 
-    name: ClassVar[str]
-    """Its ``search:`` value."""
-    keys: ClassVar[frozenset[str]]
-    """The top-level keys of a space file it reads (besides those every space has)."""
     stage_column: ClassVar[bool]
     """Whether its trials carry a ``stage`` (the progress table shows it)."""
-
-    @classmethod
-    def parse(cls, raw: JsonObject, fail: Fail) -> SearchStrategy:
-        """Its settings from the space file's top-level mapping, every problem a ``fail`` naming the key."""
-
-    @classmethod
-    def from_json(cls, data: JsonObject) -> SearchStrategy:
-        """Back from ``to_json`` (the space's entry in sweep.json)."""
-
-    def to_json(self) -> JsonObject:
-        """Its keys of the space's JSON (the same keys as its YAML)."""
 
     def swept(self) -> list[str]:
         """The settings each trial sets for itself (a fixed setting or --set may not name them)."""
@@ -117,8 +101,8 @@ class SearchStrategy(Protocol):
         ``budget`` (its seed the base config's); asked only of a search without ``decisions`` (a deciding search's go
         through the one adapter). Tune gets it from lmtune.sweep.searcher.tune_search_alg."""
 
-    def decisions(self, budget: Budget) -> Any:
-        """Its Ray-free decisions for trials of ``budget`` (a DecidingSearch, which the one Tune adapter,
+    def decisions(self, budget: Budget) -> TrialSource | None:
+        """Its Ray-free decisions for trials of ``budget`` (a ``TrialSource``, which the one Tune adapter,
         lmtune.sweep.searcher.DecidingSearcher, drives), or None: a search Tune runs by itself (grid and optuna)."""
 
     def progress_columns(self, fuse: int) -> list[str]:
@@ -204,14 +188,21 @@ class StrategyDefaults:
 
 
 class DecidingDefaults(StrategyDefaults):
-    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width, compare) shares: its name
-    and settings (a dataclass, ``settings_class``, read from the space's section of that name) are its decisions'
-    (``search_class``), it takes no ``params``, it sets ``owns``
-    per trial itself, no param space for Tune to generate, no trial count known in advance, nothing swept for a
-    config check to try."""
+    """What a strategy whose searcher decides every trial as it goes (edge, horizon, width, compare) shares: its
+    settings (a dataclass, ``settings_class``, read from the space's section of its name), its decisions
+    (``search_class``), no ``params``, ``owns`` set per trial itself, no param space for Tune to generate, no trial
+    count known in advance, nothing swept for a config check to try. Each strategy states in its own body what it
+    is: ``name``, ``keys``, ``settings_class``, ``settings_section`` and ``search_class`` (and ``whole_budget_only``
+    and ``axis_columns`` where they differ from the defaults), the same as its decisions' (tests/test_layout.py
+    checks they agree)."""
 
+    name: ClassVar[str]
+    """Its ``search:`` value: its decisions' ``name``."""
+    keys: ClassVar[frozenset[str]]
+    """The top-level keys of a space file it reads: its section and ``params`` (to say it takes none)."""
     stage_column: ClassVar[bool] = True
     settings_class: ClassVar[type]
+    """The dataclass its section is read as: its decisions' ``settings_class``."""
     owns: ClassVar[tuple[str, ...]] = ("lr", "run_steps")
     """The settings it sets per trial itself (a fixed setting or --set may not name them; seed: the base seed may
     be set, and the search adds further seeds)."""
@@ -226,17 +217,7 @@ class DecidingDefaults(StrategyDefaults):
     and settings_class, unless it says otherwise (a compare search: edge:, its variants' LR search's)."""
     search_class: ClassVar[type]
     """Its decisions, Ray-free (a DecidingSearch), which one Tune adapter drives for every deciding search
-    (lmtune.sweep.searcher.DecidingSearcher). Its ``name``, ``settings_class``, ``whole_budget_only`` and
-    ``axis_columns`` are the strategy's too."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "search_class" in cls.__dict__:  # said once, by its decisions
-            search = cls.search_class
-            cls.name, cls.settings_class = search.name, search.settings_class
-            cls.whole_budget_only, cls.axis_columns = search.whole_budget_only, search.axis_columns
-            cls.keys = frozenset({cls.name, "params"})  # its section, and params: to say it has none
-            cls.settings_section = (cls.name, cls.settings_class)
+    (lmtune.sweep.searcher.DecidingSearcher)."""
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail):
@@ -298,7 +279,7 @@ class DecidingDefaults(StrategyDefaults):
     def param_space(self, fuse: int) -> TuneParams:
         return {}  # the searcher suggests every trial's config
 
-    def decisions(self, budget: Budget) -> Any:
+    def decisions(self, budget: Budget) -> TrialSource:
         return self.search_class(self.settings, budget)
 
     def finished(self, sweep_dir: Path) -> bool:

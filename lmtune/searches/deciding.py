@@ -60,10 +60,10 @@ DecisionT = TypeVar("DecisionT")
 
 
 class DecidingSearch(Generic[PlannedT, DecisionT]):
-    """The state every deciding search keeps, and how it answers Tune (``suggest``). A subclass sets ``name``,
-    ``settings_class``, ``planned_class`` and ``decision_class``; decides its stages (``_decide``: plans trials into
-    ``queue``, or sets ``finished``); says what run a planned trial starts (``_start``); and adds its own keys to
-    ``to_json`` / ``_restore``."""
+    """The state every deciding search keeps, and how it answers Tune (``suggest``): a TrialSource
+    (lmtune.searches.contracts). A subclass sets ``name``, ``settings_class``, ``planned_class`` and
+    ``decision_class``; decides its stages (``_decide``: plans trials into ``queue``, or sets ``finished``); says what
+    run a planned trial starts (``_start``); and adds its own keys to ``to_json`` / ``_restore``."""
 
     name: ClassVar[str]
     """Its ``search:`` value (it names the search's state file, decisions/NAME_search.json)."""

@@ -155,7 +155,7 @@ class SearchSpace:
     @classmethod
     def from_json(cls, data: JsonObject) -> SearchSpace:
         """The space as ``to_json`` wrote it (sweep.json's ``space``); keys it lacks take their defaults."""
-        strategy = STRATEGIES[data.get("search", "grid")].from_json(data)
+        strategy = STRATEGIES[data.get("search", "grid")].strategy.from_json(data)
         return cls(name=data.get("name", ""), path=Path(data.get("path", "")), description=data.get("description", ""),
                    budget=data.get("budget", ""), strategy=strategy, fixed=dict(data.get("fixed") or {}),
                    scheduler=_known(SchedulerSpec, data.get("scheduler")),
@@ -282,7 +282,7 @@ def parse_space(raw: JsonValue, path: Path, source: str = "") -> SearchSpace:
         raise fail("(top level)", "expected a mapping with keys search, budget, params; see "
                    f"{shipped_spaces() / 'lr_grid.yaml'}")
     search = _one_of(raw, "search", "grid", tuple(STRATEGIES), fail)
-    strategy_class = STRATEGIES[search]
+    strategy_class = STRATEGIES[search].strategy
     _check_keys(raw, strategy_class, fail)
     budget = _one_of(raw, "budget", "low-resource", tuple(BUDGETS), fail)
     description = raw.get("description", "")
@@ -328,7 +328,7 @@ def _check_keys(raw: JsonObject, strategy_class: type[SearchStrategy], fail: Fai
     for key in raw:
         if key in valid:
             continue
-        owners = [name for name, other in STRATEGIES.items() if key in other.keys]
+        owners = [name for name, other in STRATEGIES.items() if key in other.strategy.keys]
         if owners:
             raise fail(key, f"only for search: {' or '.join(owners)}; remove it or set search: {owners[0]}")
         raise fail(key, f"unknown key; valid keys: {', '.join(sorted(valid))}")

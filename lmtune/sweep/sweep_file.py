@@ -239,7 +239,7 @@ def _check_space(space: JsonObject, fail: Fail) -> None:
     search = space.get("search", "grid")
     if not isinstance(search, str) or search not in STRATEGIES:
         raise fail("space.search", f"is {_shown(search)}, not one of {', '.join(STRATEGIES)}")
-    own = getattr(STRATEGIES[search], "settings_section", None)
+    own = getattr(STRATEGIES[search].strategy, "settings_section", None)
     if own is not None:  # a search with a section of its own (edge:, horizon:), as its YAML is checked
         name, settings_class = own
         for key, message in section(name, settings_class).problems():  # (the report divides by them, too)

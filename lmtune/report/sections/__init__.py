@@ -1,34 +1,22 @@
 """The report's part of each search: what every part provides and the common report (``base``), and which part a
-sweep gets (``section_for``): its search's own, the ``SECTION`` of the ``report`` module in the search's folder
-(lmtune.searches.NAME.report), or the common report alone (grid, optuna, edge, and any search without a report
-module). The searches' one registry is lmtune.searches.STRATEGIES; nothing is listed here, and a search's decisions
-never import its report part (a sweep loads no figure code)."""
+sweep gets (``section_for``): the one its search registers in lmtune.searches.STRATEGIES (its folder's ``report.py``,
+as ``SECTION``), or the common report alone (grid, optuna, edge, and any search registered without one). Nothing is
+listed here, and a search's decisions never import its report part (a sweep loads no figure code)."""
 
 from __future__ import annotations
 
-import importlib
-
-from lmtune.report.sections.base import PlainSection, ReportSection
+from lmtune.report.sections.base import PlainSection, ReportPart
 from lmtune.searches import STRATEGIES
 from lmtune.sweep.sweep_file import SweepRecord
 
-REPORT_MODULE = "report"
-"""The module of a search's folder that holds its part of the report, as ``SECTION``."""
 
-
-def section_for(search: str) -> ReportSection:
-    """The report's part for a search (one without a report module, or not registered: the common report)."""
-    strategy = STRATEGIES.get(search)
-    if strategy is None:
+def section_for(search: str) -> ReportPart:
+    """The report's part for a search (one registered without a part of its own, or not registered: the common
+    report)."""
+    entry = STRATEGIES.get(search)
+    if entry is None or entry.report is None:
         return PlainSection(search)
-    name = f"{strategy.__module__}.{REPORT_MODULE}"  # a search's strategy is its folder's __init__
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name != name:  # the report module exists, and something it imports does not
-            raise
-        return PlainSection(search)
-    return module.SECTION
+    return entry.report()
 
 
 def search_of(record: SweepRecord) -> str:

@@ -1,4 +1,4 @@
-"""The protocol a search strategy's part of the report follows, what it is given (the sweep as read from its
+"""The contract a search's part of the report follows (``ReportPart``), what it is given (the sweep as read from its
 folder, to summarize, and what the report's figures are drawn from), and the part of a search that adds nothing of
 its own (grid, optuna: ``PlainSection``, the common report alone), which the others extend."""
 
@@ -72,15 +72,19 @@ class ReportFigure:
     """Draws it into the path given; returns the path."""
 
 
-class ReportSection(Protocol[ResultT]):
-    """A search strategy's part of the report, typed by its own results (None: it has none)."""
+class ReportPart(Protocol[ResultT]):
+    """What a search's part of the report says, typed by its own results (None: it has none): the third of a
+    search's contracts (lmtune.searches.contracts), its folder's ``report.py`` as ``SECTION``, registered in
+    lmtune.searches.STRATEGIES behind a function (a sweep imports none of it)."""
 
     def summarize(self, sweep: SweepInputs) -> SweepSummary[ResultT]:
-        """The summary of its sweep (SweepSummary.search_result: its own typed results, if any)."""
+        """Args: sweep: the sweep as the report read it from its folder. Its summary (SweepSummary.search_result:
+        its own typed results, if any)."""
         ...
 
     def markdown(self, summary: SweepSummary[ResultT]) -> list[str]:
-        """Its own section of lr_sweep_analysis.md, after the overview (empty: none)."""
+        """Args: summary: what ``summarize`` gave. Its own section of lr_sweep_analysis.md, after the overview
+        (empty: none)."""
         ...
 
     def figures(self) -> tuple[ReportFigure, ...]:
@@ -88,7 +92,7 @@ class ReportSection(Protocol[ResultT]):
         ...
 
     def headline(self, summary: SweepSummary[ResultT]) -> list[str]:
-        """Its lines before the CLIs' common ones (empty: none)."""
+        """Args: summary: what ``summarize`` gave. Its lines before the CLIs' common ones (empty: none)."""
         ...
 
 

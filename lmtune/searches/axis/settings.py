@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from lmtune.searches.base import MAX_SEEDS, failed_checks
-from lmtune.searches.grid import MAX_GRID_TRIALS
+from lmtune.searches.grid.settings import MAX_GRID_TRIALS
 from lmtune.training.config import MAX_LR
 
 # The most points searched (budgets or widths): each is an LR search of its own (grid, seeds, edge probes), and the

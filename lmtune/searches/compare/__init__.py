@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -28,7 +28,13 @@ from lmtune.usercode.spec import model_size
 class CompareStrategy(DecidingDefaults):
     settings: CompareSettings
 
+    name: ClassVar[str] = CompareSearch.name
+    # (its variants are checked where they are parsed, its edge: section as the edge search's)
+    keys: ClassVar[frozenset[str]] = frozenset({"variants", "per_variant", "edge", "params", "start"})
+    settings_class: ClassVar[type] = CompareSettings
+    settings_section: ClassVar[tuple[str, type]] = ("edge", EdgeSettings)
     search_class: ClassVar[type] = CompareSearch
+    axis_columns: ClassVar[tuple[str, ...]] = CompareSearch.axis_columns
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail) -> CompareStrategy:
@@ -105,12 +111,6 @@ class CompareStrategy(DecidingDefaults):
         return per_variant * len(self.settings.variants), 0
 
 
-# (DecidingDefaults names a search's keys and section after it: compare's are these; its variants are checked
-# where they are parsed, its edge: section as the edge search's)
-CompareStrategy.keys = frozenset({"variants", "per_variant", "edge", "params", "start"})
-CompareStrategy.settings_section = ("edge", EdgeSettings)
-
-
 def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> None:
     """Each variant's config on the space's budget and set (its shape, its switches), one line naming the variant;
     the user's code and --set are checked with the base config when the sweep is planned (check_base)."""
@@ -125,3 +125,11 @@ def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> N
         except LmtuneError as err:  # ("variants.NAME: ..." or "variants.NAME.KEY VALUE: ...": the key leads)
             key, _, message = str(err).partition(": ")
             raise fail(key.split(" ")[0], message) from None
+
+
+def report_part() -> Any:
+    """Its part of the report (lmtune.searches.compare.report.SECTION, a ReportPart), imported only when the report asks
+    for it: a sweep loads none of it."""
+    from lmtune.searches.compare.report import SECTION
+
+    return SECTION

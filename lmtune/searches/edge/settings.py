@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from lmtune.analysis.runs import Budget, LrResult, Run, format_tokens, same_lr
 from lmtune.errors import LmtuneError
 from lmtune.searches.base import MAX_SEEDS, failed_checks
-from lmtune.searches.grid import MAX_GRID_TRIALS
+from lmtune.searches.grid.settings import MAX_GRID_TRIALS
 from lmtune.training.config import MAX_LR
 from lmtune.training.lr_range import MAX_RANGE_STEPS, MIN_RANGE_STEPS
 

@@ -9,21 +9,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from lmtune.files import JsonObject
-from lmtune.searches.base import Fail, Setting, StrategyDefaults, params_section
+from lmtune.searches.base import Fail, Setting, StrategyDefaults
+from lmtune.searches.grid.settings import combinations, parse_grid
 from lmtune.searches.trial_order import TuneParams
-from lmtune.training.config import check_setting
-
-# The most trials a grid may ask for: far beyond what a sweep can run (a quick trial takes ~10 s on 2 cores),
-# and small enough that parsing and Tune's bookkeeping stay instant.
-MAX_GRID_TRIALS = 10_000
-
-
-def combinations(values: dict[str, list[Setting]]) -> list[dict[str, Setting]]:
-    """Every combination of the given values per setting."""
-    samples: list[dict[str, Setting]] = [{}]
-    for name, options in values.items():
-        samples = [{**s, name: v} for s in samples for v in options]
-    return samples
 
 
 @dataclass(frozen=True)
@@ -36,28 +24,7 @@ class GridSearch(StrategyDefaults):
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail) -> GridSearch:
-        params = {}
-        for name, spec in params_section(raw, fail).items():
-            key = f"params.{name}"
-            if isinstance(spec, dict):
-                raise fail(key, "search: grid takes a list of values; distributions are for search: optuna")
-            values = spec if isinstance(spec, list) else [spec]
-            if not values:
-                raise fail(key, "empty grid; list at least one value")
-            if len(values) > MAX_GRID_TRIALS:
-                raise fail(key, f"{len(values):,} values; a grid runs at most {MAX_GRID_TRIALS:,} trials: "
-                                "use search: optuna or edge to cover a range that finely")
-            coerced = [check_setting(name, v, lambda why, key=key: fail(key, why)) for v in values]
-            seen: set[Setting] = set()
-            repeated = sorted({v for v in coerced if v in seen or seen.add(v)}, key=str)
-            if repeated:  # [1e-3, 0.001] would run the same trial twice
-                raise fail(key, f"{', '.join(map(str, repeated))} listed more than once; list each value once")
-            params[name] = coerced
-        trials = math.prod(len(values) for values in params.values())
-        if trials > MAX_GRID_TRIALS:
-            raise fail("params", f"the grid has {trials:,} combinations; a grid runs at most {MAX_GRID_TRIALS:,} "
-                                 "trials: list fewer values")
-        return cls(params)
+        return cls(parse_grid(raw, fail))
 
     @classmethod
     def from_json(cls, data: JsonObject) -> GridSearch:

@@ -6,7 +6,7 @@ lmtune.analysis.fit)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lmtune.searches.base import DecidingDefaults
 from lmtune.searches.horizon.search import HorizonSearch
@@ -18,7 +18,13 @@ from lmtune.training.config import RunConfig, apply_overrides
 class HorizonStrategy(DecidingDefaults):
     settings: HorizonSettings
 
+    name: ClassVar[str] = HorizonSearch.name
+    keys: ClassVar[frozenset[str]] = frozenset({"horizon", "params"})
+    settings_class: ClassVar[type] = HorizonSettings
+    settings_section: ClassVar[tuple[str, type]] = ("horizon", HorizonSettings)
     search_class: ClassVar[type] = HorizonSearch
+    whole_budget_only: ClassVar[bool] = HorizonSearch.whole_budget_only
+    axis_columns: ClassVar[tuple[str, ...]] = HorizonSearch.axis_columns
 
     def check_base(self, base: RunConfig) -> None:
         super().check_base(base)
@@ -51,3 +57,11 @@ class HorizonStrategy(DecidingDefaults):
 
     def held_checkpoints(self, outcome: str) -> frozenset[str]:
         return frozenset({"stable"})  # a larger budget's run of the same LR and seed forks from it
+
+
+def report_part() -> Any:
+    """Its part of the report (lmtune.searches.horizon.report.SECTION, a ReportPart), imported only when the report asks
+    for it: a sweep loads none of it."""
+    from lmtune.searches.horizon.report import SECTION
+
+    return SECTION

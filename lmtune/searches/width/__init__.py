@@ -5,7 +5,7 @@ lmtune.searches.width.conclusion; the fit: lmtune.searches.width.conclusion)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
@@ -26,7 +26,13 @@ NO_GAIN_UP_TO_RATIO = 4.0  # (2x on the built-in corpus; 4x on real text, where 
 class WidthStrategy(DecidingDefaults):
     settings: WidthSettings
 
+    name: ClassVar[str] = WidthSearch.name
+    keys: ClassVar[frozenset[str]] = frozenset({"width", "params"})
+    settings_class: ClassVar[type] = WidthSettings
+    settings_section: ClassVar[tuple[str, type]] = ("width", WidthSettings)
     search_class: ClassVar[type] = WidthSearch
+    whole_budget_only: ClassVar[bool] = WidthSearch.whole_budget_only
+    axis_columns: ClassVar[tuple[str, ...]] = WidthSearch.axis_columns
 
     @classmethod
     def parse_settings(cls, section: JsonValue, fail: Fail) -> WidthSettings:
@@ -74,3 +80,11 @@ class WidthStrategy(DecidingDefaults):
 
     def expected_trials(self) -> tuple[int, int]:
         return self.settings.expected_trials(len(self.settings.widths)), 0
+
+
+def report_part() -> Any:
+    """Its part of the report (lmtune.searches.width.report.SECTION, a ReportPart), imported only when the report asks
+    for it: a sweep loads none of it."""
+    from lmtune.searches.width.report import SECTION
+
+    return SECTION
