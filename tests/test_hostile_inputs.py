@@ -33,7 +33,7 @@ from lmtune.data import prepare as data_prepare
 from lmtune.data.batches import BatchSampler
 from lmtune.data.tokenizer import MAX_PIECE_BYTES
 from lmtune.errors import LmtuneError
-from lmtune.searches import grid
+from lmtune.searches.grid import settings as grid
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.spaces import load_space
 

@@ -112,10 +112,12 @@ def _modules_holding_lr(calls: list[tuple[str, str]]):
     return lambda: sys.settrace(on_call), lambda: sys.settrace(None)
 
 
-def test_an_lr_from_a_space_file_reaches_the_optimizer_through_five_modules_held_to_its_rule_once(tmp_path):
+def test_an_lr_from_a_space_file_reaches_the_optimizer_through_six_modules_held_to_its_rule_once(tmp_path):
     """The route of lmtune.run: the space file read and checked, Tune's grid, the trial's order at the trainable's
     door (lmtune.sweep.trainable, run by Tune in a trial's process: counted, not traced here), its run config and
-    the optimizer built from it."""
+    the optimizer built from it. Six: the grid search's folder (its strategy, and its section's parse in its
+    settings module, as every search's folder holds them), the trial's order, the trainable, the run config and
+    its code record."""
     import torch
 
     from lmtune.sweep.spaces import load_space
@@ -137,6 +139,6 @@ def test_an_lr_from_a_space_file_reaches_the_optimizer_through_five_modules_held
     stop()
     assert optimizer.param_groups[0]["lr"] == LR
     modules = {m for m, _ in parsed + trial} | {"lmtune.sweep.trainable"}
-    assert len(modules) <= 5, sorted(modules)
+    assert len(modules) <= 6, sorted(modules)
     assert ("lmtune.training.config", "check_setting") in parsed  # held to its rule where it entered ...
     assert not [f for _, f in trial if f in ("check_setting", "broken_rule", "validate", "apply_overrides")]  # once
