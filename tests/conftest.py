@@ -56,6 +56,17 @@ SERIAL_RAY_FILES = frozenset({
     "test_horizon_sweep.py", "test_width_sweep.py", "test_fused_sweep.py", "test_hostile_part6_surfaces.py"})
 
 
+# Fixtures that run a real sweep (Ray and training): a test using one, directly or through another fixture, is an
+# end-to-end test, marked slow wherever its file is (the inner loop, -m "not slow", leaves it to the full suite).
+SWEEP_FIXTURES = frozenset({"quick_sweep"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SWEEP_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """xdist's scheduler by scope, a scope being a test file or, for SERIAL_RAY_FILES, all of them together (the

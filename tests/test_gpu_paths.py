@@ -312,6 +312,7 @@ def test_the_inductor_backend_compiles_the_quick_models_step_on_the_cpu_and_trai
     assert result.summary["compiled"] and math.isfinite(result.summary["best_val_loss"]) and train
 
 
+@pytest.mark.slow  # (trains on the CPU in bf16, which it emulates: a minute)
 def test_a_compiled_fused_group_losing_members_recompiles_at_most_log2_k_times(make_tiny_config, tmp_path,
                                                                                counting_backend):
     """One member ends at every log interval: eager the tensors would shrink each time (and a compiled
@@ -345,6 +346,7 @@ def _quick(make_tiny_config, precision: str, lr: float):
                             lr=lr)
 
 
+@pytest.mark.slow  # (trains on the CPU in bf16, which it emulates: a minute)
 def test_the_quick_model_trains_in_bf16_as_in_float32_with_qk_norm_and_z_loss(make_tiny_config, tmp_path):
     from lmtune.training.loop import train
 
@@ -356,6 +358,7 @@ def test_the_quick_model_trains_in_bf16_as_in_float32_with_qk_norm_and_z_loss(ma
     assert math.isfinite(losses["bf16"]) and abs(losses["bf16"] - losses["fp32"]) < BF16_TOLERANCE
 
 
+@pytest.mark.slow  # (trains on the CPU in bf16, which it emulates: a minute)
 def test_a_fused_group_trains_in_bf16_as_in_float32(make_tiny_config, tmp_path):
     from lmtune.fused.loop import train_fused
 
