@@ -11,6 +11,8 @@ import errno
 import json
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,34 @@ def link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
+
+
+def remove_tree(folder: Path) -> None:
+    """``folder`` and all below it removed (errors ignored), a Ctrl-C meanwhile delivered once it is done.
+
+    Why: CPython's ``shutil.rmtree`` closes a directory's descriptor in a ``finally``; a KeyboardInterrupt raised
+    just after its first close makes it close the descriptor again, and the EBADF OSError that escapes replaces
+    the interrupt (a second Ctrl-C during Tune's last save ended a sweep with a traceback instead of status 130).
+    """
+    with _sigint_deferred():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """SIGINT noted while the block runs and raised again, to the handler before it, when the block ends (only
+    the main thread can set handlers; elsewhere the block just runs)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before if before is not None else signal.default_int_handler)
+        if came:
+            signal.raise_signal(signal.SIGINT)
 
 
 def existing_ancestor(path: Path) -> Path:

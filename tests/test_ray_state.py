@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,3 +207,25 @@ def test_the_backup_callback_pickled_with_the_tuner_comes_back_without_its_memor
     saved(backup, staging, sweep, trials=1)
     restored = pickle.loads(pickle.dumps(backup))
     assert restored.sweep_dir == sweep and restored._saved is None
+
+
+def test_a_ctrl_c_while_the_backup_removes_an_older_save_comes_as_ctrl_c_once_it_is_gone(sweep, staging,
+                                                                                        monkeypatch):
+    # CPython's rmtree cut by KeyboardInterrupt closes a descriptor twice and raises EBADF instead (a CI run's
+    # second Ctrl-C during Tune's last save ended the sweep with that traceback, not status 130).
+    sweep.mkdir(parents=True)
+    backup = RayStateBackup(sweep)
+    saved(backup, staging, sweep, trials=3)
+    older = newest_set(sweep)
+    removing = shutil.rmtree
+
+    def ctrl_c_meanwhile(path, *args, **kwargs):
+        if Path(path) == older:
+            signal.raise_signal(signal.SIGINT)
+        removing(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", ctrl_c_meanwhile)
+    with pytest.raises(KeyboardInterrupt):
+        saved(backup, staging, sweep, trials=5)
+    assert not older.exists()
+    assert len(trials_in(newest_set(sweep) / STATE)) == 5

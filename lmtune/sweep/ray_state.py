@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import pickletools
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 from ray import tune
 
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_bytes, link_or_copy
+from lmtune.files import atomic_write_bytes, link_or_copy, remove_tree
 from lmtune.private_apis import experiment_staging_dir
 from lmtune.searches.state import decisions_dir
 
@@ -129,7 +128,7 @@ def write_set(sweep_dir: Path, files: dict[str, bytes], trial_folders: Sequence[
     root = backup_dir(sweep_dir)
     name = f"{SET_PREFIX}{os.getpid()}-{number:08d}"
     building = root / f".{name}"
-    shutil.rmtree(building, ignore_errors=True)
+    remove_tree(building)
     building.mkdir(parents=True)
     for file_name, data in files.items():
         (building / file_name).write_bytes(data)  # (the folder is renamed into place once whole)
@@ -142,7 +141,7 @@ def write_set(sweep_dir: Path, files: dict[str, bytes], trial_folders: Sequence[
         if older.name == name:
             continue
         if older.is_dir():
-            shutil.rmtree(older, ignore_errors=True)
+            remove_tree(older)
         else:
             older.unlink(missing_ok=True)
     return root / name

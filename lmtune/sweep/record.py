@@ -24,7 +24,6 @@ import glob
 import json
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 
 from lmtune.analysis.runs import Outcome
 from lmtune.errors import LmtuneError
-from lmtune.files import JsonObject, atomic_write_json, writer_lock
+from lmtune.files import JsonObject, atomic_write_json, remove_tree, writer_lock
 from lmtune.searches.state import decisions_dir
 from lmtune.searches.trial_order import ORDER_KEYS, TuneParams
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
@@ -116,7 +115,7 @@ def sole_writer(sweep_dir: Path, *, new: bool) -> Iterator[threading.Event]:
             yield started
     finally:
         if new and not started.is_set():
-            shutil.rmtree(sweep_dir, ignore_errors=True)
+            remove_tree(sweep_dir)
             for folder in made[1:]:  # the folders above it this start made, where nothing else was put since
                 with contextlib.suppress(OSError):
                     folder.rmdir()
