@@ -201,3 +201,12 @@ def test_the_reports_row_of_a_largest_batch_variant_says_its_batch_and_what_it_f
     big = compare_variants({"reference": runs(0.01, 2.0), "big": runs(0.01, 2.0)}, settings, BUDGET).variants[1]
     assert _row(big, is_reference=False)[1] == ("batch_size 20 (50 steps) (the largest that fits this cuda's "
                                                 "71.4 GiB usable)")
+
+
+def test_a_variants_tokens_count_a_continued_runs_copied_rows_once():
+    # an ASHA-cut run at 30k tokens, continued by another to the full 100k: 100k trained in all, not 130k
+    cut = Run(0.01, 0, "coarse", 100_000, 100_000, "stopped_early", 30_000, {30_000: 2.5}, trial_id="cut")
+    continued = Run(0.01, 0, "refine", 100_000, 100_000, "completed", 100_000, {100_000: 2.0},
+                    continue_from="cut", continued_tokens=30_000)
+    change = [*runs(0.01, 2.0, lrs=(0.005, 0.02)), cut, continued]
+    assert result(change).variants[1].tokens == 6 * 100_000 + 100_000

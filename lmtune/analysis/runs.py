@@ -158,6 +158,8 @@ class Run:
     trial_id: str = ""
     continue_from: str | None = None
     """The trial id of the (ASHA-cut) run this one continues: that run's rows are the first of this one's."""
+    continued_tokens: int = 0
+    """Tokens of those first rows, which the run it continues trained (0 for a run of its own)."""
     baseline: float | None = None
     """The data's unigram baseline (Budget.unigram_loss): ending no better than it, the run did not train."""
 
@@ -168,6 +170,11 @@ class Run:
     @property
     def diverged(self) -> bool:
         return self.outcome == "diverged"
+
+    @property
+    def spent_tokens(self) -> int:
+        """Tokens this run itself trained: ``tokens`` less the rows it copied from the run it continues."""
+        return max(self.tokens - self.continued_tokens, 0)
 
     @property
     def full(self) -> bool:

@@ -56,7 +56,8 @@ def record_runs(records: Sequence[TrialRecord], budget: Budget) -> list[Pair]:
                   run_tokens, None if outcome == "running" else outcome, tokens_trained(record) or 0,
                   {int(t): float(v) for t, v in zip(tokens, val, strict=True)}, others,
                   spikes=tuple(spikes_of(record)), trial_id=record.trial_id,
-                  continue_from=record.continue_from, baseline=budget.unigram_loss)
+                  continue_from=record.continue_from, continued_tokens=record.continued_from_tokens,
+                  baseline=budget.unigram_loss)
         if run.diverged:
             run.divergence, run.diverged_tokens = divergence_of(record, run, budget_tokens // max(steps or 1, 1))
         pairs.append((run, record))

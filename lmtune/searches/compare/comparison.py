@@ -184,7 +184,7 @@ def compare_variants(runs_by_variant: dict[str, Sequence[Run]], settings: Compar
         conclusion = conclude([r for r in runs if r.stage != AT_REFERENCE], vbudget)
         concluded.append((variant, vbudget, runs, conclusion))
     _, _, _, reference = concluded[0]
-    results = [VariantResult(variant, vbudget, conclusion, len(runs), sum(r.tokens for r in runs),
+    results = [VariantResult(variant, vbudget, conclusion, len(runs), sum(r.spent_tokens for r in runs),
                              None if i == 0 else at_lr(runs, reference.best_lr),
                              None if i == 0 else difference(conclusion, reference,
                                                             pooled_spread(full_budget_ranking(runs), conclusion.best)))
