@@ -82,16 +82,25 @@ def test_each_member_of_a_fused_group_gets_its_own_lr(checked):
 
 
 LR = 0.00123457  # a value no default holds, so that where it travels can be told by value
+# Where the LR travels from a space file to the optimizer's param group (the trainable counted: Tune runs it)...
+ROUTE_TO_OPTIMIZER = ("lmtune.searches.grid", "lmtune.searches.grid.settings", "lmtune.training.config",
+                      "lmtune.searches.trial_order", "lmtune.sweep.trainable", "lmtune.training.code",
+                      "lmtune.training.loop", "lmtune.training.schedule", "lmtune.training.step")
+# ... and where the run records it on the way (config.json, the schedule's figure, metrics.csv's lr column).
+RECORDING = ("lmtune.files", "lmtune.training.figures", "lmtune.training.metrics", "lmtune.training.metric_registry")
+ROUTE = ROUTE_TO_OPTIMIZER + RECORDING
 
 
-def _modules_holding_lr(calls: list[tuple[str, str]]):
+def _modules_holding_lr(calls: list[tuple[str, str]], stepped: list[float] | None = None):
     """A tracer recording (module, function) of each lmtune call whose locals hold LR (or a flat list, tuple or
-    dict holding it) when it returns."""
+    dict holding it; a schedule's peak may differ from it in the last bit) when it returns, and into ``stepped``
+    the first param group's LR after each training step."""
+    import math
     import sys
 
     def holds(value, depth=0) -> bool:
         if isinstance(value, float):
-            return value == LR
+            return math.isclose(value, LR, rel_tol=1e-12)
         if depth == 0 and isinstance(value, (list, tuple)):
             return any(holds(v, 1) for v in value)
         if depth == 0 and isinstance(value, dict):
@@ -106,39 +115,43 @@ def _modules_holding_lr(calls: list[tuple[str, str]]):
         def on_return(f, e, _a):
             if e == "return" and any(holds(v) for v in f.f_locals.values()):
                 calls.append((module, f.f_code.co_name))
+            if e == "return" and stepped is not None and f.f_code.co_name == "train_step":
+                stepped.append(f.f_locals["state"].optimizer.param_groups[0]["lr"])
             return on_return
         return on_return
 
     return lambda: sys.settrace(on_call), lambda: sys.settrace(None)
 
 
-def test_an_lr_from_a_space_file_reaches_the_optimizer_through_six_modules_held_to_its_rule_once(tmp_path):
-    """The route of lmtune.run: the space file read and checked, Tune's grid, the trial's order at the trainable's
-    door (lmtune.sweep.trainable, run by Tune in a trial's process: counted, not traced here), its run config and
-    the optimizer built from it. Six: the grid search's folder (its strategy, and its section's parse in its
-    settings module, as every search's folder holds them), the trial's order, the trainable, the run config and
-    its code record."""
-    import torch
+def test_an_lr_from_a_space_file_reaches_the_optimizer_as_train_runs_through_nine_modules_and_four_that_record_it(
+        tmp_path, make_tiny_config):
+    """The route of lmtune.run, traced as it runs: the space file read and checked, Tune's grid expanded by Tune's own
+    variant generator, the trial's order at the trainable's door (lmtune.sweep.trainable, run by Tune in a trial's
+    process: counted, not traced here; the rest is what it calls, as it calls it), its run config, the training
+    spec, and ``train()`` for a few steps until the optimizer's param group holds the LR: nine modules on the way
+    (ROUTE_TO_OPTIMIZER) and four that record it (RECORDING), thirteen in all."""
+    from ray.tune.search.variant_generator import generate_variants
 
     from lmtune.sweep.spaces import load_space
-    from lmtune.training.spec import LMTUNE
-    from lmtune.training.state import build_optimizer
+    from lmtune.training.loop import train
+    from lmtune.usercode.spec import spec_for
 
     (tmp_path / "s.yaml").write_text(f"search: grid\nbudget: quick\nparams:\n  lr: [{LR!r}, 0.01]\n")
-    parsed, trial = [], []
+    parsed, trial, stepped = [], [], []
     start, stop = _modules_holding_lr(parsed)
     start()
     space = load_space(str(tmp_path / "s.yaml"))
-    params = {"lr": space.strategy.param_space(1)["lr"]["grid_search"][0]}  # (Tune's grid, expanded by hand)
     stop()
-    base = budget_config("quick", {**space.fixed, "d_model": 16, "d_ff": 32, "n_heads": 2, "vocab_size": 64})
-    start, stop = _modules_holding_lr(trial)
+    _, params = next(generate_variants(space.strategy.param_space(1)))  # (Tune's grid: its first point)
+    base = make_tiny_config(**space.fixed, steps=4, warmup_steps=1, log_interval=2, eval_interval=4,
+                            checkpoint_interval=4)
+    start, stop = _modules_holding_lr(trial, stepped)
     start()
     config = TrialOrder.from_tune(params).run_config(base, "trial t", checked=True)
-    optimizer = build_optimizer(LMTUNE.model.build(config, torch.device("cpu")), config, torch.device("cpu"))
+    train(config, tmp_path / "run", spec=spec_for(config))
     stop()
-    assert optimizer.param_groups[0]["lr"] == LR
+    assert stepped and max(stepped) == pytest.approx(LR, rel=1e-12)  # the param group at the schedule's peak
     modules = {m for m, _ in parsed + trial} | {"lmtune.sweep.trainable"}
-    assert len(modules) <= 6, sorted(modules)
+    assert sorted(modules) == sorted(ROUTE)
     assert ("lmtune.training.config", "check_setting") in parsed  # held to its rule where it entered ...
     assert not [f for _, f in trial if f in ("check_setting", "broken_rule", "validate", "apply_overrides")]  # once
