@@ -13,8 +13,7 @@ import torch
 
 from lmtune.fused.optim import clip_member_gradients
 from lmtune.fused.state import FusedState
-from lmtune.training.lm import block_parameters
-from lmtune.training.step import Runtime, layer_update_ratios, snapshot_layers
+from lmtune.training.step import Runtime, StepMeasure
 
 
 @dataclass
@@ -43,13 +42,11 @@ def fused_train_step(state: FusedState, runtime: Runtime, x: torch.Tensor, y: to
         total = losses.detach().clone() if total is None else total + losses.detach()
     loss = total / micro_batches
     update = state.compiled_update or clip_and_update
-    blocks = block_parameters(state.model.stacked) if measure else []
-    before = snapshot_layers(blocks) if measure else None
+    probe = StepMeasure(state.model.stacked, members=True) if measure else None
     norms, finite = update(state, loss, lrs.to(loss.dtype))
     state.optimizer.zero_grad()
     state.step += 1
-    measured = {"update_ratio": layer_update_ratios(blocks, before, members=True)} if measure else {}
-    return MemberStepResult(loss, norms, finite, measured)
+    return MemberStepResult(loss, norms, finite, probe.after() if probe else {})
 
 
 @torch.no_grad()

@@ -7,11 +7,11 @@ place that handles rows reads them from here: metrics.csv's header and which of 
 figure (lmtune.report.figures.plot_instability). A key no metric names is refused (``UnregisteredMetric``),
 never dropped.
 
-Adding a metric: a ``Metric`` below, and the code that measures it. A step that measures it at log steps
-puts a device tensor under its name in ``StepResult.measured`` (lmtune.training.step) and
-``MemberStepResult.measured`` (lmtune.fused.step): shape () or, for a per-layer family, (n_layers,); a fused
-step's carry the members first, (K,) or (K, n_layers). The interval meter reads those tensors to the host
-with the row (one transfer), nothing else changes.
+Adding a metric: a ``Metric`` below, and the code that measures it. One a step measures at log steps goes in
+``StepMeasure.after`` (lmtune.training.step), which both loops' steps call (a single model's and a fused
+group's): a device tensor under its name, shape () or, for a per-layer family, (n_layers,); a fused group's
+carry the members first, (K,) or (K, n_layers). The interval meter reads those tensors to the host with the row
+(one transfer), nothing else changes.
 """
 
 from __future__ import annotations

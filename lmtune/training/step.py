@@ -116,13 +116,28 @@ def train_step(state: TrainState, runtime: Runtime, x: torch.Tensor, y: torch.Te
     if runtime.sync_is_free and not bool(finite):
         state.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss, grad_norm, finite, applied=False)
-    blocks = block_parameters(state.model) if measure else []
-    before = snapshot_layers(blocks) if measure else None
+    probe = StepMeasure(state.model) if measure else None
     state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
     state.step += 1
-    measured = {"update_ratio": layer_update_ratios(blocks, before)} if measure else {}
-    return StepResult(loss, grad_norm, finite, applied=True, measured=measured)
+    return StepResult(loss, grad_norm, finite, applied=True, measured=probe.after() if probe else {})
+
+
+class StepMeasure:
+    """What a log step measures of the step itself, taken around its update: made before the update, ``after()``
+    once it landed. The one place a step metric is measured, for both loops' steps (this module's and
+    lmtune.fused.step's, whose model carries the members first: ``members``); its column is a Metric of
+    lmtune.training.metric_registry."""
+
+    def __init__(self, model: nn.Module, members: bool = False) -> None:
+        self.blocks = block_parameters(model)
+        self.before = snapshot_layers(self.blocks)
+        self.members = members
+
+    def after(self) -> dict[str, torch.Tensor]:
+        """Each metric by its registered name, on the device (no host sync): shape () or (n_layers,), (K,) or
+        (K, n_layers) with ``members``."""
+        return {"update_ratio": layer_update_ratios(self.blocks, self.before, self.members)}
 
 
 def forward_backward(runtime: Runtime, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> torch.Tensor:
