@@ -17,12 +17,11 @@ from lmtune.usercode.spec import UserModel, UserSchedule, spec_for
 
 # Where "is it the user's code?" may be asked: the code record that defines it, the spec modules and the user's side.
 MAY_ASK = ("lmtune/training/code.py", "lmtune/training/spec.py", "lmtune/usercode/")
-# Issue 58 item 3's leftovers: modules outside training that still ask, each to go (not to grow). The report reads
-# a recorded fact (summary.json's ModelFacts.user_model) for its wording; the sweep lets a worker run the next trial
-# unless a user's model's builds share state (lmtune.usercode.checks' finding, which the spec module cannot import
-# without a cycle).
-STILL_ASK = {"lmtune/sweep/experiment.py", "lmtune/report/markdown/model.py", "lmtune/report/sweep_facts.py",
-             "lmtune/report/figures.py", "lmtune/report/summary.py"}
+# Issue 58 item 3's leftovers: modules outside training that still ask, each to go (not to grow). The report words a
+# user's model as "your ..." from a recorded fact (sweep.json's --model, summary.json's ModelFacts.user_model); what
+# it measured (the attention-logit probe) it reads from the trials' metrics, and the sweep asks the spec whether a
+# worker may run the next trial (ModelSpec.builds_share_state).
+STILL_ASK = {"lmtune/report/markdown/model.py", "lmtune/report/sweep_facts.py", "lmtune/report/summary.py"}
 ASKING = {"user_model", "is_lmtune_model"}
 
 
@@ -74,3 +73,11 @@ def test_the_fingerprint_a_resume_checks_is_the_users_models_parameters_and_none
     wider = make_tiny_config(code=user_model("example"), d_model=64, d_ff=128)
     assert spec_for(wider).model.fingerprint(wider) != fingerprint
     assert LMTUNE.model.fingerprint(make_tiny_config()) == ""
+
+
+def test_the_spec_says_whether_a_models_builds_share_state_so_a_worker_may_run_the_next_trial(make_tiny_config):
+    assert not LMTUNE.model.builds_share_state(make_tiny_config())
+    assert not spec_for(make_tiny_config(code=user_model("example"))).model.builds_share_state(
+        make_tiny_config(code=user_model("example")))
+    shared = make_tiny_config(code=user_model("shared_rope.py:CachedRopeLM"))
+    assert spec_for(shared).model.builds_share_state(shared)

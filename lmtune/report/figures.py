@@ -336,8 +336,8 @@ def _broken(f: FigureInputs) -> bool:
 def _draw_instability(f: FigureInputs, path: Path) -> Path:
     best = next((t for t in f.trials if t.trial_id == f.summary.best_trial), None)
     model = f.facts.model
-    user = model is not None and model.user_model
-    return plot_instability(f.trials, best, path, "not measured for this model" if user else "not logged")
+    unreachable = model is not None and model.attention_logits_measured is False
+    return plot_instability(f.trials, best, path, "not measured for this model" if unreachable else "not logged")
 
 
 # The report's figures, in the order the report lists them (after its search section's own): each one's file name

@@ -115,7 +115,7 @@ class ModelFacts:
     name: str
     """lmtune's TransformerLM, or the user's --model spec with its arguments."""
     user_model: bool
-    """Whether it is the user's model (lmtune cannot see inside its attention: no attention-logit probe)."""
+    """Whether it is the user's model (sweep.json's --model): the report's wording ("your ...") alone."""
     params_non_embedding: int | None = None
     params_total: int | None = None
     flops_per_token: float | None = None
@@ -123,13 +123,12 @@ class ModelFacts:
     """Whether the FLOPs (and so MFU) are estimated from the parameters' shapes (a user's model whose count failed)."""
     flops_counted: bool = False
     """Whether the FLOPs were counted by torch's FlopCounterMode over one forward and backward (a user's model)."""
-
-    @property
-    def attention_logits_measured(self) -> bool:
-        return not self.user_model
+    attention_logits_measured: bool | None = None
+    """Whether its trials logged the attention-logit probe (a model whose layers lmtune reaches: its spec's
+    ``exposes_layers``), read from their metrics; None: no trial logged a row yet."""
 
     def to_json(self) -> JsonObject:
-        return {**asdict(self), "attention_logits_measured": self.attention_logits_measured}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

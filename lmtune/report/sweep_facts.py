@@ -9,11 +9,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
+
 from lmtune.analysis.runs import AshaBudget, Budget
 from lmtune.data.dataset import data_unigram_loss, describe_validation, read_meta
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.report.stability import TrialRecord, budget_tokens, tokens_spent
+from lmtune.report.stability import TrialRecord, budget_tokens, column, tokens_spent
 from lmtune.report.summary import ModelFacts
 from lmtune.sweep.plan import asha_budget
 from lmtune.sweep.record import read_json_object
@@ -143,6 +145,21 @@ def search_description(record: SweepRecord, trials: list[TrialRecord]) -> str:
     return "\n\n".join(lines)
 
 
+ATTENTION_LOGITS = "attn_logit_max"  # (lmtune.training.metric_registry: the probe of a model whose layers it reaches)
+
+
+def attention_logits_measured(trials: Sequence[TrialRecord]) -> bool | None:
+    """Whether the trials logged the attention-logit probe, read from their metrics (None: no trial logged a row)."""
+    if not any(_logged(t, "train_loss") for t in trials):
+        return None
+    return any(_logged(t, ATTENTION_LOGITS) for t in trials)
+
+
+def _logged(trial: TrialRecord, name: str) -> bool:
+    values = column(trial, name)
+    return values is not None and bool(np.isfinite(values).any())
+
+
 def model_facts(record: SweepRecord, trials: Sequence[TrialRecord]) -> ModelFacts | None:
     """The model the sweep trained: its name from sweep.json, its size from the first trial's summary.json that
     records one (a width search's trials differ in size: the first one's)."""
@@ -154,4 +171,4 @@ def model_facts(record: SweepRecord, trials: Sequence[TrialRecord]) -> ModelFact
     flops = size.get("flops_per_token")
     return ModelFacts(code.describe(), code.user_model, size.get("params_non_embedding"), size.get("params_total"),
                       float(flops) if isinstance(flops, int | float) else None, bool(size.get("flops_estimated")),
-                      bool(size.get("flops_counted")))
+                      bool(size.get("flops_counted")), attention_logits_measured(trials))

@@ -34,7 +34,7 @@ def _size(model: ModelFacts) -> str:
 
 
 def _measured(model: ModelFacts) -> str:
-    if model.attention_logits_measured:
+    if model.attention_logits_measured is not False:  # (measured, or no row logged yet)
         return ""
     return (" Its attention logits are not measured for this model (lmtune cannot see inside its attention): the "
             "stability probes are the gradient norm, the output logits and each block's relative update size.")
