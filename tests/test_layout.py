@@ -224,6 +224,23 @@ def test_no_layer_imports_a_layer_above_it():
     assert not upward, upward
 
 
+def test_two_packages_import_each_other_only_where_a_searchs_folder_holds_its_report_part():
+    """Package by package, imports go one way, but for the searches and the report: a search's folder keeps its
+    part of the report beside its strategy (one folder and one registry line per search, docs/contributing.md), and
+    those report modules import the report's parts while the report imports the searches' registry and states."""
+    package = {m: m.split(".")[1] for m in import_graph() if len(m.split(".")) > 1}
+    edges = {(package[m], package[t]): (m, t) for m, targets in import_graph().items() for t in targets
+             if m in package and t in package and package[m] != package[t]}
+    both_ways = sorted(tuple(sorted(pair)) for pair in edges if pair[::-1] in edges)
+    assert set(both_ways) <= {("report", "searches")}, both_ways
+    from_search_folders = [m for m, targets in import_graph().items() if m.startswith("lmtune.searches.")
+                           for t in targets if t.startswith("lmtune.report")]
+    assert from_search_folders and all(m.split(".")[-1].startswith(SEARCH_REPORT_PREFIX)
+                                       for m in from_search_folders), from_search_folders
+    assert not [m for m, targets in import_graph().items() if m.startswith("lmtune.searches.")
+                for t in targets if t.startswith("lmtune.sweep")]
+
+
 def test_every_package_and_every_top_level_module_has_a_layer_or_is_a_command():
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"search_spaces"}  # (data, no code)
     modules = {p.stem for p in PACKAGE.glob("*.py")}

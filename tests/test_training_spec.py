@@ -12,6 +12,7 @@ from test_layout import PACKAGE, REPO, import_graph
 from lmtune.errors import LmtuneError
 from lmtune.training.config import RunConfig
 from lmtune.training.spec import LMTUNE, lmtune_spec
+from lmtune.usercode.checks import builds_share_state
 from lmtune.usercode.config import UserCode
 from lmtune.usercode.spec import UserModel, UserSchedule, spec_for
 
@@ -19,8 +20,8 @@ from lmtune.usercode.spec import UserModel, UserSchedule, spec_for
 MAY_ASK = ("lmtune/training/code.py", "lmtune/training/spec.py", "lmtune/usercode/")
 # Issue 58 item 3's leftovers: modules outside training that still ask, each to go (not to grow). The report words a
 # user's model as "your ..." from a recorded fact (sweep.json's --model, summary.json's ModelFacts.user_model); what
-# it measured (the attention-logit probe) it reads from the trials' metrics, and the sweep asks the spec whether a
-# worker may run the next trial (ModelSpec.builds_share_state).
+# it measured (the attention-logit probe) it reads from the trials' metrics, and the sweep asks the user's code's
+# checks whether a worker may run the next trial (lmtune.usercode.checks.builds_share_state).
 STILL_ASK = {"lmtune/report/markdown/model.py", "lmtune/report/sweep_facts.py", "lmtune/report/summary.py"}
 ASKING = {"user_model", "is_lmtune_model"}
 
@@ -75,9 +76,7 @@ def test_the_fingerprint_a_resume_checks_is_the_users_models_parameters_and_none
     assert LMTUNE.model.fingerprint(make_tiny_config()) == ""
 
 
-def test_the_spec_says_whether_a_models_builds_share_state_so_a_worker_may_run_the_next_trial(make_tiny_config):
-    assert not LMTUNE.model.builds_share_state(make_tiny_config())
-    assert not spec_for(make_tiny_config(code=user_model("example"))).model.builds_share_state(
-        make_tiny_config(code=user_model("example")))
-    shared = make_tiny_config(code=user_model("shared_rope.py:CachedRopeLM"))
-    assert spec_for(shared).model.builds_share_state(shared)
+def test_whether_a_worker_may_run_the_next_trial_is_the_user_codes_finding(make_tiny_config):
+    assert not builds_share_state(make_tiny_config())
+    assert not builds_share_state(make_tiny_config(code=user_model("example")))
+    assert builds_share_state(make_tiny_config(code=user_model("shared_rope.py:CachedRopeLM")))

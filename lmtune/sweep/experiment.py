@@ -45,7 +45,7 @@ from lmtune.training.config import RunConfig, budget_config
 from lmtune.training.device import resolve_device
 from lmtune.training.loop import resolve_config
 from lmtune.training.memory import check_fits
-from lmtune.usercode.checks import check_code
+from lmtune.usercode.checks import builds_share_state, check_code
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING, UserCode
 from lmtune.usercode.consent import check_recorded_files, recorded_files
 from lmtune.usercode.spec import spec_for
@@ -181,7 +181,7 @@ def reuses_workers(plan: SweepPlan) -> bool:
     """TuneConfig's reuse_actors for the plan: a finished trial's worker process runs the next trial, with no process
     start and imports per trial (seconds each, more than a short trial's training on a CPU). Not for a user's model
     whose builds share state (a module-level cache): the next trial would start from what the last one left there."""
-    return not spec_for(plan.base).model.builds_share_state(plan.base)
+    return not builds_share_state(plan.base)
 
 
 def plan_scheduler(plan: SweepPlan, recorder: OutcomeRecorder | None = None, state_path: Path | None = None,

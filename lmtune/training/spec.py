@@ -60,10 +60,6 @@ class ModelSpec(Protocol):
     def plain_attention(self, model: nn.Module) -> None:
         """Args: model: one it built, switched to attention torch can differentiate twice (no fused kernel)."""
 
-    def builds_share_state(self, config: RunConfig) -> bool:
-        """Args: config: the run. Whether one build leaves state the next build in the same process starts from (a
-        module-level cache), so that a worker process must not train another trial after one."""
-
 
 class OptimizerSpec(Protocol):
     """How a run builds its optimizer over lmtune's param groups."""
@@ -127,9 +123,6 @@ class LmtuneModel:
     def plain_attention(self, model: nn.Module) -> None:
         for block in model.blocks:
             block.attn.use_sdpa = False
-
-    def builds_share_state(self, config: RunConfig) -> bool:
-        return False
 
 
 class AdamW:

@@ -220,6 +220,13 @@ def _shared_tensors(first: nn.Module, second: nn.Module) -> list[str]:
     return sorted(name for pointer, name in storages(first).items() if pointer in theirs)
 
 
+def builds_share_state(config: RunConfig) -> bool:
+    """Whether one build of ``config``'s model leaves state the next build in the same process starts from (a
+    module-level cache of the user's model, which check_model found), so that a worker process must not train
+    another trial after one. lmtune's own model shares nothing."""
+    return config.code.user_model and bool(check_model(config).shared)
+
+
 def fusing_refusal(config: RunConfig) -> str | None:
     """Why ``config``'s model cannot train as a fused group (None: it can). lmtune's own model always fuses; a
     user's must run under torch.func.vmap, share nothing between builds, and train with lmtune's AdamW (a fused

@@ -83,11 +83,6 @@ class UserModel:
     def plain_attention(self, model: nn.Module) -> None:
         """A user's model runs as written."""
 
-    def builds_share_state(self, config: RunConfig) -> bool:
-        from lmtune.usercode.checks import check_model  # (checks builds through spec_for: imported when asked)
-
-        return check_model(config).shared
-
 
 @dataclasses.dataclass(frozen=True)
 class UserOptimizer:

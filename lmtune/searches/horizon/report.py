@@ -48,7 +48,7 @@ class HorizonSection:
         the target yet), every trial's row, and the horizon's own results
         (lmtune.searches.horizon.report_conclusion)."""
         plan = sweep.record.plan  # (a horizon search's record has its plan: its settings came from it)
-        settings, base = horizon_settings(plan), Budget.of_run(plan.base, None, plan.unigram_loss)
+        settings, base = horizon_settings(plan.space.strategy), Budget.of_run(plan.base, None, plan.unigram_loss)
         pairs = record_runs(sweep.trials, base)  # every trial as a run, once: each budget's are among them
         result = horizon_summary([run for run, _ in pairs], settings, base)
         at = next((b for b in reversed(result.budgets) if records_at(sweep.trials, b.value, base)), None)

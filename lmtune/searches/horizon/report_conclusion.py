@@ -19,10 +19,10 @@ from lmtune.files import JsonObject
 from lmtune.report.stability import TrialRecord
 from lmtune.searches.axis.axis import PointConclusion
 from lmtune.searches.axis.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
+from lmtune.searches.base import SearchStrategy
 from lmtune.searches.horizon import HorizonStrategy
 from lmtune.searches.horizon.budgets import conclude_horizon
 from lmtune.searches.horizon.settings import HorizonSettings
-from lmtune.sweep.plan import SweepPlan
 
 # The per-budget keys of lmtune.analysis.conclusion.Conclusion.to_json the report carries for each budget.
 BUDGET_KEYS = ("best_lr", "best_lr_mean_loss", "best_lr_spread", "best_lr_seeds", "best_lr_seed_losses",
@@ -30,9 +30,8 @@ BUDGET_KEYS = ("best_lr", "best_lr_mean_loss", "best_lr_spread", "best_lr_seeds"
                "divergence_lr", "ranking")
 
 
-def horizon_settings(plan: SweepPlan | None) -> HorizonSettings | None:
-    """The horizon search's settings of a sweep's plan (None: not a horizon search, or no plan recorded)."""
-    strategy = plan.space.strategy if plan is not None else None
+def horizon_settings(strategy: SearchStrategy) -> HorizonSettings | None:
+    """The horizon search's settings of a sweep's plan's ``strategy`` (None: not a horizon search)."""
     return strategy.settings if isinstance(strategy, HorizonStrategy) else None
 
 

@@ -68,7 +68,7 @@ class WidthSection:
         plan = sweep.record.plan  # (a width search's record has its plan: its settings came from it)
         target = Budget.of_run(plan.base, None, plan.unigram_loss)
         pairs = record_runs(sweep.trials, target)  # every trial as a run, once: each width's are among them
-        settings = width_settings(plan)
+        settings = width_settings(plan.space.strategy)
         result = width_summary([run for run, _ in pairs], settings, plan.base, sweep.sweep_dir)
         widths = [*sorted(settings.widths), plan.base.model.d_model]
         result = replace(result, coord=sweep_coord_check(sweep.sweep_dir, plan.base, widths))

@@ -19,11 +19,11 @@ from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
 from lmtune.searches.axis.axis import PointConclusion
 from lmtune.searches.axis.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
+from lmtune.searches.base import SearchStrategy
 from lmtune.searches.width import WidthStrategy
 from lmtune.searches.width.conclusion import WidthFit, conclude_widths, runs_at_width
 from lmtune.searches.width.report_coord import SweepCoordCheck
 from lmtune.searches.width.settings import WidthSettings, proxy_shape
-from lmtune.sweep.plan import SweepPlan
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.usercode.spec import flops_per_token, model_size
 
@@ -31,9 +31,8 @@ from lmtune.usercode.spec import flops_per_token, model_size
 SHAPE_KEYS = ("d_model", "d_ff", "n_heads")
 
 
-def width_settings(plan: SweepPlan | None) -> WidthSettings | None:
-    """The width search's settings of a sweep's plan (None: not a width search, or no plan recorded)."""
-    strategy = plan.space.strategy if plan is not None else None
+def width_settings(strategy: SearchStrategy) -> WidthSettings | None:
+    """The width search's settings of a sweep's plan's ``strategy`` (None: not a width search)."""
     return strategy.settings if isinstance(strategy, WidthStrategy) else None
 
 
