@@ -225,7 +225,11 @@ def test_a_ctrl_c_while_the_backup_removes_an_older_save_comes_as_ctrl_c_once_it
         removing(path, *args, **kwargs)
 
     monkeypatch.setattr(shutil, "rmtree", ctrl_c_meanwhile)
-    with pytest.raises(KeyboardInterrupt):
-        saved(backup, staging, sweep, trials=5)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C's, whatever an earlier test left)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            saved(backup, staging, sweep, trials=5)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert not older.exists()
     assert len(trials_in(newest_set(sweep) / STATE)) == 5
