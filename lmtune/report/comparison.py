@@ -17,6 +17,7 @@ import numpy as np
 from lmtune.analysis.named_lrs import interpolated
 from lmtune.analysis.runs import INTERRUPTED, Budget, Run, effective_runs
 from lmtune.report.stability import (
+    ATTENTION_LOGITS,
     TrialRecord,
     classify,
     column,
@@ -225,7 +226,7 @@ def logit_growth(pairs: Sequence[Pair], best: TrialRecord | None,
     """Trials that did not diverge but whose largest attention logit exceeded ``threshold``: by LR, the
     largest value any of its trials reached (and the best trial's, for scale)."""
     def peak(record: TrialRecord) -> float | None:
-        values = column(record, "attn_logit_max")
+        values = column(record, ATTENTION_LOGITS)
         if values is None or not np.isfinite(values).any():
             return None
         return float(np.nanmax(np.abs(values[np.isfinite(values)])))

@@ -100,12 +100,21 @@ def budget_tokens(config: RunConfig | None) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # Curve access
 
+# The attention-logit probe's column (lmtune.training.metric_registry): logged by a model whose layers lmtune reaches.
+ATTENTION_LOGITS = "attn_logit_max"
+
 
 def column(record: TrialRecord, name: str) -> np.ndarray | None:
     """A curve column as float64 (None -> NaN), or None when the trial did not log it."""
     if name not in record.curve.columns:
         return None
     return pd.to_numeric(record.curve[name], errors="coerce").to_numpy(dtype=np.float64)
+
+
+def logged(record: TrialRecord, name: str) -> bool:
+    """Whether the trial logged a finite value of column ``name``."""
+    values = column(record, name)
+    return values is not None and bool(np.isfinite(values).any())
 
 
 def val_points(record: TrialRecord) -> tuple[np.ndarray, np.ndarray]:

@@ -9,13 +9,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import numpy as np
-
 from lmtune.analysis.runs import AshaBudget, Budget
 from lmtune.data.dataset import data_unigram_loss, describe_validation, read_meta
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.report.stability import TrialRecord, budget_tokens, column, tokens_spent
+from lmtune.report.stability import ATTENTION_LOGITS, TrialRecord, budget_tokens, logged, tokens_spent
 from lmtune.report.summary import ModelFacts
 from lmtune.sweep.plan import asha_budget
 from lmtune.sweep.record import read_json_object
@@ -145,19 +143,11 @@ def search_description(record: SweepRecord, trials: list[TrialRecord]) -> str:
     return "\n\n".join(lines)
 
 
-ATTENTION_LOGITS = "attn_logit_max"  # (lmtune.training.metric_registry: the probe of a model whose layers it reaches)
-
-
 def attention_logits_measured(trials: Sequence[TrialRecord]) -> bool | None:
     """Whether the trials logged the attention-logit probe, read from their metrics (None: no trial logged a row)."""
-    if not any(_logged(t, "train_loss") for t in trials):
+    if not any(logged(t, "train_loss") for t in trials):
         return None
-    return any(_logged(t, ATTENTION_LOGITS) for t in trials)
-
-
-def _logged(trial: TrialRecord, name: str) -> bool:
-    values = column(trial, name)
-    return values is not None and bool(np.isfinite(values).any())
+    return any(logged(t, ATTENTION_LOGITS) for t in trials)
 
 
 def model_facts(record: SweepRecord, trials: Sequence[TrialRecord]) -> ModelFacts | None:
