@@ -355,12 +355,16 @@ def assert_refused(main: Callable[[list[str]], int], argv: list[str], capsys, *f
     return assert_one_line_error(code, capsys.readouterr().err, *fragments)
 
 
-def read_wandb_runs(folder: Path) -> list[dict]:
+def _read_wandb_logs(folder: Path) -> list[dict]:
     """The offline W&B runs under ``folder`` (WANDB_MODE=offline writes wandb/offline-run-*/run-*.wandb),
     each as {"history": [rows], "summary": {...}, "config": {...}}, read from wandb's own log.
 
     The .wandb file is wandb's record log (LevelDB's log format: 32 KiB blocks of records with a
     7-byte header, checksum, length and type) of protobuf Records; wandb >= 0.19 ships no Python reader.
+
+    wandb-core writes the log in a process of its own and may still be writing it when ``run.finish()`` has returned
+    (a run's history record came after the read on a loaded machine): each log is read once it holds the run's exit
+    record, waited for up to ``EXIT_WAIT_S``.
     """
     import json
     import struct
@@ -393,8 +397,25 @@ def read_wandb_runs(folder: Path) -> list[dict]:
                 config = record.run.config if kind_name == "run" else record.config
                 run["config"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json)
                                       for i in config.update})
+            run["ended"] = run.get("ended", False) or kind_name == "exit"
         runs.append(run)
     return runs
+
+
+EXIT_WAIT_S = 60.0
+
+
+def read_wandb_runs(folder: Path) -> list[dict]:
+    """The offline W&B runs under ``folder`` as _read_wandb_logs reads them, once each log holds its exit record."""
+    import time
+
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while True:
+        runs = _read_wandb_logs(folder)
+        ended = [run.pop("ended", False) for run in runs]
+        if all(ended) or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------------------------------
