@@ -125,14 +125,18 @@ def test_bisection_probes_train_the_full_budget_and_only_confirmations_skip_earl
     assert all(t.get("early_stop", True) == (t["stage"] != "confirm") for t in sweep.trials)
 
 
-def test_the_coarse_lrs_above_the_best_that_asha_cut_are_continued_from_their_own_runs():
+def test_the_coarse_lrs_above_the_best_that_asha_cut_are_continued_from_their_own_runs_never_restarted():
     grid = sorted(float(f"{lr:.4g}") for lr in coarse_lrs(0.012, 1.9, EdgeSettings())[0])  # the range test's
     above = [lr for lr in grid if 0.012 < lr < THRESHOLD]
     search, sweep = finished_search(sweep=SimulatedSweep(cut={round(lr, 6): 0 for lr in above}))
     coarse = {t["trial_id"]: t["lr"] for t in sweep.trials if t["stage"] == "coarse"}
     continued = [t for t in sweep.trials if t["stage"] in ("landscape", "refine") and t.get("continue_from")]
-    assert sorted(t["lr"] for t in continued) == above and len(above) == 2
+    # the best's coarse neighbour (3.16x) bounds nothing the refinement's 2x and 4x do not: it stays cut
+    assert [t["lr"] for t in continued] == [above[1]] and len(above) == 2
     assert all(coarse[t["continue_from"]] == t["lr"] for t in continued)
+    restarted = [t for t in sweep.trials if t["stage"] != "coarse" and t.get("lr") in above and t["seed"] == 0
+                 and not t.get("continue_from")]
+    assert restarted == []
 
 
 def test_the_landscape_bisects_the_cut_lrs_above_the_best_until_the_failing_end_lies_between_two():
@@ -150,7 +154,8 @@ def test_the_diverged_end_is_retrained_without_early_stopping_and_the_conclusion
     search, sweep = finished_search()
     c = search.conclusion()
     confirms = [t for t in sweep.trials if t["stage"] == "confirm"]
-    assert [t["lr"] for t in confirms] == [c["failing_lr"]] and confirms[0]["early_stop"] is False
+    assert [t["lr"] for t in confirms if t["lr"] != c["failing_lr_low"]] == [c["failing_lr"]]
+    assert all(t["early_stop"] is False for t in confirms)
     assert c["edge_confirmation"]["confirmed"]
     (end,) = c["edge_confirmation"]["diverged_end"]
     assert end["stage"] == "confirm" and end["decided_at_tokens"] == WINDOW_STEPS * 1024
@@ -357,13 +362,17 @@ def test_a_lower_lr_that_asha_cut_within_the_margin_of_its_rungs_leader_is_rerun
     assert [lr for lr, _ in chosen] == [0.003] and "within 2.9%" in chosen[0][1]
 
 
-def test_refinement_reruns_the_best_lrs_coarse_neighbours_that_asha_cut_since_they_bound_the_best():
+def test_refinement_bounds_the_best_within_its_factor_and_measures_the_costs_at_2x_and_4x():
     best = run(0.01, {18432: 6.13, 165888: 5.60})
-    below, above = run(0.003162, {18432: 6.4}, "stopped_early"), run(0.03162, {18432: 6.0}, "stopped_early")
-    runs = [best, below, above]
-    lrs = refine_lrs(full_budget_ranking(runs)[0], runs, None, EdgeSettings(), BUDGET)
-    assert 0.003162 in lrs and 0.03162 in lrs  # the same LRs exactly, so their rungs line up
-    assert all(0.003 <= lr <= 0.032 for lr in lrs) and 0.01 not in lrs
+    lrs = refine_lrs(full_budget_ranking([best])[0], [best], None, EdgeSettings(refine_points=2), BUDGET)
+    assert lrs == pytest.approx([0.005, 0.02, 0.04])
+
+
+def test_refinement_uses_a_cut_coarse_lr_it_lands_on_exactly_so_that_its_run_is_continued():
+    best = run(0.01, {18432: 6.13, 165888: 5.60})
+    near_4x = run(0.03981, {18432: 6.0}, "stopped_early")
+    lrs = refine_lrs(full_budget_ranking([best])[0], [best, near_4x], None, EdgeSettings(refine_points=2), BUDGET)
+    assert 0.03981 in lrs and not any(lr == pytest.approx(0.04) for lr in lrs)  # the rungs line up
 
 
 def test_refinement_leaves_out_lrs_another_stage_already_queued():
@@ -396,7 +405,7 @@ def test_settings_no_search_could_use_are_refused_naming_the_key(key, value, fra
         EdgeSettings(**{key: value}).validate()
 
 
-def test_with_two_trials_at_a_time_the_landscape_continues_the_middle_and_the_highest_cut_lr_together():
+def test_with_two_trials_at_a_time_the_landscape_continues_only_the_middle_cut_lr_and_the_refinement_fills_the_other():
     grid = sorted(float(f"{lr:.4g}") for lr in coarse_lrs(0.012, 1.9, EdgeSettings())[0])
     cut = [lr for lr in grid if lr > 0.012]
     search = EdgeSearch(EdgeSettings(), BUDGET, max_pending=2)
@@ -405,5 +414,44 @@ def test_with_two_trials_at_a_time_the_landscape_continues_the_middle_and_the_hi
     assert search.finished
     candidates = [lr for lr in cut if lr > 0.012 * EdgeSettings().coarse_ratio * 1.02]
     first = next(d for d in search.decisions if d.stage == "landscape")
-    assert first.lrs == [candidates[2], candidates[3]]  # the middle of four and the highest, in one round
+    assert first.lrs == [candidates[2]]
+    after_coarse = [t["stage"] for t in sweep.trials if t["stage"] not in ("range", "coarse")]
+    assert after_coarse[:2] == ["landscape", "refine"]
 
+
+def test_a_bisection_probe_trains_one_seed_and_only_the_stable_end_gets_the_edge_seeds():
+    search, sweep = finished_search()
+    c = search.conclusion()
+    probes = [(t["lr"], t["seed"]) for t in sweep.trials if t["stage"] == "bisect"]
+    assert probes and all(seed == 0 for _, seed in probes)
+    stable_seeds = {r.seed for r in search.runs.values() if r.lr == c["failing_lr_low"] and r.trained_through()}
+    assert stable_seeds == {0, 1}
+    failed_seeds = {r.seed for r in search.runs.values() if r.lr == c["failing_lr"]}
+    assert failed_seeds == {0}
+
+
+def test_while_nothing_failed_the_highest_cut_coarse_lr_is_probed_below_not_continued():
+    """The top coarse LR's cut run is continued only if every probe below it trains through: here the first
+    probe between the largest LR that trained and it fails, so that run is never continued."""
+    grid = sorted(float(f"{lr:.4g}") for lr in coarse_lrs(0.012, 1.9, EdgeSettings())[0])
+    cut = [lr for lr in grid if lr > 0.012]
+    search, sweep = finished_search(sweep=SimulatedSweep(cut={round(lr, 6): 0 for lr in cut}))
+    continued = {t["lr"] for t in sweep.trials if t.get("continue_from")}
+    assert max(cut) not in continued
+    c = search.conclusion()
+    assert c["failing_lr_low"] < THRESHOLD <= c["failing_lr"] < max(cut)
+
+
+def test_a_best_lr_at_the_bottom_of_the_full_budget_runs_gets_one_below_it_before_the_seeds():
+    """The optimum below the refinement (ASHA let only the range test's guess train through, and cut the coarse
+    LRs below it early, when larger LRs lead): the refinement's lowest LR wins, so one more LR below bounds it."""
+    grid = sorted(float(f"{lr:.4g}") for lr in coarse_lrs(0.012, 1.9, EdgeSettings())[0])
+    sweep = SimulatedSweep(cut={round(lr, 6): 0 for lr in grid if not 0.01 < lr < 0.013})
+    sweep.loss = lambda lr, tokens, seed: (2.0 + 0.5 * math.log(lr / 0.003) ** 2 + seed * 0.002
+                                           + 3.0 * math.exp(-tokens * lr ** 0.5 / 2000))
+    search, _ = finished_search(sweep=sweep)
+    bounds = [d for d in search.decisions if d.stage == "refine" and "bounds it" in d.why]
+    assert bounds and bounds[0].why.startswith("the best full-budget LR")
+    ranking = full_budget_ranking(list(search.runs.values()))
+    best = search.conclusion()["best_lr"]
+    assert any(r.lr < best for r in ranking) and any(r.lr > best for r in ranking)

@@ -31,8 +31,9 @@ class EdgeStrategy(DecidingDefaults):
                  "for seed)") if e.seeds > 1 else ""
         return (f"edge search: an LR range test, a coarse grid {e.coarse_ratio:g}x apart under early stopping, "
                 "the coarse LRs above the best continued to the full budget, bisection of where training fails "
-                f"(full-budget probes) to a bracket ratio <= {e.tolerance:g} with a rule-judged diverged end "
-                f"retrained without early stopping, refinement within {e.refine_factor:g}x of the best LR{seeds}")
+                f"(full-budget probes on one seed, {e.edge_seeds} seeds at the stable end) to a bracket ratio <= "
+                f"{e.tolerance:g} with a rule-judged diverged end retrained without early stopping, refinement "
+                f"within {e.refine_factor:g}x of the best LR and at 2x and 4x it{seeds}")
 
     def asha_stages(self) -> frozenset[str]:
         return ASHA_STAGES
@@ -45,9 +46,10 @@ class EdgeStrategy(DecidingDefaults):
     def expected_trials(self) -> tuple[int, int]:
         s = self.settings
         # The widest coarse grid the range test's bounds allow (each coarse run may be cut and held), a few
-        # bisection rounds on edge_seeds seeds, the refinement and the extra seeds of the best LRs.
+        # one-seed bisection probes, the stable end's further seeds, the refinement (its points, the costs at 2x
+        # and 4x, a bound beyond the best) and the extra seeds of the best LRs.
         coarse = math.ceil(math.log(s.range_max_lr * s.coarse_above / s.range_min_lr) / math.log(s.coarse_ratio)) + 1
-        return 1 + coarse + 4 * s.edge_seeds + s.refine_points + 2 + s.seed_lrs * (s.seeds - 1), coarse
+        return 1 + coarse + 4 + s.edge_seeds + s.refine_points + 3 + s.seed_lrs * (s.seeds - 1), coarse
 
     def held_checkpoints(self, outcome: str) -> frozenset[str]:
         # An LR that ASHA cut may be continued to the full budget (landscape, refine) from its newest checkpoint.

@@ -13,18 +13,22 @@ The stages, in one sweep:
 3. **landscape**: the coarse LRs above the best's coarse neighbour that ASHA cut are continued from their last
    checkpoint to the full budget one at a time, by bisection over them, until the failing end lies between two
    neighbouring coarse LRs: its first bracket for about log2 of their number continuations (the LRs left out only
-   said how bad the loss is far above the best; the refinement continues the best's coarse neighbour, for the
-   useful range and the cost of 2x and 4x).
-4. **bisect**: full-budget probes, ``edge_seeds`` seeds each, between the largest LR whose every run
-   trained through its budget and the smallest one at which a run diverged, until their ratio is at most
-   ``tolerance``. Divergence is failure to recover (lmtune.training.divergence); the stopper may end a
-   probe early only on that evidence.
-5. **confirm**: the bracket's stable end gets the seeds it lacks (a landscape LR has one), and a diverged
-   end that only the stopper's rule judged is trained again without any early stop; a seed that fails at
-   the stable end moves the bracket down, a diverged end that recovers moves it up, and bisection goes on.
-6. **refine**: LRs within ``refine_factor`` of the best full-budget LR and its coarse neighbours, to the
-   full budget (a cut coarse LR is continued, not restarted); and every LR below it that ASHA cut within
-   ``rerun_margin`` of its rung's leader.
+   said how bad the loss is far above the best). The highest cut LR is not continued while nothing has failed:
+   bisection probes the middle between it and the largest LR that trained through instead, and where that probe
+   fails, the highest LR's run would have decided nothing.
+4. **bisect**: full-budget probes on the first seed, between the largest LR whose every run trained through its
+   budget (or, while nothing has failed, the highest cut coarse LR above it) and the smallest one at which a run
+   failed, until their ratio is at most ``tolerance``. One failing seed places the edge below a probe, so a
+   failed probe needs no second seed; the seeds every stable end needs are the confirmation's. Divergence is
+   failure to recover (lmtune.training.divergence); the stopper may end a probe early only on that evidence.
+5. **confirm**: the bracket's stable end gets the ``edge_seeds`` it lacks, and a diverged end that only the
+   stopper's rule judged is trained again without any early stop; a seed that fails at the stable end moves the
+   bracket down, a diverged end that recovers moves it up, and bisection goes on.
+6. **refine**: the best full-budget LR's neighbours ``refine_factor`` apart and the multiples of it whose cost the
+   report states (2x and 4x: the useful range), to the full budget (a cut coarse LR is continued, not restarted);
+   every LR below it that ASHA cut within ``rerun_margin`` of its rung's leader; and, where the best is then the
+   lowest (highest) LR trained at the full budget, one more ``refine_factor`` below (above) it, so that the best
+   is bounded on both sides.
 7. **seeds**: the best ``seed_lrs`` LRs again with further seeds; then any LR that beats the crowned best
    seed for seed gets the same seeds before the crown is settled (lmtune.analysis.runs.crown).
 
@@ -36,8 +40,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from lmtune.analysis.bracket import bisect_lrs, bracket, needs_confirmation
+from lmtune.analysis.bracket import Bracket, bisect_lrs, bracket, needs_confirmation
 from lmtune.analysis.conclusion import conclude
+from lmtune.analysis.named_lrs import COST_AT
 from lmtune.analysis.runs import SAME_LR, Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
 from lmtune.searches.deciding import DecidingSearch, Decision, Planned
@@ -49,6 +54,8 @@ ASHA_STAGES = frozenset({"coarse"})  # the only stage ASHA may cut
 NO_EARLY_STOP_STAGES = frozenset({"confirm"})  # the stopper's divergence rule leaves these alone
 # Bisection rounds before the search gives up on a bracket that keeps moving (noise near the edge).
 MAX_BISECT_ROUNDS = 12
+# Refinement LRs planned one at a time beyond a best LR that no full-budget LR bounds on one side.
+MAX_BOUND_ROUNDS = 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,6 +101,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         self.bisect_rounds = 0
         self.extensions = 0
         self.seed_rounds = 0
+        self.bound_rounds = 0
         self.landscape_done = False
 
     # -- what Tune asks and tells ------------------------------------------------------------
@@ -147,7 +155,8 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         if "refine" not in started:
             self._refine()
         elif "seeds" not in started and not self._busy("refine"):
-            self._seeds()
+            if not self._bound_best():
+                self._seeds()
         elif "seeds" in started and not self._busy("seeds") and not self._busy("refine"):
             self._reseed()
         if not self.queue and not self._busy() and "seeds" in started and self._bracket_settled() \
@@ -179,7 +188,8 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         """The next cut coarse LR above the best's coarse neighbour to continue to the full budget, by bisection
         over those LRs (the middle one of those still between the largest that trained through and the smallest
         that failed); done when no cut LR is left between them: the failing end's first bracket, two coarse LRs
-        apart, for about log2 of their number continuations instead of all of them."""
+        apart, for about log2 of their number continuations instead of all of them. While nothing has failed, the
+        highest cut LR is left to bisection (``_edge``): a fresh probe below it that fails makes its run moot."""
         if self._busy("landscape"):
             return
         best, _ = crown(full_budget_ranking(self._lr_runs()))
@@ -190,19 +200,19 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         low = max(above, edge.stable_lr or 0.0)
         cut = {lr: tid for lr, tid in self._cut_runs().items()
                if low < lr and (edge.diverged_lr is None or lr < edge.diverged_lr) and not self._continued(lr)}
-        if not cut:
-            self._end_landscape(f"no coarse LR above the best ({best.lr:.3g}) and its coarse neighbour is left to "
-                                "continue between those that trained through and those that failed")
-            return
         lrs = sorted(cut)
-        # The middle one; with a second slot free, the highest too (above the edge it often fails, and early), so
-        # that a sweep of two trials at a time spends no round with one core idle.
-        picked = sorted({lrs[len(lrs) // 2], *([lrs[-1]] if self.max_pending > 1 else [])})
-        self._plan("landscape", [Planned("landscape", lr, self.budget.seed, continue_from=cut[lr]) for lr in picked],
-                   f"lr {', '.join(f'{lr:.3g}' for lr in picked)}: the middle (and the highest) of the {len(lrs)} "
-                   "coarse LRs ASHA cut between the best's neighbour (or the largest LR that trained through) and the "
-                   "smallest that failed, continued from their last checkpoints to the full budget: the failing end's "
-                   "first bracket by bisection over the coarse grid")
+        if edge.diverged_lr is None:
+            lrs = lrs[:-1]  # the highest: the ceiling bisection probes below (see _ceiling)
+        if not lrs:
+            self._end_landscape(f"no coarse LR above the best ({best.lr:.3g}) and its coarse neighbour is left to "
+                                "continue between those that trained through and those that failed (the highest "
+                                "ASHA cut, while none failed, is left to a bisection probe below it)")
+            return
+        lr = lrs[len(lrs) // 2] if edge.diverged_lr is not None else lrs[min(len(cut) // 2, len(lrs) - 1)]
+        self._plan("landscape", [Planned("landscape", lr, self.budget.seed, continue_from=cut[lr])],
+                   f"lr {lr:.3g}: the middle of the {len(cut)} coarse LRs ASHA cut between the best's neighbour (or "
+                   "the largest LR that trained through) and the smallest that failed, continued from its last "
+                   "checkpoint to the full budget: the failing end's first bracket by bisection over the coarse grid")
 
     def _end_landscape(self, why: str) -> None:
         self.landscape_done = True
@@ -234,14 +244,36 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
             return not self._unconfirmed(edge)
         return (edge.diverged_lr is None or edge.stable_lr is None) and self.extensions >= self.settings.max_extensions
 
+    def _ceiling(self, stable_lr: float) -> tuple[float, str] | None:
+        """The highest coarse LR, above ``stable_lr``, that ASHA cut and no stage continued (lr, its trial id): while
+        nothing has failed, the upper end bisection probes below instead of continuing it (the landscape's
+        leftover)."""
+        above = {lr: tid for lr, tid in self._cut_runs().items()
+                 if lr > stable_lr * SAME_LR and not self._continued(lr)}
+        return max(above.items()) if above else None
+
     def _edge(self) -> None:
         """The next bisection probe or confirmation run, when the bracket needs one and none is under way."""
-        if self._busy("bisect") or self._busy("confirm") or self._bracket_settled():
+        if self._busy("bisect") or self._busy("confirm") or self._busy("landscape") or self._bracket_settled():
             return
         runs = self._lr_runs()
         edge = bracket(runs)
         tried = sorted({r.lr for r in runs})
-        if edge.diverged_lr is None:
+        ceiling = self._ceiling(edge.stable_lr) if edge.diverged_lr is None and edge.stable_lr is not None else None
+        if ceiling is not None:
+            lr, trial_id = ceiling
+            below = Bracket(edge.stable_lr, lr)
+            if below.resolved(self.settings.tolerance):
+                self._plan("landscape", [Planned("landscape", lr, self.budget.seed, continue_from=trial_id)],
+                           f"lr {lr:.3g}, the highest coarse LR ASHA cut, continued from its last checkpoint to the "
+                           f"full budget: every LR up to {edge.stable_lr:.3g}, {below.ratio:.2f}x below it, trained "
+                           "through", first=True)
+                return
+            lrs = bisect_lrs(below, self.settings.bisect_points)
+            self.bisect_rounds += 1
+            why = (f"nothing failed up to {edge.stable_lr:.3g}; between it and {lr:.3g}, the highest coarse LR ASHA "
+                   "cut (not continued: where a probe below it fails, its run decides nothing)")
+        elif edge.diverged_lr is None:
             lrs = [max(tried) * self.settings.coarse_ratio ** 2]
             why = f"no LR diverged up to {max(tried):.3g}: a probe further up"
             self.extensions += 1
@@ -263,10 +295,10 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
             self._plan("confirm", pending, "; ".join(why), first=True)
             return
         if not any(d.stage == "bisect" for d in self.decisions):
-            why += (f" (probes train the full budget with {self.settings.edge_seeds} seeds each; the stopper ends "
-                    "one early only if it cannot recover)")
-        seeds = [self.budget.seed + k for k in range(self.settings.edge_seeds)]
-        self._plan("bisect", [Planned("bisect", lr, seed) for lr in lrs for seed in seeds], why, first=True)
+            why += (" (probes train the full budget on the first seed: one seed that fails places the edge below "
+                    f"a probe; the stable end gets {self.settings.edge_seeds} seeds when the bracket is resolved; "
+                    "the stopper ends a probe early only if it cannot recover)")
+        self._plan("bisect", [Planned("bisect", lr, self.budget.seed) for lr in lrs], why, first=True)
 
     def _refine(self) -> None:
         runs = self._lr_runs()
@@ -279,15 +311,39 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         lrs = refine_lrs(best, runs, edge.diverged_lr, self.settings, self.budget, queued)
         reruns = rerun_lrs(best, runs, self.settings, self.budget)
         why = (f"{len(lrs)} LRs around the best full-budget LR {best.lr:.3g} (val {best.mean:.4f}): within "
-               f"{self.settings.refine_factor:g}x of it, and its coarse neighbours {self.settings.coarse_ratio:g}x "
-               "away to bound it; trained to the full budget without early cuts (a coarse LR ASHA cut is "
-               "continued from its last checkpoint)")
+               f"{self.settings.refine_factor:g}x of it to bound it, and "
+               f"{' and '.join(f'{f}x' for f in COST_AT)} it, the costs of going higher the report states; trained "
+               "to the full budget without early cuts (a coarse LR ASHA cut is continued from its last checkpoint)")
         if reruns:
             why += "; re-run to the full budget: " + "; ".join(reason for _, reason in reruns)
         extra = [lr for lr, _ in reruns if not any(same_lr(lr, x) for x in lrs)]
         cut = self._cut_runs()
         planned = [Planned("refine", lr, self.budget.seed, continue_from=cut.get(lr)) for lr in sorted(lrs + extra)]
         self._plan("refine", planned, why)
+
+    def _bound_best(self) -> bool:
+        """Where the best full-budget LR is the lowest (highest) LR trained to the full budget, one more LR
+        ``refine_factor`` below (above) it, so that a full-budget run bounds it on both sides; True if planned."""
+        runs = self._lr_runs()
+        ranking = full_budget_ranking(runs)
+        best, _ = crown(ranking)
+        if best is None or self.bound_rounds >= MAX_BOUND_ROUNDS:
+            return False
+        lrs = [r.lr for r in ranking if r.others == best.others]
+        factor, failing = self.settings.refine_factor, bracket(runs).diverged_lr
+        if best.lr <= min(lrs):
+            side, lr = "below", best.lr / factor
+        elif best.lr >= max(lrs) and (failing is None or best.lr * factor < failing):
+            side, lr = "above", best.lr * factor
+        else:
+            return False
+        self.bound_rounds += 1
+        lr = float(f"{lr:.4g}")
+        self._plan("refine", [Planned("refine", lr, self.budget.seed, continue_from=self._cut_runs().get(lr))],
+                   f"the best full-budget LR {best.lr:.3g} (val {best.mean:.4f}) is the "
+                   f"{'lowest' if side == 'below' else 'highest'} LR trained to the full budget: lr {lr:.3g}, "
+                   f"{factor:g}x {side} it, bounds it")
+        return True
 
     def _seeds(self) -> None:
         ranking = full_budget_ranking(self._lr_runs())
@@ -332,12 +388,13 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         return {**super().to_json(), "range": asdict(self.range) if self.range else None,
                 "start": asdict(self.start) if self.start else None,
                 "bisect_rounds": self.bisect_rounds, "extensions": self.extensions, "seed_rounds": self.seed_rounds,
-                "landscape_done": self.landscape_done}
+                "bound_rounds": self.bound_rounds, "landscape_done": self.landscape_done}
 
     def _restore(self, data: JsonObject) -> None:
         self.range = RangeFinding(**data["range"]) if data.get("range") else None
         self.start = WarmStart(**data["start"]) if data.get("start") else None
         self.bisect_rounds, self.extensions = data["bisect_rounds"], data["extensions"]
         self.seed_rounds = data.get("seed_rounds", 0)
+        self.bound_rounds = data.get("bound_rounds", 0)
         # (a search saved before the landscape went top down had planned all of it at once)
         self.landscape_done = data.get("landscape_done", any(d["stage"] == "landscape" for d in data["decisions"]))

@@ -8,6 +8,7 @@ import math
 import sys
 from dataclasses import dataclass
 
+from lmtune.analysis.named_lrs import COST_AT
 from lmtune.analysis.runs import Budget, LrResult, Run, format_tokens, same_lr
 from lmtune.errors import LmtuneError
 from lmtune.searches.base import MAX_SEEDS, failed_checks
@@ -43,14 +44,16 @@ class EdgeSettings:
     tolerance: float = 1.25
     """Bisection ends when smallest diverged LR / largest LR trained through <= this."""
     edge_seeds: int = 2
-    """Seeds each bisection probe trains, and that must all train through at the bracket's stable end: the
-    edge is where any seed fails (it moves from seed to seed; one seed would hide that)."""
+    """Seeds that must all train through at the bracket's stable end: the edge is where any seed fails (it moves
+    from seed to seed; one seed would hide that). A bisection probe trains the first seed only: one failing seed
+    already places the edge below it, and the stable end's further seeds are the confirmation's."""
     bisect_points: int = 1
     """Probes per bisection round (1: halve the bracket in log-LR; k: cut it into k + 1 parts)."""
     refine_factor: float = 2.0
     """Refinement LRs lie within best / refine_factor .. best x refine_factor."""
     refine_points: int = 4
-    """Refinement LRs (log-spaced, half below and half above the best)."""
+    """Refinement LRs (log-spaced, half below and half above the best), besides the multiples of the best whose
+    cost the report states (lmtune.analysis.named_lrs.COST_AT: 2x and 4x)."""
     rerun_margin: float = 0.05
     """An LR below the best that ASHA cut is re-run to the full budget when its val loss at its last
     rung was within this fraction of that rung's best."""
@@ -200,13 +203,14 @@ def warm_lrs(best_lr: float, stable_lr: float | None, diverged_lr: float | None,
 
 def refine_lrs(best: LrResult, runs: list[Run], edge_lr: float | None, settings: EdgeSettings,
                budget: Budget, queued: tuple[float, ...] = ()) -> list[float]:
-    """refine_points LRs log-spaced within best / refine_factor .. best x refine_factor, and the coarse
-    grid's neighbours of the best (best / coarse_ratio, best x coarse_ratio: they bound where the best
-    LR can lie, and ASHA may have cut them early), leaving out LRs at or above a known divergence and
-    LRs that already have (or will have: ``queued``) a full-budget run at the first seed."""
+    """refine_points LRs log-spaced within best / refine_factor .. best x refine_factor, and the multiples of
+    the best whose cost the report states (COST_AT: the useful range's 2x and 4x, measured rather than
+    interpolated across the coarse grid's gaps), leaving out LRs at or above a known divergence and LRs that
+    already have (or will have: ``queued``) a full-budget run at the first seed. A coarse LR within SAME_LR of one
+    is used exactly (so that a run ASHA cut there is continued and the rungs line up)."""
     half = settings.refine_points // 2
     candidates = [best.lr * settings.refine_factor ** (k / half) for k in range(-half, half + 1) if k] if half else []
-    candidates += [best.lr / settings.coarse_ratio, best.lr * settings.coarse_ratio]
+    candidates += [best.lr * factor for factor in COST_AT]
     tried = sorted({r.lr for r in runs})
     covered = [r.lr for r in runs if _full_budget_at_first_seed(r, budget.seed)] + list(queued)
     chosen: list[float] = []
