@@ -186,3 +186,26 @@ def test_fused_members_under_wsd_follow_their_own_schedule_and_keep_their_stable
         assert [r["lr"] for r in rows] == pytest.approx([scheduled_lr(r["step"] - 1, t) for r in rows], rel=1e-6)
         assert any(r["step"] == t.fork_step for r in rows)
         assert load_checkpoint(out / "checkpoints" / STABLE_NAME)["step"] == t.fork_step
+
+
+def test_a_fused_group_attends_without_cudnns_kernel_which_does_not_compile_under_vmap(make_tiny_config, monkeypatch):
+    """On an H200 (torch 2.11) torch.compile of a fused group failed at aten._scaled_dot_product_cudnn_attention
+    under vmap and the group trained eager; with that kernel off inside the group's forward it compiled. The kernel
+    is off only there: a single model's SDPA keeps its choice."""
+    import lmtune.fused.model as fused_model
+
+    configs = _configs(make_tiny_config, lrs=LRS[:2])
+    state = FusedState.create(configs, torch.device("cpu"), spec=spec_for(configs[0]))
+    seen = []
+    real_vmap = fused_model.vmap
+
+    def recording_vmap(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real_vmap(*args, **kwargs)
+
+    monkeypatch.setattr(fused_model, "vmap", recording_vmap)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    x, y = _batches(configs[0], 1)[0]
+    losses = state.model(x, y)
+    assert seen == [False] and losses.shape == (2,)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -4,8 +4,9 @@ The model is the members' own class (lmtune's ``TransformerLM`` or the user's mo
 every parameter is held once per member, stacked along a new first dimension, and the model's own forward runs for
 all members at once under ``torch.func.vmap``, ``functional_call`` handing it each member's slice. Under vmap the
 linear layers become batched matmuls, the embedding one lookup and attention one SDPA call over the
-members' batches (CUDA's flash, memory-efficient and cuDNN kernels have vmap rules; CPU's flash kernel
-runs per member). No operation mixes members, so the gradient of their summed losses is each member's own.
+members' batches (CUDA's flash and memory-efficient kernels have vmap rules; CPU's flash kernel
+runs per member; cuDNN's is left out: it does not compile under vmap). No operation mixes members, so the gradient
+of their summed losses is each member's own.
 A user's model fuses where vmap can run its forward (lmtune.usercode.checks tries it before a sweep fuses one).
 
 The parameters keep the model's names, so ``member_state_dict(k)`` is an ordinary single-model state
@@ -20,6 +21,7 @@ import warnings
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lmtune.training.model import lm_loss
 from lmtune.training.spec import ModelSpec
@@ -27,6 +29,11 @@ from lmtune.training.spec import ModelSpec
 # CPU's flash attention has no vmap rule, so vmap runs it once per member and warns at every call; on the
 # quick model with 4 members that measured no slower than one SDPA call over the folded batch.
 warnings.filterwarnings("ignore", message=r".*batching rule for aten::_scaled_dot_product_flash_attention_for_cpu")
+# cuDNN's attention under vmap does not compile: on an H200 (torch 2.11+cu130) torch.compile of a fused group failed
+# at its first call ("expected Tensor() for op: torch.ops.aten._scaled_dot_product_cudnn_attention.default") and the
+# group trained eager. A fused group attends with the other kernels (dynamo traces sdpa_kernel; a single model keeps
+# whichever kernel SDPA picks).
+FUSED_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class FusedLM(nn.Module):
@@ -77,8 +84,9 @@ class FusedLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         batch_dim = None if idx.dim() == 2 else 0
-        return vmap(self._member_loss, in_dims=(0, batch_dim, batch_dim))(
-            dict(self.stacked.named_parameters()), idx, targets)
+        with sdpa_kernel(FUSED_SDPA_BACKENDS):
+            return vmap(self._member_loss, in_dims=(0, batch_dim, batch_dim))(
+                dict(self.stacked.named_parameters()), idx, targets)
 
     def _member_loss(self, params: dict[str, torch.Tensor], idx: torch.Tensor, targets: torch.Tensor):
         return lm_loss(functional_call(self.stacked, params, (idx,)), targets, self.z_loss)

@@ -58,6 +58,12 @@ def check_the_quick_model_trains_compiled_in_bf16_on_the_gpu(data_dir: Path, wor
     assert math.isfinite(result.summary["best_val_loss"]), f"best val loss {result.summary['best_val_loss']}"
 
 
+def synchronizations(warned: list[str]) -> list[str]:
+    """The warnings of torch's sync debug mode ("warn") that report a sync. Setting the mode itself warns that
+    "Synchronization debug mode is a prototype feature": no sync (counted as one, it failed this check on an H200)."""
+    return [m for m in warned if "synchroniz" in m.lower() and "debug mode is a prototype" not in m.lower()]
+
+
 def check_a_training_step_on_the_gpu_never_synchronizes(data_dir: Path, work: Path) -> None:
     from lmtune.training.state import TrainState
     from lmtune.training.step import Runtime, train_step
@@ -76,7 +82,7 @@ def check_a_training_step_on_the_gpu_never_synchronizes(data_dir: Path, work: Pa
             train_step(state, runtime, x, y, 2e-3, config.train)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    syncs = synchronizations([str(w.message) for w in caught])
     assert not syncs, f"a training step synchronized with the GPU {len(syncs)} time(s): {syncs[0]}"
 
 
