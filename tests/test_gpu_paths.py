@@ -587,7 +587,7 @@ def test_the_fused_optimizers_compiled_update_is_one_graph_that_trains_as_the_ea
 
 def test_the_sync_check_counts_a_reported_sync_but_not_torchs_warning_that_its_debug_mode_is_a_prototype():
     """On an H200 the check failed on the warning torch gives when the mode is set (issue: no sync had happened)."""
-    from lmtune.tools.cuda_checks import synchronizations
+    from lmtune.tools.throughput.loops import synchronizations
 
     prototype = ("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing "
                  "operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)")

@@ -22,6 +22,7 @@ import torch
 
 from lmtune.data.batches import BatchSampler, DeviceBatches
 from lmtune.errors import LmtuneError, cli_entry
+from lmtune.tools.throughput.loops import synchronizations
 from lmtune.training.config import RunConfig, budget_config
 
 # The checks' model and run: a few seconds on any GPU.
@@ -56,12 +57,6 @@ def check_the_quick_model_trains_compiled_in_bf16_on_the_gpu(data_dir: Path, wor
     assert result.summary["precision"] == expected, (f"precision=auto chose {result.summary['precision']}; "
                                                      f"expected {expected} on this GPU")
     assert math.isfinite(result.summary["best_val_loss"]), f"best val loss {result.summary['best_val_loss']}"
-
-
-def synchronizations(warned: list[str]) -> list[str]:
-    """The warnings of torch's sync debug mode ("warn") that report a sync. Setting the mode itself warns that
-    "Synchronization debug mode is a prototype feature": no sync (counted as one, it failed this check on an H200)."""
-    return [m for m in warned if "synchroniz" in m.lower() and "debug mode is a prototype" not in m.lower()]
 
 
 def check_a_training_step_on_the_gpu_never_synchronizes(data_dir: Path, work: Path) -> None:
