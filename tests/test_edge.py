@@ -451,7 +451,24 @@ def test_a_best_lr_at_the_bottom_of_the_full_budget_runs_gets_one_below_it_befor
                                            + 3.0 * math.exp(-tokens * lr ** 0.5 / 2000))
     search, _ = finished_search(sweep=sweep)
     bounds = [d for d in search.decisions if d.stage == "refine" and "bounds it" in d.why]
-    assert bounds and bounds[0].why.startswith("the best full-budget LR")
+    assert bounds and bounds[0].why.startswith("no full-budget LR below the best")
     ranking = full_budget_ranking(list(search.runs.values()))
     best = search.conclusion()["best_lr"]
     assert any(r.lr < best for r in ranking) and any(r.lr > best for r in ranking)
+
+
+def test_a_best_lr_interval_open_below_is_closed_by_continuing_the_cut_coarse_lr_between():
+    """0.005 (one seed) is within the best's noise, so nothing below the best is clearly worse: the coarse LR ASHA cut
+    between 0.005 / 2 and 0.005 is continued to close the interval; with a clearly worse LR below, nothing is."""
+    from lmtune.analysis.bracket import Bracket
+    from lmtune.searches.edge.settings import bound_lr
+
+    best = [run(0.01, {165888: v}, stage="seeds", seed=s) for s, v in enumerate((3.00, 3.02, 2.98))]
+    near = run(0.005, {165888: 3.01}, stage="refine")
+    worse_above = run(0.04, {165888: 3.5}, stage="refine")
+    ranking = full_budget_ranking(best + [near, worse_above])
+    bound = bound_lr(ranking[0], ranking, Bracket(1.0, 1.4), (0.003162,), EdgeSettings())
+    assert bound is not None and bound.lr == 0.003162 and "below" in bound.why
+    clearly_worse = run(0.003162, {165888: 3.6}, stage="refine")
+    ranking = full_budget_ranking(best + [near, worse_above, clearly_worse])
+    assert bound_lr(ranking[0], ranking, Bracket(1.0, 1.4), (), EdgeSettings()) is None

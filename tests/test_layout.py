@@ -481,7 +481,7 @@ def test_a_deciding_strategy_states_what_its_decisions_are():
         assert (strategy.name, strategy.settings_class) == (search.name, search.settings_class) == (
             name, strategy.settings_class), name
         assert (strategy.whole_budget_only, strategy.axis_columns) == (search.whole_budget_only, search.axis_columns)
-        assert {strategy.settings_section[0], "params"} <= strategy.keys, name
+        assert {strategy.section()[0], "params"} <= strategy.keys, name
 
 
 # Folders of lmtune/searches/ that hold an engine several searches build on, not a registered search of their own.

@@ -192,7 +192,7 @@ class DecidingDefaults(StrategyDefaults):
     settings (a dataclass, ``settings_class``, read from the space's section of its name), its decisions
     (``search_class``), no ``params``, ``owns`` set per trial itself, no param space for Tune to generate, no trial
     count known in advance, nothing swept for a config check to try. Each strategy states in its own body what it
-    is: ``name``, ``keys``, ``settings_class``, ``settings_section`` and ``search_class`` (and ``whole_budget_only``
+    is: ``name``, ``keys``, ``settings_class`` and ``search_class`` (and ``settings_section``, ``whole_budget_only``
     and ``axis_columns`` where they differ from the defaults), the same as its decisions' (tests/test_layout.py
     checks they agree)."""
 
@@ -212,9 +212,9 @@ class DecidingDefaults(StrategyDefaults):
     """What its trials step along besides the LR, shown in the progress table (its decisions')."""
     retired_keys: ClassVar[dict[str, str]] = {}
     """Keys its section once had -> what replaced them."""
-    settings_section: ClassVar[tuple[str, type]]
-    """Its section of the space (and of sweep.json's space) and the dataclass of plain keys it reads as: its name
-    and settings_class, unless it says otherwise (a compare search: edge:, its variants' LR search's)."""
+    settings_section: ClassVar[tuple[str, type] | None] = None
+    """Its section of the space (and of sweep.json's space) and the dataclass of plain keys it reads as, where not
+    its name and settings_class (a compare search: edge:, its variants' LR search's); ``section()`` says which."""
     search_class: ClassVar[type]
     """Its decisions, Ray-free (a DecidingSearch), which one Tune adapter drives for every deciding search
     (lmtune.sweep.searcher.DecidingSearcher)."""
@@ -232,6 +232,12 @@ class DecidingDefaults(StrategyDefaults):
         for key, message in settings.problems():
             raise fail(f"{cls.name}.{key}", message)
         return cls(settings)
+
+    @classmethod
+    def section(cls) -> tuple[str, type]:
+        """Its section of the space and the dataclass of plain keys it reads as: ``settings_section``, or its name and
+        settings_class."""
+        return cls.settings_section or (cls.name, cls.settings_class)
 
     @classmethod
     def parse_settings(cls, section: JsonValue, fail: Fail):

@@ -239,9 +239,9 @@ def _check_space(space: JsonObject, fail: Fail) -> None:
     search = space.get("search", "grid")
     if not isinstance(search, str) or search not in STRATEGIES:
         raise fail("space.search", f"is {_shown(search)}, not one of {', '.join(STRATEGIES)}")
-    own = getattr(STRATEGIES[search].strategy, "settings_section", None)
-    if own is not None:  # a search with a section of its own (edge:, horizon:), as its YAML is checked
-        name, settings_class = own
+    strategy = STRATEGIES[search].strategy
+    if hasattr(strategy, "section"):  # a search with a section of its own (edge:, horizon:), as its YAML is checked
+        name, settings_class = strategy.section()
         for key, message in section(name, settings_class).problems():  # (the report divides by them, too)
             raise fail(f"space.{name}.{key}", message)
     for key, kind in (("name", str), ("path", str), ("description", str), ("yaml", str), ("fuse", int),

@@ -18,7 +18,6 @@ class PairStrategy(DecidingDefaults):
     name: ClassVar[str] = "pair"
     keys: ClassVar[frozenset[str]] = frozenset({"pair", "params"})  # its section, and params: to say it takes none
     settings_class: ClassVar[type] = PairSettings
-    settings_section: ClassVar[tuple[str, type]] = ("pair", PairSettings)
     search_class: ClassVar[type] = PairSearch  # where its next trial comes from
     owns: ClassVar[tuple[str, ...]] = ("lr",)
 

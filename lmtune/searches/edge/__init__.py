@@ -21,7 +21,6 @@ class EdgeStrategy(DecidingDefaults):
     name: ClassVar[str] = EdgeSearch.name
     keys: ClassVar[frozenset[str]] = frozenset({"edge", "params"})
     settings_class: ClassVar[type] = EdgeSettings
-    settings_section: ClassVar[tuple[str, type]] = ("edge", EdgeSettings)
     search_class: ClassVar[type] = EdgeSearch
     retired_keys: ClassVar[dict[str, str]] = RETIRED_KEYS
 

@@ -26,9 +26,9 @@ The stages, in one sweep:
    bracket down, a diverged end that recovers moves it up, and bisection goes on.
 6. **refine**: the best full-budget LR's neighbours ``refine_factor`` apart and the multiples of it whose cost the
    report states (2x and 4x: the useful range), to the full budget (a cut coarse LR is continued, not restarted);
-   every LR below it that ASHA cut within ``rerun_margin`` of its rung's leader; and, where the best is then the
-   lowest (highest) LR trained at the full budget, one more ``refine_factor`` below (above) it, so that the best
-   is bounded on both sides.
+   every LR below it that ASHA cut within ``rerun_margin`` of its rung's leader; and, beside the seeds, where no
+   full-budget LR below (above) the best is clearly worse than it, one more ``refine_factor`` further out (a cut
+   coarse LR there is continued), so that the best LR's interval is closed on both sides.
 7. **seeds**: the best ``seed_lrs`` LRs again with further seeds; then any LR that beats the crowned best
    seed for seed gets the same seeds before the crown is settled (lmtune.analysis.runs.crown).
 
@@ -46,7 +46,7 @@ from lmtune.analysis.named_lrs import COST_AT
 from lmtune.analysis.runs import SAME_LR, Budget, LrResult, Run, crown, effective_runs, full_budget_ranking, same_lr
 from lmtune.files import JsonObject
 from lmtune.searches.deciding import DecidingSearch, Decision, Planned
-from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs, warm_lrs
+from lmtune.searches.edge.settings import EdgeSettings, bound_lr, coarse_lrs, refine_lrs, rerun_lrs, seed_lrs, warm_lrs
 from lmtune.searches.trial_order import RANGE_STAGE, TuneParams, TuneResult
 
 STAGES = (RANGE_STAGE, "coarse", "landscape", "bisect", "confirm", "refine", "seeds")
@@ -154,11 +154,12 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
             self._edge()
         if "refine" not in started:
             self._refine()
-        elif "seeds" not in started and not self._busy("refine"):
-            if not self._bound_best():
+        elif not self._busy("refine"):
+            self._bound_best()  # (beside the seeds: a bound that beats the best is a contender, seeded in turn)
+            if "seeds" not in started:
                 self._seeds()
-        elif "seeds" in started and not self._busy("seeds") and not self._busy("refine"):
-            self._reseed()
+            elif not self._busy("seeds") and not self._busy("refine"):
+                self._reseed()
         if not self.queue and not self._busy() and "seeds" in started and self._bracket_settled() \
                 and not self._contenders():
             self.finished = True
@@ -322,27 +323,19 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         self._plan("refine", planned, why)
 
     def _bound_best(self) -> bool:
-        """Where the best full-budget LR is the lowest (highest) LR trained to the full budget, one more LR
-        ``refine_factor`` below (above) it, so that a full-budget run bounds it on both sides; True if planned."""
+        """One more refinement LR where the best LR's interval is open on a side (settings.bound_lr); True if
+        planned."""
         runs = self._lr_runs()
-        ranking = full_budget_ranking(runs)
-        best, _ = crown(ranking)
+        best, _ = crown(full_budget_ranking(runs))
         if best is None or self.bound_rounds >= MAX_BOUND_ROUNDS:
             return False
-        lrs = [r.lr for r in ranking if r.others == best.others]
-        factor, failing = self.settings.refine_factor, bracket(runs).diverged_lr
-        if best.lr <= min(lrs):
-            side, lr = "below", best.lr / factor
-        elif best.lr >= max(lrs) and (failing is None or best.lr * factor < failing):
-            side, lr = "above", best.lr * factor
-        else:
+        cut = self._cut_runs()
+        bound = bound_lr(best, full_budget_ranking(runs), bracket(runs), tuple(cut), self.settings)
+        if bound is None:
             return False
         self.bound_rounds += 1
-        lr = float(f"{lr:.4g}")
-        self._plan("refine", [Planned("refine", lr, self.budget.seed, continue_from=self._cut_runs().get(lr))],
-                   f"the best full-budget LR {best.lr:.3g} (val {best.mean:.4f}) is the "
-                   f"{'lowest' if side == 'below' else 'highest'} LR trained to the full budget: lr {lr:.3g}, "
-                   f"{factor:g}x {side} it, bounds it")
+        self._plan("refine", [Planned("refine", bound.lr, self.budget.seed, continue_from=cut.get(bound.lr))],
+                   bound.why)
         return True
 
     def _seeds(self) -> None:

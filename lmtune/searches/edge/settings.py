@@ -8,8 +8,10 @@ import math
 import sys
 from dataclasses import dataclass
 
+from lmtune.analysis.bracket import Bracket
+from lmtune.analysis.landscape import best_lr_interval
 from lmtune.analysis.named_lrs import COST_AT
-from lmtune.analysis.runs import Budget, LrResult, Run, format_tokens, same_lr
+from lmtune.analysis.runs import SAME_LR, Budget, LrResult, Run, format_tokens, same_lr
 from lmtune.errors import LmtuneError
 from lmtune.searches.base import MAX_SEEDS, failed_checks
 from lmtune.searches.grid.settings import MAX_GRID_TRIALS
@@ -220,6 +222,36 @@ def refine_lrs(best: LrResult, runs: list[Run], edge_lr: float | None, settings:
         if not any(same_lr(lr, other) for other in covered + chosen):
             chosen.append(lr)
     return chosen
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A refinement LR that closes the best LR's interval on one side, and why."""
+
+    lr: float
+    why: str
+
+
+def bound_lr(best: LrResult, ranking: list[LrResult], edge: Bracket, cut: tuple[float, ...],
+             settings: EdgeSettings) -> Bound | None:
+    """Where no full-budget LR below (above) ``best`` in ``ranking`` is clearly worse than it (the best LR's interval
+    is open on that side: lmtune.analysis.landscape.best_lr_interval), the LR ``refine_factor`` beyond the lowest
+    (highest) full-budget LR, or the ``cut`` coarse LR furthest out between them (its run to continue); None where
+    the interval is closed (or the LR above would reach the failing LR)."""
+    low, high = best_lr_interval(ranking, edge)
+    lrs = [r.lr for r in ranking if r.others == best.others]
+    factor = settings.refine_factor
+    if low is None:
+        side, end, lr = "below", min(lrs), min(lrs) / factor
+        lr = min((c for c in cut if lr * SAME_LR < c < end / SAME_LR), default=lr)
+    elif high is None and (edge.diverged_lr is None or max(lrs) * factor < edge.diverged_lr):
+        side, end, lr = "above", max(lrs), max(lrs) * factor
+        lr = max((c for c in cut if end * SAME_LR < c < lr / SAME_LR), default=lr)
+    else:
+        return None
+    lr = lr if lr in cut else float(f"{lr:.4g}")
+    return Bound(lr, f"no full-budget LR {side} the best, {best.lr:.3g} (val {best.mean:.4f}), is clearly worse "
+                     f"than it: lr {lr:.3g}, {side} {end:.3g}, bounds it")
 
 
 def _snap(lr: float, tried: list[float]) -> float:

@@ -21,7 +21,6 @@ class HorizonStrategy(DecidingDefaults):
     name: ClassVar[str] = HorizonSearch.name
     keys: ClassVar[frozenset[str]] = frozenset({"horizon", "params"})
     settings_class: ClassVar[type] = HorizonSettings
-    settings_section: ClassVar[tuple[str, type]] = ("horizon", HorizonSettings)
     search_class: ClassVar[type] = HorizonSearch
     whole_budget_only: ClassVar[bool] = HorizonSearch.whole_budget_only
     axis_columns: ClassVar[tuple[str, ...]] = HorizonSearch.axis_columns

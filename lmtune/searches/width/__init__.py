@@ -29,7 +29,6 @@ class WidthStrategy(DecidingDefaults):
     name: ClassVar[str] = WidthSearch.name
     keys: ClassVar[frozenset[str]] = frozenset({"width", "params"})
     settings_class: ClassVar[type] = WidthSettings
-    settings_section: ClassVar[tuple[str, type]] = ("width", WidthSettings)
     search_class: ClassVar[type] = WidthSearch
     whole_budget_only: ClassVar[bool] = WidthSearch.whole_budget_only
     axis_columns: ClassVar[tuple[str, ...]] = WidthSearch.axis_columns
