@@ -170,7 +170,8 @@ def data_meta(meta: Any) -> DataMeta | None:
                     train_tokens=_whole(meta["train_tokens"]), val_tokens=_whole(meta["val_tokens"]),
                     max_token_id=_whole(meta["max_token_id"]), eot_id=_maybe(_whole, meta.get("eot_id")),
                     content_hash=str(meta.get("content_hash", "")), sources=list(meta.get("sources", [])),
-                    tokenizer=meta.get("tokenizer"), validation=validation_record(meta.get("validation")))
+                    tokenizer=meta.get("tokenizer"), validation=validation_record(meta.get("validation")),
+                    unigram_loss=_maybe(float, meta.get("unigram_loss")))
 
 
 def _whole(value: Any) -> int:
