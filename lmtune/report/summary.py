@@ -21,6 +21,7 @@ from lmtune.report.baselines import (
     AshaBaselineCost,
     BaselineCost,
     GridCost,
+    bracket_walk,
     careful_baseline,
     competent_baseline,
     same_resolution_grid,
@@ -343,7 +344,7 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows, search_result, budget.unigram_loss,
         competent := competent_baseline(pairs, len(conclusion.best.losses) if conclusion.best else 1,
                                         _edge_seeds(conclusion), conclusion.edge.ratio, budget),
-        careful_baseline(competent, budget, conclusion.edge.diverged_lr is not None))
+        careful_baseline(competent, budget, bracket_walk(pairs, budget, conclusion.edge.diverged_lr)))
     log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", best_lr, best_loss, conclusion.edge.stable_lr,
              conclusion.edge.diverged_lr)
     return summary
