@@ -73,11 +73,12 @@ def test_a_gpu_box_as_it_comes_runs_the_check_from_a_plain_checkout_with_only_to
     assert "not installed: tensorboardX, optuna, pandas, matplotlib, tokenizers, ray" in proc.stdout
 
 
-def test_on_a_gpu_the_steps_time_caps_add_up_to_eight_minutes_and_the_bench_measures_its_peak(tmp_path):
+def test_on_a_gpu_the_steps_time_caps_add_up_to_fourteen_minutes_and_the_bench_measures_its_peak(tmp_path):
+    """(Eight minutes until an H200 ran it: cold compiles took diagnose, concurrency and fuse past their caps.)"""
     from lmtune.gpu_check import plan
 
     steps = plan(True, tmp_path)
-    assert sum(s.timeout_s for s in steps) <= 8 * 60
+    assert sum(s.timeout_s for s in steps) <= 14 * 60
     bench = next(s for s in steps if s.name.startswith("bench default"))
     assert {"--measured-peak", "128", "--record"} <= set(bench.command)
     sweep = next(s for s in steps if "sweep" in s.name)
