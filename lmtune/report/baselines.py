@@ -119,12 +119,10 @@ def careful_baseline(competent: BaselineCost | None, budget: Budget, bracket_end
         counts.append(max(1, math.ceil(counts[-1] / reduction_factor)))
     tokens = sum(c * (r - prev) for c, r, prev in zip(counts, rungs, (0, *rungs[:-1]), strict=True))
     continued = max(0, min(CAREFUL_FULL_BUDGET_LRS, competent.grid_points) - counts[-1])
-    ends = bracket_ends
-    tokens += continued * (full - rungs[-2]) + ends * (full - rungs[0])
+    tokens += continued * (full - rungs[-2]) + bracket_ends * (full - rungs[0])
     tokens += (competent.bisections + competent.extra_seeds) * full
-    return AshaBaselineCost(competent.grid_points, tuple(counts), continued, ends, competent.bisections,
+    return AshaBaselineCost(competent.grid_points, tuple(counts), continued, bracket_ends, competent.bisections,
                             competent.extra_seeds, tokens)
-
 
 
 def bracket_walk(pairs: Sequence[Pair], budget: Budget, failing_lr: float | None) -> int:
@@ -132,10 +130,10 @@ def bracket_walk(pairs: Sequence[Pair], budget: Budget, failing_lr: float | None
     rung to bracket where training fails (0: the search found no failing LR). The grid's first-rung losses are read
     off the search's own runs at that rung (linear in log LR between them; a diverged run's as infinite): the user
     continues the first grid LR above that rung's best whose loss there is above the unigram baseline, and the one
-    below it; each that then trains
-    through moves the bracket up one grid LR, until the first at or above the search's failing LR, which fails. At
-    least the 2 ends (the first rung already right). On quick_edge the baseline, measured, continued 7 this way:
-    runs above the baseline at the first rung came back below it by the full budget (benchmarks/README.md)."""
+    below it; each that then trains through moves the bracket up one grid LR, until the first at or above the
+    search's failing LR, which fails. At least the 2 ends (the first rung already right). On quick_edge the baseline,
+    measured, continued 7 this way: runs above the baseline at the first rung came back below it by the full budget
+    (benchmarks/README.md)."""
     if failing_lr is None:
         return 0
     first_rung, unigram = budget.rungs[0], budget.unigram_loss

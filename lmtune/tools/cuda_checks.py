@@ -13,7 +13,6 @@ import math
 import tempfile
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 
 from lmtune.data.batches import BatchSampler, DeviceBatches
 from lmtune.errors import LmtuneError, cli_entry
-from lmtune.tools.throughput.loops import synchronizations
+from lmtune.tools.throughput.loops import synchronizing_calls
 from lmtune.training.config import RunConfig, budget_config
 
 # The checks' model and run: a few seconds on any GPU.
@@ -70,14 +69,7 @@ def check_a_training_step_on_the_gpu_never_synchronizes(data_dir: Path, work: Pa
     x, y = (t.to(device) for t in BatchSampler(np.arange(20000, dtype=np.uint16) % 300, 8,
                                                config.model.context_length, 0).batch(0))
     train_step(state, runtime, x, y, 1e-3, config.train)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            train_step(state, runtime, x, y, 2e-3, config.train)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = synchronizations([str(w.message) for w in caught])
+    syncs = synchronizing_calls(lambda: train_step(state, runtime, x, y, 2e-3, config.train))
     assert not syncs, f"a training step synchronized with the GPU {len(syncs)} time(s): {syncs[0]}"
 
 

@@ -209,7 +209,7 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
                                 "continue between those that trained through and those that failed (the highest "
                                 "ASHA cut, while none failed, is left to a bisection probe below it)")
             return
-        lr = lrs[len(lrs) // 2] if edge.diverged_lr is not None else lrs[min(len(cut) // 2, len(lrs) - 1)]
+        lr = lrs[min(len(cut) // 2, len(lrs) - 1)]  # the middle of all the cut LRs (the highest left out above)
         self._plan("landscape", [Planned("landscape", lr, self.budget.seed, continue_from=cut[lr])],
                    f"lr {lr:.3g}: the middle of the {len(cut)} coarse LRs ASHA cut between the best's neighbour (or "
                    "the largest LR that trained through) and the smallest that failed, continued from its last "
@@ -326,11 +326,12 @@ class EdgeSearch(DecidingSearch[Planned, Decision]):
         """One more refinement LR where the best LR's interval is open on a side (settings.bound_lr); True if
         planned."""
         runs = self._lr_runs()
-        best, _ = crown(full_budget_ranking(runs))
+        ranking = full_budget_ranking(runs)
+        best, _ = crown(ranking)
         if best is None or self.bound_rounds >= MAX_BOUND_ROUNDS:
             return False
         cut = self._cut_runs()
-        bound = bound_lr(best, full_budget_ranking(runs), bracket(runs), tuple(cut), self.settings)
+        bound = bound_lr(best, ranking, bracket(runs), tuple(cut), self.settings)
         if bound is None:
             return False
         self.bound_rounds += 1

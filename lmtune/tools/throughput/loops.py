@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -154,14 +155,19 @@ def count_host_syncs(loop: OptimizedLoop) -> int | None:
     """Host syncs in one optimized step (CUDA only: torch's sync debug mode warns on each)."""
     if loop.device.type != "cuda":
         return None
+    return len(synchronizing_calls(loop.step))
+
+
+def synchronizing_calls(step: Callable[[], object]) -> list[str]:
+    """What torch's sync debug mode ("warn") reports as a host sync while ``step`` runs (CUDA only)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            loop.step()
+            step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return len(synchronizations([str(w.message) for w in caught]))
+    return synchronizations([str(w.message) for w in caught])
 
 
 def synchronizations(warned: list[str]) -> list[str]:
