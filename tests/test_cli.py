@@ -25,6 +25,7 @@ REFUSALS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", list(REFUSALS))
 def test_the_command_refuses_bad_input_in_one_line_and_writes_nothing(command: str, builtin_data: Path,
                                                                       tmp_path: Path):

@@ -36,6 +36,7 @@ def _slopes(check: CoordCheck) -> dict[str, tuple[float, float]]:
     return {layer.name: (layer.activation_slope, layer.update_slope) for layer in check.layers}
 
 
+@pytest.mark.slow
 def test_under_mup_every_layers_activation_and_update_scale_is_flat_across_width(checks):
     slopes = _slopes(checks["mup"])
     assert all(abs(s) < FLAT_TOLERANCE for pair in slopes.values() for s in pair), slopes
@@ -64,6 +65,7 @@ def test_a_check_round_trips_through_json(checks, tmp_path):
         assert CoordCheck.from_json(json.loads(json.dumps(check.to_json()))) == check
 
 
+@pytest.mark.slow
 def test_the_cli_prints_the_slopes_and_writes_the_json_and_the_figure(builtin_data, tmp_path, capsys):
     out = tmp_path / "coord"
     tiny = set_args({**TINY_MODEL, "context_length": 16})

@@ -217,6 +217,7 @@ def test_sigkilled_sweep_driver_resumes_with_every_trial_ending_once(builtin_dat
          f"(checkpoint_interval {TINY_TRIAL['checkpoint_interval']}); outcomes {outcomes}; resume run {resume_s:.0f} s")
 
 
+@pytest.mark.slow
 def test_a_second_writer_of_a_sweep_is_refused_in_one_line_naming_the_holder(builtin_data, tmp_path, capsys):
     results = tmp_path / "results"
     sweep = results / "held"

@@ -29,6 +29,7 @@ def long_run(make_tiny_config, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_forked_cooldown_ends_bit_for_bit_as_the_shorter_run_from_scratch(long_run, make_tiny_config, tmp_path):
     short = make_tiny_config(**WSD, steps=40)  # cooldown: steps 32..40
     scratch = train(short, tmp_path / "scratch")
@@ -38,6 +39,7 @@ def test_a_forked_cooldown_ends_bit_for_bit_as_the_shorter_run_from_scratch(long
     assert forked.summary["final_val_loss"] == scratch.summary["final_val_loss"]
 
 
+@pytest.mark.slow
 def test_a_longer_run_continued_from_a_shorter_runs_stable_end_is_the_longer_run_from_scratch(
         long_run, make_tiny_config, tmp_path):
     short = train(make_tiny_config(**WSD, steps=40), tmp_path / "short")

@@ -82,6 +82,7 @@ MODEL_OPTIONS = [pytest.param({}, id="plain"), pytest.param({"qk_norm": True, "z
                  pytest.param({"code": user_model("example"), "z_loss": 1e-3}, id="the example model")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", MODEL_OPTIONS)
 def test_three_fused_members_in_float64_train_exactly_as_three_separate_runs_with_clipping(make_tiny_config, options):
     configs = _configs(make_tiny_config, **options)
@@ -123,6 +124,7 @@ def _curve(folder: Path, column: str) -> list:
     return [row[column] for row in read_metrics(folder / METRICS_FILE)]
 
 
+@pytest.mark.slow
 def test_a_diverging_member_is_dropped_at_its_divergence_step_and_the_others_go_on_bit_for_bit(
         make_tiny_config, tmp_path):
     with_it, dirs3 = _train_group(make_tiny_config, tmp_path / "three", (3e-3, 1e-2, 1e5))
@@ -139,6 +141,7 @@ def test_a_diverging_member_is_dropped_at_its_divergence_step_and_the_others_go_
         assert all(torch.equal(final3[name], final2[name]) for name in final2)
 
 
+@pytest.mark.slow
 def test_a_members_checkpoint_resumes_as_an_ordinary_single_model_run(make_tiny_config, tmp_path):
     results, dirs = _train_group(make_tiny_config, tmp_path / "group", (3e-3, 1e-2))
     alone_dir = tmp_path / "alone" / "checkpoints"
@@ -154,6 +157,7 @@ def test_a_members_checkpoint_resumes_as_an_ordinary_single_model_run(make_tiny_
     assert resumed.summary["final_val_loss"] == pytest.approx(results[1].summary["final_val_loss"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_an_interrupted_group_resumes_from_its_members_checkpoints_to_the_same_result(make_tiny_config, tmp_path):
     results, dirs = _train_group(make_tiny_config, tmp_path / "group", (3e-3, 1e-2, 1e5))
     for folder in dirs[:2]:  # as if killed just after step 10's checkpoints
@@ -174,6 +178,7 @@ def test_members_that_differ_in_more_than_their_optimizer_settings_are_refused(m
         train_fused(configs, [tmp_path / "a", tmp_path / "b"])
 
 
+@pytest.mark.slow
 def test_fused_members_under_wsd_follow_their_own_schedule_and_keep_their_stable_phases_end(make_tiny_config,
                                                                                               tmp_path):
     configs = _configs(make_tiny_config, lrs=(3e-3, 1e-2), schedule="wsd", cooldown_fraction=0.25)

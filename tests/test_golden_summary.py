@@ -43,6 +43,7 @@ def differences(got, want, where: str = "summary") -> list[str]:
     return [] if got == want and type(got) is type(want) else [f"{where}: {got!r} != {want!r}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GOLDEN)
 def test_summary_json_of_a_shipped_search_keeps_every_key_and_value(name: str, tmp_path: Path) -> None:
     sweep = tmp_path / name

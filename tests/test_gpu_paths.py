@@ -247,6 +247,7 @@ def _single_runtime(config):
     return state, Runtime.build(state.model, config, torch.device("cpu"), compiled=True)
 
 
+@pytest.mark.slow
 def test_the_train_step_and_evaluation_compile_before_the_first_step_without_graph_breaks(tiny_config,
                                                                                           counting_backend):
     state, runtime = _single_runtime(tiny_config)
@@ -285,6 +286,7 @@ def _recompile_free_run(config, out, resume: bool = False):
         torch._dynamo.config.error_on_recompile = False
 
 
+@pytest.mark.slow
 def test_nothing_recompiles_across_steps_evaluation_checkpoints_an_lr_change_and_a_resume(
         make_tiny_config, tmp_path, monkeypatch):
     """(pytorch#107076: a float LR inside a compiled step recompiles on every change; here the LR stays
@@ -562,6 +564,7 @@ def test_nvml_finds_the_gpu_by_its_uuid_whatever_cuda_visible_devices_renumbered
     assert environment._nvml_handle(torch.device("cuda:0")) == "handle GPU-5c0b-feed" and asked == ["GPU-5c0b-feed"]
 
 
+@pytest.mark.slow
 def test_the_fused_optimizers_compiled_update_is_one_graph_that_trains_as_the_eager_one(make_tiny_config,
                                                                                          counting_backend):
     """Eager, the per-member clipping and AdamW are ~15 small operations per parameter tensor; compiled,

@@ -262,6 +262,7 @@ def test_printed_resume_and_analyze_commands_survive_spaces_and_non_ascii(tmp_pa
 # 15. lr_find: the data's vocabulary, as train resolves it
 
 
+@pytest.mark.slow
 def test_lr_find_starts_at_the_loss_of_the_datas_vocabulary(builtin_data, tmp_path, capsys):
     vocab = json.loads((builtin_data / "meta.json").read_text())["vocab_size"]
     out = tmp_path / "find"

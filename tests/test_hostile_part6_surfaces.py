@@ -151,6 +151,7 @@ def test_the_report_of_a_running_sweep_says_unfinished_at_its_top_and_in_summary
     assert headings and all(line.endswith("(unfinished (1 trial running))") for line in headings)
 
 
+@pytest.mark.slow
 def test_analyze_of_the_finished_sweep_replaces_the_unfinished_report_with_an_unmarked_one(running_sweep, capsys):
     _analyze(running_sweep, capsys)
     ledger = json.loads(ledger_path(running_sweep).read_text())
@@ -314,6 +315,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.slow
 def test_the_edge_searcher_alone_in_a_users_tuner_refuses_mode_max_before_training(tmp_path, builtin_data):
     script = tmp_path / "tuner.py"
     script.write_text(_MODE_MAX_TUNER)

@@ -170,6 +170,7 @@ def test_a_resume_that_can_load_no_checkpoint_says_so_and_does_not_restart(tmp_p
 # 6. A file beside the model named as a standard module
 
 
+@pytest.mark.slow
 def test_a_sibling_named_as_a_standard_module_shadows_nothing_and_is_warned_of(tmp_path):
     folder = tmp_path / "code"
     spec = _write(folder)
@@ -340,6 +341,7 @@ def user_checkpoint(tmp_path_factory, builtin_data) -> Path:
     return root / "run" / "checkpoints" / "best.pt"
 
 
+@pytest.mark.slow
 def test_sample_of_a_checkpoint_whose_model_file_moved_names_samples_own_flag(user_checkpoint):
     proc = run_lmtune("sample", str(user_checkpoint), "--trust-code")
     line = assert_one_line_error(proc.returncode, proc.stderr, "the checkpoint's model", "no file",

@@ -161,6 +161,7 @@ def test_analyze_refuses_an_edited_sweep_json_naming_the_file_and_the_field(edit
     assert snapshot(sweep) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state", [("horizon", {"interrupted": ["t1"]}), ("edge", {"interrupted": "x"}),
                                    ("edge", {"decisions": [{"stage": 1}]})], ids=["horizon-list", "edge-text",
                                                                                   "edge-decisions"])

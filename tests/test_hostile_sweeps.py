@@ -134,6 +134,7 @@ def test_a_file_uri_is_the_folder_it_names(tmp_path, builtin_data, grid):
     assert options.results == tmp_path / "shared" and options.storage is None
 
 
+@pytest.mark.slow
 def test_object_storage_that_never_answers_is_refused_within_seconds(silent_server):
     started = time.monotonic()
     with pytest.raises(LmtuneError, match="no answer within") as refused:
@@ -142,6 +143,7 @@ def test_object_storage_that_never_answers_is_refused_within_seconds(silent_serv
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_object_storage_on_a_closed_port_is_refused_within_seconds():
     started = time.monotonic()
     with pytest.raises(LmtuneError, match="--storage"):
@@ -163,6 +165,7 @@ def test_object_storage_without_the_bucket_is_refused_and_with_it_accepted(tmp_p
         s3.stop()
 
 
+@pytest.mark.slow
 def test_run_refuses_storage_that_never_answers_in_one_line_writing_nothing(tmp_path, builtin_data, grid,
                                                                               silent_server):
     proc = run_lmtune("run", *_run_args(grid, builtin_data, "--storage", _s3(silent_server)), cwd=tmp_path)
@@ -170,6 +173,7 @@ def test_run_refuses_storage_that_never_answers_in_one_line_writing_nothing(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.yaml"]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_run_while_it_waits_on_storage_and_leaves_no_process(tmp_path, builtin_data, grid,
                                                                                silent_server):
     proc = start_lmtune("run", *_run_args(grid, builtin_data, "--storage", _s3(silent_server)), cwd=tmp_path)

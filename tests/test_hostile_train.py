@@ -57,6 +57,7 @@ def test_resume_with_more_steps_refuses_when_the_finished_runs_cooldown_trained_
     assert snapshot(wsd_run) == before
 
 
+@pytest.mark.slow
 def test_resume_with_more_steps_continues_when_the_schedules_agree_up_to_its_checkpoint(make_tiny_config,
                                                                                         builtin_data, tmp_path):
     """A WSD run cut at step 10 of 30 (still at its peak LR) given 40 steps ends as the 40-step run from scratch."""
@@ -125,6 +126,7 @@ def test_resume_of_a_torn_config_json_is_refused_naming_the_file_and_the_fix(tex
 # 5. --quiet
 
 
+@pytest.mark.slow
 def test_train_quiet_shows_the_console_only_warnings_and_the_final_summary(builtin_data, tmp_path):
     proc = run_lmtune("train", "--data", str(builtin_data), "--out", str(tmp_path / "run"), "--quiet",
                       *set_args({**TINY, "steps": 10}), timeout=300)

@@ -4,10 +4,12 @@ module, nothing that points outside the project, and functions short enough to r
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from pathlib import Path
 
+import pytest
 from conftest import DOC_FILES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,6 +38,7 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
+@pytest.mark.slow
 def test_private_ray_and_torch_names_appear_in_the_adapter_module_only():
     trees = _trees()
     own = _own_private_names(trees)
@@ -153,6 +156,7 @@ def _registered_report_part(tree: ast.Module, module: str) -> set[str]:
             for name in (own, *(f"{own}.{alias.name}" for alias in node.names))}
 
 
+@functools.cache  # parsed once per process: several tests read it, none changes it
 def import_graph() -> dict[str, set[str]]:
     modules = {_module_name(p): p for p in MODULES}
     graph = {}
@@ -267,6 +271,7 @@ def modules_of(package: str) -> list[str]:
     return sorted(_module_name(p) for p in MODULES if _module_name(p).startswith(package))
 
 
+@pytest.mark.slow
 def test_the_training_path_imports_nothing_of_the_sweep_or_the_report_nor_their_packages():
     """lmtune train runs where only torch, numpy and pyyaml are installed (a bare GPU box): importing it loads no
     Ray, pandas, matplotlib, optuna, tensorboardX or tokenizers, and no module of lmtune.sweep or lmtune.report."""
@@ -275,6 +280,7 @@ def test_the_training_path_imports_nothing_of_the_sweep_or_the_report_nor_their_
         prefixes=("lmtune.sweep", "lmtune.report")) == []
 
 
+@pytest.mark.slow
 def test_what_the_gpu_check_runs_on_a_bare_box_imports_only_torch_numpy_and_pyyaml():
     """The GPU check's steps on a box with only torch, numpy and pyyaml (diagnose, bench, lr_find) load none of the
     packages such a box lacks, scipy included (the analysis imports it where a distribution is asked for)."""
@@ -379,6 +385,7 @@ def test_the_layout_table_lists_every_module():
     assert not unlisted, unlisted
 
 
+@pytest.mark.slow
 def test_the_report_never_imports_the_sweeps_runtime():
     """The report reads a sweep's records (sweep.json, the ledger, trial.json, the searches' states) and the
     searches' Ray-free parts; importing all of it loads no Ray and none of the modules that run a sweep."""
@@ -447,6 +454,7 @@ def test_a_search_and_its_report_part_are_found_by_no_hook_or_module_name():
     assert not found, found
 
 
+@pytest.mark.slow
 def test_a_sweep_loads_no_search_report_part_nor_figure_code():
     """The registry names each search's report part behind a function: running a sweep (its command, the runner,
     the trainable, the Tune adapter) imports none of them, nor matplotlib."""

@@ -135,6 +135,7 @@ BAD_ARGUMENTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "fragment"), BAD_ARGUMENTS)
 def test_a_bad_argument_is_refused_in_one_line_and_nothing_is_written(argv, fragment, truth, builtin_data, tmp_path,
                                                                        capsys):
@@ -181,6 +182,7 @@ def test_a_second_train_on_other_data_into_a_truth_is_refused(truth, builtin_dat
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_a_second_train_of_the_same_setting_trains_only_the_new_runs_and_records_every_run(truth, builtin_data,
                                                                                            tmp_path, capsys):
     out = copy_truth(truth, tmp_path)

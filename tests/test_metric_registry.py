@@ -109,6 +109,7 @@ for i, sink in enumerate(sinks):  # as a sweep's trial threads: daemons, some cl
 """
 
 
+@pytest.mark.slow
 def test_tensorboard_sinks_closing_while_their_process_exits_print_nothing_and_keep_every_row(tmp_path):
     # (before: tensorboardX's own close at exit raced the threads' and printed "flush of closed file" tracebacks,
     # in 2 of 3 such runs; a sweep's console showed one)
@@ -121,6 +122,7 @@ def test_a_registered_metric_is_in_the_result_the_tune_sink_reports(sharpness, t
     assert TuneSink(tiny_config).result({**ROW, "test_sharpness": 37.5})["test_sharpness"] == 37.5
 
 
+@pytest.mark.slow
 def test_a_registered_metric_reaches_the_wandb_run(sharpness, tiny_config, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -198,6 +200,7 @@ def test_a_single_run_logs_each_layers_relative_update_size_larger_at_a_larger_l
     assert_sound(update_ratios(tmp_path / "0.001"), update_ratios(tmp_path / "0.01"))
 
 
+@pytest.mark.slow
 def test_a_fused_run_logs_each_members_relative_update_size_as_its_single_run_does(make_tiny_config, tmp_path):
     configs = [resolve_config(make_tiny_config(lr=lr, steps=10), Path(make_tiny_config().data_dir))
                for lr in (1e-3, 1e-2)]

@@ -121,6 +121,7 @@ def test_a_bf16_autocast_forward_of_a_mup_model_is_finite():
 # ---------------------------------------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_a_mup_run_trains_to_a_finite_loss_and_a_resumed_one_ends_as_the_uninterrupted_one(
         make_tiny_config, tmp_path):
     config = make_tiny_config(**MUP_2X)
@@ -159,6 +160,7 @@ def _lr(step: int, config) -> float:
     return lr_at(step, t.lr, t.min_lr_ratio, t.warmup_steps, t.steps)
 
 
+@pytest.mark.slow
 def test_two_fused_mup_members_in_float64_train_exactly_as_each_trains_alone(make_tiny_config):
     configs = _member_configs(make_tiny_config)
     batches = _batches(configs[0], 12)
@@ -208,6 +210,7 @@ def test_a_mup_models_fused_adamw_forced_on_the_cpu_makes_the_foreach_adamws_upd
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_mup_model_compiled_on_the_cpu_gives_the_eager_loss():
     # aot_eager, as the CPU compile tests use: Dynamo traces the μP forward (its scales are constants of the
     # graph) and AOTAutograd its backward, without Inductor's C compiler.

@@ -44,6 +44,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_every_search_space_inside_the_package(wheel):
     files = set(zipfile.ZipFile(wheel).namelist())
     assert SHIPPED_SPACES, "no search_spaces/*.yaml in the repository"

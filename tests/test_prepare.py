@@ -196,6 +196,7 @@ def test_cli_reports_bad_input_as_one_line_with_exit_status_2(tmp_path, capsys):
     assert err.startswith("error: ") and "missing.txt" in err and "\n" not in err
 
 
+@pytest.mark.slow
 def test_builtin_corpus_is_built_once_and_then_reused(tmp_path):
     root = tmp_path / "builtin"
     assert prepare.ensure_builtin_corpus(root) == root

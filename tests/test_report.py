@@ -74,6 +74,7 @@ def test_statuses_of_the_synthetic_sweep(records):
                                               "diverged"]
 
 
+@pytest.mark.slow
 def test_figures_are_real_pictures(records, tmp_path):
     summary = sweep_summary(records, target=2.5)
     best = next(r for r in records if r.trial_id == summary.best_trial)

@@ -94,6 +94,7 @@ def outside_report(root: Path) -> dict:
 # sample
 
 
+@pytest.mark.slow
 def test_sample_of_the_crafted_checkpoint_refuses_in_one_line_and_runs_nothing(crafted):
     before = snapshot(crafted["root"])
     proc = run_lmtune("sample", str(crafted["best"].relative_to(crafted["sweep"])), cwd=crafted["sweep"])
@@ -102,6 +103,7 @@ def test_sample_of_the_crafted_checkpoint_refuses_in_one_line_and_runs_nothing(c
     assert snapshot(crafted["root"]) == before
 
 
+@pytest.mark.slow
 def test_sample_with_trust_code_imports_the_recorded_code(crafted):
     proc = run_lmtune("sample", str(crafted["best"].relative_to(crafted["sweep"])), "--trust-code",
                       "--max-tokens", "4", cwd=crafted["sweep"])
@@ -109,6 +111,7 @@ def test_sample_with_trust_code_imports_the_recorded_code(crafted):
     assert crafted["marker"].read_text() == "ran"
 
 
+@pytest.mark.slow
 def test_sample_with_model_builds_the_users_own_copy_and_not_the_recorded_code(crafted):
     before = snapshot(crafted["root"])
     proc = run_lmtune("sample", str(crafted["best"]), "--model", EXAMPLE, "--max-tokens", "4", cwd=crafted["sweep"])
@@ -132,6 +135,7 @@ def test_model_given_for_a_checkpoint_of_lmtunes_own_model_is_one_line(trained, 
 # analyze
 
 
+@pytest.mark.slow
 def test_analyze_of_the_crafted_sweep_writes_its_report_without_samples_and_says_why(crafted):
     before = outside_report(crafted["root"])
     proc = run_lmtune("analyze", ".", "--samples", "1", cwd=crafted["sweep"])
@@ -145,6 +149,7 @@ def test_analyze_of_the_crafted_sweep_writes_its_report_without_samples_and_says
     assert outside_report(crafted["root"]) == before
 
 
+@pytest.mark.slow
 def test_analyze_with_trust_code_draws_the_samples_by_the_recorded_code(crafted):
     proc = run_lmtune("analyze", ".", "--samples", "1", "--trust-code", cwd=crafted["sweep"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -313,6 +318,7 @@ def handed_run(tmp_path, example_run, builtin_data) -> dict[str, Path]:
     return {"run": run, "marker": marker, "root": tmp_path, "argv": argv}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("record", ["forged", "none"])
 def test_train_resume_of_a_handed_over_run_refuses_in_one_line_and_runs_nothing(handed_run, record):
     from lmtune.usercode.consent import RUN_RECORD
@@ -328,6 +334,7 @@ def test_train_resume_of_a_handed_over_run_refuses_in_one_line_and_runs_nothing(
     assert _files(handed_run["root"]) == before
 
 
+@pytest.mark.slow
 def test_train_resume_of_a_handed_over_run_with_trust_code_imports_it_and_resumes(handed_run):
     proc = run_lmtune(*handed_run["argv"], "--trust-code", cwd=handed_run["run"])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -36,6 +36,7 @@ def checkpoints(tmp_path_factory, builtin_data) -> dict[str, Path]:
 OWN_CODE = {"lmtune": [], "example": ["--model", EXAMPLE]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["lmtune", "example"])
 def test_a_sample_continues_the_prompt_in_the_datas_own_words(checkpoints, name, capsys):
     assert main([str(checkpoints[name]), *OWN_CODE[name], "--prompt", "Once upon a time", "--max-tokens", "12"]) == 0
@@ -119,6 +120,7 @@ def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
     assert_refused(main, [str(tmp_path / "none.pt")], capsys, "no such checkpoint file")
 
 
+@pytest.mark.slow
 def test_the_console_script_samples_too(checkpoints):
     proc = run_lmtune("sample", str(checkpoints["example"]), *OWN_CODE["example"], "--max-tokens", "8")
     assert proc.returncode == 0 and proc.stdout.startswith("Once upon a time"), proc.stderr[-2000:]

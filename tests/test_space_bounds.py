@@ -179,6 +179,7 @@ class RisingSweep:
         search.complete(trial_id, "completed", {"tokens": tokens})
 
 
+@pytest.mark.slow
 def test_a_horizon_search_leaves_out_the_lrs_past_the_largest_a_trial_accepts_that_its_results_lead_to():
     # Valid settings (the smallest budget's grid, extensions and probes fit); the larger budgets' grids, around a
     # best LR at the top each time, would step past MAX_LR.

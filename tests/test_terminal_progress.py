@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from conftest import TINY, run_lmtune
 
 from lmtune.tools.terminal_progress import ProgressSink, each
@@ -41,6 +42,7 @@ def test_each_yields_every_item_in_order_and_counts_them_on_a_terminal():
     assert "3/3" in screen.getvalue()
 
 
+@pytest.mark.slow
 def test_train_run_from_a_pipe_writes_no_bar_into_its_log(builtin_data: Path, tmp_path: Path):
     settings = [f"--set={k}={v}" for k, v in {**TINY, "steps": 10, "eval_interval": 5}.items()]
     proc = run_lmtune("train", "--data", str(builtin_data), "--out", str(tmp_path / "run"), *settings, timeout=300)

@@ -129,6 +129,7 @@ def test_overfitting_one_batch_drives_loss_near_zero(tiny_config, builtin_data):
 # ---------------------------------------------------------------------------------------------- resume
 
 
+@pytest.mark.slow
 def test_kill_and_resume_equals_an_uninterrupted_run_bit_exactly(uninterrupted_run, tiny_config, tmp_path):
     def crash_at_17(step, model):
         if step == 17:

@@ -52,11 +52,13 @@ def restarted_trial(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trials[0]
 
 
+@pytest.mark.slow
 def test_a_trial_started_again_keeps_its_stored_result_json_and_continues_it(restarted_trial: Path):
     rows = [json.loads(line) for line in (restarted_trial / "result.json").read_text().splitlines()]
     assert [(row["attempt"], row["step"]) for row in rows] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
 
 
+@pytest.mark.slow
 def test_a_trial_started_again_keeps_its_stored_progress_csv_with_one_header(restarted_trial: Path):
     with (restarted_trial / "progress.csv").open() as handle:
         rows = list(csv.DictReader(handle))

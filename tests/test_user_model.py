@@ -338,6 +338,7 @@ def test_a_schedule_of_the_users_own_replaces_lmtunes_so_wsd_is_refused(make_tin
 # Resume
 
 
+@pytest.mark.slow
 def test_a_users_model_optimizer_and_schedule_resume_to_the_uninterrupted_run(make_tiny_config, tmp_path):
     folder = EXAMPLE.rpartition(":")[0]
     code = replace(user_model("example"), optimizer=f"{folder}:AdamW", schedule=f"{folder}:get_lr_cosine_schedule")

@@ -23,6 +23,7 @@ def coverage():
     return importlib.import_module("width_coverage")
 
 
+@pytest.mark.slow
 def test_the_90_percent_interval_holds_the_true_lr_at_the_target_width_in_85_to_95_percent_of_searches(coverage):
     outcomes = [coverage.simulate(gamma, 1000 + k) for gamma in (1.0, 0.0) for k in range(100)]
     assert all(o is not None for o in outcomes), "every simulated search must fit"
@@ -30,6 +31,7 @@ def test_the_90_percent_interval_holds_the_true_lr_at_the_target_width_in_85_to_
     assert 0.85 <= held <= 0.95, f"the nominal 90% interval held the true LR* in {held:.1%} of 200 searches"
 
 
+@pytest.mark.slow
 def test_a_fall_like_sps_is_resolved_and_a_flat_optimum_mostly_is_not(coverage):
     falling = [coverage.simulate(1.0, 3000 + k) for k in range(50)]
     flat = [coverage.simulate(0.0, 4000 + k) for k in range(50)]

@@ -186,6 +186,7 @@ def test_the_report_holds_the_prediction_against_the_textbook_rule_in_one_line(r
     assert f"  textbook rule: {line}" in section_for("width").headline(report.summary)
 
 
+@pytest.mark.slow
 def test_analyze_writes_width_png_and_the_section(sweep_dir, tmp_path):
     written = write_report(sweep_dir, tmp_path / "report")
     assert_real_picture(written.out / "width.png")
