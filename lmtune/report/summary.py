@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from lmtune.analysis.conclusion import Conclusion, conclude
@@ -116,7 +116,7 @@ class ModelFacts:
     name: str
     """lmtune's TransformerLM, or the user's --model spec with its arguments."""
     user_model: bool
-    """Whether it is the user's model (sweep.json's --model): the report's wording ("your ...") alone."""
+    """Whether it is the user's model (sweep.json's --model), as summary.json records it."""
     params_non_embedding: int | None = None
     params_total: int | None = None
     flops_per_token: float | None = None
@@ -127,9 +127,12 @@ class ModelFacts:
     attention_logits_measured: bool | None = None
     """Whether its trials logged the attention-logit probe (a model whose layers lmtune reaches: its spec's
     ``exposes_layers``), read from their metrics; None: no trial logged a row yet."""
+    title: str | None = field(default=None, compare=False)
+    """How the report names it (lmtune.training.code.UserCode.title: "your `...`" for the user's); None: its name.
+    Words, not a fact: not in summary.json."""
 
     def to_json(self) -> JsonObject:
-        return asdict(self)
+        return {key: value for key, value in asdict(self).items() if key != "title"}
 
 
 @dataclass(frozen=True)

@@ -161,4 +161,4 @@ def model_facts(record: SweepRecord, trials: Sequence[TrialRecord]) -> ModelFact
     flops = size.get("flops_per_token")
     return ModelFacts(code.describe(), code.user_model, size.get("params_non_embedding"), size.get("params_total"),
                       float(flops) if isinstance(flops, int | float) else None, bool(size.get("flops_estimated")),
-                      bool(size.get("flops_counted")), attention_logits_measured(trials))
+                      bool(size.get("flops_counted")), attention_logits_measured(trials), code.title())

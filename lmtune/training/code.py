@@ -79,6 +79,11 @@ class UserCode:
         args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.model_args.items()))
         return f"{self.model}" + (f" ({args})" if args else "")
 
+    def title(self) -> str:
+        """The model as the report names it to whoever ran the sweep: the user's as "your `SPEC (ARGS)`",
+        lmtune's by its name."""
+        return f"your `{self.describe()}`" if self.model else self.describe()
+
     def to_dict(self) -> dict:
         return {"model": self.model, "model_args": dict(self.model_args), "optimizer": self.optimizer,
                 "schedule": self.schedule}

@@ -12,11 +12,7 @@ def model_overview(facts: SweepFacts) -> list[str]:
     model = facts.model
     if model is None:
         return []
-    return [f"**Model**: {_name(model)}{_size(model)}.{_measured(model)}", ""]
-
-
-def _name(model: ModelFacts) -> str:
-    return f"your `{model.name}`" if model.user_model else model.name
+    return [f"**Model**: {model.title or model.name}{_size(model)}.{_measured(model)}", ""]
 
 
 def _size(model: ModelFacts) -> str:
