@@ -116,8 +116,8 @@ def test_the_report_names_the_users_model_as_theirs_from_the_code_record_and_sum
         facts = type("Facts", (), {"model": ModelFacts(code.describe(), code.user_model, title=code.title())})
         return model_overview(facts)[0]
 
-    assert overview(user_model("example", d_model=64)).startswith("**Model**: your `") and "(d_model=64)`" in \
-        overview(user_model("example", d_model=64))
+    users = overview(user_model("example", d_model=64))
+    assert users.startswith("**Model**: your `") and "(d_model=64)`" in users
     assert overview(UserCode()) == "**Model**: lmtune's TransformerLM."
     facts = ModelFacts("m.py:M", True, title="your `m.py:M`")
     assert facts.to_json()["user_model"] is True and "title" not in facts.to_json()

@@ -82,7 +82,7 @@ class UserCode:
     def title(self) -> str:
         """The model as the report names it to whoever ran the sweep: the user's as "your `SPEC (ARGS)`",
         lmtune's by its name."""
-        return f"your `{self.describe()}`" if self.model else self.describe()
+        return f"your `{self.describe()}`" if self.user_model else self.describe()
 
     def to_dict(self) -> dict:
         return {"model": self.model, "model_args": dict(self.model_args), "optimizer": self.optimizer,
