@@ -4,7 +4,7 @@
 
 First the edge search itself (``python -m lmtune.run`` then ``python -m lmtune.analyze``, as subprocesses); then,
 with Ray Tune's public API and lmtune's trainable (``lmtune.Sweep``), the baseline the report only estimates
-(lmtune/report/baselines.py ``careful_baseline``), over the LR range the search tried, at its bracket ratio and
+(lmtune/findings/baselines.py ``careful_baseline``), over the LR range the search tried, at its bracket ratio and
 with its seed counts:
 
 1. grid: LRs 2x apart from the smallest to the largest the search tried, seed 0, under ASHA on tokens with the

@@ -8,7 +8,7 @@ the compare space (``search: edge``, the same budget and scheduler, ``set:`` the
 top, ``edge:`` the compare space's edge section), run and analyzed the same way, one after another.
 
 Tokens are counted as the report counts them: each trial's own tokens (its newest metrics row, less what a
-continued run copied from its source: lmtune.report.stability.tokens_spent) and each range test's (its
+continued run copied from its source: lmtune.findings.stability.tokens_spent) and each range test's (its
 range_test.json). The compare search's runs of a later variant at the reference's best LR (stage ``at_reference``)
 are counted apart: extra information the compare gives, which no independent search trains. Prints one table,
 checks the per-variant sums against each summary.json, and appends one row to benchmarks/results.jsonl.
@@ -36,8 +36,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lmtune.findings.stability import TrialRecord, tokens_spent  # noqa: E402
 from lmtune.report.reader import load_sweep  # noqa: E402 (lmtune from this checkout)
-from lmtune.report.stability import TrialRecord, tokens_spent  # noqa: E402
 from lmtune.searches.compare.search import AT_REFERENCE  # noqa: E402
 from lmtune.searches.compare.settings import Variant  # noqa: E402
 from lmtune.searches.trial_order import RANGE_STAGE  # noqa: E402

@@ -32,7 +32,7 @@ from lmtune.data.dataset import data_unigram_loss
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, JsonValue
 from lmtune.searches.textbook import TextbookRule, horizon_rule, width_rule
-from lmtune.sweep.record import run_config_of
+from lmtune.training.config import run_config_of
 from lmtune.training.metric_registry import Row
 from lmtune.training.metrics import METRICS_FILE, read_metrics
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
+from lmtune.findings.summary import SweepFacts
 from lmtune.report.headline import summary_lines, unfinished_mark
 from lmtune.report.reader import resolve_sweep
-from lmtune.report.summary import SweepFacts
 from lmtune.report.writer import WrittenReport, write_report
 from lmtune.sweep.storage import SweepStorage, is_uri
 from lmtune.usercode.consent import REFUSED_NOTE, add_consent_arguments, consent_from_arguments

@@ -92,7 +92,7 @@ def horizon_summary_call(sweep_dir: Path):
         settings = writer.horizon_settings(getattr(record, "plan", None) or record.space)
         return (lambda: writer.horizon_sweep_summary(record, trials, settings, None)), "writer.horizon_sweep_summary"
     from lmtune.report.reader import load_range_test
-    from lmtune.report.sections.base import SweepInputs
+    from lmtune.findings.part import SweepInputs
     from lmtune.report.sections.lookup import search_of, section_for
     from lmtune.report.sweep_facts import sweep_budget, vocab_size
 

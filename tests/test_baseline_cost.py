@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lmtune.analysis.runs import Budget, Run
-from lmtune.report.baselines import bracket_walk, careful_baseline, competent_baseline
+from lmtune.findings.baselines import bracket_walk, careful_baseline, competent_baseline
 
 BUDGET = Budget(steps=100, warmup_steps=10, tokens_per_step=64, seed=0, rungs=(6400,))
 

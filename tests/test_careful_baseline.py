@@ -1,6 +1,6 @@
 """benchmarks/careful_baseline.py's planning, from hand-made stage results (the Tuner runs are the benchmark's):
 the 2x grid, which grid LRs go on to the full budget, the bisections and the further seeds, each as the report's
-estimate (lmtune.report.baselines) counts them."""
+estimate (lmtune.findings.baselines) counts them."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from benchmarks.compare_cost import NO_VARIANT, Cost, costs, edge_space, in_basin
-from lmtune.report.stability import TrialRecord
+from lmtune.findings.stability import TrialRecord
 from lmtune.sweep.spaces import load_space, resolve_space_path
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import TINY_MODEL
 
+from lmtune.findings.summary import ModelFacts
 from lmtune.report.markdown.model import model_overview
-from lmtune.report.summary import ModelFacts
 from lmtune.training.config import budget_config
 from lmtune.training.lm import formula_flops_per_token
 from lmtune.usercode.config import UserCode

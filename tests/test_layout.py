@@ -104,22 +104,20 @@ def test_every_function_is_shorter_than_100_lines():
 MAX_MODULE_LINES, MIN_MODULE_LINES = 400, 40
 # The layers, lowest first: a module imports only from its own layer or lower ones (the top-level modules, the
 # commands, sit above all of them; errors, files and private_apis below). usercode/ (the user's code behind the
-# training spec's protocols) sits on training and fused; tools/ (what the diagnose and bench commands measure) on the
-# sweep's records.
-LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "usercode", "analysis", "searches", "sweep",
-          "tools", "report")
-# A search's folder holds its part of the report too (lmtune.searches.NAME.report*): those modules sit in the report's
-# layer, above the sweep; the rest of the folder (settings, decisions) below it.
+# training spec's protocols) sits on training and fused; findings/ (a sweep's trials as the report reads them, their
+# summary, and what a search's part of the report is given) on the analysis; a search's folder, its report part
+# included, on the findings; tools/ (what the diagnose and bench commands measure) on the sweep's records.
+LAYERS = ("errors", "files", "private_apis", "data", "training", "fused", "usercode", "analysis", "findings",
+          "searches", "sweep", "tools", "report")
+# A search's part of the report: its folder's report modules (lmtune.searches.NAME.report*).
 SEARCH_REPORT_PREFIX = "report"
 
 
 def layer_of(module: str) -> int | None:
-    """The layer of an lmtune module (None: a top-level module, a command)."""
+    """The layer of an lmtune module, by the package it lives in (None: a top-level module, a command)."""
     parts = module.split(".")
     if len(parts) < 2 or parts[1] not in LAYERS:
         return None
-    if parts[1] == "searches" and parts[-1].startswith(SEARCH_REPORT_PREFIX):
-        return LAYERS.index("report")
     return LAYERS.index(parts[1])
 
 
@@ -147,7 +145,8 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
 def _registered_report_part(tree: ast.Module, module: str) -> set[str]:
     """A search folder's own report module, where its ``__init__`` (the strategy, lmtune.searches.NAME) imports it
     inside a function, the report part lmtune.searches.STRATEGIES registers: imported when the report asks, never by
-    a sweep (test_a_sweep_loads_no_search_report_part_nor_figure_code), so no import of its layer or a cycle."""
+    a sweep (test_a_sweep_loads_no_search_report_part_nor_figure_code), so no cycle with the part, which imports the
+    strategy it reports on."""
     if not re.fullmatch(r"lmtune\.searches\.\w+", module):
         return set()
     own = f"{module}.{SEARCH_REPORT_PREFIX}"
@@ -228,21 +227,21 @@ def test_no_layer_imports_a_layer_above_it():
     assert not upward, upward
 
 
-def test_two_packages_import_each_other_only_where_a_searchs_folder_holds_its_report_part():
-    """Package by package, imports go one way, but for the searches and the report: a search's folder keeps its
-    part of the report beside its strategy (one folder and one registry line per search, docs/contributing.md), and
-    those report modules import the report's parts while the report imports the searches' registry and states."""
+def test_no_two_packages_import_each_other():
     package = {m: m.split(".")[1] for m in import_graph() if len(m.split(".")) > 1}
-    edges = {(package[m], package[t]): (m, t) for m, targets in import_graph().items() for t in targets
+    edges = {(package[m], package[t]) for m, targets in import_graph().items() for t in targets
              if m in package and t in package and package[m] != package[t]}
-    both_ways = sorted(tuple(sorted(pair)) for pair in edges if pair[::-1] in edges)
-    assert set(both_ways) <= {("report", "searches")}, both_ways
-    from_search_folders = [m for m, targets in import_graph().items() if m.startswith("lmtune.searches.")
-                           for t in targets if t.startswith("lmtune.report")]
-    assert from_search_folders and all(m.split(".")[-1].startswith(SEARCH_REPORT_PREFIX)
-                                       for m in from_search_folders), from_search_folders
-    assert not [m for m, targets in import_graph().items() if m.startswith("lmtune.searches.")
-                for t in targets if t.startswith("lmtune.sweep")]
+    assert edges, "the graph holds no import between packages"
+    assert not sorted(tuple(sorted(pair)) for pair in edges if pair[::-1] in edges)
+
+
+def test_a_searchs_folder_report_part_included_imports_nothing_of_the_report_nor_of_the_sweep():
+    """A search's part of the report is given all it reads (lmtune.findings.part.SweepInputs): it lives, and is
+    layered, where its folder is."""
+    parts = [m for m in import_graph() if m.startswith("lmtune.searches.") and m.split(".")[-1].startswith("report")]
+    assert len(parts) >= 3, parts
+    assert not [f"{m} imports {t}" for m, targets in import_graph().items() if m.startswith("lmtune.searches.")
+                for t in targets if t.startswith(("lmtune.report", "lmtune.sweep", "lmtune.tools"))]
 
 
 def test_every_package_and_every_top_level_module_has_a_layer_or_is_a_command():
@@ -401,8 +400,8 @@ SWEEP_RECORDS = {"lmtune.sweep.record", "lmtune.sweep.sweep_file", "lmtune.sweep
 
 
 def test_the_report_imports_of_the_sweep_only_its_records():
-    """The report and the searches' report parts import, of lmtune.sweep, only the record readers (not even for
-    typing); what a search decides comes from the search's own folder."""
+    """The report imports, of lmtune.sweep, only the record readers (not even for typing); what a search decides
+    comes from the search's own folder (whose report part imports nothing of the sweep's: it is given what it reads)."""
     report_layer = LAYERS.index("report")
     found = sorted(f"{m} imports {t}" for m, targets in import_graph().items() if layer_of(m) == report_layer
                    for t in targets if t.startswith("lmtune.sweep") and t not in SWEEP_RECORDS)

@@ -33,8 +33,8 @@ from benchmarks.truth_setting import Setting, TruthData
 from lmtune.data.dataset import read_meta
 from lmtune.errors import LmtuneError
 from lmtune.searches.textbook import PRIOR_BETA
-from lmtune.sweep.record import run_config_of
 from lmtune.sweep.sweep_file import DataRecord
+from lmtune.training.config import run_config_of
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from conftest import png_width, read_wandb_runs, run_python, tensorboard_scalars
 
+from lmtune.findings.stability import TrialRecord, first_growth
 from lmtune.fused.loop import train_fused
 from lmtune.report.figures import plot_instability
-from lmtune.report.stability import TrialRecord, first_growth
 from lmtune.sweep.reporting import TuneSink
 from lmtune.training.loop import RunResult, resolve_config, train
 from lmtune.training.metric_registry import (

@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 from conftest import assert_real_picture
 
+from lmtune.findings.sharpness import Sharpness, SharpnessRow
+from lmtune.findings.stability import TrialRecord, classify
+from lmtune.findings.summary import SweepFacts, sweep_summary
 from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
 from lmtune.report.markdown import HEADINGS, write_markdown
-from lmtune.report.sharpness import Sharpness, SharpnessRow
-from lmtune.report.stability import TrialRecord, classify
-from lmtune.report.summary import SweepFacts, sweep_summary
 from lmtune.report.writer import write_tables
 
 N = 40

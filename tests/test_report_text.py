@@ -7,8 +7,8 @@ from __future__ import annotations
 from lmtune.analysis.bracket import THROUGH, bracket, edge_confirmation
 from lmtune.analysis.conclusion import conclude
 from lmtune.analysis.runs import Budget, Run
+from lmtune.findings.text import interval_line, ratio_range_text
 from lmtune.report.headline import region_lines
-from lmtune.report.text import interval_line, ratio_range_text
 
 BUDGET = Budget(steps=150, warmup_steps=15, tokens_per_step=1024, seed=0, rungs=(16896, 50688, 153600))
 FULL = BUDGET.full_tokens

@@ -2,10 +2,9 @@ import numpy as np
 import pytest
 import torch
 
+from lmtune.findings.sharpness import adam_threshold, gd_threshold
 from lmtune.report.sharpness import (
-    adam_threshold,
     checkpoint_sharpness,
-    gd_threshold,
     hessian_top_eigenvalue,
     preconditioned_sharpness,
 )

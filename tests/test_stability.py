@@ -6,8 +6,8 @@ import pytest
 
 from lmtune.analysis.named_lrs import UsefulRange
 from lmtune.errors import LmtuneError
-from lmtune.report.comparison import SENSITIVITY_LRS
-from lmtune.report.stability import (
+from lmtune.findings.comparison import SENSITIVITY_LRS
+from lmtune.findings.stability import (
     TrialRecord,
     candidate_token_range,
     classify,
@@ -19,7 +19,7 @@ from lmtune.report.stability import (
     spikes_of,
     tokens_to_reach,
 )
-from lmtune.report.summary import sweep_summary
+from lmtune.findings.summary import sweep_summary
 
 
 def best_trial_id(records):

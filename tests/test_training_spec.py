@@ -20,7 +20,7 @@ from lmtune.usercode.spec import UserModel, UserSchedule, spec_for
 MAY_ASK = ("lmtune/training/code.py", "lmtune/training/spec.py", "lmtune/usercode/")
 # Outside them the name appears only where summary.json's `user_model` key is carried from sweep.json's code into the
 # report's typed summary; nothing there branches on it (the report's words for the model are UserCode.title's).
-CARRY_THE_RECORD = {"lmtune/report/sweep_facts.py", "lmtune/report/summary.py"}
+CARRY_THE_RECORD = {"lmtune/report/sweep_facts.py", "lmtune/findings/summary.py"}
 ASKING = {"user_model", "is_lmtune_model"}
 
 
@@ -109,8 +109,8 @@ def test_whether_a_worker_may_run_the_next_trial_is_the_user_codes_finding(make_
 
 
 def test_the_report_names_the_users_model_as_theirs_from_the_code_record_and_summary_json_keeps_the_fact():
+    from lmtune.findings.summary import ModelFacts
     from lmtune.report.markdown.model import model_overview
-    from lmtune.report.summary import ModelFacts
 
     def overview(code: UserCode) -> str:
         facts = type("Facts", (), {"model": ModelFacts(code.describe(), code.user_model, title=code.title())})

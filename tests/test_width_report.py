@@ -15,7 +15,7 @@ from conftest import DISK_CONFIG, TINY_MODEL, assert_confirmation_follows_its_ru
 
 from lmtune.analysis.locate import LocatedLr
 from lmtune.analysis.runs import Budget
-from lmtune.report.comparison import record_runs
+from lmtune.findings.comparison import record_runs
 from lmtune.report.headline import summary_lines
 from lmtune.report.reader import load_sweep
 from lmtune.report.sections import section_for

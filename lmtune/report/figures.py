@@ -16,15 +16,15 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import EngFormatter, FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, FuncFormatter  # noqa: E402
 
 from lmtune.analysis.runs import format_tokens  # noqa: E402
-from lmtune.report.sections.base import FigureInputs, ReportFigure  # noqa: E402
-from lmtune.report.sharpness import SharpnessRow  # noqa: E402
-from lmtune.report.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
-from lmtune.report.summary import SweepSummary  # noqa: E402
-from lmtune.report.text import basin_lrs, per_doubling  # noqa: E402
-from lmtune.report.text import lr as _lr  # noqa: E402
+from lmtune.findings.part import FigureInputs, ReportFigure  # noqa: E402
+from lmtune.findings.sharpness import SharpnessRow  # noqa: E402
+from lmtune.findings.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
+from lmtune.findings.summary import SweepSummary  # noqa: E402
+from lmtune.findings.text import basin_lrs, per_doubling  # noqa: E402
+from lmtune.findings.text import lr as _lr  # noqa: E402
 from lmtune.training.figures import plot_range_test, save_figure  # noqa: E402
 from lmtune.training.metric_registry import instability_panels  # noqa: E402
 
@@ -34,14 +34,6 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------
 # A sweep
 
-
-def readable_lr_axis(ax, axis: str = "x") -> None:
-    """A log LR axis (``axis``: x or y) labelled 0.005, 0.01, 0.02 (readable LRs), no minor labels."""
-    getattr(ax, f"set_{axis}scale")("log")
-    lr_axis = ax.xaxis if axis == "x" else ax.yaxis
-    lr_axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
-    lr_axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    lr_axis.set_minor_formatter(NullFormatter())
 
 
 def _lr_colors(records: Sequence[TrialRecord]):

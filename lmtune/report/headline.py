@@ -1,16 +1,16 @@
 """The few lines both CLIs print about what a sweep concluded (``run`` at its end, ``analyze`` after its
 report): the best LR with its spread and interval, the regions above it, the edge bracket, and their ratio as a
 range; a search with a report section of its own (horizon) says its part first. Reads the typed summary
-(lmtune.report.summary.SweepSummary), the one summary.json is written from."""
+(lmtune.findings.summary.SweepSummary), the one summary.json is written from."""
 
 from __future__ import annotations
 
 from lmtune.analysis.bracket import EdgeConfirmation
 from lmtune.analysis.landscape import Landscape
 from lmtune.analysis.named_lrs import UsefulRange
+from lmtune.findings.summary import SweepSummary
+from lmtune.findings.text import basin_ends, basin_lrs, interval_line, per_doubling, ratio_range_text
 from lmtune.report.sections import section_for
-from lmtune.report.summary import SweepSummary
-from lmtune.report.text import basin_ends, basin_lrs, interval_line, per_doubling, ratio_range_text
 
 
 def running_trials(summary: SweepSummary) -> int:

@@ -14,8 +14,8 @@ from typing import Any
 
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.report.stability import OUTCOMES, TrialRecord
-from lmtune.report.summary import MissingTrial
+from lmtune.findings.stability import OUTCOMES, TrialRecord
+from lmtune.findings.summary import MissingTrial
 from lmtune.searches.state import read_search_states
 from lmtune.sweep.record import (
     BOOKKEEPING_PARAMS,

@@ -1,6 +1,6 @@
 """The edge-of-stability report of runs lmtune did not make (``python -m lmtune.analyze --runs PATH``;
 docs/analyze-runs.md): the runs read by lmtune.report.external_runs, turned into the report's TrialRecords and
-concluded on as a sweep's are (lmtune.report.summary.sweep_summary: lmtune.analysis.conclusion.conclude on their
+concluded on as a sweep's are (lmtune.findings.summary.sweep_summary: lmtune.analysis.conclusion.conclude on their
 Runs), written as lr_sweep_analysis.md, summary.json, summary.csv and the figures the data supports.
 
 What the runs are judged by: the loss is val_loss (train_loss where no run logged val_loss), compared at equal
@@ -25,17 +25,17 @@ import pandas as pd
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, atomic_write_text, check_destination
+from lmtune.findings.part import FigureInputs
+from lmtune.findings.rows import json_safe
+from lmtune.findings.stability import TrialRecord
+from lmtune.findings.summary import SweepFacts, SweepSummary, sweep_summary
 from lmtune.report.external_runs import RunsInput, read_runs
 from lmtune.report.figures import COMPARISON, COMPARISON_WALL, LR_VS_LOSS
 from lmtune.report.markdown.edge import edge
 from lmtune.report.markdown.landscape import best_lr, landscape
 from lmtune.report.markdown.method import definitions
 from lmtune.report.markdown.runs import convergence, equal_tokens, overview, sensitivity, target, trials
-from lmtune.report.rows import json_safe
 from lmtune.report.run_tables import COLUMN_NAMES, LOSSES, LoggedRun
-from lmtune.report.sections.base import FigureInputs
-from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import SweepFacts, SweepSummary, sweep_summary
 from lmtune.report.writer import (
     MARKDOWN,
     REPORT_DIR,

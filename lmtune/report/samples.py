@@ -19,7 +19,7 @@ import torch
 from lmtune.data.dataset import read_meta
 from lmtune.data.documents import EOT
 from lmtune.errors import LmtuneError
-from lmtune.report.summary import Sample
+from lmtune.findings.summary import Sample
 from lmtune.training.sampling import DEFAULT_PROMPT, SampleSettings, generate
 from lmtune.usercode.consent import NO_CONSENT, REFUSED_NOTE, CodeConsent, FolderCodeRefused
 from lmtune.usercode.guard import user_call

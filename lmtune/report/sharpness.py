@@ -15,7 +15,7 @@ import io
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,13 +25,13 @@ from torch.optim.optimizer import StateDict
 from lmtune.data.batches import fixed_val_batches
 from lmtune.data.dataset import load_data
 from lmtune.errors import LmtuneError
-from lmtune.files import JsonObject, atomic_write_text
-from lmtune.report.stability import TrialRecord, classify
-from lmtune.sweep.record import run_config_of
+from lmtune.files import atomic_write_text
+from lmtune.findings.sharpness import SHARPNESS_COLUMNS, Sharpness, SharpnessRow, adam_threshold, gd_threshold
+from lmtune.findings.stability import TrialRecord, classify
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.tools.terminal_progress import each
 from lmtune.training.checkpoint import Checkpoint, load_checkpoint
-from lmtune.training.config import RunConfig
+from lmtune.training.config import RunConfig, run_config_of
 from lmtune.training.lm import LanguageModelLoss
 from lmtune.training.model_config import ModelConfig
 from lmtune.training.spec import ModelSpec
@@ -41,50 +41,6 @@ from lmtune.usercode.spec import spec_for
 log = logging.getLogger(__name__)
 
 Vector = list[torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Sharpness:
-    """One checkpoint's sharpness, raw and Adam-preconditioned, and the thresholds it is read against."""
-
-    step: int
-    """The checkpoint's step."""
-    lr_at_step: float | None
-    """The LR its last step was taken with (None: neither its optimizer state nor its config tells)."""
-    sharpness: float
-    """The top Hessian eigenvalue of the training loss on the fixed batch."""
-    preconditioned_sharpness: float | None
-    """The top eigenvalue of P^-1/2 H P^-1/2 under Adam's preconditioner (None: no optimizer state)."""
-    gd_threshold: float | None
-    """2/lr: where full-batch GD's sharpness hovers (None: no LR)."""
-    adam_threshold: float | None
-    """(2 + 2 beta1) / ((1 - beta1) lr): where Adam's preconditioned sharpness hovers (None: no LR or beta1)."""
-
-
-@dataclass(frozen=True)
-class SharpnessRow:
-    """A row of sharpness.csv (and of summary.json's ``sharpness``): one trial's sharpness at one checkpoint."""
-
-    trial_id: str | None
-    """The trial (None: a lone checkpoint's series)."""
-    lr: float | None
-    """The trial's LR."""
-    estimate: Sharpness
-    """Its sharpness at the checkpoint."""
-
-    def to_json(self) -> JsonObject:
-        """The row by SHARPNESS_COLUMNS, in their order."""
-        return {"trial_id": self.trial_id, "lr": self.lr, **asdict(self.estimate)}
-
-
-def gd_threshold(lr: float) -> float:
-    """Sharpness at which full-batch GD with step ``lr`` stops being stable on a quadratic: 2/lr."""
-    return 2.0 / lr
-
-
-def adam_threshold(lr: float, beta1: float = 0.9) -> float:
-    """Preconditioned-sharpness stability threshold of Adam (Cohen et al. 2022): (2 + 2 b1)/((1 - b1) lr)."""
-    return (2.0 + 2.0 * beta1) / ((1.0 - beta1) * lr)
 
 
 def _dot(a: Vector, b: Vector) -> torch.Tensor:
@@ -289,10 +245,6 @@ def checkpoint_sharpness(checkpoint_path: Path, model_config: ModelConfig | None
 
 # ---------------------------------------------------------------------------------------------
 # A sweep's sharpness
-
-
-SHARPNESS_COLUMNS = ["trial_id", "lr", "step", "lr_at_step", "sharpness", "preconditioned_sharpness",
-                     "gd_threshold", "adam_threshold"]
 
 
 def sharpness_trials(records: list[TrialRecord], best_trial_id: str | None) -> list[TrialRecord]:

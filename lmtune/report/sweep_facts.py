@@ -13,8 +13,8 @@ from lmtune.analysis.runs import AshaBudget, Budget
 from lmtune.data.dataset import data_unigram_loss, describe_validation, read_meta
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.report.stability import ATTENTION_LOGITS, TrialRecord, budget_tokens, logged, tokens_spent
-from lmtune.report.summary import ModelFacts
+from lmtune.findings.stability import ATTENTION_LOGITS, TrialRecord, budget_tokens, logged, tokens_spent
+from lmtune.findings.summary import ModelFacts
 from lmtune.sweep.plan import asha_budget
 from lmtune.sweep.record import read_json_object
 from lmtune.sweep.sweep_file import SweepRecord

@@ -22,17 +22,18 @@ from pathlib import Path
 
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject, atomic_write_text, check_destination
+from lmtune.findings.part import FigureInputs, ReportFigure, SweepInputs
+from lmtune.findings.rows import TrialRow, json_safe, varied_params
+from lmtune.findings.sharpness import SharpnessRow
+from lmtune.findings.stability import TrialRecord
+from lmtune.findings.summary import SweepFacts, SweepSummary
 from lmtune.report.figures import FIGURES
 from lmtune.report.headline import running_trials, unfinished_figure_mark
 from lmtune.report.markdown import write_markdown
 from lmtune.report.reader import load_range_test, load_sweep, missing_trials
-from lmtune.report.rows import TrialRow, json_safe, varied_params
 from lmtune.report.samples import best_samples
-from lmtune.report.sections import search_of, section_for
-from lmtune.report.sections.base import FigureInputs, ReportFigure, SweepInputs
-from lmtune.report.sharpness import SharpnessRow, sweep_sharpness, write_sharpness_csv
-from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import SweepFacts, SweepSummary
+from lmtune.report.sections import search_decisions, search_of, section_for
+from lmtune.report.sharpness import sweep_sharpness, write_sharpness_csv
 from lmtune.report.sweep_facts import (
     compute_accounting,
     data_description,
@@ -98,9 +99,11 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int =
     range_variant = record.plan.space.strategy.range_test_variant() if record.plan else None
     range_test = load_range_test(sweep_dir, range_variant)
     range_tokens = range_test.tokens if range_test is not None else None
-    inputs = SweepInputs(record, trials, sweep_dir, target, sweep_budget(record, trials), vocab_size(record),
-                         range_tokens)
-    summary = section_for(search_of(record)).summarize(inputs)
+    plan, search = record.plan, search_of(record)
+    inputs = SweepInputs(plan.space.strategy if plan else None, plan.base if plan else None,
+                         plan.unigram_loss if plan else None, trials, sweep_dir, target, sweep_budget(record, trials),
+                         vocab_size(record), range_tokens, search_decisions(sweep_dir, search))
+    summary = section_for(search).summarize(inputs)
     best = next((t for t in trials if t.trial_id == summary.best_trial), None)
     best_trial_dir = str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None
     texts, note = best_samples(best_trial_dir, samples, consent)

@@ -27,8 +27,8 @@ class SearchEntry:
     strategy: type[SearchStrategy]
     """Its section of the space file and what its sweep runs (lmtune.searches.base.SearchStrategy)."""
     report: Callable[[], Any] | None = None
-    """Its part of the report (a lmtune.report.sections.base.ReportPart), imported when called (None: the common
-    report alone, lmtune.report.sections.base.PlainSection)."""
+    """Its part of the report (a lmtune.findings.part.ReportPart), imported when called (None: the common
+    report alone, lmtune.findings.part.PlainSection)."""
 
 
 STRATEGIES: dict[str, SearchEntry] = {

@@ -1,6 +1,6 @@
 """A search as three small contracts, one per file of its folder: what its section of a space file holds
 (``SpaceSection``: the strategy, its folder's ``__init__.py``), where its next trial comes from (``TrialSource``: its
-decisions, ``search.py``), and what its part of the report says (lmtune.report.sections.base.ReportPart:
+decisions, ``search.py``), and what its part of the report says (lmtune.findings.part.ReportPart:
 ``report.py``). lmtune.searches.STRATEGIES registers each search's three by its ``search:`` value.
 
 Grid and optuna have no trial source of their own to write: Tune generates a grid's trials, and Ray's OptunaSearch

@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass, field
 from lmtune.analysis.runs import AshaBudget, Budget
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.record import run_config_of
 from lmtune.sweep.spaces import SchedulerSpec, SearchSpace
-from lmtune.training.config import RunConfig
+from lmtune.training.config import RunConfig, run_config_of
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lr_range import RangeTestConfig
 from lmtune.usercode.config import MODEL_SETTING

@@ -35,9 +35,6 @@ from lmtune.files import JsonObject, atomic_write_json, remove_tree, writer_lock
 from lmtune.searches.state import decisions_dir
 from lmtune.searches.trial_order import ORDER_KEYS, TuneParams
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
-from lmtune.training.config import MODEL_FIELDS, TRAIN_FIELDS, RunConfig, TrainConfig, coerce_value
-from lmtune.training.model_config import ModelConfig
-from lmtune.usercode.config import UserCode
 
 log = logging.getLogger(__name__)
 
@@ -240,22 +237,6 @@ def trial_id_in(folder: Path) -> str | None:
     return str(own) if own else _first_result_trial_id(Path(folder))
 
 
-def run_config_of(raw: object) -> RunConfig | None:
-    """A RunConfig as JSON (RunConfig.to_dict(): a trial's config.json, sweep.json's base_config) as a RunConfig:
-    fields this version does not know left out, missing ones at their defaults; None when it is not one (no model
-    and train mappings, or a value that is not of its field's type)."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict) or not isinstance(raw.get("train"), dict):
-        return None
-    try:
-        model = {k: coerce_value(k, v, "config") for k, v in raw["model"].items() if k in MODEL_FIELDS}
-        train = {k: coerce_value(k, v, "config") for k, v in raw["train"].items() if k in TRAIN_FIELDS}
-    except LmtuneError:
-        return None
-    budget, data_dir, vocab_from_data = raw.get("budget", "custom"), raw.get("data_dir", ""), raw.get("vocab_from_data")
-    if not (isinstance(budget, str) and isinstance(data_dir, str) and isinstance(vocab_from_data, bool | None)):
-        return None
-    return RunConfig(ModelConfig(**model), TrainConfig(**train), budget, data_dir,
-                     True if vocab_from_data is None else vocab_from_data, UserCode.from_dict(raw.get("code")))
 
 
 def read_json_object(path: Path) -> JsonObject:

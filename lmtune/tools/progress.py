@@ -16,12 +16,12 @@ from lmtune.sweep.record import (
     is_sweep_dir,
     read_outcomes,
     readable_trial,
-    run_config_of,
     trial_folders,
     trial_id_in,
     tune_ended,
 )
 from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.training.config import run_config_of
 from lmtune.training.metrics import METRICS_FILE, is_count, last_metrics_row
 
 log = logging.getLogger(__name__)

@@ -148,14 +148,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: JsonObject) -> RunConfig:
-        return cls(
-            model=ModelConfig(**data["model"]),
-            train=TrainConfig(**data["train"]),
-            budget=data.get("budget", "custom"),
-            data_dir=data.get("data_dir", ""),
-            vocab_from_data=data.get("vocab_from_data", True),
-            code=UserCode.from_dict(data.get("code")),
-        )
+        return cls(ModelConfig(**data["model"]), TrainConfig(**data["train"]), data.get("budget", "custom"),
+                   data.get("data_dir", ""), data.get("vocab_from_data", True), UserCode.from_dict(data.get("code")))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -180,17 +174,11 @@ BUDGETS: dict[str, dict[str, Setting]] = {
 MODEL_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 PARAMETRIZATIONS = ("sp", "mup")
-CHOICES = {
-    "parametrization": PARAMETRIZATIONS,
-    "norm": NORMS,
-    "position": POSITIONS,
-    "ffn": FFNS,
-    "device": None,  # validated by the device module (cuda:N etc.)
+CHOICES = {  # (device: None, validated by the device module: cuda:N etc.)
+    "parametrization": PARAMETRIZATIONS, "norm": NORMS, "position": POSITIONS, "ffn": FFNS, "device": None,
     "compile": ("auto", "on", "off"),
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-    "precision": ("auto", "fp32", "bf16"),
-    "schedule": SCHEDULES,
-    "cooldown_shape": tuple(COOLDOWN_SHAPES),
+    "precision": ("auto", "fp32", "bf16"), "schedule": SCHEDULES, "cooldown_shape": tuple(COOLDOWN_SHAPES),
 }
 
 
@@ -248,16 +236,14 @@ def coerce_value(name: str, value: object, where: str = "--set") -> Setting:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError(text)
+        if kind in (int, float) and isinstance(value, bool):  # (true is no number of steps, nor an LR)
+            raise ValueError(value)
         if kind is int:
-            if isinstance(value, bool):
-                raise ValueError(value)
             number = float(value) if isinstance(value, (str, float)) else value
             if isinstance(number, float) and not number.is_integer():  # 2.9 steps is no number of steps
                 raise ValueError(value)
             return int(number)
         if kind is float:
-            if isinstance(value, bool):
-                raise ValueError(value)
             return float(value)
         if not isinstance(value, str):
             raise ValueError(value)
@@ -350,19 +336,17 @@ def validate(config: RunConfig, where: str = "config") -> None:
         if not ok:
             raise LmtuneError(f"{where}: {message}")
 
-    for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads"):
+    for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "mup_base_width",
+                 "mup_base_head_dim"):
         need(getattr(m, name) > 0, f"{name} must be a positive integer (got {getattr(m, name)})")
     need(m.ffn_width > 0, f"d_ff must be a positive integer (got {m.d_ff}; 0, for 4 x d_model, with ffn=silu only)")
     need(m.d_model % m.n_heads == 0, f"d_model ({m.d_model}) must be divisible by n_heads ({m.n_heads})")
-    need(m.position != "rope" or (m.d_model // m.n_heads) % 2 == 0, "head dimension d_model/n_heads must be even "
-         "for RoPE")
+    need(m.position != "rope" or (m.d_model // m.n_heads) % 2 == 0, "RoPE needs an even head dimension d_model/n_heads")
     need(m.parametrization == "sp" or m.norm == "pre", f"parametrization=mup is written and checked for the "
          f"pre-norm model (lmtune.training.coord_check), not norm={m.norm}; use parametrization=sp")
     need(math.isfinite(m.rope_theta) and m.rope_theta > 0, "rope_theta must be a positive number")
     need(math.isfinite(m.norm_eps) and m.norm_eps > 0, f"norm_eps must be a positive number (got {m.norm_eps})")
     need(math.isfinite(m.z_loss) and m.z_loss >= 0, "z_loss must be >= 0")
-    for name in ("mup_base_width", "mup_base_head_dim"):
-        need(getattr(m, name) > 0, f"{name} must be a positive integer (got {getattr(m, name)})")
     for name in SETTING_RULES:
         why = broken_rule(name, getattr(t, name))
         need(why is None, why or "")
@@ -398,3 +382,19 @@ def validate(config: RunConfig, where: str = "config") -> None:
         backends = torch.compiler.list_backends(exclude_tags=())
         need(t.compile_backend in backends, f"compile_backend {shown(t.compile_backend)} is not a torch.compile "
              f"backend; use auto or one of {', '.join(b for b in backends if 'TESTING' not in b)}")
+
+
+def run_config_of(raw: object) -> RunConfig | None:
+    """A RunConfig as JSON (``to_dict``: a trial's config.json, sweep.json's base_config), read leniently: fields
+    this version does not know left out, missing ones at their defaults; None when it is not one."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict) or not isinstance(raw.get("train"), dict):
+        return None
+    try:
+        model = {k: coerce_value(k, v, "config") for k, v in raw["model"].items() if k in MODEL_FIELDS}
+        train = {k: coerce_value(k, v, "config") for k, v in raw["train"].items() if k in TRAIN_FIELDS}
+    except LmtuneError:
+        return None
+    budget, data_dir, vocab_from_data = raw.get("budget", "custom"), raw.get("data_dir", ""), raw.get("vocab_from_data")
+    if not (isinstance(budget, str) and isinstance(data_dir, str) and isinstance(vocab_from_data, bool | None)):
+        return None
+    return RunConfig.from_dict({**raw, "model": model, "train": train, "vocab_from_data": vocab_from_data is not False})

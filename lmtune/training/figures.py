@@ -86,6 +86,17 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
+def readable_lr_axis(ax, axis: str = "x") -> None:
+    """A log LR axis (``axis``: x or y) labelled 0.005, 0.01, 0.02 (readable LRs), no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    lr_axis = ax.xaxis if axis == "x" else ax.yaxis
+    lr_axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    lr_axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    lr_axis.set_minor_formatter(NullFormatter())
+
+
 def plot_loss_curves(rows: list[dict], path: Path, title: str = "") -> Path:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
     train = [(r["tokens"], r["train_loss"]) for r in rows if _finite(r.get("train_loss"))]

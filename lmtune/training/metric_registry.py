@@ -3,7 +3,7 @@
 A metrics row (what the training loops emit at a log interval) holds registered keys only, and every
 place that handles rows reads them from here: metrics.csv's header and which of its columns are counts
 (lmtune.training.metrics), TensorBoard and W&B (the row's finite numbers), Ray Tune's report
-(lmtune.sweep.reporting), the report's stability probes (lmtune.report.stability) and its instability
+(lmtune.sweep.reporting), the report's stability probes (lmtune.findings.stability) and its instability
 figure (lmtune.report.figures.plot_instability). A key no metric names is refused (``UnregisteredMetric``),
 never dropped.
 

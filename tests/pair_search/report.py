@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmtune.report.sections.base import PlainSection
-from lmtune.report.summary import SweepSummary
+from lmtune.findings.part import PlainSection
+from lmtune.findings.summary import SweepSummary
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""lr_sweep_analysis.md, written from the typed summary and facts (lmtune.report.summary): one section per
+"""lr_sweep_analysis.md, written from the typed summary and facts (lmtune.findings.summary): one section per
 heading in HEADINGS, the search's own section after the overview (lmtune.report.sections), the range test's
 before the definitions."""
 
@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lmtune.files import atomic_write_text
+from lmtune.findings.stability import TrialRecord
+from lmtune.findings.summary import SweepFacts, SweepSummary
 from lmtune.report.headline import unfinished_mark
 from lmtune.report.markdown.edge import edge, how_runs_broke
 from lmtune.report.markdown.landscape import best_lr, landscape
@@ -16,8 +18,6 @@ from lmtune.report.markdown.method import definitions, range_test, search_and_co
 from lmtune.report.markdown.model import model_overview, samples
 from lmtune.report.markdown.runs import convergence, equal_tokens, overview, sensitivity, target, trials
 from lmtune.report.sections import section_for
-from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import SweepFacts, SweepSummary
 
 log = logging.getLogger(__name__)
 

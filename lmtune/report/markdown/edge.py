@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from lmtune.analysis.bracket import THROUGH, Bracket
 from lmtune.analysis.named_lrs import USEFUL_TOLERANCE
-from lmtune.report.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, NEAR_EDGE_BELOW, TrialRecord, first_growth
-from lmtune.report.summary import SweepSummary
-from lmtune.report.text import lr, ratio_range_text, table, tokens, too_wide
+from lmtune.findings.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, NEAR_EDGE_BELOW, TrialRecord, first_growth
+from lmtune.findings.summary import SweepSummary
+from lmtune.findings.text import lr, ratio_range_text, table, tokens, too_wide
 from lmtune.training.divergence import describe_spikes
 
 

@@ -4,8 +4,8 @@ the basin, degraded and diverged regions with the full-budget loss of every LR."
 from __future__ import annotations
 
 from lmtune.analysis.runs import SIGNIFICANCE_SE
-from lmtune.report.summary import SweepSummary
-from lmtune.report.text import between, fmt, interval_line, lr, per_doubling, table, tokens
+from lmtune.findings.summary import SweepSummary
+from lmtune.findings.text import between, fmt, interval_line, lr, per_doubling, table, tokens
 
 
 def best_lr(summary: SweepSummary) -> list[str]:

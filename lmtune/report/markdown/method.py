@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from lmtune.analysis.named_lrs import USEFUL_TOLERANCE
 from lmtune.analysis.runs import SIGNIFICANCE_SE
-from lmtune.report.baselines import BASELINE_GRID_RATIO
+from lmtune.findings.baselines import BASELINE_GRID_RATIO
+from lmtune.findings.summary import SweepFacts, SweepSummary
+from lmtune.findings.text import fmt, lr, table, tokens
 from lmtune.report.figures import RANGE_TEST
-from lmtune.report.summary import SweepFacts, SweepSummary
-from lmtune.report.text import fmt, lr, table, tokens
 
 
 def search_and_compute(summary: SweepSummary, facts: SweepFacts) -> list[str]:

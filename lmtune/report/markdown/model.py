@@ -3,7 +3,7 @@ the best LR's model writes."""
 
 from __future__ import annotations
 
-from lmtune.report.summary import ModelFacts, SweepFacts
+from lmtune.findings.summary import ModelFacts, SweepFacts
 
 
 def model_overview(facts: SweepFacts) -> list[str]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lmtune.report.comparison import SENSITIVITY_RANGE
+from lmtune.findings.comparison import SENSITIVITY_RANGE
+from lmtune.findings.rows import TrialRow, varied_params
+from lmtune.findings.summary import SweepFacts, SweepSummary
+from lmtune.findings.text import fmt, rate, table, tokens
 from lmtune.report.figures import LR_VS_LOSS
-from lmtune.report.rows import TrialRow, varied_params
-from lmtune.report.summary import SweepFacts, SweepSummary
-from lmtune.report.text import fmt, rate, table, tokens
 
 
 def overview(summary: SweepSummary, facts: SweepFacts, figures: Sequence[str]) -> list[str]:

@@ -16,7 +16,7 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 from lmtune.analysis.conclusion import Conclusion  # noqa: E402
 from lmtune.analysis.locate import LocatedLr  # noqa: E402
 from lmtune.analysis.runs import LrResult, standard_error  # noqa: E402
-from lmtune.report.text import fmt, lr, table  # noqa: E402
+from lmtune.findings.text import fmt, lr, table  # noqa: E402
 from lmtune.searches.axis.report_confirmation import TargetConfirmation  # noqa: E402
 
 

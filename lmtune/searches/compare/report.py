@@ -19,16 +19,15 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from lmtune.analysis.locate import LocatedLr  # noqa: E402
 from lmtune.analysis.runs import Budget, same_lr  # noqa: E402
-from lmtune.report.comparison import record_runs  # noqa: E402
-from lmtune.report.figures import readable_lr_axis  # noqa: E402
-from lmtune.report.rows import trial_row  # noqa: E402
-from lmtune.report.sections.base import FigureInputs, PlainSection, ReportFigure, SweepInputs  # noqa: E402
-from lmtune.report.stability import (
+from lmtune.findings.comparison import record_runs  # noqa: E402
+from lmtune.findings.part import FigureInputs, ReportFigure, SweepInputs  # noqa: E402
+from lmtune.findings.rows import trial_row  # noqa: E402
+from lmtune.findings.stability import (
     TrialRecord,  # noqa: E402
     val_points,  # noqa: E402
 )
-from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
-from lmtune.report.text import lr, table, tokens  # noqa: E402
+from lmtune.findings.summary import SweepSummary, summarize_runs  # noqa: E402
+from lmtune.findings.text import lr, table, tokens  # noqa: E402
 from lmtune.searches.compare.batch import RULES, BatchScaling  # noqa: E402
 from lmtune.searches.compare.comparison import (  # noqa: E402
     LOCATION_SD,
@@ -40,7 +39,10 @@ from lmtune.searches.compare.comparison import (  # noqa: E402
 )
 from lmtune.searches.compare.settings import CompareSettings  # noqa: E402
 from lmtune.searches.trial_order import RANGE_STAGE  # noqa: E402
-from lmtune.training.figures import save_figure  # noqa: E402
+from lmtune.training.figures import (
+    readable_lr_axis,  # noqa: E402
+    save_figure,  # noqa: E402
+)
 from lmtune.usercode.config import MODEL_ARG_PREFIX, MODEL_SETTING  # noqa: E402
 
 # What benchmarks/batch_coverage.py measured (3 and 5 batch sizes, 300 simulated searches per scenario, commit
@@ -54,9 +56,8 @@ class CompareSection:
 
     def summarize(self, sweep: SweepInputs) -> SweepSummary[CompareResult]:
         """The common summary of the reference's runs, and every variant against it."""
-        plan = sweep.record.plan  # (a compare search's record has its plan: its variants came from it)
-        settings: CompareSettings = plan.space.strategy.settings
-        budget = Budget.of_run(plan.base, None, plan.unigram_loss)
+        settings: CompareSettings = sweep.strategy.settings  # (its sweep.json holds its plan: these are set)
+        budget = Budget.of_run(sweep.base, None, sweep.unigram_loss)
         pairs = record_runs(sweep.trials, budget)
         by_variant = defaultdict(list)
         for run, record in pairs:
@@ -65,7 +66,7 @@ class CompareSection:
         result = with_batches(result, _speeds(sweep.trials))
         reference = by_variant.get(settings.reference.name, [])
         return summarize_runs([record for _, record in reference], reference, budget, target=sweep.target,
-                              vocab_size=sweep.vocab_size, decisions=PlainSection("compare").decisions(sweep),
+                              vocab_size=sweep.vocab_size, decisions=list(sweep.decisions),
                               search="compare",
                               conclusion=result.reference.conclusion, every_record=sweep.trials,
                               search_result=result)

@@ -14,10 +14,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from lmtune.analysis.runs import Budget, format_tokens  # noqa: E402
-from lmtune.report.comparison import record_runs  # noqa: E402
-from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
-from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
-from lmtune.report.text import lr, table, tokens  # noqa: E402
+from lmtune.findings.comparison import record_runs  # noqa: E402
+from lmtune.findings.part import ReportFigure, SweepInputs  # noqa: E402
+from lmtune.findings.summary import SweepSummary, summarize_runs  # noqa: E402
+from lmtune.findings.text import lr, table, tokens  # noqa: E402
 from lmtune.searches.axis.axis import PointConclusion  # noqa: E402
 from lmtune.searches.axis.held_out import (  # noqa: E402
     HELD_OUT_COVERAGE,
@@ -47,8 +47,8 @@ class HorizonSection:
         """The usual summary of the target budget's runs (the largest budget with runs, while none has trained at
         the target yet), every trial's row, and the horizon's own results
         (lmtune.searches.horizon.report_conclusion)."""
-        plan = sweep.record.plan  # (a horizon search's record has its plan: its settings came from it)
-        settings, base = horizon_settings(plan.space.strategy), Budget.of_run(plan.base, None, plan.unigram_loss)
+        # (a horizon search's sweep.json holds its plan: its base, strategy and baseline are set)
+        settings, base = horizon_settings(sweep.strategy), Budget.of_run(sweep.base, None, sweep.unigram_loss)
         pairs = record_runs(sweep.trials, base)  # every trial as a run, once: each budget's are among them
         result = horizon_summary([run for run, _ in pairs], settings, base)
         at = next((b for b in reversed(result.budgets) if records_at(sweep.trials, b.value, base)), None)

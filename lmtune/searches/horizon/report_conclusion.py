@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from lmtune.analysis.fit import HorizonFit
 from lmtune.analysis.runs import Budget, Run
 from lmtune.files import JsonObject
-from lmtune.report.stability import TrialRecord
+from lmtune.findings.stability import TrialRecord
 from lmtune.searches.axis.axis import PointConclusion
 from lmtune.searches.axis.report_confirmation import Predicted, TargetConfirmation, confirmation, search_tokens
 from lmtune.searches.base import SearchStrategy
@@ -92,7 +92,7 @@ def _fit_json(fit: HorizonFit) -> JsonObject:
 def horizon_summary(runs: Sequence[Run], settings: HorizonSettings, target: Budget) -> HorizonResult:
     """Every budget's conclusion and located LR*, the fit (beta, intercept, their 90% intervals) and its prediction
     at the target, and the confirmation's verdict (lmtune.searches.axis.report_confirmation), from every trial
-    as a run (lmtune.report.comparison.record_runs)."""
+    as a run (lmtune.findings.comparison.record_runs)."""
     found = conclude_horizon(runs, settings, target)
     at_target = [r for r in runs if r.budget_tokens == target.full_tokens]
     confirmed = confirmation(at_target, found.fit.predicted_lr if found.fit else None, search_tokens(runs))

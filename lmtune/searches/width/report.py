@@ -17,11 +17,10 @@ from matplotlib.ticker import ScalarFormatter  # noqa: E402
 from lmtune.analysis.fit import SURFACE  # noqa: E402
 from lmtune.analysis.runs import Budget  # noqa: E402
 from lmtune.analysis.surface import WINDOW as SURFACE_WINDOW  # noqa: E402
-from lmtune.report.comparison import Pair, record_runs  # noqa: E402
-from lmtune.report.figures import readable_lr_axis  # noqa: E402
-from lmtune.report.sections.base import ReportFigure, SweepInputs  # noqa: E402
-from lmtune.report.summary import SweepSummary, summarize_runs  # noqa: E402
-from lmtune.report.text import lr, table, tokens  # noqa: E402
+from lmtune.findings.comparison import Pair, record_runs  # noqa: E402
+from lmtune.findings.part import ReportFigure, SweepInputs  # noqa: E402
+from lmtune.findings.summary import SweepSummary, summarize_runs  # noqa: E402
+from lmtune.findings.text import lr, table, tokens  # noqa: E402
 from lmtune.searches.axis.held_out import held_out_sentence, held_out_span, interval_words  # noqa: E402
 from lmtune.searches.axis.report_points import (  # noqa: E402
     LrAgainstAxis,
@@ -39,7 +38,10 @@ from lmtune.searches.width.report_coord import (  # noqa: E402
     sweep_coord_check,
 )
 from lmtune.training.coord_check import CoordCheck  # noqa: E402
-from lmtune.training.figures import save_figure  # noqa: E402
+from lmtune.training.figures import (
+    readable_lr_axis,  # noqa: E402
+    save_figure,  # noqa: E402
+)
 
 # What the width search's 90% intervals held on simulated searches it was not tuned on, the lowest and highest over
 # those scenarios (benchmarks/width_coverage.py --held-out, 1,000 searches each; benchmarks/README.md): printed
@@ -65,13 +67,13 @@ class WidthSection:
     def summarize(self, sweep: SweepInputs) -> SweepSummary[WidthResult]:
         """The usual summary of the target width's runs (the widest width with runs, while none has trained at the
         target yet), every trial's row, and the width search's own results (lmtune.searches.width.report_conclusion)."""
-        plan = sweep.record.plan  # (a width search's record has its plan: its settings came from it)
-        target = Budget.of_run(plan.base, None, plan.unigram_loss)
+        # (a width search's sweep.json holds its plan: its base, strategy and baseline are set)
+        target = Budget.of_run(sweep.base, None, sweep.unigram_loss)
         pairs = record_runs(sweep.trials, target)  # every trial as a run, once: each width's are among them
-        settings = width_settings(plan.space.strategy)
-        result = width_summary([run for run, _ in pairs], settings, plan.base, sweep.sweep_dir)
-        widths = [*sorted(settings.widths), plan.base.model.d_model]
-        result = replace(result, coord=sweep_coord_check(sweep.sweep_dir, plan.base, widths))
+        settings = width_settings(sweep.strategy)
+        result = width_summary([run for run, _ in pairs], settings, sweep.base, sweep.sweep_dir)
+        widths = [*sorted(settings.widths), sweep.base.model.d_model]
+        result = replace(result, coord=sweep_coord_check(sweep.sweep_dir, sweep.base, widths))
         width = _compared_width(result)
         at = next((row.point for row in result.widths if row.point.value == width and row.point.trials), None)
         chosen = _pairs_at(pairs, at.value) if at else pairs

@@ -127,7 +127,7 @@ def shaped(base: RunConfig, shape: Mapping[str, object]) -> RunConfig:
 def width_summary(runs: Sequence[Run], settings: WidthSettings, base: RunConfig,
                   sweep_dir: Path | None = None) -> WidthResult:
     """Every width's conclusion and located LR*, the fit (gamma and its 90% interval) and its prediction at the
-    target, the confirmation's verdict and the FLOPs, from every trial as a run (lmtune.report.comparison.
+    target, the confirmation's verdict and the FLOPs, from every trial as a run (lmtune.findings.comparison.
     record_runs) and the sweep's base config (the target's model)."""
     target = Budget.of_run(base, None)
     found = conclude_widths(runs, settings, target)

@@ -1,10 +1,8 @@
-"""Per-trial status and sweep-level numbers of the edge-of-stability report.
-
-Everything here works on an in-memory list of :class:`TrialRecord` (one per trial of a sweep, its
-metrics.csv rows as a DataFrame), so the report can be computed and tested without Ray Tune or disk.
-Literature behind the numbers: Cohen et al. 2021 and 2022 (the edge of stability), Wortsman et al. 2023
-(small-scale proxies for Transformer training instabilities, LR sensitivity). Whether a run diverged or
-only spiked is lmtune.training.divergence's judgement, with the sweep's own rule.
+"""Each trial as the report reads it (``TrialRecord``), its status, and the sweep-level numbers of the
+edge-of-stability report. Everything here works on in-memory records (metrics.csv rows as a DataFrame), so the report
+is computed and tested without Ray Tune or disk. Literature behind the numbers: Cohen et al. 2021 and 2022 (the edge
+of stability), Wortsman et al. 2023 (small-scale proxies for Transformer training instabilities, LR sensitivity).
+Whether a run diverged or only spiked is lmtune.training.divergence's judgement, with the sweep's own rule.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ from lmtune.analysis.named_lrs import UsefulRange
 from lmtune.analysis.runs import Outcome
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.sweep.record import run_config_of
-from lmtune.training.config import RunConfig
+from lmtune.training.config import RunConfig, run_config_of
 from lmtune.training.divergence import DivergenceRule, LossWatch, Spike, judge
 from lmtune.training.metric_registry import probe_labels
 
@@ -95,6 +92,7 @@ class TrialRecord:
 def budget_tokens(config: RunConfig | None) -> int | None:
     """The tokens a config trains to the end of its schedule (RunConfig.total_tokens; None without a config)."""
     return config.total_tokens if config is not None else None
+
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lmtune.analysis.runs import Budget
-from lmtune.report.comparison import Pair
+from lmtune.findings.comparison import Pair
 
 
 @dataclass(frozen=True)

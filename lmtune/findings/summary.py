@@ -17,7 +17,7 @@ from lmtune.analysis.conclusion import Conclusion, conclude
 from lmtune.analysis.runs import Budget, equal_token_losses
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
-from lmtune.report.baselines import (
+from lmtune.findings.baselines import (
     AshaBaselineCost,
     BaselineCost,
     GridCost,
@@ -26,7 +26,7 @@ from lmtune.report.baselines import (
     competent_baseline,
     same_resolution_grid,
 )
-from lmtune.report.comparison import (
+from lmtune.findings.comparison import (
     SENSITIVITY_LRS,
     Convergence,
     EqualTokenLosses,
@@ -43,8 +43,8 @@ from lmtune.report.comparison import (
     stage_accounting,
     standing_pairs,
 )
-from lmtune.report.rows import TrialRow, json_safe, trial_table
-from lmtune.report.stability import (
+from lmtune.findings.rows import TrialRow, json_safe, trial_table
+from lmtune.findings.stability import (
     TrialRecord,
     best_candidates,
     best_val_loss,

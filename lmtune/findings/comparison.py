@@ -16,7 +16,7 @@ import numpy as np
 
 from lmtune.analysis.named_lrs import interpolated
 from lmtune.analysis.runs import INTERRUPTED, Budget, Run, effective_runs
-from lmtune.report.stability import (
+from lmtune.findings.stability import (
     ATTENTION_LOGITS,
     TrialRecord,
     classify,
@@ -168,7 +168,7 @@ class ConvergenceRow:
     seed: int
     """Its seed."""
     status: str
-    """Its status (lmtune.report.stability.classify)."""
+    """Its status (lmtune.findings.stability.classify)."""
     tokens: float | None
     """Tokens to reach the level, interpolated between evaluations (None: never reached it)."""
 

@@ -1,21 +1,22 @@
-"""The contract a search's part of the report follows (``ReportPart``), what it is given (the sweep as read from its
-folder, to summarize, and what the report's figures are drawn from), and the part of a search that adds nothing of
-its own (grid, optuna: ``PlainSection``, the common report alone), which the others extend."""
+"""The contract a search's part of the report follows (``ReportPart``), what it is given (the sweep as the report read
+it from its folder, to summarize, and what the report's figures are drawn from), and the part of a search that adds
+nothing of its own (grid, optuna, edge: ``PlainSection``, the common report with the stages' reasons). A search's
+folder holds its part (lmtune.searches.NAME.report), below the report that reads the sweep and calls it: all a part
+is given is typed here, so it imports nothing of the report's nor of the sweep's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from lmtune.analysis.runs import Budget
-from lmtune.report.comparison import StageDecision
-from lmtune.report.sharpness import SharpnessRow
-from lmtune.report.stability import TrialRecord
-from lmtune.report.summary import ResultT, SweepFacts, SweepSummary, sweep_summary
-from lmtune.searches.state import read_search_state
-from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.findings.comparison import StageDecision
+from lmtune.findings.sharpness import SharpnessRow
+from lmtune.findings.stability import TrialRecord
+from lmtune.findings.summary import ResultT, SweepFacts, SweepSummary, sweep_summary
+from lmtune.training.config import RunConfig
 from lmtune.training.lr_range import RangeTestResult
 
 
@@ -23,8 +24,14 @@ from lmtune.training.lr_range import RangeTestResult
 class SweepInputs:
     """A sweep as the report read it from its folder: what a section summarizes."""
 
-    record: SweepRecord
-    """sweep.json."""
+    strategy: Any
+    """The search's strategy as sweep.json records it (a part reads its own: its folder's SpaceSection; None: a
+    sweep.json from before searches were recorded)."""
+    base: RunConfig | None
+    """The config every trial starts from (None: sweep.json records none)."""
+    unigram_loss: float | None
+    """The data's unigram baseline (lmtune.data.dataset.unigram_loss), which judges whether a run trained (None: not
+    recorded)."""
     trials: Sequence[TrialRecord]
     """Every trial as the report read it."""
     sweep_dir: Path
@@ -37,6 +44,9 @@ class SweepInputs:
     """The model's vocabulary (ℓ₀ = ln vocab; None: not recorded)."""
     range_tokens: int | None
     """Tokens the edge search's LR range test trained (None: none ran)."""
+    decisions: Sequence[StageDecision] = ()
+    """The search's reasons for its stages, from its state (decisions/NAME_search.json), where it decided as it went
+    (none for grid and optuna: one stage)."""
 
 
 @dataclass(frozen=True)
@@ -106,13 +116,7 @@ class PlainSection:
 
     def summarize(self, sweep: SweepInputs) -> SweepSummary[None]:
         return sweep_summary(sweep.trials, sweep.budget, target=sweep.target, vocab_size=sweep.vocab_size,
-                             decisions=self.decisions(sweep), range_tokens=sweep.range_tokens, search=self.name)
-
-    def decisions(self, sweep: SweepInputs) -> list[StageDecision]:
-        """The search's reasons for its stages, from its state (decisions/NAME_search.json) where it decided as it
-        went (edge, a new search); none for grid and optuna (one stage)."""
-        state = read_search_state(sweep.sweep_dir, self.name) or {}
-        return [StageDecision(d["stage"], d["why"]) for d in state.get("decisions", [])]
+                             decisions=list(sweep.decisions), range_tokens=sweep.range_tokens, search=self.name)
 
     def markdown(self, summary: SweepSummary[None]) -> list[str]:
         return []

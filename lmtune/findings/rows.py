@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from lmtune.files import JsonObject
-from lmtune.report.stability import (
+from lmtune.findings.stability import (
     STATUSES,
     TrialRecord,
     best_val_loss,
@@ -42,7 +42,7 @@ class TrialRow:
     params: Mapping[str, Param]
     """Every varied hyperparameter, lr included (Tune's param_space values)."""
     status: str
-    """lmtune.report.stability.classify: diverged > spiked > the sweep's outcome."""
+    """lmtune.findings.stability.classify: diverged > spiked > the sweep's outcome."""
     final_val_loss: float | None
     """The val loss at the end of its whole budget (None: it stopped earlier, or diverged)."""
     best_val_loss: float | None
