@@ -132,12 +132,29 @@ def quick_sweep(tmp_path_factory: pytest.TempPathFactory, builtin_data: Path) ->
 # Processes
 
 
+# LMTUNE_TEST_COMMAND_LOG=FILE: each command a test runs through run_lmtune, run_python or start_lmtune, with the
+# test that ran it and how long it took (none for a started one), one JSON line each: where the suite's time goes
+# command by command, beside pytest's --durations (docs/contributing.md, "Running the tests").
+COMMAND_LOG = os.environ.get("LMTUNE_TEST_COMMAND_LOG")
+
+
+def log_command(argv: list[str], started: float | None) -> None:
+    if COMMAND_LOG:
+        line = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "argv": argv[1:],
+                "seconds": None if started is None else round(time.monotonic() - started, 2)}
+        with open(COMMAND_LOG, "a") as log:
+            log.write(json.dumps(line) + "\n")
+
+
 def run_lmtune(module: str, *args: str, timeout: float = 600, cwd: Path | None = None,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m lmtune.MODULE ARGS`` in a subprocess; returns the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", f"lmtune.{module}", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env={**os.environ, **ENV, **(env or {})},
-                          stdin=subprocess.DEVNULL)
+    argv, started = [sys.executable, "-m", f"lmtune.{module}", *args], time.monotonic()
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env={**os.environ, **ENV, **(env or {})}, stdin=subprocess.DEVNULL)
+    finally:
+        log_command(argv, started)
 
 
 def run_space_and_analyze(space_yaml: str, name: str, tmp: Path, data: Path, num_cpus: int = 1,
@@ -157,13 +174,18 @@ def run_space_and_analyze(space_yaml: str, name: str, tmp: Path, data: Path, num
 
 def run_python(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` (this interpreter: a script, or -c CODE) in a subprocess with the tests' environment."""
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, **ENV}, stdin=subprocess.DEVNULL)
+    started = time.monotonic()
+    try:
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env={**os.environ, **ENV}, stdin=subprocess.DEVNULL)
+    finally:
+        log_command([sys.executable, *args], started)
 
 
 def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
     """``python -m lmtune.MODULE ARGS`` started in the background, in a session of its own (so a test
     can kill it and every process it started, Ray's included, and nothing else)."""
+    log_command([sys.executable, "-m", f"lmtune.{module}", *args], None)
     return subprocess.Popen([sys.executable, "-m", f"lmtune.{module}", *args], stdin=subprocess.DEVNULL,
                             env={**os.environ, **ENV, **(env or {})}, start_new_session=True,
                             **{"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, **popen})
