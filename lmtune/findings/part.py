@@ -44,7 +44,7 @@ class SweepInputs:
     """The model's vocabulary (ℓ₀ = ln vocab; None: not recorded)."""
     range_tokens: int | None
     """Tokens the edge search's LR range test trained (None: none ran)."""
-    decisions: Sequence[StageDecision] = ()
+    decisions: Sequence[StageDecision]
     """The search's reasons for its stages, from its state (decisions/NAME_search.json), where it decided as it went
     (none for grid and optuna: one stage)."""
 

@@ -96,13 +96,15 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int =
     if not trials:
         raise LmtuneError(f"{sweep_dir} has no trials yet (no trial folders); wait until the sweep has started "
                           "trials, then run the report again")
-    range_variant = record.plan.space.strategy.range_test_variant() if record.plan else None
+    plan, search = record.plan, search_of(record)
+    strategy = plan.space.strategy if plan else None
+    range_variant = strategy.range_test_variant() if strategy else None
     range_test = load_range_test(sweep_dir, range_variant)
     range_tokens = range_test.tokens if range_test is not None else None
-    plan, search = record.plan, search_of(record)
-    inputs = SweepInputs(plan.space.strategy if plan else None, plan.base if plan else None,
-                         plan.unigram_loss if plan else None, trials, sweep_dir, target, sweep_budget(record, trials),
-                         vocab_size(record), range_tokens, search_decisions(sweep_dir, search))
+    inputs = SweepInputs(strategy=strategy, base=plan.base if plan else None,
+                         unigram_loss=plan.unigram_loss if plan else None, trials=trials, sweep_dir=sweep_dir,
+                         target=target, budget=sweep_budget(record, trials), vocab_size=vocab_size(record),
+                         range_tokens=range_tokens, decisions=search_decisions(sweep_dir, search))
     summary = section_for(search).summarize(inputs)
     best = next((t for t in trials if t.trial_id == summary.best_trial), None)
     best_trial_dir = str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None
