@@ -42,6 +42,7 @@ from lmtune.sweep.searcher import DecidingSearcher, tune_search_alg
 from lmtune.sweep.spaces import SearchSpace, load_space, parse_space
 from lmtune.sweep.stopping import TrialStopper, outcome_of
 from lmtune.sweep.trainable import train_trial
+from lmtune.sweep.worker_path import check_workers_import_this_lmtune
 from lmtune.training.config import BUDGETS, budget_config, canonical_settings
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.loop import resolve_config
@@ -84,6 +85,7 @@ def trainable(data: str | Path | None = None, budget: str = "quick", divergence:
     check_code(config)
     specs = code.specs.values()
     setup = TrialSetup(config, divergence, code_path=tuple(code_path(specs)), code_objects=objects(specs))
+    check_workers_import_this_lmtune()  # (your Tuner's Ray starts its workers from your working folder)
     return tune.with_parameters(train_trial, setup=setup)
 
 
@@ -120,6 +122,7 @@ class Sweep:
 
     def trainable(self):
         """The function trainable (lmtune.sweep.trainable.train_trial) with what every trial of the sweep shares."""
+        check_workers_import_this_lmtune()  # (your Tuner's Ray starts its workers from your working folder)
         return tune.with_parameters(train_trial, setup=self.plan.trial_setup())
 
     def param_space(self) -> TuneParams:

@@ -15,6 +15,11 @@ class LmtuneError(ValueError):
     """A bad input or environment, reported to the user as one line (no traceback)."""
 
 
+class UserCodeError(LmtuneError):
+    """The user's code failed: its import, its build, or a call into it (lmtune.usercode.guard). It fails the same way
+    on every attempt, so a sweep's trial that raises it is not retried: the sweep stops (lmtune.sweep.stopping)."""
+
+
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring = _SHOWN.maxother = 60
 _SHOWN.maxlist = _SHOWN.maxdict = _SHOWN.maxtuple = 4

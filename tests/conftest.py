@@ -172,6 +172,17 @@ def run_space_and_analyze(space_yaml: str, name: str, tmp: Path, data: Path, num
     return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
 
 
+def run_command(argv: list[str], timeout: float = 600, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` (a console script, another environment's python) with the tests' environment."""
+    started = time.monotonic()
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env={**os.environ, **ENV, **(env or {})}, stdin=subprocess.DEVNULL)
+    finally:
+        log_command(argv, started)
+
+
 def run_python(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` (this interpreter: a script, or -c CODE) in a subprocess with the tests' environment."""
     started = time.monotonic()

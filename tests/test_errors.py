@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, UserCodeError
 from lmtune.files import DiskFullError
 from lmtune.sweep.hooks import StepHookError
 from lmtune.sweep.spaces import _AliasRefused, _DuplicateKey
@@ -22,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lmtune"
 EXAMPLES = [LmtuneError("--fuse must be >= 1"), DiskFullError(Path("/tmp/no/such/folder/ckpt.pt"), 3 << 20),
             UnregisteredMetric("metrics row key 'x'"), _AliasRefused(7), _OutOfRange("step -6"),
             StepHookError("--step-hook 'h:f' raised ValueError: no"), _DuplicateKey("a", 6, 8),
-            FolderCodeRefused("the checkpoint's model names trial/payload.py:Model; give --model or --trust-code")]
+            FolderCodeRefused("the checkpoint's model names trial/payload.py:Model; give --model or --trust-code"),
+            UserCodeError("--model m.py:LM: running m.py raised ModuleNotFoundError: No module named 'einops'")]
 
 
 def test_every_exception_class_lmtune_defines_is_among_those_tested():

@@ -42,6 +42,7 @@ from lmtune.sweep.record import SWEEP_FILE, is_sweep_dir, read_outcomes, resumin
 from lmtune.sweep.retention import drop_staged_duplicates, prune_sweep
 from lmtune.sweep.session import Echo, Interruptions, ray_session
 from lmtune.sweep.spaces import load_space
+from lmtune.sweep.stopping import incurable
 from lmtune.sweep.storage import SweepStorage
 from lmtune.sweep.sweep_file import SweepRecord
 
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 200 * 2**20
 DISK_FULL = "full disk"
+INCURABLE = "an error no retry cures"
 
 
 @dataclass
@@ -61,8 +63,9 @@ class SweepResult:
     outcome_counts: dict[str, int]
     stopped_by: str | None = None
     """SIGINT or SIGTERM when a signal ended the sweep before every trial (and the search) finished; DISK_FULL when
-    its stopper did, the results disk being unable to take the next checkpoints (``disk_note`` says how)."""
-    disk_note: str = ""
+    its stopper did, the results disk being unable to take the next checkpoints, INCURABLE when a trial failed in a
+    way no retry cures (``note`` says how)."""
+    note: str = ""
 
     @property
     def unfinished(self) -> int:
@@ -190,7 +193,7 @@ def finish(options: SweepOptions, storage: SweepStorage, result: SweepResult, re
         drop_staged_duplicates(result.sweep_dir)
         if not storage.remote and (free := free_disk(options.results.resolve())) < reserve:
             result.stopped_by = DISK_FULL
-            result.disk_note = (f"only {format_bytes(free)} free on the disk of {options.results.resolve()}, less "
+            result.note = (f"only {format_bytes(free)} free on the disk of {options.results.resolve()}, less "
                                 f"than the next checkpoints need ({format_bytes(reserve)}); free space, then resume")
     if storage.remote:
         storage.download(result.sweep_dir)
@@ -259,13 +262,20 @@ def check_resume_inputs(options: SweepOptions, record: SweepRecord) -> None:
 def sweep_result(sweep_dir: Path, results: tune.ResultGrid, plan: SweepPlan) -> SweepResult:
     """The ledger's counts and whether a signal stopped the sweep first."""
     counts: dict[str, int] = {}
-    for entry in read_outcomes(sweep_dir).values():
+    outcomes = read_outcomes(sweep_dir)
+    for entry in outcomes.values():
         if "members" not in entry:  # a fused group: its members are the trials
             counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
     # A search counts the trials it started: the ledger's, which include a probe an interruption made it rerun.
     started = max(plan.space.num_trials or 0, len(results), sum(counts.values()))
     summary = SweepResult(sweep_dir, started, dict(sorted(counts.items())))
-    if summary.unfinished or not plan.space.strategy.finished(sweep_dir):
+    errors = {trial: str(e.get("reason", "")).removeprefix("error: ") for trial, e in outcomes.items()
+              if e.get("outcome") == Outcome.ERROR}
+    cause = next((f"trial {trial}: {error.partition(': ')[2]}" for trial, error in errors.items() if incurable(error)),
+                 None)
+    if cause is not None:
+        summary.stopped_by, summary.note = INCURABLE, cause
+    elif summary.unfinished or not plan.space.strategy.finished(sweep_dir):
         summary.stopped_by = Interruptions.name()
     return summary
 

@@ -22,6 +22,11 @@ from lmtune.private_apis import (
     stop_printing_worker_output,
 )
 from lmtune.sweep.options import SweepOptions
+from lmtune.sweep.worker_path import (
+    check_workers_import_this_lmtune,
+    own_ray_folder,
+    working_folder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +123,15 @@ RAY_STARTUP_TIMEOUT = "timed out during startup"
 LOCAL_RAY_ATTEMPTS = 2
 
 
-def _init_ray(options: SweepOptions) -> object:
-    """ray.init for a sweep: the cluster at --address, or a local instance of this process; Ray's context."""
+def _init_ray(options: SweepOptions, folder: str) -> object:
+    """ray.init for a sweep, started from ``folder`` (lmtune.sweep.worker_path: what Ray's workers put first on their
+    sys.path): the cluster at --address, or a local instance of this process; Ray's context."""
+    with working_folder(folder):
+        check_workers_import_this_lmtune()
+        return _init_ray_here(options)
+
+
+def _init_ray_here(options: SweepOptions) -> object:
     if options.address:
         try:
             return ray.init(address=options.address, logging_level=logging.WARNING, configure_logging=True)
@@ -152,7 +164,12 @@ def _init_ray(options: SweepOptions) -> object:
 @contextlib.contextmanager
 def ray_session(options: SweepOptions, echo: Echo) -> Iterator[None]:
     """Ray for the length of a sweep: a local instance of this process, or the cluster at --address."""
-    url = getattr(_init_ray(options), "dashboard_url", None)
+    with own_ray_folder() as folder:
+        url = getattr(_init_ray(options, folder), "dashboard_url", None)
+        yield from _held_session(options, echo, url)
+
+
+def _held_session(options: SweepOptions, echo: Echo, url: str | None) -> Iterator[None]:
     Interruptions.install()  # again: Ray's core installed its own SIGTERM handler in ray.init
     hint_filter = _WithoutRaysRestoreHint()
     logging.getLogger("ray.tune.tune").addFilter(hint_filter)

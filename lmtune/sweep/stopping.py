@@ -9,7 +9,8 @@
   confirmation run) is never ended by the divergence rule.
 - ``OutcomeRecorder`` is the only writer of the ledger (decisions/trial_outcomes.json): the stopper and ASHA
   (lmtune.sweep.asha_scheduler.PersistentASHA) hand it their decisions the moment they make them, and Tune
-  tells it of completions and errors.
+  tells it of completions and errors. An error no retry cures (``incurable``: the user's code failing, a module
+  the trial's process cannot import) is recorded at its first attempt, and the stopper then ends the sweep.
 """
 
 from __future__ import annotations
@@ -98,11 +99,14 @@ class OutcomeRecorder(Callback):
     def __init__(self, ledger: Path, gpus_per_trial: float = 0.0):
         self.ledger = Path(ledger)
         self.gpus_per_trial = gpus_per_trial
+        self.incurable: str | None = None
+        """The first error of this driver's that no retry cures ("trial ID: error"), which ends the sweep."""
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        # Restored by Tune on --resume: the ledger of the folder this driver resumes in (lmtune.sweep.record.rebased).
+        # Restored by Tune on --resume: the ledger of the folder this driver resumes in (lmtune.sweep.record.rebased);
+        # the errors that stopped the last driver are retried (the user fixed what they were told to).
         ledger = Path(str(state["ledger"]))
-        self.__dict__.update(state, ledger=rebased(ledger, ledger.parent.parent))
+        self.__dict__.update(state, ledger=rebased(ledger, ledger.parent.parent), incurable=None)
 
     def decided(self, trial_id: str, ending: Ending, members: Members = Members()) -> None:
         """A stop the stopper or ASHA just decided: written at once, so it survives a driver crash."""
@@ -117,9 +121,17 @@ class OutcomeRecorder(Callback):
         result = trial.last_result or {}
         self._settle(trial.trial_id, Ending.at(*outcome_of(result), result), Members.of(result))
 
+    def on_trial_recover(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        """Tune is about to retry an errored trial: one whose error no retry cures ends as an error now, and the
+        sweep with it (TrialStopper.stop_all)."""
+        if incurable(_error_text(trial)):
+            self.on_trial_error(iteration, trials, trial, **info)
+
     def on_trial_error(self, iteration: int, trials: list, trial, **info: Any) -> None:
         message = _error_text(trial)
         reason = f"error: {message}"
+        if incurable(message) and self.incurable is None:
+            self.incurable = f"trial {trial.trial_id}: {message}"
         if "out of memory" in message.lower() and 0 < self.gpus_per_trial < 1:
             reason += (f" (GPU shared by {round(1 / self.gpus_per_trial)} trials: lower trials per GPU with "
                        f"--gpus-per-trial {min(1.0, self.gpus_per_trial * 2):g})")
@@ -173,6 +185,16 @@ def member_list(ids: str | None) -> list[str]:
     return [i for i in (ids or "").split(",") if i]
 
 
+# The last line of a trial's error that no retry cures: the user's code failed (lmtune.errors.UserCodeError), or a
+# module could not be imported in the trial's process (its environment lacks it, or a folder shadows it).
+_INCURABLE = ("lmtune.errors.UserCodeError:", "UserCodeError:", "ModuleNotFoundError:", "ImportError:")
+
+
+def incurable(error: str) -> bool:
+    """Whether a trial's error (its last line: ``_error_text``) fails the same way on every attempt."""
+    return error.startswith(_INCURABLE)
+
+
 def _error_text(trial) -> str:
     """The last line of the trial's error, whole: Tune's message, else its error file."""
     text = getattr(trial, "error_msg", None) or ""
@@ -215,8 +237,9 @@ class DiskGuard:
 
 
 class TrialStopper(Stopper):
-    """Stops diverged and too-slow trials (each decision, with its reason, goes to the recorder), and with a
-    ``disk_guard`` every trial once the results disk cannot take the next checkpoints."""
+    """Stops diverged and too-slow trials (each decision, with its reason, goes to the recorder), and every trial
+    once a trial failed in a way no retry cures (the recorder's ``incurable``) or, with a ``disk_guard``, once the
+    results disk cannot take the next checkpoints."""
 
     def __init__(self, recorder: OutcomeRecorder | None, time_budget_s: float | None = None,
                  min_tokens_per_s: float = 0.0, slow_grace_reports: int = 2, disk_guard: DiskGuard | None = None):
@@ -284,6 +307,8 @@ class TrialStopper(Stopper):
         return None
 
     def stop_all(self) -> bool:
+        if self.recorder is not None and self.recorder.incurable is not None:
+            return True
         return self.disk_guard is not None and self.disk_guard.exhausted()
 
 

@@ -5,8 +5,8 @@ forward that ``sample`` and a report's samples run.
         loss = lm_loss(model(x), y)
 
 Whatever the user's code raises there, ``SystemExit`` included (a module calling ``sys.exit`` or argparse's
-``parse_args`` at import), becomes one LmtuneError line: the flag and spec, what lmtune was doing, the error's first
-line, and the user's file and line it came from (the traceback's last frame in the spec's file, else in any file
+``parse_args`` at import), becomes one line (a UserCodeError): the flag and spec, what lmtune was doing, the error's
+first line, and the user's file and line it came from (the traceback's last frame in the spec's file, else in any file
 outside lmtune, Python and the installed packages). An LmtuneError passes through as it is; Ctrl-C and a GPU's
 out-of-memory error (which lmtune's callers explain themselves) too.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, UserCodeError
 
 FIX = "fix it and run again"
 _LMTUNE = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def guarded(flag: str, spec: str, what: str, fix: str | Callable[[BaseException]
         if type(err).__name__ in _PASS_THROUGH:
             raise
         advice = fix(err) if callable(fix) else fix
-        raise LmtuneError(f"{flag} {spec}: {what} {failure(err, spec)}; {advice}") from None
+        raise UserCodeError(f"{flag} {spec}: {what} {failure(err, spec)}; {advice}") from None
 
 
 def user_call(spec: str, what: str, flag: str = "--model") -> AbstractContextManager:
