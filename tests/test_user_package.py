@@ -15,6 +15,7 @@ from conftest import run_command, run_lmtune, write_grid_space
 from cs336_repo import write_cs336_repo
 
 from lmtune.errors import LmtuneError, UserCodeError
+from lmtune.sweep.runner import INCURABLE
 from lmtune.sweep.worker_path import check_workers_import_this_lmtune
 from lmtune.usercode.imports import code_path, load, package_of
 
@@ -115,6 +116,8 @@ def test_a_sweep_from_the_folder_holding_a_clone_named_lmtune_trains_every_trial
                        cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "2 trials: 2 completed" in proc.stdout
+    ended = json.loads((tmp_path / "results" / "beside_clone" / "sweep.json").read_text())["ended"]
+    assert ended == {"outcomes": {"completed": 2}, "unfinished": 0}
 
 
 WORKERS_ONLY_FAILURE = """
@@ -150,3 +153,6 @@ def test_a_model_that_fails_to_import_in_the_trials_stops_the_sweep_at_its_first
     assert "no retry cures it; fix it, then resume with: python -m lmtune.run --name fails --resume" in proc.stdout
     ledger = json.loads((repo / "results" / "fails" / "decisions" / "trial_outcomes.json").read_text())
     assert [entry["outcome"] for entry in ledger.values()] == ["error"]
+    ended = json.loads((repo / "results" / "fails" / "sweep.json").read_text())["ended"]
+    assert ended["outcomes"] == {"error": 1} and ended["unfinished"] == 2 and ended["stopped_by"] == INCURABLE
+    assert ended["note"] == stopped.removeprefix("sweep stopped: ")

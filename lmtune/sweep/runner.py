@@ -184,8 +184,9 @@ def sweep_disk_need(options: SweepOptions, plan: SweepPlan, placement: Placement
 def finish(options: SweepOptions, storage: SweepStorage, result: SweepResult, reserve: int) -> SweepResult:
     """A sweep that ended keeps only what --keep asks for: what the search held until now goes. One that stopped
     early is left as it is for --resume: by a signal, or by its stopper because the results disk could not take
-    the next checkpoints (``reserve`` bytes; then ``stopped_by`` says so). A sweep in object storage is then
-    copied back (records and trial files, no checkpoints) into results/NAME, where the report reads it."""
+    the next checkpoints (``reserve`` bytes; then ``stopped_by`` says so). How it ended goes into sweep.json
+    (``ended``). A sweep in object storage is then copied back (records and trial files, no checkpoints) into
+    results/NAME, where the report reads it."""
     if result.stopped_by is None:
         freed = prune_sweep(options.storage_path, options.name, options.keep)
         log.info("pruned %s of checkpoints nothing can use any more", format_bytes(freed))
@@ -195,6 +196,11 @@ def finish(options: SweepOptions, storage: SweepStorage, result: SweepResult, re
             result.stopped_by = DISK_FULL
             result.note = (f"only {format_bytes(free)} free on the disk of {options.results.resolve()}, less "
                                 f"than the next checkpoints need ({format_bytes(reserve)}); free space, then resume")
+    record = SweepRecord.read(result.sweep_dir)
+    record = replace(record, ended={"outcomes": result.outcome_counts, "unfinished": result.unfinished,
+                                    **({"stopped_by": result.stopped_by, "note": result.note} if result.stopped_by
+                                       else {})})
+    record.write(result.sweep_dir)
     if storage.remote:
         storage.download(result.sweep_dir)
     return result

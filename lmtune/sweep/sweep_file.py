@@ -84,6 +84,10 @@ class SweepRecord:
     code_files: JsonObject = field(default_factory=dict)
     """The user's code the sweep imports: per spec, its file's absolute path and SHA-256 at the start
     (lmtune.usercode.consent.recorded_files), which a resume checks before importing it; {}: lmtune's code."""
+    ended: JsonObject = field(default_factory=dict)
+    """How its last driver ended (lmtune.sweep.runner.finish): ``outcomes``, the ledger's count of its trials by
+    outcome (errored ones included, though they wrote no records of their own), ``unfinished``, and ``stopped_by``
+    (a signal, a full disk, an error no retry cures) with its ``note``; {}: still running, or never ended."""
 
     @property
     def num_trials(self) -> int | None:
@@ -96,8 +100,8 @@ class SweepRecord:
         return self.plan.divergence_rule if self.plan else DivergenceRule()
 
     def resumed(self, when: str) -> SweepRecord:
-        """The record of this sweep resumed at ``when``."""
-        return replace(self, resumed_at=(*self.resumed_at, when))
+        """The record of this sweep resumed at ``when`` (running again: not ended)."""
+        return replace(self, resumed_at=(*self.resumed_at, when), ended={})
 
     def to_json(self) -> JsonObject:
         plan = self.plan.to_json() if self.plan else {"space": {}, "budget": "", "base_config": {}, "asha": None}
@@ -106,7 +110,8 @@ class SweepRecord:
                 "max_concurrent": self.max_concurrent, "time_budget_s": self.time_budget_s, "address": self.address,
                 "start_time": self.start_time, "command": list(self.command), "resumed_at": list(self.resumed_at),
                 "keep": str(self.keep), **({"model_fingerprint": self.model_fingerprint} if self.model_fingerprint
-                                           else {}), **({"code_files": self.code_files} if self.code_files else {})}
+                                           else {}), **({"code_files": self.code_files} if self.code_files else {}),
+                **({"ended": self.ended} if self.ended else {})}
 
     def write(self, sweep_dir: Path) -> None:
         atomic_write_json(Path(sweep_dir) / SWEEP_FILE, self.to_json())
@@ -145,7 +150,8 @@ class SweepRecord:
             time_budget_s=_maybe(float, raw.get("time_budget_s")), address=raw.get("address"),
             start_time=raw.get("start_time", ""), command=tuple(raw.get("command") or ()),
             resumed_at=tuple(raw.get("resumed_at") or ()), keep=Keep(keep) if keep in set(Keep) else Keep.BEST,
-            model_fingerprint=raw.get("model_fingerprint", ""), code_files=raw.get("code_files") or {})
+            model_fingerprint=raw.get("model_fingerprint", ""), code_files=raw.get("code_files") or {},
+            ended=raw.get("ended") or {})
 
 
 def _maybe(kind: type, value: Any) -> Any:
@@ -189,7 +195,7 @@ SWEEP_JSON: dict[str, object] = {
     "name": str, "space": dict, "budget": str, "base_config": dict, "asha": dict | None, "data": dict,
     "versions": dict, "hardware": dict, "resources_per_trial": dict[str, float], "max_concurrent": int | None,
     "time_budget_s": float | None, "address": str | None, "start_time": str, "command": list[str],
-    "resumed_at": list[str], "keep": str, "model_fingerprint": str, "code_files": dict}
+    "resumed_at": list[str], "keep": str, "model_fingerprint": str, "code_files": dict, "ended": dict}
 # What a JSON value of each type is called in a refusal.
 JSON_WORDS = {dict: "a mapping", list: "a list", str: "a string", int: "a whole number", float: "a number",
               bool: "true or false"}
