@@ -17,7 +17,8 @@ import sys
 import textwrap
 
 from lmtune.errors import LmtuneError, cli_entry, shown
-from lmtune.training.config import canonical_settings, field_type
+from lmtune.training.config import field_type
+from lmtune.training.handout import canonical_settings, refused_handout_name
 
 # The CLI modules (lmtune/NAME.py, each with a main(argv)), in the order a user meets them.
 COMMANDS = ("run", "analyze", "train", "sample", "prepare", "lr_find", "bench", "diagnose", "gpu_check")
@@ -94,11 +95,18 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, str]:
         key = key.strip()
         if not sep or not key:
             raise LmtuneError(f"--set {shown(pair)}: expected key=value, e.g. --set lr=3e-4")
+        refused_handout_name(key, "--set")
         field_type(key)
         if key in result:
             raise LmtuneError(f"--set {key} is given twice; give it once")
         result[key] = value.strip()
     return canonical_settings(result)
+
+
+def set_names(pairs: list[str] | None) -> list[str]:
+    """The settings' names as ``--set key=value`` pairs give them (a handout's name as given: before
+    parse_set_args maps it to lmtune's)."""
+    return [pair.partition("=")[0].strip() for pair in pairs or []]
 
 
 def device_flag(name: str):

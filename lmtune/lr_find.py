@@ -13,13 +13,14 @@ import os
 import time
 from pathlib import Path
 
-from lmtune.cli import parse_set_args, prog
+from lmtune.cli import parse_set_args, prog, set_names
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.files import check_destination
 from lmtune.searches.edge.settings import EdgeSettings, coarse_lrs
 from lmtune.tools.terminal_progress import bar
 from lmtune.training.config import BUDGETS, budget_config
+from lmtune.training.handout import handout_name
 from lmtune.training.loop import resolve_config
 from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeTestConfig, lr_range_test
 from lmtune.usercode.checks import check_code
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     settings.validate("lr_find")
     overrides = parse_set_args(args.set)
     if "lr" in overrides:
-        raise LmtuneError("lr_find: --set lr has no effect (the test ramps the LR itself); use --min-lr / --max-lr")
+        raise LmtuneError(f"lr_find: --set {handout_name('lr', set_names(args.set))} has no effect (the test ramps "
+                          "the LR itself); use --min-lr / --max-lr")
     if args.schedule:
         raise LmtuneError(f"lr_find: --schedule {args.schedule} has no effect (the test ramps the LR itself, "
                           "exponentially from --min-lr to --max-lr, whatever the schedule); drop --schedule")

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from lmtune.cli import parse_set_args, prog
+from lmtune.cli import parse_set_args, prog, set_names
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.hooks import load_step_hook
@@ -34,6 +34,7 @@ from lmtune.sweep.session import Interruptions, signal_exit_code
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.sweep.storage import SweepStorage
 from lmtune.training.config import BUDGETS
+from lmtune.training.handout import HANDOUT_NAMES
 from lmtune.usercode.config import add_code_arguments, code_from_arguments
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -114,6 +115,7 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         import_wandb()
     if args.step_hook:
         load_step_hook(args.step_hook)  # (a name that imports nothing is refused before Ray starts)
+    refuse_swept_handout_names(args)
     address, results, storage = where_it_runs(args)
     results_flag = "--storage" if args.storage is not None and storage is None else "--results"
     space = args.space or (None if args.resume else "lr_grid")  # a resume reads its space from sweep.json
@@ -131,6 +133,21 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         keep=Keep(args.keep), force=args.force, cluster_config=args.cluster_config, step_hook=args.step_hook,
         code=code_from_arguments(args), trust_code=args.trust_code,
     )
+
+
+def refuse_swept_handout_names(args: argparse.Namespace) -> None:
+    """--set naming a setting the space searches by the CS336 handout's name for it (max_learning_rate where the
+    space searches the LR): refused in one line that says which of lmtune's settings it is (the plan's own check,
+    which refuses every searched setting, names lmtune's only)."""
+    handout = {HANDOUT_NAMES[name]: name for name in set_names(args.set) if name in HANDOUT_NAMES}
+    if not handout or args.resume:  # (--resume refuses --set itself)
+        return
+    space = args.space or "lr_grid"
+    for own in sorted(set(handout) & set(load_space(space).swept)):
+        name = handout[own]
+        raise LmtuneError(f"--set {name} (the handout's name for {own}): the space {space} searches {own}, each trial "
+                          f"at a value of its own; drop --set {name} (lmtune train --set {name}=VALUE trains one run "
+                          "at one)")
 
 
 def where_it_runs(args: argparse.Namespace) -> tuple[str | None, Path, str | None]:

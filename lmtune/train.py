@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from lmtune.cli import parse_set_args, prog
+from lmtune.cli import parse_set_args, prog, set_names
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import LOCK_FILE, check_destination
@@ -18,6 +18,7 @@ from lmtune.tools.terminal_progress import ProgressSink, logs_above_the_bar
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config
 from lmtune.training.fork import same_data
+from lmtune.training.handout import handout_name
 from lmtune.training.loop import resolve_config, train
 from lmtune.training.schedule import first_lr_difference
 from lmtune.usercode.checks import check_code
@@ -56,6 +57,9 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
     """The run's config and output folder, every refusal checked before anything is written (or built)."""
     overrides = parse_set_args(args.set)
     if args.lr is not None:
+        if "lr" in overrides:
+            raise LmtuneError(f"--lr and --set {handout_name('lr', set_names(args.set))} both give the peak LR; give "
+                              "it once")
         overrides["lr"] = args.lr
     budget = args.budget or "quick"
     out = args.out or Path("results") / f"train-{budget}-{time.strftime('%Y%m%d-%H%M%S')}"

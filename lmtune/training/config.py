@@ -13,11 +13,12 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject
 from lmtune.training.code import MODEL_ARG_PREFIX, UserCode, check_user_code, code_setting, is_code_setting
+from lmtune.training.handout import HANDOUT_NAMES, canonical_settings, refused_handout_name
 from lmtune.training.model_config import ABLATION_SWITCHES, FFNS, NORMS, POSITIONS, ModelConfig
 from lmtune.training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_steps, stable_until
 
@@ -190,30 +191,10 @@ def field_names() -> list[str]:
     return sorted([*MODEL_FIELDS, *TRAIN_FIELDS])
 
 
-# The CS336 handout's names for lmtune's settings (its TransformerLM's arguments, which lmtune passes a user's model
-# under the same names: lmtune.usercode.model.CONSTRUCTOR_ARGS); vocab_size, context_length, d_model, d_ff and
-# rope_theta are lmtune's names too. Accepted wherever a setting is named, mapped once at the door
-# (canonical_settings): what lmtune writes uses its own name only.
-HANDOUT_NAMES = {"num_layers": "n_layers", "num_heads": "n_heads"}
-
-S = TypeVar("S")
-
-
-def canonical_settings(settings: Mapping[str, S], where: str = "--set") -> dict[str, S]:
-    """``settings`` with each handout name (HANDOUT_NAMES) under lmtune's name for it, in the same order; refused in
-    one line where a handout name and lmtune's both name one setting."""
-    result: dict[str, S] = {}
-    for name, value in settings.items():
-        own = HANDOUT_NAMES.get(name, name)
-        if own in result:
-            both = sorted({name, own, *(k for k, v in HANDOUT_NAMES.items() if v == own)} & set(settings))
-            raise LmtuneError(f"{where}: {' and '.join(both)} name one setting ({own}); give it once")
-        result[own] = value
-    return result
-
-
 def field_type(name: str) -> type:
-    spec = MODEL_FIELDS.get(HANDOUT_NAMES.get(name, name)) or TRAIN_FIELDS.get(name)
+    refused_handout_name(name)
+    own = HANDOUT_NAMES.get(name, name)
+    spec = MODEL_FIELDS.get(own) or TRAIN_FIELDS.get(own)
     if spec is None:
         raise LmtuneError(f"unknown setting '{name}'; valid settings: {', '.join(field_names())} (and the CS336 "
                           f"handout's {', '.join(f'{k} for {v}' for k, v in HANDOUT_NAMES.items())})")
