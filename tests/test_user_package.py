@@ -70,7 +70,7 @@ def test_a_package_reading_its_installed_version_but_not_installed_names_both_wa
     message = str(refused.value)
     assert "\n" not in message
     assert f"your package '{package}' reads its installed metadata and is not installed in" in message
-    assert f"{sys.executable} -m pip install -e {repo}" in message and 'uv add "lmtune @ git+URL"' in message
+    assert f"{sys.executable} -m pip install --no-deps -e {repo}" in message and 'uv add "lmtune @ git+URL"' in message
     assert "no module named" not in message.lower()  # (PackageNotFoundError is a ModuleNotFoundError)
 
 

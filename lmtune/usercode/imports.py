@@ -153,8 +153,9 @@ def import_fix(err: BaseException) -> str:
     if isinstance(err, PackageNotFoundError):
         package = str(err.name or (err.args[0] if err.args else "your package"))
         return (f"your package {package!r} reads its installed metadata and is not installed in {environment}: "
-                f"install it there (`{sys.executable} -m pip install -e {_repo_of(err, package)}`), or install "
-                'lmtune into your assignment\'s project (`uv add "lmtune @ git+URL"`, then `uv run lmtune ...`)')
+                f"install it there, keeping its torch (`{sys.executable} -m pip install --no-deps -e "
+                f"{_repo_of(err, package)}`), or install lmtune into your assignment's project (`uv add \"lmtune @ "
+                'git+URL"`, then `uv run lmtune ...`)')
     if isinstance(err, ModuleNotFoundError) and err.name:
         top = err.name.split(".")[0]
         return (f"{top!r} is not installed in {environment}: install it there (`{sys.executable} -m pip install "
