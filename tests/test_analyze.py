@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import assert_real_picture, assert_refused, run_lmtune, trial_dirs
+from conftest import assert_real_picture, assert_refused, disk_sweep, run_lmtune, run_printout, trial_dirs
 
 from lmtune import analyze as analyze_cli
 from lmtune.errors import LmtuneError
-from lmtune.report.headline import summary_lines
+from lmtune.report.headline import best_trial_lines, summary_lines
 from lmtune.report.markdown import HEADINGS
 from lmtune.report.reader import load_sweep, resolve_sweep
 from lmtune.report.writer import analyze, summarize_sweep
@@ -344,3 +344,50 @@ def test_the_report_sharpness_is_the_largest_eigenvalue_not_the_largest_magnitud
     assert estimate == pytest.approx(max(eigenvalues), rel=0.01)
     assert hessian_top_eigenvalue(lambda: 0.5 * x @ a @ x, [x], iters=300, tol=1e-6) == pytest.approx(
         min(eigenvalues), rel=0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# The best trial's folder and checkpoint (issue 66 item 4): printed by analyze as run prints them, in summary.json
+
+# A sweep as it leaves its folder (conftest.disk_sweep): "full" trained its whole budget, the best trial.
+BEST_OF_DISK = {"full": (0.001, "completed", {10: 4.0, 30: 2.5}), "cut": (0.0005, "stopped_early", {10: 3.9})}
+
+
+def disk_sweep_with_best_pt(root: Path) -> Path:
+    """The disk sweep whose best trial kept a checkpoints/best.pt (bytes only: nothing here loads it)."""
+    sweep = disk_sweep(root, BEST_OF_DISK)
+    best = sweep / "full_lr=0.001" / "checkpoints" / "best.pt"
+    best.parent.mkdir()
+    best.write_bytes(b"weights")
+    return sweep
+
+
+def test_analyze_prints_the_best_trials_folder_and_its_checkpoint(tmp_path, capsys):
+    sweep = disk_sweep_with_best_pt(tmp_path)
+    assert analyze_cli.main([str(sweep), "--samples", "0", "--out", str(tmp_path / "report")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("best trial: full")
+    assert lines[at + 1:at + 4] == [f"  folder: {sweep}/full_lr=0.001", '  config: {"lr": 0.001}',
+                                    f"  checkpoint: {sweep}/full_lr=0.001/checkpoints/best.pt"]
+
+
+def test_summary_json_holds_the_best_trials_checkpoint(tmp_path):
+    sweep = disk_sweep_with_best_pt(tmp_path)
+    analyze(sweep, out_dir=tmp_path / "report", samples=0)
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["best_checkpoint"] == f"{sweep}/full_lr=0.001/checkpoints/best.pt"
+
+
+def test_a_best_trial_that_kept_no_checkpoint_has_none_and_its_line_says_so(tmp_path):
+    facts = summarize_sweep(disk_sweep(tmp_path, BEST_OF_DISK)).facts
+    assert facts.best_checkpoint is None
+    assert best_trial_lines(facts)[-1] == "  checkpoint: none kept (its folder holds no checkpoints/best.pt)"
+
+
+def test_run_prints_the_best_trials_lines_analyze_prints(tmp_path, capsys):
+    sweep = disk_sweep_with_best_pt(tmp_path)
+    _, printed = run_printout(sweep, 2, capsys)
+    assert analyze_cli.main([str(sweep), "--samples", "0", "--out", str(tmp_path / "report")]) == 0
+    analyzed = capsys.readouterr().out.splitlines()
+    lines = best_trial_lines(summarize_sweep(sweep).facts)
+    assert len(lines) == 3 and set(lines) <= set(printed.splitlines()) and set(lines) <= set(analyzed)

@@ -13,13 +13,13 @@ from lmtune.report.writer import analyze
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 GOLDEN = ("quick_edge", "quick_horizon")
 # Values that name the machine or the moment, not the sweep's results.
-MACHINE_KEYS = ("sweep_dir", "best_trial_dir", "generated")
+MACHINE_KEYS = ("sweep_dir", "best_trial_dir", "best_checkpoint", "generated")
 
 
 def machine_free(summary: dict, sweep_dir: Path) -> dict:
     """The summary without the moment it was written, with paths relative to the sweep's folder."""
     kept = {k: v for k, v in summary.items() if k != "generated"}
-    for key in ("sweep_dir", "best_trial_dir"):
+    for key in ("sweep_dir", "best_trial_dir", "best_checkpoint"):
         if isinstance(kept.get(key), str):
             kept[key] = kept[key].replace(str(sweep_dir.resolve()), "<sweep>")
     return kept

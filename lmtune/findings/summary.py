@@ -159,7 +159,10 @@ class SweepFacts:
     missing_trials: tuple[MissingTrial, ...] = ()
     """Trials the ledger lists whose folder could not be read: the report concludes without them."""
     best_trial_dir: str | None = None
-    """The best trial's folder (its checkpoints/best.pt is the one to use)."""
+    """The best trial's folder."""
+    best_checkpoint: str | None = None
+    """The checkpoint the best trial kept, in its folder: its checkpoints/best.pt (else its newest periodic one;
+    None: it kept none, e.g. a sweep copied without its checkpoints): what ``lmtune sample`` of the sweep samples."""
     best_config: Mapping[str, Json] | None = None
     """The best trial's varied parameters (Tune's params)."""
     search_strategy: str = ""
@@ -182,6 +185,7 @@ class SweepFacts:
     def to_json(self) -> JsonObject:
         return {"sweep": self.sweep, "sweep_dir": self.sweep_dir,
                 "missing_trials": [asdict(m) for m in self.missing_trials], "best_trial_dir": self.best_trial_dir,
+                "best_checkpoint": self.best_checkpoint,
                 "best_config": self.best_config, "search_strategy": self.search_strategy,
                 "compute": self.compute if self.compute is not None else {}, "data": self.data,
                 "range_test": self.range_test, "generated": self.generated,

@@ -5,10 +5,12 @@ range; a search with a report section of its own (horizon) says its part first. 
 
 from __future__ import annotations
 
+import json
+
 from lmtune.analysis.bracket import EdgeConfirmation
 from lmtune.analysis.landscape import Landscape
 from lmtune.analysis.named_lrs import UsefulRange
-from lmtune.findings.summary import SweepSummary
+from lmtune.findings.summary import SweepFacts, SweepSummary
 from lmtune.findings.text import basin_ends, basin_lrs, interval_line, per_doubling, ratio_range_text
 from lmtune.report.sections import section_for
 
@@ -53,6 +55,17 @@ def _verdict_lines(summary: SweepSummary) -> list[str]:
     if summary.best_trial:
         lines.append(f"best trial: {summary.best_trial}")
     return lines
+
+
+def best_trial_lines(facts: SweepFacts, stored: str | None = None) -> list[str]:
+    """What both CLIs print under "best trial: ID": its folder, its varied settings and the checkpoint to sample
+    (``lmtune sample`` takes it, or the sweep's folder for the same one); ``stored``: where that checkpoint is when it
+    is not in the folder read (a sweep in object storage: its URI)."""
+    if facts.best_trial_dir is None:
+        return []
+    checkpoint = stored or facts.best_checkpoint or "none kept (its folder holds no checkpoints/best.pt)"
+    return [f"  folder: {facts.best_trial_dir}", f"  config: {json.dumps(facts.best_config)}",
+            f"  checkpoint: {checkpoint}"]
 
 
 def conclusion_lines(summary: SweepSummary) -> list[str]:

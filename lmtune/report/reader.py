@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from lmtune.sweep.record import (
     tune_ended,
 )
 from lmtune.sweep.sweep_file import SweepRecord
+from lmtune.training.checkpoint import BEST_NAME
 from lmtune.training.divergence import DEFAULT_RULE, DivergenceRule
 from lmtune.training.lr_range import RangeTestResult, read_range_test
 from lmtune.training.metrics import METRICS_FILE, is_count, read_metrics_frame
@@ -104,6 +106,15 @@ def missing_trials(sweep_dir: Path, trials: list[TrialRecord]) -> list[MissingTr
     return [MissingTrial(trial_id, str(entry["outcome"]), str(entry.get("reason") or ""))
             for trial_id, entry in sorted(read_outcomes(sweep_dir).items())
             if trial_id not in present and "members" not in entry]  # (a fused group's own entry: no folder)
+
+
+def kept_checkpoint(checkpoint_dir: Path, periodic: Sequence[Path]) -> Path | None:
+    """The checkpoint a run kept to sample from: its checkpoints/best.pt (the weights at its lowest validation loss),
+    else its newest periodic checkpoint (``periodic``: oldest first); None when it kept neither."""
+    best = Path(checkpoint_dir) / BEST_NAME
+    if best.is_file():
+        return best
+    return Path(periodic[-1]) if periodic else None
 
 
 def load_range_test(sweep_dir: Path, variant: str | None = None) -> RangeTestResult | None:

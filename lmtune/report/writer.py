@@ -30,7 +30,7 @@ from lmtune.findings.summary import SweepFacts, SweepSummary
 from lmtune.report.figures import FIGURES
 from lmtune.report.headline import running_trials, unfinished_figure_mark
 from lmtune.report.markdown import write_markdown
-from lmtune.report.reader import load_range_test, load_sweep, missing_trials
+from lmtune.report.reader import kept_checkpoint, load_range_test, load_sweep, missing_trials
 from lmtune.report.samples import best_samples
 from lmtune.report.sections import search_decisions, search_of, section_for
 from lmtune.report.sharpness import sweep_sharpness, write_sharpness_csv
@@ -108,10 +108,12 @@ def summarize_sweep(sweep_dir: Path, target: float | None = None, samples: int =
     summary = section_for(search).summarize(inputs)
     best = next((t for t in trials if t.trial_id == summary.best_trial), None)
     best_trial_dir = str(best.checkpoint_dir.parent) if best and best.checkpoint_dir else None
+    kept = kept_checkpoint(best.checkpoint_dir, best.periodic_checkpoints) if best and best.checkpoint_dir else None
     texts, note = best_samples(best_trial_dir, samples, consent)
     facts = SweepFacts(
         sweep=record.name or sweep_dir.name, sweep_dir=str(sweep_dir.resolve()),
         missing_trials=tuple(missing_trials(sweep_dir, trials)), best_trial_dir=best_trial_dir,
+        best_checkpoint=str(kept) if kept else None,
         best_config=best.params if best else None, search_strategy=search_description(record, trials),
         compute=compute_accounting(record, trials, range_tokens), data=data_description(record),
         range_test=range_summary(range_test, range_variant), generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
