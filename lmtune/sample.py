@@ -14,6 +14,7 @@ import argparse
 import functools
 import logging
 import os
+import sys
 from pathlib import Path
 
 from lmtune.cli import device_flag, prog
@@ -29,7 +30,9 @@ DEFAULTS = SampleSettings()
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog("sample"), description="Generate text from a trained model's checkpoint.")
-    p.add_argument("checkpoint", type=Path, help="a run's checkpoints/best.pt (or a periodic checkpoint)")
+    p.add_argument("checkpoint", type=Path, help="a run's checkpoints/best.pt (or a periodic checkpoint), a trial's "
+                                                 "folder (the checkpoint it kept) or a sweep's folder, results/NAME "
+                                                 "(its best trial's checkpoint)")
     p.add_argument("--prompt", default=None, help=f"the text to continue (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt as token ids instead of text")
     p.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
@@ -45,6 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
     add_consent_arguments(p)
     return p
+
+
+def checkpoint_to_sample(path: Path) -> tuple[Path, str | None]:
+    """The checkpoint file ``path`` names: itself, or the one a sweep's or a run's folder offers, with a line saying
+    which (None for a file); one line (LmtuneError) where a folder offers none (lmtune.report.sampled_checkpoint)."""
+    if path.is_file():
+        return path, None
+    from lmtune.report.sampled_checkpoint import checkpoint_in, missing_in_sweep  # (the report's reader: only here)
+
+    if path.is_dir():
+        return checkpoint_in(path)
+    if not path.exists() and (why := missing_in_sweep(path)):
+        raise LmtuneError(why)
+    return path, None  # (load_model says what is wrong with it)
 
 
 def prompt_ids(args: argparse.Namespace, tokenizer, data_dir: str) -> list[int]:
@@ -91,13 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         raise LmtuneError(f"--seed with --samples {args.samples} draws seeds up to {args.seed + args.samples - 1}: "
                           f"--seed must be from 0 to {MAX_SEED - args.samples + 1}")
     consent = consent_from_arguments(args)
-    model, config = load_model(args.checkpoint, device_flag(args.device), consent)
+    checkpoint, which = checkpoint_to_sample(args.checkpoint)
+    model, config = load_model(checkpoint, device_flag(args.device), consent)
     tokenizer = run_tokenizer(args, config.data_dir)
     prompt = prompt_ids(args, tokenizer, config.data_dir)
     vocab = config.model.vocab_size
     if any(not 0 <= i < vocab for i in prompt):
         raise LmtuneError(f"--prompt-ids: every id must be in [0, {vocab}) (the model's vocabulary)")
     stop = tokenizer.token_to_id(EOT) if tokenizer is not None else None
+    if which:  # (on stderr once every input is checked: stdout is the sample's, and a refusal stays one line)
+        print(which, file=sys.stderr)
     for k in range(args.samples):
         ids = generate(model, prompt, SampleSettings(settings.max_tokens, settings.temperature, settings.top_p,
                                                      settings.seed + k), config.model.context_length, stop,

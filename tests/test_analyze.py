@@ -114,6 +114,19 @@ def test_run_printed_what_analyze_concludes(quick_sweep, report):
     assert f"best trial: {summary['best_trial']}" in printed
 
 
+def test_the_checkpoint_analyze_names_is_the_one_sample_of_the_sweep_samples(quick_sweep, report, capsys):
+    """The page's flow (docs/cs336.md, issue 66 item 4): `analyze` names the best trial's checkpoint, and `sample
+    results/NAME` samples that very one."""
+    from lmtune.sample import main as sample_main
+
+    _, summary = report
+    assert Path(summary["best_checkpoint"]).is_file()
+    assert sample_main([str(quick_sweep), "--temperature", "0", "--max-tokens", "8"]) == 0
+    via_sweep = capsys.readouterr()
+    assert sample_main([summary["best_checkpoint"], "--temperature", "0", "--max-tokens", "8"]) == 0
+    assert via_sweep.out == capsys.readouterr().out and f"sampling {summary['best_checkpoint']}:" in via_sweep.err
+
+
 def test_headline_numbers(report):
     _, summary = report
     # the best LR: the lowest val loss at the end of the whole budget, among trials that trained all of it

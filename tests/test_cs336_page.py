@@ -83,7 +83,7 @@ def test_the_page_holds_a_command_for_each_problem_it_maps():
     assert names == [("prepare", "--input"), ("prepare", "--tokens"), ("run", "lr_edge"),
                      ("analyze", "results/lr_edge"), ("run", "cs336_batch"),
                      ("run", "examples/cs336_ablations_own_model.yaml"),
-                     ("sample", "results/lr_edge/BEST_TRIAL/checkpoints/best.pt")]
+                     ("sample", "results/lr_edge")]
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +112,9 @@ def test_the_learning_rate_problem_sweeps_reports_the_target_and_samples(student
     assert "## Edge of stability" in report and "## Target" in report and "| top of the useful range |" in report
     assert "best lr" in proc.stdout
     summary = json.loads((student / "results" / "lr_edge" / "report" / "summary.json").read_text())
-    sample = [arg.replace("BEST_TRIAL", Path(summary["best_trial_dir"]).name)
-              for arg in command("sample", "results/lr_edge/BEST_TRIAL/checkpoints/best.pt")]
-    assert run_as_written(sample, student, "--max-tokens", "16").stdout.strip()
+    assert f"  checkpoint: {summary['best_checkpoint']}" in proc.stdout.splitlines()  # (what the page points to)
+    sampled = run_as_written(command("sample", "results/lr_edge"), student, "--max-tokens", "16")
+    assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {summary['best_checkpoint']}: ")
 
 
 @pytest.mark.parametrize("space", ["cs336_batch", "examples/cs336_ablations_own_model.yaml"])

@@ -33,6 +33,7 @@ from lmtune.sample import main as sample_main
 from lmtune.training.checkpoint import checksum_path, load_checkpoint, save_checkpoint
 from lmtune.training.config import budget_config
 from lmtune.training.loop import train
+from lmtune.training.metrics import write_metrics
 from lmtune.usercode.consent import (
     NO_CONSENT,
     REFUSED_NOTE,
@@ -116,6 +117,26 @@ def test_sample_with_model_builds_the_users_own_copy_and_not_the_recorded_code(c
     before = snapshot(crafted["root"])
     proc = run_lmtune("sample", str(crafted["best"]), "--model", EXAMPLE, "--max-tokens", "4", cwd=crafted["sweep"])
     assert proc.returncode == 0 and proc.stdout.startswith("Once upon a time"), proc.stderr[-2000:]
+    assert not crafted["marker"].exists() and snapshot(crafted["root"]) == before
+
+
+def test_sample_of_the_crafted_trials_folder_refuses_in_one_line_and_runs_nothing(crafted, capsys, monkeypatch):
+    """A trial's folder names its checkpoint as a file does (issue 66 item 4): its code is as gated."""
+    monkeypatch.chdir(crafted["sweep"])  # (where the payload's relative path would import, were it allowed)
+    before = snapshot(crafted["root"])
+    assert_refused(sample_main, [str(crafted["best"].parents[1])], capsys, PAYLOAD, "--model PATH:NAME", "--trust-code")
+    assert not crafted["marker"].exists() and snapshot(crafted["root"]) == before
+
+
+def test_sample_of_the_crafted_sweeps_folder_refuses_in_one_line_and_runs_nothing(crafted, capsys, monkeypatch):
+    """A sweep's folder is read for its best trial by the report's reader, which imports nothing; the checkpoint it
+    names is then as gated as a file."""
+    trial = crafted["best"].parents[1]  # (its best trial trained the whole budget: 30 steps of 500 tokens)
+    write_metrics(trial / "metrics.csv", [{"step": step, "tokens": step * 500, "train_loss": 3.5, "val_loss": loss}
+                                          for step, loss in ((10, 3.0), (30, 2.5))])
+    monkeypatch.chdir(crafted["sweep"])
+    before = snapshot(crafted["root"])
+    assert_refused(sample_main, [str(crafted["sweep"])], capsys, PAYLOAD, "--model PATH:NAME", "--trust-code")
     assert not crafted["marker"].exists() and snapshot(crafted["root"]) == before
 
 

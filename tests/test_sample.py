@@ -4,16 +4,20 @@ there is none."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import EXAMPLE, TINY, assert_refused, run_lmtune, user_model
+from conftest import EXAMPLE, TINY, assert_refused, disk_sweep, run_lmtune, user_model
 
 from lmtune.data.prepare import prepare_tokens
 from lmtune.errors import LmtuneError
 from lmtune.sample import main
+from lmtune.sweep.record import ledger_path
+from lmtune.training.checkpoint import checksum_path
 from lmtune.training.config import budget_config
 from lmtune.training.loop import train
 from lmtune.training.sampling import SampleSettings, generate, next_token
@@ -142,3 +146,98 @@ def test_no_tokenizer_names_a_data_folder_not_found_from_here_not_token_ids(tmp_
     (tmp_path / "ids").mkdir()
     assert no_tokenizer_why(str(tmp_path / "ids")) == "the run's data was prepared from token ids and has no " \
                                                       "tokenizer.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# A sweep's or a trial's folder (issue 66 item 4): what `analyze` names, sampled without naming the file
+
+# A sweep as it leaves its folder (conftest.disk_sweep): "full" trained its whole budget (30 steps), the best trial.
+SWEEP = {"full": (0.001, "completed", {10: 4.0, 30: 2.5}), "cut": (0.0005, "stopped_early", {10: 3.9})}
+
+
+def sweep_with_best(root: Path, checkpoint: Path) -> Path:
+    """The disk sweep whose best trial ("full") kept ``checkpoint`` as its checkpoints/best.pt."""
+    sweep = disk_sweep(root, SWEEP)
+    kept = sweep / "full_lr=0.001" / "checkpoints" / "best.pt"
+    kept.parent.mkdir()
+    shutil.copy(checkpoint, kept)
+    shutil.copy(checksum_path(checkpoint), checksum_path(kept))
+    return sweep
+
+
+def greedy(capsys, *args: str) -> str:
+    """What ``sample ARGS`` prints at temperature 0 (one text: the checkpoint's alone)."""
+    assert main([*args, "--temperature", "0", "--max-tokens", "8"]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_sweeps_folder_samples_its_best_trials_checkpoint(checkpoints, tmp_path, capsys):
+    sweep = sweep_with_best(tmp_path, checkpoints["lmtune"])
+    assert greedy(capsys, str(sweep)) == greedy(capsys, str(checkpoints["lmtune"]))
+
+
+def test_sampling_a_sweeps_folder_names_the_checkpoint_on_stderr(checkpoints, tmp_path, capsys):
+    sweep = sweep_with_best(tmp_path, checkpoints["lmtune"])
+    assert main([str(sweep), "--max-tokens", "4"]) == 0
+    assert capsys.readouterr().err == f"sampling {sweep}/full_lr=0.001/checkpoints/best.pt: the best trial of " \
+                                      f"{sweep} (full, lr 0.001)\n"
+
+
+def test_a_trials_folder_samples_its_best_pt(checkpoints, tmp_path, capsys):
+    sweep = sweep_with_best(tmp_path, checkpoints["lmtune"])
+    assert greedy(capsys, str(sweep / "full_lr=0.001")) == greedy(capsys, str(checkpoints["lmtune"]))
+
+
+def test_a_runs_folder_without_best_pt_samples_its_newest_periodic_checkpoint(checkpoints, tmp_path, capsys):
+    run = shutil.copytree(checkpoints["lmtune"].parent.parent, tmp_path / "run")
+    (run / "checkpoints" / "best.pt").unlink()
+    newest = max((run / "checkpoints").glob("step_*.pt"))
+    assert greedy(capsys, str(run)) == greedy(capsys, str(newest))
+
+
+def test_a_sweep_whose_trials_all_stopped_before_the_budget_is_refused_naming_the_lowest(tmp_path, capsys):
+    sweep = disk_sweep(tmp_path, {"a": (0.001, "stopped_early", {10: 4.0, 20: 2.5}),
+                                  "b": (0.01, "stopped_early", {10: 3.9})})
+    assert_refused(main, [str(sweep)], capsys, f"{sweep} has no best trial yet",
+                   f"the lowest loss so far is {sweep}/a_lr=0.001's: give that folder to sample it anyway")
+
+
+def test_a_sweep_whose_best_trial_kept_no_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    sweep = disk_sweep(tmp_path, SWEEP)
+    assert_refused(main, [str(sweep)], capsys, f"its best trial's folder {sweep}/full_lr=0.001 holds no checkpoint")
+
+
+def test_a_trial_that_ended_before_any_validation_loss_names_the_keep_that_would_have_kept_one(tmp_path, capsys):
+    sweep = disk_sweep(tmp_path, {"nan": (0.5, "diverged", {10: float("nan"), 20: float("nan")})})
+    config = json.loads((sweep / "nan_lr=0.5" / "config.json").read_text())
+    config["train"]["checkpoint_interval"] = 10  # (it wrote periodic checkpoints at steps 10 and 20)
+    (sweep / "nan_lr=0.5" / "config.json").write_text(json.dumps(config))
+    assert_refused(main, [str(sweep / "nan_lr=0.5")], capsys,
+                   "it ended (diverged) before any finite validation loss, so it wrote no checkpoints/best.pt",
+                   "the sweep's --keep best removed its periodic checkpoints when it ended (--keep last would have "
+                   "kept its newest)")
+
+
+def test_the_keep_hint_is_left_out_where_the_trial_wrote_no_periodic_checkpoint(tmp_path, capsys):
+    sweep = disk_sweep(tmp_path, {"nan": (0.5, "diverged", {10: float("nan")})})  # (checkpoint_interval 1000)
+    line = assert_refused(main, [str(sweep / "nan_lr=0.5")], capsys, "before any finite validation loss")
+    assert "--keep" not in line
+
+
+def test_a_running_trial_without_a_checkpoint_yet_is_refused_saying_so(tmp_path, capsys):
+    sweep = disk_sweep(tmp_path, {"new": (0.001, "completed", {})})
+    ledger_path(sweep).write_text("{}")  # (no ledger entry, no summary.json: still running)
+    assert_refused(main, [str(sweep / "new_lr=0.001")], capsys, "it is still running and writes checkpoints/best.pt "
+                   "at its first validation loss")
+
+
+def test_a_folder_neither_a_sweeps_nor_a_runs_is_refused_naming_what_to_give(tmp_path, capsys):
+    assert_refused(main, [str(tmp_path)], capsys, "neither a sweep's (no sweep.json) nor a run's (no config.json)",
+                   "a trial's folder or a sweep's folder")
+
+
+def test_a_trial_named_by_its_id_alone_is_refused_naming_its_folder(checkpoints, tmp_path, capsys):
+    """The page's old command with the id analyze printed (best trial: full) in place of the trial's folder."""
+    sweep = sweep_with_best(tmp_path, checkpoints["lmtune"])
+    assert_refused(main, [str(sweep / "full" / "checkpoints" / "best.pt")], capsys,
+                   f"the folder of trial full is {sweep}/full_lr=0.001", f"or give the sweep's folder {sweep}")
