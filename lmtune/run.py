@@ -28,7 +28,7 @@ from lmtune.sweep.preflight import (
     checked_storage,
     read_cluster_config,
 )
-from lmtune.sweep.runner import DISK_FULL, SweepResult, run_sweep
+from lmtune.sweep.runner import DISK_FULL, INCURABLE, SweepResult, run_sweep
 from lmtune.sweep.session import Interruptions, signal_exit_code
 from lmtune.sweep.spaces import available_spaces, load_space
 from lmtune.sweep.storage import SweepStorage
@@ -244,10 +244,20 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         report = None
     summary = report.summary if report else None
     rows = summary.trials if summary else ()
-    counts = ", ".join(f"{n} {s}" for s, n in (summary.status_counts if summary else {}).items()) or "none ended"
-    print(f"\n{len(rows)} trials: {counts}" + (f"; {result.unfinished} did not finish" if result.unfinished else ""))
+    status_counts = dict(summary.status_counts) if summary else {}
+    # A trial that errored before writing its folder's records is the ledger's alone: counted from there.
+    unread = max(0, result.outcome_counts.get("error", 0) - status_counts.get("error", 0))
+    if unread:
+        status_counts["error"] = status_counts.get("error", 0) + unread
+    counts = ", ".join(f"{n} {s}" for s, n in status_counts.items()) or "none ended"
+    print(f"\n{len(rows) + unread} trials: {counts}"
+          + (f"; {result.unfinished} did not finish" if result.unfinished else ""))
+    if result.stopped_by == INCURABLE:
+        print(f"sweep stopped: {result.note}")
+        print(f"no retry cures it; fix it, then resume with: {resume_command(options)}")
+        return 1
     if result.stopped_by == DISK_FULL:
-        print(f"sweep stopped: {result.disk_note}; unfinished trials keep their newest checkpoint")
+        print(f"sweep stopped: {result.note}; unfinished trials keep their newest checkpoint")
         print(f"resume it with: {resume_command(options)}")
         return 1
     if result.stopped_by:
