@@ -1,8 +1,12 @@
-"""docs/cs336.md, run as written at a tiny budget (issue 56 item 3): a CS336 student's folder with the handout's
-files (text and their own BPE's token arrays) and examples/cs336_model.py; the data commands as they stand, the
-learning-rate sweep and its report and samples with a tiny model and a few steps set on top, the batch-size and
-ablation spaces planned (every variant built and checked, as `lmtune run` does before any trial), and both compare
-commands (ablations, batch sizes) trained end to end and reported."""
+"""docs/cs336.md, run as written at a tiny budget (issue 56 item 3, issue 66 item 2): a CS336 student's repository
+as the handout lays it out (tests/cs336_repo.py: a package whose __init__ reads its installed version, relative imports,
+a third-party import), installed into lmtune's environment as the page's way (b) says (`pip install --no-deps -e .`,
+into an environment of its own layered on the tests' one), with the handout's files beside it (text and their own
+BPE's token arrays); every `lmtune ...` line of the page run by that environment's python from the repository: the
+data commands as they stand, the learning-rate sweep and its report and samples with a tiny model and a few steps set
+on top, the other sweeps planned (every variant built and checked, as `lmtune run` does before any trial), and both
+compare commands (ablations, batch sizes) trained end to end and reported. Way (a), `uv add` into the repository's
+own project, is test_install.py's."""
 
 from __future__ import annotations
 
@@ -14,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, run_lmtune, trial_dirs
+from conftest import TINY, run_command, trial_dirs
+from cs336_repo import PACKAGE, layered_venv, write_cs336_repo
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lmtune.data.corpus import stories
 from lmtune.data.documents import EOT
-from lmtune.run import build_parser, sweep_options
 from lmtune.searches.state import read_search_state
-from lmtune.sweep.experiment import plan_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "cs336.md"
@@ -30,22 +33,42 @@ TINY_SETTINGS = {**TINY, "n_layers": 1, "steps": 24, "warmup_steps": 4, "log_int
                  "eval_batches": 1, "checkpoint_interval": 4}
 
 
-def page_commands() -> list[list[str]]:
-    """Every `lmtune ...` line of the page's bash blocks, split as a shell would."""
+def page_lines() -> list[list[str]]:
+    """Every line of the page's bash blocks, split as a shell would (comments dropped)."""
     blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), re.S)
-    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.startswith("lmtune ")]
+    return [shlex.split(line, comments=True) for block in blocks for line in block.splitlines() if line.strip()]
 
 
-def command(name: str, first: str) -> list[str]:
-    found = [c for c in page_commands() if c[1] == name and (len(c) < 3 or first in c)]
-    assert len(found) == 1, f"docs/cs336.md has {len(found)} `lmtune {name}` commands naming {first}"
+def page_commands() -> list[list[str]]:
+    """Every `lmtune ...` line of the page's bash blocks."""
+    return [line for line in page_lines() if line[0] == "lmtune"]
+
+
+def install_commands() -> list[list[str]]:
+    """The page's install lines of way (b): `source .../setup.sh runtime`, then the two `pip install`s."""
+    return [line for line in page_lines() if line[0] in ("source", "pip")]
+
+
+def command(name: str, key: str) -> list[str]:
+    """The page's one `lmtune NAME` command whose sweep is named ``key`` (--name), or whose first argument is."""
+    found = [c for c in page_commands() if c[1] == name and key in (c[2], sweep_name(c))]
+    assert len(found) == 1, f"docs/cs336.md has {len(found)} `lmtune {name}` commands for {key}"
     return found[0]
 
 
-def run_as_written(argv: list[str], folder: Path, *extra: str, timeout: float = 600):
-    proc = run_lmtune(argv[1], *argv[2:], *extra, cwd=folder, timeout=timeout)
+def sweep_name(argv: list[str]) -> str | None:
+    return argv[argv.index("--name") + 1] if "--name" in argv else None
+
+
+def run_as_written(argv: list[str], student: Path, *extra: str, timeout: float = 600):
+    """The page's `lmtune ...` command, by the python of the student's environment (way (b)), from their repository."""
+    proc = run_command([str(python_of(student)), "-m", *argv, *extra], cwd=student, timeout=timeout)
     assert proc.returncode == 0, f"{shlex.join(argv)}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def python_of(student: Path) -> Path:
+    return student.parent / "env" / "bin" / "python"
 
 
 def tiny(*, cpus: bool = True, steps: int = 24) -> list[str]:
@@ -57,10 +80,15 @@ def tiny(*, cpus: bool = True, steps: int = 24) -> list[str]:
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A student's folder: the handout's two text files, their own BPE (vocab.json + merges.txt) and the token arrays
-    it wrote, and examples/ (the page's stand-in for their model)."""
-    root = tmp_path_factory.mktemp("cs336")
-    shutil.copytree(REPO / "examples", root / "examples")
+    """A student's CS336 repository, installed as the page's way (b) says into an environment of its own, with the
+    handout's two text files, their own BPE (vocab.json + merges.txt) and the token arrays it wrote, and the page's
+    ablation space copied in."""
+    root = write_cs336_repo(tmp_path_factory.mktemp("cs336") / "assignment1-basics")
+    python = layered_venv(root.parent / "env")
+    install = install_commands()[-2]  # pip install --no-deps -e . (setuptools from the environment: no index)
+    proc = run_command([str(python), "-m", *install[:2], "--no-build-isolation", *install[2:]], cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copy(REPO / "examples" / "cs336_ablations_own_model.yaml", root)
     train_docs, valid_docs = list(stories.generate_stories(300, seed=0)), list(stories.generate_stories(40, seed=1))
     for name, docs in (("train", train_docs), ("valid", valid_docs)):
         (root / f"TinyStoriesV2-GPT4-{name}.txt").write_text("".join(f"{d}\n{EOT}\n" for d in docs))
@@ -79,11 +107,18 @@ def student(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_page_holds_a_command_for_each_problem_it_maps():
-    names = [(c[1], c[2] if c[1] != "run" else c[c.index("--space") + 1]) for c in page_commands()]
-    assert names == [("prepare", "--input"), ("prepare", "--tokens"), ("run", "lr_edge"),
-                     ("analyze", "results/lr_edge"), ("run", "cs336_batch"),
-                     ("run", "examples/cs336_ablations_own_model.yaml"),
+    names = [(c[1], sweep_name(c) if c[1] == "run" else c[2]) for c in page_commands()]
+    assert names == [("prepare", "--input"), ("prepare", "--tokens"), ("run", "quick_edge"), ("run", "lr_edge_small"),
+                     ("run", "lr_edge"), ("analyze", "results/lr_edge"), ("run", "batch"), ("run", "ablations"),
                      ("sample", "results/lr_edge")]
+
+
+def test_the_page_opens_with_both_ways_to_install_beside_the_assignment():
+    sections = re.findall(r"^## (.+)$", PAGE.read_text(), re.M)
+    assert sections[0] == "Install beside your assignment"
+    assert ["uv", "add", "lmtune @ git+URL"] in page_lines()
+    assert install_commands() == [["source", "PATH/TO/lmtune/scripts/setup.sh", "runtime"],
+                                  ["pip", "install", "--no-deps", "-e", "."], ["pip", "install", "einops", "jaxtyping"]]
 
 
 @pytest.fixture(scope="module")
@@ -117,19 +152,40 @@ def test_the_learning_rate_problem_sweeps_reports_the_target_and_samples(student
     assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {summary['best_checkpoint']}: ")
 
 
-@pytest.mark.parametrize("space", ["cs336_batch", "examples/cs336_ablations_own_model.yaml"])
-def test_the_compare_problems_plan_every_variant_on_the_students_model(space: str, student: Path, prepared: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch):
-    plan = plan_of(space, student, monkeypatch)
-    variants = [v.name for v in plan.space.strategy.settings.variants]
-    assert len(variants) >= 2 and plan.base.code.model.endswith("examples/cs336_model.py:TransformerLM")
+# What `lmtune run` would start, worked out in the student's environment (their package imports only there).
+PLAN = """
+import json, sys
+from lmtune.run import build_parser, sweep_options
+from lmtune.sweep.experiment import plan_sweep
+args = sys.argv[1:]
+plan = plan_sweep(sweep_options(build_parser().parse_args(args), args))
+print(json.dumps({"search": plan.space.strategy.name, "model": plan.base.code.model, "tokens": plan.base.total_tokens,
+                  "variants": [v.name for v in getattr(plan.space.strategy.settings, "variants", ())]}))
+"""
 
 
-def plan_of(space: str, student: Path, monkeypatch: pytest.MonkeyPatch, steps: int = 128):
-    """The sweep `lmtune run` would start for the page's command of ``space`` with the tiny settings on top."""
-    monkeypatch.chdir(student)
-    args = [*command("run", space)[2:], *tiny(cpus=False, steps=steps)]
-    return plan_sweep(sweep_options(build_parser().parse_args(args), args))
+def plan_of(name: str, student: Path, *extra: str) -> dict:
+    """The sweep the page's command for sweep ``name`` would start, with ``extra`` settings on top."""
+    proc = run_command([str(python_of(student)), "-c", PLAN, *command("run", name)[2:], *extra], cwd=student)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("name", "tokens"), [("quick_edge", 16 * 64 * 162), ("lr_edge_small", 16 * 128 * 500)])
+def test_the_cpu_sized_commands_plan_the_edge_search_on_the_students_model_at_the_budget_the_page_says(
+        name: str, tokens: int, student: Path, prepared: Path):
+    plan = plan_of(name, student)
+    assert plan["search"] == "edge" and plan["tokens"] == tokens
+    assert plan["model"] == f"{student}/{PACKAGE}/model.py:TransformerLM"
+
+
+@pytest.mark.parametrize(("name", "variants"), [
+    ("batch", ["batch_32", "batch_1", "batch_8", "batch_64", "batch_128", "batch_largest"]),
+    ("ablations", ["reference", "no_pos_emb"])])
+def test_the_compare_problems_plan_every_variant_on_the_students_model(name: str, variants: list[str],
+                                                                      student: Path, prepared: Path):
+    plan = plan_of(name, student, *tiny(cpus=False, steps=128))
+    assert plan["variants"] == variants and plan["model"] == f"{student}/{PACKAGE}/model.py:TransformerLM"
 
 
 # Each compare command trains end to end as written, with the tiny model on top, at 32 base steps: a budget the batch
@@ -140,21 +196,20 @@ COMPARE_STEPS = 32
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("space", "name"), [("examples/cs336_ablations_own_model.yaml", "ablations"),
-                                             ("cs336_batch", "batch")])
-def test_the_compare_problems_train_every_variant_and_report_each_at_its_own_best_lr(
-        space: str, name: str, student: Path, prepared: Path, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("name", ["ablations", "batch"])
+def test_the_compare_problems_train_every_variant_and_report_each_at_its_own_best_lr(name: str, student: Path,
+                                                                                     prepared: Path):
     """As written on the page, at a tiny budget: the search finishes, every trial trains the student's model for one
     of the planned variants, and the report's comparison gives each variant's best LR."""
-    planned = [v.name for v in plan_of(space, student, monkeypatch, COMPARE_STEPS).space.strategy.settings.variants]
-    run_as_written(command("run", space), student, *tiny(steps=COMPARE_STEPS), timeout=1800)
+    planned = plan_of(name, student, *tiny(cpus=False, steps=COMPARE_STEPS))["variants"]
+    run_as_written(command("run", name), student, *tiny(steps=COMPARE_STEPS), timeout=1800)
     sweep = student / "results" / name
     assert read_search_state(sweep, "compare")["finished"]
     trained = set()
     for folder in trial_dirs(sweep).values():
         trained.add(json.loads((folder / "trial.json").read_text())["params"]["variant"])
-        assert json.loads((folder / "config.json").read_text())["code"]["model"].endswith(
-            "examples/cs336_model.py:TransformerLM")
+        assert json.loads((folder / "config.json").read_text())["code"]["model"] == \
+            f"{student}/{PACKAGE}/model.py:TransformerLM"
     assert trained == set(planned)
     run_as_written(["lmtune", "analyze", f"results/{name}"], student, timeout=600)
     rows = json.loads((sweep / "report" / "summary.json").read_text())["compare"]

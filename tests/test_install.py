@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENV, REPO
+from conftest import ENV, REPO, TINY_TRIAL
+from cs336_repo import PACKAGE, write_cs336_repo
+from test_cs336_page import page_lines as cs336_page_lines
 from test_packaging import NOT_SOURCE
 
 pytestmark = pytest.mark.slow
@@ -111,28 +113,30 @@ def test_uv_pip_installs_the_wheel_into_an_environment_with_torch_and_trains(whe
                                         cwd=tmp_path)
 
 
-def test_uv_add_puts_lmtune_into_a_uv_project_that_requires_torch_and_uv_run_trains_it(wheel, tmp_path):
-    project = tmp_path / "myproject"
-    project.mkdir()
-    torch_wheel = local_torch_wheel()
-    # A CS336-style project: its own torch requirement (here the local CPU wheel, as its source), run with uv run.
-    (project / "pyproject.toml").write_text(f"""\
-[project]
-name = "myproject"
-version = "0.1.0"
-requires-python = ">=3.11"
-dependencies = ["torch>=2.6"]
-
-[tool.uv.sources]
-torch = {{ path = "{torch_wheel}" }}
-""")
+def test_uv_add_puts_lmtune_into_a_cs336_repository_and_uv_run_sweeps_reports_and_samples_its_model(wheel, tmp_path):
+    """docs/cs336.md's way (a): lmtune added to the assignment's own uv project (here its wheel stands for the git URL),
+    then the page's `uv run lmtune run --space quick_edge --model cs336_basics/model.py:TransformerLM` (the tiny model
+    on top), `analyze` and `sample` of that sweep: the package, whose __init__ reads its installed version and whose
+    model imports its neighbours relatively, imports in the project's environment (uv installs it editable), its torch
+    the project's own."""
+    project = write_cs336_repo(tmp_path / "assignment1-basics")
+    pyproject = (project / "pyproject.toml").read_text()
+    # The project's own torch requirement (the handout's: ~=2.6; here the local CPU wheel, as its source).
+    pyproject = pyproject.replace('dependencies = ["numpy"]', 'dependencies = ["numpy", "torch>=2.6"]')
+    sources = f'[tool.uv.sources]\ntorch = {{ path = "{local_torch_wheel()}" }}\n'
+    (project / "pyproject.toml").write_text(f"{pyproject}\n{sources}")
     uv = shutil.which("uv") or "uv"
     env = {"UV_PYTHON": sys.executable, "UV_NO_PROGRESS": "1"}
     run(uv, "add", wheel, cwd=project, timeout=900, **env)
     assert torch_of(project / ".venv" / "bin" / "python", project)["version"] == torch.__version__
-    assert "quick_edge" in run(uv, "run", "lmtune", "run", "--list-spaces", cwd=project, **env)
-    assert "completed: 10 steps" in run(uv, "run", "lmtune", *SHORT_TRAIN, "--out", project / "run", cwd=project,
-                                        **env)
+    page = next(line for line in cs336_page_lines() if line[:3] == ["uv", "run", "lmtune"])
+    tiny = [f"--set={k}={v}" for k, v in {**TINY_TRIAL, "steps": 24, "warmup_steps": 4, "eval_interval": 4,
+                                           "log_interval": 4, "checkpoint_interval": 4}.items()]
+    run(*page, "--name", "quick", *tiny, "--num-cpus", "2", "--no-dashboard", "--quiet", cwd=project, timeout=900,
+        **env)
+    model = ["--model", f"{PACKAGE}/model.py:TransformerLM"]
+    assert "best trial:" in run(uv, "run", "lmtune", "analyze", "results/quick", *model, cwd=project, **env)
+    assert run(uv, "run", "lmtune", "sample", "results/quick", *model, "--max-tokens", "8", cwd=project, **env).strip()
 
 
 def test_the_main_jobs_setup_installs_lmtune_and_what_it_runs_with_but_no_test_tool(tmp_path):
