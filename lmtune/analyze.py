@@ -22,6 +22,20 @@ from lmtune.sweep.storage import SweepStorage, is_uri
 from lmtune.usercode.consent import REFUSED_NOTE, add_consent_arguments, consent_from_arguments
 
 
+def parse_vocab_size(text: str | None) -> int | None:
+    """--vocab-size: a whole number from 2 (None: not given)."""
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise LmtuneError(f"--vocab-size must be the runs' vocabulary size, a whole number from 2, e.g. --vocab-size "
+                          f"10000 (got {shown(text)})")
+    return value
+
+
 def parse_target(text: str | None) -> float | None:
     if text is None:
         return None
@@ -81,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "a W&B CSV export (docs/analyze-runs.md; report: PATH_report/ or PATH/report/)")
     parser.add_argument("--lr-of", action="append", default=None, metavar="NAME=LR",
                         help="with --runs: the LR of a named run (a W&B export's), repeated once per run")
+    parser.add_argument("--vocab-size", default=None, metavar="N",
+                        help="with --runs: the runs' vocabulary size (else their vocab_size column), so that ℓ₀ = "
+                             "ln(vocab) and each run is judged diverged, unconfirmed or spiked as a sweep's are "
+                             "(without either, ℓ₀ is estimated and only a non-finite loss counts as diverged)")
     parser.add_argument("--out", default=None, help="report folder (default: results/NAME/report; with --runs, "
                                                     "PATH_report/ beside a file, PATH/report/ in a folder)")
     parser.add_argument("--target", default=None, help="target val loss (nats/token): was it met, and by which trial")
@@ -106,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         raise LmtuneError("give a sweep (results/NAME), or --runs PATH for runs lmtune did not make")
     if args.runs is not None and args.sweep is not None:
         raise LmtuneError(f"give a sweep ({args.sweep}) or --runs PATH, not both")
+    if args.vocab_size is not None and args.runs is None:
+        raise LmtuneError("--vocab-size is for --runs (a sweep's report reads its vocabulary from the sweep); drop it")
     if args.runs is not None:
         if args.sharpness:
             raise LmtuneError("--sharpness needs checkpoints lmtune can load, which runs it did not make lack; drop "
@@ -134,7 +154,7 @@ def analyze_runs(args: argparse.Namespace, target: float | None) -> int:
     from lmtune.report.runs_report import steps_for_tokens, write_runs_report
 
     report, out = write_runs_report(Path(args.runs), Path(args.out) if args.out else None, target,
-                                    parse_lr_of(args.lr_of), args.x)
+                                    parse_lr_of(args.lr_of), args.x, parse_vocab_size(args.vocab_size))
     summary = report.summary
     lines = summary_lines(summary) if report.x == "tokens" else steps_for_tokens(summary_lines(summary))
     notes = [f"note: {m.line()}" for m in report.missing if m.column in ("val_loss", "tokens")]

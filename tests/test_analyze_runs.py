@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import time
 from pathlib import Path
 
@@ -323,3 +324,125 @@ def test_an_lr_of_naming_no_run_is_refused(tmp_path, capsys):
     assert_refused(main, ["--runs", str(export), "--lr-of", "wide=0.1", "--lr-of", "wdie=0.1"], capsys,
                    "--lr-of 'wdie': no run of that name")
     assert snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# What the report knows of the runs: ℓ₀ from their vocabulary (or said to be an estimate), rungs only where they had
+# them, a run whose log ends far above ℓ₀ unconfirmed
+
+
+LOG_VOCAB = 1000  # ℓ₀ = ln 1000 = 6.91; the synthetic runs start at 6.0, below it
+
+
+def synthetic_rows(vocab_column: int | None = None, cut: bool = False) -> list[dict]:
+    """Four LRs trained 100 steps (val loss every 20), the best 0.01; ``cut``: lr 1.0 too, its loss 25x ln 1000
+    from step 20 on and its log ending at step 40; ``vocab_column``: a vocab_size column saying it."""
+    ends = {0.001: 3.0, 0.003: 2.6, 0.01: 2.4, 0.1: 2.9}
+    rows = []
+    for lr, end in ends.items():
+        for step in range(10, 101, 10):
+            loss = end + (6.0 - end) * 2.718281828 ** (-step / 25)
+            rows.append({"lr": lr, "step": step, "tokens": step * 4096, "train_loss": loss,
+                         "val_loss": loss + 0.05 if step % 20 == 0 else "", "wall_time": step * 1.7})
+    if cut:
+        for step in range(10, 41, 10):
+            loss = 25 * math.log(LOG_VOCAB) if step >= 20 else 5.0
+            rows.append({"lr": 1.0, "step": step, "tokens": step * 4096, "train_loss": loss,
+                         "val_loss": loss + 0.05 if step % 20 == 0 else "", "wall_time": step * 1.7})
+    return [{**row, "vocab_size": vocab_column} for row in rows] if vocab_column else rows
+
+
+def runs_report(tmp_path: Path, rows: list[dict], *flags: str) -> tuple[dict, str]:
+    """analyze --runs of ``rows``: its summary.json and lr_sweep_analysis.md."""
+    log = write_csv(tmp_path / "runs.csv", rows)
+    assert main(["--runs", str(log), *flags]) == 0
+    out = tmp_path / "runs.csv_report"
+    return json.loads((out / "summary.json").read_text()), (out / "lr_sweep_analysis.md").read_text()
+
+
+def test_vocab_size_gives_the_initial_loss_as_ln_vocab(tmp_path):
+    summary, text = runs_report(tmp_path, synthetic_rows(), "--vocab-size", str(LOG_VOCAB))
+    assert (summary["initial_loss"], summary["initial_loss_from"]) == (pytest.approx(math.log(LOG_VOCAB)),
+                                                                       "ln(vocab)")
+    assert "- **ℓ₀**: the loss at initialisation, ℓ₀ = ln(vocab) = 6.908" in text
+
+
+def test_a_vocab_size_column_gives_the_initial_loss_as_ln_vocab(tmp_path):
+    summary, text = runs_report(tmp_path, synthetic_rows(vocab_column=LOG_VOCAB))
+    assert (summary["initial_loss"], summary["initial_loss_from"]) == (pytest.approx(math.log(LOG_VOCAB)),
+                                                                       "ln(vocab)")
+    assert "no vocabulary size" not in text
+
+
+def test_without_a_vocabulary_the_initial_loss_is_called_the_estimate_it_is_never_ln_vocab(tmp_path):
+    summary, text = runs_report(tmp_path, synthetic_rows())
+    assert summary["initial_loss_from"] == "median first train loss"
+    assert "ln(vocab) =" not in text
+    assert (f"- **ℓ₀**: the loss at initialisation: ℓ₀ ≈ {summary['initial_loss']:.4g}, estimated as the median over "
+            "the runs of the first train loss each logged") in text
+
+
+def test_without_a_vocabulary_the_figures_initial_loss_line_is_labelled_an_estimate(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from lmtune.report.figures import lr_vs_loss_figure
+    from lmtune.report.runs_report import summarize_runs_input
+
+    report = summarize_runs_input(write_csv(tmp_path / "runs.csv", synthetic_rows()))
+    figure = lr_vs_loss_figure(report.summary)
+    try:
+        labels = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    finally:
+        plt.close(figure)
+    ell0 = next(label for label in labels if label.startswith("ℓ₀"))
+    assert ell0 == f"ℓ₀ ≈ {report.summary.initial_loss:.3g}, an estimate: the median first train loss"
+
+
+def test_runs_without_asha_get_no_rung_wording_in_the_figure_or_the_text(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from lmtune.report.figures import lr_vs_loss_figure
+    from lmtune.report.runs_report import summarize_runs_input
+
+    report = summarize_runs_input(write_csv(tmp_path / "runs.csv", synthetic_rows()))
+    figure = lr_vs_loss_figure(report.summary)
+    try:
+        title = figure.axes[0].get_title()
+    finally:
+        plt.close(figure)
+    assert "rung" not in title.replace("these runs had no rungs", "") and "ASHA" not in title
+    _, text = runs_report(tmp_path, synthetic_rows())
+    section = text.split("## Loss against LR at equal token counts", 1)[1].split("\n## ", 1)[0]
+    assert "ASHA" not in section and "these runs had no rungs" in section
+    assert_real_picture(tmp_path / "runs.csv_report" / "lr_vs_loss.png")
+
+
+def test_a_run_whose_log_ends_at_25x_ln_vocab_is_unconfirmed_and_no_run_diverged_is_not_said(tmp_path):
+    summary, text = runs_report(tmp_path, synthetic_rows(cut=True), "--vocab-size", str(LOG_VOCAB))
+    status = {row["lr"]: row["status"] for row in summary["trials"]}
+    assert status[1.0] == "unconfirmed" and summary["unconfirmed"][0]["over_initial"] == pytest.approx(25.0)
+    assert "no run diverged" not in text.lower()
+    assert "| divergence LR | none confirmed up to 0.1; not known at 1, where a run was cut while above ℓ₀" in text
+
+
+def test_a_vocab_size_that_contradicts_the_runs_column_is_refused(tmp_path, capsys):
+    log = write_csv(tmp_path / "runs.csv", synthetic_rows(vocab_column=LOG_VOCAB))
+    before = snapshot(tmp_path)
+    assert_refused(main, ["--runs", str(log), "--vocab-size", "50257"], capsys,
+                   "--vocab-size 50257, but the runs' vocab_size says 1000")
+    assert snapshot(tmp_path) == before
+
+
+def test_runs_naming_two_vocabulary_sizes_are_refused(tmp_path, capsys):
+    rows = [{**row, "vocab_size": 1000 if row["lr"] < 0.01 else 2000} for row in synthetic_rows()]
+    refused(tmp_path, capsys, write_csv(tmp_path / "runs.csv", rows), "the runs name 2 vocabulary sizes (1000, 2000)")
+
+
+def test_a_vocab_size_that_is_no_vocabulary_size_is_refused(tmp_path, capsys):
+    log = write_csv(tmp_path / "runs.csv", synthetic_rows())
+    assert_refused(main, ["--runs", str(log), "--vocab-size", "1"], capsys,
+                   "--vocab-size must be the runs' vocabulary size, a whole number from 2")
+
+
+def test_a_vocab_size_without_runs_is_refused(tmp_path, capsys):
+    assert_refused(main, [str(tmp_path), "--vocab-size", "1000"], capsys, "--vocab-size is for --runs")

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from conftest import png_width, read_wandb_runs, run_python, tensorboard_scalars
 
-from lmtune.findings.stability import TrialRecord, first_growth
+from lmtune.findings.comparison import first_growth
+from lmtune.findings.stability import TrialRecord
 from lmtune.fused.loop import train_fused
 from lmtune.report.figures import plot_instability
 from lmtune.sweep.reporting import TuneSink

@@ -1,5 +1,6 @@
 import csv
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -9,9 +10,16 @@ from conftest import assert_real_picture
 from lmtune.findings.sharpness import Sharpness, SharpnessRow
 from lmtune.findings.stability import TrialRecord, classify
 from lmtune.findings.summary import SweepFacts, sweep_summary
-from lmtune.report.figures import plot_instability, plot_lr_vs_loss, plot_sharpness, plot_sweep_comparison
+from lmtune.report.figures import (
+    plot_instability,
+    plot_lr_vs_loss,
+    plot_sharpness,
+    plot_sweep_comparison,
+    sweep_comparison_figure,
+)
 from lmtune.report.markdown import HEADINGS, write_markdown
 from lmtune.report.writer import write_tables
+from lmtune.training.figures import wall_unit
 
 N = 40
 # 40 rows 25 steps apart, 512 tokens per step; ℓ₀ = ln 10000 = 9.21, where the curves start.
@@ -116,6 +124,28 @@ def test_sweep_comparison_ylim_ignores_exploding_losses(records, tmp_path):
     plt.close("all")
 
 
+def test_the_wall_clock_axis_reads_in_one_unit(records):
+    """The runs took up to 250 s: every tick is in minutes, the axis label says so once (ticks once mixed "50 s" and
+    "2.5 min")."""
+    import matplotlib.pyplot as plt
+
+    figure = sweep_comparison_figure(records, x="wall")
+    try:
+        figure.canvas.draw()
+        ax = figure.axes[0]
+        ticks = [label.get_text() for label in ax.get_xticklabels() if label.get_text()]
+        assert ax.get_xlabel().startswith("wall-clock time (min;")
+        assert len(ticks) > 2 and all(re.fullmatch(r"[−-]?\d+(\.\d+)?", tick) for tick in ticks), ticks
+        assert max(max(line.get_xdata(), default=0) for line in ax.get_lines()) == pytest.approx(250 / 60)
+    finally:
+        plt.close(figure)
+
+
+@pytest.mark.parametrize(("seconds", "unit"), [(90, "s"), (250, "min"), (3 * 3600, "h")])
+def test_a_wall_clock_axis_takes_the_unit_its_longest_run_reads_best_in(seconds, unit):
+    assert wall_unit(seconds)[0] == unit
+
+
 def test_markdown_has_every_section_and_the_numbers(records, tmp_path):
     facts = SweepFacts(search_strategy="ASHA over a log grid of 6 LRs.",
                        compute={"tokens_spent": 1_000_000, "full_grid_tokens": 4_000_000, "gpu_hours": 0.5})
@@ -147,7 +177,7 @@ def test_markdown_copes_with_no_divergence_and_no_target(tmp_path):
     for heading in HEADINGS:
         assert heading in text
     assert "No run diverged" in text and "No target loss was given" in text
-    assert "No run diverged or spiked" in text
+    assert "No run diverged, was cut while above ℓ₀ (unconfirmed) or spiked." in text
 
 
 def test_tables_agree_with_the_records(records, tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from lmtune.analysis.named_lrs import UsefulRange
 from lmtune.errors import LmtuneError
-from lmtune.findings.comparison import SENSITIVITY_LRS
+from lmtune.findings.comparison import SENSITIVITY_LRS, first_growth
 from lmtune.findings.stability import (
     TrialRecord,
     candidate_token_range,
@@ -15,7 +15,6 @@ from lmtune.findings.stability import (
     edge_ratio,
     edge_reading,
     edge_reading_range,
-    first_growth,
     spikes_of,
     tokens_to_reach,
 )

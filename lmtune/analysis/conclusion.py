@@ -18,7 +18,16 @@ from lmtune.analysis.bracket import (
     edge_confirmation,
     seed_dependent_lrs,
 )
-from lmtune.analysis.landscape import Gap, Landscape, best_lr_interval, edge_ratio_range, landscape
+from lmtune.analysis.landscape import (
+    Gap,
+    Landscape,
+    LrRegion,
+    Region,
+    best_lr_interval,
+    edge_ratio_range,
+    landscape,
+    lr_regions,
+)
 from lmtune.analysis.named_lrs import UsefulRange, divergence_bracket, useful_range
 from lmtune.analysis.runs import (
     Budget,
@@ -59,9 +68,16 @@ class Conclusion:
     edge_ratio_range: Gap
     """The divergence LR / best LR ratio as a range carrying both uncertainties (None: unbounded on that side)."""
     landscape: Landscape
-    """The basin, degraded and diverged regions."""
+    """The basin, degraded and failed regions."""
     ranking: tuple[LrResult, ...]
     """Every LR that trained its whole budget without diverging, the crowned best first, the rest by mean."""
+    regions: tuple[LrRegion, ...] = ()
+    """The region every LR tried stands in (lmtune.analysis.landscape.lr_regions), by LR: what the report's text,
+    its table and its figure call each LR."""
+
+    def lrs_in(self, region: Region) -> tuple[float, ...]:
+        """The LRs tried in ``region``, ascending."""
+        return tuple(sorted({r.lr for r in self.regions if r.region == region}))
 
     @property
     def best_lr(self) -> float | None:
@@ -99,6 +115,7 @@ class Conclusion:
             "edge_ratio_range": list(self.edge_ratio_range),
             **self.landscape.to_json(),
             "ranking": [r.to_json() for r in self.ranking],
+            "lr_regions": [r.to_json() for r in self.regions],
         }
 
 
@@ -112,7 +129,9 @@ def conclude(runs: Iterable[Run], budget: Budget) -> Conclusion:
     edge, divergence = bracket(runs), divergence_bracket(runs)
     interval = best_lr_interval(ranking, edge)
     sigma = pooled_seed_spread(ranking)
+    regions = landscape(ranking, edge)
     return Conclusion(best, tuple(contenders), sigma, interval, edge, divergence,
                       useful_range(ranking, best, sigma, edge), tuple(seed_dependent_lrs(runs)),
                       edge_confirmation(runs, edge) if edge.diverged_lr is not None else None,
-                      edge_ratio_range(divergence, interval), landscape(ranking, edge), tuple(crowned_ranking(ranking)))
+                      edge_ratio_range(divergence, interval), regions, tuple(crowned_ranking(ranking)),
+                      lr_regions(runs, ranking, regions))

@@ -1,20 +1,26 @@
 """The landscape above the best LR, Ray-free: where the best LR may lie, the basin around it, the degraded
-region up to the edge and the diverged region above, each an LR interval whose ends are known to lie between
-two tried LRs; and the edge / best ratio as a range carrying both uncertainties.
+region up to the edge and the failed region above, each an LR interval whose ends are known to lie between
+two tried LRs; the region every LR tried stands in (``lr_regions``: the one classification the report's text, its
+table and lr_vs_loss.png all read); and the edge / best ratio as a range carrying both uncertainties.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
-from lmtune.analysis.bracket import Bracket
+from lmtune.analysis.bracket import Bracket, failed_runs
 from lmtune.analysis.named_lrs import interpolated
 from lmtune.analysis.runs import (
     SIGNIFICANCE_SE,
     LrResult,
+    Run,
     clearly_worse,
     crown,
+    effective_runs,
     pooled_seed_spread,
     spread_lrs,
     standard_error,
@@ -127,14 +133,15 @@ class Degraded:
 
 @dataclass(frozen=True)
 class Landscape:
-    """The three regions (None: not measured, or none)."""
+    """The three regions (None: not measured, or none); where each LR tried stands: ``lr_regions``."""
 
     basin: Basin | None
     """Around the best LR (None: no LR trained its whole budget)."""
     degraded: Degraded | None
     """Above the basin, below the edge (None: fewer than two LRs there trained through)."""
     diverged: Gap | None
-    """Where the diverged region begins: between the bracket's ends (None: no LR diverged)."""
+    """Where the failed region begins: between the failing LR's bracket's ends (None: no LR failed). (Named
+    ``diverged`` in summary.json since before a run could fail without diverging.)"""
 
     def to_json(self) -> JsonObject:
         return {"basin": self.basin.to_json() if self.basin else None,
@@ -149,7 +156,7 @@ def landscape(ranking: list[LrResult], edge: Bracket) -> Landscape:
       (the contiguous run of tried LRs around the best; with no seed spread measured, the best LR alone);
     - degraded: above the basin, up to the edge: trained through without diverging, loss clearly worse
       (how much worse per doubling of the LR: the slope of loss against log2 LR between neighbours);
-    - diverged: from the edge up."""
+    - failed: from the edge (the failing LR) up."""
     diverged = (edge.stable_lr, edge.diverged_lr) if edge.diverged_lr is not None else None
     best, _ = crown(ranking)
     if best is None:
@@ -198,3 +205,70 @@ def _slope(xs: list[float], ys: list[float]) -> tuple[float, float | None]:
         return slope, None
     residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
     return slope, math.sqrt(residual / (n - 2) / sxx)
+
+
+class Region(StrEnum):
+    """Where an LR tried stands. The report's text, its table of full-budget losses and lr_vs_loss.png's bands and
+    marks all read these (``lr_regions``), so none calls an LR what another does not."""
+
+    BELOW = "below the basin"
+    """Trained its whole budget, below the basin (clearly worse than the best)."""
+    BASIN = "basin"
+    """In the basin: its full-budget loss is not clearly worse than the best's (the best LR among them)."""
+    DEGRADED = "degraded"
+    """Above the basin and below the failing LR: trained through, clearly worse."""
+    FAILED = "failed"
+    """A run there failed: it diverged, or (above an LR that trained) ended no better than the unigram baseline."""
+    ABOVE_FAILING = "trained through above the failing LR"
+    """Above the failing LR, its runs trained through (failure is not monotone there: seed or chance)."""
+    UNCONFIRMED = "unconfirmed (cut while above ℓ₀)"
+    """No run there trained its whole budget or failed, and one was cut early (by ASHA or the stopper) while its
+    loss stood above its initial loss ℓ₀: whether it would have come back, or diverged, is not known."""
+    OTHER = "other settings than the best's"
+    """Trained its whole budget with other varied parameters than the best LR's (a grid over more than the LR): not
+    on the best LR's line, so in none of its regions."""
+
+
+@dataclass(frozen=True)
+class LrRegion:
+    """An LR tried (with the other parameters its runs share) and the region it stands in."""
+
+    lr: float
+    region: Region
+    others: tuple[tuple[str, Any], ...] = ()
+
+    def to_json(self) -> JsonObject:
+        return {"lr": self.lr, **dict(self.others), "region": str(self.region)}
+
+
+def lr_regions(runs: Iterable[Run], ranking: list[LrResult], regions: Landscape) -> tuple[LrRegion, ...]:
+    """The region of every LR tried that trained its whole budget, failed, or was cut while above ℓ₀ (an LR whose
+    runs were only cut below ℓ₀ stands in none: nothing says where). A failed run puts its LR in the failed region
+    whatever its other seeds did (the bracket's rule); an LR that trained its whole budget stands where the
+    landscape put it (basin, degraded, below the basin, or above the failing LR); one with neither, but a run cut
+    while above ℓ₀, is unconfirmed."""
+    runs = effective_runs(runs)
+    failed = {(r.lr, r.others) for r in failed_runs(runs)}
+    cut = {(r.lr, r.others) for r in runs if r.cut_loss is not None}
+    ranked = {(r.lr, r.others) for r in ranking}
+    best, _ = crown(ranking)
+    basin = set(regions.basin.lrs) if regions.basin else set()
+    degraded = {p.lr for p in regions.degraded.points} if regions.degraded else set()
+    found = []
+    for lr, others in sorted(ranked | failed | cut, key=lambda key: (key[0], repr(key[1]))):
+        if (lr, others) in failed:
+            region = Region.FAILED
+        elif (lr, others) not in ranked:
+            region = Region.UNCONFIRMED
+        elif best is None or others != best.others:
+            region = Region.OTHER
+        elif lr in basin:
+            region = Region.BASIN
+        elif lr in degraded:
+            region = Region.DEGRADED
+        elif basin and lr < min(basin):
+            region = Region.BELOW
+        else:  # above the basin, not degraded: at or above the failing LR (the degraded region ends below it)
+            region = Region.ABOVE_FAILING
+        found.append(LrRegion(lr, region, others))
+    return tuple(found)

@@ -77,6 +77,9 @@ class Budget:
     (None: not recorded, and no run is judged by it)."""
     batch_size: int = 0
     """Sequences per step (a compare search's batch-size variant scales its steps by it; 0: not recorded)."""
+    asha_rungs: bool = True
+    """The comparison points below the full budget are ASHA's rungs (False: other points, such as the fractions of
+    the budget ``analyze --runs`` compares runs at, which had no rungs)."""
 
     @classmethod
     def of_run(cls, config: RunConfig, asha: AshaBudget | None, unigram_loss: float | None = None) -> Budget:
@@ -162,6 +165,10 @@ class Run:
     """Tokens of those first rows, which the run it continues trained (0 for a run of its own)."""
     baseline: float | None = None
     """The data's unigram baseline (Budget.unigram_loss): ending no better than it, the run did not train."""
+    cut_loss: float | None = None
+    """The train loss it stood at when it was cut early (by ASHA or the stopper) above its initial loss ℓ₀, having
+    climbed there (lmtune.findings.stability.cut_above_initial): whether it would have come back is not known, so
+    it is neither diverged nor spiked but unconfirmed (None: it was not cut so)."""
 
     @property
     def done(self) -> bool:

@@ -21,6 +21,7 @@ from lmtune.findings.stability import (
     TrialRecord,
     classify,
     column,
+    cut_above_initial,
     has_nonfinite_loss,
     judgement,
     spikes_of,
@@ -29,19 +30,24 @@ from lmtune.findings.stability import (
     val_points,
 )
 from lmtune.training.divergence import BY_RULE, NON_FINITE, WHOLE_RUN
+from lmtune.training.metric_registry import probe_labels
 
 # A stable run's attention logits above this are worth a warning: Wortsman et al. (2023) find
 # attention-logit growth ahead of the instabilities qk-layernorm removes (their diverging runs reach
 # 1e4 and more); healthy runs of the size lmtune trains stay in the tens to hundreds.
 LOGIT_GROWTH_WARNING = 1e3
 
+# first_growth: a probe "grew" once it exceeds this multiple of the best run's value at the same step. The
+# probes it compares are the metrics registered as probes (lmtune.training.metric_registry.probe_labels).
+GROWTH_FACTOR = 2.0
+
 Pair = tuple[Run, TrialRecord]
 
 
 def record_runs(records: Sequence[TrialRecord], budget: Budget) -> list[Pair]:
     """Each trial as a Run: its LR, seed, stage, how it ended (classify's diverged wins, with where and how
-    its divergence was established), its tokens, evaluations and spikes; budgets from its own config, else
-    the sweep's."""
+    its divergence was established), its tokens, evaluations and spikes, the loss it was cut at while above ℓ₀
+    (cut_above_initial); budgets from its own config, else the sweep's."""
     pairs = []
     for record in records:
         if record.reason == INTERRUPTED:
@@ -58,7 +64,7 @@ def record_runs(records: Sequence[TrialRecord], budget: Budget) -> list[Pair]:
                   {int(t): float(v) for t, v in zip(tokens, val, strict=True)}, others,
                   spikes=tuple(spikes_of(record)), trial_id=record.trial_id,
                   continue_from=record.continue_from, continued_tokens=record.continued_from_tokens,
-                  baseline=budget.unigram_loss)
+                  baseline=budget.unigram_loss, cut_loss=cut_above_initial(record))
         if run.diverged:
             run.divergence, run.diverged_tokens = divergence_of(record, run, budget_tokens // max(steps or 1, 1))
         pairs.append((run, record))
@@ -224,7 +230,8 @@ class LogitGrowth:
 def logit_growth(pairs: Sequence[Pair], best: TrialRecord | None,
                  threshold: float = LOGIT_GROWTH_WARNING) -> LogitGrowth:
     """Trials that did not diverge but whose largest attention logit exceeded ``threshold``: by LR, the
-    largest value any of its trials reached (and the best trial's, for scale)."""
+    largest value any of its trials reached (and the best trial's, for scale). A run cut while above ℓ₀ is left
+    out: whether it diverged is not known."""
     def peak(record: TrialRecord) -> float | None:
         values = column(record, ATTENTION_LOGITS)
         if values is None or not np.isfinite(values).any():
@@ -234,7 +241,7 @@ def logit_growth(pairs: Sequence[Pair], best: TrialRecord | None,
     grown: dict[float, float] = {}
     for run, record in pairs:
         value = peak(record)
-        if not run.diverged and value is not None and value > threshold:
+        if not run.diverged and run.cut_loss is None and value is not None and value > threshold:
             grown[run.lr] = max(value, grown.get(run.lr, 0.0))
     return LogitGrowth(threshold, peak(best) if best is not None else None, tuple(sorted(grown.items())))
 
@@ -291,3 +298,74 @@ def stage_accounting(pairs: Sequence[Pair], decisions: Sequence[StageDecision] =
     order = {name: decided.index(name) for name in decided}
     names = sorted(lrs, key=lambda name: (order.get(name, len(order)), name))
     return [Stage(name, tuple(sorted(lrs[name])), counts[name][1], counts[name][0], tuple(why[name])) for name in names]
+
+
+def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: float = GROWTH_FACTOR) -> str:
+    """Which stability probe grew first relative to the best trial, as one sentence.
+
+    For each registered probe (metric_registry.probe_labels: gradient norm, attention-logit max, output-logit
+    max), find the first logged step where |value| exceeds ``factor`` times the best trial's |value| at that
+    step (the best run's curve linearly interpolated onto this run's steps, within its logged range). Names
+    the earliest one; a probe an old metrics.csv lacks is said not logged.
+    """
+    if best_record is None:
+        return f"{record.trial_id}: no best trial to compare against."
+    if record is best_record or record.trial_id == best_record.trial_id:
+        return f"{record.trial_id} is the best trial."
+    if column(record, "step") is None or column(best_record, "step") is None:
+        return f"{record.trial_id}: no step column, so growth cannot be compared."
+    found, missing = probe_crossings(record, best_record, factor)
+    if not found:
+        checked = [label for label in probe_labels().values() if label not in missing]
+        if not checked:
+            return f"{record.trial_id}: no stability probes logged ({', '.join(missing)} missing)."
+        tail = f" ({', '.join(missing)} not logged)" if missing else ""
+        return (f"{record.trial_id} (lr={record.lr:.3g}): none of {', '.join(checked)} exceeded "
+                f"{factor:g}x the best trial's values{tail}.")
+    order = list(probe_labels().values())
+    found.sort(key=lambda item: (item[0], order.index(item[2])))
+    quiet = [label for label in order if label not in missing and label not in {f[2] for f in found}]
+    step = found[0][0]
+    tied = sorted((f for f in found if f[0] == step), key=lambda f: -f[1])
+    _, ratio, label = tied[0]
+    ratio_text = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x the best trial's"
+    if len(tied) > 1:
+        # Crossing at the same logged step does not tell which came first; say so, and which grew most.
+        sentence = (f"{record.trial_id} (lr={record.lr:.3g}): {', '.join(f[2] for f in tied)} all exceeded "
+                    f"{factor:g}x at the same logged step {int(step)} (log more often to order them); "
+                    f"{label} grew most, {ratio_text}")
+    else:
+        sentence = f"{record.trial_id} (lr={record.lr:.3g}): {label} grew first, {ratio_text} at step {int(step)}"
+    later = [f"{lab} at step {int(s)}" for s, _, lab in found if s != step]
+    if later:
+        sentence += f"; then {', '.join(later)}"
+    if quiet:
+        sentence += f"; {', '.join(quiet)} stayed within {factor:g}x"
+    if missing:
+        sentence += f"; {', '.join(missing)} not logged"
+    return sentence + "."
+
+
+def probe_crossings(record: TrialRecord, best_record: TrialRecord,
+                    factor: float) -> tuple[list[tuple[float, float, str]], list[str]]:
+    """([(first step above factor x the best run, ratio there, probe label)], [labels not logged])."""
+    steps, best_steps = column(record, "step"), column(best_record, "step")
+    found: list[tuple[float, float, str]] = []
+    missing = []
+    for name, label in probe_labels().items():
+        mine, theirs = column(record, name), column(best_record, name)
+        ok = np.isfinite(theirs) & np.isfinite(best_steps) if theirs is not None else None
+        if mine is None or ok is None or ok.sum() == 0:
+            missing.append(label)
+            continue
+        ref_steps, ref_vals = best_steps[ok], np.abs(theirs[ok])
+        inside = (steps >= ref_steps.min()) & (steps <= ref_steps.max())
+        ref_at = np.interp(steps, ref_steps, ref_vals)
+        # A non-finite probe (overflow) counts as growth: it is the most extreme growth there is.
+        exceeded = inside & (~np.isfinite(mine) | (np.abs(mine) > factor * np.maximum(ref_at, 1e-12)))
+        hits = np.nonzero(exceeded)[0]
+        if hits.size:
+            i = int(hits[0])
+            ratio = abs(mine[i]) / max(ref_at[i], 1e-12) if np.isfinite(mine[i]) else math.inf
+            found.append((float(steps[i]), ratio, label))
+    return found, missing

@@ -1,5 +1,6 @@
 """One row per trial (summary.json's ``trials``, summary.csv, the report's trial table) and how many trials
-have each status; and the JSON-safety every value of summary.json passes (no NaN, no numpy scalars)."""
+have each status; the runs that spiked and those cut while above ℓ₀, as the summary lists them; and the JSON-safety
+every value of summary.json passes (no NaN, no numpy scalars)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from lmtune.analysis.runs import Run
 from lmtune.files import JsonObject
 from lmtune.findings.stability import (
     STATUSES,
@@ -18,8 +20,10 @@ from lmtune.findings.stability import (
     classify,
     column,
     final_val_loss,
+    initial_loss_of,
     spikes_of,
     tokens_trained,
+    trial_statuses,
 )
 from lmtune.training.divergence import Spike
 
@@ -42,7 +46,8 @@ class TrialRow:
     params: Mapping[str, Param]
     """Every varied hyperparameter, lr included (Tune's param_space values)."""
     status: str
-    """lmtune.findings.stability.classify: diverged > spiked > the sweep's outcome."""
+    """lmtune.findings.stability.trial_statuses: diverged > unconfirmed (cut while above ℓ₀) > spiked > the sweep's
+    outcome."""
     final_val_loss: float | None
     """The val loss at the end of its whole budget (None: it stopped earlier, or diverged)."""
     best_val_loss: float | None
@@ -69,8 +74,9 @@ class TrialRow:
         return {**row, "params": dict(self.params), "spikes": [asdict(s) for s in self.spikes]}
 
 
-def trial_row(record: TrialRecord) -> TrialRow:
-    status = classify(record)
+def trial_row(record: TrialRecord, status: str | None = None) -> TrialRow:
+    """The trial's row; ``status``: its status among the sweep's trials (trial_statuses; default: its own)."""
+    status = status or classify(record)
     spikes = spikes_of(record)
     tokens = tokens_trained(record)
     speed = column(record, "tokens_per_s")
@@ -94,9 +100,53 @@ def trial_row(record: TrialRecord) -> TrialRow:
 
 def trial_table(records: Sequence[TrialRecord]) -> tuple[tuple[TrialRow, ...], dict[str, int]]:
     """One row per trial (by LR, seed, id) and how many trials have each status."""
-    rows = tuple(trial_row(r) for r in sorted(records, key=lambda rec: (rec.lr, rec.seed or 0, rec.trial_id)))
+    statuses = trial_statuses(records)
+    rows = tuple(trial_row(r, statuses[r.trial_id])
+                 for r in sorted(records, key=lambda rec: (rec.lr, rec.seed or 0, rec.trial_id)))
     counts = {s: sum(row.status == s for row in rows) for s in STATUSES if any(row.status == s for row in rows)}
     return rows, counts
+
+
+@dataclass(frozen=True)
+class SpikedRun:
+    """A run whose loss spiked (rose far above its running minimum and came back) without diverging."""
+
+    trial_id: str
+    """The trial."""
+    lr: float
+    """Its LR."""
+    seed: int
+    """Its seed."""
+    spikes: tuple[Spike, ...]
+    """Each excursion of its loss (lmtune.training.divergence.Spike)."""
+
+
+@dataclass(frozen=True)
+class UnconfirmedRun:
+    """A run cut early (by ASHA or the stopper) while its loss stood above ℓ₀, having climbed there
+    (lmtune.findings.stability.cut_above_initial): it may have come back, or diverged; not known."""
+
+    trial_id: str
+    """The trial."""
+    lr: float
+    """Its LR."""
+    seed: int
+    """Its seed."""
+    loss: float
+    """The train loss it stood at when it was cut."""
+    over_initial: float
+    """That loss over its ℓ₀ (25: twenty-five times the loss it started at)."""
+    tokens: int
+    """Tokens it trained before it was cut."""
+    reason: str
+    """Why it was cut (the ledger's reason)."""
+
+
+def unconfirmed_run(run: Run, record: TrialRecord) -> UnconfirmedRun:
+    """A run cut while above ℓ₀ (run.cut_loss set) as the report names it."""
+    ell0 = initial_loss_of(record)
+    return UnconfirmedRun(record.trial_id, run.lr, run.seed, float(run.cut_loss),
+                          float(run.cut_loss / ell0) if ell0 else math.nan, run.tokens, record.reason)
 
 
 def clean(value: Any) -> Any:

@@ -1,7 +1,8 @@
-"""Each trial as the report reads it (``TrialRecord``), its status, and the sweep-level numbers of the
-edge-of-stability report. Everything here works on in-memory records (metrics.csv rows as a DataFrame), so the report
-is computed and tested without Ray Tune or disk. Literature behind the numbers: Cohen et al. 2021 and 2022 (the edge
-of stability), Wortsman et al. 2023 (small-scale proxies for Transformer training instabilities, LR sensitivity).
+"""Each trial as the report reads it (``TrialRecord``), its status, ℓ₀, and the sweep-level numbers of the
+edge-of-stability report (which probe grew first: lmtune.findings.comparison.first_growth). Everything here works
+on in-memory records (metrics.csv rows as a DataFrame), so the report is computed and tested without Ray Tune or
+disk. Literature behind the numbers: Cohen et al. 2021 and 2022 (the edge of stability), Wortsman et al. 2023
+(small-scale proxies for Transformer training instabilities, LR sensitivity).
 Whether a run diverged or only spiked is lmtune.training.divergence's judgement, with the sweep's own rule.
 """
 
@@ -23,13 +24,16 @@ from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.training.config import RunConfig, run_config_of
 from lmtune.training.divergence import DivergenceRule, LossWatch, Spike, judge
-from lmtune.training.metric_registry import probe_labels
 
 log = logging.getLogger(__name__)
 
 # Beyond the ledger's outcomes: "running", and "ended" for a trial Tune ended whose reason the ledger lacks.
 OUTCOMES = (*(str(o) for o in Outcome), "running", "ended")
-STATUSES = ("completed", "probed", "spiked", "diverged", "stopped_early", "too_slow", "error", "ended", "running")
+STATUSES = ("completed", "probed", "spiked", "diverged", "unconfirmed", "stopped_early", "too_slow", "error", "ended",
+            "running")
+# The outcomes of a run cut early, by ASHA (stopped_early) or by the stopper's time budget (too_slow): one cut while
+# its loss stood above ℓ₀ is "unconfirmed" (cut_above_initial), neither diverged nor spiked.
+CUT = ("stopped_early", "too_slow")
 
 # Edge-ratio readings (divergence LR / best LR), the rule of thumb LR-sweep users apply: > 4
 # conservative, < 2 near the edge, ~1 at the edge. "~1" is taken as [0.8, 1.25] (one grid step of a
@@ -37,11 +41,6 @@ STATUSES = ("completed", "probed", "spiked", "diverged", "stopped_early", "too_s
 AT_EDGE_BAND = (0.8, 1.25)
 NEAR_EDGE_BELOW = 2.0
 CONSERVATIVE_ABOVE = 4.0
-
-# first_growth: a probe "grew" once it exceeds this multiple of the best run's value at the same step. The
-# probes it compares are the metrics registered as probes (lmtune.training.metric_registry.probe_labels).
-GROWTH_FACTOR = 2.0
-
 
 @dataclass
 class TrialRecord:
@@ -65,6 +64,10 @@ class TrialRecord:
     continued_from_tokens: int = 0  # a run continued from another: tokens its copied first rows stand for
     continue_from: str | None = None  # ... and that run's trial id
     variant: str | None = None  # a compare search's variant the trial trained
+    # Where its config names no vocabulary and no budget (analyze --runs): ℓ₀ (ln of the vocabulary given), and its
+    # budget in the steps of its curve's step column, which its train losses are judged against (None: not known)
+    ell0: float | None = None
+    judged_steps: int | None = None
     _judged: Any = field(default=None, repr=False, compare=False)  # judgement()'s answer, once computed
     _run: RunConfig | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -159,14 +162,16 @@ def warmup_end_index(record: TrialRecord) -> int:
 
 
 def initial_loss_of(record: TrialRecord) -> float | None:
-    """ℓ₀ of the trial: ln vocab (the loss of the uniform guess a fresh model starts at), from its config."""
+    """ℓ₀ of the trial: ln vocab (the loss of the uniform guess a fresh model starts at), from its config, else the
+    one given with it (TrialRecord.ell0)."""
     vocab = (record.config.get("model") or {}).get("vocab_size")
-    return math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
+    return math.log(vocab) if isinstance(vocab, int) and vocab > 1 else record.ell0
 
 
 def judgement(record: TrialRecord) -> LossWatch | None:
     """The trial's train losses judged by the sweep's divergence rule (lmtune.training.divergence): its
-    spikes, and whether it diverged; None without a config (no ℓ₀) or without logged losses."""
+    spikes, and whether it diverged; None without ℓ₀ and a budget (its config's, or given with it) or without
+    logged losses."""
     if record._judged is None:
         record._judged = _judge(record) or False
     return record._judged or None
@@ -175,6 +180,8 @@ def judgement(record: TrialRecord) -> LossWatch | None:
 def _judge(record: TrialRecord) -> LossWatch | None:
     ell0, steps = initial_loss_of(record), (record.config.get("train") or {}).get("steps")
     step, train = column(record, "step"), column(record, "train_loss")
+    if not steps and record.judged_steps:
+        return _judge_given(record, ell0, record.judged_steps, step, train)
     if ell0 is None or not steps or step is None or train is None:
         return None
     rows = [(int(s), float(v)) for s, v in zip(step, train, strict=True) if math.isfinite(s)]
@@ -183,6 +190,19 @@ def _judge(record: TrialRecord) -> LossWatch | None:
     tokens_per_step = (record.budget_tokens or 0) // int(steps) if steps else 0
     steps_trained = trained // tokens_per_step if trained and tokens_per_step else 0
     return judge(rows, ell0, int(steps), steps_trained, record.rule, ended=finished)
+
+
+def _judge_given(record: TrialRecord, ell0: float | None, steps: int, step: np.ndarray | None,
+                 train: np.ndarray | None) -> LossWatch | None:
+    """A run without a config (analyze --runs) judged against the ℓ₀ and budget given with it: a completed run
+    trained its whole budget, any other as many steps as it logged."""
+    if ell0 is None or step is None or train is None:
+        return None
+    rows = [(int(s), float(v)) for s, v in zip(step, train, strict=True) if math.isfinite(s) and not math.isnan(v)]
+    if not rows:
+        return None
+    trained = steps if record.outcome == "completed" else max(s for s, _ in rows)
+    return judge(rows, ell0, steps, trained, record.rule, ended=record.outcome != "running")
 
 
 def spikes_of(record: TrialRecord) -> list[Spike]:
@@ -198,25 +218,50 @@ def has_nonfinite_loss(record: TrialRecord) -> bool:
     return val is not None and bool(np.isinf(val).any())
 
 
+def cut_above_initial(record: TrialRecord) -> float | None:
+    """The train loss a run cut early (by ASHA or the stopper: CUT) stood at when it was cut, where that was above
+    its initial loss ℓ₀ and it had climbed there (risen more than the spike threshold above its running minimum,
+    the rule's condition for diverging): whether it would have come back is not known, so it is neither diverged
+    nor spiked. None: not such a run (or no ℓ₀ to judge it by)."""
+    if record.outcome not in CUT or has_nonfinite_loss(record):
+        return None
+    watch = judgement(record)
+    if watch is None or not watch.verdict.undecided or not watch.climbed or watch.last_loss is None:
+        return None
+    return watch.last_loss
+
+
 def classify(record: TrialRecord) -> str:
-    """Final status: diverged > spiked > the sweep's outcome.
+    """Final status: diverged > unconfirmed > spiked > the sweep's outcome.
 
     diverged: the sweep ended it as diverged (the stopper's divergence rule, a non-finite value, or its
     whole loss judged at its end), a loss went non-finite, or a run that trained its whole budget is
     judged diverged by the sweep's rule (it did not come back below ℓ₀ within the recovery window, or
-    ended above it). spiked: trained what it was asked to without diverging, and its loss rose more than the
-    rule's spike threshold above its running minimum at least once (lmtune.training.divergence.Spike); a
-    run cut early keeps its outcome (its spikes are in its row). Otherwise the outcome stands (completed,
-    probed, stopped_early, too_slow, error, running).
+    ended above it). unconfirmed: cut early (by ASHA or the stopper) while its loss stood above ℓ₀, having
+    climbed there (cut_above_initial): it may have come back or not. spiked: trained what it was asked to without
+    diverging, and its loss rose more than the rule's spike threshold above its running minimum at least once
+    (lmtune.training.divergence.Spike); a run cut early below ℓ₀ keeps its outcome (its spikes are in its row).
+    Otherwise the outcome stands (completed, probed, stopped_early, too_slow, error, running). A run another
+    continued is settled by that one: trial_statuses.
     """
     if record.outcome == "diverged" or has_nonfinite_loss(record):
         return "diverged"
+    if cut_above_initial(record) is not None:
+        return "unconfirmed"
     watch = judgement(record)
     if watch is not None and record.outcome == "completed" and watch.verdict.diverged:
         return "diverged"
     if watch is not None and record.outcome in ("completed", "probed") and watch.all_spikes():
         return "spiked"
     return record.outcome
+
+
+def trial_statuses(records: Sequence[TrialRecord]) -> dict[str, str]:
+    """Each trial's status by id (classify), except that a run cut while above ℓ₀ which another of ``records``
+    continued (its rows the first of that one's) keeps its outcome: the continuation says whether it came back."""
+    continued = {r.continue_from for r in records if r.continue_from}
+    return {r.trial_id: (r.outcome if status == "unconfirmed" and r.trial_id in continued else status)
+            for r in records for status in (classify(r),)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,10 +303,15 @@ def edge_reading_range(smallest: float | None, largest: float | None, useful: Us
     return low if low == high else None
 
 
-def edge_reading(ratio: float | None, useful: UsefulRange | None = None) -> str:
+def edge_reading(ratio: float | None, useful: UsefulRange | None = None, unconfirmed: float | None = None) -> str:
     """Plain-words reading of the divergence LR / best LR ratio by the practitioners' rubric (thresholds: AT_EDGE_BAND,
     NEAR_EDGE_BELOW, CONSERVATIVE_ABOVE), held against the measured loss: "conservative" only where a larger LR than
-    the best was measured to be as good (``useful``: lmtune.analysis.named_lrs; None: not measured)."""
+    the best was measured to be as good (``useful``: lmtune.analysis.named_lrs; None: not measured). ``unconfirmed``:
+    the smallest LR at which a run was cut while above ℓ₀ (None: none): with no run diverged, the ratio is not known
+    rather than above the largest LR tried."""
+    if ratio is None and unconfirmed is not None:
+        return (f"no run was confirmed to diverge, but a run at lr {unconfirmed:.3g} was cut while its loss stood "
+                "above ℓ₀: whether the divergence LR lies there is not known (retrain it without early stopping)")
     if ratio is None:
         return "no run diverged: the divergence LR lies above the largest LR tried"
     if AT_EDGE_BAND[0] <= ratio <= AT_EDGE_BAND[1]:
@@ -286,6 +336,13 @@ def edge_reading(ratio: float | None, useful: UsefulRange | None = None) -> str:
         return ("far below divergence, yet not conservative: no larger LR was measured to be as good"
                 + (f" ({costs})" if costs else ""))
     return "moderately below the edge"
+
+
+# How a summary's ℓ₀ was found (lmtune.findings.summary.SweepSummary.initial_loss_from): ln of the model's
+# vocabulary, given as a number, or estimated by initial_loss (the vocabulary not known).
+INITIAL_FROM_VOCAB = "ln(vocab)"
+INITIAL_GIVEN = "given"
+INITIAL_ESTIMATED = "median first train loss"
 
 
 def initial_loss(records: Sequence[TrialRecord]) -> float | None:
@@ -313,72 +370,13 @@ def tokens_to_reach(record: TrialRecord, level: float) -> float | None:
     return float(t0 + (v0 - level) / (v0 - v1) * (t1 - t0))
 
 
-def first_growth(record: TrialRecord, best_record: TrialRecord | None, factor: float = GROWTH_FACTOR) -> str:
-    """Which stability probe grew first relative to the best trial, as one sentence.
-
-    For each registered probe (metric_registry.probe_labels: gradient norm, attention-logit max, output-logit
-    max), find the first logged step where |value| exceeds ``factor`` times the best trial's |value| at that
-    step (the best run's curve linearly interpolated onto this run's steps, within its logged range). Names
-    the earliest one; a probe an old metrics.csv lacks is said not logged.
-    """
-    if best_record is None:
-        return f"{record.trial_id}: no best trial to compare against."
-    if record is best_record or record.trial_id == best_record.trial_id:
-        return f"{record.trial_id} is the best trial."
-    if column(record, "step") is None or column(best_record, "step") is None:
-        return f"{record.trial_id}: no step column, so growth cannot be compared."
-    found, missing = probe_crossings(record, best_record, factor)
-    if not found:
-        checked = [label for label in probe_labels().values() if label not in missing]
-        if not checked:
-            return f"{record.trial_id}: no stability probes logged ({', '.join(missing)} missing)."
-        tail = f" ({', '.join(missing)} not logged)" if missing else ""
-        return (f"{record.trial_id} (lr={record.lr:.3g}): none of {', '.join(checked)} exceeded "
-                f"{factor:g}x the best trial's values{tail}.")
-    order = list(probe_labels().values())
-    found.sort(key=lambda item: (item[0], order.index(item[2])))
-    quiet = [label for label in order if label not in missing and label not in {f[2] for f in found}]
-    step = found[0][0]
-    tied = sorted((f for f in found if f[0] == step), key=lambda f: -f[1])
-    _, ratio, label = tied[0]
-    ratio_text = "non-finite" if math.isinf(ratio) else f"{ratio:.1f}x the best trial's"
-    if len(tied) > 1:
-        # Crossing at the same logged step does not tell which came first; say so, and which grew most.
-        sentence = (f"{record.trial_id} (lr={record.lr:.3g}): {', '.join(f[2] for f in tied)} all exceeded "
-                    f"{factor:g}x at the same logged step {int(step)} (log more often to order them); "
-                    f"{label} grew most, {ratio_text}")
-    else:
-        sentence = f"{record.trial_id} (lr={record.lr:.3g}): {label} grew first, {ratio_text} at step {int(step)}"
-    later = [f"{lab} at step {int(s)}" for s, _, lab in found if s != step]
-    if later:
-        sentence += f"; then {', '.join(later)}"
-    if quiet:
-        sentence += f"; {', '.join(quiet)} stayed within {factor:g}x"
-    if missing:
-        sentence += f"; {', '.join(missing)} not logged"
-    return sentence + "."
-
-
-def probe_crossings(record: TrialRecord, best_record: TrialRecord,
-                    factor: float) -> tuple[list[tuple[float, float, str]], list[str]]:
-    """([(first step above factor x the best run, ratio there, probe label)], [labels not logged])."""
-    steps, best_steps = column(record, "step"), column(best_record, "step")
-    found: list[tuple[float, float, str]] = []
-    missing = []
-    for name, label in probe_labels().items():
-        mine, theirs = column(record, name), column(best_record, name)
-        ok = np.isfinite(theirs) & np.isfinite(best_steps) if theirs is not None else None
-        if mine is None or ok is None or ok.sum() == 0:
-            missing.append(label)
-            continue
-        ref_steps, ref_vals = best_steps[ok], np.abs(theirs[ok])
-        inside = (steps >= ref_steps.min()) & (steps <= ref_steps.max())
-        ref_at = np.interp(steps, ref_steps, ref_vals)
-        # A non-finite probe (overflow) counts as growth: it is the most extreme growth there is.
-        exceeded = inside & (~np.isfinite(mine) | (np.abs(mine) > factor * np.maximum(ref_at, 1e-12)))
-        hits = np.nonzero(exceeded)[0]
-        if hits.size:
-            i = int(hits[0])
-            ratio = abs(mine[i]) / max(ref_at[i], 1e-12) if np.isfinite(mine[i]) else math.inf
-            found.append((float(steps[i]), ratio, label))
-    return found, missing
+def initial_loss_found(records: Sequence[TrialRecord], ell0: float | None,
+                       vocab_size: int | None) -> tuple[float | None, str | None]:
+    """ℓ₀ and how it was found: as given, else ln(vocab), else estimated as the median over the trials of the first
+    train loss each logged (initial_loss); (None, None) where none of these is known."""
+    if ell0 is not None:
+        return ell0, INITIAL_GIVEN
+    if vocab_size:
+        return math.log(vocab_size), INITIAL_FROM_VOCAB
+    estimate = initial_loss(records)
+    return estimate, INITIAL_ESTIMATED if estimate is not None else None

@@ -1,14 +1,13 @@
 """The report's numbers, typed: the best LR at equal tokens with its spread over seeds, the landscape above it
-(basin, degraded, diverged), the edge bracket and how it was confirmed, the ratio as a range, the runs that
-spiked, equal-token losses per rung, sensitivity, convergence, target, the stages of the search, and one row per
-trial (``SweepSummary``, computed once by ``sweep_summary``); and what analyze reads of the sweep's records beside
-them (``SweepFacts``). The markdown, the figures and the CLIs' last lines read both; summary.json is both, JSON-safe
-(no NaN: lmtune.report.writer.SweepReport.to_json)."""
+(basin, degraded, failed), the edge bracket and how it was confirmed, the ratio as a range, the runs that
+spiked and those cut while above ℓ₀, equal-token losses per rung, sensitivity, convergence, target, the stages of
+the search, and one row per trial (``SweepSummary``, computed once by ``sweep_summary``); and what analyze reads of
+the sweep's records beside them (``SweepFacts``). The markdown, the figures and the CLIs' last lines read both;
+summary.json is both, JSON-safe (no NaN: lmtune.report.writer.SweepReport.to_json)."""
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -43,7 +42,7 @@ from lmtune.findings.comparison import (
     stage_accounting,
     standing_pairs,
 )
-from lmtune.findings.rows import TrialRow, json_safe, trial_table
+from lmtune.findings.rows import SpikedRun, TrialRow, UnconfirmedRun, json_safe, trial_table, unconfirmed_run
 from lmtune.findings.stability import (
     TrialRecord,
     best_candidates,
@@ -51,11 +50,11 @@ from lmtune.findings.stability import (
     candidate_token_range,
     edge_reading,
     edge_reading_range,
-    initial_loss,
+    initial_loss_found,
     tokens_to_reach,
     tokens_trained,
 )
-from lmtune.training.divergence import DivergenceRule, Spike
+from lmtune.training.divergence import DivergenceRule
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +66,6 @@ class SearchResult(Protocol):
     """What a search strategy adds to the summary of its own (a horizon search's fit): summary.json's keys for it."""
 
     def to_json(self) -> JsonObject: ...
-
-
-@dataclass(frozen=True)
-class SpikedRun:
-    """A run whose loss spiked (rose far above its running minimum and came back) without diverging."""
-
-    trial_id: str
-    """The trial."""
-    lr: float
-    """Its LR."""
-    seed: int
-    """Its seed."""
-    spikes: tuple[Spike, ...]
-    """Each excursion of its loss (lmtune.training.divergence.Spike)."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +218,8 @@ class SweepSummary(Generic[ResultT]):
     sensitivity: Sensitivity
     """LR sensitivity at the full budget."""
     initial_loss: float | None
-    """ℓ₀: ln vocab (or the trials' median first loss)."""
+    """ℓ₀: ln vocab, or the trials' median first logged train loss where the vocabulary is not known
+    (initial_loss_from says which)."""
     target: TargetResult
     """Whether the best LR met the target val loss given to analyze."""
     convergence: Convergence
@@ -257,10 +243,30 @@ class SweepSummary(Generic[ResultT]):
     """What a competent user would train by hand for the same answer (None: no LR was tried)."""
     careful_baseline: AshaBaselineCost | None = None
     """The same under ASHA with the sweep's rungs, what a careful user with Ray Tune would run (None: no ASHA)."""
+    unconfirmed: tuple[UnconfirmedRun, ...] = ()
+    """The standing runs cut early while their loss stood above ℓ₀ (neither diverged nor spiked: not known)."""
+    initial_loss_from: str | None = None
+    """How ℓ₀ was found: INITIAL_FROM_VOCAB (ln of the model's vocabulary), INITIAL_GIVEN, or INITIAL_ESTIMATED (the
+    median over the trials of the first train loss each logged: an estimate, the vocabulary not known); None: no ℓ₀."""
+    asha_rungs: bool = True
+    """The comparison points below the full budget are ASHA's rungs (lmtune.analysis.runs.Budget.asha_rungs)."""
+
+    def cut_below(self, first: float | None) -> float | None:
+        """The smallest LR below ``first`` (a named LR: the failing or divergence LR; None: none found) at which a
+        run was cut while above ℓ₀: that named LR may lie there instead (None: no such LR)."""
+        lrs = [run.lr for run in self.unconfirmed if first is None or run.lr < first]
+        return min(lrs) if lrs else None
+
+    @property
+    def divergence_unsettled(self) -> float | None:
+        """cut_below the divergence LR: where it may lie instead."""
+        return self.cut_below(self.conclusion.divergence.diverged_lr)
 
     @property
     def edge_reading(self) -> str:
-        return edge_reading(self.edge_ratio, self.conclusion.useful)
+        if self.edge_ratio is None and self.conclusion.divergence.diverged_lr is not None:
+            return "no best LR, so no divergence / best ratio"
+        return edge_reading(self.edge_ratio, self.conclusion.useful, self.divergence_unsettled)
 
     @property
     def edge_range_reading(self) -> str | None:
@@ -280,10 +286,12 @@ class SweepSummary(Generic[ResultT]):
                    "equal_token_trials": self.equal_tokens.trials_json(), "rungs": list(self.rungs),
                    "spiked": [{"trial_id": s.trial_id, "lr": s.lr, "seed": s.seed,
                                "spikes": [asdict(spike) for spike in s.spikes]} for s in self.spiked],
+                   "unconfirmed": [asdict(u) for u in self.unconfirmed],
                    "divergence_rule": asdict(self.divergence_rule), "lr_sensitivity": self.sensitivity.value,
                    "lr_sensitivity_lrs": self.sensitivity.lrs, "lr_sensitivity_tokens": self.sensitivity.tokens,
                    "lr_sensitivity_grid": list(SENSITIVITY_LRS),
-                   "initial_loss": self.initial_loss, "unigram_loss": self.unigram_loss,
+                   "initial_loss": self.initial_loss, "initial_loss_from": self.initial_loss_from,
+                   "unigram_loss": self.unigram_loss,
                    "target": self.target.target,
                    "target_met": self.target.met, "target_trial": self.target.trial,
                    "target_tokens": self.target.tokens, "convergence": asdict(self.convergence),
@@ -336,7 +344,7 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         best_tokens, candidates = (tokens_trained(best) if best else None), candidate_token_range(records)
         diverged_lr = conclusion.divergence.diverged_lr
         edge_ratio = diverged_lr / best.lr if best and diverged_lr else None
-    ell0 = ell0 if ell0 is not None else (math.log(vocab_size) if vocab_size else initial_loss(records))
+    ell0, ell0_from = initial_loss_found(records, ell0, vocab_size)
     rows, counts = trial_table(records if every_record is None else every_record)
     basin = conclusion.landscape.basin
     summary = SweepSummary(
@@ -344,14 +352,16 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
         best.trial_id if best is not None else None,
         EqualTokenLosses(equal_token_losses([run for run, _ in standing], budget.rungs)), tuple(budget.rungs),
         tuple(SpikedRun(record.trial_id, run.lr, run.seed, run.spikes) for run, record in standing
-              if run.spikes and not run.diverged),
+              if run.spikes and not run.diverged and run.cut_loss is None),
         records[0].rule, full_budget_sensitivity(standing, ell0), ell0, target_summary(best, best_loss, target),
         full_budget_convergence(standing, basin.lrs if basin else None), logit_growth(standing, best),
         tuple(stage_accounting(pairs, decisions, range_tokens)),
         same_resolution_grid(pairs, conclusion.edge.ratio, budget), counts, rows, search_result, budget.unigram_loss,
         competent := competent_baseline(pairs, len(conclusion.best.losses) if conclusion.best else 1,
                                         _edge_seeds(conclusion), conclusion.edge.ratio, budget),
-        careful_baseline(competent, budget, bracket_walk(pairs, budget, conclusion.edge.diverged_lr)))
+        careful_baseline(competent, budget, bracket_walk(pairs, budget, conclusion.edge.diverged_lr)),
+        unconfirmed=tuple(unconfirmed_run(run, record) for run, record in standing if run.cut_loss is not None),
+        initial_loss_from=ell0_from, asha_rungs=budget.asha_rungs)
     log.info("sweep summary: best lr %s (val %s), edge [%s, %s]", best_lr, best_loss, conclusion.edge.stable_lr,
              conclusion.edge.diverged_lr)
     return summary

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from lmtune.analysis.landscape import Degraded
 from lmtune.analysis.runs import SAME_LR
+from lmtune.findings.stability import INITIAL_ESTIMATED, INITIAL_FROM_VOCAB
 
 Cell = float | int | bool | str | None
 
@@ -130,3 +131,19 @@ def ratio_range_text(smallest: float | None, largest: float | None, reading: str
     if largest is not None:
         return f"at most {largest:.3g} (no lower bound: the best LR's interval is open above)"
     return "unbounded either way (the best LR's interval is open on both sides)"
+
+
+def initial_loss_text(value: float | None, found: str | None, digits: int = 4, short: bool = False) -> str:
+    """ℓ₀ as the report states it, saying how it was found: "ℓ₀ = ln(vocab) = 8.243" where the vocabulary is known,
+    "ℓ₀ ≈ 7.5, estimated as ..." where it is the trials' median first train loss (never called ln(vocab) then;
+    ``short``: "ℓ₀ ≈ 7.5, an estimate: the median first train loss")."""
+    if value is None:
+        return "ℓ₀ not known (no vocabulary size, and no train loss logged to estimate it from)"
+    if found == INITIAL_FROM_VOCAB:
+        return f"ℓ₀ = ln(vocab) = {value:.{digits}g}"
+    if found == INITIAL_ESTIMATED and short:
+        return f"ℓ₀ ≈ {value:.{digits}g}, an estimate: the median first train loss"
+    if found == INITIAL_ESTIMATED:
+        return (f"ℓ₀ ≈ {value:.{digits}g}, estimated as the median over the runs of the first train loss each logged "
+                "(the vocabulary size, which gives ln(vocab), is not known)")
+    return f"ℓ₀ = {value:.{digits}g}"

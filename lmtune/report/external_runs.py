@@ -37,6 +37,7 @@ from lmtune.report.run_tables import (
     run_lr,
     seed_cell,
     seed_in_name,
+    vocab_cell,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,16 @@ class RunsInput:
             return any(run.seed is not None for run in self.runs)
         return any(column in run.points and run.points[column].notna().any() for run in self.runs)
 
+    def vocab_size(self) -> int | None:
+        """The vocabulary the runs name (a vocab_size column, or params.json's): one for all of them (None: none
+        names it); runs naming two are refused (their ℓ₀ differ: they are not one sweep)."""
+        named = sorted({run.vocab_size for run in self.runs if run.vocab_size is not None})
+        if len(named) > 1:
+            sizes = ", ".join(map(str, named))
+            raise LmtuneError(f"--runs {self.path}: the runs name {len(named)} vocabulary sizes ({sizes}), so they "
+                              "share no initial loss ln(vocab); report the runs of one model together")
+        return named[0] if named else None
+
 
 # ---------------------------------------------------------------------------------------------
 # Long-format logs
@@ -83,7 +94,7 @@ def log_runs(table: Table, lr_of: Mapping[str, float]) -> list[LoggedRun]:
         lrs = [lr for line, cells in rows if (lr := lr_cell(table, line, lr_column, cells)) is not None]
         seed = _first_seed(table, seed_column, rows, name)
         lr = max(lrs) if lrs else run_lr(name, lr_of, table.path)
-        runs.append(LoggedRun(name, lr, seed, points_frame(table, rows), str(table.path)))
+        runs.append(LoggedRun(name, lr, seed, points_frame(table, rows), str(table.path), vocab_cell(table, rows)))
     return runs
 
 
@@ -96,7 +107,8 @@ def _runs_by_lr_and_seed(table: Table, lr_column: str, seed_column: str | None) 
             raise LmtuneError(f"{table.path}, line {line}, column {lr_column}: empty; every row needs its run's LR")
         groups.setdefault((lr, seed_cell(table, line, seed_column, cells)), []).append((line, cells))
     return [LoggedRun(f"{table.path.stem}:lr={lr:g}" + (f",seed={seed}" if seed is not None else ""), lr, seed,
-                      points_frame(table, rows), str(table.path)) for (lr, seed), rows in groups.items()]
+                      points_frame(table, rows), str(table.path), vocab_cell(table, rows))
+            for (lr, seed), rows in groups.items()]
 
 
 def _first_seed(table: Table, column: str | None, rows: list[tuple[int, Mapping[str, object]]],
@@ -183,13 +195,17 @@ def tune_run(trial: Path) -> LoggedRun:
     if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0):
         raise LmtuneError(f"{params_file}: no positive lr or learning_rate (got {shown(str(lr))}); the trainable's "
                           "config must name its LR lr or learning_rate")
-    seed = params.get("seed")
+    seed, vocab = params.get("seed"), params.get("vocab_size")
+    if vocab is not None and not (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 2):
+        raise LmtuneError(f"{params_file}: vocab_size {shown(str(vocab))} is not a vocabulary size (a whole number "
+                          "from 2)")
     table = read_table(trial / "progress.csv")
     require_columns(table, lr_known=True)
     trial_ids = [cells.get("trial_id") for _, cells in table.rows if cells.get("trial_id")]
     name = str(trial_ids[0]) if trial_ids else trial.name
     return LoggedRun(name, float(lr), seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
-                     points_frame(table, list(table.rows)), str(trial / "progress.csv"))
+                     points_frame(table, list(table.rows)), str(trial / "progress.csv"),
+                     vocab if vocab is not None else vocab_cell(table, list(table.rows)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +260,7 @@ def unique_names(runs: Iterator[LoggedRun] | list[LoggedRun]) -> Iterator[Logged
     for run in runs:
         seen[run.name] = seen.get(run.name, 0) + 1
         yield run if seen[run.name] == 1 else LoggedRun(f"{run.name}#{seen[run.name]}", run.lr, run.seed,
-                                                         run.points, run.source)
+                                                         run.points, run.source, run.vocab_size)
 
 
 def parse_lr_of(items: list[str] | None) -> dict[str, float]:

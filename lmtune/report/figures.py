@@ -16,16 +16,17 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import EngFormatter, FuncFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, ScalarFormatter  # noqa: E402
 
-from lmtune.analysis.runs import format_tokens  # noqa: E402
+from lmtune.analysis.landscape import Gap, Region  # noqa: E402
+from lmtune.analysis.runs import SIGNIFICANCE_SE, format_tokens  # noqa: E402
 from lmtune.findings.part import FigureInputs, ReportFigure  # noqa: E402
 from lmtune.findings.sharpness import SharpnessRow  # noqa: E402
-from lmtune.findings.stability import TrialRecord, classify, column, initial_loss  # noqa: E402
+from lmtune.findings.stability import TrialRecord, classify, column, initial_loss, trial_statuses  # noqa: E402
 from lmtune.findings.summary import SweepSummary  # noqa: E402
-from lmtune.findings.text import basin_lrs, per_doubling  # noqa: E402
+from lmtune.findings.text import basin_lrs, initial_loss_text, per_doubling  # noqa: E402
 from lmtune.findings.text import lr as _lr  # noqa: E402
-from lmtune.training.figures import plot_range_test, save_figure  # noqa: E402
+from lmtune.training.figures import plot_range_test, save_figure, wall_unit  # noqa: E402
 from lmtune.training.metric_registry import instability_panels  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,10 @@ def _loss_limits(records: Sequence[TrialRecord]) -> tuple[float, float]:
     firsts = []
     lows = []
     # A diverged run's first logged loss can already be far above the start (a huge LR blows up within
-    # the first log interval): only runs that did not diverge set the top, unless all diverged.
-    healthy = {id(r) for r in records if classify(r) != "diverged"} or {id(r) for r in records}
+    # the first log interval): only runs that did not diverge (nor were cut while above ℓ₀) set the top, unless
+    # none is left.
+    healthy = ({id(r) for r in records if classify(r) not in ("diverged", "unconfirmed")}
+               or {id(r) for r in records})
     for r in records:
         for name in ("train_loss", "val_loss"):
             _, y = _finite_xy(column(r, "tokens"), column(r, name))
@@ -85,38 +88,39 @@ def _trial_label(record: TrialRecord, status: str) -> str:
     return f"lr={record.lr:.3g}{seed}{stage} ({status})"
 
 
-def _duration(seconds: float, _position: object = None) -> str:
-    """An axis tick in seconds as people read a run's length: 0.5 s, 40 s, 12 min, 3.5 h."""
-    if abs(seconds) < 10:
-        return f"{seconds:.2g} s"
-    if abs(seconds) < 120:
-        return f"{seconds:.0f} s"
-    minutes = seconds / 60
-    if abs(minutes) < 120:  # (a decimal below 10 minutes: ticks 20 s apart must not read alike)
-        return f"{minutes:.1f}".removesuffix(".0") + " min" if abs(minutes) < 10 else f"{minutes:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-# A learning-curve figure's x axis: metrics.csv's column, its label, the name its title gives it, its tick format
-# (made anew for each figure: a formatter belongs to one axis).
-CURVE_X = {"tokens": ("tokens", "tokens", "tokens", EngFormatter),
-           "wall": ("elapsed_s", "wall-clock time (a resumed run's earlier processes included)", "wall-clock time",
-                    lambda: FuncFormatter(_duration))}
+# A learning-curve figure's x axis: metrics.csv's column, its label, the name its title gives it.
+CURVE_X = {"tokens": ("tokens", "tokens", "tokens"),
+           "wall": ("elapsed_s", "wall-clock time ({unit}; a resumed run's earlier processes included)",
+                    "wall-clock time")}
 
 
 def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: float | None = None,
                           x: str = "tokens") -> Path:
     """Val loss (bold) and train loss (thin) against ``x`` (tokens, or wall: the run's wall-clock time) for every
-    trial, colored by LR."""
-    x_column, x_label, x_name, x_format = CURVE_X[x]
+    trial, colored by LR (sweep_comparison_figure), written to ``path``."""
+    return save_figure(sweep_comparison_figure(records, target, x), path)
+
+
+def sweep_comparison_figure(records: Sequence[TrialRecord], target: float | None = None, x: str = "tokens"):
+    """plot_sweep_comparison's figure (a matplotlib Figure, not yet written): each trial marked by its status
+    among the sweep's trials (trial_statuses); a wall-clock axis in one unit (wall_unit)."""
+    x_column, x_label, x_name = CURVE_X[x]
+    scale, x_format = 1.0, EngFormatter()
+    if x == "wall":
+        longest = [float(np.nanmax(v)) for r in records if (v := column(r, x_column)) is not None
+                   and np.isfinite(v).any()]
+        unit, scale = wall_unit(max(longest, default=0.0))
+        x_label, x_format = x_label.format(unit=unit), ScalarFormatter()
+    statuses = trial_statuses(records)
     fig, ax = plt.subplots(figsize=(9, 5.5))
     norm, cmap = _lr_colors(records)
     low, high = _loss_limits(records)
     for r in sorted(records, key=lambda rec: rec.lr):
-        status = classify(r)
+        status = statuses[r.trial_id]
         color = cmap(norm(r.lr))
         style = "--" if status == "stopped_early" or r.outcome == "stopped_early" else "-"
         tokens = column(r, x_column)
+        tokens = tokens / scale if tokens is not None else None
         tx, ty = _finite_xy(tokens, column(r, "train_loss"))
         vx, vy = _finite_xy(tokens, column(r, "val_loss"))
         if tx.size:
@@ -142,7 +146,7 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
     if target is not None:
         ax.axhline(target, color="black", linestyle=":", linewidth=1.5, label=f"target {target:g}")
     ax.set_ylim(low, high)
-    ax.xaxis.set_major_formatter(x_format())
+    ax.xaxis.set_major_formatter(x_format)
     ax.set_xlabel(x_label)
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(f"LR sweep against {x_name}: val loss (bold), train loss (thin); x = diverged, dashed | = stopped "
@@ -154,14 +158,30 @@ def plot_sweep_comparison(records: Sequence[TrialRecord], path: Path, target: fl
         ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
     else:
         ax.legend(fontsize=7, loc="best", ncol=2)
-    return save_figure(fig, path)
+    return fig
 
 
 def plot_lr_vs_loss(path: Path, summary: SweepSummary) -> Path:
-    """Val loss against LR at equal token counts: one curve per rung (each trial's loss interpolated at
-    exactly that many tokens; a trial appears only at the rungs it reached), seeds as dots with their
-    range at the full budget, diverged LRs as red x at the top; the three regions shaded (basin green,
-    degraded orange, diverged red), each boundary drawn across the interval it is known to lie in."""
+    """Val loss against LR at equal token counts (lr_vs_loss_figure), written to ``path``."""
+    return save_figure(lr_vs_loss_figure(summary), path)
+
+
+def lr_vs_loss_title(summary: SweepSummary) -> str:
+    """What lr_vs_loss.png's curves are: ASHA's rungs only where the runs had them."""
+    if len(summary.rungs) < 2:
+        return "val loss against LR at the full budget"
+    if summary.asha_rungs:
+        return "val loss against LR at equal token counts (one curve per ASHA rung)"
+    return "val loss against LR at equal token counts (one curve per comparison point: these runs had no rungs)"
+
+
+def lr_vs_loss_figure(summary: SweepSummary):
+    """Val loss against LR at equal token counts: one curve per comparison point (each trial's loss interpolated at
+    exactly that many tokens; a trial appears only at the points it reached), seeds as dots with their range at the
+    full budget; the LRs in the failed region as red x at the top and the unconfirmed ones (cut while above ℓ₀) as
+    purple triangles there, as the report's table names them (Conclusion.regions); the three regions shaded
+    (basin green, degraded orange, failed red), each boundary hatched across the interval it is known to lie in, and
+    each band's legend saying the same numbers (a matplotlib Figure, not yet written)."""
     table = summary.equal_tokens.table
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     colors = plt.get_cmap("viridis")
@@ -190,12 +210,17 @@ def plot_lr_vs_loss(path: Path, summary: SweepSummary) -> Path:
                 if len(by_lr[lr]) > 1:
                     ax.plot([lr] * len(by_lr[lr]), by_lr[lr], ".", color=color, alpha=0.6)
                     ax.vlines(lr, min(by_lr[lr]), max(by_lr[lr]), color=color, linewidth=1)
-    diverged = sorted({r.lr for r in summary.trials if r.status == "diverged"})
-    if diverged:
-        ax.plot(diverged, [top_edge] * len(diverged), "x", color="red", markersize=10, markeredgewidth=2.2,
-                label="diverged", clip_on=False)
+    failed = summary.conclusion.lrs_in(Region.FAILED)
+    if failed:
+        ax.plot(failed, [top_edge] * len(failed), "x", color="red", markersize=10, markeredgewidth=2.2,
+                label="failed: a run diverged, or ended no better than the unigram baseline", clip_on=False)
+    unconfirmed = summary.conclusion.lrs_in(Region.UNCONFIRMED)
+    if unconfirmed:
+        ax.plot(unconfirmed, [top_edge] * len(unconfirmed), "^", color="tab:purple", markersize=9,
+                markerfacecolor="none", markeredgewidth=2, label="unconfirmed: cut while above ℓ₀", clip_on=False)
     if start:
-        ax.axhline(start, color="gray", linestyle="--", linewidth=1, label=f"ℓ₀ = ln vocab = {start:.2f}")
+        ax.axhline(start, color="gray", linestyle="--", linewidth=1,  # (said as it was found: ln vocab, an estimate)
+                   label=initial_loss_text(start, summary.initial_loss_from, digits=3, short=True))
     if summary.unigram_loss:  # a run ending above it, above an LR that trained, failed
         ax.axhline(summary.unigram_loss, color="tab:red", linestyle=":", linewidth=1,
                    label=f"unigram baseline = {summary.unigram_loss:.2f} (ending above it: failed)")
@@ -204,40 +229,46 @@ def plot_lr_vs_loss(path: Path, summary: SweepSummary) -> Path:
     ax.set_ylim(bottom - 0.05 * max(top - bottom, 1e-3), top_edge + 0.05 * max(top - bottom, 1e-3))
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("val loss (nats/token)")
-    ax.set_title("val loss against LR at equal token counts (one curve per ASHA rung)"
-                 + ("\nearly-rung losses far above ℓ₀ run off the top" if clipped else ""), fontsize=10)
+    early = "early-rung" if summary.asha_rungs else "early-point"
+    ax.set_title(lr_vs_loss_title(summary) + (f"\n{early} losses far above ℓ₀ run off the top" if clipped else ""),
+                 fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    # Below the axes, not over them: the curves, the bands and the diverged marks at the top fill the whole plot.
+    # Below the axes, not over them: the curves, the bands and the failed marks at the top fill the whole plot.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
-    return save_figure(fig, path)
+    return fig
 
 
 def _shade_edge_and_best(ax, summary: SweepSummary) -> None:
-    """The regions as bands: solid where the region is known to hold, hatched where its boundary lies."""
+    """The regions as bands: solid where the region is known to hold, hatched where its boundary lies; each band's
+    legend names the LRs and the hatched intervals it draws."""
     regions = summary.conclusion.landscape
-    basin, degraded, diverged = regions.basin, regions.degraded, regions.diverged
+    basin, degraded, failed = regions.basin, regions.degraded, regions.diverged
     if basin:
-        _band(ax, basin.low[1], basin.high[0], basin.low, basin.high, "tab:green",
-              f"basin: {basin_lrs(basin.lrs, '–')} (within 2 SE of the best)")
+        _band(ax, "tab:green", f"basin: {basin_lrs(basin.lrs, '–')}, within {SIGNIFICANCE_SE:g} SE of the best",
+              (basin.low[1], basin.high[0]), (basin.low, basin.high))
     if degraded:
-        _band(ax, degraded.low[1], degraded.high[0], None, degraded.high, "tab:orange",
-              f"degraded: {per_doubling(degraded)}")
-    if diverged and diverged[1] is not None:
-        low, high = diverged
+        lrs = [p.lr for p in degraded.points]
+        _band(ax, "tab:orange", f"degraded: {basin_lrs(lrs, '–')}, {per_doubling(degraded)}",
+              (degraded.low[1], degraded.high[0]), (degraded.high,))
+    if failed and failed[1] is not None:
+        low, high = failed
         right = ax.get_xlim()[1] if ax.get_xlim()[1] > high else high * 1.5
-        ax.axvspan(high, right, color="red", alpha=0.12, label=f"failed: from {_lr(low, '?')}–{_lr(high, '?')} up")
-        if low is not None:
-            ax.axvspan(low, high, color="red", alpha=0.06, hatch="//", linewidth=0)
+        _band(ax, "red", f"failed: from lr {_lr(high)} up", (high, right), ((low, high),))
     best = summary.best_lr
     if best is not None:
         ax.axvline(best, color="tab:green", linestyle=":", linewidth=1.5, label=f"best lr {best:.3g}")
 
 
-def _band(ax, start: float, end: float, low_gap, high_gap, color: str, label: str) -> None:
-    ax.axvspan(start, end if end > start else start * 1.02, color=color, alpha=0.12, label=label)
-    for gap in (low_gap, high_gap):
-        if gap and gap[0] is not None and gap[1] is not None:
-            ax.axvspan(gap[0], gap[1], color=color, alpha=0.05, hatch="//", linewidth=0)
+def _band(ax, color: str, label: str, solid: tuple[float, float], gaps: tuple[Gap, ...]) -> None:
+    """A region's band: solid over ``solid`` (a sliver where it is one LR), hatched over each of ``gaps`` with both
+    ends known (where a boundary lies); its legend is ``label`` and the hatched intervals, from the same numbers."""
+    start, end = solid
+    hatched = [gap for gap in gaps if gap[0] is not None and gap[1] is not None]
+    ends = " and ".join(f"{_lr(low)}–{_lr(high)}" for low, high in hatched)
+    where = f"; {'its ends lie' if len(hatched) > 1 else 'an end lies'} in the hatched {ends}" if hatched else ""
+    ax.axvspan(start, end if end > start else start * 1.02, color=color, alpha=0.12, label=label + where)
+    for low, high in hatched:
+        ax.axvspan(low, high, color=color, alpha=0.05, hatch="//", linewidth=0)
 
 
 def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | None, path: Path,
@@ -246,7 +277,8 @@ def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | 
     attention-logit max, output-logit max, the largest relative update of a layer) over tokens for the broken
     runs, a panel each; a run whose metrics.csv lacks one (written before it was logged, or a model that does not
     expose it) is absent from it, and a panel no run has says ``unmeasured``."""
-    broken = [r for r in records if classify(r) in ("diverged", "spiked")]
+    statuses = trial_statuses(records)
+    broken = [r for r in records if statuses[r.trial_id] in ("diverged", "unconfirmed", "spiked")]
     shown = ([best_record] if best_record is not None else []) + [r for r in broken if r is not best_record]
     norm, cmap = _lr_colors(records)
     panels = instability_panels()
@@ -263,7 +295,7 @@ def plot_instability(records: Sequence[TrialRecord], best_record: TrialRecord | 
             is_best = best_record is not None and r is best_record
             ax.plot(x[keep], y[keep], color="black" if is_best else cmap(norm(r.lr)),
                     linewidth=2.2 if is_best else 1.3, zorder=3 if is_best else 2,
-                    label=f"{'best ' if is_best else ''}lr={r.lr:.3g} ({classify(r)})")
+                    label=f"{'best ' if is_best else ''}lr={r.lr:.3g} ({statuses[r.trial_id]})")
         ax.set_title(metric.title)
         if not ax.lines:  # an empty panel: the words, no axes
             ax.text(0.5, 0.5, unmeasured, transform=ax.transAxes, ha="center", va="center", color="gray")
@@ -322,7 +354,7 @@ def plot_sharpness(rows: Sequence[SharpnessRow], path: Path) -> Path:
 
 
 def _broken(f: FigureInputs) -> bool:
-    return any(row.status in ("diverged", "spiked") for row in f.summary.trials)
+    return any(row.status in ("diverged", "unconfirmed", "spiked") for row in f.summary.trials)
 
 
 def _draw_instability(f: FigureInputs, path: Path) -> Path:

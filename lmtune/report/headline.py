@@ -83,8 +83,12 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
     lines += region_lines(c.landscape)
     lines += useful_lines(c.useful)
     edge = c.edge
+    cut = sorted({run.lr for run in summary.unconfirmed})
+    unconfirmed = (f"unconfirmed: lr {', '.join(f'{v:.3g}' for v in cut)} cut while above ℓ₀, whether "
+                   "they would have come back is not known" if cut else "")
     if edge.diverged_lr is None:
-        lines.append("edge: no LR failed; training breaks above the largest LR tried")
+        lines.append(f"edge: no LR is known to fail; {unconfirmed}" if cut else
+                     "edge: no LR failed; training breaks above the largest LR tried")
         return lines
     stable = (f"trains through its budget up to {edge.stable_lr:.3g}, " if edge.stable_lr
               else "no LR below it trained its whole budget, ")
@@ -95,10 +99,14 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
                  f"{edge.diverged_lr:.3g}{width}{how}")
     divergence = c.divergence
     if divergence.diverged_lr is None:
-        lines.append("divergence lr: no run diverged (non-finite, or above its initial loss for good)")
+        lines.append(f"divergence lr: not known: no run was confirmed to diverge; {unconfirmed}" if cut else
+                     "divergence lr: no run diverged (non-finite, or above its initial loss for good)")
         return lines
     below = f" ({divergence.stable_lr:.3g} ran its budget without diverging)" if divergence.stable_lr else ""
     lines.append(f"divergence lr {divergence.diverged_lr:.3g}: the first LR at which a run diverged{below}")
+    if summary.divergence_unsettled is not None:
+        lines.append(f"  unconfirmed: a run at lr {summary.divergence_unsettled:.3g}, below it, was cut while above "
+                     "ℓ₀: the divergence lr may lie there")
     if summary.edge_ratio is not None:
         reading = f": {summary.edge_range_reading}" if summary.edge_range_reading else ""
         lines.append(f"  divergence / best lr: {ratio_range_text(*c.edge_ratio_range, summary.edge_range_reading)}"

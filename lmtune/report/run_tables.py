@@ -33,6 +33,7 @@ COLUMN_NAMES: dict[str, tuple[str, ...]] = {
     "train_loss": ("train_loss", "loss", "train/loss"),
     "val_loss": ("val_loss", "eval_loss", "val/loss", "eval/loss"),
     "wall_time": ("wall_time", "time_total_s", "_runtime"),
+    "vocab_size": ("vocab_size", "vocab"),
 }
 POINT_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "wall_time")
 LOSSES = ("train_loss", "val_loss")
@@ -56,6 +57,8 @@ class LoggedRun:
     non-finite loss: inf)."""
     source: str
     """The file its rows came from."""
+    vocab_size: int | None = None
+    """Its model's vocabulary, where the input names it (a vocab_size column, or Tune's params.json): ℓ₀ = ln of it."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +237,27 @@ def run_lr(name: str, lr_of: Mapping[str, float], source: Path) -> float:
         raise LmtuneError(f"{source}: run {shown(name)} has no LR; give --lr-of '{name}=LR', or put lr=VALUE in the "
                           "run's name")
     return value
+
+
+def vocab_cell(table: Table, rows: list[tuple[int, Mapping[str, object]]]) -> int | None:
+    """A run's vocabulary size: the first value in its rows' vocab_size column (None: no such column, or empty), a
+    whole number from 2; a run whose rows name two is refused."""
+    column = table.column("vocab_size")
+    if column is None:
+        return None
+    found: int | None = None
+    for line, cells in rows:
+        value = table.number(line, column, cells.get(column))
+        if value is None:
+            continue
+        if not (math.isfinite(value) and value.is_integer() and value >= 2):
+            raise LmtuneError(f"{table.path}, line {line}, column {column}: {value:g} is not a vocabulary size (a "
+                              "whole number from 2)")
+        if found is not None and int(value) != found:
+            raise LmtuneError(f"{table.path}, line {line}, column {column}: {int(value)}, where the run's earlier rows "
+                              f"say {found}; a run has one vocabulary")
+        found = int(value)
+    return found
 
 
 def seed_in_name(name: str) -> int | None:

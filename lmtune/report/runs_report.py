@@ -5,9 +5,12 @@ Runs), written as lr_sweep_analysis.md, summary.json, summary.csv and the figure
 
 What the runs are judged by: the loss is val_loss (train_loss where no run logged val_loss), compared at equal
 tokens (equal steps where a run logs no tokens); the budget is the longest run's last evaluated step or token count,
-a run whose log ends before it counts as stopped early, and a run with a non-finite loss as diverged (no other
-divergence rule: the runs' vocabulary, so ℓ₀, is unknown). Each section the data cannot make is named in the report
-with the column it lacks (``MissingColumn``). The samples and the sharpness are omitted: there is no checkpoint."""
+a run whose log ends before it counts as stopped early, and a run with a non-finite loss as diverged. Where the runs'
+vocabulary is known (``--vocab-size``, or a vocab_size column), ℓ₀ = ln(vocab) and their train losses are judged by
+the divergence rule of a sweep (diverged, unconfirmed: cut while above ℓ₀, spiked); without it only a non-finite loss
+counts, and the ℓ₀ the report draws and uses is an estimate, said to be one (the median first train loss). Each
+section the data cannot make is named in the report with the column it lacks (``MissingColumn``). The samples and
+the sharpness are omitted: there is no checkpoint."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,7 @@ from lmtune.findings.part import FigureInputs
 from lmtune.findings.rows import json_safe
 from lmtune.findings.stability import TrialRecord
 from lmtune.findings.summary import SweepFacts, SweepSummary, sweep_summary
+from lmtune.findings.text import initial_loss_text
 from lmtune.report.external_runs import RunsInput, read_runs
 from lmtune.report.figures import COMPARISON, COMPARISON_WALL, LR_VS_LOSS
 from lmtune.report.markdown.edge import edge
@@ -90,6 +94,10 @@ class RunsReport:
     """What the runs are compared at: tokens, or step where a run logs no tokens."""
     missing: tuple[MissingColumn, ...]
     """The parts the runs' columns cannot give."""
+    vocab_size: int | None = None
+    """The runs' vocabulary (--vocab-size, or their vocab_size column): ℓ₀ = ln of it (None: not known)."""
+    vocab_from: str = ""
+    """Where it was read: "--vocab-size" or the column ("": not known)."""
 
     def to_json(self) -> JsonObject:
         """summary.json: a sweep's report's keys, and ``source: "runs"`` with the input and what it lacked."""
@@ -126,7 +134,9 @@ def run_curve(run: LoggedRun, judged: str, x: str) -> pd.DataFrame:
         curve["step"] = points["step"].to_numpy()
     loss = points[judged].to_numpy() if judged in points else np.full(len(points), np.nan)
     curve["val_loss"] = np.where(np.isnan(loss) | np.isfinite(loss), loss, np.inf)
-    if judged == "val_loss" and "train_loss" in points and points["train_loss"].notna().any():
+    if judged == "train_loss":  # (the train loss is what the divergence rule judges)
+        curve["train_loss"] = curve["val_loss"].to_numpy()
+    elif "train_loss" in points and points["train_loss"].notna().any():
         train = points["train_loss"]
         known = train.notna().to_numpy()
         curve["train_loss"] = np.interp(points[x].to_numpy(), points[x].to_numpy()[known], train.to_numpy()[known])
@@ -165,13 +175,31 @@ def runs_budget(curves: Sequence[pd.DataFrame], diverged: Sequence[bool]) -> Bud
     return Budget(steps=full, warmup_steps=0, tokens_per_step=1, seed=0, rungs=tuple(rungs))
 
 
-def trial_records(found: RunsInput, judged: str, x: str) -> tuple[list[TrialRecord], Budget]:
+def steps_budget(curve: pd.DataFrame, budget: Budget, x: str) -> int | None:
+    """A run's budget in its own steps, which its train losses are judged against by the divergence rule: the
+    budget itself where runs are compared at steps; at tokens, the budget's tokens at the run's own tokens per step
+    (its last logged step over its tokens there); None where it logs no step."""
+    if x == "step":
+        return budget.steps
+    if "step" not in curve:
+        return None
+    both = curve[np.isfinite(curve["step"]) & np.isfinite(curve["tokens"]) & (curve["tokens"] > 0)]
+    if both.empty:
+        return None
+    last = both.iloc[-1]
+    return max(1, int(round(budget.full_tokens * float(last["step"]) / float(last["tokens"]))))
+
+
+def trial_records(found: RunsInput, judged: str, x: str,
+                  vocab_size: int | None = None) -> tuple[list[TrialRecord], Budget]:
     """Each run as a TrialRecord (outcome: diverged at a non-finite loss, stopped_early where its log ends before
     the budget, else completed) and the runs' budget. Without a seed column, the runs at one LR count as seeds 0,
-    1, ... in the order read."""
+    1, ... in the order read. With ``vocab_size`` each carries ℓ₀ = ln(vocab) and its budget in steps (steps_budget),
+    so that the divergence rule judges it (lmtune.findings.stability.classify)."""
     curves = [run_curve(run, judged, x) for run in found.runs]
     broke = [first_nonfinite(run, x) for run in found.runs]
-    budget = runs_budget(curves, [b is not None for b in broke])
+    budget = replace(runs_budget(curves, [b is not None for b in broke]), asha_rungs=False)
+    ell0 = math.log(vocab_size) if vocab_size else None
     seeds: dict[float, int] = {}
     records = []
     for run, curve, at in zip(found.runs, curves, broke, strict=True):
@@ -186,7 +214,8 @@ def trial_records(found: RunsInput, judged: str, x: str) -> tuple[list[TrialReco
         else:
             outcome, reason = "completed", ""
         records.append(TrialRecord(trial_id=run.name, lr=run.lr, params={"lr": run.lr}, outcome=outcome,
-                                   reason=reason, curve=curve, wall_time_s=_wall(curve), seed=seed))
+                                   reason=reason, curve=curve, wall_time_s=_wall(curve), seed=seed, ell0=ell0,
+                                   judged_steps=steps_budget(curve, budget, x) if ell0 is not None else None))
     return records, budget
 
 
@@ -200,8 +229,10 @@ def _wall(curve: pd.DataFrame) -> float | None:
 # What the runs' columns cannot give
 
 
-def missing_columns(found: RunsInput, judged: str, x: str) -> tuple[MissingColumn, ...]:
-    """Each part of the report the runs' columns cannot give, with the column it lacks and what is done instead."""
+def missing_columns(found: RunsInput, judged: str, x: str, vocab_size: int | None = None,
+                    ell0: tuple[float | None, str | None] = (None, None)) -> tuple[MissingColumn, ...]:
+    """Each part of the report the runs' columns cannot give, with the column it lacks and what is done instead
+    (``ell0``: the summary's ℓ₀ and how it was found, said where the vocabulary is not known)."""
     missing = []
     if judged != "val_loss":
         missing.append(MissingColumn("Best learning rate", "val_loss",
@@ -218,10 +249,16 @@ def missing_columns(found: RunsInput, judged: str, x: str) -> tuple[MissingColum
     if not found.has("seed"):
         missing.append(MissingColumn("Best learning rate", "seed", "the runs at one LR count as seeds 0, 1, ... in "
                                      "the order read"))
+    if vocab_size is None:
+        missing.append(MissingColumn(
+            "Edge of stability", "vocabulary size", "a run counts as diverged only where its loss went non-finite "
+            "(no run is judged by the rule of the Definitions), and ℓ₀ is not ln(vocab) but an estimate: "
+            f"{initial_loss_text(*ell0, digits=3)}; give --vocab-size, or a vocab_size column, for ℓ₀ = ln(vocab)",
+            is_column=False))
+    elif not found.has("step"):
+        missing.append(MissingColumn("Edge of stability", "step", "a run counts as diverged only where its loss went "
+                                     "non-finite: the rule of the Definitions judges a run's steps"))
     missing += [
-        MissingColumn("Edge of stability", "vocabulary size", "a run counts as diverged only where its loss went "
-                      "non-finite (ℓ₀ = ln vocab is unknown, so no run is judged by the rule of the Definitions)",
-                      is_column=False),
         MissingColumn("instability.png", "grad_norm / attn_logit_max / output_logit_max", "not drawn"),
         MissingColumn("Samples from the best LR's model", "checkpoint", SAMPLES_NOTE, is_column=False),
     ]
@@ -232,22 +269,36 @@ def missing_columns(found: RunsInput, judged: str, x: str) -> tuple[MissingColum
 # The report
 
 
-def summarize_runs_input(path: Path, target: float | None = None,
-                         lr_of: dict[str, float] | None = None) -> RunsReport:
-    """Read ``--runs PATH`` and compute its report, writing nothing."""
+def runs_vocab_size(found: RunsInput, given: int | None) -> tuple[int | None, str]:
+    """The runs' vocabulary and where it was read: --vocab-size, else their vocab_size column (or Tune's
+    params.json); one that contradicts the other is refused."""
+    named = found.vocab_size()
+    if given is not None and named is not None and given != named:
+        raise LmtuneError(f"--vocab-size {given}, but the runs' vocab_size says {named}; drop --vocab-size or give "
+                          f"--vocab-size {named}")
+    if given is not None:
+        return given, "--vocab-size"
+    return named, ("the runs' vocab_size" if named is not None else "")
+
+
+def summarize_runs_input(path: Path, target: float | None = None, lr_of: dict[str, float] | None = None,
+                         vocab_size: int | None = None) -> RunsReport:
+    """Read ``--runs PATH`` and compute its report, writing nothing (``vocab_size``: --vocab-size)."""
     found = read_runs(path, lr_of)
     if not found.runs:
         raise LmtuneError(f"--runs {path} holds no run")
     judged, x = judged_loss(found), comparison_axis(found)
-    records, budget = trial_records(found, judged, x)
-    summary = sweep_summary(records, budget, target=target)
+    vocab, vocab_from = runs_vocab_size(found, vocab_size)
+    records, budget = trial_records(found, judged, x, vocab)
+    summary = sweep_summary(records, budget, target=target, vocab_size=vocab)
     best = next((r for r in records if r.trial_id == summary.best_trial), None)
     facts = SweepFacts(
         sweep=found.path.name, sweep_dir=str(found.path.resolve()),
         best_config={"lr": best.lr, "seed": best.seed} if best else None,
         search_strategy=f"{len(found.runs)} runs read from {SHAPES[found.shape]}: {found.path}",
         data="", generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), samples_note=SAMPLES_NOTE)
-    return RunsReport(found, records, summary, facts, judged, x, missing_columns(found, judged, x))
+    missing = missing_columns(found, judged, x, vocab, (summary.initial_loss, summary.initial_loss_from))
+    return RunsReport(found, records, summary, facts, judged, x, missing, vocab, vocab_from)
 
 
 def default_out(path: Path) -> Path:
@@ -268,14 +319,16 @@ def check_runs_out(out: Path, path: Path, given: bool) -> None:
 
 
 def write_runs_report(path: Path, out_dir: Path | None = None, target: float | None = None,
-                      lr_of: dict[str, float] | None = None, x: str = "both") -> tuple[RunsReport, Path]:
+                      lr_of: dict[str, float] | None = None, x: str = "both",
+                      vocab_size: int | None = None) -> tuple[RunsReport, Path]:
     """Write the report of ``--runs PATH`` into ``out_dir`` (default: default_out) and return it with the folder;
     nothing is written when the input or the folder is refused."""
     if x not in X_AXES:
         raise LmtuneError(f"--x {x!r}: choose tokens, wall or both")
     path = Path(path)
     out = Path(out_dir) if out_dir is not None else default_out(path)
-    report = summarize_runs_input(path, target, lr_of)  # (first: a bad input writes nothing, not even a folder)
+    # (first: a bad input writes nothing, not even a folder)
+    report = summarize_runs_input(path, target, lr_of, vocab_size)
     check_runs_out(out, path, given=out_dir is not None)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(path.resolve())}) + "\n")
@@ -308,12 +361,18 @@ def steps_for_tokens(lines: list[str]) -> list[str]:
 def source_section(report: RunsReport) -> list[str]:
     found = report.runs
     names = ", ".join(f"{c} ({' / '.join(COLUMN_NAMES[c])})" for c in ("lr", "step", "tokens", "train_loss",
-                                                                         "val_loss", "wall_time", "seed"))
+                                                                         "val_loss", "wall_time", "seed",
+                                                                         "vocab_size"))
     unit = report.x.removesuffix("s") + "s"
+    summary = report.summary
+    ell0 = initial_loss_text(summary.initial_loss, summary.initial_loss_from)
+    judged = (f"with {ell0} ({report.vocab_from}: {report.vocab_size:,}), a run is judged by the divergence rule of "
+              "the Definitions (diverged, unconfirmed when its log ends while its loss stands above ℓ₀, spiked)"
+              if report.vocab_size is not None else
+              "only a run with a non-finite loss counts as diverged: the vocabulary, so ln(vocab), is not known")
     return ["## Runs read", "",
             f"{len(found.runs)} runs lmtune did not make, read from {SHAPES[found.shape]}: `{found.path}`. The LRs "
             f"are compared on **{report.judged_on}** at equal **{unit}**; the budget is the longest run's last "
-            f"evaluated {report.x} ({report.summary.compared_at_tokens}), and a run whose log ends earlier counts as "
-            "stopped early; a run with a non-finite loss counts as diverged. Columns read (and the names each goes "
-            "by): " + names + ".", "",
+            f"evaluated {report.x} ({summary.compared_at_tokens}), and a run whose log ends earlier counts as "
+            f"stopped early; {judged}. Columns read (and the names each goes by): " + names + ".", "",
             "What these runs' columns cannot give:", "", *[f"- {m.line()}" for m in report.missing], ""]

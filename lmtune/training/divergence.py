@@ -82,8 +82,10 @@ class Spike:
     recovered_after: int | None = None
     """Steps from ``step`` until the loss came back within the threshold (None: it never did)."""
 
-    def describe(self) -> str:
-        back = f"back after {self.recovered_after} steps" if self.recovered_after is not None else "never back"
+    def describe(self, open_as: str = "never back") -> str:
+        """``open_as``: what a spike not yet back says ("never back" of a run that ended; "not back when it was
+        cut" of one cut during it)."""
+        back = f"back after {self.recovered_after} steps" if self.recovered_after is not None else open_as
         return f"step {self.step}: {self.height:.2g}x its running minimum, {back}"
 
 
@@ -296,9 +298,10 @@ def judge(rows: Iterable[tuple[int, float]], ell0: float, budget_steps: int, ste
     return watch
 
 
-def describe_spikes(spikes: list[Spike]) -> str:
-    """"spiked twice (step 6: 4.1x its running minimum, back after 72 steps; ...)" or ""."""
+def describe_spikes(spikes: list[Spike], open_as: str = "never back") -> str:
+    """"spiked twice (step 6: 4.1x its running minimum, back after 72 steps; ...)" or "" (``open_as``: as in
+    Spike.describe)."""
     if not spikes:
         return ""
     times = {1: "once", 2: "twice"}.get(len(spikes), f"{len(spikes)} times")
-    return f"spiked {times} ({'; '.join(s.describe() for s in spikes)})"
+    return f"spiked {times} ({'; '.join(s.describe(open_as) for s in spikes)})"

@@ -86,6 +86,17 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
+# A wall-clock axis is drawn in one unit, the one its longest run reads best in: (unit, seconds in it, the longest
+# run it is used up to).
+WALL_UNITS = (("s", 1.0, 120.0), ("min", 60.0, 120 * 60.0), ("h", 3600.0, math.inf))
+
+
+def wall_unit(seconds: float) -> tuple[str, float]:
+    """The one unit (and its length in seconds) of a wall-clock axis whose longest run took ``seconds``: seconds up
+    to 2 minutes, minutes up to 2 hours, hours beyond; every tick of the axis is in it."""
+    return next((name, scale) for name, scale, below in WALL_UNITS if seconds < below)
+
+
 def readable_lr_axis(ax, axis: str = "x") -> None:
     """A log LR axis (``axis``: x or y) labelled 0.005, 0.01, 0.02 (readable LRs), no minor labels."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter

@@ -12,7 +12,8 @@ from lmtune.files import atomic_write_text
 from lmtune.findings.stability import TrialRecord
 from lmtune.findings.summary import SweepFacts, SweepSummary
 from lmtune.report.headline import unfinished_mark
-from lmtune.report.markdown.edge import edge, how_runs_broke
+from lmtune.report.markdown.edge import HOW_RUNS_BROKE, edge, how_runs_broke
+from lmtune.report.markdown.landscape import HEADING as LANDSCAPE_HEADING
 from lmtune.report.markdown.landscape import best_lr, landscape
 from lmtune.report.markdown.method import definitions, range_test, search_and_compute
 from lmtune.report.markdown.model import model_overview, samples
@@ -25,13 +26,13 @@ HEADINGS = (
     "## Trials",
     "## Best learning rate",
     "## Samples from the best LR's model",
-    "## Above the best LR: basin, degraded, diverged",
+    LANDSCAPE_HEADING,
     "## Edge of stability",
     "## Loss against LR at equal token counts",
     "## Convergence speed",
     "## LR sensitivity",
     "## Target",
-    "## How the diverged and spiked runs broke",
+    HOW_RUNS_BROKE,
     "## Search strategy and compute",
     "## Definitions",
 )

@@ -1,5 +1,7 @@
 """The report's sections on where training fails: the bracket and how it was confirmed, the seeds that disagree,
-the edge / best ratio and its reading, the spiked runs, attention-logit growth, and how each broken run broke."""
+the edge / best ratio and its reading, the spiked runs, attention-logit growth, and how each broken run broke. A run
+cut while its loss stood above ℓ₀ (SweepSummary.unconfirmed) is said to leave what it bears on unknown, never
+counted as not diverged."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from collections.abc import Sequence
 
 from lmtune.analysis.bracket import THROUGH, Bracket
 from lmtune.analysis.named_lrs import USEFUL_TOLERANCE
-from lmtune.findings.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, NEAR_EDGE_BELOW, TrialRecord, first_growth
+from lmtune.findings.comparison import first_growth
+from lmtune.findings.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, CUT, NEAR_EDGE_BELOW, TrialRecord
 from lmtune.findings.summary import SweepSummary
 from lmtune.findings.text import lr, ratio_range_text, table, tokens, too_wide
 from lmtune.training.divergence import describe_spikes
@@ -17,10 +20,14 @@ def edge(summary: SweepSummary) -> list[str]:
     lines = ["## Edge of stability", "", *_named_lrs(summary), *_what_edge_means()]
     bracket = summary.conclusion.edge
     if bracket.diverged_lr is None:
+        cut = summary.cut_below(None)
+        where = (f"training fails above the largest LR tried ({lr(bracket.stable_lr)} trained its whole budget). "
+                 "Extend the range upward to locate it." if cut is None else
+                 f"no LR tried is known to fail ({lr(bracket.stable_lr)} trained its whole budget), but a run at lr "
+                 f"{cut:.3g} was cut while its loss stood above ℓ₀ (unconfirmed: see Above the best LR): training may "
+                 "fail there. Retrain it without early stopping to settle it.")
         lines += [f"No run failed (none went non-finite, stayed above its initial loss for the recovery window, or "
-                  f"ended no better than the data's unigram baseline above an LR that trained): training fails above "
-                  f"the largest LR tried ({lr(bracket.stable_lr)} trained its whole budget). Extend the range upward "
-                  "to locate it.", ""]
+                  f"ended no better than the data's unigram baseline above an LR that trained): {where}", ""]
     else:
         low = bracket.stable_lr
         stable = (f"**{low:.3g}**, the largest LR that trained its whole budget without diverging and ended below "
@@ -28,8 +35,12 @@ def edge(summary: SweepSummary) -> list[str]:
                   else "an LR not yet located (no LR below it trained its whole budget)")
         ratio = (f": a bracket **{bracket.ratio:.2f}** wide (the search's resolution, not a property of "
                  "training)" if bracket.ratio else "")
+        cut = summary.cut_below(bracket.diverged_lr)
+        below = (f" A run at lr {cut:.3g}, below it, was cut while its loss stood above ℓ₀ (unconfirmed): if it would "
+                 "not have come back, training fails there already." if cut is not None else "")
         lines += [f"Training fails between {stable}, and **{bracket.diverged_lr:.3g}**, the smallest LR at "
-                  f"which a run failed (Definitions){ratio}.", "", *_confirmation(summary), *_seed_dependence(summary)]
+                  f"which a run failed (Definitions){ratio}.{below}", "", *_confirmation(summary),
+                  *_seed_dependence(summary)]
         if bracket.stable_above:
             lines += ["", "Not monotone: " + ", ".join(f"{v:.3g}" for v in bracket.stable_above)
                       + " trained through their budget above the smallest failed LR (another seed or chance "
@@ -55,10 +66,10 @@ def _named_lrs(summary: SweepSummary) -> list[str]:
         rows.append(["top of the useful range",
                      f"**{useful.top_lr:.3g}** ({useful.top_lr / c.best.lr:.2g}x the best{seeds})",
                      f"the largest LR within max(2 SE, {USEFUL_TOLERANCE:g} nats) of the best's loss; {above}"])
-    rows.append(["failing LR", _end(failing), "above it a run diverged or ended no better than the data's unigram "
-                                              "baseline (it did not train)"])
-    rows.append(["divergence LR", _end(divergence), "the first LR at which a run's loss went non-finite, or rose "
-                                                    "above ℓ₀ and did not come back"])
+    rows.append(["failing LR", _end(failing, summary.cut_below(failing.diverged_lr)),
+                 "above it a run diverged or ended no better than the data's unigram baseline (it did not train)"])
+    rows.append(["divergence LR", _end(divergence, summary.divergence_unsettled),
+                 "the first LR at which a run's loss went non-finite, or rose above ℓ₀ and did not come back"])
     lines = table(["named LR", "value", "what it is"], rows) + [""]
     costs = [f"{factor}x the best LR: {cost:+.2f} nats" for factor, cost in (useful.cost_at if useful else ())
              if cost is not None]
@@ -68,11 +79,16 @@ def _named_lrs(summary: SweepSummary) -> list[str]:
     return lines
 
 
-def _end(bracket: Bracket) -> str:
+def _end(bracket: Bracket, cut: float | None = None) -> str:
+    """A named LR's value; ``cut``: the smallest LR below it (or with none found) at which a run was cut while above
+    ℓ₀, which may be it instead."""
+    unsettled = (f"; not known at {cut:.3g}, where a run was cut while above ℓ₀ (unconfirmed)" if cut is not None
+                 else "")
     if bracket.diverged_lr is None:
-        return f"none up to {bracket.stable_lr:.3g}" if bracket.stable_lr is not None else "none"
+        none = "none confirmed" if cut is not None else "none"
+        return (f"{none} up to {bracket.stable_lr:.3g}" if bracket.stable_lr is not None else none) + unsettled
     low = f" (not at {bracket.stable_lr:.3g})" if bracket.stable_lr is not None else ""
-    return f"**{bracket.diverged_lr:.3g}**{low}"
+    return f"**{bracket.diverged_lr:.3g}**{low}{unsettled}"
 
 
 def _what_edge_means() -> list[str]:
@@ -118,22 +134,35 @@ def _seed_dependence(summary: SweepSummary) -> list[str]:
 def _spiked(summary: SweepSummary) -> list[str]:
     if not summary.spiked:
         return []
-    lines = ["Spiked, not diverged (the loss rose far above its running minimum and came back below its initial "
-             "loss):", ""]
+    threshold = 100 * (summary.divergence_rule.spike_threshold or 0)
+    lines = [f"Spiked, not diverged (the train loss rose more than {threshold:.0f}% above its running minimum; each "
+             "spike with its height and the steps until it was back within that margin; every run here was below "
+             "its initial loss ℓ₀ when it ended, while one cut above it is unconfirmed, not spiked):", ""]
     for run in sorted(summary.spiked, key=lambda r: (r.lr, r.seed or 0)):
+        row = summary.trial(run.trial_id)
+        cut = row is not None and row.status in CUT
         lines.append(f"- lr {run.lr:.3g}" + (f" seed {run.seed}" if run.seed is not None else "")
-                     + ": " + describe_spikes(list(run.spikes)))
+                     + ": " + describe_spikes(list(run.spikes), "not back when it was cut" if cut else "never back"))
     return lines + [""]
 
 
 def _edge_ratio(summary: SweepSummary) -> list[str]:
+    cut = summary.divergence_unsettled
     if summary.edge_ratio is None:
-        return ["No run diverged, or no best LR: no divergence / best ratio."]
+        if summary.best_lr is None:
+            return ["No best LR: no divergence / best ratio."]
+        if cut is not None:
+            return [f"No run was confirmed to diverge, but a run at lr {cut:.3g} was cut while its loss stood above "
+                    "ℓ₀ (unconfirmed): the divergence LR, and so the divergence / best ratio, is not known."]
+        return ["No run diverged: no divergence / best ratio (the divergence LR lies above the largest LR tried)."]
     smallest, largest = summary.conclusion.edge_ratio_range
     reading = summary.edge_range_reading
     text = (f"Divergence LR / best LR: {summary.conclusion.divergence.diverged_lr:.3g} / {summary.best_lr:.3g} = "
             f"**{summary.edge_ratio:.3g}** as a point value; with the bracket and the best LR's interval, it is "
             f"**{ratio_range_text(smallest, largest, reading)}**.")
+    if cut is not None:
+        text += (f" A run at lr {cut:.3g}, below the divergence LR, was cut while its loss stood above ℓ₀ "
+                 f"(unconfirmed): if it would not have come back, the ratio is {cut / summary.best_lr:.3g}.")
     if reading:
         return [text + f" The whole range reads: **{reading}**."]
     if too_wide(smallest, largest):  # the text says what would resolve it
@@ -166,14 +195,17 @@ def _edge_rule() -> list[str]:
         "for β₁ = 0.9; for full-batch GD, Cohen et al. (2021) find the sharpness at about 2/η.", ""]
 
 
+HOW_RUNS_BROKE = "## How the diverged, unconfirmed and spiked runs broke"
+BROKEN = ("diverged", "unconfirmed", "spiked")
+
+
 def how_runs_broke(summary: SweepSummary, records: Sequence[TrialRecord]) -> list[str]:
     by_id = {r.trial_id: r for r in records}
     best_record = by_id.get(summary.best_trial)
-    broken = [by_id[r.trial_id] for r in summary.trials
-              if r.status in ("diverged", "spiked") and r.trial_id in by_id]
+    broken = [by_id[r.trial_id] for r in summary.trials if r.status in BROKEN and r.trial_id in by_id]
     if not broken:
-        return ["## How the diverged and spiked runs broke", "", "No run diverged or spiked.", ""]
-    return ["## How the diverged and spiked runs broke", "",
+        return [HOW_RUNS_BROKE, "", "No run diverged, was cut while above ℓ₀ (unconfirmed) or spiked.", ""]
+    return [HOW_RUNS_BROKE, "",
             "Which stability probe first exceeded 2× the best trial's value at the same step (attention-logit "
             "growth is what qk-layernorm fixes, output-logit divergence what z-loss fixes; Wortsman et al. 2023):",
             "", *[f"- {first_growth(r, best_record)}" for r in broken], ""]

@@ -1,11 +1,18 @@
 """The report's sections on the best LR and the landscape above it: where the best LR lies, its contenders, and
-the basin, degraded and diverged regions with the full-budget loss of every LR."""
+the basin, degraded and failed regions, the runs cut while above ℓ₀, and the full-budget loss of every LR with the
+region it stands in (lmtune.analysis.landscape.lr_regions: what the figure draws too)."""
 
 from __future__ import annotations
 
+import math
+
+from lmtune.analysis.landscape import Region
 from lmtune.analysis.runs import SIGNIFICANCE_SE
 from lmtune.findings.summary import SweepSummary
 from lmtune.findings.text import between, fmt, interval_line, lr, per_doubling, table, tokens
+from lmtune.report.figures import LR_VS_LOSS
+
+HEADING = "## Above the best LR: basin, degraded, failed"
 
 
 def best_lr(summary: SweepSummary) -> list[str]:
@@ -50,12 +57,12 @@ def _contenders(summary: SweepSummary) -> list[str]:
 
 
 def landscape(summary: SweepSummary) -> list[str]:
-    lines = ["## Above the best LR: basin, degraded, diverged", ""]
+    lines = [HEADING, ""]
     regions = summary.conclusion.landscape
     basin, degraded = regions.basin, regions.degraded
     if basin is None:
         return lines + ["No LR trained its whole budget without diverging, so the loss cannot be compared across "
-                        "LRs at the full budget.", ""]
+                        "LRs at the full budget.", *_failed(summary), *_unconfirmed(summary), ""]
     sigma = basin.seed_spread
     noise = (f"within {SIGNIFICANCE_SE:g} standard errors of the best's mean (run-to-run standard deviation "
              f"{sigma:.4f}, {_pooled(summary)})" if sigma is not None else
@@ -78,11 +85,43 @@ def landscape(summary: SweepSummary) -> list[str]:
     else:
         lines += ["- **Degraded**: no LR between the basin and the edge trained its whole budget, so how fast the loss "
                   "degrades above the basin is not measured."]
-    region = regions.diverged
-    lines += [f"- **Diverged**: from the edge up; it begins {between(*region)} (see below)." if region else
-              "- **Diverged**: no LR tried diverged."]
+    lines += [*_failed(summary), *_unconfirmed(summary)]
     found = _landscape_table(summary)
     return lines + ["", *found, ""] if found else lines + [""]
+
+
+def _failed(summary: SweepSummary) -> list[str]:
+    """The failed region (from the failing LR up) and the LRs above it whose runs trained through."""
+    c = summary.conclusion
+    region = c.landscape.diverged
+    if region is None:
+        return ["- **Failed**: no LR tried failed (none diverged, nor ended no better than the data's unigram "
+                "baseline above an LR that trained)."]
+    lines = [f"- **Failed** (a run diverged, or ended no better than the data's unigram baseline above an LR that "
+             f"trained: Definitions): from the failing LR up; it begins {between(*region)}. LRs with a failed run: "
+             f"{', '.join(lr(v) for v in c.lrs_in(Region.FAILED))} (see the edge of stability below)."]
+    above = c.lrs_in(Region.ABOVE_FAILING)
+    if above:
+        lines.append(f"- **Trained through above the failing LR**: lr {', '.join(lr(v) for v in above)} (failure is "
+                     "not monotone here: another seed or chance decided).")
+    return lines
+
+
+def _unconfirmed(summary: SweepSummary) -> list[str]:
+    """The runs cut while their loss stood above ℓ₀: neither diverged nor spiked, not known."""
+    runs = sorted(summary.unconfirmed, key=lambda u: (u.lr, u.seed))
+    if not runs:
+        return []
+    each = "; ".join(f"lr {u.lr:.3g} seed {u.seed} (cut at {tokens(u.tokens)} tokens, its train loss "
+                     f"{u.loss:.3g}" + (f" = {u.over_initial:.3g}× ℓ₀" if math.isfinite(u.over_initial) else "") + ")"
+                     for u in runs)
+    alone = summary.conclusion.lrs_in(Region.UNCONFIRMED)
+    where = (f" An LR where no other run trained its budget or failed is marked unconfirmed: lr "
+             f"{', '.join(lr(v) for v in alone)}." if alone else "")
+    return [f"- **{Region.UNCONFIRMED.value[0].upper()}{Region.UNCONFIRMED.value[1:]}**: {each}. A run cut early (by "
+            "ASHA or the stopper, or its log ending before the budget) with its loss above ℓ₀ may have come back, or "
+            "diverged: it counts as neither."
+            f"{where} Retrain without early stopping to settle it."]
 
 
 def _pooled(summary: SweepSummary) -> str:
@@ -95,17 +134,20 @@ def _landscape_table(summary: SweepSummary) -> list[str]:
     ranking = sorted(summary.conclusion.ranking, key=lambda r: r.lr)
     if len(ranking) < 2 or summary.best_lr is None:
         return []
-    basin_found = summary.conclusion.landscape.basin
-    best, basin = summary.best_lr, set(basin_found.lrs if basin_found else ())
-    best_mean = next(r.mean for r in ranking if r.lr == best)
+    c = summary.conclusion
+    best, crowned = summary.best_lr, c.best
+    regions = {(r.lr, r.others): r.region for r in c.regions}
     rows = []
     for r in ranking:
-        region = "best" if r.lr == best else "basin" if r.lr in basin else \
-            "degraded" if r.lr > best else "below the basin"
+        region = "best" if r is crowned else str(regions.get((r.lr, r.others), "—"))
         rows.append([f"{r.lr:.4g}", f"{r.lr / best:.3g}", str(len(r.losses)), f"{r.mean:.4f}", fmt(r.spread, 3),
-                     f"{r.mean - best_mean:+.4f}", region])
-    for diverged in sorted({row.lr for row in summary.trials if row.status == "diverged"}):
-        rows.append([f"{diverged:.4g}", f"{diverged / best:.3g}", "—", "—", "—", "—", "diverged"])
+                     f"{r.mean - crowned.mean:+.4f}", region])
+    ranked = {(r.lr, r.others) for r in ranking}
+    for found in c.regions:
+        if (found.lr, found.others) not in ranked:  # (a diverged run's LR, or one whose runs were only cut)
+            rows.append([f"{found.lr:.4g}", f"{found.lr / best:.3g}", "—", "—", "—", "—", str(found.region)])
     rows.sort(key=lambda row: float(row[0]))
-    return ["Full-budget val loss by LR (the mean over seeds; LRs with a diverged run are marked, not ranked):", "",
+    return ["Full-budget val loss by LR (the mean over seeds) and the region each LR stands in, as above and in "
+            f"`{LR_VS_LOSS.file}`; an LR where a run diverged, or whose runs were only cut while above ℓ₀, has no "
+            "full-budget loss (—):", "",
             *table(["lr", "× best", "seeds", "mean val loss", "sd", "vs best", "region"], rows)]

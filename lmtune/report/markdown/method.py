@@ -6,8 +6,9 @@ from __future__ import annotations
 from lmtune.analysis.named_lrs import USEFUL_TOLERANCE
 from lmtune.analysis.runs import SIGNIFICANCE_SE
 from lmtune.findings.baselines import BASELINE_GRID_RATIO
+from lmtune.findings.stability import INITIAL_FROM_VOCAB
 from lmtune.findings.summary import SweepFacts, SweepSummary
-from lmtune.findings.text import fmt, lr, table, tokens
+from lmtune.findings.text import fmt, initial_loss_text, lr, table, tokens
 from lmtune.report.figures import RANGE_TEST
 
 
@@ -77,18 +78,30 @@ def _untrained(unigram_loss: float | None) -> str:
             "split, ignoring context: a run no better than that did not train).")
 
 
+def _initial_loss(summary: SweepSummary) -> str:
+    """The definition of ℓ₀ with its value, said as it was found (ln(vocab), or an estimate, never called ln(vocab))."""
+    value = initial_loss_text(summary.initial_loss, summary.initial_loss_from)
+    if summary.initial_loss_from == INITIAL_FROM_VOCAB:
+        return f"- **ℓ₀**: the loss at initialisation, {value} (a fresh model predicts near-uniformly)."
+    return f"- **ℓ₀**: the loss at initialisation: {value}."
+
+
 def definitions(summary: SweepSummary) -> list[str]:
     rule = summary.divergence_rule
     window, threshold = rule.recovery_window, rule.spike_threshold
     return ["## Definitions", "",
-            f"- **ℓ₀**: the loss at initialisation, ln(vocab) = {fmt(summary.initial_loss)} (a fresh model "
-            "predicts near-uniformly).",
+            _initial_loss(summary),
             f"- **Diverged**: the run's loss went non-finite, or went above ℓ₀ and did not come back below it within "
             f"the recovery window ({fmt(window)} of the budget's steps), or its budget ended with the loss above ℓ₀. "
             "The stopper ends a run early only on that evidence (a non-finite value, or the loss above ℓ₀ for the "
             "whole window); a run it ended at the bracket's edge is retrained without early stopping to confirm it.",
             f"- **Failed**: diverged, or {_untrained(summary.unigram_loss)} **Trained through** (a bracket's stable "
             "end): its whole budget without diverging, ending below that baseline.",
+            "- **Unconfirmed** (cut while above ℓ₀): cut early (by ASHA or the stopper; of runs lmtune did not make, "
+            "a log that ends before the budget) while its train loss stood "
+            "above ℓ₀ after climbing there (rising more than the spike threshold above its running minimum): it may "
+            "have come back, or diverged, so it is counted as neither; an LR where no other run trained its budget or "
+            "failed is marked unconfirmed, and a failing or divergence LR above it is not known (it may lie there).",
             f"- **Spiked**: not diverged, and the train loss (averaged over a log interval) rose more than "
             f"{100 * (threshold or 0):.0f}% above its running minimum (ℓ₀ included) at least once; each spike is "
             "given with its step, its height over the running minimum before it, and the steps until the loss was "

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from lmtune.findings.comparison import SENSITIVITY_RANGE
 from lmtune.findings.rows import TrialRow, varied_params
 from lmtune.findings.summary import SweepFacts, SweepSummary
-from lmtune.findings.text import fmt, rate, table, tokens
+from lmtune.findings.text import fmt, initial_loss_text, rate, table, tokens
 from lmtune.report.figures import LR_VS_LOSS
 
 
@@ -45,8 +45,10 @@ def trials(summary: SweepSummary) -> list[str]:
                            *([fmt(r.seed)] if seeded else []), *[fmt(r.params.get(k)) for k in extra],
                            r.status, fmt(r.final_val_loss), fmt(r.best_val_loss), tokens(r.tokens),
                            wall, rate(r.tokens_per_s), r.reason or "—", fmt(r.stop_step)])
+    unconfirmed = ("; \"unconfirmed\": cut early while its train loss stood above ℓ₀, so whether it would have come "
+                   "back is not known (Definitions)" if summary.status_counts.get("unconfirmed") else "")
     return ["## Trials", "", "\"final val\": the val loss at the end of the whole budget (empty for a trial that "
-            "stopped earlier).", "", *table(header, table_rows), ""]
+            f"stopped earlier){unconfirmed}.", "", *table(header, table_rows), ""]
 
 
 def _trial_order(stages: list[str]) -> Callable[[TrialRow], tuple]:
@@ -65,6 +67,7 @@ def equal_tokens(summary: SweepSummary) -> list[str]:
         return lines + ["No trial was evaluated at a comparison point yet.", ""]
     lrs = sorted({lr for t in rungs for lr in table_by_rung[t]})
     diverged = {r.lr for r in summary.trials if r.status == "diverged"}
+    cut = {run.lr for run in summary.unconfirmed}
     rows = []
     for lr in lrs:
         cells = []
@@ -72,12 +75,17 @@ def equal_tokens(summary: SweepSummary) -> list[str]:
             losses = table_by_rung[t].get(lr)
             cells.append("—" if not losses else f"{sum(losses) / len(losses):.4f}"
                          + (f" ({len(losses)})" if len(losses) > 1 else ""))
-        rows.append([f"{lr:.4g}" + (" (diverged in a trial)" if lr in diverged else ""), *cells])
+        mark = (" (diverged in a trial)" if lr in diverged else
+                " (a trial cut while above ℓ₀: unconfirmed)" if lr in cut else "")
+        rows.append([f"{lr:.4g}{mark}", *cells])
     header = ["lr", *[f"{tokens(t)} tokens" + (" (full)" if t == summary.compared_at_tokens else "") for t in rungs]]
+    points, stopped = (("ASHA's rungs and the whole budget", "A trial ASHA stopped") if summary.asha_rungs else
+                       ("fractions of the budget and the whole budget: these runs had no rungs",
+                        "A run whose log ends earlier"))
     return lines + [
-        "Each trial's val loss at exactly each comparison point (ASHA's rungs and the whole budget; linear "
+        f"Each trial's val loss at exactly each comparison point ({points}; linear "
         "interpolation between its evaluations), the mean where several seeds reached it (their number in "
-        "brackets). A trial ASHA stopped appears only at the points it reached; a diverged trial at none. "
+        f"brackets). {stopped} appears only at the points it reached; a diverged trial at none. "
         f"`{LR_VS_LOSS.file}` draws one curve per column.", "", *table(header, rows), ""]
 
 
@@ -107,12 +115,13 @@ def sensitivity(summary: SweepSummary) -> list[str]:
     if found.value is None:
         return ["## LR sensitivity", "", "Not computable: no trial trained its whole budget.", ""]
     low, high = SENSITIVITY_RANGE
+    ell0 = initial_loss_text(summary.initial_loss, summary.initial_loss_from, short=True)
     return ["## LR sensitivity", "",
             f"LR sensitivity (Wortsman et al. 2023) = **{found.value:.4f}** nats on lmtune's fixed grid of "
             f"{found.points} LRs half a decade apart from {low:g} to {high:g} (the same for every sweep and every "
             f"variant, so values compare), {found.lrs} of them covered, at {tokens(found.tokens)} tokens (the whole "
             "budget): each grid LR's loss interpolated in log LR between the LRs that trained their budget, "
-            f"ℓ₀ = {fmt(summary.initial_loss)} (the loss at initialization) at and above a diverged LR, grid LRs "
+            f"ℓ₀, the loss at initialization ({ell0}), at and above a diverged LR, grid LRs "
             "outside what was measured left out. Lower means the loss degrades less away from the best LR.", ""]
 
 
