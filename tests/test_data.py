@@ -1,4 +1,6 @@
 import json
+import threading
+import types
 
 import numpy as np
 import pytest
@@ -68,8 +70,36 @@ def test_device_batches_on_cpu_yield_the_sampler_batches_in_order_from_start_ste
             x, y = prefetched.next()
             ex, ey = sampler.batch(step)
             assert torch.equal(x, ex) and torch.equal(y, ey)
-            assert prefetched.last_wait_s >= 0.0
     assert not prefetched._thread.is_alive()
+
+
+def test_last_wait_s_is_how_long_next_waited_for_its_batch_and_zero_when_it_was_waiting(monkeypatch):
+    """The wait is read on a stand-in clock that only the producer moves: its first batch takes 2.5 s to build,
+    and is built only once next() has started waiting for it; the batch after takes no time."""
+    clock = types.SimpleNamespace(now=100.0)
+    asked = threading.Event()  # next() has read the clock: the consumer is waiting
+
+    def perf_counter() -> float:
+        asked.set()
+        return clock.now
+
+    class SlowFirstBatch(batches.BatchSampler):
+        def batch(self, step):
+            if step == 0:
+                asked.wait(timeout=60)
+                clock.now += 2.5  # (written before the batch is queued: next() reads it after taking the batch)
+            return super().batch(step)
+
+    monkeypatch.setattr(batches, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    tokens = np.arange(5000, dtype=np.uint16)
+    expected = batches.BatchSampler(tokens, 4, 16, seed=3)
+    with batches.DeviceBatches(SlowFirstBatch(tokens, 4, 16, seed=3), torch.device("cpu")) as prefetched:
+        x, _ = prefetched.next()
+        assert torch.equal(x, expected.batch(0)[0])
+        assert prefetched.last_wait_s == 2.5
+        x, _ = prefetched.next()
+        assert torch.equal(x, expected.batch(1)[0])
+        assert prefetched.last_wait_s == 0.0  # this call's wait, not the run's so far
 
 
 def test_fixed_val_batches_are_deterministic():
