@@ -85,7 +85,7 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
     edge = c.edge
     cut = sorted({run.lr for run in summary.unconfirmed})
     unconfirmed = (f"unconfirmed: lr {', '.join(f'{v:.3g}' for v in cut)} cut while above ℓ₀, whether "
-                   "they would have come back is not known" if cut else "")
+                   f"{'it' if len(cut) == 1 else 'they'} would have come back is not known" if cut else "")
     if edge.diverged_lr is None:
         lines.append(f"edge: no LR is known to fail; {unconfirmed}" if cut else
                      "edge: no LR failed; training breaks above the largest LR tried")
