@@ -125,5 +125,7 @@ def test_diagnose_a_real_sweep_shows_each_trials_outcome_from_the_ledger(quick_s
     for trial in trials:
         (entry,) = [e for trial_id, e in outcomes.items() if trial.name.startswith(f"{trial_id}_")]
         assert trial.status == entry["outcome"]
-    eta, _, _ = progress.sweep_eta(trials, record)
-    assert eta is None or eta == 0
+    # every trial ended and none is left to start: nothing remains, so the ETA is 0 s, said as done
+    assert progress.sweep_eta(trials, record) == (0.0, 0, 0)
+    assert progress.format_sweep(quick_sweep, trials, record).splitlines()[-1] == \
+        "sweep ETA: done (no trial running or pending)"
