@@ -21,6 +21,7 @@ from lmtune.report.reader import load_sweep
 from lmtune.report.sections import section_for
 from lmtune.report.writer import summarize_sweep, write_report
 from lmtune.searches.textbook import agrees, rule_sentence, width_rule
+from lmtune.searches.width import report_coord
 from lmtune.searches.width.conclusion import WidthFit, conclude_widths
 from lmtune.searches.width.report import (
     MU_FAILED,
@@ -38,6 +39,7 @@ from lmtune.sweep.record import ledger_path, write_trial_file
 from lmtune.sweep.spaces import parse_space
 from lmtune.sweep.sweep_file import SweepRecord
 from lmtune.training.config import apply_overrides, budget_config
+from lmtune.training.coord_check import FLAT_TOLERANCE, read_checks
 from lmtune.training.metrics import write_metrics
 from lmtune.training.model import flops_per_token
 
@@ -219,16 +221,36 @@ def test_without_a_coord_check_the_section_says_why_in_one_line():
     assert lines == ["**Coord check**: not measured: the sweep's data dir /x is not here."]
 
 
-def test_a_coord_check_is_measured_once_kept_in_the_sweep_folder_and_read_back(tmp_path, builtin_data):
+def test_a_coord_check_is_measured_once_kept_in_the_sweep_folder_and_read_back(tmp_path, builtin_data,
+                                                                              monkeypatch):
     base = budget_config("quick", {**TINY_MODEL, "batch_size": 4, "parametrization": "mup", "mup_base_width": 32},
                          data_dir=str(builtin_data))
+    kept = tmp_path / "coord_check.json"
     first = sweep_coord_check(tmp_path, base, [32, 64])
-    assert first.check is not None and (tmp_path / "coord_check.json").is_file()
+    assert first.check is not None and read_checks(kept) == [first.check]
+
+    def measured_again(*args, **kwargs):
+        raise AssertionError("the coord check was measured again, not read back from coord_check.json")
+
+    # (a seeded measurement repeats itself: only a second measurement refused tells reading back from measuring)
+    monkeypatch.setattr(report_coord, "coord_check", measured_again)
     again = sweep_coord_check(tmp_path, base, [32, 64])
-    assert again.check == first.check  # read back, not measured again
+    assert again.check == first.check and again.note == f"measured at the first report, kept in {kept}"
     lines = coord_check_lines(again)
     assert "μP at d_model 32, 64" in lines[0] and again.verdict.reason in lines[0]
-    assert json.loads(json.dumps(again.to_json()))["flat"] == again.verdict.flat
+    # summary.json's verdict is the rule's, worked out here from the slopes kept: flat when every |slope| is under
+    # FLAT_TOLERANCE, the verdict naming the largest (at this tiny size, 5 steps: blocks.1.attn's update, -0.39)
+    written = json.loads(json.dumps(again.to_json()))
+    slopes = {layer.name: {"activation": layer.activation_slope, "update": layer.update_slope}
+              for layer in read_checks(kept)[0].layers}
+    assert written["slopes"] == slopes and {"embed", "logits"} <= set(slopes)
+    name, kind, slope = max(((name, kind, s) for name, by_kind in slopes.items() for kind, s in by_kind.items()),
+                            key=lambda row: abs(row[2]))
+    flat = abs(slope) < FLAT_TOLERANCE
+    assert written["flat"] is flat
+    assert written["verdict"] == (f"mup: flat: every |slope| < {FLAT_TOLERANCE:g} (largest: {name} {kind} {slope:+.2f})"
+                                  if flat else f"mup: not flat: {name} {kind} scale goes like width^{slope:+.2f} "
+                                               f"(|slope| >= {FLAT_TOLERANCE:g})")
     assert {row.split("|")[1].strip() for row in lines[4:]} >= {"embed", "logits"}
 
 
