@@ -13,10 +13,21 @@ import subprocess
 import matplotlib.image
 import pytest
 import torch
-from conftest import TINY, assert_refused, read_wandb_runs, run_lmtune, sigkill, snapshot, start_lmtune, wait_until
+from conftest import (
+    TINY,
+    assert_refused,
+    read_wandb_runs,
+    run_lmtune,
+    sigkill,
+    snapshot,
+    start_lmtune,
+    user_model,
+    wait_until,
+)
 
 from lmtune.data.batches import BatchSampler, fixed_val_batches
 from lmtune.data.dataset import load_data, read_meta, unigram_entropy
+from lmtune.errors import LmtuneError
 from lmtune.train import main
 from lmtune.training import checkpoint as ckpt
 from lmtune.training.config import budget_config
@@ -26,6 +37,7 @@ from lmtune.training.model import TransformerLM
 from lmtune.training.schedule import lr_at
 from lmtune.training.state import TrainState, build_optimizer
 from lmtune.training.step import Runtime, evaluate, train_step
+from lmtune.usercode.spec import spec_for
 
 # Columns that measure time or memory, so they differ between otherwise identical runs.
 TIMING_COLUMNS = {"tokens_per_s", "mfu", "data_wait_s", "compute_s", "peak_memory_bytes", "elapsed_s"}
@@ -223,6 +235,35 @@ def test_injected_nan_ends_the_run_as_diverged_with_no_poisoned_checkpoint(make_
         for name, tensor in _tensors(state):
             if tensor.is_floating_point():
                 assert torch.isfinite(tensor).all(), f"{path.name}: {name} is not finite"
+
+
+# ---------------------------------------------------------------------------------------------- out of memory
+
+# What torch's CUDA allocator raises (its message goes on with the allocator's state: several lines).
+CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 39.39 GiB of which 1.20 GiB "
+            "is free.\nOf the allocated memory 35.12 GiB is allocated by PyTorch, and 1.03 GiB is reserved by PyTorch "
+            "but unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+
+
+@pytest.mark.parametrize("code", [None, user_model("example")], ids=["lmtunes_model", "users_model"])
+def test_a_step_that_runs_out_of_device_memory_is_one_line_naming_the_fix(make_tiny_config, tmp_path, code):
+    """torch.cuda.OutOfMemoryError raised by the model's forward inside step 3 (armed by the step hook, as a
+    model that keeps more than the memory estimate showed fails on a GPU), on the CPU."""
+    config = make_tiny_config(code=code, batch_size=8, grad_accum_steps=2)
+
+    def out_of_memory_at_3(step, model):
+        if step == 3:
+            def forward(*args, **kwargs):
+                raise torch.cuda.OutOfMemoryError(CUDA_OOM)
+
+            model.forward = forward
+
+    with pytest.raises(LmtuneError) as ended:
+        train(config, tmp_path / "run", before_step=out_of_memory_at_3, spec=spec_for(config))
+    assert str(ended.value) == ("step 3: out of device memory (batch 4 x 32 per forward pass); lower batch_size, "
+                                "raise grad_accum_steps, or use a smaller model")
+    assert type(ended.value) is LmtuneError and ended.value.__suppress_context__  # (not the allocator's dump)
 
 
 # ---------------------------------------------------------------------------------------------- outputs and CLI

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import EXAMPLE, TINY, USER_MODELS, assert_refused, user_model
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, UserCodeError
 from lmtune.train import main as train_main
 from lmtune.training.lm import block_parameters
 from lmtune.training.loop import resolve_config, train
@@ -27,6 +27,7 @@ from lmtune.training.model import TransformerLM, count_parameters
 from lmtune.training.model_config import ModelConfig
 from lmtune.usercode.checks import check_code, fusing_refusal
 from lmtune.usercode.config import UserCode, normalized
+from lmtune.usercode.guard import guarded
 from lmtune.usercode.imports import load
 from lmtune.usercode.model import build_user_model
 from lmtune.usercode.spec import model_size, spec_for
@@ -206,6 +207,47 @@ def test_a_model_that_would_train_wrong_is_refused_by_train_in_one_line_writing_
 def test_each_wrong_output_is_refused_naming_what_lmtune_needs(tmp_path, make_tiny_config, output, fragment):
     with pytest.raises(LmtuneError, match=fragment):
         check_code(_inline(tmp_path, make_tiny_config, output, name=f"out_{abs(hash(output))}"))
+
+
+# A model whose forward raises what a GPU out of memory raises (torch.cuda.OutOfMemoryError), or the same words as a
+# RuntimeError of its own.
+RAISES_IN_FORWARD = """
+    import torch
+    from torch import nn
+
+    class Raises(nn.Module):
+        def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **extra):
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, d_model)
+
+        def forward(self, ids):
+            raise {error}("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+
+
+def test_a_gpu_out_of_memory_error_passes_the_guard_unchanged_where_other_errors_become_the_users_codes(
+        tmp_path, make_tiny_config):
+    """The guard around the user's code leaves torch.cuda.OutOfMemoryError as it is (lmtune.training.memory says
+    what to lower); the same words raised as a RuntimeError are the user's code's error, one line naming its line."""
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(torch.cuda.OutOfMemoryError) as passed, guarded("--model", "m.py:LM", "its forward"):
+        raise oom
+    assert passed.value is oom
+
+    def checked(error: str) -> pytest.ExceptionInfo:
+        spec = _module(tmp_path, f"raises_{error.rpartition('.')[2]}", RAISES_IN_FORWARD.format(error=error))
+        config = resolve_config(make_tiny_config(code=UserCode(f"{spec}:Raises")), Path(make_tiny_config().data_dir))
+        with pytest.raises((torch.cuda.OutOfMemoryError, UserCodeError)) as raised:
+            check_code(config)
+        return raised
+
+    raised = checked("torch.cuda.OutOfMemoryError")  # (check_code's forward, under the guard)
+    assert type(raised.value) is torch.cuda.OutOfMemoryError
+    assert str(raised.value) == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    raised = checked("RuntimeError")
+    assert type(raised.value) is UserCodeError and "\n" not in str(raised.value)
+    assert "raised RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (raises_RuntimeError.py:11)" in \
+        str(raised.value)
 
 
 def test_parameters_the_loss_gives_no_gradient_are_named_in_a_warning(tmp_path, make_tiny_config, caplog):
