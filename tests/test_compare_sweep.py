@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, TINY_TRIAL, run_lmtune, run_space_and_analyze, trial_dirs
+from conftest import EXAMPLE, TINY_TRIAL, assert_real_picture, run_lmtune, run_space_and_analyze, trial_dirs
 
 from lmtune.searches.state import read_search_state
 
@@ -80,7 +80,8 @@ def test_the_report_compares_every_variant_with_the_reference_at_its_own_best_lr
     report = compare_sweep["dir"] / "report"
     markdown = (report / "lr_sweep_analysis.md").read_text()
     assert "## The variants, each at its own best LR" in markdown and "| no_norm | norm none |" in markdown
-    assert (report / "compare_loss_vs_lr.png").stat().st_size > 0 and (report / "compare_curves.png").exists()
+    assert_real_picture(report / "compare_loss_vs_lr.png")
+    assert_real_picture(report / "compare_curves.png")
     assert "compare search: 3 variants" in compare_sweep["analyze"].stdout
     assert compare_sweep["summary"]["range_test"]["variant"] == "reference"  # the reference's range test, named
 
@@ -91,7 +92,7 @@ def test_the_report_reads_the_batch_size_variants_together_leaving_the_ablation_
     assert all(p["tokens_per_s"] > 0 for p in batch["points"])
     markdown = (compare_sweep["dir"] / "report" / "lr_sweep_analysis.md").read_text()
     assert "### Batch size" in markdown and "| 32 | batch_32 |" in markdown
-    assert (compare_sweep["dir"] / "report" / "compare_batch.png").stat().st_size > 0
+    assert_real_picture(compare_sweep["dir"] / "report" / "compare_batch.png")
 
 
 # A user's own model (lmtune's example, CS336's TransformerLM) in two variants of its own flag: with RoPE and without
