@@ -37,6 +37,7 @@ def describe(command: str) -> str:
     """The first sentence of the command's module docstring, without its leading ``python -m ...``: and
     parentheses (read from the source: listing the commands imports none of them, nor Ray or torch)."""
     spec = importlib.util.find_spec(f"lmtune.{command}")
+    assert spec is not None and spec.origin is not None, command  # (each of COMMANDS is a module of lmtune)
     with open(spec.origin, encoding="utf-8") as source:
         doc = ast.get_docstring(ast.parse(source.read())) or ""
     text = " ".join(doc.split("\n\n")[0].split())

@@ -22,7 +22,7 @@ from lmtune.tools.terminal_progress import bar
 from lmtune.training.config import BUDGETS, budget_config
 from lmtune.training.handout import handout_name
 from lmtune.training.loop import resolve_config
-from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeTestConfig, lr_range_test
+from lmtune.training.lr_range import MAX_RANGE_STEPS, RANGE_FIGURE, RangeRow, RangeTestConfig, lr_range_test
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import add_code_arguments, code_from_arguments
 from lmtune.usercode.spec import spec_for
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())  # last: every refusal first
     check_code(resolve_config(config, Path(config.data_dir)))
     with bar(settings.steps, "lr_find", "step") as shown:  # on a terminal: a bar with an ETA, the LR and loss
-        def report(row: dict) -> None:
+        def report(row: RangeRow) -> None:
             shown.update(row["step"] - shown.n)
             shown.set_postfix(lr=f"{row['lr']:.3g}", loss=f"{row['smoothed_loss']:.4f}", refresh=False)
 

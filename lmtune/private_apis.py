@@ -108,7 +108,7 @@ def ray_processes_in_one_group() -> None:
             if kwargs["process_group"] == 0:
                 _RAY_GROUP[0] = self.pid
 
-    services.ConsolePopen = GroupedPopen
+    services.ConsolePopen = GroupedPopen  # type: ignore[misc]
 
 
 def stop_printing_worker_output() -> None:

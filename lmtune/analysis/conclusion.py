@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from lmtune.analysis.bracket import (
     Bracket,
@@ -109,7 +110,7 @@ class Conclusion:
             "divergence_lr": self.divergence.diverged_lr,
             **(self.useful.to_json() if self.useful else {"useful_top_lr": None}),
             "stable_above_divergence": list(self.edge.stable_above),
-            "seed_dependent": [s.to_json() for s in self.seed_dependent],
+            "seed_dependent": [cast(JsonObject, s.to_json()) for s in self.seed_dependent],
             "edge_confirmation": self.edge_confirmation.to_json() if self.edge_confirmation else None,
             "edge_ratio": self.edge_ratio,
             "edge_ratio_range": list(self.edge_ratio_range),

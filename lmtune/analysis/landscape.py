@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from lmtune.analysis.bracket import Bracket, failed_runs
 from lmtune.analysis.named_lrs import interpolated
@@ -188,7 +188,7 @@ def _degraded(above: list[LrResult], best: LrResult, edge: Bracket) -> Degraded 
     points = tuple(DegradedPoint(r.lr, r.lr / best.lr, r.mean, r.mean - best.mean, len(r.losses)) for r in top[1:])
     xs, ys = [math.log2(r.lr / best.lr) for r in top], [r.mean - best.mean for r in top]
     # (within the LRs tried, so never None: interpolated is None only outside its points)
-    at = tuple((f, interpolated(list(zip(xs, ys, strict=True)), math.log2(f))) for f in DEGRADED_AT
+    at = tuple((f, cast(float, interpolated(list(zip(xs, ys, strict=True)), math.log2(f)))) for f in DEGRADED_AT
                if xs[0] <= math.log2(f) <= xs[-1])
     slope, error = _slope(xs, ys)
     between = tuple((y1 - y0) / (x1 - x0) for x0, y0, x1, y1 in zip(xs, ys, xs[1:], ys[1:], strict=False))

@@ -205,5 +205,5 @@ def data_unigram_loss(data_dir: Path) -> float:
     meta = read_meta(data_dir)
     if meta.unigram_loss is not None:
         return meta.unigram_loss
-    files = [np.memmap(Path(data_dir) / f"{split}.bin", dtype=meta.dtype, mode="r") for split in ("train", "val")]
-    return unigram_loss(*files, meta.vocab_size)
+    train, val = (np.memmap(Path(data_dir) / f"{split}.bin", dtype=meta.dtype, mode="r") for split in ("train", "val"))
+    return unigram_loss(train, val, meta.vocab_size)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from lmtune.analysis.runs import Budget
 from lmtune.findings.comparison import Pair
@@ -145,7 +146,7 @@ def bracket_walk(pairs: Sequence[Pair], budget: Budget, failing_lr: float | None
     low = seen[0][0]
     grid = [low * BASELINE_GRID_RATIO ** k
             for k in range(math.ceil(math.log(failing_lr / low) / math.log(BASELINE_GRID_RATIO) - 1e-9) + 1)]
-    losses = [_read(curve, math.log(lr)) for lr in grid]
+    losses = [_read(cast(list[tuple[float, float]], curve), math.log(lr)) for lr in grid]  # (a loss, or inf)
     leader = losses.index(min(losses))  # (LRs below the first rung's best learn slowly: above the baseline early)
     above = [k for k in range(leader + 1, len(grid)) if losses[k] >= unigram]
     return max(2, len(grid) - above[0] + 1) if above else 2

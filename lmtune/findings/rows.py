@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -144,9 +144,9 @@ class UnconfirmedRun:
 
 def unconfirmed_run(run: Run, record: TrialRecord) -> UnconfirmedRun:
     """A run cut while above ℓ₀ (run.cut_loss set) as the report names it."""
-    ell0 = initial_loss_of(record)
-    return UnconfirmedRun(record.trial_id, run.lr, run.seed, float(run.cut_loss),
-                          float(run.cut_loss / ell0) if ell0 else math.nan, run.tokens, record.reason)
+    ell0, cut_loss = initial_loss_of(record), cast(float, run.cut_loss)
+    return UnconfirmedRun(record.trial_id, run.lr, run.seed, float(cut_loss),
+                          float(cut_loss / ell0) if ell0 else math.nan, run.tokens, record.reason)
 
 
 def clean(value: Any) -> Any:

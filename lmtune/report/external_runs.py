@@ -21,6 +21,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.report.run_tables import (
@@ -84,7 +85,7 @@ def log_runs(table: Table, lr_of: Mapping[str, float]) -> list[LoggedRun]:
     run_column, lr_column, seed_column = table.column("run"), table.column("lr"), table.column("seed")
     require_columns(table, lr_known=run_column is not None)
     if run_column is None:
-        return _runs_by_lr_and_seed(table, lr_column, seed_column)
+        return _runs_by_lr_and_seed(table, cast(str, lr_column), seed_column)  # (required without a run column)
     groups: dict[str, list[tuple[int, Mapping[str, object]]]] = {}
     for line, cells in table.rows:
         groups.setdefault(str(cells.get(run_column) or ""), []).append((line, cells))
@@ -144,8 +145,9 @@ def wandb_runs(table: Table, lr_of: Mapping[str, float]) -> list[LoggedRun]:
     runs = []
     for run, columns in by_run.items():
         lr = run_lr(run, lr_of, table.path)
-        rows = [(line, {"step": cells.get(step), **{c: cells.get(col) for c, col in columns.items()}})
-                for line, cells in table.rows if any(str(cells.get(col) or "").strip() for col in columns.values())]
+        rows: list[tuple[int, Mapping[str, object]]] = [
+            (line, {"step": cells.get(step), **{c: cells.get(col) for c, col in columns.items()}})
+            for line, cells in table.rows if any(str(cells.get(col) or "").strip() for col in columns.values())]
         if not rows:  # (a run the panel lists with no point in its range)
             continue
         shaped = Table(table.path, ("step", *columns), ())

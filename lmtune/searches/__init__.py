@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmtune.searches import compare, horizon, width
 from lmtune.searches.base import SearchStrategy
@@ -19,6 +19,9 @@ from lmtune.searches.horizon import HorizonStrategy
 from lmtune.searches.optuna import OptunaSearch
 from lmtune.searches.width import WidthStrategy
 
+if TYPE_CHECKING:
+    from lmtune.findings.part import ReportPart
+
 
 @dataclass(frozen=True)
 class SearchEntry:
@@ -26,7 +29,7 @@ class SearchEntry:
 
     strategy: type[SearchStrategy]
     """Its section of the space file and what its sweep runs (lmtune.searches.base.SearchStrategy)."""
-    report: Callable[[], Any] | None = None
+    report: Callable[[], ReportPart[Any]] | None = None
     """Its part of the report (a lmtune.findings.part.ReportPart), imported when called (None: the common
     report alone, lmtune.findings.part.PlainSection)."""
 

@@ -17,11 +17,11 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.files import JsonObject, JsonValue
-from lmtune.searches.contracts import Fail, SpaceSection, TrialSource
+from lmtune.searches.contracts import Fail, SpaceSection, TrialSource, TrialSourceClass
 from lmtune.searches.state import read_search_state
 from lmtune.searches.trial_order import TuneParams
 from lmtune.training.config import MAX_SEED, field_names
@@ -135,11 +135,13 @@ class SearchStrategy(SpaceSection, Protocol):
 
 
 class StrategyDefaults:
-    """Answers most strategies share; a strategy overrides what differs."""
+    """Answers most strategies share; a strategy overrides what differs. (Its methods that return or ask ``self``
+    as a whole strategy say so with ``self: SearchStrategy``: mypy then checks the class that uses them is one.)"""
 
+    name: ClassVar[str]
     stage_column: ClassVar[bool] = False
 
-    def decisions(self, budget: Budget) -> None:
+    def decisions(self, budget: Budget) -> TrialSource | None:
         return None  # Tune generates its trials (grid) or its own searcher suggests them (optuna)
 
     def owns_why(self) -> str:
@@ -162,10 +164,11 @@ class StrategyDefaults:
     def advice(self, base: RunConfig) -> str | None:
         return None
 
-    def resolved(self, base: RunConfig) -> SearchStrategy:
+    def resolved(self: SearchStrategy, base: RunConfig) -> SearchStrategy:
         return self  # nothing of it depends on the base config
 
-    def fitted_to_device(self, base: RunConfig, device: Callable[[], torch.device] | None) -> SearchStrategy:
+    def fitted_to_device(self: SearchStrategy, base: RunConfig,
+                         device: Callable[[], torch.device] | None) -> SearchStrategy:
         return self  # nothing of it depends on the trials' device
 
     def range_test(self) -> RangeTestConfig | None:
@@ -177,7 +180,7 @@ class StrategyDefaults:
     def finished(self, sweep_dir: Path) -> bool:
         return True
 
-    def expected_trials(self) -> tuple[int, int]:
+    def expected_trials(self: SearchStrategy) -> tuple[int, int]:
         return self.num_trials() or 0, 0
 
     def added_seeds(self) -> int:
@@ -215,9 +218,14 @@ class DecidingDefaults(StrategyDefaults):
     settings_section: ClassVar[tuple[str, type] | None] = None
     """Its section of the space (and of sweep.json's space) and the dataclass of plain keys it reads as, where not
     its name and settings_class (a compare search: edge:, its variants' LR search's); ``section()`` says which."""
-    search_class: ClassVar[type]
+    search_class: ClassVar[TrialSourceClass]
     """Its decisions, Ray-free (a DecidingSearch), which one Tune adapter drives for every deciding search
-    (lmtune.sweep.searcher.DecidingSearcher)."""
+    (lmtune.sweep.searcher.DecidingSearcher); mypy checks it is a TrialSource made from (settings, budget)."""
+    settings: Any
+    """Its section of the space file, read (a ``settings_class``; each strategy's dataclass field)."""
+
+    if TYPE_CHECKING:  # each strategy is a frozen dataclass holding its settings, and so made from them
+        def __init__(self, settings: Any) -> None: ...
 
     @classmethod
     def parse(cls, raw: JsonObject, fail: Fail):
@@ -247,8 +255,9 @@ class DecidingDefaults(StrategyDefaults):
 
     @classmethod
     def from_json(cls, data: JsonObject):
-        known = cls.settings_class.__dataclass_fields__
-        return cls(cls.settings_class(**{k: v for k, v in (data.get(cls.name) or {}).items() if k in known}))
+        known = cast(Any, cls.settings_class).__dataclass_fields__
+        section: Any = data.get(cls.name) or {}
+        return cls(cls.settings_class(**{k: v for k, v in section.items() if k in known}))
 
     def to_json(self) -> JsonObject:
         return {self.name: asdict(self.settings)}
@@ -256,7 +265,7 @@ class DecidingDefaults(StrategyDefaults):
     def added_seeds(self) -> int:
         return self.settings.added_seeds()
 
-    def check_base(self, base: RunConfig) -> None:
+    def check_base(self: SearchStrategy, base: RunConfig) -> None:
         refusal = seed_refusal(self, base.train.seed)
         if refusal:  # from --set (a space's own set: seed was refused when it was loaded)
             raise LmtuneError(f"seed {refusal} (--set seed=N)")
@@ -287,6 +296,11 @@ class DecidingDefaults(StrategyDefaults):
 
     def decisions(self, budget: Budget) -> TrialSource:
         return self.search_class(self.settings, budget)
+
+    def searcher(self, budget: Budget, sweep_dir: Path) -> tuple[Searcher | None, int]:
+        # Never asked: its decisions are what Tune runs (lmtune.sweep.searcher.tune_search_alg)
+        raise TypeError(f"search: {self.name} decides its trials itself: Tune runs its decisions(), through "
+                        "lmtune.sweep.searcher.tune_search_alg, not a searcher of its own")
 
     def finished(self, sweep_dir: Path) -> bool:
         return bool((read_search_state(sweep_dir, self.name) or {}).get("finished"))
@@ -323,14 +337,16 @@ def settings_section(raw: Any, name: str, cls: type, fail: Fail, retired: dict[s
     ``cls``: unknown keys refused (a retired one told what replaced it), each value of its field's type."""
     if raw is None:
         return cls()
+    fields = cast(Any, cls).__dataclass_fields__
     if not isinstance(raw, dict):
-        raise fail(name, f"must be a mapping with keys {', '.join(sorted(cls.__dataclass_fields__))}")
-    unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
+        raise fail(name, f"must be a mapping with keys {', '.join(sorted(fields))}")
+    unknown = sorted(set(raw) - set(fields))
+    retired = retired or {}
     for key in unknown:
-        if key in (retired or {}):
+        if key in retired:
             raise fail(f"{name}.{key}", retired[key])
     if unknown:
-        raise fail(f"{name}.{unknown[0]}", f"unknown key; valid keys: {', '.join(sorted(cls.__dataclass_fields__))}")
+        raise fail(f"{name}.{unknown[0]}", f"unknown key; valid keys: {', '.join(sorted(fields))}")
     values = {}
     defaults = cls()
     for key, value in raw.items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
-from lmtune.analysis.runs import Run
+from lmtune.analysis.runs import Budget, Run
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
 from lmtune.searches.trial_order import TuneParams, TuneResult
@@ -81,3 +81,14 @@ class TrialSource(Protocol):
     @classmethod
     def from_json(cls, data: JsonObject) -> TrialSource:
         """Args: data: what ``to_json`` wrote. The search where it was."""
+
+
+class TrialSourceClass(Protocol):
+    """A deciding strategy's ``search_class`` (lmtune.searches.base.DecidingDefaults): its ``TrialSource`` as a class,
+    made from the strategy's settings and the sweep's budget. mypy checks each strategy's against it, so a search whose
+    decisions miss a member of ``TrialSource`` fails the type check (scripts/test.sh), not a user's sweep."""
+
+    def __call__(self, settings: Any, budget: Budget) -> TrialSource:
+        """Args: settings: the strategy's settings; budget: the sweep's trials' budget. Its decisions, at the
+        start."""
+        ...

@@ -47,6 +47,7 @@ def read_state_file(path: Path) -> JsonObject | None:
     wrong shape (an edited file: none of it is taken)."""
     if not path.exists():
         return None
+    problem: str | None
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as err:

@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -55,7 +56,8 @@ def check_the_quick_model_trains_compiled_in_bf16_on_the_gpu(data_dir: Path, wor
     assert result.summary["compiled"], "compile=auto did not compile the model on the GPU"
     assert result.summary["precision"] == expected, (f"precision=auto chose {result.summary['precision']}; "
                                                      f"expected {expected} on this GPU")
-    assert math.isfinite(result.summary["best_val_loss"]), f"best val loss {result.summary['best_val_loss']}"
+    best = cast(float, result.summary["best_val_loss"])
+    assert math.isfinite(best), f"best val loss {best}"
 
 
 def check_a_training_step_on_the_gpu_never_synchronizes(data_dir: Path, work: Path) -> None:

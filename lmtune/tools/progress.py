@@ -163,7 +163,7 @@ def format_sweep(sweep_dir: Path, trials: list[TrialStatus], record: SweepRecord
                      f"{format_duration(t.eta_s):>8}")
     eta, remaining, pending = sweep_eta(trials, record)
     running = sum(t.status == "running" for t in trials)
-    rate = sum(t.tokens_per_s or 0.0 for t in trials if t.status == "running")
+    together = sum(t.tokens_per_s or 0.0 for t in trials if t.status == "running")
     if remaining == 0:
         lines.append("sweep ETA: done (no trial running or pending)")
     elif eta is None:
@@ -171,7 +171,7 @@ def format_sweep(sweep_dir: Path, trials: list[TrialStatus], record: SweepRecord
     else:
         lines.append(f"sweep ETA: {format_duration(eta)} ({remaining:,} tokens left"
                      + (f" incl. {pending} trials not started" if pending else "")
-                     + f", {running} running at {rate:,.0f} tokens/s together)")
+                     + f", {running} running at {together:,.0f} tokens/s together)")
     return "\n".join(lines)
 
 

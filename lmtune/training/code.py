@@ -10,6 +10,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from lmtune.errors import LmtuneError, shown
 
@@ -64,7 +65,7 @@ class UserCode:
         """This code with the code settings among ``settings`` in place (``is_code_setting``): a ``model`` of their own
         takes only their arguments, the same model this code's arguments updated by theirs."""
         model = str(settings.get(MODEL_SETTING) or "")
-        args = {name.removeprefix(MODEL_ARG_PREFIX): value for name, value in settings.items()
+        args = {name.removeprefix(MODEL_ARG_PREFIX): cast(ModelArg, value) for name, value in settings.items()
                 if name.startswith(MODEL_ARG_PREFIX)}
         if not model and not args:
             return dataclasses.replace(self, model_args=dict(self.model_args))

@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -57,7 +58,7 @@ def compile_backend(config: RunConfig, device: torch.device) -> str | Callable:
 
 def compile_model(model: nn.Module, backend: str | Callable, mode: str = "default") -> nn.Module:
     """torch.compile of ``model`` (nothing is compiled until its first call: see ``warm_up``)."""
-    return torch.compile(model, backend=backend, mode=None if mode == "default" else mode)
+    return cast(nn.Module, torch.compile(model, backend=backend, mode=None if mode == "default" else mode))
 
 
 def warm_up(forward: nn.Module, model: nn.Module, train_x: torch.Tensor, eval_x: torch.Tensor,

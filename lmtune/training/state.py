@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -160,7 +160,7 @@ def seed_everything(seed: int) -> None:
 
 def rng_state(device: torch.device) -> RngState:
     """Every random generator's state, as tensors and lists (loadable with weights_only=True)."""
-    np_state = np.random.get_state()
+    np_state = cast(tuple[Any, ...], np.random.get_state())  # (the legacy tuple)
     state: RngState = {
         "torch": torch.get_rng_state(),
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],

@@ -35,7 +35,7 @@ class WandbSink:
     def __init__(self, project: str, config: RunConfig, out_dir: Path):
         self.wandb = import_wandb()
         self.project, self.config, self.out_dir = project, config, Path(out_dir)
-        self.run = None
+        self.run: Any = None  # (a wandb Run, from the first row on)
 
     def _start(self) -> None:
         folder = self.out_dir / "wandb"

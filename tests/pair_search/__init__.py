@@ -5,10 +5,14 @@ This file is its space section: its settings (the ``pair:`` section) and its str
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lmtune.searches.base import DecidingDefaults
+from lmtune.searches.contracts import TrialSourceClass
 from pair_search.search import PairSearch, PairSettings
+
+if TYPE_CHECKING:
+    from lmtune.findings.part import ReportPart
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,7 @@ class PairStrategy(DecidingDefaults):
     name: ClassVar[str] = "pair"
     keys: ClassVar[frozenset[str]] = frozenset({"pair", "params"})  # its section, and params: to say it takes none
     settings_class: ClassVar[type] = PairSettings
-    search_class: ClassVar[type] = PairSearch  # where its next trial comes from
+    search_class: ClassVar[TrialSourceClass] = PairSearch  # where its next trial comes from (a TrialSource)
     owns: ClassVar[tuple[str, ...]] = ("lr",)
 
     def describe(self, fuse: int) -> str:
@@ -28,7 +32,7 @@ class PairStrategy(DecidingDefaults):
         return 3, 0
 
 
-def report_part() -> Any:
+def report_part() -> ReportPart[Any]:
     """Its part of the report, imported only when the report asks (a sweep loads no figure code)."""
     from pair_search.report import SECTION
 

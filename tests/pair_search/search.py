@@ -44,6 +44,7 @@ class PairSearch(DecidingSearch[Planned, Decision]):
             self.finished = True
 
     def _start(self, trial_id: str, planned: Planned) -> Run:
+        assert planned.lr is not None  # (it plans each trial at an LR of its own)
         return Run(planned.lr, planned.seed, planned.stage, self.budget.full_tokens, self.budget.full_tokens,
                    trial_id=trial_id)
 

@@ -5,9 +5,10 @@ region it stands in (lmtune.analysis.landscape.lr_regions: what the figure draws
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from lmtune.analysis.landscape import Region
-from lmtune.analysis.runs import SIGNIFICANCE_SE
+from lmtune.analysis.runs import SIGNIFICANCE_SE, LrResult
 from lmtune.findings.summary import SweepSummary
 from lmtune.findings.text import between, fmt, interval_line, lr, per_doubling, table, tokens
 from lmtune.report.figures import LR_VS_LOSS
@@ -30,7 +31,7 @@ def best_lr(summary: SweepSummary) -> list[str]:
     losses = c.best.losses if c.best else ()
     each = ", ".join(f"{v:.4f}" for v in losses)
     spread = (f" ± {c.best.spread:.4f} (standard deviation over {len(losses)} seeds: {each})"
-              if len(losses) > 1 else " (one seed: its spread is not measured)")
+              if c.best and len(losses) > 1 else " (one seed: its spread is not measured)")
     below, above = c.best_lr_interval
     sigma = c.seed_spread
     noise = (f"a mean full-budget loss more than 2 standard errors above the best's (run-to-run standard "
@@ -135,7 +136,7 @@ def _landscape_table(summary: SweepSummary) -> list[str]:
     if len(ranking) < 2 or summary.best_lr is None:
         return []
     c = summary.conclusion
-    best, crowned = summary.best_lr, c.best
+    best, crowned = summary.best_lr, cast(LrResult, c.best)  # (a best LR: one crowned)
     regions = {(r.lr, r.others): r.region for r in c.regions}
     rows = []
     for r in ranking:

@@ -4,6 +4,7 @@ counts, convergence speed, LR sensitivity and the target."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from lmtune.findings.comparison import SENSITIVITY_RANGE
 from lmtune.findings.rows import TrialRow, varied_params
@@ -105,7 +106,7 @@ def convergence(summary: SweepSummary) -> list[str]:
                      tokens(c.tokens) if c.tokens is not None else "never"] for c in conv.rows])
     reached = [c for c in conv.rows if c.tokens is not None]
     if reached:
-        fastest = min(reached, key=lambda c: c.tokens)
+        fastest = min(reached, key=lambda c: cast(float, c.tokens))
         lines += ["", f"Fastest: lr {fastest.lr:.4g} ({tokens(fastest.tokens)} tokens)."]
     return lines + [""]
 

@@ -93,9 +93,9 @@ class PointConclusion:
         """summary.json's keys of its located LR* (a horizon budget's and a width's alike); ``not_located``: why
         there is none, where none was located."""
         at = self.located
-        usable = at is not None and at.usable
-        return {"located_lr": at.lr if at else None, "located_lr_se": at.log_se if usable else None,
-                "located_lr_interval": list(at.interval()) if usable else None,
+        usable = at if at is not None and at.usable else None
+        return {"located_lr": at.lr if at else None, "located_lr_se": usable.log_se if usable else None,
+                "located_lr_interval": list(usable.interval()) if usable else None,
                 "located": at.located if at else None, "located_why": at.why if at else not_located}
 
 

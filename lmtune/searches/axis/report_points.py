@@ -32,9 +32,11 @@ def located_text(at: LocatedLr | None) -> str:
 
 def best_loss_text(c: Conclusion) -> str:
     """The crowned LR's mean loss ± its sd over seeds (the seeds), for a table cell."""
-    losses = c.best.losses if c.best else ()
+    if c.best is None or not c.best.losses:
+        return "—"
+    losses = c.best.losses
     spread = f" ± {c.best.spread:.4f}" if len(losses) > 1 else ""
-    return f"{fmt(c.best.mean)}{spread} ({len(losses)})" if losses else "—"
+    return f"{fmt(c.best.mean)}{spread} ({len(losses)})"
 
 
 def confirmation_markdown(confirmed: TargetConfirmation, predicted: float | None, cost: str, where: str) -> list[str]:

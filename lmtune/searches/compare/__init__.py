@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -15,6 +15,7 @@ from lmtune.files import JsonObject
 from lmtune.searches.base import DecidingDefaults, Fail, Setting
 from lmtune.searches.compare.search import CompareSearch
 from lmtune.searches.compare.settings import CompareSettings, parse_compare
+from lmtune.searches.contracts import TrialSourceClass
 from lmtune.searches.edge import EdgeStrategy
 from lmtune.searches.edge.settings import EdgeSettings
 from lmtune.training.config import RunConfig, budget_config
@@ -22,6 +23,9 @@ from lmtune.training.lr_range import RangeTestConfig
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import is_code_setting
 from lmtune.usercode.spec import model_size
+
+if TYPE_CHECKING:
+    from lmtune.findings.part import ReportPart
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class CompareStrategy(DecidingDefaults):
     keys: ClassVar[frozenset[str]] = frozenset({"variants", "per_variant", "edge", "params", "start"})
     settings_class: ClassVar[type] = CompareSettings
     settings_section: ClassVar[tuple[str, type]] = ("edge", EdgeSettings)
-    search_class: ClassVar[type] = CompareSearch
+    search_class: ClassVar[TrialSourceClass] = CompareSearch
     axis_columns: ClassVar[tuple[str, ...]] = CompareSearch.axis_columns
 
     @classmethod
@@ -115,7 +119,7 @@ def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> N
     """Each variant's config on the space's budget and set (its shape, its switches), one line naming the variant;
     the user's code and --set are checked with the base config when the sweep is planned (check_base)."""
     try:
-        base = budget_config(str(raw.get("budget", "low-resource")), raw.get("set") or {})
+        base = budget_config(str(raw.get("budget", "low-resource")), cast(Any, raw.get("set") or {}))
     except LmtuneError:
         return  # the space's own budget or set is wrong: lmtune.sweep.spaces says so, naming it
     for variant in settings.variants:  # (its code settings: with the user's code, in check_base)
@@ -127,7 +131,7 @@ def _check_variants(settings: CompareSettings, raw: JsonObject, fail: Fail) -> N
             raise fail(key.split(" ")[0], message) from None
 
 
-def report_part() -> Any:
+def report_part() -> ReportPart[Any]:
     """Its part of the report (lmtune.searches.compare.report.SECTION, a ReportPart), imported only when the report asks
     for it: a sweep loads none of it."""
     from lmtune.searches.compare.report import SECTION

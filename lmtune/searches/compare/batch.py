@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from lmtune.analysis.fit import PowerLaw, fit_power_law
 from lmtune.analysis.locate import LocatedLr
@@ -79,7 +80,8 @@ class BatchScaling:
     def to_json(self) -> JsonObject:
         interval = self.exponent_interval
         return {"points": [p.to_json() for p in self.points], "exponent": self.exponent,
-                "exponent_interval": list(interval) if interval else None, "rules_allowed": self.rules_allowed(),
+                "exponent_interval": list(interval) if interval else None,
+                "rules_allowed": cast(JsonObject, self.rules_allowed()),
                 "law": self.law.to_json() if self.law else None, "why_no_law": self.why_no_law}
 
 
@@ -91,7 +93,7 @@ def fit_batches(points: Sequence[BatchPoint]) -> BatchScaling:
         return BatchScaling(points, None, "a fit needs LR* at two or more batch sizes (each batch's best LR not at the "
                                           "end of its LRs, and trained through)")
     try:
-        law = fit_power_law([float(p.batch_size) for p in usable], [p.located for p in usable],
+        law = fit_power_law([float(p.batch_size) for p in usable], [cast(LocatedLr, p.located) for p in usable],
                             float(max(p.batch_size for p in usable)))
     except (LmtuneError, ValueError, ArithmeticError) as err:
         return BatchScaling(points, None, str(err))

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from lmtune.analysis.runs import Outcome
 from lmtune.searches.base import DecidingDefaults
+from lmtune.searches.contracts import TrialSourceClass
 from lmtune.searches.edge.search import ASHA_STAGES, EdgeSearch
 from lmtune.searches.edge.settings import RETIRED_KEYS, EdgeSettings
 from lmtune.training.lr_range import RangeTestConfig
@@ -21,7 +22,7 @@ class EdgeStrategy(DecidingDefaults):
     name: ClassVar[str] = EdgeSearch.name
     keys: ClassVar[frozenset[str]] = frozenset({"edge", "params"})
     settings_class: ClassVar[type] = EdgeSettings
-    search_class: ClassVar[type] = EdgeSearch
+    search_class: ClassVar[TrialSourceClass] = EdgeSearch
     retired_keys: ClassVar[dict[str, str]] = RETIRED_KEYS
 
     def describe(self, fuse: int) -> str:

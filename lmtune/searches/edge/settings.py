@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from typing import cast
 
 from lmtune.analysis.bracket import Bracket
 from lmtune.analysis.landscape import best_lr_interval
@@ -277,7 +278,7 @@ def rerun_lrs(best: LrResult, runs: list[Run], settings: EdgeSettings, budget: B
         if rung is None:
             continue
         leader = min(loss for other in runs if (loss := None if other.diverged else other.loss_at(rung)) is not None)
-        mine = run.loss_at(rung)
+        mine = cast(float, run.loss_at(rung))  # (rung: the last it has a loss at)
         if mine <= leader * (1 + settings.rerun_margin):
             chosen.append((run.lr, f"ASHA cut lr {run.lr:.3g} at {format_tokens(rung)} tokens with val {mine:.4f}, "
                                    f"within {100 * (mine / leader - 1):.1f}% of that rung's best {leader:.4f}"))

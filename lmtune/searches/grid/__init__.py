@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 from lmtune.files import JsonObject
 from lmtune.searches.base import Fail, Setting, StrategyDefaults
@@ -28,10 +28,10 @@ class GridSearch(StrategyDefaults):
 
     @classmethod
     def from_json(cls, data: JsonObject) -> GridSearch:
-        return cls({name: list(values) for name, values in data["params"].items()})
+        return cls({name: list(values) for name, values in cast(Any, data["params"]).items()})
 
     def to_json(self) -> JsonObject:
-        return {"params": self.params}
+        return {"params": cast(Any, self.params)}
 
     def swept(self) -> list[str]:
         return list(self.params)

@@ -3,7 +3,9 @@ strategy that reads it: lmtune.searches.grid)."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections import Counter
 
 from lmtune.files import JsonObject
 from lmtune.searches.base import Fail, Setting, params_section
@@ -36,9 +38,8 @@ def parse_grid(raw: JsonObject, fail: Fail) -> dict[str, list[Setting]]:
         if len(values) > MAX_GRID_TRIALS:
             raise fail(key, f"{len(values):,} values; a grid runs at most {MAX_GRID_TRIALS:,} trials: "
                             "use search: optuna or edge to cover a range that finely")
-        coerced = [check_setting(name, v, lambda why, key=key: fail(key, why)) for v in values]
-        seen: set[Setting] = set()
-        repeated = sorted({v for v in coerced if v in seen or seen.add(v)}, key=str)
+        coerced = [check_setting(name, v, functools.partial(fail, key)) for v in values]
+        repeated = sorted((v for v, count in Counter(coerced).items() if count > 1), key=str)
         if repeated:  # [1e-3, 0.001] would run the same trial twice
             raise fail(key, f"{', '.join(map(str, repeated))} listed more than once; list each value once")
         params[name] = coerced

@@ -6,12 +6,16 @@ lmtune.analysis.fit)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lmtune.searches.base import DecidingDefaults
+from lmtune.searches.contracts import TrialSourceClass
 from lmtune.searches.horizon.search import HorizonSearch
 from lmtune.searches.horizon.settings import NO_GAIN_UP_TO_RATIO, HorizonSettings
 from lmtune.training.config import RunConfig, apply_overrides
+
+if TYPE_CHECKING:
+    from lmtune.findings.part import ReportPart
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class HorizonStrategy(DecidingDefaults):
     name: ClassVar[str] = HorizonSearch.name
     keys: ClassVar[frozenset[str]] = frozenset({"horizon", "params"})
     settings_class: ClassVar[type] = HorizonSettings
-    search_class: ClassVar[type] = HorizonSearch
+    search_class: ClassVar[TrialSourceClass] = HorizonSearch
     whole_budget_only: ClassVar[bool] = HorizonSearch.whole_budget_only
     axis_columns: ClassVar[tuple[str, ...]] = HorizonSearch.axis_columns
 
@@ -58,7 +62,7 @@ class HorizonStrategy(DecidingDefaults):
         return frozenset({"stable"})  # a larger budget's run of the same LR and seed forks from it
 
 
-def report_part() -> Any:
+def report_part() -> ReportPart[Any]:
     """Its part of the report (lmtune.searches.horizon.report.SECTION, a ReportPart), imported only when the report asks
     for it: a sweep loads none of it."""
     from lmtune.searches.horizon.report import SECTION

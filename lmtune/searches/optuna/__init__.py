@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lmtune.errors import shown
 from lmtune.files import JsonObject
@@ -44,8 +44,9 @@ class OptunaSearch(StrategyDefaults):
 
     @classmethod
     def from_json(cls, data: JsonObject) -> OptunaSearch:
-        params = {name: Distribution(kind, tuple(args)) for name, (kind, args) in data["params"].items()}
-        return cls(params, data.get("sampler", "tpe"), int(data.get("num_samples", 10)))
+        saved: Any = data  # (what to_json wrote)
+        params = {name: Distribution(kind, tuple(args)) for name, (kind, args) in saved["params"].items()}
+        return cls(params, saved.get("sampler", "tpe"), int(saved.get("num_samples", 10)))
 
     def to_json(self) -> JsonObject:
         return {"params": {name: [d.kind, list(d.args)] for name, d in self.params.items()},

@@ -5,16 +5,20 @@ lmtune.searches.width.conclusion; the fit: lmtune.searches.width.conclusion)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lmtune.analysis.runs import Budget
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonValue
 from lmtune.searches.base import DecidingDefaults, Fail, settings_section
+from lmtune.searches.contracts import TrialSourceClass
 from lmtune.searches.width.conclusion import WidthSearch
 from lmtune.searches.width.settings import WidthSettings, check_widths, proxy_shape
 from lmtune.training.config import RunConfig, apply_overrides
 from lmtune.usercode.spec import model_size
+
+if TYPE_CHECKING:
+    from lmtune.findings.part import ReportPart
 
 # The ratio (target d_model over the widest proxy's) up to which the width search gained nothing in lmtune's
 # measurements: a direct local search at the target cost less for an answer as good (benchmarks/README.md,
@@ -29,7 +33,7 @@ class WidthStrategy(DecidingDefaults):
     name: ClassVar[str] = WidthSearch.name
     keys: ClassVar[frozenset[str]] = frozenset({"width", "params"})
     settings_class: ClassVar[type] = WidthSettings
-    search_class: ClassVar[type] = WidthSearch
+    search_class: ClassVar[TrialSourceClass] = WidthSearch
     whole_budget_only: ClassVar[bool] = WidthSearch.whole_budget_only
     axis_columns: ClassVar[tuple[str, ...]] = WidthSearch.axis_columns
 
@@ -81,7 +85,7 @@ class WidthStrategy(DecidingDefaults):
         return self.settings.expected_trials(len(self.settings.widths)), 0
 
 
-def report_part() -> Any:
+def report_part() -> ReportPart[Any]:
     """Its part of the report (lmtune.searches.width.report.SECTION, a ReportPart), imported only when the report asks
     for it: a sweep loads none of it."""
     from lmtune.searches.width.report import SECTION

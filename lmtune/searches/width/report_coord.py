@@ -39,7 +39,7 @@ class SweepCoordCheck:
         """summary.json's ``coord_check``."""
         if self.check is None:
             return {"flat": None, "note": self.note}
-        v = self.verdict
+        v = verdict(self.check)
         return {"parametrization": self.check.parametrization, "widths": list(self.check.widths),
                 "steps": self.check.steps, "lr": self.check.lr, "seeds": self.check.seeds, "flat": v.flat,
                 "verdict": v.reason, "note": self.note,

@@ -8,8 +8,10 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -48,7 +50,7 @@ CONFIGS = {"default": "full", "full": "full", "low-resource": "low-resource", "q
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")
 
 
-def bench_config(name: str, batch_size: int | None = None, overrides: dict[str, object] | None = None,
+def bench_config(name: str, batch_size: int | None = None, overrides: Mapping[str, object] | None = None,
                  device: str = "auto", compile_choice: str = "auto", code: UserCode | None = None) -> RunConfig:
     """The --budget ``name``'s config with the --set ``overrides`` (as parse_set_args parses them), for ``code``'s
     model (None: lmtune's)."""
@@ -227,7 +229,7 @@ def bench_result(config: RunConfig, config_name: str, device: torch.device, timi
         compile=CompileComparison(timings.rate("compiled", per_repeat) / timings.rate("eager", per_repeat),
                                   timings.paired("compiled", "eager")) if len(variants) == 2 else None,
         naive=_against_naive(timings, best, per_repeat, tokens_per_s),
-        timed_span=(timings.start_unix, timings.end_unix) if with_barrier else None,
+        timed_span=cast(tuple[float, float], (timings.start_unix, timings.end_unix)) if with_barrier else None,
         model=config.code.describe(), flops_estimated=size.estimated,
     )
 
