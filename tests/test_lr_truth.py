@@ -284,6 +284,26 @@ def test_a_search_best_inside_the_truths_basin_between_two_of_its_grid_lrs_passe
     assert checks.best_lr_in_truth_basin
 
 
+def degraded_region(low: tuple[float, float], high: tuple[float, float | None]) -> dict:
+    return {"low": list(low), "high": list(high), "points": [], "excess_at": {}, "per_doubling": 0.1,
+            "per_doubling_se": None}
+
+
+@pytest.mark.parametrize(("degraded", "overlap"), [
+    pytest.param(degraded_region((0.016, 0.032), (0.064, 0.128)), True, id="the-same-region"),
+    pytest.param(degraded_region((0.05, 0.064), (0.09, 0.128)), True, id="sharing-its-top"),
+    pytest.param(degraded_region((0.002, 0.003), (0.003, 0.004)), False, id="below-it"),
+    pytest.param(degraded_region((0.2, 0.3), (0.4, None)), False, id="above-its-failing-lr"),
+    pytest.param(None, False, id="none-found")])
+def test_a_searchs_degraded_region_is_checked_against_the_truths(degraded, overlap):
+    """The constructed truth degrades above its basin (0.004-0.016): 0.032 and 0.064 trained through, clearly
+    worse, below its first failing LR 0.128; its region lies between 0.016 and 0.128 at its widest."""
+    truth = constructed_truth(MEANS, FAILING)
+    assert truth["degraded"]["low"] == [0.016, 0.032] and truth["degraded"]["high"] == [0.064, 0.128]
+    checks = compare(truth, {**edge_summary(0.008), "degraded": degraded})
+    assert checks.truth_degraded == (0.016, 0.128) and checks.degraded_overlap is overlap, checks
+
+
 def test_a_two_seed_truth_is_refused_in_one_line_naming_the_seeds_to_train():
     with pytest.raises(LmtuneError) as refused:
         compare(constructed_truth(MEANS, FAILING, seeds=2), edge_summary(0.008))
