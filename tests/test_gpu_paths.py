@@ -311,7 +311,14 @@ def test_the_inductor_backend_compiles_the_quick_models_step_on_the_cpu_and_trai
     torch.compiler.reset()
     result = _recompile_free_run(make_tiny_config(compile="on", compile_backend="inductor", steps=10), tmp_path / "r")
     torch.compiler.reset()
-    assert result.summary["compiled"] and math.isfinite(result.summary["best_val_loss"]) and train
+    assert result.status == "completed" and result.summary["steps"] == 10 and result.summary["compiled"]
+    assert math.isfinite(result.summary["best_val_loss"])
+    # it trains as the eager step does: the same losses at every log row, and the same validation loss
+    eager = train(make_tiny_config(compile="off", steps=10), tmp_path / "eager")
+    assert [row["step"] for row in result.history] == [row["step"] for row in eager.history] == [5, 10]
+    assert [row["train_loss"] for row in result.history] == pytest.approx([row["train_loss"] for row in eager.history],
+                                                                       rel=1e-3)
+    assert result.summary["best_val_loss"] == pytest.approx(eager.summary["best_val_loss"], rel=1e-3)
 
 
 @pytest.mark.slow  # (trains on the CPU in bf16, which it emulates: a minute)
