@@ -15,7 +15,7 @@ from pathlib import Path
 from lmtune.cli import prog
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.findings.summary import SweepFacts
-from lmtune.report.headline import best_trial_lines, summary_lines, unfinished_mark
+from lmtune.report.headline import best_trial_lines, marked_unfinished, summary_lines, unfinished_mark
 from lmtune.report.reader import resolve_sweep
 from lmtune.report.writer import WrittenReport, write_report
 from lmtune.sweep.storage import SweepStorage, is_uri
@@ -56,7 +56,8 @@ def headline(written: WrittenReport) -> list[str]:
     unfinished = unfinished_mark(summary)  # (a sweep read while trials ran: every verdict may still change)
     mark = f"{unfinished}: " if unfinished else ""
     lines = [f"sweep {facts.sweep}: {mark}{len(summary.trials)} trials ({counts}){range_test}",
-             *missing_lines(facts), *summary_lines(summary), *best_trial_lines(facts), *refused_samples_lines(facts)]
+             *missing_lines(facts), *summary_lines(summary), *marked_unfinished(summary, best_trial_lines(facts)),
+             *refused_samples_lines(facts)]
     if summary.target.target is not None:
         lines.append(f"target {summary.target.target:g}: {'met' if summary.target.met else 'not met'}")
     lines.append(f"report: {written.markdown}")

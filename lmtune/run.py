@@ -235,7 +235,7 @@ def resume_command(options: SweepOptions) -> str:
 def print_result(result: SweepResult, options: SweepOptions) -> int:
     """The trials and their outcomes, then what the sweep concluded, read from its folder by the report's own
     reader (the lines ``analyze`` prints too, so the two never count differently)."""
-    from lmtune.report.headline import best_trial_lines, summary_lines
+    from lmtune.report.headline import best_trial_lines, marked_unfinished, summary_lines
     from lmtune.report.writer import summarize_sweep  # (the report's imports: only once there is one)
 
     try:
@@ -273,7 +273,7 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
     if options.storage and "://" in options.storage:  # its checkpoints are in the storage only
         stored = f"{SweepStorage(options.storage, options.name).uri.partition('?')[0]}/" \
                  f"{Path(report.facts.best_trial_dir).name}/checkpoints/best.pt"
-    print("\n".join([*summary_lines(summary), *best_trial_lines(report.facts, stored)]))
+    print("\n".join([*summary_lines(summary), *marked_unfinished(summary, best_trial_lines(report.facts, stored))]))
     print(f"report: {shlex.join(['python', '-m', 'lmtune.analyze', str(result.sweep_dir)])}")
     return 0
 

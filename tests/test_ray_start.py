@@ -32,25 +32,26 @@ def failing_init(calls: list[dict], succeed_on: int | None = None):
     return init
 
 
-def test_a_local_ray_that_misses_its_startup_wait_is_refused_in_one_line_after_a_second_try(options, monkeypatch):
+def test_a_local_ray_that_misses_its_startup_wait_is_refused_in_one_line_after_a_second_try(options, monkeypatch,
+                                                                                            tmp_path):
     calls: list[dict] = []
     monkeypatch.setattr(ray, "init", failing_init(calls))
     with pytest.raises(LmtuneError) as err:
-        session._init_ray(options)
+        session._init_ray(options, str(tmp_path))
     assert len(calls) == LOCAL_RAY_ATTEMPTS
     message = str(err.value)
     assert "\n" not in message and "30 s" in message and "--address auto" in message and "load average" in message
 
 
-def test_a_local_ray_that_starts_on_its_second_try_is_used(options, monkeypatch):
+def test_a_local_ray_that_starts_on_its_second_try_is_used(options, monkeypatch, tmp_path):
     calls: list[dict] = []
     monkeypatch.setattr(ray, "init", failing_init(calls, succeed_on=2))
-    assert session._init_ray(options) == "context" and len(calls) == 2
+    assert session._init_ray(options, str(tmp_path)) == "context" and len(calls) == 2
 
 
-def test_any_other_failure_of_ray_init_is_not_retried(options, monkeypatch):
+def test_any_other_failure_of_ray_init_is_not_retried(options, monkeypatch, tmp_path):
     def init(**kwargs):
         raise ValueError("some other problem")
     monkeypatch.setattr(ray, "init", init)
     with pytest.raises(ValueError, match="some other problem"):
-        session._init_ray(options)
+        session._init_ray(options, str(tmp_path))

@@ -84,8 +84,9 @@ def test_each_member_of_a_fused_group_gets_its_own_lr(checked):
 LR = 0.00123457  # a value no default holds, so that where it travels can be told by value
 # Where the LR travels from a space file to the optimizer's param group (the trainable counted: Tune runs it)...
 ROUTE_TO_OPTIMIZER = ("lmtune.searches.grid", "lmtune.searches.grid.settings", "lmtune.training.config",
-                      "lmtune.searches.trial_order", "lmtune.sweep.trainable", "lmtune.training.code",
-                      "lmtune.training.loop", "lmtune.training.schedule", "lmtune.training.step")
+                      "lmtune.training.handout", "lmtune.searches.trial_order", "lmtune.sweep.trainable",
+                      "lmtune.training.code", "lmtune.training.loop", "lmtune.training.schedule",
+                      "lmtune.training.step")
 # ... and where the run records it on the way (config.json, the schedule's figure, metrics.csv's lr column).
 RECORDING = ("lmtune.files", "lmtune.training.figures", "lmtune.training.metrics", "lmtune.training.metric_registry")
 ROUTE = ROUTE_TO_OPTIMIZER + RECORDING
@@ -128,8 +129,9 @@ def test_an_lr_from_a_space_file_reaches_the_optimizer_as_train_runs_through_nin
     """The route of lmtune.run, traced as it runs: the space file read and checked, Tune's grid expanded by Tune's own
     variant generator, the trial's order at the trainable's door (lmtune.sweep.trainable, run by Tune in a trial's
     process: counted, not traced here; the rest is what it calls, as it calls it), its run config, the training
-    spec, and ``train()`` for a few steps until the optimizer's param group holds the LR: nine modules on the way
-    (ROUTE_TO_OPTIMIZER) and four that record it (RECORDING), thirteen in all."""
+    spec, and ``train()`` for a few steps until the optimizer's param group holds the LR: ten modules on the way
+    (ROUTE_TO_OPTIMIZER; the handout's names, training/handout.py, among them) and four that record it (RECORDING),
+    fourteen in all."""
     from ray.tune.search.variant_generator import generate_variants
 
     from lmtune.sweep.spaces import load_space

@@ -39,7 +39,11 @@ def summary_lines(summary: SweepSummary) -> list[str]:
     """What both CLIs print of a sweep's summary: its search's own lines, its best LR with its spread and
     interval, the regions above it, the edge and the ratio, and the best trial; each marked "[unfinished]" while
     trials run (a verdict they may still overturn)."""
-    lines = _verdict_lines(summary)
+    return marked_unfinished(summary, _verdict_lines(summary))
+
+
+def marked_unfinished(summary: SweepSummary, lines: list[str]) -> list[str]:
+    """``lines`` each marked "[unfinished]" while trials of the sweep run (a verdict they may still overturn)."""
     return [f"[unfinished] {line}" for line in lines] if running_trials(summary) else lines
 
 
