@@ -90,7 +90,7 @@ def test_a_package_whose_name_imports_another_copy_first_is_refused(tmp_path: Pa
     with pytest.raises(UserCodeError) as refused:
         load(f"{repo}/{package}/model.py:TransformerLM", "--model")
     assert f"`import {package}.model` gives {other / package / 'model.py'}, not this file" in str(refused.value)
-    assert f"pip install -e {repo}" in str(refused.value)
+    assert f"pip install --no-deps -e {repo}" in str(refused.value)
 
 
 def test_a_tuner_whose_workers_would_import_another_lmtune_is_refused_in_one_line(tmp_path: Path):

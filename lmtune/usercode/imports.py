@@ -133,7 +133,8 @@ def _package_module(path: Path, root: Path, name: str, spec: str, flag: str):
         top = name.split(".")[0]
         raise UserCodeError(f"{flag} {shown(spec)}: `import {name}` gives {found}, not this file: another {top} comes "
                           f"first on sys.path (installed as a copy?); install yours editable (`{sys.executable} -m pip "
-                          f"install -e {_project_of(root)}`) or name the module: {name}:{spec.rpartition(':')[2]}")
+                          f"install --no-deps -e {_project_of(root)}`) or name the module: "
+                          f"{name}:{spec.rpartition(':')[2]}")
     return module
 
 
