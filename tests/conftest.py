@@ -61,10 +61,60 @@ SERIAL_RAY_FILES = frozenset({
 SWEEP_FIXTURES = frozenset({"quick_sweep"})
 
 
+# The two tiers (docs/contributing.md, "Running the tests"). The per-push tier is every test not marked `release`:
+# what the README's test command and CI run on every push, under 15 minutes on 2 cores. `--release`
+# (scripts/test.sh --release) adds the release checks: installs into other environments, the autoscaler
+# rehearsal, the GPU check's environments, inductor on the CPU, the documentation's commands at their full tiny
+# budget, and the test-size ground truths. Each tier's tests have a time limit (pytest-timeout), set here per tier;
+# a test that needs more says so beside it (@pytest.mark.timeout(N)), and a process a test runs through the
+# helpers below is stopped before its test's limit (time_left).
+PER_PUSH_LIMIT_S = 240
+RELEASE_LIMIT_S = 900
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--release", action="store_true",
+                     help="lmtune: run the release tier too (tests marked release), as scripts/test.sh --release does")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    release = config.getoption("--release")
+    kept, left = [], []
     for item in items:
         if SWEEP_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        in_release = item.get_closest_marker("release") is not None
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(RELEASE_LIMIT_S if in_release else PER_PUSH_LIMIT_S))
+        (left if in_release and not release else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+# When the running test's time limit ends (time.monotonic()); None outside a test.
+_DEADLINE: float | None = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    global _DEADLINE
+    marker = item.get_closest_marker("timeout")
+    limit = marker.args[0] if marker is not None and marker.args else marker.kwargs.get("timeout") if marker else None
+    _DEADLINE = time.monotonic() + float(limit) if limit else None
+    try:
+        yield
+    finally:
+        _DEADLINE = None
+
+
+def time_left(asked: float | None = None, margin_s: float = 10) -> float | None:
+    """A process's timeout within its test's limit: ``asked`` (None: the rest of the test's time), cut to end
+    ``margin_s`` before the test's limit, so that the process is stopped, and says so, before the test is."""
+    if _DEADLINE is None:
+        return asked
+    rest = max(1.0, _DEADLINE - time.monotonic() - margin_s)
+    return rest if asked is None else min(asked, rest)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -146,19 +196,33 @@ def log_command(argv: list[str], started: float | None) -> None:
             log.write(json.dumps(line) + "\n")
 
 
-def run_lmtune(module: str, *args: str, timeout: float = 600, cwd: Path | None = None,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m lmtune.MODULE ARGS`` in a subprocess; returns the CompletedProcess."""
-    argv, started = [sys.executable, "-m", f"lmtune.{module}", *args], time.monotonic()
+def run_process(argv: list[str], timeout: float | None = None, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` with the tests' environment, in a session of its own; returns the CompletedProcess. It may run
+    ``timeout`` seconds, and never past its test's limit (time_left); then it and every process it started are
+    killed and the test fails, naming the command and the last of its output."""
+    started, limit = time.monotonic(), time_left(timeout)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            env={**os.environ, **ENV, **(env or {})}, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                              env={**os.environ, **ENV, **(env or {})}, stdin=subprocess.DEVNULL)
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, argv[:4]))} ... did not finish within {limit:.0f} s:\n{(out + err)[-4000:]}")
     finally:
-        log_command(argv, started)
+        log_command([str(a) for a in argv], started)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def run_lmtune(module: str, *args: str, timeout: float | None = None, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m lmtune.MODULE ARGS`` in a subprocess (run_process); returns the CompletedProcess."""
+    return run_process([sys.executable, "-m", f"lmtune.{module}", *args], timeout, cwd, env)
 
 
 def run_space_and_analyze(space_yaml: str, name: str, tmp: Path, data: Path, num_cpus: int = 1,
-                          timeout: float = 600) -> dict:
+                          timeout: float | None = None) -> dict:
     """``lmtune run`` of a space written from ``space_yaml`` (sweep ``name``, results under ``tmp``), then ``lmtune
     analyze`` of it: the two CompletedProcesses, the sweep's folder and its report's summary.json ({} when analyze
     failed)."""
@@ -167,30 +231,20 @@ def run_space_and_analyze(space_yaml: str, name: str, tmp: Path, data: Path, num
     run = run_lmtune("run", "--space", str(space), "--name", name, "--results", str(tmp / "results"), "--data",
                      str(data), "--num-cpus", str(num_cpus), "--no-dashboard", "--quiet", timeout=timeout)
     sweep_dir = tmp / "results" / name
-    analyze = run_lmtune("analyze", str(sweep_dir), timeout=300)
+    analyze = run_lmtune("analyze", str(sweep_dir), timeout=120)
     summary = json.loads((sweep_dir / "report" / "summary.json").read_text()) if analyze.returncode == 0 else {}
     return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
 
 
-def run_command(argv: list[str], timeout: float = 600, cwd: Path | None = None,
+def run_command(argv: list[str], timeout: float | None = None, cwd: Path | None = None,
                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``argv`` (a console script, another environment's python) with the tests' environment."""
-    started = time.monotonic()
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                              env={**os.environ, **ENV, **(env or {})}, stdin=subprocess.DEVNULL)
-    finally:
-        log_command(argv, started)
+    """Run ``argv`` (a console script, another environment's python) with the tests' environment (run_process)."""
+    return run_process(argv, timeout, cwd, env)
 
 
-def run_python(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python ARGS`` (this interpreter: a script, or -c CODE) in a subprocess with the tests' environment."""
-    started = time.monotonic()
-    try:
-        return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                              env={**os.environ, **ENV}, stdin=subprocess.DEVNULL)
-    finally:
-        log_command([sys.executable, *args], started)
+def run_python(*args: str, timeout: float | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``python ARGS`` (this interpreter: a script, or -c CODE) in a subprocess (run_process)."""
+    return run_process([sys.executable, *args], timeout, cwd)
 
 
 def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
@@ -205,7 +259,9 @@ def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, **p
 def wait_until(condition: Callable[[], object], proc: subprocess.Popen | None, timeout: float, what: str,
                poll_s: float = 0.01, required: bool = True) -> bool:
     """Poll ``condition`` until it holds; fail if ``proc`` ends first. After ``timeout`` seconds: fail, or
-    return False when not ``required`` (the caller goes on without it)."""
+    return False when not ``required`` (the caller goes on without it). It never waits past its test's limit
+    (time_left)."""
+    timeout = time_left(timeout, margin_s=5)
     deadline = time.monotonic() + timeout
     while not condition():
         assert proc is None or proc.poll() is None, f"the process ended before {what}"
@@ -275,7 +331,9 @@ def command_line(pid: int) -> str:
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> str:
-    """Wait for a process started by start_lmtune; on timeout kill its whole session. Returns its output."""
+    """Wait for a process started by start_lmtune; on timeout (never past its test's limit: time_left) kill its
+    whole session. Returns its output."""
+    timeout = time_left(timeout)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -34,7 +34,7 @@ from conftest import ENV, TINY_TRIAL, USER_MODELS, run_lmtune, write_grid_space
 
 from lmtune.training.metrics import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.release]  # (the autoscaler rehearsal: the release tier)
 
 BUCKET = "lmtune-rehearsal"
 NAME = "rehearsal"

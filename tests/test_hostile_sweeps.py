@@ -238,7 +238,8 @@ def test_a_blocked_network_call_gives_way_to_a_signal(silent_server):
         with socket.create_connection((host, int(port))) as connection:
             connection.settimeout(60)  # (a bound, should the signal not get through: the wait then ends in an error)
             reading.set()
-            signal.setitimer(signal.ITIMER_REAL, 0.1)  # (the signal comes once the call is about to block)
+            # (the signal comes once the call is about to block; SIGUSR1, as SIGALRM is the tests' time limit's)
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
             answer = connection.recv(1)  # (the server never sends)
             returned.set()
             return answer
@@ -249,15 +250,14 @@ def test_a_blocked_network_call_gives_way_to_a_signal(silent_server):
     def stop(*_):
         raise Stopped
 
-    previous = signal.signal(signal.SIGALRM, stop)
+    previous = signal.signal(signal.SIGUSR1, stop)
     try:
         with pytest.raises(Stopped):
             interruptible(read_forever, "reading")
         # the signal stopped the wait while the call, in a thread of its own, was blocked and had not returned
         assert ran_in == ["lmtune: reading"] and reading.is_set() and not returned.is_set()
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGUSR1, previous)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from cs336_repo import PACKAGE, write_cs336_repo
 from test_cs336_page import page_lines as cs336_page_lines
 from test_packaging import NOT_SOURCE
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.release]  # (installs into other environments: the release tier)
 
 # A train short enough for an install test: the tiny model for 10 steps on the built-in corpus.
 SHORT_TRAIN = ["train", "--set", "steps=10", "--set", "warmup_steps=2", "--set", "d_model=32", "--set", "d_ff=64",
