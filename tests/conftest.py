@@ -247,12 +247,15 @@ def run_python(*args: str, timeout: float | None = None, cwd: Path | None = None
     return run_process([sys.executable, *args], timeout, cwd)
 
 
-def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
-    """``python -m lmtune.MODULE ARGS`` started in the background, in a session of its own (so a test
-    can kill it and every process it started, Ray's included, and nothing else)."""
-    log_command([sys.executable, "-m", f"lmtune.{module}", *args], None)
-    return subprocess.Popen([sys.executable, "-m", f"lmtune.{module}", *args], stdin=subprocess.DEVNULL,
-                            env={**os.environ, **ENV, **(env or {})}, start_new_session=True,
+def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, python: str | Path = sys.executable,
+                 **popen) -> subprocess.Popen:
+    """``python -m lmtune.MODULE ARGS`` started in the background (by ``python``: this interpreter, or another
+    environment's), in a session of its own (so a test can kill it and every process it started, Ray's included,
+    and nothing else)."""
+    argv = [str(python), "-m", f"lmtune.{module}", *args]
+    log_command(argv, None)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env={**os.environ, **ENV, **(env or {})},
+                            start_new_session=True,
                             **{"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, **popen})
 
 

@@ -42,7 +42,7 @@ def test_a_sweeps_trials_share_worker_processes_unless_the_users_model_builds_sh
 def test_the_readmes_python_example_runs_and_tune_names_the_best_lr_the_report_does(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(readme_example())
-    proc = run_python(str(script), cwd=tmp_path, timeout=900)
+    proc = run_python(str(script), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tune_lr, report_lr = re.search(r"best lr (\S+) \(Tune\); (\S+) \(the report\)", proc.stdout).groups()
     assert tune_lr == report_lr
@@ -62,7 +62,7 @@ def test_the_readmes_python_example_of_a_users_model_runs_and_its_report_names_t
     shutil.copytree(README.parent / "examples", tmp_path / "examples")  # a folder holding examples/, as the README's
     script = tmp_path / "mine.py"
     script.write_text(readme_example("python-api-model-example"))
-    proc = run_python(str(script), cwd=tmp_path, timeout=900)
+    proc = run_python(str(script), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     model = str((tmp_path / "examples" / "cs336_model.py").resolve())
     assert re.search(rf"{re.escape(model)}:TransformerLM \(use_rope=True\): best lr \S+", proc.stdout), \

@@ -3,28 +3,39 @@ as the handout lays it out (tests/cs336_repo.py: a package whose __init__ reads 
 a third-party import), installed into lmtune's environment as the page's way (b) says (`pip install --no-deps -e .`,
 into an environment of its own layered on the tests' one), with the handout's files beside it (text and their own
 BPE's token arrays); every `lmtune ...` line of the page run by that environment's python from the repository: the
-data commands as they stand, the learning-rate sweep and its report and samples with a tiny model and a few steps set
-on top, the other sweeps planned (every variant built and checked, as `lmtune run` does before any trial), and both
-compare commands (ablations, batch sizes) trained end to end and reported. Way (a), `uv add` into the repository's
-own project, is test_install.py's."""
+data commands as they stand; the learning-rate sweep with a tiny model and a few steps set on top, interrupted and
+resumed by the command it prints, its report and samples; the other sweeps planned (every variant built and checked,
+as `lmtune run` does before any trial); and, in the release tier, both compare commands (ablations, batch sizes)
+trained end to end and reported. Way (a), `uv add` into the repository's own project, is test_install.py's."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, run_command, trial_dirs
+from conftest import (
+    TINY,
+    assert_real_picture,
+    finish,
+    run_command,
+    start_lmtune,
+    trial_dirs,
+    wait_until,
+)
 from cs336_repo import PACKAGE, layered_venv, write_cs336_repo
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lmtune.data.corpus import stories
 from lmtune.data.documents import EOT
 from lmtune.searches.state import read_search_state
+from lmtune.sweep.record import read_outcomes
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "cs336.md"
@@ -60,7 +71,7 @@ def sweep_name(argv: list[str]) -> str | None:
     return argv[argv.index("--name") + 1] if "--name" in argv else None
 
 
-def run_as_written(argv: list[str], student: Path, *extra: str, timeout: float = 600):
+def run_as_written(argv: list[str], student: Path, *extra: str, timeout: float | None = None):
     """The page's `lmtune ...` command, by the python of the student's environment (way (b)), from their repository."""
     proc = run_command([str(python_of(student)), "-m", *argv, *extra], cwd=student, timeout=timeout)
     assert proc.returncode == 0, f"{shlex.join(argv)}\n{proc.stderr[-3000:]}"
@@ -139,17 +150,75 @@ def test_prepare_from_the_students_own_token_arrays_and_tokenizer(student: Path)
     assert "tinystories_valid.npy" in json.dumps(json.loads((out / "meta.json").read_text())["validation"])
 
 
-@pytest.mark.slow
-def test_the_learning_rate_problem_sweeps_reports_the_target_and_samples(student: Path, prepared: Path):
-    run_as_written(command("run", "lr_edge"), student, *tiny(), timeout=900)
-    proc = run_as_written(command("analyze", "results/lr_edge"), student, timeout=600)
-    report = (student / "results" / "lr_edge" / "report" / "lr_sweep_analysis.md").read_text()
-    assert "## Edge of stability" in report and "## Target" in report and "| top of the useful range |" in report
-    assert "best lr" in proc.stdout
-    summary = json.loads((student / "results" / "lr_edge" / "report" / "summary.json").read_text())
-    assert f"  checkpoint: {summary['best_checkpoint']}" in proc.stdout.splitlines()  # (what the page points to)
+@pytest.fixture(scope="module")
+def lr_edge(student: Path, prepared: Path) -> dict:
+    """The page's learning-rate command as written, from the student's repository, with the tiny model on top:
+    Ctrl-C once three trials have ended, resumed by the command it printed, then the page's analyze and sample.
+    (The one edge search on a user's model per push; the README's, on lmtune's example model, is the release tier's:
+    test_user_model_sweep.py.)"""
+    python, sweep = python_of(student), student / "results" / "lr_edge"
+    argv = command("run", "lr_edge")
+    proc = start_lmtune(argv[1], *argv[2:], *tiny(), python=python, cwd=student)
+    wait_until(lambda: len(read_outcomes(sweep)) >= 3, proc, 180, "three ended trials", poll_s=0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    interrupted = finish(proc, 60)
+    ended = {t: e["outcome"] for t, e in read_outcomes(sweep).items()}
+    printed = re.search(r"resume it with: python (-m lmtune\.run .*)$", interrupted, re.M)
+    assert printed, interrupted[-3000:]
+    resumed = run_command([str(python), *shlex.split(printed.group(1))], cwd=student)
+    analyze = run_as_written(command("analyze", "results/lr_edge"), student)
+    summary = json.loads((sweep / "report" / "summary.json").read_text())
     sampled = run_as_written(command("sample", "results/lr_edge"), student, "--max-tokens", "16")
-    assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {summary['best_checkpoint']}: ")
+    return {"dir": sweep, "interrupted": (proc.returncode, interrupted), "ended_before": ended, "resumed": resumed,
+            "analyze": analyze, "summary": summary, "sampled": sampled,
+            "model": f"{student}/{PACKAGE}/model.py:TransformerLM"}
+
+
+@pytest.mark.slow
+def test_the_learning_rate_sweep_interrupted_resumes_by_the_command_it_prints_and_finishes(lr_edge: dict):
+    code, out = lr_edge["interrupted"]
+    assert code == 130, out[-3000:]
+    assert lr_edge["resumed"].returncode == 0, lr_edge["resumed"].stderr[-3000:]
+    assert read_search_state(lr_edge["dir"], "edge")["finished"]
+    ledger = read_outcomes(lr_edge["dir"])
+    assert all(ledger[t]["outcome"] == o for t, o in lr_edge["ended_before"].items())  # decided: not rerun
+    for folder in trial_dirs(lr_edge["dir"]).values():
+        assert json.loads((folder / "config.json").read_text())["code"]["model"] == lr_edge["model"]
+
+
+@pytest.mark.slow
+def test_the_learning_rate_report_gives_the_edge_the_target_and_the_best_checkpoint(lr_edge: dict):
+    report = (lr_edge["dir"] / "report" / "lr_sweep_analysis.md").read_text()
+    assert "## Edge of stability" in report and "## Target" in report and "| top of the useful range |" in report
+    assert "best lr" in lr_edge["analyze"].stdout
+    # (what the page points to)
+    assert f"  checkpoint: {lr_edge['summary']['best_checkpoint']}" in lr_edge["analyze"].stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_the_report_names_the_students_model_and_says_what_is_estimated_and_not_measured(lr_edge: dict):
+    model = lr_edge["summary"]["model"]
+    assert model["name"] == lr_edge["model"] and model["flops_counted"] and not model["attention_logits_measured"]
+    text = (lr_edge["dir"] / "report" / "lr_sweep_analysis.md").read_text()
+    assert f"your `{lr_edge['model']}`" in text and "Its attention logits are not measured for this model" in text
+    assert "counted by torch's FlopCounterMode" in text
+
+
+@pytest.mark.slow
+def test_the_report_shows_the_best_lrs_samples_and_curves_against_wall_clock_time(lr_edge: dict):
+    summary = lr_edge["summary"]
+    assert [s["seed"] for s in summary["samples"]] == [0, 1], summary["samples_note"]
+    assert all(s["prompt"] == "Once upon a time" and s["tokens"] > 0 for s in summary["samples"])
+    text = (lr_edge["dir"] / "report" / "lr_sweep_analysis.md").read_text()
+    assert "## Samples from the best LR's model" in text and "> Once upon a time" in text
+    assert_real_picture(lr_edge["dir"] / "report" / "lr_sweep_comparison_wall.png")
+    assert "`lr_sweep_comparison_wall.png`" in text
+
+
+@pytest.mark.slow
+def test_the_page_sample_command_samples_the_best_checkpoint(lr_edge: dict):
+    sampled = lr_edge["sampled"]
+    assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {lr_edge['summary']['best_checkpoint']}: ")
 
 
 # What `lmtune run` would start, worked out in the student's environment (their package imports only there).
@@ -196,13 +265,15 @@ COMPARE_STEPS = 32
 
 
 @pytest.mark.slow
+@pytest.mark.release  # (the documentation's commands trained as written: the release tier)
+@pytest.mark.timeout(1500)  # (the batch command alone took 373 s on a quiet day, and days vary 1.8x)
 @pytest.mark.parametrize("name", ["ablations", "batch"])
 def test_the_compare_problems_train_every_variant_and_report_each_at_its_own_best_lr(name: str, student: Path,
                                                                                      prepared: Path):
     """As written on the page, at a tiny budget: the search finishes, every trial trains the student's model for one
     of the planned variants, and the report's comparison gives each variant's best LR."""
     planned = plan_of(name, student, *tiny(cpus=False, steps=COMPARE_STEPS))["variants"]
-    run_as_written(command("run", name), student, *tiny(steps=COMPARE_STEPS), timeout=1800)
+    run_as_written(command("run", name), student, *tiny(steps=COMPARE_STEPS))
     sweep = student / "results" / name
     assert read_search_state(sweep, "compare")["finished"]
     trained = set()
@@ -211,6 +282,6 @@ def test_the_compare_problems_train_every_variant_and_report_each_at_its_own_bes
         assert json.loads((folder / "config.json").read_text())["code"]["model"] == \
             f"{student}/{PACKAGE}/model.py:TransformerLM"
     assert trained == set(planned)
-    run_as_written(["lmtune", "analyze", f"results/{name}"], student, timeout=600)
+    run_as_written(["lmtune", "analyze", f"results/{name}"], student)
     rows = json.loads((sweep / "report" / "summary.json").read_text())["compare"]
     assert [row["name"] for row in rows] == planned and all(row["best_lr"] for row in rows)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENV, REPO, TINY_TRIAL
+from conftest import ENV, REPO, TINY_TRIAL, time_left
 from cs336_repo import PACKAGE, write_cs336_repo
 from test_cs336_page import page_lines as cs336_page_lines
 from test_packaging import NOT_SOURCE
@@ -61,7 +61,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("install_wheel")
     source = checkout_copy(root / "source")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(root / "dist"), str(source)], check=True, timeout=300)
+                    str(root / "dist"), str(source)], check=True, timeout=time_left(300))
     return next((root / "dist").glob("lmtune-*.whl"))
 
 
@@ -70,9 +70,11 @@ def environment(**extra: str) -> dict[str, str]:
     return {**env, **ENV, **extra}
 
 
-def run(*command: str | Path, cwd: Path, timeout: float = 600, **env: str) -> str:
-    proc = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=environment(**env), stdin=subprocess.DEVNULL)
+def run(*command: str | Path, cwd: Path, timeout: float | None = None, **env: str) -> str:
+    """``command`` in the tests' environment without this venv's; its output. It may run ``timeout`` seconds (None: the
+    rest of its test's time), never past its test's limit (conftest.time_left)."""
+    proc = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True,
+                          timeout=time_left(timeout), env=environment(**env), stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"{command}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -127,13 +129,12 @@ def test_uv_add_puts_lmtune_into_a_cs336_repository_and_uv_run_sweeps_reports_an
     (project / "pyproject.toml").write_text(f"{pyproject}\n{sources}")
     uv = shutil.which("uv") or "uv"
     env = {"UV_PYTHON": sys.executable, "UV_NO_PROGRESS": "1"}
-    run(uv, "add", wheel, cwd=project, timeout=900, **env)
+    run(uv, "add", wheel, cwd=project, **env)
     assert torch_of(project / ".venv" / "bin" / "python", project)["version"] == torch.__version__
     page = next(line for line in cs336_page_lines() if line[:3] == ["uv", "run", "lmtune"])
     tiny = [f"--set={k}={v}" for k, v in {**TINY_TRIAL, "steps": 24, "warmup_steps": 4, "eval_interval": 4,
                                            "log_interval": 4, "checkpoint_interval": 4}.items()]
-    run(*page, "--name", "quick", *tiny, "--num-cpus", "2", "--no-dashboard", "--quiet", cwd=project, timeout=900,
-        **env)
+    run(*page, "--name", "quick", *tiny, "--num-cpus", "2", "--no-dashboard", "--quiet", cwd=project, **env)
     model = ["--model", f"{PACKAGE}/model.py:TransformerLM"]
     assert "best trial:" in run(uv, "run", "lmtune", "analyze", "results/quick", *model, cwd=project, **env)
     assert run(uv, "run", "lmtune", "sample", "results/quick", *model, "--max-tokens", "8", cwd=project, **env).strip()
@@ -141,8 +142,7 @@ def test_uv_add_puts_lmtune_into_a_cs336_repository_and_uv_run_sweeps_reports_an
 
 def test_the_main_jobs_setup_installs_lmtune_and_what_it_runs_with_but_no_test_tool(tmp_path):
     clone = checkout_copy(tmp_path / "clone")
-    listed = run("bash", "-c", "source scripts/setup.sh runtime >/dev/null && pip list --format json", cwd=clone,
-                 timeout=900)
+    listed = run("bash", "-c", "source scripts/setup.sh runtime >/dev/null && pip list --format json", cwd=clone)
     names = {p["name"].lower(): p["version"] for p in json.loads(listed.strip().splitlines()[-1])}
     assert names["torch"] == torch.__version__ and "lmtune" in names and "ray" in names
     assert not {"pytest", "ruff", "moto", "uv", "wandb"} & set(names), sorted(names)

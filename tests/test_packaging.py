@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENV, assert_one_line_error, finish
+from conftest import ENV, assert_one_line_error, finish, time_left
 
 from lmtune import cli
 
@@ -38,7 +38,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(REPO, source, ignore=lambda folder, names: (NOT_SOURCE if Path(folder) == REPO else set())
                     | {"__pycache__"})
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                           str(root / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+                           str(root / "dist"), str(source)], capture_output=True, text=True, timeout=time_left(300))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (built,) = (root / "dist").glob("lmtune-*.whl")
     return built

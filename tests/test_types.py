@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import time_left
 
 REPO = Path(__file__).resolve().parents[1]
 PAIR = REPO / "tests" / "pair_search"
@@ -108,7 +109,7 @@ def mypy(files: list[Path]) -> tuple[int, dict[str, list[str]]]:
     env = {**os.environ, "MYPYPATH": str(REPO / "tests")}  # (pair_search; lmtune: the working directory)
     done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
                            "--show-error-codes", "--no-color-output", *map(str, files)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=time_left())
     lines: dict[str, list[str]] = {}
     for line in done.stdout.splitlines():
         lines.setdefault(Path(line.split(":", 1)[0]).name, []).append(line)

@@ -1,8 +1,8 @@
 """Sweeps of the user's own model as a user runs them: real Ray Tune on a local cluster, real training.
 
-- the README's command, the edge search on lmtune's example model (examples/cs336_model.py), at test size, stopped
-  with Ctrl-C and resumed, then the report: it names the model, says what is not measured of it, estimates its
-  FLOPs, shows the best LR's samples and the learning curves against wall-clock time;
+- (the release tier) the README's command, the edge search on lmtune's example model (examples/cs336_model.py), at
+  test size, stopped with Ctrl-C and resumed, then the report: it names the model, says what is not measured of it,
+  estimates its FLOPs, shows the best LR's samples and the learning curves against wall-clock time;
 - a grid on the example model with two LRs fused per trial;
 - a model whose builds share a module (a module-level RoPE cache): fusing refused before Ray starts, and each of
   its trials run in a process of its own;
@@ -48,6 +48,12 @@ TEST_SIZE = {"d_model": 32, "d_ff": 96, "n_layers": 1, "n_heads": 2, "context_le
              "checkpoint_interval": 3}
 
 
+# The README's command as written (at test size): the release tier. Per push, the one edge search on a user's model is
+# the CS336 page's, from the student's package (test_cs336_page.py's lr_edge: interrupted, resumed, reported, the
+# same report checks as these).
+README_COMMAND = pytest.mark.release
+
+
 def readme_command() -> list[str]:
     """The README's first command of a user's model: lmtune run --space ... --model examples/...:TransformerLM."""
     match = re.search(r"^lmtune (run --space \S+ --model examples/cs336_model\.py:TransformerLM)$", README.read_text(),
@@ -76,13 +82,14 @@ def example_edge(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -
     interrupted = finish(proc, 120)
     ended = {t: e["outcome"] for t, e in read_outcomes(sweep_dir).items()}
     resumed = run_lmtune("run", "--resume", *common(tmp, builtin_data, "edge")[:4], "--no-dashboard", "--quiet",
-                         cwd=tmp, timeout=900)
+                         cwd=tmp)
     analyze = run_lmtune("analyze", str(sweep_dir), "--model", "examples/cs336_model.py:TransformerLM", cwd=tmp)
     model = f"{(tmp / 'examples' / 'cs336_model.py').resolve()}:TransformerLM"
     return {"dir": sweep_dir, "interrupted": (proc.returncode, interrupted), "ended_before": ended,
             "resumed": resumed, "analyze": analyze, "model": model}
 
 
+@README_COMMAND
 def test_the_interrupted_search_on_the_users_model_resumes_and_finishes(example_edge):
     code, out = example_edge["interrupted"]
     assert code == 130 and "resume it with" in out, out[-3000:]
@@ -95,6 +102,7 @@ def test_the_interrupted_search_on_the_users_model_resumes_and_finishes(example_
         assert json.loads((folder / "config.json").read_text())["code"]["model"] == example_edge["model"]
 
 
+@README_COMMAND
 def test_the_report_of_the_users_model_names_it_and_says_what_is_estimated_and_not_measured(example_edge):
     assert example_edge["analyze"].returncode == 0, example_edge["analyze"].stderr[-3000:]
     report = example_edge["dir"] / "report"
@@ -106,6 +114,7 @@ def test_the_report_of_the_users_model_names_it_and_says_what_is_estimated_and_n
     assert "counted by torch's FlopCounterMode" in text
 
 
+@README_COMMAND
 def test_the_report_shows_the_best_lrs_samples_and_curves_against_wall_clock_time(example_edge):
     report = example_edge["dir"] / "report"
     summary = json.loads((report / "summary.json").read_text())
@@ -170,7 +179,7 @@ def width_factory(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) 
     tmp = tmp_path_factory.mktemp("width_factory")
     (tmp / "width.yaml").write_text(json.dumps(TINY_WIDTH))
     run = run_lmtune("run", "--space", str(tmp / "width.yaml"), "--model", str(USER_MODELS / "gpt_style.py:make"),
-                     *common(tmp, builtin_data, "w"), timeout=900)
+                     *common(tmp, builtin_data, "w"))
     return {"run": run, "dir": tmp / "results" / "w"}
 
 
