@@ -49,11 +49,6 @@ def raise_at(step: int, message: str | None = None, every_attempt: bool = False,
     return for_trial
 
 
-# The faults the tests name (--step-hook faults:NAME).
-crash_once_at_step_25 = raise_at(25)
-cuda_oom_at_step_15_of_lr_1e_3_on_every_attempt = raise_at(15, OOM, every_attempt=True, lr=1e-3)
-
-
 # Where meet()'s trials leave their marks (a folder the test makes, passed in the sweep's environment).
 MEETING_ENV = "LMTUNE_TEST_MEETING"
 
@@ -78,4 +73,48 @@ def meet(step: int, trials: int) -> Callable[[RunConfig, Path], StepHook]:
     return for_trial
 
 
-meet_two_trials_at_step_10 = meet(10, 2)
+def meet_first(step: int, trials: int) -> Callable[[RunConfig, Path], StepHook]:
+    """meet(step, trials) for the first ``trials`` trials to reach ``step``; a trial that reaches it later, once they
+    have all left their marks, passes it without a mark and without waiting. In a sweep that runs ``trials`` trials
+    at once these are the trials that started together, whichever they are: no other can start before one of them
+    ends, and none ends before it has passed ``step``, so the meeting never depends on the order Ray starts them."""
+    meeting = meet(step, trials)
+
+    def for_trial(config: RunConfig, out_dir: Path) -> StepHook:
+        folder, wait = Path(os.environ[MEETING_ENV]), meeting(config, out_dir)
+
+        def hook(current: int, model: object) -> None:
+            if current == step and len(list(folder.iterdir())) < trials:
+                wait(current, model)
+
+        return hook
+
+    return for_trial
+
+
+def compose(*faults: Callable[[RunConfig, Path], StepHook | None]) -> Callable[[RunConfig, Path], StepHook | None]:
+    """One step hook of several (a sweep takes one --step-hook): each fault's hook, in order, before every step."""
+
+    def for_trial(config: RunConfig, out_dir: Path) -> StepHook | None:
+        hooks = [hook for fault in faults if (hook := fault(config, out_dir)) is not None]
+        if not hooks:
+            return None
+
+        def hook(current: int, model: object) -> None:
+            for each in hooks:
+                each(current, model)
+
+        return hook
+
+    return for_trial
+
+
+# The faults the tests name (--step-hook faults:NAME).
+# The fault sweep of tests/test_faults.py (lrs 3e-3, 1e-3 and 1e-4, two trials at once): the two trials that start
+# together meet at step 10; the lr=1e-3 trial raises a CUDA OOM at step 15 on every attempt; the lr=3e-3 trial
+# crashes once, at step 25.
+FAULT_SWEEP_LRS = {"crash": 3e-3, "oom": 1e-3, "plain": 1e-4}
+MEET_STEP, OOM_STEP, CRASH_STEP = 10, 15, 25
+fault_sweep = compose(meet_first(MEET_STEP, 2),
+                      raise_at(OOM_STEP, OOM, every_attempt=True, lr=FAULT_SWEEP_LRS["oom"]),
+                      raise_at(CRASH_STEP, lr=FAULT_SWEEP_LRS["crash"]))

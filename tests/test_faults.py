@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import ray
 import torch
@@ -36,6 +38,7 @@ from conftest import (
     finish,
     kill_session,
     processes_with_env,
+    read_wandb_runs,
     run_lmtune,
     session_pids,
     sigkill,
@@ -45,7 +48,7 @@ from conftest import (
     wait_until,
     write_grid_space,
 )
-from faults import FAULTS_ENV, FIRED, note
+from faults import CRASH_STEP, FAULT_SWEEP_LRS, FAULTS_ENV, FIRED, MEETING_ENV, OOM_STEP, note
 
 from lmtune import run as run_cli
 from lmtune import train as train_cli
@@ -320,22 +323,48 @@ def redone_steps(log_path: Path) -> int | None:
 
 
 # =============================================================================================
-# 2. A trial that raises (simulated CUDA OOM) on every attempt; the dashboard's bind address
+# 2. One sweep, four faults (tests/faults.py fault_sweep): two trials at once on a 0.5 share of one logical GPU,
+# meeting at step 10; a trial raising a (simulated) CUDA OOM on every attempt; a trial crashing once, retried from
+# its checkpoint; Weights & Biases offline; the dashboard's bind address
+
+
+# Its budget: the crash at step 25 comes after checkpoints at 10 and 20, and the retry trains on to 40.
+FAULT_STEPS = 40
+
+
+def result_rows(trial_dir: Path) -> list[dict]:
+    """Tune's results of a trial (its result.json), one dict a report."""
+    return [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines() if line.strip()]
+
+
+def trial_states(sweep_dir: Path) -> dict[str, tuple[dict, dict]]:
+    """Tune's saved trial records (experiment_state-*.json): id -> (trial fields, runtime fields)."""
+    state_file = max(sweep_dir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+    data = json.loads(state_file.read_text())
+    out = {}
+    for trial_json, runtime in data["trial_data"]:
+        trial = json.loads(trial_json)
+        out[trial["trial_id"]] = (trial, json.loads(runtime) if isinstance(runtime, str) else runtime)
+    return out
 
 
 @pytest.fixture(scope="module")
-def oom_sweep(builtin_data, tmp_path_factory) -> dict:
-    """3 trials on 1 logical GPU, 2 per GPU; the lr=1e-3 trial raises a CUDA OOM at step 15 on every
-    attempt (faults.cuda_oom_at_step_15_of_lr_1e_3_on_every_attempt); --max-failures 2. The dashboard is on
-    (default host), to check what it binds to."""
-    tmp = tmp_path_factory.mktemp("oom")
-    space = write_grid(tmp / "grid.yaml", [3e-3, 1e-3, 1e-4], asha=False, steps=30)
+def fault_sweep(builtin_data, tmp_path_factory) -> dict:
+    """3 trials (FAULT_SWEEP_LRS: crash, oom, plain) of FAULT_STEPS steps on 1 logical GPU, 2 per GPU and 1 CPU each
+    on 2 CPUs, so two at once; --max-failures 2; --step-hook faults:fault_sweep: the two trials that start together
+    meet at step 10, the oom trial raises a CUDA OOM at step 15 on every attempt, the crash trial crashes once at step
+    25. W&B offline (--wandb lmtune-tests); the dashboard on (default host), to check what it binds to."""
+    tmp = tmp_path_factory.mktemp("faults")
+    meeting = tmp / "meeting"
+    meeting.mkdir()
+    space = write_grid(tmp / "grid.yaml", list(FAULT_SWEEP_LRS.values()), asha=False, steps=FAULT_STEPS,
+                       batch_size=4, warmup_steps=2)
     results = tmp / "results"
     started = time.monotonic()
-    proc = start_sweep("--space", str(space), "--name", "oom", "--results", str(results), "--data", str(builtin_data),
-                       "--num-cpus", "2", "--num-gpus", "1", "--gpus-per-trial", "0.5", "--max-failures", "2",
-                       "--quiet", "--step-hook", "faults:cuda_oom_at_step_15_of_lr_1e_3_on_every_attempt",
-                       env=FAULTS_ENV)
+    proc = start_sweep("--space", str(space), "--name", "faults", "--results", str(results), "--data",
+                       str(builtin_data), "--num-cpus", "2", "--num-gpus", "1", "--gpus-per-trial", "0.5",
+                       "--max-failures", "2", "--quiet", "--wandb", "lmtune-tests", "--step-hook", "faults:fault_sweep",
+                       env={**FAULTS_ENV, MEETING_ENV: str(meeting), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     dashboard_cmdlines: set[str] = set()
 
     def ended_while_watching_dashboards() -> bool:
@@ -347,44 +376,130 @@ def oom_sweep(builtin_data, tmp_path_factory) -> dict:
 
     wait_until(ended_while_watching_dashboards, None, 600, "end of the sweep", poll_s=0.5, required=False)
     out = finish(proc, 60)
-    return {"out": out, "rc": proc.returncode, "dir": results / "oom", "dashboard": dashboard_cmdlines,
-            "seconds": time.monotonic() - started}
+    sweep_dir = results / "faults"
+    dirs = trial_dirs(sweep_dir)
+    by_lr = {json.loads((d / "params.json").read_text())["lr"]: t for t, d in dirs.items()}
+    trial_of = {fault: by_lr.get(lr) for fault, lr in FAULT_SWEEP_LRS.items()}
+    return {"out": out, "rc": proc.returncode, "dir": sweep_dir, "dashboard": dashboard_cmdlines, "dirs": dirs,
+            "trial": trial_of, "meeting": meeting, "seconds": time.monotonic() - started}
 
 
 @pytest.mark.slow
-def test_trial_raising_cuda_oom_is_retried_then_recorded_as_error_and_the_others_complete(oom_sweep):
-    assert oom_sweep["rc"] == 0, oom_sweep["out"][-4000:]
-    sweep_dir = oom_sweep["dir"]
+def test_trial_raising_cuda_oom_is_retried_then_recorded_as_error_and_the_others_complete(fault_sweep):
+    assert fault_sweep["rc"] == 0, fault_sweep["out"][-4000:]
+    sweep_dir, dirs = fault_sweep["dir"], fault_sweep["dirs"]
     ledger = read_outcomes(sweep_dir)
-    dirs = trial_dirs(sweep_dir)
     assert len(dirs) == 3 and set(ledger) == set(dirs), (ledger, dirs)
-    by_lr = {json.loads((d / "params.json").read_text())["lr"]: t for t, d in dirs.items()}
-    bad = by_lr[1e-3]
+    bad = fault_sweep["trial"]["oom"]
     entry = ledger[bad]
     assert entry["outcome"] == "error", entry
     assert "CUDA out of memory" in entry["reason"], entry
     assert "lower trials per GPU" in entry["reason"] and "--gpus-per-trial 1" in entry["reason"], entry
     attempts = (dirs[bad] / FIRED).read_text().split()
-    assert len(attempts) == 1 + 2, f"expected 1 try + --max-failures 2 retries, got {len(attempts)}"
+    assert attempts == [str(OOM_STEP)] * 3, f"expected 1 try + --max-failures 2 retries, got {attempts}"
     # Each retry resumed from the step-10 checkpoint (the fault is at step 15).
     log_text = (dirs[bad] / "training.log").read_text()
     assert len(re.findall(r"resuming from \S*step_00000010\.pt", log_text)) == 2, log_text[-3000:]
-    for lr in (3e-3, 1e-4):
-        assert ledger[by_lr[lr]]["outcome"] == "completed", ledger[by_lr[lr]]
-        assert json.loads((dirs[by_lr[lr]] / "summary.json").read_text())["steps"] == 30
+    for fault in ("crash", "plain"):  # (the crash trial's own retry: test_crashed_trial_is_retried_from_...)
+        other = fault_sweep["trial"][fault]
+        assert ledger[other]["outcome"] == "completed", ledger[other]
+        assert json.loads((dirs[other] / "summary.json").read_text())["steps"] == FAULT_STEPS
     note(f"OOM trial: {len(attempts)} attempts (max_failures 2), ledger reason: {entry['reason']!r}; "
-         f"other 2 trials completed; sweep {oom_sweep['seconds']:.0f} s")
+         f"other 2 trials completed; sweep {fault_sweep['seconds']:.0f} s")
 
 
 @pytest.mark.slow
-def test_live_dashboard_binds_to_localhost(oom_sweep):
-    urls = re.findall(r"Ray dashboard: (\S+)", oom_sweep["out"])
-    assert urls, "no dashboard URL printed: " + oom_sweep["out"][-2000:]
+def test_live_dashboard_binds_to_localhost(fault_sweep):
+    urls = re.findall(r"Ray dashboard: (\S+)", fault_sweep["out"])
+    assert urls, "no dashboard URL printed: " + fault_sweep["out"][-2000:]
     assert all(u.startswith("http://127.0.0.1:") for u in urls), urls
-    assert oom_sweep["dashboard"], "no dashboard process seen in the sweep's session"
-    for cmd in oom_sweep["dashboard"]:
+    assert fault_sweep["dashboard"], "no dashboard process seen in the sweep's session"
+    for cmd in fault_sweep["dashboard"]:
         assert "--host=127.0.0.1" in cmd, cmd
     note(f"dashboard URL {urls[0]}; dashboard process --host=127.0.0.1")
+
+
+@pytest.mark.slow
+def test_crashed_trial_is_retried_from_its_checkpoint(fault_sweep):
+    assert fault_sweep["rc"] == 0, fault_sweep["out"][-4000:]
+    steps, interval = FAULT_STEPS, TINY_TRIAL["checkpoint_interval"]
+    sweep_dir, dirs = fault_sweep["dir"], fault_sweep["dirs"]
+    outcomes = read_outcomes(sweep_dir)
+    states = trial_states(sweep_dir)
+    crashed, plain = fault_sweep["trial"]["crash"], fault_sweep["trial"]["plain"]
+    assert outcomes[crashed]["outcome"] == "completed", outcomes
+    trial = dirs[crashed]
+    assert (trial / FIRED).read_text().strip() == str(CRASH_STEP)  # the fault really happened
+    assert states[crashed][1]["num_failures"] == 1, states[crashed][1]
+
+    csv_steps = pd.read_csv(trial / "metrics.csv")["step"].tolist()
+    assert csv_steps == sorted(set(csv_steps)), csv_steps  # strictly increasing, no repeats
+    assert csv_steps[-1] == steps
+    gaps = [b - a for a, b in zip([0, *csv_steps], csv_steps, strict=False)]
+    assert max(gaps) <= TINY_TRIAL["log_interval"], csv_steps
+    tune_steps = [r["step"] for r in result_rows(trial)]
+    assert tune_steps == sorted(set(tune_steps)) and tune_steps[-1] == steps, tune_steps
+
+    log = (trial / "training.log").read_text()
+    resumed = re.findall(r"resuming from \S*step_(\d{8})\.pt", log)
+    assert [int(s) for s in resumed] == [20], log  # restarted once, at the last checkpoint before the fault
+    trained = (CRASH_STEP - 1) + (steps - int(resumed[0]))
+    assert trained <= steps + interval, trained
+    # The trial without a fault (its only hook the meeting, which fails no one) never failed or restarted.
+    assert not (dirs[plain] / FIRED).exists()
+    assert states[plain][1]["num_failures"] == 0, states[plain][1]
+    assert "resuming from" not in (dirs[plain] / "training.log").read_text()
+    assert "best trial" in fault_sweep["out"]
+
+
+@pytest.mark.slow
+def test_two_trials_share_one_logical_gpu(fault_sweep):
+    assert fault_sweep["rc"] == 0, fault_sweep["out"][-4000:]
+    sweep_dir, dirs = fault_sweep["dir"], fault_sweep["dirs"]
+    # The two trials that started together were both at step 10 at once, whichever two Ray started first (the third
+    # passed step 10 later, without a mark: faults.meet_first).
+    met = sorted(p.name for p in fault_sweep["meeting"].iterdir())
+    assert len(met) == 2 and set(met) <= {d.name for d in dirs.values()}, met
+    assert json.loads((sweep_dir / "sweep.json").read_text())["resources_per_trial"] == {"cpu": 1.0, "gpu": 0.5}
+    states = trial_states(sweep_dir)
+    intervals = []
+    for tid, trial in dirs.items():
+        saved = states[tid][0]["placement_group_factory"]
+        factory = pickle.loads(bytes.fromhex(saved["value"] if isinstance(saved, dict) else saved))
+        assert factory.bundles == [{"CPU": 1.0, "GPU": 0.5}], factory.bundles  # what Ray scheduled it with
+        # torch sees no CUDA here: the trial trained on the CPU.
+        assert "device=cpu" in (trial / "training.log").read_text()
+        if trial.name in met:
+            rows = result_rows(trial)
+            start = rows[0]["timestamp"] - rows[0]["elapsed_s"]
+            intervals.append((start, rows[-1]["timestamp"]))
+    assert len(intervals) == 2
+    (s1, e1), (s2, e2) = intervals
+    overlap = min(e1, e2) - max(s1, s2)
+    assert overlap > 0, f"trials did not run at once on the one GPU: {intervals}"
+    # Every trial but the one raising an OOM on every attempt (an error by design) completed.
+    outcomes = read_outcomes(sweep_dir)
+    assert {t: o["outcome"] for t, o in outcomes.items() if t != fault_sweep["trial"]["oom"]} == \
+        {fault_sweep["trial"][f]: "completed" for f in ("crash", "plain")}, outcomes
+
+
+@pytest.mark.slow
+def test_wandb_gets_one_run_per_trial_with_every_tune_result(fault_sweep):
+    assert fault_sweep["rc"] == 0, fault_sweep["out"][-4000:]
+    sweep_dir, dirs = fault_sweep["dir"], fault_sweep["dirs"]
+    wandb_runs = read_wandb_runs(sweep_dir)
+    # One run per trial, retried ones included: a trial restarted after a failure keeps its W&B run (Tune's
+    # WandbLoggerCallback reuses the trial's logging actor), and its history is what Tune's result.json holds.
+    runs = {run["config"]["lr"]: run for run in wandb_runs}
+    assert len(wandb_runs) == len(runs) == 3, [run["config"].get("lr") for run in wandb_runs]
+    folders = {json.loads((d / "trial.json").read_text())["params"]["lr"]: d for d in dirs.values()}
+    assert set(runs) == set(folders) == set(FAULT_SWEEP_LRS.values())
+    for lr, folder in folders.items():
+        reported = result_rows(folder)
+        logged = [row for row in runs[lr]["history"] if "train_loss" in row]
+        assert [row["step"] for row in logged] == [row["step"] for row in reported]
+        assert [row["train_loss"] for row in logged] == pytest.approx([row["train_loss"] for row in reported])
+        assert any("val_loss" in row for row in logged)
 
 
 def test_dashboard_host_defaults_to_localhost_and_is_a_documented_flag():

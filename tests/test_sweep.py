@@ -1,5 +1,6 @@
-"""The sweep on real Ray: the quick sweep end to end, a trial retried from its checkpoint, a two-node
-cluster, the Ray Jobs service path, fractional GPUs, and data shipped to a node without it.
+"""The sweep on real Ray: the quick sweep end to end, a two-node cluster, the Ray Jobs service path, and data
+shipped to a node without it. (A trial retried from its checkpoint, fractional GPUs and W&B: test_faults.py's
+fault sweep, one sweep for them and its other faults.)
 
 Every Ray process here is started by the test itself (a local instance per CLI run, a
 ray.cluster_utils.Cluster, or a `ray start --head` in its own session) and stopped by its ids.
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import re
 import shutil
 import signal
@@ -25,11 +25,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import (
-    TINY_TRIAL,
     disk_sweep,
     kill_session,
     png_width,
-    read_wandb_runs,
     run_lmtune,
     run_printout,
     tensorboard_scalars,
@@ -37,7 +35,6 @@ from conftest import (
     wait_until,
     write_grid_space,
 )
-from faults import FAULTS_ENV, MEETING_ENV
 
 from lmtune.report.figures import plot_instability
 from lmtune.report.reader import load_sweep
@@ -62,17 +59,6 @@ def run_tiny_sweep(tmp_path: Path, name: str, data: Path, lrs: list[float], step
 
 def result_rows(trial_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines() if line.strip()]
-
-
-def trial_states(sweep_dir: Path) -> dict[str, tuple[dict, dict]]:
-    """Tune's saved trial records (experiment_state-*.json): id -> (trial fields, runtime fields)."""
-    state_file = max(sweep_dir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
-    data = json.loads(state_file.read_text())
-    out = {}
-    for trial_json, runtime in data["trial_data"]:
-        trial = json.loads(trial_json)
-        out[trial["trial_id"]] = (trial, json.loads(runtime) if isinstance(runtime, str) else runtime)
-    return out
 
 
 def tree_snapshot(root: Path) -> dict[str, int]:
@@ -188,43 +174,7 @@ def test_existing_name_without_resume_is_refused_untouched(quick_sweep: Path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. A crashed trial is retried from its checkpoint
-
-
-@pytest.mark.slow
-def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path: Path, builtin_data: Path):
-    steps, fault_step, interval = 40, 25, 10  # (the fault: faults.crash_once_at_step_25)
-    sweep, stdout = run_tiny_sweep(tmp_path, "fault", builtin_data, [1e-3, 3e-3], steps, "--no-dashboard",
-                                   "--num-cpus", "1", "--max-failures", "2",
-                                   "--step-hook", "faults:crash_once_at_step_25", env=FAULTS_ENV)
-    outcomes = read_outcomes(sweep)
-    trials = list(trial_dirs(sweep).values())
-    assert len(trials) == 2 and len(outcomes) == 2
-    assert {o["outcome"] for o in outcomes.values()} == {"completed"}, outcomes
-    states = trial_states(sweep)
-    for trial in trials:
-        assert (trial / ".fault_injected").read_text().strip() == str(fault_step)  # the fault really happened
-        tid = result_rows(trial)[0]["trial_id"]
-        assert states[tid][1]["num_failures"] == 1, states[tid][1]
-
-        csv_steps = pd.read_csv(trial / "metrics.csv")["step"].tolist()
-        assert csv_steps == sorted(set(csv_steps)), csv_steps  # strictly increasing, no repeats
-        assert csv_steps[-1] == steps
-        gaps = [b - a for a, b in zip([0, *csv_steps], csv_steps, strict=False)]
-        assert max(gaps) <= TINY_TRIAL["log_interval"], csv_steps
-        tune_steps = [r["step"] for r in result_rows(trial)]
-        assert tune_steps == sorted(set(tune_steps)) and tune_steps[-1] == steps, tune_steps
-
-        log = (trial / "training.log").read_text()
-        resumed = re.findall(r"resuming from \S*step_(\d{8})\.pt", log)
-        assert [int(s) for s in resumed] == [20], log  # restarted once, at the last checkpoint before the fault
-        trained = (fault_step - 1) + (steps - int(resumed[0]))
-        assert trained <= steps + interval, trained
-    assert "best trial" in stdout
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. A two-node cluster on this machine; data shipped through the object store
+# 2. A two-node cluster on this machine; data shipped through the object store
 
 
 @pytest.mark.slow
@@ -280,7 +230,7 @@ def test_shipped_data_materializes_on_a_node_without_it(tmp_path: Path, builtin_
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. The service path: a Ray head with its dashboard on 127.0.0.1, the sweep as a Ray Job
+# 3. The service path: a Ray head with its dashboard on 127.0.0.1, the sweep as a Ray Job
 
 
 def _free_port() -> int:
@@ -388,58 +338,7 @@ def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. Fractional GPUs on a CPU machine
-
-
-@pytest.mark.slow
-def test_two_trials_share_one_logical_gpu(tmp_path: Path, builtin_data: Path):
-    meeting = tmp_path / "meeting"  # each trial waits at step 10 until both are there (tests/faults.py meet)
-    meeting.mkdir()
-    sweep, _ = run_tiny_sweep(tmp_path, "frac", builtin_data, [1e-3, 3e-3], 40, "--no-dashboard", "--num-cpus", "2",
-                              "--num-gpus", "1", "--gpus-per-trial", "0.5", "--step-hook",
-                              "faults:meet_two_trials_at_step_10", env={**FAULTS_ENV, MEETING_ENV: str(meeting)})
-    assert len(list(meeting.iterdir())) == 2  # both trials were at step 10 at once
-    assert json.loads((sweep / "sweep.json").read_text())["resources_per_trial"] == {"cpu": 1.0, "gpu": 0.5}
-    states = trial_states(sweep)
-    intervals = []
-    for trial in trial_dirs(sweep).values():
-        rows = result_rows(trial)
-        tid = rows[0]["trial_id"]
-        saved = states[tid][0]["placement_group_factory"]
-        factory = pickle.loads(bytes.fromhex(saved["value"] if isinstance(saved, dict) else saved))
-        assert factory.bundles == [{"CPU": 1.0, "GPU": 0.5}], factory.bundles  # what Ray scheduled it with
-        # torch sees no CUDA here: the trial trained on the CPU.
-        assert "device=cpu" in (trial / "training.log").read_text()
-        start = rows[0]["timestamp"] - rows[0]["elapsed_s"]
-        intervals.append((start, rows[-1]["timestamp"]))
-    assert len(intervals) == 2
-    (s1, e1), (s2, e2) = intervals
-    overlap = min(e1, e2) - max(s1, s2)
-    assert overlap > 0, f"trials did not run at once on the one GPU: {intervals}"
-    assert {o["outcome"] for o in read_outcomes(sweep).values()} == {"completed"}
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. Weights & Biases: Ray Tune's own WandbLoggerCallback, offline
-
-
-@pytest.mark.slow
-def test_wandb_gets_one_run_per_trial_with_every_tune_result(tmp_path: Path, builtin_data: Path):
-    sweep, _ = run_tiny_sweep(tmp_path, "wb", builtin_data, [1e-3, 3e-3], 20, "--no-dashboard", "--num-cpus", "1",
-                              "--wandb", "lmtune-tests", env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    runs = {run["config"]["lr"]: run for run in read_wandb_runs(sweep)}
-    folders = {json.loads((d / "trial.json").read_text())["params"]["lr"]: d for d in trial_dirs(sweep).values()}
-    assert set(runs) == set(folders) == {1e-3, 3e-3}
-    for lr, folder in folders.items():
-        reported = result_rows(folder)
-        logged = [row for row in runs[lr]["history"] if "train_loss" in row]
-        assert [row["step"] for row in logged] == [row["step"] for row in reported]
-        assert [row["train_loss"] for row in logged] == pytest.approx([row["train_loss"] for row in reported])
-        assert any("val_loss" in row for row in logged)
-
-
-# ---------------------------------------------------------------------------------------------
-# 7. The run's summary: the best trial never errored or diverged
+# 4. The run's summary: the best trial never errored or diverged
 
 
 # Budget of the on-disk sweeps below: 30 steps of 500 tokens (15,000), evaluations every 10 steps.
