@@ -22,6 +22,8 @@ def coverage():
     return importlib.import_module("horizon_coverage")
 
 
+# A benchmark of the search against its ground truth (simulated searches): the release tier.
+@pytest.mark.release
 @pytest.mark.slow
 def test_the_90_percent_interval_holds_the_true_lr_in_85_to_97_percent_of_power_law_searches(coverage):
     # (a little conservative here by design: the surface's interval is widened 1.5x, the smallest widening that held
@@ -33,6 +35,8 @@ def test_the_90_percent_interval_holds_the_true_lr_in_85_to_97_percent_of_power_
     assert 0.85 <= held <= 0.97, f"the nominal 90% interval held the true LR* in {held:.1%} of 200 searches"
 
 
+# A benchmark of the search against its ground truth (simulated searches): the release tier.
+@pytest.mark.release
 @pytest.mark.slow
 def test_betas_interval_holds_the_true_beta_in_85_to_97_percent_of_power_law_searches(coverage):
     # (a little conservative here by design: the located LR*s' SEs are widened 1.5x so that the prediction holds
@@ -43,12 +47,16 @@ def test_betas_interval_holds_the_true_beta_in_85_to_97_percent_of_power_law_sea
     assert 0.85 <= held <= 0.97, f"beta's nominal 90% interval held the true beta in {held:.1%} of 200 searches"
 
 
+# A benchmark of the search against its ground truth (simulated searches): the release tier.
+@pytest.mark.release
 @pytest.mark.slow
 def test_a_sharp_basin_resolves_a_beta_of_0_3_at_the_shipped_settings(coverage):
     outcomes = coverage.study(coverage.SCENARIOS["sharp"], 50, first_seed=5000)
     assert sum(o.resolved for o in outcomes) / len(outcomes) >= 0.8
 
 
+# A benchmark of the search against its ground truth (simulated searches): the release tier.
+@pytest.mark.release
 @pytest.mark.slow
 def test_a_best_lr_that_does_not_follow_a_power_law_is_flagged(coverage):
     outcomes = coverage.study(coverage.SCENARIOS["law_broken"], 50, first_seed=6000)

@@ -23,6 +23,8 @@ def coverage():
     return importlib.import_module("width_coverage")
 
 
+# A benchmark of the search against its ground truth (simulated searches): the release tier.
+@pytest.mark.release
 @pytest.mark.slow
 def test_the_90_percent_interval_holds_the_true_lr_at_the_target_width_in_85_to_95_percent_of_searches(coverage):
     outcomes = [coverage.simulate(gamma, 1000 + k) for gamma in (1.0, 0.0) for k in range(100)]
@@ -31,6 +33,8 @@ def test_the_90_percent_interval_holds_the_true_lr_at_the_target_width_in_85_to_
     assert 0.85 <= held <= 0.95, f"the nominal 90% interval held the true LR* in {held:.1%} of 200 searches"
 
 
+# A benchmark of the search against its ground truth (simulated searches): the release tier.
+@pytest.mark.release
 @pytest.mark.slow
 def test_a_fall_like_sps_is_resolved_and_a_flat_optimum_mostly_is_not(coverage):
     falling = [coverage.simulate(1.0, 3000 + k) for k in range(50)]
