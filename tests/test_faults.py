@@ -247,9 +247,7 @@ def test_two_runs_with_one_name_cannot_both_create_the_sweep(tmp_path):
 
 
 def _stop(proc: subprocess.Popen, how: str) -> None:
-    if how == "ctrl-c to the process group":
-        os.killpg(proc.pid, signal.SIGINT)
-    elif how == "ctrl-c again and again, ten times a second":
+    if how == "ctrl-c again and again, ten times a second":
         # (the second lands while Tune stops the trials, the later ones while Ray shuts down and the driver
         # prints: before, one there cut ray.shutdown short or killed the driver, exit 1 or -2 instead of 130)
         with contextlib.suppress(ProcessLookupError):
@@ -262,9 +260,11 @@ def _stop(proc: subprocess.Popen, how: str) -> None:
         os.kill(proc.pid, signal.SIGTERM)
 
 
+# (One Ctrl-C to the process group is not a case of its own: the sweeps of test_edge_sweep.py and test_cs336_page.py
+# are stopped so, exit 130 and print their resume command, and the first of the repeated Ctrl-Cs below is one.)
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c to the process group", "ctrl-c again and again, ten times a second",
-                                 "SIGTERM to the driver", "SIGTERM to the process group"])
+@pytest.mark.parametrize("how", ["ctrl-c again and again, ten times a second", "SIGTERM to the driver",
+                                 "SIGTERM to the process group"])
 def test_a_stopped_sweep_says_so_names_its_resume_command_and_exits_non_zero(builtin_data, tmp_path, how):
     space = write_grid(tmp_path / "grid.yaml", [1e-3], asha=False, steps=400)  # (one trial is all a stop needs)
     results = tmp_path / "results"
