@@ -48,7 +48,7 @@ from conftest import (
     wait_until,
     write_grid_space,
 )
-from faults import CRASH_STEP, FAULT_SWEEP_LRS, FAULTS_ENV, FIRED, MEETING_ENV, OOM_STEP, note
+from faults import CRASH_STEP, FAULT_SWEEP_LRS, FAULTS_ENV, FIRED, MEET_STEP, MEETING_ENV, OOM_STEP, note
 
 from lmtune import run as run_cli
 from lmtune import train as train_cli
@@ -377,9 +377,11 @@ def fault_sweep(builtin_data, tmp_path_factory) -> dict:
     wait_until(ended_while_watching_dashboards, None, 600, "end of the sweep", poll_s=0.5, required=False)
     out = finish(proc, 60)
     sweep_dir = results / "faults"
-    dirs = trial_dirs(sweep_dir)
+    dirs = trial_dirs(sweep_dir) if sweep_dir.is_dir() else {}  # (none: its tests fail on its exit status first)
     by_lr = {json.loads((d / "params.json").read_text())["lr"]: t for t, d in dirs.items()}
     trial_of = {fault: by_lr.get(lr) for fault, lr in FAULT_SWEEP_LRS.items()}
+    note(f"fault sweep: exit {proc.returncode} after {time.monotonic() - started:.0f} s; met at step "
+         f"{MEET_STEP}: {sorted(p.name for p in meeting.iterdir())}")
     return {"out": out, "rc": proc.returncode, "dir": sweep_dir, "dashboard": dashboard_cmdlines, "dirs": dirs,
             "trial": trial_of, "meeting": meeting, "seconds": time.monotonic() - started}
 
