@@ -13,6 +13,7 @@ from conftest import (
     TINY_TRIAL,
     assert_confirmation_follows_its_rule,
     assert_coord_check_follows_its_rule,
+    assert_real_picture,
     run_space_and_analyze,
     trial_dirs,
 )
@@ -71,8 +72,8 @@ def test_the_report_gives_the_fit_the_prediction_the_confirmation_and_the_coord_
     assert s["search_flops"] > s["confirmation_flops"] > 0
     assert s["coord_check"]["widths"] == [16, 32, 64]
     assert_coord_check_follows_its_rule(s["coord_check"])
-    for figure in ("width.png", "coord_check.png"):
-        assert (width_sweep["dir"] / "report" / figure).stat().st_size > 10_000, figure
+    assert_real_picture(width_sweep["dir"] / "report" / "width.png")
+    assert_real_picture(width_sweep["dir"] / "report" / "coord_check.png")
 
 
 def test_run_and_analyze_print_the_same_prediction(width_sweep):
@@ -83,6 +84,8 @@ def test_run_and_analyze_print_the_same_prediction(width_sweep):
     assert f"{predicted} (interval " in line, line  # not "90% interval": it held under 85% off its scenarios
 
 
+# A benchmark of the search against its ground truth (15 runs at the target width): the release tier.
+@pytest.mark.release
 def test_the_prediction_agrees_with_a_small_ground_truth_grid_at_the_target_width(width_sweep, tmp_path_factory):
     """The benchmark's check at test size: the confirmation's LRs and 2x beyond them each way, TRUTH_SEEDS seeds
     each, trained at the target width from scratch; the prediction's loss on that curve within 2 standard errors
