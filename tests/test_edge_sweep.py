@@ -209,6 +209,8 @@ def test_the_report_of_the_edge_search_is_written(resumed_edge_sweep):
     assert_real_picture(sweep_dir / "report" / "lr_range_test.png")
 
 
+# A benchmark of the search against its ground truth (24 runs trained in full): the release tier.
+@pytest.mark.release
 def test_the_search_agrees_with_a_small_ground_truth_grid_trained_without_early_stopping(resumed_edge_sweep,
                                                                                          tmp_path):
     """The benchmark's comparison (benchmarks/lr_truth.py) at test size: the tiny model's LRs 3.16x apart and the
