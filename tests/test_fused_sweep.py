@@ -9,50 +9,45 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TEST_ASHA, finish, kill_session, run_lmtune, start_lmtune, write_grid_space
 
 from lmtune.report.reader import load_sweep
 from lmtune.sweep.record import read_outcomes
 from lmtune.sweep.spaces import shipped_spaces
-from tests.conftest import run_lmtune, start_lmtune
 
 pytestmark = pytest.mark.slow
 
-# The quick space's six LRs over a shorter schedule and half its batch: 300 goes non-finite at once, 1.0
-# spikes far above its initial loss, the rest finish.
-# The quick space's six LRs on a one-layer model of width 32: what the comparisons need (fused and unfused trials of
-# one config), at a fifth of the quick model's compute.
-SHORT = ("steps=40", "warmup_steps=10", "eval_interval=20", "checkpoint_interval=20", "batch_size=16", "d_model=32",
-         "d_ff=64", "n_layers=1", "n_heads=2", "context_length=32", "eval_batches=1")
+# The quick space's six LRs on the tiny trial (conftest's TINY_TRIAL: what the comparisons need, fused and unfused
+# trials of one config): 300 goes non-finite at once, 1.0 spikes far above its initial loss, the rest finish.
+LRS = yaml.safe_load((shipped_spaces() / "quick.yaml").read_text())["params"]["lr"]
 
 
-def _start_sweep(results: Path, name: str, space: str | Path, *extra: str, cpus: int = 2) -> subprocess.Popen:
-    sets = [arg for pair in SHORT for arg in ("--set", pair)]
+def _start_sweep(results: Path, name: str, space: Path, *extra: str) -> subprocess.Popen:
     return start_lmtune("run", "--space", str(space), "--name", name, "--results", str(results), "--data",
-                        str(Path(results).parent / "data"), "--no-dashboard", "--quiet", "--num-cpus", str(cpus),
-                        *sets, *extra)
-
-
-def _finished(proc: subprocess.Popen, sweep_dir: Path) -> Path:
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output[-4000:]
-    return sweep_dir
+                        str(Path(results).parent / "data"), "--no-dashboard", "--quiet", "--num-cpus", "1", *extra)
 
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory, builtin_data) -> dict[str, Path]:
-    """The quick space without ASHA, run unfused and with --fuse 3, and with ASHA with --fuse 3."""
+    """The quick space's LRs on the tiny trial without ASHA, run unfused and with --fuse 3, and with ASHA with
+    --fuse 3."""
     root = tmp_path_factory.mktemp("fused")
     (root / "data").symlink_to(builtin_data)
-    raw = yaml.safe_load((shipped_spaces() / "quick.yaml").read_text())
-    raw["scheduler"] = {"name": "none"}
-    space = root / "quick_no_asha.yaml"
-    space.write_text(yaml.safe_dump(raw))
+    grid = write_grid_space(root / "grid.yaml", LRS)
+    asha = write_grid_space(root / "asha.yaml", LRS, scheduler=TEST_ASHA)
     results = root / "results"
     # Side by side, a CPU each: the sweeps' Ray start-ups overlap.
-    started = {"unfused": _start_sweep(results, "unfused", space, cpus=1),
-               "fused": _start_sweep(results, "fused", space, "--fuse", "3", cpus=1),
-               "fused_asha": _start_sweep(results, "fused_asha", "quick", "--fuse", "3", cpus=1)}
-    return {name: _finished(proc, results / name) for name, proc in started.items()}
+    started = {"unfused": _start_sweep(results, "unfused", grid),
+               "fused": _start_sweep(results, "fused", grid, "--fuse", "3"),
+               "fused_asha": _start_sweep(results, "fused_asha", asha, "--fuse", "3")}
+    try:
+        printed = {name: finish(proc, timeout=200) for name, proc in started.items()}
+    finally:
+        for proc in started.values():  # the others, where one failed
+            kill_session(proc.pid)
+    for name, proc in started.items():
+        assert proc.returncode == 0, (name, printed[name][-4000:])
+    return {name: results / name for name in started}
 
 
 def _by_lr(sweep_dir: Path) -> dict[float, tuple[str, float | None]]:
@@ -65,7 +60,7 @@ def _by_lr(sweep_dir: Path) -> dict[float, tuple[str, float | None]]:
     return out
 
 
-# At lr 1.0 the loss spikes to several times its initial value and whether it is back below it by step 40
+# At lr 1.0 the loss spikes to several times its initial value and whether it is back below it by the last step
 # is chaotic: the float32 rounding of batched and separate matmuls differs, and the difference grows
 # there until the fused and the unfused run end apart (in float64 they are equal: test_fused.py).
 CHAOTIC = 1.0
