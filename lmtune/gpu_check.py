@@ -10,6 +10,8 @@ to benchmarks/results.jsonl too); ``bench --concurrency 1,2,4`` and ``--fuse 1,2
 a shortened ``lr_grid`` sweep at four trials per GPU. Without a GPU, each step that needs CUDA is skipped with its
 reason and the others run as a smoke test on a tiny model (what CI runs): the file then says so, and none of its
 figures is a GPU's. A step whose packages are not installed is skipped, naming them, in the output and the file.
+``--only sweep`` (or ``--only bench,fuse``, of the steps named in STEPS) runs only those steps; the others are listed
+as left out.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ PACKAGES = ("torch", "numpy", "yaml", "tensorboardX", "optuna", "pandas", "matpl
 # compile caches): the CUDA checks 47 s, bench 31 s, concurrency 1,2,4 past 75 s (done within 170), fuse 1,2 within
 # 130 (1,2,4,7 past 170 while the fused compile failed); diagnose past 40 s.
 GPU_CAPS = {"diagnose": 120, "cuda": 60, "bench": 120, "concurrency": 150, "fuse": 240, "sweep": 120}
+# The steps, by the names --only takes: in order on a GPU.
+STEPS = tuple(GPU_CAPS)
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class Outcome:
 
 @dataclass
 class Step:
+    key: str
+    """Its short name (one of STEPS: what --only names)."""
     name: str
     command: list[str]
     needs_cuda: bool = False
@@ -115,40 +121,44 @@ def plan(cuda: bool, work: Path) -> list[Step]:
         bench = [*py, "lmtune.bench", "--json", "--config", "default", "--batch-size", "128"]
         short = ["--steps", "5", "--repeats", "2", "--warmup", "2"]
         return [
-            Step("environment and diagnose", [*py, "lmtune.diagnose"], json_output=False,
+            Step("diagnose", "environment and diagnose", [*py, "lmtune.diagnose"], json_output=False,
                  timeout_s=GPU_CAPS["diagnose"]),
-            Step("cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False,
+            Step("cuda", "cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False,
                  timeout_s=GPU_CAPS["cuda"]),
-            Step("bench default, batch 128, against the naive loop",
+            Step("bench", "bench default, batch 128, against the naive loop",
                  [*bench, "--steps", "10", "--repeats", "3", "--warmup", "3", "--no-eval", "--measured-peak",
                   "--record"], timeout_s=GPU_CAPS["bench"]),
-            Step("bench concurrency 1,2,4", [*bench, *short, "--concurrency", "1,2,4"],
+            Step("concurrency", "bench concurrency 1,2,4", [*bench, *short, "--concurrency", "1,2,4"],
                  timeout_s=GPU_CAPS["concurrency"]),
-            Step("bench fuse 1,2,4,7", [*bench, *short, "--fuse", "1,2,4,7"], timeout_s=GPU_CAPS["fuse"]),
-            Step("lr_grid sweep, 200 steps, 4 trials per GPU", [
+            Step("fuse", "bench fuse 1,2,4,7", [*bench, *short, "--fuse", "1,2,4,7"], timeout_s=GPU_CAPS["fuse"]),
+            Step("sweep", "lr_grid sweep, 200 steps, 4 trials per GPU", [
                 *py, "lmtune.run", "--space", "lr_grid", "--set", "steps=200", "--set", "warmup_steps=20",
                 "--set", "eval_interval=100", "--set", "checkpoint_interval=100", "--gpus-per-trial", "0.25",
                 "--name", "gpu-check", "--results", str(work), "--quiet", "--no-dashboard"],
                 needs=SWEEP_PACKAGES, json_output=False, timeout_s=GPU_CAPS["sweep"]),
         ]
     return [
-        Step("cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False),
-        Step("diagnose", [*py, "lmtune.diagnose", "--config", "quick", "--batch-size", "4", "--steps", "2",
-                          "--repeats", "1"],
-             json_output=False),
-        Step("bench (CPU smoke: a tiny model)", [*py, "lmtune.bench", *SMOKE_BENCH]),
-        Step("bench concurrency (CPU smoke)", [*py, "lmtune.bench", *SMOKE_BENCH, "--concurrency", "1,2"]),
-        Step("bench fuse (CPU smoke)", [*py, "lmtune.bench", *SMOKE_BENCH, "--fuse", "1,2"]),
-        Step("sweep (CPU smoke: quick, 10 steps)", [
+        Step("cuda", "cuda tests", [*py, "lmtune.tools.cuda_checks"], needs_cuda=True, json_output=False),
+        Step("diagnose", "diagnose", [*py, "lmtune.diagnose", "--config", "quick", "--batch-size", "4", "--steps", "2",
+                                      "--repeats", "1"], json_output=False),
+        Step("bench", "bench (CPU smoke: a tiny model)", [*py, "lmtune.bench", *SMOKE_BENCH]),
+        Step("concurrency", "bench concurrency (CPU smoke)",
+             [*py, "lmtune.bench", *SMOKE_BENCH, "--concurrency", "1,2"]),
+        Step("fuse", "bench fuse (CPU smoke)", [*py, "lmtune.bench", *SMOKE_BENCH, "--fuse", "1,2"]),
+        Step("sweep", "sweep (CPU smoke: quick, 10 steps)", [
             *py, "lmtune.run", "--space", "quick", "--set", "steps=10", "--set", "eval_interval=5", "--set",
             "checkpoint_interval=5", "--set", "warmup_steps=2", *TINY, "--name", "gpu-check", "--results", str(work),
             "--quiet", "--no-dashboard", "--num-cpus", "2"], needs=SWEEP_PACKAGES, json_output=False),
     ]
 
 
-def run_step(step: Step, cuda: bool) -> None:
-    """Run one step (or say why not) and keep what it printed: its JSON, else the last lines."""
+def run_step(step: Step, cuda: bool, only: list[str] | None = None) -> None:
+    """Run one step (or say why not: left out of ``only``, the steps asked for) and keep what it printed: its JSON,
+    else the last lines."""
     command = shlex.join(step.command)
+    if only is not None and step.key not in only:
+        step.outcome = Outcome(command, ran=False, skipped=f"left out (--only {','.join(only)})")
+        return
     if step.needs_cuda and not cuda:
         step.outcome = Outcome(command, ran=False, skipped="needs a CUDA GPU: none here")
         return
@@ -204,11 +214,27 @@ def machine() -> Machine:
                    gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
 
 
+def parse_only(value: str | None) -> list[str] | None:
+    """--only's steps, in STEPS's order (None: every step); a name not in STEPS is refused in one line."""
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STEPS]
+    if unknown or not names:
+        what = f"no step called {', '.join(unknown)}" if unknown else "names no step"
+        raise LmtuneError(f"--only {what}; the steps are {', '.join(STEPS)}")
+    return [key for key in STEPS if key in names]
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog("gpu_check"), description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="the JSON file (default: gpu_check-HOST-TIME.json)")
+    parser.add_argument("--only", metavar="STEP[,STEP...]",
+                        help=f"run only these steps, of {', '.join(STEPS)} (default: every step); the others are "
+                             "listed as left out")
     args = parser.parse_args(argv)
+    only = parse_only(args.only)
     out = args.out or Path(f"gpu_check-{platform.node()}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     check_destination(out, "--out", kind="file")  # before the run: on a GPU it takes minutes
     if out.exists():
@@ -218,13 +244,15 @@ def main(argv: list[str] | None = None) -> int:
               "missing_packages": missing_packages(),
               "note": "measured on a CUDA GPU" if cuda else
               "no CUDA GPU here: a smoke test of the CPU paths on a tiny model; no figure is a GPU's"}
+    if only is not None:
+        report["only"] = only
     if report["missing_packages"]:
         print(f"not installed: {', '.join(report['missing_packages'])} (the steps that need them are skipped)")
     with tempfile.TemporaryDirectory(prefix="lmtune-gpu-check-") as work:
         steps = plan(cuda, Path(work))
         for step in steps:
             print(f"{step.name}: ", end="", flush=True)
-            run_step(step, cuda)
+            run_step(step, cuda, only)
             r = step.outcome
             print(r.skipped or ("ok" if r.ok else f"FAILED (exit {r.returncode})")
                   + (f", {r.seconds} s" if r.seconds is not None else ""), flush=True)
