@@ -8,8 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import EXAMPLE, TINY_TRIAL, USER_MODELS, docs_text, run_python
+from conftest import EXAMPLE, TINY_TRIAL, USER_MODELS, docs_text, run_python
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

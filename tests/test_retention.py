@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import assert_refused, trial_dirs, write_grid_space
 
 from lmtune.files import DiskFullError, atomic_write_bytes
 from lmtune.searches import STRATEGIES
@@ -17,7 +18,6 @@ from lmtune.sweep.disk import Keep
 from lmtune.sweep.retention import prune_sweep, prune_trial
 from lmtune.sweep.stopping import DiskGuard, OutcomeRecorder, TrialStopper
 from lmtune.sweep.storage import filesystem_of
-from tests.conftest import assert_refused, trial_dirs, write_grid_space
 
 
 def make_trial(folder: Path, tune_steps: tuple[int, ...] = (10, 20), own_steps: tuple[int, ...] = (),
