@@ -166,13 +166,20 @@ def tiny_config(make_tiny_config: Callable[..., RunConfig]) -> RunConfig:
     return make_tiny_config()
 
 
+# The quick sweep's model: the tiny trial's widths and depth, the space's own context and budget (its 6 LRs still
+# show slow, good, spiking and diverging runs).
+QUICK_SWEEP_MODEL = {k: TINY_TRIAL[k] for k in ("d_model", "d_ff", "n_layers", "n_heads")}
+
+
 @pytest.fixture(scope="session")
 def quick_sweep(tmp_path_factory: pytest.TempPathFactory, builtin_data: Path) -> Path:
-    """A real `quick` sweep (Ray Tune on a local cluster, 6 trials), run once per test session; --keep last, so
-    each trial keeps its newest checkpoint (analyze --sharpness reads them)."""
+    """A real sweep of the shipped `quick` space (Ray Tune on a local cluster, its 6 LRs, its steps, evaluations and
+    ASHA), its model shrunk to QUICK_SWEEP_MODEL, run once per test session; --keep last, so each trial keeps its
+    newest checkpoint (analyze --sharpness reads them)."""
     results = tmp_path_factory.mktemp("results")
     proc = run_lmtune("run", "--space", "quick", "--name", "quick", "--results", str(results),
-                      "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "1", "--keep", "last")
+                      "--data", str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "1", "--keep", "last",
+                      *set_args(QUICK_SWEEP_MODEL))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (results / "quick.log").write_text(proc.stdout + proc.stderr)  # what the user saw, beside the sweep
     return results / "quick"

@@ -56,6 +56,9 @@ def test_the_readmes_python_example_runs_and_tune_names_the_best_lr_the_report_d
     assert again.status_counts.get("stopped_early", 0) >= 1  # ASHA cut the coarse grid
 
 
+# (the documentation's example as written: the release tier; per push, the README's first example is the Python API's
+# end-to-end test, and test_cs336_page.py's sweep the user's model's)
+@pytest.mark.release
 @pytest.mark.slow
 def test_the_readmes_python_example_of_a_users_model_runs_and_its_report_names_the_model(tmp_path):
     shutil.copytree(README.parent / "examples", tmp_path / "examples")  # a folder holding examples/, as the README's

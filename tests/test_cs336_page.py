@@ -22,9 +22,11 @@ import numpy as np
 import pytest
 from conftest import (
     TINY,
+    assert_one_line_error,
     assert_real_picture,
     finish,
     run_command,
+    snapshot,
     start_lmtune,
     trial_dirs,
     wait_until,
@@ -153,8 +155,9 @@ def test_prepare_from_the_students_own_token_arrays_and_tokenizer(student: Path)
 @pytest.fixture(scope="module")
 def lr_edge(student: Path, prepared: Path) -> dict:
     """The page's learning-rate command as written, from the student's repository, with the tiny model on top:
-    Ctrl-C once three trials have ended, resumed by the command it printed, then the page's analyze and sample.
-    (The one edge search on a user's model per push; the README's, on lmtune's example model, is the release tier's:
+    Ctrl-C once three trials have ended; the command it printed run once with the student's model.py edited (refused:
+    code changed since the sweep started) and once as it was (resumed); then the page's analyze and sample. (The one
+    edge search on a user's model per push; the README's, on lmtune's example model, is the release tier's:
     test_user_model_sweep.py.)"""
     python, sweep = python_of(student), student / "results" / "lr_edge"
     argv = command("run", "lr_edge")
@@ -165,11 +168,19 @@ def lr_edge(student: Path, prepared: Path) -> dict:
     ended = {t: e["outcome"] for t, e in read_outcomes(sweep).items()}
     printed = re.search(r"resume it with: python (-m lmtune\.run .*)$", interrupted, re.M)
     assert printed, interrupted[-3000:]
-    resumed = run_command([str(python), *shlex.split(printed.group(1))], cwd=student)
+    resume = [str(python), *shlex.split(printed.group(1))]
+    model, before = student / PACKAGE / "model.py", snapshot(sweep)
+    original = model.read_text()
+    model.write_text(original + "\n# edited\n")
+    refused = run_command(resume, cwd=student)
+    written = snapshot(sweep) != before
+    model.write_text(original)
+    resumed = run_command(resume, cwd=student)
     analyze = run_as_written(command("analyze", "results/lr_edge"), student)
     summary = json.loads((sweep / "report" / "summary.json").read_text())
     sampled = run_as_written(command("sample", "results/lr_edge"), student, "--max-tokens", "16")
     return {"dir": sweep, "interrupted": (proc.returncode, interrupted), "ended_before": ended, "resumed": resumed,
+            "refused": refused, "written_by_refused": written,
             "analyze": analyze, "summary": summary, "sampled": sampled,
             "model": f"{student}/{PACKAGE}/model.py:TransformerLM"}
 
@@ -184,6 +195,13 @@ def test_the_learning_rate_sweep_interrupted_resumes_by_the_command_it_prints_an
     assert all(ledger[t]["outcome"] == o for t, o in lr_edge["ended_before"].items())  # decided: not rerun
     for folder in trial_dirs(lr_edge["dir"]).values():
         assert json.loads((folder / "config.json").read_text())["code"]["model"] == lr_edge["model"]
+
+
+@pytest.mark.slow
+def test_a_resume_after_the_students_model_changed_is_refused_in_one_line_and_writes_nothing(lr_edge: dict):
+    assert_one_line_error(lr_edge["refused"].returncode, lr_edge["refused"].stderr, "changed since the sweep started",
+                          "--trust-code")
+    assert not lr_edge["written_by_refused"]
 
 
 @pytest.mark.slow
@@ -221,29 +239,43 @@ def test_the_page_sample_command_samples_the_best_checkpoint(lr_edge: dict):
     assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {lr_edge['summary']['best_checkpoint']}: ")
 
 
-# What `lmtune run` would start, worked out in the student's environment (their package imports only there).
+# What `lmtune run` would start, worked out in the student's environment (their package imports only there): for each
+# command given (a JSON list of argument lists), in one process.
 PLAN = """
 import json, sys
 from lmtune.run import build_parser, sweep_options
 from lmtune.sweep.experiment import plan_sweep
-args = sys.argv[1:]
-plan = plan_sweep(sweep_options(build_parser().parse_args(args), args))
-print(json.dumps({"search": plan.space.strategy.name, "model": plan.base.code.model, "tokens": plan.base.total_tokens,
-                  "variants": [v.name for v in getattr(plan.space.strategy.settings, "variants", ())]}))
+out = []
+for args in json.loads(sys.argv[1]):
+    plan = plan_sweep(sweep_options(build_parser().parse_args(args), args))
+    out.append({"search": plan.space.strategy.name, "model": plan.base.code.model, "tokens": plan.base.total_tokens,
+                "variants": [v.name for v in getattr(plan.space.strategy.settings, "variants", ())]})
+print(json.dumps(out))
 """
 
 
-def plan_of(name: str, student: Path, *extra: str) -> dict:
-    """The sweep the page's command for sweep ``name`` would start, with ``extra`` settings on top."""
-    proc = run_command([str(python_of(student)), "-c", PLAN, *command("run", name)[2:], *extra], cwd=student)
+def plans_of(student: Path, *requests: tuple[str, list[str]]) -> list[dict]:
+    """The sweeps the page's commands for sweeps ``name`` would start, each with its ``extra`` settings on top."""
+    commands = [[*command("run", name)[2:], *extra] for name, extra in requests]
+    proc = run_command([str(python_of(student)), "-c", PLAN, json.dumps(commands)], cwd=student)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# The page's sweeps, planned: the CPU-sized edge searches as written, the compare problems with the tiny model on top.
+PLANNED = {"quick_edge": [], "lr_edge_small": [], "batch": tiny(cpus=False, steps=128),
+           "ablations": tiny(cpus=False, steps=128)}
+
+
+@pytest.fixture(scope="module")
+def plans(student: Path, prepared: Path) -> dict[str, dict]:
+    return dict(zip(PLANNED, plans_of(student, *PLANNED.items()), strict=True))
+
+
 @pytest.mark.parametrize(("name", "tokens"), [("quick_edge", 16 * 64 * 162), ("lr_edge_small", 16 * 128 * 500)])
 def test_the_cpu_sized_commands_plan_the_edge_search_on_the_students_model_at_the_budget_the_page_says(
-        name: str, tokens: int, student: Path, prepared: Path):
-    plan = plan_of(name, student)
+        name: str, tokens: int, student: Path, plans: dict[str, dict]):
+    plan = plans[name]
     assert plan["search"] == "edge" and plan["tokens"] == tokens
     assert plan["model"] == f"{student}/{PACKAGE}/model.py:TransformerLM"
 
@@ -252,8 +284,8 @@ def test_the_cpu_sized_commands_plan_the_edge_search_on_the_students_model_at_th
     ("batch", ["batch_32", "batch_1", "batch_8", "batch_64", "batch_128", "batch_largest"]),
     ("ablations", ["reference", "no_pos_emb"])])
 def test_the_compare_problems_plan_every_variant_on_the_students_model(name: str, variants: list[str],
-                                                                      student: Path, prepared: Path):
-    plan = plan_of(name, student, *tiny(cpus=False, steps=128))
+                                                                      student: Path, plans: dict[str, dict]):
+    plan = plans[name]
     assert plan["variants"] == variants and plan["model"] == f"{student}/{PACKAGE}/model.py:TransformerLM"
 
 
@@ -272,7 +304,7 @@ def test_the_compare_problems_train_every_variant_and_report_each_at_its_own_bes
                                                                                      prepared: Path):
     """As written on the page, at a tiny budget: the search finishes, every trial trains the student's model for one
     of the planned variants, and the report's comparison gives each variant's best LR."""
-    planned = plan_of(name, student, *tiny(cpus=False, steps=COMPARE_STEPS))["variants"]
+    (planned,) = (plan["variants"] for plan in plans_of(student, (name, tiny(cpus=False, steps=COMPARE_STEPS))))
     run_as_written(command("run", name), student, *tiny(steps=COMPARE_STEPS))
     sweep = student / "results" / name
     assert read_search_state(sweep, "compare")["finished"]

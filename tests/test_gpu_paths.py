@@ -322,6 +322,7 @@ def test_the_inductor_backend_compiles_the_quick_models_step_on_the_cpu_and_trai
     assert result.summary["best_val_loss"] == pytest.approx(eager.summary["best_val_loss"], rel=1e-3)
 
 
+@pytest.mark.release  # (torch.compile's tracing on the CPU, a GPU path: the release tier, with inductor's)
 @pytest.mark.slow
 def test_a_compiled_fused_group_losing_members_recompiles_at_most_log2_k_times(make_tiny_config, tmp_path,
                                                                                counting_backend):

@@ -22,7 +22,6 @@ from conftest import (
     assert_one_line_error,
     assert_refused,
     disk_sweep,
-    run_python,
     set_args,
     snapshot,
     write_grid_space,
@@ -292,36 +291,5 @@ def test_gpu_check_system_with_a_python_without_torch_names_torch_and_how_to_ins
 
 
 # ---------------------------------------------------------------------------------------------
-# Item 19: TuneConfig(mode="max") in a user's Tuner with lmtune's edge searcher and no lmtune scheduler
-
-_MODE_MAX_TUNER = """
-import json, sys
-import ray
-from ray import tune
-import lmtune
-
-ray.init(address="local", num_cpus=1, include_dashboard=False)  # (a new one: never a stray cluster)
-data, storage = sys.argv[1], sys.argv[2]
-sweep = lmtune.Sweep("quick_edge", data=data, steps=30)
-try:
-    tune.Tuner(sweep.trainable(), param_space=sweep.param_space(),
-               tune_config=tune.TuneConfig(metric="val_loss", mode="max", search_alg=sweep.searcher(),
-                                           num_samples=sweep.num_samples),
-               run_config=tune.RunConfig(name="inverted", storage_path=storage)).fit()
-    found = "fit"
-except Exception as err:
-    found = f"{type(err).__name__}: {err}"
-print(json.dumps(found))
-"""
-
-
-@pytest.mark.slow
-def test_the_edge_searcher_alone_in_a_users_tuner_refuses_mode_max_before_training(tmp_path, builtin_data):
-    script = tmp_path / "tuner.py"
-    script.write_text(_MODE_MAX_TUNER)
-    proc = run_python(str(script), str(builtin_data), str(tmp_path / "results"), cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert found.startswith("ValueError") and "mode='min'" in found and "mode='max'" in found, found
-    assert not list(tmp_path.rglob("metrics.csv"))  # no trial trained
-    assert sorted(p.name for p in tmp_path.iterdir()) in (["tuner.py"], ["results", "tuner.py"])
+# Item 19: TuneConfig(mode="max") in a user's Tuner with lmtune's edge searcher and no lmtune scheduler: one script
+# with the other user's-Tuner checks, test_hostile_sweeps.py's users_tuner.

@@ -100,6 +100,7 @@ def _s3(endpoint: str, path: str = "bucket/sweeps") -> str:
 # a malformed value writes nothing anywhere (item 5)
 
 
+@pytest.mark.release  # (--storage, the cloud sweep's path: the release tier, with the autoscaler rehearsal's S3)
 @pytest.mark.slow
 def test_a_storage_folder_holds_the_whole_sweep_and_run_and_analyze_read_it(tmp_path, builtin_data, grid):
     shared = tmp_path / "shared"
@@ -356,6 +357,14 @@ try:
     found["mode_max"] = "fit"
 except Exception as err:
     found["mode_max"] = f"{type(err).__name__}: {err}"
+try:  # lmtune's edge searcher alone, no lmtune scheduler (issue 64 item 19)
+    tune.Tuner(sweep.trainable(), param_space=sweep.param_space(),
+               tune_config=tune.TuneConfig(metric="val_loss", mode="max", search_alg=sweep.searcher(),
+                                           num_samples=sweep.num_samples),
+               run_config=tune.RunConfig(name="alone", storage_path=storage)).fit()
+    found["searcher_alone"] = "fit"
+except Exception as err:
+    found["searcher_alone"] = f"{type(err).__name__}: {err}"
 grid = lmtune.Sweep("quick", data=data, steps=30, warmup_steps=5)
 results = tune.Tuner(grid.trainable(), param_space={"lr": tune.grid_search([-1.0])},
                      tune_config=tune.TuneConfig(metric="val_loss", mode="min"),
@@ -371,8 +380,8 @@ print(json.dumps(found))
 
 @pytest.fixture(scope="module")
 def users_tuner(tmp_path_factory, builtin_data) -> tuple[dict[str, str], Path]:
-    """What a user's own Tuner script met (one Ray instance for both): the edge search under mode="max", and the
-    report of a sweep whose every trial errored."""
+    """What a user's own Tuner script met (one Ray instance for all): the edge search under mode="max", with lmtune's
+    scheduler and with its searcher alone, and the report of a sweep whose every trial errored."""
     folder = tmp_path_factory.mktemp("tuner")
     script = folder / "tuner.py"
     script.write_text(_USERS_TUNER)
@@ -386,6 +395,14 @@ def test_the_edge_search_in_a_users_tuner_refuses_mode_max_before_training(users
     found, results = users_tuner
     assert found["mode_max"].startswith("ValueError") and "mode='min'" in found["mode_max"]
     assert not list((results / "inverted").glob("*/metrics.csv"))
+
+
+@pytest.mark.slow
+def test_the_edge_searcher_alone_in_a_users_tuner_refuses_mode_max_before_training(users_tuner):
+    found, results = users_tuner
+    alone = found["searcher_alone"]
+    assert alone.startswith("ValueError") and "mode='min'" in alone and "mode='max'" in alone, alone
+    assert not list((results / "alone").rglob("metrics.csv"))  # no trial trained
 
 
 @pytest.mark.slow

@@ -44,6 +44,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.mark.release  # (built and installed from a wheel: the release tier)
 @pytest.mark.slow
 def test_the_wheel_ships_every_search_space_inside_the_package(wheel):
     files = set(zipfile.ZipFile(wheel).namelist())
@@ -51,12 +52,14 @@ def test_the_wheel_ships_every_search_space_inside_the_package(wheel):
     assert [name for name in SHIPPED_SPACES if f"lmtune/search_spaces/{name}.yaml" not in files] == []
 
 
+@pytest.mark.release  # (built and installed from a wheel: the release tier)
 def test_the_wheel_ships_every_module_of_the_package(wheel):
     files = set(zipfile.ZipFile(wheel).namelist())
     modules = {path.relative_to(REPO).as_posix() for path in (REPO / "lmtune").rglob("*.py")}
     assert sorted(modules - files) == [], "a module outside pyproject.toml's package discovery (lmtune*)?"
 
 
+@pytest.mark.release  # (built and installed from a wheel: the release tier)
 def test_the_wheel_declares_the_lmtune_console_script(wheel):
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
@@ -172,6 +175,7 @@ def _installed(venv: Path, program: str, *args: str, cwd: Path, timeout: float =
     return proc.returncode, output
 
 
+@pytest.mark.release  # (built and installed from a wheel: the release tier)
 @pytest.mark.slow
 def test_the_virtualenv_imports_lmtune_and_its_spaces_from_the_wheel_not_the_repository(venv, tmp_path):
     code, output = _installed(venv, "python", "-c", "import lmtune, lmtune.sweep.spaces as s; print(lmtune.__file__);"
@@ -181,6 +185,7 @@ def test_the_virtualenv_imports_lmtune_and_its_spaces_from_the_wheel_not_the_rep
     assert Path(module).is_relative_to(venv) and Path(spaces).is_relative_to(venv), output
 
 
+@pytest.mark.release  # (built and installed from a wheel: the release tier)
 @pytest.mark.slow
 def test_lmtune_help_lists_the_commands_from_any_directory(venv, tmp_path):
     code, output = _installed(venv, "lmtune", "--help", cwd=tmp_path)
@@ -189,6 +194,7 @@ def test_lmtune_help_lists_the_commands_from_any_directory(venv, tmp_path):
         assert f"\n  {command} " in output, (command, output)
 
 
+@pytest.mark.release  # (built and installed from a wheel: the release tier)
 @pytest.mark.slow
 def test_the_script_and_the_module_list_every_shipped_space_from_any_directory(venv, tmp_path):
     for command in (["lmtune", "run"], ["python", "-m", "lmtune.run"]):
@@ -197,6 +203,7 @@ def test_the_script_and_the_module_list_every_shipped_space_from_any_directory(v
         assert [line.split()[0] for line in output.splitlines()] == SHIPPED_SPACES, (command, output)
 
 
+@pytest.mark.release  # (built and installed from a wheel: the release tier)
 @pytest.mark.slow
 def test_a_sweep_of_a_shipped_space_runs_and_is_analyzed_from_any_directory(venv, tmp_path):
     code, output = _installed(venv, "lmtune", "run", "--space", "quick", "--name", "tiny", "--results", "results",

@@ -177,6 +177,7 @@ def test_existing_name_without_resume_is_refused_untouched(quick_sweep: Path):
 # 2. A two-node cluster on this machine; data shipped through the object store
 
 
+@pytest.mark.release  # (a cluster: the release tier)
 @pytest.mark.slow
 def test_two_node_cluster_places_trials_on_both_nodes(tmp_path: Path, builtin_data: Path):
     from ray.cluster_utils import Cluster
@@ -253,6 +254,7 @@ def _stop_session(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+@pytest.mark.release  # (a cluster's Jobs service: the release tier)
 @pytest.mark.slow
 def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
     from ray._private.authentication.authentication_token_generator import generate_new_authentication_token

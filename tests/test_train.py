@@ -93,6 +93,7 @@ def uninterrupted_run(make_tiny_config, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------- learning
 
 
+@pytest.mark.release  # (a test-size truth of the quick budget: the release tier)
 @pytest.mark.slow
 def test_quick_budget_takes_val_loss_from_uniform_to_far_below_unigram_entropy(builtin_data, tmp_path):
     # The real quick budget (model, batch, context, lr), cut to 60 steps with a 10-step warm-up to stay fast.
