@@ -30,6 +30,7 @@ from conftest import (
     start_lmtune,
     trial_dirs,
     wait_until,
+    write_grid_space,
 )
 from cs336_repo import PACKAGE, layered_venv, write_cs336_repo
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -152,17 +153,29 @@ def test_prepare_from_the_students_own_token_arrays_and_tokenizer(student: Path)
     assert "tinystories_valid.npy" in json.dumps(json.loads((out / "meta.json").read_text())["validation"])
 
 
+def as_sweep(argv: list[str], space: str, name: str) -> list[str]:
+    """A page command with its --space and --name (or results/NAME folder) replaced."""
+    out = [space if argv[i - 1] == "--space" else name if argv[i - 1] == "--name" else word
+           for i, word in enumerate(argv)]
+    return [f"results/{name}" if word.startswith("results/") else word for word in out]
+
+
+# The student's own small grid (four LRs of the tiny model): the per-push sweep of the student's package.
+STUDENT_GRID = [1e-3, 3e-3, 1e-2, 3e-2]
+
+
 @pytest.fixture(scope="module")
-def lr_edge(student: Path, prepared: Path) -> dict:
-    """The page's learning-rate command as written, from the student's repository, with the tiny model on top:
-    Ctrl-C once three trials have ended; the command it printed run once with the student's model.py edited (refused:
-    code changed since the sweep started) and once as it was (resumed); then the page's analyze and sample. (The one
-    edge search on a user's model per push; the README's, on lmtune's example model, is the release tier's:
-    test_user_model_sweep.py.)"""
-    python, sweep = python_of(student), student / "results" / "lr_edge"
-    argv = command("run", "lr_edge")
-    proc = start_lmtune(argv[1], *argv[2:], *tiny(), python=python, cwd=student)
-    wait_until(lambda: len(read_outcomes(sweep)) >= 3, proc, 180, "three ended trials", poll_s=0.05)
+def mine(student: Path, prepared: Path) -> dict:
+    """The page's learning-rate command, from the student's repository, with their package's model, optimizer and
+    schedule, on a small grid space of their own (STUDENT_GRID): Ctrl-C once two trials have ended; the command it
+    printed run once with the student's model.py edited (refused: code changed since the sweep started) and once as
+    it was (resumed); then the page's analyze and sample commands on it. (The per-push sweep of a user's package; the
+    page's edge search as written is the release tier's, below.)"""
+    python, sweep = python_of(student), student / "results" / "mine"
+    write_grid_space(student / "mine.yaml", STUDENT_GRID, **TINY_SETTINGS)
+    argv = as_sweep(command("run", "lr_edge"), "mine.yaml", "mine")
+    proc = start_lmtune(argv[1], *argv[2:], "--num-cpus", "1", python=python, cwd=student)
+    wait_until(lambda: len(read_outcomes(sweep)) >= 2, proc, 120, "two ended trials", poll_s=0.05)
     os.killpg(proc.pid, signal.SIGINT)
     interrupted = finish(proc, 60)
     ended = {t: e["outcome"] for t, e in read_outcomes(sweep).items()}
@@ -176,67 +189,75 @@ def lr_edge(student: Path, prepared: Path) -> dict:
     written = snapshot(sweep) != before
     model.write_text(original)
     resumed = run_command(resume, cwd=student)
-    analyze = run_as_written(command("analyze", "results/lr_edge"), student)
+    analyze = run_as_written(as_sweep(command("analyze", "results/lr_edge"), "", "mine"), student)
     summary = json.loads((sweep / "report" / "summary.json").read_text())
-    sampled = run_as_written(command("sample", "results/lr_edge"), student, "--max-tokens", "16")
+    sampled = run_as_written(as_sweep(command("sample", "results/lr_edge"), "", "mine"), student, "--max-tokens", "16")
     return {"dir": sweep, "interrupted": (proc.returncode, interrupted), "ended_before": ended, "resumed": resumed,
-            "refused": refused, "written_by_refused": written,
-            "analyze": analyze, "summary": summary, "sampled": sampled,
-            "model": f"{student}/{PACKAGE}/model.py:TransformerLM"}
+            "refused": refused, "written_by_refused": written, "analyze": analyze, "summary": summary,
+            "sampled": sampled, "model": f"{student}/{PACKAGE}/model.py:TransformerLM"}
 
 
 @pytest.mark.slow
-def test_the_learning_rate_sweep_interrupted_resumes_by_the_command_it_prints_and_finishes(lr_edge: dict):
-    code, out = lr_edge["interrupted"]
+def test_the_students_sweep_interrupted_resumes_by_the_command_it_prints_and_finishes(mine: dict):
+    code, out = mine["interrupted"]
     assert code == 130, out[-3000:]
-    assert lr_edge["resumed"].returncode == 0, lr_edge["resumed"].stderr[-3000:]
-    assert read_search_state(lr_edge["dir"], "edge")["finished"]
-    ledger = read_outcomes(lr_edge["dir"])
-    assert all(ledger[t]["outcome"] == o for t, o in lr_edge["ended_before"].items())  # decided: not rerun
-    for folder in trial_dirs(lr_edge["dir"]).values():
-        assert json.loads((folder / "config.json").read_text())["code"]["model"] == lr_edge["model"]
+    assert mine["resumed"].returncode == 0, mine["resumed"].stderr[-3000:]
+    ledger = read_outcomes(mine["dir"])
+    assert len(ledger) == len(STUDENT_GRID) and all(e["outcome"] == "completed" for e in ledger.values()), ledger
+    assert all(ledger[t]["outcome"] == o for t, o in mine["ended_before"].items())  # decided: not rerun
+    for folder in trial_dirs(mine["dir"]).values():
+        assert json.loads((folder / "config.json").read_text())["code"]["model"] == mine["model"]
 
 
 @pytest.mark.slow
-def test_a_resume_after_the_students_model_changed_is_refused_in_one_line_and_writes_nothing(lr_edge: dict):
-    assert_one_line_error(lr_edge["refused"].returncode, lr_edge["refused"].stderr, "changed since the sweep started",
+def test_a_resume_after_the_students_model_changed_is_refused_in_one_line_and_writes_nothing(mine: dict):
+    assert_one_line_error(mine["refused"].returncode, mine["refused"].stderr, "changed since the sweep started",
                           "--trust-code")
-    assert not lr_edge["written_by_refused"]
+    assert not mine["written_by_refused"]
 
 
 @pytest.mark.slow
-def test_the_learning_rate_report_gives_the_edge_the_target_and_the_best_checkpoint(lr_edge: dict):
-    report = (lr_edge["dir"] / "report" / "lr_sweep_analysis.md").read_text()
-    assert "## Edge of stability" in report and "## Target" in report and "| top of the useful range |" in report
-    assert "best lr" in lr_edge["analyze"].stdout
-    # (what the page points to)
-    assert f"  checkpoint: {lr_edge['summary']['best_checkpoint']}" in lr_edge["analyze"].stdout.splitlines()
-
-
-@pytest.mark.slow
-def test_the_report_names_the_students_model_and_says_what_is_estimated_and_not_measured(lr_edge: dict):
-    model = lr_edge["summary"]["model"]
-    assert model["name"] == lr_edge["model"] and model["flops_counted"] and not model["attention_logits_measured"]
-    text = (lr_edge["dir"] / "report" / "lr_sweep_analysis.md").read_text()
-    assert f"your `{lr_edge['model']}`" in text and "Its attention logits are not measured for this model" in text
+def test_the_report_names_the_students_model_and_says_what_is_estimated_and_not_measured(mine: dict):
+    model = mine["summary"]["model"]
+    assert model["name"] == mine["model"] and model["flops_counted"] and not model["attention_logits_measured"]
+    text = (mine["dir"] / "report" / "lr_sweep_analysis.md").read_text()
+    assert f"your `{mine['model']}`" in text and "Its attention logits are not measured for this model" in text
     assert "counted by torch's FlopCounterMode" in text
+    assert "best lr" in mine["analyze"].stdout
+    assert f"  checkpoint: {mine['summary']['best_checkpoint']}" in mine["analyze"].stdout.splitlines()
 
 
 @pytest.mark.slow
-def test_the_report_shows_the_best_lrs_samples_and_curves_against_wall_clock_time(lr_edge: dict):
-    summary = lr_edge["summary"]
+def test_the_report_shows_the_best_lrs_samples_and_curves_against_wall_clock_time(mine: dict):
+    summary = mine["summary"]
     assert [s["seed"] for s in summary["samples"]] == [0, 1], summary["samples_note"]
     assert all(s["prompt"] == "Once upon a time" and s["tokens"] > 0 for s in summary["samples"])
-    text = (lr_edge["dir"] / "report" / "lr_sweep_analysis.md").read_text()
+    text = (mine["dir"] / "report" / "lr_sweep_analysis.md").read_text()
     assert "## Samples from the best LR's model" in text and "> Once upon a time" in text
-    assert_real_picture(lr_edge["dir"] / "report" / "lr_sweep_comparison_wall.png")
+    assert_real_picture(mine["dir"] / "report" / "lr_sweep_comparison_wall.png")
     assert "`lr_sweep_comparison_wall.png`" in text
 
 
 @pytest.mark.slow
-def test_the_page_sample_command_samples_the_best_checkpoint(lr_edge: dict):
-    sampled = lr_edge["sampled"]
-    assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {lr_edge['summary']['best_checkpoint']}: ")
+def test_the_page_sample_command_samples_the_best_checkpoint(mine: dict):
+    sampled = mine["sampled"]
+    assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {mine['summary']['best_checkpoint']}: ")
+
+
+@pytest.mark.slow
+@pytest.mark.release  # (the page's command as written: the release tier)
+def test_the_learning_rate_problem_as_written_searches_the_edge_reports_the_target_and_samples(student: Path,
+                                                                                               prepared: Path):
+    run_as_written(command("run", "lr_edge"), student, *tiny())
+    sweep = student / "results" / "lr_edge"
+    assert read_search_state(sweep, "edge")["finished"]
+    analyze = run_as_written(command("analyze", "results/lr_edge"), student)
+    report = (sweep / "report" / "lr_sweep_analysis.md").read_text()
+    assert "## Edge of stability" in report and "## Target" in report and "| top of the useful range |" in report
+    summary = json.loads((sweep / "report" / "summary.json").read_text())
+    assert "best lr" in analyze.stdout and f"  checkpoint: {summary['best_checkpoint']}" in analyze.stdout.splitlines()
+    sampled = run_as_written(command("sample", "results/lr_edge"), student, "--max-tokens", "16")
+    assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {summary['best_checkpoint']}: ")
 
 
 # What `lmtune run` would start, worked out in the student's environment (their package imports only there): for each
