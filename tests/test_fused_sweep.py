@@ -1,5 +1,6 @@
 """A fused sweep (``--fuse 3``) on a real local Ray cluster: the same answers as an unfused one, every
-member a trial of its own in the ledger and the report."""
+member a trial of its own in the ledger and the report; with ASHA, of a user's model (lmtune's example, given as
+--model): every member builds and trains it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TEST_ASHA, finish, kill_session, run_lmtune, start_lmtune, write_grid_space
+from conftest import EXAMPLE, TEST_ASHA, finish, kill_session, run_lmtune, start_lmtune, write_grid_space
 
 from lmtune.report.reader import load_sweep
 from lmtune.sweep.record import read_outcomes
@@ -30,7 +31,7 @@ def _start_sweep(results: Path, name: str, space: Path, *extra: str) -> subproce
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory, builtin_data) -> dict[str, Path]:
     """The quick space's LRs on the tiny trial without ASHA, run unfused and with --fuse 3, and with ASHA with
-    --fuse 3."""
+    --fuse 3 on the example model given as a user's (--model)."""
     root = tmp_path_factory.mktemp("fused")
     (root / "data").symlink_to(builtin_data)
     grid = write_grid_space(root / "grid.yaml", LRS)
@@ -39,7 +40,7 @@ def sweeps(tmp_path_factory, builtin_data) -> dict[str, Path]:
     # Side by side, a CPU each: the sweeps' Ray start-ups overlap.
     started = {"unfused": _start_sweep(results, "unfused", grid),
                "fused": _start_sweep(results, "fused", grid, "--fuse", "3"),
-               "fused_asha": _start_sweep(results, "fused_asha", asha, "--fuse", "3")}
+               "fused_asha": _start_sweep(results, "fused_asha", asha, "--fuse", "3", "--model", EXAMPLE)}
     try:
         printed = {name: finish(proc, timeout=200) for name, proc in started.items()}
     finally:
@@ -99,3 +100,13 @@ def test_with_asha_a_fused_sweep_records_every_members_outcome_and_reason(sweeps
     assert {e["outcome"] for e in members.values()} >= {"completed", "diverged"}
     _, trials = load_sweep(sweep)
     assert sorted(t.trial_id for t in trials) == sorted(members)
+
+
+def test_a_fused_sweep_of_a_users_model_trains_that_model_in_every_member(sweeps):
+    configs = [json.loads(p.read_text()) for p in sweeps["fused_asha"].glob("*/config.json")]  # (the members')
+    assert len(configs) == 6 and all(c["code"]["model"] == EXAMPLE for c in configs), [c["code"] for c in configs]
+    summaries = [json.loads(p.read_text()) for p in sweeps["fused_asha"].glob("*/summary.json")]  # (those that ended)
+    assert summaries and all(s["model"] == EXAMPLE for s in summaries)
+    groups = [json.loads(p.read_text()) for p in sweeps["fused_asha"].glob("*/trial.json")
+              if "members" in json.loads(p.read_text())]
+    assert len(groups) == 2 and all(len(g["members"]) == 3 for g in groups)

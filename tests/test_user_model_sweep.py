@@ -3,7 +3,6 @@
 - (the release tier) the README's command, the edge search on lmtune's example model (examples/cs336_model.py), at
   test size, stopped with Ctrl-C and resumed, then the report: it names the model, says what is not measured of it,
   estimates its FLOPs, shows the best LR's samples and the learning curves against wall-clock time;
-- a grid on the example model with two LRs fused per trial;
 - a model whose builds share a module (a module-level RoPE cache): fusing refused before Ray starts, and each of
   its trials run in a process of its own;
 - the width search under SP with a model whose constructor needs a factory: the factory builds every proxy.
@@ -20,7 +19,6 @@ from pathlib import Path
 
 import pytest
 from conftest import (
-    EXAMPLE,
     TINY_TRIAL,
     USER_MODELS,
     assert_one_line_error,
@@ -126,21 +124,7 @@ def test_the_report_shows_the_best_lrs_samples_and_curves_against_wall_clock_tim
     assert "`lr_sweep_comparison_wall.png`" in text
 
 
-@pytest.fixture(scope="module")
-def fused_grid(builtin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    tmp = tmp_path_factory.mktemp("fused_example")
-    space = write_grid_space(tmp / "grid.yaml", [1e-3, 3e-3, 1e-2, 3e-2], steps=20)
-    run = run_lmtune("run", "--space", str(space), "--fuse", "2", "--model", EXAMPLE, *common(tmp, builtin_data, "g"))
-    return {"run": run, "dir": tmp / "results" / "g"}
-
-
-def test_a_grid_of_the_example_model_fuses_two_lrs_per_trial(fused_grid):
-    assert fused_grid["run"].returncode == 0, fused_grid["run"].stderr[-3000:]
-    groups = [json.loads(p.read_text()) for p in fused_grid["dir"].glob("*/trial.json")
-              if "members" in json.loads(p.read_text())]
-    assert len(groups) == 2 and all(len(g["members"]) == 2 for g in groups)
-    summaries = [json.loads(p.read_text()) for p in fused_grid["dir"].glob("*/summary.json")]  # (the members)
-    assert len(summaries) == 4 and all(s["model"] == EXAMPLE and s["status"] == "completed" for s in summaries)
+# A grid of the example model, fused: test_fused_sweep.py's ASHA sweep (--fuse 3 --model the example).
 
 
 SHARED = str(USER_MODELS / "shared_rope.py:CachedRopeLM")
