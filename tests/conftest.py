@@ -203,11 +203,12 @@ def log_command(argv: list[str], started: float | None) -> None:
             log.write(json.dumps(line) + "\n")
 
 
-def run_process(argv: list[str], timeout: float | None = None, cwd: Path | None = None,
+def run_command(argv: list[str], timeout: float | None = None, cwd: Path | None = None,
                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``argv`` with the tests' environment, in a session of its own; returns the CompletedProcess. It may run
-    ``timeout`` seconds, and never past its test's limit (time_left); then it and every process it started are
-    killed and the test fails, naming the command and the last of its output."""
+    """Run ``argv`` (a console script, another environment's python, this one's) with the tests' environment, in a
+    session of its own; returns the CompletedProcess. It may run ``timeout`` seconds, and never past its test's limit
+    (time_left); then it and every process it started are killed and the test fails, naming the command and the last
+    of its output."""
     started, limit = time.monotonic(), time_left(timeout)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
                             env={**os.environ, **ENV, **(env or {})}, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -224,8 +225,8 @@ def run_process(argv: list[str], timeout: float | None = None, cwd: Path | None 
 
 def run_lmtune(module: str, *args: str, timeout: float | None = None, cwd: Path | None = None,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m lmtune.MODULE ARGS`` in a subprocess (run_process); returns the CompletedProcess."""
-    return run_process([sys.executable, "-m", f"lmtune.{module}", *args], timeout, cwd, env)
+    """Run ``python -m lmtune.MODULE ARGS`` in a subprocess (run_command); returns the CompletedProcess."""
+    return run_command([sys.executable, "-m", f"lmtune.{module}", *args], timeout, cwd, env)
 
 
 def run_space_and_analyze(space_yaml: str, name: str, tmp: Path, data: Path, num_cpus: int = 1,
@@ -243,15 +244,9 @@ def run_space_and_analyze(space_yaml: str, name: str, tmp: Path, data: Path, num
     return {"run": run, "analyze": analyze, "dir": sweep_dir, "summary": summary}
 
 
-def run_command(argv: list[str], timeout: float | None = None, cwd: Path | None = None,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``argv`` (a console script, another environment's python) with the tests' environment (run_process)."""
-    return run_process(argv, timeout, cwd, env)
-
-
 def run_python(*args: str, timeout: float | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python ARGS`` (this interpreter: a script, or -c CODE) in a subprocess (run_process)."""
-    return run_process([sys.executable, *args], timeout, cwd)
+    """Run ``python ARGS`` (this interpreter: a script, or -c CODE) in a subprocess (run_command)."""
+    return run_command([sys.executable, *args], timeout, cwd)
 
 
 def start_lmtune(module: str, *args: str, env: dict[str, str] | None = None, python: str | Path = sys.executable,
