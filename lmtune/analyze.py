@@ -12,7 +12,7 @@ import logging
 import math
 from pathlib import Path
 
-from lmtune.cli import prog
+from lmtune.cli import command_parser
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.findings.summary import SweepFacts
 from lmtune.report.headline import best_trial_lines, marked_unfinished, summary_lines, unfinished_mark
@@ -84,8 +84,7 @@ def refused_samples_lines(facts: SweepFacts) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog("analyze"),
-                                     description="Write the edge-of-stability report of a sweep (or, with --runs, "
+    parser = command_parser("analyze", description="Write the edge-of-stability report of a sweep (or, with --runs, "
                                                  "of runs lmtune did not make).")
     parser.add_argument("sweep", nargs="?", help="results/NAME (a sweep), results/ (reports the newest sweep in it), "
                                                  "or a sweep in object storage: s3://BUCKET/PREFIX/NAME (copied to "

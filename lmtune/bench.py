@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lmtune.cli import parse_set_args, prog
+from lmtune.cli import command_parser, parse_set_args
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import check_destination
@@ -88,7 +88,7 @@ def format_result(r: BenchResult) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("bench"), description="Time lmtune's training step.")
+    p = command_parser("bench", description="Time lmtune's training step.")
     p.add_argument("--budget", "--config", dest="config", choices=list(CONFIGS),
                    help="named model/budget, as in run and train (default: default; --coord-check: "
                    f"{COORD_BUDGET}; --config is its older name)")

@@ -8,6 +8,7 @@ lmtune`` is the same as ``lmtune`` (lmtune/__main__.py).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import importlib.util
@@ -31,6 +32,51 @@ def prog(command: str) -> str:
     """The program name a CLI module's usage line shows: ``lmtune run`` when run through the console script,
     else ``python -m lmtune.run``."""
     return f"lmtune {command}" if _via_console_script else f"python -m lmtune.{command}"
+
+
+_GIVEN = "_lmtune_given"
+"""The namespace attribute where _GivenOnce keeps what each option was given (removed once parsing ends)."""
+
+
+class _GivenOnce(argparse.Action):
+    """argparse's ``store``, refusing a repeat: ``--input a.txt --input b.txt`` would otherwise keep b.txt alone and
+    drop a.txt without a word (the data dropped silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault(_GIVEN, {})
+        if option_string is not None and self.dest in given:
+            first, second = (_as_given(value) for value in (given[self.dest], values))
+            several = (f" ({option_string} takes several after one flag: {option_string} {first} {second})"
+                       if self.nargs in ("+", "*") else "")
+            raise LmtuneError(f"{option_string} is given twice ({shown(first)}, then {shown(second)}); give it "
+                              f"once{several}")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+def _as_given(value) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, with every option that stores a value taking it once (a repeat is one line, not the
+    last one kept); appending options (``--set``) are unchanged."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _GivenOnce)
+        self.register("action", "store", _GivenOnce)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, rest = super().parse_known_args(args, namespace)
+        parsed.__dict__.pop(_GIVEN, None)
+        return parsed, rest
+
+
+def command_parser(command: str, description: str) -> argparse.ArgumentParser:
+    """The parser of ``lmtune COMMAND``: its usage line names the command as it was started (prog) and a single-value
+    option given twice is refused in one line."""
+    return ArgumentParser(prog=prog(command), description=description)
 
 
 def describe(command: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from lmtune.cli import device_flag, prog
+from lmtune.cli import command_parser, device_flag
 from lmtune.errors import cli_entry, setup_cli_logging
 from lmtune.tools import environment, progress
 from lmtune.tools.environment import NvmlSummary
@@ -98,8 +98,7 @@ def print_benchmark(result: BenchResult, nvml: NvmlSummary | None, device: torch
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("diagnose"),
-                                description="Check this machine's training speed, or show a sweep's progress.")
+    p = command_parser("diagnose", description="Check this machine's training speed, or show a sweep's progress.")
     p.add_argument("sweep_dir", nargs="?", type=Path, help="a sweep's results dir: show its trials and ETA")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
     budgets = ["default", "full", "low-resource", "quick"]

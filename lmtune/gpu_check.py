@@ -16,7 +16,6 @@ as left out.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -44,7 +43,7 @@ except ModuleNotFoundError:
           "--system to set up .venv", file=sys.stderr)
     sys.exit(2)
 
-from lmtune.cli import prog
+from lmtune.cli import command_parser
 from lmtune.errors import LmtuneError, cli_entry
 from lmtune.files import atomic_write_text, check_destination
 from lmtune.training.device import device_name, resolve_device
@@ -228,7 +227,7 @@ def parse_only(value: str | None) -> list[str] | None:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("gpu_check"), description=__doc__.splitlines()[0])
+    parser = command_parser("gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="the JSON file (default: gpu_check-HOST-TIME.json)")
     parser.add_argument("--only", metavar="STEP[,STEP...]",
                         help=f"run only these steps, of {', '.join(STEPS)} (default: every step); the others are "

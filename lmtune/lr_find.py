@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from lmtune.cli import parse_set_args, prog, set_names
+from lmtune.cli import command_parser, parse_set_args, set_names
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
 from lmtune.files import check_destination
@@ -31,8 +31,7 @@ DEFAULTS = RangeTestConfig()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog("lr_find"),
-                                     description="LR range test: where the loss falls fastest and where it blows up.")
+    parser = command_parser("lr_find", description="LR range test: where the loss falls fastest and where it blows up.")
     parser.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
     parser.add_argument("--budget", default="quick", choices=list(BUDGETS),
                         help="named budget whose model and batch are tested (default: quick)")

@@ -14,14 +14,14 @@ import argparse
 import json
 from pathlib import Path
 
-from lmtune.cli import prog
+from lmtune.cli import command_parser
 from lmtune.data.dataset import describe_validation
 from lmtune.data.prepare import DEFAULT_VAL_FRACTION, ensure_builtin_corpus, prepare_text, prepare_tokens
-from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging
+from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog("prepare"), description="Prepare training data: train a "
+    ap = command_parser("prepare", description="Prepare training data: train a "
                                  "byte-level BPE tokenizer and encode text into flat token files.")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--input", nargs="+", type=Path, help="UTF-8 text files (documents separated by a "
@@ -47,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _repeated(files: list[Path]) -> Path | None:
+    """The first of ``files`` named twice (however it is written), if any."""
+    seen: set[Path] = set()
+    for file in files:
+        if file.resolve() in seen:
+            return file
+        seen.add(file.resolve())
+    return None
+
+
 def check_combination(args: argparse.Namespace) -> None:
     """One line for options that do not go together: a validation file or tokenizer of the other kind of input,
     or any of them for the built-in corpus."""
@@ -67,6 +77,9 @@ def check_combination(args: argparse.Namespace) -> None:
         if given:
             raise LmtuneError(f"{', '.join(given)}: for --input or --tokens only; the built-in corpus has its own "
                               "(drop them, or pass --input FILE)")
+    if args.input and (twice := _repeated(args.input)):
+        raise LmtuneError(f"--input {shown(str(twice))} is given twice; give each file once (its documents would be "
+                          "trained on twice)")
     if (args.input or args.tokens) and args.out is None:
         raise LmtuneError(f"--out is required with {'--input' if args.input else '--tokens'}; pass --out DIR")
 

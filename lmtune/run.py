@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from lmtune.cli import parse_set_args, prog, set_names
+from lmtune.cli import command_parser, parse_set_args, set_names
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.sweep.disk import Keep
 from lmtune.sweep.hooks import load_step_hook
@@ -41,7 +41,7 @@ DEFAULT_RESULTS = "results"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("run"), description="Run a hyperparameter sweep on Ray Tune.")
+    p = command_parser("run", description="Run a hyperparameter sweep on Ray Tune.")
     p.add_argument("--space", help="search space: a shipped one (--list-spaces) or a YAML path (default: lr_grid)")
     p.add_argument("--list-spaces", action="store_true", help="list the shipped search spaces and exit")
     p.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")

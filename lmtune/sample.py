@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from lmtune.cli import device_flag, prog
+from lmtune.cli import command_parser, device_flag
 from lmtune.data.documents import EOT
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.training.sampling import DEFAULT_PROMPT, MAX_SEED, SampleSettings, generate
@@ -29,12 +29,13 @@ DEFAULTS = SampleSettings()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("sample"), description="Generate text from a trained model's checkpoint.")
+    p = command_parser("sample", description="Generate text from a trained model's checkpoint.")
     p.add_argument("checkpoint", type=Path, help="a run's checkpoints/best.pt (or a periodic checkpoint), a trial's "
                                                  "folder (the checkpoint it kept) or a sweep's folder, results/NAME "
                                                  "(its best trial's checkpoint)")
-    p.add_argument("--prompt", default=None, help=f"the text to continue (default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt as token ids instead of text")
+    prompt = p.add_mutually_exclusive_group()  # (one prompt: text or ids)
+    prompt.add_argument("--prompt", default=None, help=f"the text to continue (default: {DEFAULT_PROMPT!r})")
+    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt as token ids instead of text")
     p.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
                    help=f"tokens to generate at most (default {DEFAULTS.max_tokens})")
     p.add_argument("--temperature", type=float, default=DEFAULTS.temperature,

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from lmtune.cli import parse_set_args, prog, set_names
+from lmtune.cli import command_parser, parse_set_args, set_names
 from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import LOCK_FILE, check_destination
@@ -35,7 +35,7 @@ RESUME_MAY_CHANGE = {"log_interval", "eval_interval", "checkpoint_interval", "ke
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog("train"), description="Train one language model.")
+    parser = command_parser("train", description="Train one language model.")
     parser.add_argument("--data", type=Path, help="prepared data dir (default: the built-in corpus)")
     parser.add_argument("--budget", choices=list(BUDGETS), help="named budget (default: quick; a resumed run's own)")
     parser.add_argument("--lr", type=float, help="peak learning rate")

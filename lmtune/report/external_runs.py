@@ -277,5 +277,8 @@ def parse_lr_of(items: list[str] | None) -> dict[str, float]:
         if not sep or not name or not (math.isfinite(lr) and lr > 0):
             raise LmtuneError(f"--lr-of {shown(item)}: give RUN_NAME=LR with a positive LR, e.g. --lr-of "
                               "'baseline=0.003'")
+        if name in found and found[name] != lr:
+            raise LmtuneError(f"--lr-of {shown(name)} is given twice ({found[name]:g}, then {lr:g}); give each run's "
+                              "LR once")
         found[name] = lr
     return found
