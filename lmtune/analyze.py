@@ -21,6 +21,8 @@ from lmtune.report.writer import WrittenReport, write_report
 from lmtune.sweep.storage import SweepStorage, is_uri
 from lmtune.usercode.consent import REFUSED_NOTE, add_consent_arguments, consent_from_arguments
 
+SAMPLES = 2  # (--samples' default: texts the best LR's model writes into a sweep's report)
+
 
 def parse_vocab_size(text: str | None) -> int | None:
     """--vocab-size: a whole number from 2 (None: not given)."""
@@ -105,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sharpness", action="store_true",
                         help="estimate the Hessian's top eigenvalue at saved checkpoints of the best trial and "
                              "the largest non-diverged LR (slow: minutes on CPU)")
-    parser.add_argument("--samples", type=int, default=2,
-                        help="texts the best LR's model writes into the report (default 2; 0: none)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help=f"texts the best LR's model writes into the report (default {SAMPLES}; 0: none)")
     parser.add_argument("--x", choices=("tokens", "wall", "both"), default="both",
                         help="the learning curves' x axis: tokens, wall-clock time, or both figures (default both)")
     add_consent_arguments(parser)
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.INFO if args.verbose else logging.WARNING)
     target = parse_target(args.target)
+    if args.runs is not None:
+        refuse_checkpoint_flags(args)
     consent = consent_from_arguments(args)
     if args.runs is None and args.sweep is None:
         raise LmtuneError("give a sweep (results/NAME), or --runs PATH for runs lmtune did not make")
@@ -127,9 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.vocab_size is not None and args.runs is None:
         raise LmtuneError("--vocab-size is for --runs (a sweep's report reads its vocabulary from the sweep); drop it")
     if args.runs is not None:
-        if args.sharpness:
-            raise LmtuneError("--sharpness needs checkpoints lmtune can load, which runs it did not make lack; drop "
-                              "--sharpness")
         return analyze_runs(args, target)
     if is_uri(args.sweep):  # a sweep in object storage: its files (no checkpoints) copied to results/NAME first
         local = SweepStorage.of_uri(args.sweep).fetch(Path("results"))
@@ -140,12 +141,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reporting the newest sweep: {sweep_dir}")
         if others:
             print(f"other sweeps in {args.sweep}: {', '.join(p.name for p in others)}")
-    if not 0 <= args.samples <= 20:
-        raise LmtuneError(f"--samples must be from 0 to 20 (got {args.samples})")
+    samples = SAMPLES if args.samples is None else args.samples
+    if not 0 <= samples <= 20:
+        raise LmtuneError(f"--samples must be from 0 to 20 (got {samples})")
     report = write_report(sweep_dir, out_dir=Path(args.out) if args.out else None, target=target,
-                          sharpness=args.sharpness, samples=args.samples, x=args.x, consent=consent)
+                          sharpness=args.sharpness, samples=samples, x=args.x, consent=consent)
     print("\n".join(headline(report)))
     return 0
+
+
+def refuse_checkpoint_flags(args: argparse.Namespace) -> None:
+    """With --runs, refuse the flags that load a sweep's checkpoints: runs lmtune did not make leave none, so each
+    would do nothing (said, not ignored)."""
+    given = [flag for flag, used in (("--model", args.model is not None), ("--trust-code", args.trust_code),
+                                     ("--samples", args.samples is not None), ("--sharpness", args.sharpness)) if used]
+    if given:
+        flag = given[0]
+        raise LmtuneError(f"{flag} does nothing with --runs: runs lmtune did not make leave no checkpoint lmtune can "
+                          f"load (no samples, no sharpness, no model code); drop {flag}")
 
 
 def analyze_runs(args: argparse.Namespace, target: float | None) -> int:
@@ -159,8 +172,9 @@ def analyze_runs(args: argparse.Namespace, target: float | None) -> int:
     lines = summary_lines(summary) if report.x == "tokens" else steps_for_tokens(summary_lines(summary))
     notes = [f"note: {m.line()}" for m in report.missing if m.column in ("val_loss", "tokens")]
     met = [f"target {target:g}: {'met' if summary.target.met else 'not met'}"] if target is not None else []
-    print("\n".join([f"runs {args.runs}: {len(summary.trials)} runs, compared on {report.judged_on} at equal "
-                      f"{report.x.removesuffix('s')}s", *lines, *notes, *met,
+    points = sum(len(run.points) for run in report.runs.runs)
+    print("\n".join([f"runs {args.runs}: {len(summary.trials)} runs read ({points:,} logged points), compared on "
+                      f"{report.judged_on} at equal {report.x.removesuffix('s')}s", *lines, *notes, *met,
                       f"report: {out / 'lr_sweep_analysis.md'}"]))
     return 0
 

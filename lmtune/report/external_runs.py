@@ -15,13 +15,16 @@ every problem found is one LmtuneError naming the file, its line and the column.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
+
+import numpy as np
 
 from lmtune.errors import LmtuneError, shown
 from lmtune.report.run_tables import (
@@ -30,16 +33,18 @@ from lmtune.report.run_tables import (
     LOSSES,
     SUFFIXES,
     LoggedRun,
+    RunRows,
     Table,
     lr_cell,
-    points_frame,
+    point_names,
     read_table,
     require_columns,
     run_lr,
+    run_points,
     seed_cell,
     seed_in_name,
-    vocab_cell,
 )
+from lmtune.training.config import MAX_LR, accepted_lr
 
 log = logging.getLogger(__name__)
 
@@ -80,42 +85,71 @@ class RunsInput:
 
 
 def log_runs(table: Table, lr_of: Mapping[str, float]) -> list[LoggedRun]:
-    """The runs of a long-format log: grouped by its ``run`` column, else by (lr, seed). With a ``run`` column,
-    a run's LR is the largest on its rows (a schedule's peak), else --lr-of's or the one its name gives."""
+    """The runs of a long-format log: grouped by its ``run`` column, else by (lr, seed). With a ``run`` column, rows
+    are kept apart by name, seed and LR (runs_of_name): a run's LR is the largest on its rows (a schedule's peak),
+    else --lr-of's or the one its name gives."""
     run_column, lr_column, seed_column = table.column("run"), table.column("lr"), table.column("seed")
     require_columns(table, lr_known=run_column is not None)
     if run_column is None:
         return _runs_by_lr_and_seed(table, cast(str, lr_column), seed_column)  # (required without a run column)
-    groups: dict[str, list[tuple[int, Mapping[str, object]]]] = {}
-    for line, cells in table.rows:
-        groups.setdefault(str(cells.get(run_column) or ""), []).append((line, cells))
+    names, vocab = point_names(table), table.column("vocab_size")
+    named: dict[str, str] = {}
+    groups: dict[tuple[str, int | None, float | None], RunRows] = {}
+    for line, cells in table.rows():
+        key = str(cells.get(run_column) or "")
+        name = named.setdefault(key, key or f"{table.path.stem}:line {line}")
+        lr, seed = lr_cell(table, line, lr_column, cells), seed_cell(table, line, seed_column, cells)
+        if (key, seed, lr) not in groups:
+            groups[key, seed, lr] = RunRows(table, names, name, vocab)
+        groups[key, seed, lr].add(line, cells)
+    by_name: dict[tuple[str, int | None], list[tuple[float | None, RunRows]]] = {}
+    for (key, seed, lr), part in groups.items():
+        by_name.setdefault((key, seed), []).append((lr, part))
     runs = []
-    for key, rows in groups.items():
-        name = key or f"{table.path.stem}:line {rows[0][0]}"
-        lrs = [lr for line, cells in rows if (lr := lr_cell(table, line, lr_column, cells)) is not None]
-        seed = _first_seed(table, seed_column, rows, name)
-        lr = max(lrs) if lrs else run_lr(name, lr_of, table.path)
-        runs.append(LoggedRun(name, lr, seed, points_frame(table, rows), str(table.path), vocab_cell(table, rows)))
+    for (key, seed), parts in by_name.items():
+        name = named[key]
+        for members in runs_of_name(parts, "step" if "step" in names else "tokens"):
+            lrs = [lr for lr, _ in members if lr is not None]
+            lr = max(lrs) if lrs else run_lr(name, lr_of, table.path)
+            kept = [rows for _, rows in members]
+            runs.append(LoggedRun(name, lr, seed if seed is not None else seed_in_name(name),
+                                  run_points(kept, name), str(table.path), _one_vocab(kept, name)))
     return runs
+
+
+def runs_of_name(parts: list[tuple[float | None, RunRows]], x: str) -> list[list[tuple[float | None, RunRows]]]:
+    """The runs among one name's (and seed's) rows at each LR: one run (a schedule's LRs) where no step (or token)
+    count is logged at two LRs, else one run per LR (runs sharing a name, told apart by their LR)."""
+    if len(parts) == 1:
+        return [parts]
+    counts = [rows.counts(x) for _, rows in parts]
+    shared = sum(len(c) for c in counts) > len(np.unique(np.concatenate(counts)))
+    return [[part] for part in parts] if shared else [parts]
+
+
+def _one_vocab(parts: list[RunRows], name: str) -> int | None:
+    named = sorted({rows.vocab_size for rows in parts if rows.vocab_size is not None})
+    if len(named) > 1:
+        raise LmtuneError(f"{parts[0].table.path}: run {shown(name)} names vocabulary sizes {named[0]} and "
+                          f"{named[1]}; a run has one vocabulary")
+    return named[0] if named else None
 
 
 def _runs_by_lr_and_seed(table: Table, lr_column: str, seed_column: str | None) -> list[LoggedRun]:
     """The runs of a log without a ``run`` column: its rows grouped by (lr, seed)."""
-    groups: dict[tuple[float, int | None], list[tuple[int, Mapping[str, object]]]] = {}
-    for line, cells in table.rows:
+    names, vocab = point_names(table), table.column("vocab_size")
+    groups: dict[tuple[float, int | None], RunRows] = {}
+    for line, cells in table.rows():
         lr = lr_cell(table, line, lr_column, cells)
         if lr is None:
             raise LmtuneError(f"{table.path}, line {line}, column {lr_column}: empty; every row needs its run's LR")
-        groups.setdefault((lr, seed_cell(table, line, seed_column, cells)), []).append((line, cells))
-    return [LoggedRun(f"{table.path.stem}:lr={lr:g}" + (f",seed={seed}" if seed is not None else ""), lr, seed,
-                      points_frame(table, rows), str(table.path), vocab_cell(table, rows))
+        seed = seed_cell(table, line, seed_column, cells)
+        if (lr, seed) not in groups:
+            name = f"{table.path.stem}:lr={lr:g}" + (f",seed={seed}" if seed is not None else "")
+            groups[lr, seed] = RunRows(table, names, name, vocab)
+        groups[lr, seed].add(line, cells)
+    return [LoggedRun(rows.run, lr, seed, run_points([rows], rows.run), str(table.path), rows.vocab_size)
             for (lr, seed), rows in groups.items()]
-
-
-def _first_seed(table: Table, column: str | None, rows: list[tuple[int, Mapping[str, object]]],
-                name: str) -> int | None:
-    seeds = [s for line, cells in rows if (s := seed_cell(table, line, column, cells)) is not None]
-    return seeds[0] if seeds else seed_in_name(name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,17 +175,15 @@ def wandb_runs(table: Table, lr_of: Mapping[str, float]) -> list[LoggedRun]:
         accepted = ", ".join(name for c in LOSSES for name in COLUMN_NAMES[c])
         raise LmtuneError(f"{table.path} (a W&B export) has no '<run> - <loss>' column; export a panel plotting one "
                           f"of: {accepted} ({DOCS})")
-    step = table.header[0]
-    runs = []
-    for run, columns in by_run.items():
-        lr = run_lr(run, lr_of, table.path)
-        rows: list[tuple[int, Mapping[str, object]]] = [
-            (line, {"step": cells.get(step), **{c: cells.get(col) for c, col in columns.items()}})
-            for line, cells in table.rows if any(str(cells.get(col) or "").strip() for col in columns.values())]
-        if not rows:  # (a run the panel lists with no point in its range)
-            continue
-        shaped = Table(table.path, ("step", *columns), ())
-        runs.append(LoggedRun(run, lr, seed_in_name(run), points_frame(shaped, rows), str(table.path)))
+    lrs = {run: run_lr(run, lr_of, table.path) for run in by_run}
+    parts = {run: RunRows(table, {"step": table.header[0], **columns}, run) for run, columns in by_run.items()}
+    for line, cells in table.rows():
+        for run, columns in by_run.items():
+            if any(str(cells.get(col) or "").strip() for col in columns.values()):
+                parts[run].add(line, cells)
+    # (a run the panel lists with no point in its range is left out)
+    runs = [LoggedRun(run, lrs[run], seed_in_name(run), run_points([rows], run), str(table.path))
+            for run, rows in parts.items() if len(rows.lines)]
     if not runs:
         raise LmtuneError(f"{table.path} (a W&B export) has no value in any run's loss column; export the panel "
                           "again with its runs' points")
@@ -172,7 +204,9 @@ def tune_runs(folder: Path, trials: list[Path]) -> list[LoggedRun]:
     before it failed) is skipped, with a warning."""
     runs = []
     for trial in trials:
-        if len((trial / "progress.csv").read_text(errors="replace").strip().splitlines()) < 2:
+        with (trial / "progress.csv").open(errors="replace") as handle:
+            lines = list(itertools.islice((line for line in handle if line.strip()), 2))
+        if len(lines) < 2:
             log.warning("skipped %s: its progress.csv holds no row (the trial reported nothing)", trial.name)
             continue
         runs.append(tune_run(trial))
@@ -194,20 +228,24 @@ def tune_run(trial: Path) -> LoggedRun:
     if not isinstance(params, dict):
         raise LmtuneError(f"{params_file} is not a JSON object of the trial's config; copy Tune's own file")
     lr = next((params[k] for k in COLUMN_NAMES["lr"] if k in params), None)
-    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0):
-        raise LmtuneError(f"{params_file}: no positive lr or learning_rate (got {shown(str(lr))}); the trainable's "
-                          "config must name its LR lr or learning_rate")
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and accepted_lr(lr)):
+        raise LmtuneError(f"{params_file}: no lr or learning_rate that is a learning rate, a positive number at most "
+                          f"{MAX_LR:g} (got {shown(str(lr))}); the trainable's config must name its LR lr or "
+                          "learning_rate")
     seed, vocab = params.get("seed"), params.get("vocab_size")
     if vocab is not None and not (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 2):
         raise LmtuneError(f"{params_file}: vocab_size {shown(str(vocab))} is not a vocabulary size (a whole number "
                           "from 2)")
     table = read_table(trial / "progress.csv")
     require_columns(table, lr_known=True)
-    trial_ids = [cells.get("trial_id") for _, cells in table.rows if cells.get("trial_id")]
-    name = str(trial_ids[0]) if trial_ids else trial.name
+    rows, trial_id = RunRows(table, point_names(table), trial.name, table.column("vocab_size")), None
+    for line, cells in table.rows():
+        trial_id = trial_id or cells.get("trial_id")
+        rows.add(line, cells)
+    name = str(trial_id) if trial_id else trial.name
     return LoggedRun(name, float(lr), seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
-                     points_frame(table, list(table.rows)), str(trial / "progress.csv"),
-                     vocab if vocab is not None else vocab_cell(table, list(table.rows)))
+                     run_points([rows], name), str(trial / "progress.csv"),
+                     vocab if vocab is not None else rows.vocab_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,6 +259,9 @@ def read_runs(path: Path, lr_of: Mapping[str, float] | None = None) -> RunsInput
     if not path.exists():
         raise LmtuneError(f"--runs {path} does not exist; give a run log (CSV or JSONL), a folder of them, a Tune "
                           f"experiment folder or a W&B CSV export ({DOCS})")
+    if not path.is_file() and not path.is_dir():  # (a FIFO, a device or a socket: nothing to read twice)
+        raise LmtuneError(f"--runs {path} is not a file or a folder (a pipe, a device or a socket); give a run log "
+                          f"(CSV or JSONL), a folder of them, a Tune experiment folder or a W&B CSV export ({DOCS})")
     if path.is_file():
         shape, runs = file_runs(path, lr_of)
     elif trials := tune_trial_folders(path):
@@ -237,7 +278,7 @@ def read_runs(path: Path, lr_of: Mapping[str, float] | None = None) -> RunsInput
             runs += found
         shape = shapes.pop() if len(shapes) == 1 else "log"
     check_lr_of(lr_of, runs, path)
-    return RunsInput(path, shape, tuple(unique_names(runs)))
+    return RunsInput(path, shape, tuple(distinct_names(runs)))
 
 
 def check_lr_of(lr_of: Mapping[str, float], runs: list[LoggedRun], path: Path) -> None:
@@ -256,27 +297,40 @@ def file_runs(path: Path, lr_of: Mapping[str, float]) -> tuple[str, list[LoggedR
     return "log", log_runs(table, lr_of)
 
 
-def unique_names(runs: Iterator[LoggedRun] | list[LoggedRun]) -> Iterator[LoggedRun]:
-    """The runs, a name that repeats an earlier one suffixed #2, #3, ..."""
-    seen: dict[str, int] = {}
+def distinct_names(runs: list[LoggedRun]) -> list[LoggedRun]:
+    """The runs, each name that several share followed by what tells them apart (their LRs, seeds or files:
+    "baseline (lr=0.001, seed=0)"), then #2, #3, ... where nothing does."""
+    sharing: dict[str, list[LoggedRun]] = {}
     for run in runs:
+        sharing.setdefault(run.name, []).append(run)
+    named = []
+    for run in runs:
+        others = sharing[run.name]
+        parts = [f"lr={run.lr:g}" if len({r.lr for r in others}) > 1 else "",
+                 f"seed={run.seed}" if len({r.seed for r in others}) > 1 else "",
+                 Path(run.source).name if len({r.source for r in others}) > 1 else ""]
+        apart = ", ".join(p for p in parts if p)
+        named.append(replace(run, name=f"{run.name} ({apart})") if len(others) > 1 and apart else run)
+    seen: dict[str, int] = {}
+    for index, run in enumerate(named):
         seen[run.name] = seen.get(run.name, 0) + 1
-        yield run if seen[run.name] == 1 else LoggedRun(f"{run.name}#{seen[run.name]}", run.lr, run.seed,
-                                                         run.points, run.source, run.vocab_size)
+        if seen[run.name] > 1:
+            named[index] = replace(run, name=f"{run.name}#{seen[run.name]}")
+    return named
 
 
 def parse_lr_of(items: list[str] | None) -> dict[str, float]:
     """--lr-of NAME=LR (repeated) as {name: lr}; the LR is after the last '=' (a name may hold '=')."""
-    found = {}
+    found: dict[str, float] = {}
     for item in items or ():
         name, sep, value = item.rpartition("=")
         try:
             lr = float(value)
         except ValueError:
             lr = math.nan
-        if not sep or not name or not (math.isfinite(lr) and lr > 0):
-            raise LmtuneError(f"--lr-of {shown(item)}: give RUN_NAME=LR with a positive LR, e.g. --lr-of "
-                              "'baseline=0.003'")
+        if not sep or not name or not accepted_lr(lr):
+            raise LmtuneError(f"--lr-of {shown(item)}: give RUN_NAME=LR with a positive LR at most {MAX_LR:g}, e.g. "
+                              "--lr-of 'baseline=0.003'")
         if name in found and found[name] != lr:
             raise LmtuneError(f"--lr-of {shown(name)} is given twice ({found[name]:g}, then {lr:g}); give each run's "
                               "LR once")

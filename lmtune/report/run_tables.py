@@ -1,23 +1,27 @@
 """A run log's rows as lmtune reads them (for lmtune.report.external_runs, ``analyze --runs``): a CSV or JSONL file as
-a ``Table`` of cells with their line numbers, its rows as one run's points (``LoggedRun``), each column under the names
-it goes by (COLUMN_NAMES), and a run's LR and seed from its name. Every problem is one LmtuneError naming the file,
-its line and the column; nothing is written."""
+a ``Table`` whose rows stream with their line numbers (a file is never held whole), one run's rows kept as numbers as
+they come (``RunRows``) and checked (a count that goes down, a negative loss) into its points (``LoggedRun``), each
+column under the names it goes by (COLUMN_NAMES), and a run's LR and seed from its name. Every problem is one
+LmtuneError naming the file, its line and the column; nothing is written."""
 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import re
-from collections.abc import Mapping
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.training.config import MAX_LR, accepted_lr
 
 DOCS = "docs/analyze-runs.md"
 SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -62,20 +66,29 @@ class LoggedRun:
 
 
 # ---------------------------------------------------------------------------------------------
-# Tables: a CSV or JSONL file as rows of cells, each with its line number
+# Tables: a CSV or JSONL file's rows, streamed with their line numbers (a file is never held whole: a row's cells
+# live only while it is read, and what is kept of them is numbers, in RunRows)
+
+MAX_JSON_LINE = 16 * 2**20  # (a JSON Lines row longer than this is not a logged point: refused before it is parsed)
+SMALL_FILE = 64 * 2**20  # (the most of a file read whole, to say what it is, on the error path only)
 
 
 @dataclass(frozen=True)
 class Table:
-    """A file's rows: its header (every column named) and (line number, cells) per row."""
+    """A file's header (every column named) and its rows, streamed anew by ``rows()`` as (line number, cells)."""
 
     path: Path
     header: tuple[str, ...]
-    rows: tuple[tuple[int, Mapping[str, object]], ...]
+    kind: str = "csv"
+    """"csv" or "jsonl": how ``rows()`` reads the file."""
 
     def column(self, canonical: str) -> str | None:
         """The file's name for a column of COLUMN_NAMES (None: it has none)."""
         return next((name for name in COLUMN_NAMES[canonical] if name in self.header), None)
+
+    def rows(self) -> Iterator[tuple[int, Mapping[str, object]]]:
+        """Each row below the header, with its line number (blank lines skipped)."""
+        return _csv_rows(self) if self.kind == "csv" else _jsonl_rows(self.path)
 
     def number(self, line: int, column: str, value: object) -> float | None:
         """A cell as a number (None: empty). ``nan``/``inf`` are numbers (a run that went non-finite)."""
@@ -93,7 +106,8 @@ class Table:
 
 
 def read_table(path: Path) -> Table:
-    """A .csv or .jsonl file as a Table; one line saying what is wrong with any other file."""
+    """A .csv or .jsonl file as a Table; one line saying what is wrong with any other file. The file is read
+    through once here (a JSONL file's keys make its header) and again by each ``rows()``, never held whole."""
     kind = SUFFIXES.get(path.suffix.lower())
     if path.suffix.lower() == ".json":
         raise LmtuneError(f"{path} is a JSON file, not a run log; give JSON Lines (.jsonl: one object per logged "
@@ -101,97 +115,253 @@ def read_table(path: Path) -> Table:
     if kind is None:
         raise LmtuneError(f"{path} is not a CSV or JSONL file (.csv, .jsonl); give a run log, a folder of them, a "
                           f"Tune experiment folder or a W&B CSV export ({DOCS})")
-    data = path.read_bytes()
-    if not data.strip():
-        raise LmtuneError(f"{path} is empty; give a log with a header and one row per logged point ({DOCS})")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise LmtuneError(f"{path} is not a text file (an image or another binary file named {path.suffix}); "
-                          f"give a CSV or JSONL run log ({DOCS})") from None
-    if "\x00" in text:
-        raise LmtuneError(f"{path} is not a text file (it holds NUL bytes); give a CSV or JSONL run log ({DOCS})")
-    table = _csv_table(path, text) if kind == "csv" else _jsonl_table(path, text)
-    if not table.rows:
-        raise LmtuneError(f"{path} has no rows below its header; give a log with one row per logged point")
-    return table
+    header = _csv_header(path) if kind == "csv" else _jsonl_header(path)
+    return Table(path, header, kind)
 
 
-def _csv_table(path: Path, text: str) -> Table:
-    if text.lstrip()[:1] in ("{", "["):
-        raise LmtuneError(f"{path} holds JSON, not CSV; name it .jsonl if it is one JSON object per line ({DOCS})")
-    reader = csv.reader(io.StringIO(text))
-    header = tuple(cell.strip() for cell in next(reader))
-    rows = []
-    for cells in reader:
-        if not any(cell.strip() for cell in cells):
-            continue
-        if len(cells) > len(header):
-            raise LmtuneError(f"{path}, line {reader.line_num}: {len(cells)} cells under a header of {len(header)} "
-                              "columns; fix that row")
-        rows.append((reader.line_num, dict(zip(header, cells, strict=False))))
-    return Table(path, header, tuple(rows))
-
-
-def _jsonl_table(path: Path, text: str) -> Table:
-    header: dict[str, None] = {}
-    rows = []
-    for line_number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+@contextmanager
+def _lines(path: Path) -> Iterator[Iterator[str]]:
+    """The file's text lines, one at a time: a binary file (bad UTF-8, or NUL bytes) is refused as it is met."""
+    def checked() -> Iterator[str]:
         try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if not isinstance(row, dict):
-            if _one_document(text):
-                raise LmtuneError(f"{path} holds one JSON document, not JSON Lines; write one object per logged "
-                                  f"point, one per line ({DOCS})")
-            raise LmtuneError(f"{path}, line {line_number} is not a JSON object; JSON Lines holds one object per "
-                              f"line, e.g. {{\"lr\": 0.001, \"step\": 10, \"val_loss\": 3.2}} ({DOCS})")
-        header.update(dict.fromkeys(row))
-        rows.append((line_number, row))
-    return Table(path, tuple(header), tuple(rows))
+            for line in handle:
+                if "\x00" in line:
+                    raise LmtuneError(f"{path} is not a text file (it holds NUL bytes); give a CSV or JSONL run log "
+                                      f"({DOCS})")
+                yield line
+        except UnicodeDecodeError:
+            raise LmtuneError(f"{path} is not a text file (an image or another binary file named {path.suffix}); "
+                              f"give a CSV or JSONL run log ({DOCS})") from None
+
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        yield checked()
 
 
-def _one_document(text: str) -> bool:
+def _csv_reader(path: Path, lines: Iterator[str]) -> Iterator[tuple[int, list[str]]]:
+    """csv.reader's rows with the line each ends on; a malformed one (a cell past csv's field limit) is one line."""
+    reader = csv.reader(lines)
     try:
-        json.loads(text)
+        for cells in reader:
+            yield reader.line_num, cells
+    except csv.Error as error:
+        raise LmtuneError(f"{path}, line {reader.line_num}: not a CSV row ({error}); fix or delete that row") from None
+
+
+def _csv_header(path: Path) -> tuple[str, ...]:
+    """A CSV file's header: its first non-blank row, each column named once (a name read twice would keep one of
+    its two columns and drop the other's values)."""
+    with _lines(path) as lines:
+        cells = next((cells for _, cells in _csv_reader(path, lines) if any(c.strip() for c in cells)), None)
+    if cells is None:
+        raise LmtuneError(f"{path} is empty; give a log with a header and one row per logged point ({DOCS})")
+    if cells[0].lstrip()[:1] in ("{", "["):
+        raise LmtuneError(f"{path} holds JSON, not CSV; name it .jsonl if it is one JSON object per line ({DOCS})")
+    header = tuple(cell.strip() for cell in cells)
+    first: dict[str, int] = {}
+    for index, name in enumerate(header, start=1):
+        if name and name in first:
+            raise LmtuneError(f"{path}: its header names column {shown(name)} twice (columns {first[name]} and "
+                              f"{index}), so one of the two would be lost; rename or delete one of them")
+        first.setdefault(name, index)
+    return header
+
+
+def _csv_rows(table: Table) -> Iterator[tuple[int, Mapping[str, object]]]:
+    header, found = table.header, False
+    with _lines(table.path) as lines:
+        rows = _csv_reader(table.path, lines)
+        next((row for row in rows if any(c.strip() for c in row[1])), None)  # (the header)
+        for line, cells in rows:
+            if not any(cell.strip() for cell in cells):
+                continue
+            if len(cells) > len(header):
+                raise LmtuneError(f"{table.path}, line {line}: {len(cells)} cells under a header of {len(header)} "
+                                  "columns; fix that row")
+            found = True
+            yield line, dict(zip(header, cells, strict=False))
+    if not found:
+        raise LmtuneError(f"{table.path} has no rows below its header; give a log with one row per logged point")
+
+
+class _RepeatedKey(Exception):
+    """A JSON object naming a key twice (json keeps the last, dropping the first's value)."""
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _RepeatedKey(key)
+        found[key] = value
+    return found
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Mapping[str, object]]]:
+    """Each JSON object of a JSON Lines file, with its line number; anything else on a line is one line."""
+    with _lines(path) as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                yield number, _json_row(path, number, line)
+
+
+def _json_row(path: Path, number: int, line: str) -> dict[str, object]:
+    where = f"{path}, line {number}"
+    try:
+        row = json.loads(line, object_pairs_hook=_object) if len(line) <= MAX_JSON_LINE else None
+    except _RepeatedKey as repeated:
+        raise LmtuneError(f"{where} names key {shown(str(repeated))} twice, so one of its two values would be lost; "
+                          "give each key once") from None
+    except RecursionError:
+        raise LmtuneError(f"{where} holds JSON nested too deeply to be a logged point; a row is one flat object, "
+                          "e.g. {\"lr\": 0.001, \"step\": 10, \"val_loss\": 3.2}") from None
     except ValueError:
+        row = None
+    if not isinstance(row, dict):
+        if _one_document(path):
+            raise LmtuneError(f"{path} holds one JSON document, not JSON Lines; write one object per logged "
+                              f"point, one per line ({DOCS})")
+        raise LmtuneError(f"{where} is not a JSON object; JSON Lines holds one object per line, e.g. {{\"lr\": "
+                          f"0.001, \"step\": 10, \"val_loss\": 3.2}} ({DOCS})")
+    return row
+
+
+def _jsonl_header(path: Path) -> tuple[str, ...]:
+    """A JSON Lines file's header: every key of its rows, in the order met (every row checked on the way)."""
+    header: dict[str, None] = {}
+    rows = 0
+    for _, row in _jsonl_rows(path):
+        header.update(dict.fromkeys(row))
+        rows += 1
+    if not rows:
+        raise LmtuneError(f"{path} is empty; give a log with one JSON object per logged point ({DOCS})")
+    return tuple(header)
+
+
+def _one_document(path: Path) -> bool:
+    """Whether the file (a small one: on the error path only) is one JSON document spread over its lines."""
+    if path.stat().st_size > SMALL_FILE:
+        return False
+    try:
+        json.loads(path.read_text(encoding="utf-8-sig"))
+    except (ValueError, RecursionError):
         return False
     return True
 
 
 # ---------------------------------------------------------------------------------------------
-# Points: the rows of one run as POINT_COLUMNS
+# Points: the rows of one run as POINT_COLUMNS, kept as numbers as they stream in
 
 
-def points_frame(table: Table, rows: list[tuple[int, Mapping[str, object]]]) -> pd.DataFrame:
-    """The rows' points: each of POINT_COLUMNS the table has, numbers (NaN where empty); a row without a step or
-    token count is refused."""
-    names = {c: table.column(c) for c in POINT_COLUMNS if table.column(c) is not None}
-    x_names = [names[c] for c in ("step", "tokens") if c in names]
-    frame: dict[str, list[float]] = {c: [] for c in names}
-    for line, cells in rows:
-        values = {c: table.number(line, name, cells.get(name)) for c, name in names.items()}
-        if all(values[c] is None for c in ("step", "tokens") if c in names):
-            raise LmtuneError(f"{table.path}, line {line}: no value in {' or '.join(x_names)}; every row needs one")
+class RunRows:
+    """One run's rows as they are read: each of POINT_COLUMNS the file has, as a compact column of numbers (8 bytes a
+    cell, not a row of strings), with each row's line (to name it) and the run's vocabulary (vocab_cell's rule)."""
+
+    def __init__(self, table: Table, names: Mapping[str, str], run: str, vocab_column: str | None = None):
+        self.table, self.names, self.run, self.vocab_column = table, dict(names), run, vocab_column
+        self.columns = {c: array("d") for c in names}
+        self.lines = array("q")
+        self.vocab_size: int | None = None
+
+    def add(self, line: int, cells: Mapping[str, object]) -> None:
+        """A row's points: a row without a step or token count is refused, as is a negative loss."""
+        values = {c: self.table.number(line, name, cells.get(name)) for c, name in self.names.items()}
+        if all(values[c] is None for c in ("step", "tokens") if c in values):
+            counts = " or ".join(self.names[c] for c in ("step", "tokens") if c in self.names)
+            raise LmtuneError(f"{self.table.path}, line {line}: no value in {counts}; every row needs one")
         for c, value in values.items():
-            frame[c].append(_point(table, line, names[c], c, value))
-    return pd.DataFrame(frame, dtype=np.float64)
+            self.columns[c].append(self._point(line, c, value))
+        self.lines.append(line)
+        if self.vocab_column is not None:
+            self._vocab(line, cells.get(self.vocab_column))
+
+    def _point(self, line: int, column: str, value: float | None) -> float:
+        """A cell of POINT_COLUMNS: NaN where empty; a non-finite loss as inf (NaN is 'not logged'); a step or token
+        count must be a whole number from 0, a loss a number from 0."""
+        name = self.names[column]
+        if value is None:
+            return math.nan
+        if column in LOSSES:
+            if value < 0:
+                raise LmtuneError(f"{self.table.path}, line {line}, column {name}: {value:g} is a negative loss (run "
+                                  f"{shown(self.run)}); a cross-entropy loss is never below 0: fix or delete that row")
+            return value if math.isfinite(value) else math.inf
+        if column in ("step", "tokens") and not (math.isfinite(value) and value >= 0 and value.is_integer()):
+            raise LmtuneError(f"{self.table.path}, line {line}, column {name}: {value:g} is not a {column} count (a "
+                              "whole number from 0); fix or delete that row")
+        return value if math.isfinite(value) else math.nan
+
+    def _vocab(self, line: int, cell: object) -> None:
+        column = cast(str, self.vocab_column)
+        value = self.table.number(line, column, cell)
+        if value is None:
+            return
+        if not (math.isfinite(value) and value.is_integer() and value >= 2):
+            raise LmtuneError(f"{self.table.path}, line {line}, column {column}: {value:g} is not a vocabulary size "
+                              "(a whole number from 2)")
+        if self.vocab_size is not None and int(value) != self.vocab_size:
+            raise LmtuneError(f"{self.table.path}, line {line}, column {column}: {int(value)}, where the run's "
+                              f"earlier rows say {self.vocab_size}; a run has one vocabulary")
+        self.vocab_size = int(value)
+
+    def frame(self) -> pd.DataFrame:
+        """The points as a frame (NaN: not logged on that row), in the order read."""
+        return pd.DataFrame({c: np.frombuffer(values, dtype=np.float64) if len(values) else np.empty(0)
+                             for c, values in self.columns.items()}, dtype=np.float64)
+
+    def counts(self, column: str) -> np.ndarray:
+        """The distinct step (or token) counts logged (empty: the column is not read)."""
+        values = np.frombuffer(self.columns[column], dtype=np.float64) if column in self.columns else np.empty(0)
+        return np.unique(values[~np.isnan(values)]) if len(values) else values
 
 
-def _point(table: Table, line: int, name: str, column: str, value: float | None) -> float:
-    """A cell of POINT_COLUMNS: NaN where empty; a non-finite loss as inf (NaN is 'not logged'); a step or token
-    count must be a whole number from 0."""
-    if value is None:
-        return math.nan
-    if column in LOSSES:
-        return value if math.isfinite(value) else math.inf
-    if column in ("step", "tokens") and not (math.isfinite(value) and value >= 0 and value.is_integer()):
-        raise LmtuneError(f"{table.path}, line {line}, column {name}: {value:g} is not a {column} count (a whole "
-                          "number from 0); fix or delete that row")
-    return value if math.isfinite(value) else math.nan
+def point_names(table: Table) -> dict[str, str]:
+    """The file's name for each of POINT_COLUMNS it has."""
+    return {c: name for c in POINT_COLUMNS if (name := table.column(c)) is not None}
+
+
+def check_counts(points: pd.DataFrame, lines: np.ndarray, run: str, path: Path) -> None:
+    """Refuse a run whose step (or token) counts go down in the order its rows are given, or that logs a count again
+    with another value of the same loss: a run restarted from a checkpoint, or two runs under one name (sorting them
+    would pair each loss with another point's count). A count given again with the other loss, or the same, is one
+    point logged on two rows."""
+    for column in ("step", "tokens"):
+        if column not in points:
+            continue
+        values = points[column].to_numpy()
+        known = ~np.isnan(values)
+        counts, at = values[known], lines[known]
+        down = np.flatnonzero(np.diff(counts) < 0)
+        if down.size:
+            i = int(down[0]) + 1
+            raise LmtuneError(f"{path}, line {at[i]}: run {shown(run)} logs {column} {counts[i]:g} after "
+                              f"{counts[i - 1]:g}; a run's counts only grow (a restarted run, or two runs sharing "
+                              "a name?): give each run its own name, or delete the rows logged again")
+        same = np.flatnonzero(np.diff(counts) == 0)
+        for loss in (c for c in LOSSES if c in points):
+            known_loss = points[loss].to_numpy()[known]
+            before, after = known_loss[same], known_loss[same + 1]
+            clash = ~np.isnan(before) & ~np.isnan(after) & (before != after)
+            if clash.any():
+                i = int(same[np.flatnonzero(clash)[0]])
+                raise LmtuneError(f"{path}, line {at[i + 1]}: run {shown(run)} logs {column} {counts[i]:g} again, "
+                                  f"with {loss} {after[clash][0]:g} where line {at[i]} logged {before[clash][0]:g} (a "
+                                  "restarted run, or two runs sharing a name?): give each run its own name, or delete "
+                                  "the rows logged again")
+
+
+def run_points(parts: Sequence[RunRows], run: str) -> pd.DataFrame:
+    """One run's points from the RunRows its rows went to (several: a schedule's LRs), in file order, checked by
+    check_counts."""
+    frames = [part.frame() for part in parts]
+    lines = np.concatenate([np.frombuffer(part.lines, dtype=np.int64) for part in parts])
+    for part in parts:  # (its numbers are in the frame now: a log is held once, not twice)
+        part.columns, part.lines = {}, array("q")
+    points = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    if len(parts) > 1:
+        order = np.argsort(lines, kind="stable")
+        points, lines = points.iloc[order].reset_index(drop=True), lines[order]
+    check_counts(points, lines, run, parts[0].table.path)
+    return points
 
 
 def require_columns(table: Table, lr_known: bool = False) -> None:
@@ -211,9 +381,9 @@ def lr_cell(table: Table, line: int, column: str | None, cells: Mapping[str, obj
     if column is None:
         return None
     value = table.number(line, column, cells.get(column))
-    if value is not None and not (math.isfinite(value) and value > 0):
+    if value is not None and not accepted_lr(value):
         raise LmtuneError(f"{table.path}, line {line}, column {column}: {value:g} is not a learning rate; an LR "
-                          "is a positive number")
+                          f"is a positive number at most {MAX_LR:g}")
     return value
 
 
@@ -233,31 +403,13 @@ def run_lr(name: str, lr_of: Mapping[str, float], source: Path) -> float:
         return lr_of[name]
     found = LR_IN_NAME.search(name)
     value = float(found.group(1)) if found else 0.0
-    if not (math.isfinite(value) and value > 0):
+    if not found or value <= 0:
         raise LmtuneError(f"{source}: run {shown(name)} has no LR; give --lr-of '{name}=LR', or put lr=VALUE in the "
                           "run's name")
+    if not accepted_lr(value):
+        raise LmtuneError(f"{source}: run {shown(name)}'s name gives lr {value:g}, not a learning rate (a positive "
+                          f"number at most {MAX_LR:g}); give --lr-of '{name}=LR'")
     return value
-
-
-def vocab_cell(table: Table, rows: list[tuple[int, Mapping[str, object]]]) -> int | None:
-    """A run's vocabulary size: the first value in its rows' vocab_size column (None: no such column, or empty), a
-    whole number from 2; a run whose rows name two is refused."""
-    column = table.column("vocab_size")
-    if column is None:
-        return None
-    found: int | None = None
-    for line, cells in rows:
-        value = table.number(line, column, cells.get(column))
-        if value is None:
-            continue
-        if not (math.isfinite(value) and value.is_integer() and value >= 2):
-            raise LmtuneError(f"{table.path}, line {line}, column {column}: {value:g} is not a vocabulary size (a "
-                              "whole number from 2)")
-        if found is not None and int(value) != found:
-            raise LmtuneError(f"{table.path}, line {line}, column {column}: {int(value)}, where the run's earlier rows "
-                              f"say {found}; a run has one vocabulary")
-        found = int(value)
-    return found
 
 
 def seed_in_name(name: str) -> int | None:
