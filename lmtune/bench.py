@@ -34,6 +34,7 @@ from lmtune.training.coord_check import (
     check_inputs,
     coord_check,
     slope_table,
+    width_config,
     write_checks,
 )
 from lmtune.training.device import autocast_dtype, available_memory_bytes, resolve_device
@@ -170,6 +171,11 @@ def check_ks(ks: list[int], config: RunConfig, device: torch.device, flag: str) 
         check_fits(config, device, members=max(ks), where=f"--fuse {max(ks)}", spec=spec)
 
 
+def _batch_named(args: argparse.Namespace) -> str:
+    """The options that set the timed batch, as a refusal names them."""
+    return f"--batch-size {args.batch_size}" if args.batch_size is not None else f"--budget {args.config}"
+
+
 def _worker_args(args: argparse.Namespace) -> list[str]:
     out = ["--config", args.config, "--steps", str(args.steps), "--repeats", str(args.repeats),
            "--warmup", str(args.warmup), "--device", args.device, "--compile", args.compile,
@@ -214,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         return _main_fuse(args, config, _command(argv))
     if args.worker and args.compile == "both":
         raise LmtuneError("--compile both cannot be used with --concurrency; choose on, off or auto")
+    if not args.worker:  # (a --concurrency worker: its parent checked, and the others' memory is not yet in use)
+        # Before the timing run allocates its batch: the check --fuse makes (a batch no memory holds is one line).
+        check_fits(config, resolve_device(config.train.device), where=_batch_named(args), spec=spec_for(config))
     with quiet:
         result = run_bench(
             config, steps=args.steps, repeats=args.repeats, warmup=args.warmup, compile_choice=args.compile,
@@ -259,6 +268,8 @@ def _main_coord_check(args: argparse.Namespace) -> int:
     steps = 5 if args.steps is None else args.steps
     for name in names:  # before the corpus is built, which takes a while the first time
         check_inputs(config, widths, name, steps, args.seeds, args.lr, where="--")
+    widest = width_config(config, max(widths), names[0], args.lr, config.train.seed)
+    check_fits(widest, resolve_device(config.train.device), where=f"--widths {max(widths)} at batch {batch_size}")
     check_destination(args.out, "--out")
     config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())
     device = resolve_device(config.train.device)
@@ -293,6 +304,7 @@ def _main_concurrency(args: argparse.Namespace, config: RunConfig, command: str)
         raise LmtuneError("--compile both cannot be used with --concurrency; choose on, off or auto")
     device = resolve_device(config.train.device)
     ks = _parse_ks(args.concurrency)
+    check_fits(config, device, where=_batch_named(args), spec=spec_for(config))  # (one worker's run, as main's)
     check_ks(ks, config, device, "--concurrency")
     rows = run_concurrency(ks, _worker_args(args), device)
     amp = autocast_dtype(config, device) is not None

@@ -22,6 +22,7 @@ from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.placement import ClusterCapacity
 from lmtune.sweep.preflight import (
     check_address_answers,
+    check_dashboard_host,
     check_local_resources,
     check_storage_answers,
     checked_address,
@@ -179,6 +180,8 @@ def check_it_can_run(options: SweepOptions) -> None:
 
         check_local_resources(options.cpus_per_trial, options.gpus_per_trial, options.num_cpus, options.num_gpus,
                               torch.cuda.device_count())
+        if options.dashboard:  # (a cluster's dashboard is its head's: --dashboard-host is for one started here)
+            check_dashboard_host(options.dashboard_host)
     else:
         check_address_answers(options.address)
     if options.storage is not None:

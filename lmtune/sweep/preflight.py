@@ -6,11 +6,14 @@ problem one line naming the fix, each check that talks to the network bounded by
   without credentials, would otherwise hang the sweep after Ray started);
 - the cluster: ``--address`` is ``auto`` or HOST:PORT, and something listens there; ``--cluster-config`` is the
   autoscaler's readable YAML, given with ``--address``;
-- the resources: on this machine, no trial asks for more CPUs or GPUs than it has (Ray would wait for them forever).
+- the resources: on this machine, no trial asks for more CPUs or GPUs than it has (Ray would wait for them forever);
+- the dashboard: on this machine, ``--dashboard-host`` is an address it can listen on (Ray would wait 60 s for a
+  dashboard that cannot start there, then print its traceback).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -19,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -182,6 +186,54 @@ def check_local_resources(cpus_per_trial: float, gpus_per_trial: float | None, n
         raise LmtuneError(f"--gpus-per-trial {gpus_per_trial:g}: this machine has {gpus:g} GPUs, so no trial would "
                           f"ever start; give at most {gpus:g}" + (" (or leave it out: it trains on the CPU)"
                                                                   if gpus == 0 else ""))
+
+
+DASHBOARD_FIX = "give 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of this machine's addresses"
+
+
+def check_dashboard_host(text: str, timeout_s: float = ANSWER_TIMEOUT_S) -> None:
+    """``--dashboard-host`` names an address this machine can listen on: an IP address, or a name that resolves
+    (within ``timeout_s``) to one, where a socket binds; one line when it is none of these."""
+    host = text.strip()
+    looks_numeric = bool(re.fullmatch(r"[0-9.]+|\[?[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\]?", host))
+    try:
+        address = str(ipaddress.ip_address(host.strip("[]"))) if looks_numeric else _resolved(host, timeout_s)
+    except ValueError:
+        raise LmtuneError(f"--dashboard-host {shown(text)}: not an IP address; {DASHBOARD_FIX}") from None
+    except OSError as err:
+        why = "no answer" if isinstance(err, TimeoutError) else (err.strerror or first_line(err))
+        raise LmtuneError(f"--dashboard-host {shown(text)}: not an address, nor a name that resolves to one ({why}); "
+                          f"{DASHBOARD_FIX}") from None
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except OSError as err:
+        raise LmtuneError(f"--dashboard-host {shown(text)}: this machine cannot listen on {address} "
+                          f"({err.strerror or first_line(err)}); {DASHBOARD_FIX}") from None
+
+
+def _resolved(name: str, timeout_s: float) -> str:
+    """The first address ``name`` resolves to; OSError when it resolves to none, TimeoutError when the resolver does
+    not answer within ``timeout_s`` (asked from a thread: ``getaddrinfo`` cannot be interrupted)."""
+    if not name:
+        raise OSError(0, "an empty name")
+    found: list[str | OSError] = []
+
+    def ask() -> None:
+        try:
+            found.append(str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]))
+        except OSError as err:
+            found.append(err)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(timeout_s)
+    if not found:
+        raise TimeoutError
+    if isinstance(found[0], OSError):
+        raise found[0]
+    return found[0]
 
 
 if __name__ == "__main__":  # (check_storage_answers's child: the answer as one JSON line)

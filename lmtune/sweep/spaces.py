@@ -211,7 +211,11 @@ def load_space(name_or_path: str, directory: Path | None = None) -> SearchSpace:
     if (size := path.stat().st_size) > MAX_SPACE_BYTES:
         raise LmtuneError(f"{path} is {size:,} bytes; a search space is at most {MAX_SPACE_BYTES:,} (a grid of "
                           "10,000 values fits in far less): list fewer values, or use search: optuna or edge")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise LmtuneError(f"{path} is not UTF-8 text (byte {err.start}), so not a search space; give a YAML file "
+                          "(the shipped spaces: lmtune run --list-spaces)") from None
     loader = _DataOnlyLoader(text)
     try:
         raw = loader.get_single_data()
