@@ -4,13 +4,15 @@ The checkpoint's own config names its model and its data. lmtune's model needs n
 and a checkpoint is data: its recorded code is imported only with ``--trust-code``, or the user names their own copy
 with ``--model PATH:NAME`` (lmtune.usercode.consent); without either, one line saying so. The data's tokenizer
 encodes the prompt and decodes the sample; ``--tokenizer`` gives another (a tokenizers JSON, or a GPT-2-style
-vocab.json with merges.txt: for data prepared from token ids). Without any tokenizer the sample is printed as token
+vocab.json with merges.txt: for data prepared from token ids; one with fewer tokens than the model's vocabulary is
+refused, as not the one its data was encoded with). Without any tokenizer the sample is printed as token
 ids. Generation stops at ``<|endoftext|>`` or after --max-tokens.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -97,6 +99,24 @@ def run_tokenizer(args: argparse.Namespace, data_dir: str):
     return load_tokenizer(own) if own.is_file() else None
 
 
+def check_covers(tokenizer, path: Path, vocab: int, data_dir: str) -> None:
+    """Refuse, in one line naming both sizes, a --tokenizer with fewer tokens than the model's vocabulary: not the
+    tokenizer its data was encoded with (it would decode the model's ids to garbage, and drop those past its end).
+    A vocabulary padded above its data's tokenizer (prepare --tokens --vocab-size) is no reason: a tokenizer that
+    covers every id the run's data holds is taken."""
+    have = tokenizer.get_vocab_size()
+    if have >= vocab:
+        return
+    from lmtune.data.dataset import read_meta
+
+    with contextlib.suppress(LmtuneError):  # (the run's data not found from here: the sizes alone decide)
+        if read_meta(Path(data_dir)).max_token_id < have:
+            return
+    raise LmtuneError(f"--tokenizer {path} has {have:,} tokens but the model's vocabulary is {vocab:,}: it is not "
+                      "the tokenizer the model's data was encoded with (its text would be garbage); give that one "
+                      "(the run's data's tokenizer.json), or leave --tokenizer out")
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -112,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint, which = checkpoint_to_sample(args.checkpoint)
     model, config = load_model(checkpoint, device_flag(args.device), consent)
     tokenizer = run_tokenizer(args, config.data_dir)
+    if args.tokenizer is not None:
+        check_covers(tokenizer, args.tokenizer, config.model.vocab_size, config.data_dir)
     prompt = prompt_ids(args, tokenizer, config.data_dir)
     vocab = config.model.vocab_size
     if any(not 0 <= i < vocab for i in prompt):
