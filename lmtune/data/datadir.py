@@ -5,17 +5,19 @@ where the validation split came from (``ValidationSource``).
 Writes are atomic: everything goes into a temp dir next to DIR first (``staging``). A new DIR is created
 by renaming that temp dir; an existing DIR gets the files renamed into it with meta.json last, and
 meta.json is what marks a DIR as prepared, so a crash never leaves something that looks prepared but is
-not. (Reading a data dir is lmtune.data.dataset.)
+not. Every byte goes through ``write_all``, so that a full disk is one line (``staging`` says which file and how
+much room the data needs) and the temp dir goes. (Reading a data dir is lmtune.data.dataset.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ import numpy as np
 
 from lmtune.data.dataset import unigram_loss
 from lmtune.errors import LmtuneError
-from lmtune.files import check_destination
+from lmtune.files import check_destination, existing_ancestor
 
 FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
 CREATED_BY = "lmtune.prepare"
@@ -158,28 +160,98 @@ def content_hash(d: Path) -> str:
     return h.hexdigest()
 
 
+# Errors of a write that found no room: the disk full, or the user's quota spent.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_all(handle, data) -> None:
+    """Every byte of ``data`` (bytes, or a contiguous array) into ``handle``, an unbuffered binary file: the one
+    write prepare makes (``os.write``, so that a full disk is raised here, naming the file, and not at a later
+    flush). A full disk raises OSError(ENOSPC) with the file's path as its filename."""
+    view = memoryview(data).cast("B")
+    fd = handle.fileno()
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except OSError as err:
+            if err.errno in NO_ROOM:
+                raise OSError(err.errno, err.strerror, str(handle.name)) from None
+            raise
+
+
+def open_new(path: Path):
+    """``path`` opened to be written by ``write_all`` (unbuffered; created with the user's umask)."""
+    return open(path, "wb", buffering=0)  # noqa: SIM115 - the caller closes it
+
+
+def size_text(n: float) -> str:
+    """``n`` bytes in KiB, MiB or GiB, whichever reads best."""
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.1f} {unit}"
+    raise AssertionError  # (the loop returns)
+
+
+def no_room(folder: Path, name: str, need: int, exact: bool) -> LmtuneError:
+    """One line for a full disk: ``name`` could not be written in ``folder``, whose data needs ``need`` bytes (up to
+    that much where not ``exact``)."""
+    free = shutil.disk_usage(existing_ancestor(folder)).free
+    return LmtuneError(f"no space left on the disk of {folder} to write {name}: the data needs "
+                       f"{'' if exact else 'up to '}{size_text(need)} there and {size_text(free)} is free; free "
+                       "space on it, or prepare the data on another disk (prepare --out DIR, then --data DIR)")
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new, empty folder in ``parent`` named ``prefix`` and random letters, made with the user's umask (as the
+    built-in corpus's folder is; ``tempfile.mkdtemp`` makes its folders 0700, and this one becomes DIR)."""
+    while True:
+        folder = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+
+
 @contextlib.contextmanager
-def staging(out: Path, force: bool) -> Iterator[Path]:
-    """A temp dir next to ``out``; on success its files are committed into ``out`` (see module doc)."""
+def staging(out: Path, force: bool, need: int, exact: bool = True) -> Iterator[Path]:
+    """A temp dir next to ``out``; on success its files are committed into ``out`` (see module doc). A full disk
+    meanwhile is one line (``no_room``, with ``need`` bytes the data takes, ``exact`` or at most), ``out`` left as it
+    was and the temp dir removed."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp: Path | None = None
     try:
+        tmp = _new_folder(out.parent, f".{out.name}.tmp-")
         yield tmp
-        check_out(out, force)  # re-check: another process may have prepared it meanwhile
-        if not out.exists():
-            tmp.rename(out)
-            return
-        with contextlib.suppress(FileNotFoundError):
-            (out / "meta.json").unlink()
-        for name in FILES:
-            src = tmp / name
-            if src.exists():
-                os.replace(src, out / name)
-            elif name != "meta.json":
-                with contextlib.suppress(FileNotFoundError):
-                    (out / name).unlink()  # e.g. a stale tokenizer.json from a text prepare
+        _commit(tmp, out, force)
+    except OSError as err:
+        if err.errno not in NO_ROOM:
+            raise
+        staged = err.filename and tmp is not None and Path(err.filename).parent == tmp
+        name = Path(err.filename).name if staged else out.name  # (the file being written, else the folder)
+        raise no_room(out, name, need, exact) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _commit(tmp: Path, out: Path, force: bool) -> None:
+    """The staged files of ``tmp`` into ``out``: ``tmp`` renamed to it where it is new, else renamed in one by one
+    with meta.json last."""
+    check_out(out, force)  # re-check: another process may have prepared it meanwhile
+    if not out.exists():
+        tmp.rename(out)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        (out / "meta.json").unlink()
+    for name in FILES:
+        src = tmp / name
+        if src.exists():
+            os.replace(src, out / name)
+        elif name != "meta.json":
+            with contextlib.suppress(FileNotFoundError):
+                (out / name).unlink()  # e.g. a stale tokenizer.json from a text prepare
 
 
 def write_meta(d: Path, meta: PreparedMeta) -> None:
@@ -187,7 +259,8 @@ def write_meta(d: Path, meta: PreparedMeta) -> None:
     (lmtune.data.dataset.unigram_loss: what judges whether a run trained)."""
     train, val = (np.memmap(d / f"{split}.bin", dtype=meta.dtype, mode="r") for split in ("train", "val"))
     content = {**meta.to_json(content_hash(d)), "unigram_loss": unigram_loss(train, val, meta.vocab_size)}
-    (d / "meta.json").write_text(json.dumps(content, indent=2) + "\n")
+    with open_new(d / "meta.json") as handle:
+        write_all(handle, (json.dumps(content, indent=2) + "\n").encode())
 
 
 class TokenFiles:
@@ -195,7 +268,7 @@ class TokenFiles:
 
     def __init__(self, folder: Path, dtype: np.dtype):
         self.dtype = dtype
-        self.files = {s: open(folder / f"{s}.bin", "wb") for s in ("train", "val")}  # noqa: SIM115
+        self.files = {s: open_new(folder / f"{s}.bin") for s in ("train", "val")}
         self.counts = {"train": 0, "val": 0}
         self.max_id = 0
 
@@ -205,7 +278,7 @@ class TokenFiles:
         ids = np.concatenate(arrays)
         if ids.size:
             self.max_id = max(self.max_id, int(ids.max()))
-            ids.astype(self.dtype).tofile(self.files[split])
+            write_all(self.files[split], ids.astype(self.dtype))
             self.counts[split] += ids.size
 
     def __enter__(self) -> TokenFiles:
@@ -230,9 +303,9 @@ def top_up_val(d: Path, dtype: np.dtype, eot_id: int | None, n_train: int, need:
         cut = int(ends[-1]) + 1 if ends.size else cut
     del train
     item = dtype.itemsize
-    with open(d / "train.bin", "r+b") as tr, open(d / "val.bin", "ab") as va:
+    with open(d / "train.bin", "r+b") as tr, open(d / "val.bin", "ab", buffering=0) as va:
         tr.seek(cut * item)
         while block := tr.read(1 << 22):
-            va.write(block)
+            write_all(va, block)
         tr.truncate(cut * item)
     return n_train - cut

@@ -27,6 +27,7 @@ import numpy as np
 
 from lmtune.data.corpus import stories
 from lmtune.data.datadir import (
+    NO_ROOM,
     BuiltinKey,
     PreparedMeta,
     Source,
@@ -35,8 +36,11 @@ from lmtune.data.datadir import (
     check_out,
     dtype_for,
     file_sha256,
+    no_room,
+    open_new,
     staging,
     top_up_val,
+    write_all,
     write_meta,
 )
 from lmtune.data.documents import CHUNK_BYTES, EOT, MIN_VAL_TOKENS, DocumentTally, min_val_tokens
@@ -57,6 +61,7 @@ BUILTIN_VOCAB_SIZE = 4096
 BUILTIN_SEED = 0
 BUILTIN_BYTES = 4_000_000
 TOKENS_SLICE = 1 << 24  # elements copied per step from a --tokens array
+NPY_MAGIC = b"\x93NUMPY"  # what every .npy file starts with (numpy.lib.format)
 # The share of the training input held out for validation when no validation file of its own is given.
 DEFAULT_VAL_FRACTION = 0.01
 
@@ -152,7 +157,10 @@ def prepare_text(
     dtype = dtype_for(real_vocab)
     t1 = time.perf_counter()
     log.info("trained tokenizer (vocab %d) on %d documents in %.1fs", real_vocab, tally.docs, t1 - t0)
-    with staging(out, force) as tmp:
+    saved = tok.to_str(pretty=True).encode()  # (tokenizer.json: written by write_all, as the token files are)
+    # Room: byte-level BPE gives at most one token per input byte.
+    text_bytes = sum(p.stat().st_size for p in [*inputs, *([val_input] if val_input else [])])
+    with staging(out, force, need=text_bytes * dtype.itemsize + len(saved), exact=False) as tmp:
         with TokenFiles(tmp, dtype) as files:
             _encode_splits(tok, inputs, val_input, chunk_bytes, tally, files, progress)
         if val_input is None:
@@ -163,7 +171,8 @@ def prepare_text(
         else:
             n_train, n_val = files.counts["train"], files.counts["val"]
             validation = _own_file(val_input, n_val)
-        tok.save(str(tmp / "tokenizer.json"))
+        with open_new(tmp / "tokenizer.json") as handle:
+            write_all(handle, saved)
         write_meta(tmp, PreparedMeta(
             vocab_size=real_vocab, dtype=dtype.name, train_tokens=n_train, val_tokens=n_val,
             max_token_id=files.max_id, eot_id=eot_id, sources=[Source(str(p), p.stat().st_size) for p in inputs],
@@ -209,11 +218,7 @@ def _open_tokens(path: Path, dtype: str | None, option: str = "--tokens") -> np.
     if path.stat().st_size == 0:
         raise LmtuneError(f"token file {path} is empty; pass a non-empty .npy or .bin array of token ids to {option}")
     if path.suffix == ".npy":
-        try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except Exception as err:  # numpy raises several types for a corrupt header
-            raise LmtuneError(f"cannot read {path} as a .npy array ({type(err).__name__}: {err}); "
-                              "save it with numpy.save or pass a raw .bin with --dtype") from None
+        arr = _load_npy(path, option)
     elif path.suffix == ".bin":
         dt = np.dtype(dtype or "uint16")
         if path.stat().st_size % dt.itemsize:
@@ -228,6 +233,33 @@ def _open_tokens(path: Path, dtype: str | None, option: str = "--tokens") -> np.
     if arr.shape[0] < 2:
         raise LmtuneError(f"{path} holds {arr.shape[0]} token(s); pass at least 2 so that its split is not empty")
     return arr
+
+
+def _load_npy(path: Path, option: str) -> np.ndarray:
+    """``path`` memory-mapped as a .npy array; one line when it is none (numpy's own message for a file without its
+    header is advice to unpickle it, which lmtune never does: a pickle runs code)."""
+    with open(path, "rb") as handle:
+        if handle.read(len(NPY_MAGIC)) != NPY_MAGIC:
+            raise LmtuneError(f"cannot read {path}: it is not a .npy array (no numpy header: text, or another "
+                              f"format, named .npy); save the ids with numpy.save, or give {option} a raw .bin of "
+                              "ids with --dtype")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as err:  # noqa: BLE001 - numpy raises several types for a corrupt header
+        why = "it holds Python objects" if "pickle" in str(err) else f"{type(err).__name__}: {err}"
+        raise LmtuneError(f"cannot read {path} as a .npy array of token ids ({why}); save the ids with numpy.save, "
+                          f"or give {option} a raw .bin of ids with --dtype") from None
+    return arr
+
+
+def _check_dtype_applies(dtype: str | None, arrays: dict[Path, np.ndarray]) -> None:
+    """--dtype reads raw .bin files: refused, in one line, where every token file is a .npy (which records its own
+    dtype, and --dtype would do nothing)."""
+    if dtype is None or any(p.suffix == ".bin" for p in arrays):
+        return
+    found = ", ".join(f"{p} holds {arr.dtype}" for p, arr in arrays.items())
+    raise LmtuneError(f"--dtype {dtype} does nothing here: a .npy records its own dtype ({found}); drop --dtype (it "
+                      "is for raw .bin token files)")
 
 
 def _id_range(arr: np.ndarray) -> tuple[int, int]:
@@ -282,9 +314,9 @@ def _open_val_tokens(val_tokens: Path, dtype: str | None, train: np.ndarray, tra
 
 def _copy_ids(arr: np.ndarray, start: int, end: int, dest: Path, dtype: np.dtype) -> None:
     """``arr[start:end]`` as ``dtype`` into the file ``dest``, TOKENS_SLICE at a time."""
-    with open(dest, "wb") as f:
+    with open_new(dest) as f:
         for s in range(start, end, TOKENS_SLICE):
-            np.asarray(arr[s : min(s + TOKENS_SLICE, end)]).astype(dtype).tofile(f)
+            write_all(f, np.asarray(arr[s : min(s + TOKENS_SLICE, end)]).astype(dtype))
 
 
 def prepare_tokens(
@@ -306,6 +338,7 @@ def prepare_tokens(
     fraction = _val_fraction(val_fraction, val_tokens, "--val-tokens")
     arr = _open_tokens(path, dtype)
     val = None if val_tokens is None else _open_val_tokens(val_tokens, dtype, arr, path)
+    _check_dtype_applies(dtype, {path: arr, **({val_tokens: val} if val is not None else {})})
     tok = _load_tokenizer(tokenizer) if tokenizer is not None else None
     check_out(out, force)
     largest = {path: _largest_id(path, arr), **({val_tokens: _largest_id(val_tokens, val)} if val is not None else {})}
@@ -320,11 +353,13 @@ def prepare_tokens(
     else:
         n_train, n_val = n, int(val.shape[0])
         validation = _own_file(val_tokens, n_val)
-    with staging(out, force) as tmp:
+    saved = tok.to_str(pretty=True).encode() if tok is not None else b""
+    with staging(out, force, need=(n_train + n_val) * out_dtype.itemsize + len(saved)) as tmp:
         _copy_ids(arr, 0, n_train, tmp / "train.bin", out_dtype)
         _copy_ids(*((val, 0, n_val) if val is not None else (arr, n_train, n)), tmp / "val.bin", out_dtype)
         if tok is not None:
-            tok.save(str(tmp / "tokenizer.json"))
+            with open_new(tmp / "tokenizer.json") as handle:
+                write_all(handle, saved)
         write_meta(tmp, PreparedMeta(
             vocab_size=vocab_size, dtype=out_dtype.name, train_tokens=n_train, val_tokens=n_val,
             max_token_id=max(largest.values()), eot_id=tok.token_to_id(EOT) if tok else None,
@@ -380,7 +415,14 @@ def ensure_builtin_corpus(root: Path = Path("data/builtin"), option: str | None 
         if up_to_date():
             return root
         t0 = time.perf_counter()
-        text = stories.write_corpus(root / "stories.txt", target_bytes=BUILTIN_BYTES, seed=BUILTIN_SEED)
+        try:
+            text = stories.write_corpus(root / "stories.txt", target_bytes=BUILTIN_BYTES, seed=BUILTIN_SEED)
+        except OSError as err:
+            if err.errno not in NO_ROOM:
+                raise
+            # Room: the text, and its tokens (at most one a byte, uint16 for its vocabulary), tokenizer aside.
+            need = BUILTIN_BYTES * (1 + dtype_for(BUILTIN_VOCAB_SIZE).itemsize)
+            raise no_room(root, "stories.txt (the built-in corpus's text)", need, exact=False) from None
         prepare_text([text], root, vocab_size=BUILTIN_VOCAB_SIZE, force=True, builtin=key)
         log.info("built-in corpus ready in %s (%.1fs)", root, time.perf_counter() - t0)
     return root

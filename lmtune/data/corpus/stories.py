@@ -49,6 +49,7 @@ from lmtune.data.corpus.words import (
     plural,
     third,
 )
+from lmtune.data.datadir import open_new, write_all
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,8 @@ def generate_stories(num_stories: int, seed: int = 0) -> Iterator[str]:
 def write_corpus(path: Path, target_bytes: int = 4_000_000, seed: int = 0) -> Path:
     """Write stories until at least ``target_bytes`` bytes; each is followed by a ``<|endoftext|>`` line.
 
-    Written to a temp file and renamed, so a crash never leaves a truncated corpus behind.
+    Written to a temp file and renamed, so a crash never leaves a truncated corpus behind; the temp file is removed
+    when the writing fails (a full disk raises OSError(ENOSPC) naming ``path``'s temp file) or is interrupted.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -245,17 +247,21 @@ def write_corpus(path: Path, target_bytes: int = 4_000_000, seed: int = 0) -> Pa
     rng = random.Random(seed)
     written = 0
     stories = 0
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        buf: list[str] = []
-        while written < target_bytes:
-            doc = f"{generate_story(rng)}\n{EOT_LINE}\n"
-            buf.append(doc)
-            written += len(doc.encode("utf-8"))
-            stories += 1
-            if len(buf) >= 512:
-                f.write("".join(buf))
-                buf = []
-        f.write("".join(buf))
+    try:
+        with open_new(tmp) as f:
+            buf: list[str] = []
+            while written < target_bytes:
+                doc = f"{generate_story(rng)}\n{EOT_LINE}\n"
+                buf.append(doc)
+                written += len(doc.encode("utf-8"))
+                stories += 1
+                if len(buf) >= 512:
+                    write_all(f, "".join(buf).encode("utf-8"))
+                    buf = []
+            write_all(f, "".join(buf).encode("utf-8"))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
     log.info("wrote %d stories (%d bytes) to %s in %.1fs", stories, written, path, time.perf_counter() - t0)
     return path
