@@ -203,7 +203,7 @@ def no_room(folder: Path, name: str, need: int, exact: bool) -> LmtuneError:
 
 
 def _new_folder(parent: Path, prefix: str) -> Path:
-    """A new, empty folder in ``parent`` named ``prefix`` and random letters, made with the user's umask (as the
+    """A new, empty folder in ``parent`` named ``prefix`` and random hex digits, made with the user's umask (as the
     built-in corpus's folder is; ``tempfile.mkdtemp`` makes its folders 0700, and this one becomes DIR)."""
     while True:
         folder = parent / f"{prefix}{secrets.token_hex(4)}"
