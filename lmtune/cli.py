@@ -67,7 +67,7 @@ class ArgumentParser(argparse.ArgumentParser):
         self.register("action", None, _GivenOnce)
         self.register("action", "store", _GivenOnce)
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         parsed, rest = super().parse_known_args(args, namespace)
         parsed.__dict__.pop(_GIVEN, None)
         return parsed, rest
