@@ -238,7 +238,7 @@ def resume_command(options: SweepOptions) -> str:
 def print_result(result: SweepResult, options: SweepOptions) -> int:
     """The trials and their outcomes, then what the sweep concluded, read from its folder by the report's own
     reader (the lines ``analyze`` prints too, so the two never count differently)."""
-    from lmtune.report.headline import best_trial_lines, marked_unfinished, summary_lines
+    from lmtune.report.headline import best_trial_lines, marked_unfinished, no_best_lines, summary_lines
     from lmtune.report.writer import summarize_sweep  # (the report's imports: only once there is one)
 
     try:
@@ -268,7 +268,7 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         print(f"resume it with: {resume_command(options)}")
         return signal_exit_code(result.stopped_by)
     if summary is None or summary.best_trial is None:
-        print("no trial that neither errored nor diverged reported a finite validation loss")
+        print("\n".join(no_best_lines(summary)))
         for line in error_lines(rows):
             print(line)
         return 1

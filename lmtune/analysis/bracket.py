@@ -5,8 +5,10 @@ established (by training, or only by the stopper's rule).
 A run fails when it diverges (non-finite, or above its initial loss for good: lmtune.training.divergence) or when,
 above an LR that trained, it trains its whole budget and ends no better than the data's unigram baseline
 (Run.ended_untrained): predicting each token by its frequency would have done as well, so it did not train there.
-Below every LR that trained, such a run is only too slow (an LR too small), not the edge. The edge searcher bisects
-and confirms from these while the sweep runs; the report reads them afterwards (lmtune.analysis.conclusion).
+Below every LR that trained, such a run is only too slow (an LR too small), not the edge; and a run that diverged
+there broke for another reason than a large LR (its numerics, its seed, its data): the bracket sets it aside
+(``failed_below``) rather than place the edge below LRs that train. The edge searcher bisects and confirms from these
+while the sweep runs; the report reads them afterwards (lmtune.analysis.conclusion).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class Bracket:
     """The smallest LR at which a run failed (diverged, or above an LR that trained, ended untrained)."""
     stable_above: tuple[float, ...] = ()
     """Stable LRs above diverged_lr (failure is not monotone in LR there: seed or chance)."""
+    failed_below: tuple[float, ...] = ()
+    """LRs at which a run failed below the bracket's floor (where no smaller LR trained through, or below the best
+    LR): set aside, not the edge (not in summary.json: the trial table has their runs)."""
 
     @property
     def ratio(self) -> float | None:
@@ -51,16 +56,29 @@ def failed_runs(runs: Iterable[Run]) -> list[Run]:
     return [r for r in runs if r.diverged or (lowest is not None and r.lr > lowest and r.ended_untrained())]
 
 
-def bracket(runs: Iterable[Run]) -> Bracket:
+def bracket(runs: Iterable[Run], floor: float | None = None) -> Bracket:
+    """The failing LR's bracket: the smallest LR, at or above ``floor``, at which a run failed, and the largest LR
+    below it that trained through. ``floor``: the lowest LR that trained through, or ``floor`` where that is higher
+    (the report gives the best LR); failures below it are ``failed_below``, not the edge."""
     runs = effective_runs(runs)
-    diverged = sorted({r.lr for r in failed_runs(runs)})
     through = {r.lr for r in runs if r.trained_through()}
+    floor = bracket_floor(floor, min(through, default=None))
+    failed = {r.lr for r in failed_runs(runs)}
+    set_aside = tuple(sorted(lr for lr in failed if floor is not None and lr < floor))
+    diverged = sorted(failed - set(set_aside))
     if not diverged:
-        return Bracket(max(through) if through else None, None)
+        return Bracket(max(through) if through else None, None, failed_below=set_aside)
     edge = diverged[0]
     stable = through - set(diverged)
     below = [lr for lr in stable if lr < edge]
-    return Bracket(max(below) if below else None, edge, tuple(sorted(lr for lr in stable if lr > edge)))
+    return Bracket(max(below) if below else None, edge, tuple(sorted(lr for lr in stable if lr > edge)), set_aside)
+
+
+def bracket_floor(given: float | None, lowest_through: float | None) -> float | None:
+    """The lowest LR a bracket's failed end may lie at: the higher of ``given`` and the lowest LR that trained
+    through (None: neither; then every failure counts)."""
+    known = [lr for lr in (given, lowest_through) if lr is not None]
+    return max(known) if known else None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,31 @@ from lmtune.files import JsonObject
 
 
 @dataclass(frozen=True)
+class NothingTrained:
+    """No run beat the data's unigram baseline: predicting each token by its frequency did as well as every run, so
+    nothing trained and no best LR is crowned."""
+
+    lr: float
+    """The LR of the lowest full-budget loss."""
+    loss: float
+    """That loss: the best any run that ran its whole budget ended at (nats)."""
+    baseline: float
+    """The data's unigram baseline it is no better than (nats)."""
+    lrs: tuple[float, ...]
+    """The LRs whose runs ran their whole budget without diverging, ascending (each ended no better than it)."""
+
+
+def nothing_trained(runs: list[Run], ranking: list[LrResult]) -> NothingTrained | None:
+    """Runs ran their whole budget, the unigram baseline is known, and none trained through (ended below it): the
+    lowest of their losses against that baseline. None: a run trained, no baseline is known, or none ran its budget."""
+    baselines = [r.baseline for r in runs if r.baseline is not None]
+    if not ranking or not baselines or any(r.trained_through() for r in runs):
+        return None
+    lr, loss = min(((r.lr, loss) for r in ranking for loss in r.losses), key=lambda pair: (pair[1], pair[0]))
+    return NothingTrained(lr, loss, min(baselines), tuple(sorted({r.lr for r in ranking})))
+
+
+@dataclass(frozen=True)
 class Conclusion:
     """The best LR, the edge and the landscape at one budget (every loss compared at its full token count)."""
 
@@ -75,6 +100,9 @@ class Conclusion:
     regions: tuple[LrRegion, ...] = ()
     """The region every LR tried stands in (lmtune.analysis.landscape.lr_regions), by LR: what the report's text,
     its table and its figure call each LR."""
+    nothing_trained: NothingTrained | None = None
+    """No run beat the data's unigram baseline, so no best LR is crowned (None: a run trained, or no baseline known;
+    not in summary.json, whose ranking and unigram_loss say it)."""
 
     def lrs_in(self, region: Region) -> tuple[float, ...]:
         """The LRs tried in ``region``, ascending."""
@@ -121,18 +149,24 @@ class Conclusion:
 
 
 def conclude(runs: Iterable[Run], budget: Budget) -> Conclusion:
-    """The best LR (crowned on as many seeds as it beats), where it may lie, the bracket and how it was
-    established, the ratio, and the landscape's regions. (``budget``: the runs' budget, for the caller's
+    """The best LR (crowned on as many seeds as it beats; none where no run beat the data's unigram baseline), where
+    it may lie, the bracket (at or above the best LR) and how it was established, the ratio, and the landscape's
+    regions. (``budget``: the runs' budget, for the caller's
     reading; every comparison here is at each run's own full budget.)"""
     runs = effective_runs(runs)
     ranking = full_budget_ranking(runs)
-    best, contenders = crown(ranking)
-    edge, divergence = bracket(runs), divergence_bracket(runs)
-    interval = best_lr_interval(ranking, edge)
-    sigma = pooled_seed_spread(ranking)
-    regions = landscape(ranking, edge)
+    untrained = nothing_trained(runs, ranking)
+    candidates = [] if untrained else ranking  # where nothing trained, no LR is a candidate for the crown
+    best, contenders = crown(candidates)
+    # The failing and divergence LRs lie at or above the best (a run that failed below it is set aside)
+    floor = best.lr if best is not None else None
+    edge, divergence = bracket(runs, floor), divergence_bracket(runs, floor)
+    interval = best_lr_interval(candidates, edge)
+    sigma = pooled_seed_spread(candidates)
+    regions = landscape(candidates, edge)
     return Conclusion(best, tuple(contenders), sigma, interval, edge, divergence,
-                      useful_range(ranking, best, sigma, edge), tuple(seed_dependent_lrs(runs)),
+                      useful_range(candidates, best, sigma, edge), tuple(seed_dependent_lrs(runs)),
                       edge_confirmation(runs, edge) if edge.diverged_lr is not None else None,
-                      edge_ratio_range(divergence, interval), regions, tuple(crowned_ranking(ranking)),
-                      lr_regions(runs, ranking, regions))
+                      edge_ratio_range(divergence, interval), regions,
+                      tuple(crowned_ranking(ranking)) if best is not None else tuple(ranking),
+                      lr_regions(runs, ranking, regions), untrained)

@@ -224,6 +224,9 @@ class Region(StrEnum):
     UNCONFIRMED = "unconfirmed (cut while above ℓ₀)"
     """No run there trained its whole budget or failed, and one was cut early (by ASHA or the stopper) while its
     loss stood above its initial loss ℓ₀: whether it would have come back, or diverged, is not known."""
+    UNTRAINED = "ran its budget, no better than the unigram baseline"
+    """Nothing trained (no run beat the data's unigram baseline): its runs ran their whole budget, no LR is crowned
+    and there is no basin to place it in."""
     OTHER = "other settings than the best's"
     """Trained its whole budget with other varied parameters than the best LR's (a grid over more than the LR): not
     on the best LR's line, so in none of its regions."""
@@ -245,8 +248,9 @@ def lr_regions(runs: Iterable[Run], ranking: list[LrResult], regions: Landscape)
     """The region of every LR tried that trained its whole budget, failed, or was cut while above ℓ₀ (an LR whose
     runs were only cut below ℓ₀ stands in none: nothing says where). A failed run puts its LR in the failed region
     whatever its other seeds did (the bracket's rule); an LR that trained its whole budget stands where the
-    landscape put it (basin, degraded, below the basin, or above the failing LR); one with neither, but a run cut
-    while above ℓ₀, is unconfirmed."""
+    landscape put it (basin, degraded, below the basin, or above the failing LR), or, where the landscape has no
+    basin (nothing trained: no best LR), is untrained; one with neither, but a run cut while above ℓ₀, is
+    unconfirmed."""
     runs = effective_runs(runs)
     failed = {(r.lr, r.others) for r in failed_runs(runs)}
     cut = {(r.lr, r.others) for r in runs if r.cut_loss is not None}
@@ -260,6 +264,8 @@ def lr_regions(runs: Iterable[Run], ranking: list[LrResult], regions: Landscape)
             region = Region.FAILED
         elif (lr, others) not in ranked:
             region = Region.UNCONFIRMED
+        elif regions.basin is None:  # ranked, yet no basin: nothing trained, so no best LR to place it by
+            region = Region.UNTRAINED
         elif best is None or others != best.others:
             region = Region.OTHER
         elif lr in basin:

@@ -4,10 +4,15 @@
 - the **top of the useful range**: the largest LR above the best, reached through tried LRs that all qualify, whose
   mean full-budget loss is within max(SIGNIFICANCE_SE standard errors of the difference, USEFUL_TOLERANCE) of the
   best's; with the measured cost (loss over the best's) of 2x and 4x the best LR;
-- the **divergence LR**: the first LR at which a run diverged: its loss went non-finite, or rose above its initial
-  loss and did not come back (lmtune.training.divergence); the practitioners' rubric reads divergence LR / best LR;
-- the **failing LR**: the first LR, above one that trained, at which a run failed: it diverged, or ended its budget
-  no better than the data's unigram baseline (lmtune.analysis.bracket; what the edge search bisects).
+- the **divergence LR**: the first LR, above one that trained (and, in the report, not below the best), at which a
+  run diverged: its loss went non-finite, or rose above its initial loss and did not come back
+  (lmtune.training.divergence); the practitioners' rubric reads divergence LR / best LR;
+- the **failing LR**: the first LR, above one that trained (in the report, not below the best), at which a run
+  failed: it diverged, or ended its budget no better than the data's unigram baseline (lmtune.analysis.bracket; what
+  the edge search bisects).
+
+A run that failed below those (where no smaller LR trained, or below the best) is set aside (``failed_below``): it
+broke for another reason than a large LR, and the report says so.
 
 A failing LR at or below the divergence LR: a run can end untrained without ever climbing above its initial loss.
 """
@@ -18,7 +23,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lmtune.analysis.bracket import Bracket
+from lmtune.analysis.bracket import Bracket, bracket_floor
 from lmtune.analysis.runs import SIGNIFICANCE_SE, LrResult, Run, effective_runs, standard_error
 from lmtune.files import JsonObject
 
@@ -102,15 +107,21 @@ def interpolated(curve: list[tuple[float, float]], x: float) -> float | None:
     return curve[0][1] if len(curve) == 1 and abs(curve[0][0] - x) < 1e-12 else None
 
 
-def divergence_bracket(runs: Iterable[Run]) -> Bracket:
+def divergence_bracket(runs: Iterable[Run], floor: float | None = None) -> Bracket:
     """Where runs diverge (non-finite, or above their initial loss for good): between the largest LR below the
-    first diverging one at which a run ran its whole budget without diverging, however well it ended, and that
-    first diverging LR."""
+    first diverging one at or above ``floor`` at which a run ran its whole budget without diverging, however well it
+    ended, and that first diverging LR. ``floor``: as the failing LR's (lmtune.analysis.bracket.bracket: the lowest
+    LR that trained through, or ``floor`` where higher), so the divergence LR lies at or above the failing LR; a
+    divergence below it is ``failed_below``."""
     runs = effective_runs(runs)
-    diverged = sorted({r.lr for r in runs if r.diverged})
+    floor = bracket_floor(floor, min((r.lr for r in runs if r.trained_through()), default=None))
+    every = {r.lr for r in runs if r.diverged}
+    set_aside = tuple(sorted(lr for lr in every if floor is not None and lr < floor))
+    diverged = sorted(every - set(set_aside))
     ran = {r.lr for r in runs if r.ran_its_budget()}
     if not diverged:
-        return Bracket(max(ran) if ran else None, None)
+        return Bracket(max(ran) if ran else None, None, failed_below=set_aside)
     first = diverged[0]
     below = [lr for lr in ran if lr < first]
-    return Bracket(max(below) if below else None, first, tuple(sorted(lr for lr in ran - set(diverged) if lr > first)))
+    return Bracket(max(below) if below else None, first, tuple(sorted(lr for lr in ran - set(diverged) if lr > first)),
+                   set_aside)

@@ -139,8 +139,9 @@ class Sensitivity:
 def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> Sensitivity:
     """LR sensitivity (Wortsman et al. 2023) at the full budget on the fixed grid SENSITIVITY_LRS: S = mean over its
     LRs of min(l(eta), l0) - l*, with l(eta) the mean full-budget loss interpolated in log LR between the LRs that
-    trained their budget, l0 at and above the smallest LR at which a trial diverged, and grid LRs outside what was
-    measured left out (``lrs`` says how many count); l* the lowest mean measured."""
+    trained their budget, l0 at and above the smallest LR, above the lowest of those, at which a trial diverged, and
+    grid LRs outside what was measured left out (``lrs`` says how many count); l* the lowest mean measured. An LR
+    without a full-budget run is no point of the curve (a divergence below every LR that trained one included)."""
     if ell0 is None:
         return Sensitivity(None, 0, None)
     per_lr: dict[float, list[float]] = {}
@@ -155,9 +156,10 @@ def full_budget_sensitivity(pairs: Sequence[Pair], ell0: float | None) -> Sensit
             tokens = run.budget_tokens
     if not per_lr:
         return Sensitivity(None, 0, tokens)
-    first_diverged = min(diverged, default=math.inf)
+    # A divergence below every LR that trained its budget is outside the measured curve, not where l0 begins
+    first_diverged = min((lr for lr in diverged if lr > min(per_lr)), default=math.inf)
     curve = sorted((math.log(lr), min(float(np.mean(v)), ell0)) for lr, v in per_lr.items() if lr < first_diverged)
-    best = min(y for _, y in curve)
+    best = min(y for _, y in curve)  # (never empty: the lowest LR with a full-budget loss lies below first_diverged)
     values = [ell0 if lr >= first_diverged else interpolated(curve, math.log(lr)) for lr in SENSITIVITY_LRS]
     covered = [v - best for v in values if v is not None]
     return Sensitivity(float(np.mean(covered)) if covered else None, len(covered), tokens)

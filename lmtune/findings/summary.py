@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from lmtune.analysis.conclusion import Conclusion, conclude
+from lmtune.analysis.conclusion import Conclusion, NothingTrained, conclude
 from lmtune.analysis.runs import Budget, equal_token_losses
 from lmtune.errors import LmtuneError
 from lmtune.files import JsonObject
@@ -258,6 +258,11 @@ class SweepSummary(Generic[ResultT]):
         return min(lrs) if lrs else None
 
     @property
+    def nothing_trained(self) -> NothingTrained | None:
+        """No run beat the data's unigram baseline: no best LR (lmtune.analysis.conclusion.nothing_trained)."""
+        return self.conclusion.nothing_trained
+
+    @property
     def divergence_unsettled(self) -> float | None:
         """cut_below the divergence LR: where it may lie instead."""
         return self.cut_below(self.conclusion.divergence.diverged_lr)
@@ -335,9 +340,13 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
     conclusion = conclusion or conclude([run for run, _ in pairs], budget)
     best = best_record(standing, conclusion.best_lr)
     best_lr, edge_ratio, candidates = conclusion.best_lr, conclusion.edge_ratio, None
+    best_loss: float | None = None
+    best_tokens: int | None = None
     if best is not None:
         best_loss, best_tokens = conclusion.best.mean, budget.full_tokens
-    else:  # no trial trained its whole budget: the lowest loss at any token count, said to be unequal
+    elif conclusion.nothing_trained is None:
+        # No trial trained its whole budget: the lowest loss at any token count, said to be unequal. (Where runs ran
+        # it but none beat the unigram baseline, nothing trained: no best to name.)
         found = best_candidates(records)
         best = min(found, key=lambda r: (best_val_loss(r), r.lr)) if found else None
         best_lr, best_loss = (best.lr, best_val_loss(best)) if best else (None, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from lmtune.analysis.conclusion import Conclusion, NothingTrained
 from lmtune.analysis.landscape import Degraded
 from lmtune.analysis.runs import SAME_LR
 from lmtune.findings.stability import INITIAL_ESTIMATED, INITIAL_FROM_VOCAB
@@ -147,3 +148,38 @@ def initial_loss_text(value: float | None, found: str | None, digits: int = 4, s
         return (f"ℓ₀ ≈ {value:.{digits}g}, estimated as the median over the runs of the first train loss each logged "
                 "(the vocabulary size, which gives ln(vocab), is not known)")
     return f"ℓ₀ = {value:.{digits}g}"
+
+
+def lr_list(lrs: Sequence[float]) -> str:
+    """LRs in words: "0.5", "0.5 and 1.5", "0.1, 0.5 and 1.5"."""
+    named = [f"{v:.3g}" for v in lrs]
+    return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+
+
+def set_aside_text(conclusion: Conclusion) -> str | None:
+    """The LRs at which a run failed below the failing and divergence LRs' floor (Bracket.failed_below: where no
+    smaller LR trained, or below the best LR), in one sentence saying they are not the edge; None: none."""
+    diverged = conclusion.divergence.failed_below
+    failed = tuple(v for v in conclusion.edge.failed_below if v not in diverged)
+    if not diverged and not failed:
+        return None
+    ran = [r.lr for r in conclusion.ranking]
+    groups = []
+    for lrs, how in ((diverged, "diverged"), (failed, "ended no better than the data's unigram baseline")):
+        bottom = [v for v in lrs if not any(x < v for x in ran)]  # no smaller LR ran its budget
+        between = [v for v in lrs if v not in bottom]
+        groups += [f"lr {lr_list(bottom)} {how} where no smaller LR trained"] if bottom else []
+        best = f" ({conclusion.best_lr:.3g})" if conclusion.best_lr is not None else ""
+        groups += [f"lr {lr_list(between)} {how} below the best LR{best}, above an LR that trained"] if between else []
+    trained = [v for v in ran if v > min(diverged + failed)]
+    where = f" ({lr_list(trained)} did)" if trained else ""
+    return (f"{'; '.join(groups)}{where}: not the edge (the failing and divergence LRs lie above LRs that train, "
+            "not below the best), so that run broke for another reason than a large LR: look at it")
+
+
+def nothing_trained_text(nothing: NothingTrained) -> str:
+    """Why no best LR is named where no run beat the data's unigram baseline, with both numbers."""
+    return (f"nothing trained: no run ended better than the data's unigram baseline (the best final val loss, "
+            f"{nothing.loss:.4f} at lr {nothing.lr:.3g}, against the baseline's {nothing.baseline:.4f} nats: "
+            "predicting each token by its frequency does as well), so no best LR is named; a longer budget, or other "
+            "LRs, may train")

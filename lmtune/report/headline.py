@@ -8,10 +8,20 @@ from __future__ import annotations
 import json
 
 from lmtune.analysis.bracket import EdgeConfirmation
+from lmtune.analysis.conclusion import Conclusion
 from lmtune.analysis.landscape import Landscape
 from lmtune.analysis.named_lrs import UsefulRange
 from lmtune.findings.summary import SweepFacts, SweepSummary
-from lmtune.findings.text import basin_ends, basin_lrs, interval_line, per_doubling, ratio_range_text
+from lmtune.findings.text import (
+    basin_ends,
+    basin_lrs,
+    interval_line,
+    lr_list,
+    nothing_trained_text,
+    per_doubling,
+    ratio_range_text,
+    set_aside_text,
+)
 from lmtune.report.sections import section_for
 
 
@@ -53,12 +63,23 @@ def _verdict_lines(summary: SweepSummary) -> list[str]:
         fewest, most = summary.candidate_tokens
         lines.append(f"best lr {summary.best_lr:.3g}: val loss {summary.best_val_loss:.4f}, but not at equal "
                      f"token counts: no trial trained its whole budget ({fewest:,} to {most:,} tokens)")
+    elif summary.nothing_trained is not None:
+        lines.append(nothing_trained_text(summary.nothing_trained))
     elif summary.best_lr is None:
         lines.append("best lr: none (no trial that neither diverged nor errored trained its whole budget yet)")
     lines += conclusion_lines(summary)
     if summary.best_trial:
         lines.append(f"best trial: {summary.best_trial}")
     return lines
+
+
+def no_best_lines(summary: SweepSummary | None) -> list[str]:
+    """What ``run`` prints at a sweep's end that names no best trial: where runs ran their budget but none beat the
+    data's unigram baseline, that nothing trained (summary_lines, which say why); else that no trial reported a
+    finite validation loss."""
+    if summary is not None and summary.nothing_trained is not None:
+        return summary_lines(summary)
+    return ["no trial that neither errored nor diverged reported a finite validation loss"]
 
 
 def best_trial_lines(facts: SweepFacts, stored: str | None = None) -> list[str]:
@@ -86,16 +107,19 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
                          f"{len(contender.losses)}: not crowned (more seeds would settle it)")
     lines += region_lines(c.landscape)
     lines += useful_lines(c.useful)
+    set_aside = set_aside_text(c)
+    lines += [set_aside] if set_aside else []
     edge = c.edge
     cut = sorted({run.lr for run in summary.unconfirmed})
     unconfirmed = (f"unconfirmed: lr {', '.join(f'{v:.3g}' for v in cut)} cut while above ℓ₀, whether "
                    f"{'it' if len(cut) == 1 else 'they'} would have come back is not known" if cut else "")
     if edge.diverged_lr is None:
-        lines.append(f"edge: no LR is known to fail; {unconfirmed}" if cut else
-                     "edge: no LR failed; training breaks above the largest LR tried")
+        other = "other " if set_aside else ""
+        lines.append(f"edge: no {other}LR is known to fail; {unconfirmed}" if cut else
+                     f"edge: no {other}LR failed; training breaks above the largest LR tried")
         return lines
     stable = (f"trains through its budget up to {edge.stable_lr:.3g}, " if edge.stable_lr
-              else "no LR below it trained its whole budget, ")
+              else f"{none_below(c, summary.unigram_loss)}, ")
     width = f" (bracket {edge.ratio:.2f} wide)" if edge.ratio else ""
     confirmed = c.edge_confirmation is not None and c.edge_confirmation.confirmed
     how = "; confirmed by training without early stopping" if confirmed else "; not yet confirmed by training"
@@ -116,6 +140,17 @@ def conclusion_lines(summary: SweepSummary) -> list[str]:
         lines.append(f"  divergence / best lr: {ratio_range_text(*c.edge_ratio_range, summary.edge_range_reading)}"
                      f"{reading}")
     return lines
+
+
+def none_below(c: Conclusion, unigram_loss: float | None) -> str:
+    """Why the failing LR's bracket has no lower end: no LR below it trained its whole budget, or (where some did,
+    though none trained through) they ended no better than the data's unigram baseline."""
+    ran = [r.lr for r in c.ranking if c.edge.diverged_lr is not None and r.lr < c.edge.diverged_lr]
+    if not ran or unigram_loss is None:
+        return "no LR below it trained its whole budget"
+    each = "it" if len(ran) == 1 else "they"
+    return (f"no LR below it trained ({lr_list(sorted(ran))} ran {'its' if len(ran) == 1 else 'their'} whole budget "
+            f"but ended no better than the data's unigram baseline, {unigram_loss:.4f} nats: {each} did not train)")
 
 
 def useful_lines(useful: UsefulRange | None) -> list[str]:

@@ -12,13 +12,17 @@ from lmtune.analysis.named_lrs import USEFUL_TOLERANCE
 from lmtune.findings.comparison import first_growth
 from lmtune.findings.stability import AT_EDGE_BAND, CONSERVATIVE_ABOVE, CUT, NEAR_EDGE_BELOW, TrialRecord
 from lmtune.findings.summary import SweepSummary
-from lmtune.findings.text import lr, ratio_range_text, table, tokens, too_wide
+from lmtune.findings.text import lr, ratio_range_text, set_aside_text, table, tokens, too_wide
+from lmtune.report.headline import none_below
 from lmtune.training.divergence import describe_spikes
 
 
 def edge(summary: SweepSummary) -> list[str]:
     lines = ["## Edge of stability", "", *_named_lrs(summary), *_what_edge_means()]
     bracket = summary.conclusion.edge
+    set_aside = set_aside_text(summary.conclusion)
+    if set_aside:
+        lines += [f"{set_aside[:1].upper()}{set_aside[1:]}.", ""]
     if bracket.diverged_lr is None:
         cut = summary.cut_below(None)
         where = (f"training fails above the largest LR tried ({lr(bracket.stable_lr)} trained its whole budget). "
@@ -26,13 +30,14 @@ def edge(summary: SweepSummary) -> list[str]:
                  f"no LR tried is known to fail ({lr(bracket.stable_lr)} trained its whole budget), but a run at lr "
                  f"{cut:.3g} was cut while its loss stood above ℓ₀ (unconfirmed: see Above the best LR): training may "
                  "fail there. Retrain it without early stopping to settle it.")
-        lines += [f"No run failed (none went non-finite, stayed above its initial loss for the recovery window, or "
-                  f"ended no better than the data's unigram baseline above an LR that trained): {where}", ""]
+        lines += [f"No {'other ' if set_aside else ''}run failed (none went non-finite, stayed above its initial "
+                  "loss for the recovery window, or ended no better than the data's unigram baseline above an LR that "
+                  f"trained): {where}", ""]
     else:
         low = bracket.stable_lr
         stable = (f"**{low:.3g}**, the largest LR that trained its whole budget without diverging and ended below "
                   "the data's unigram baseline" if low is not None
-                  else "an LR not yet located (no LR below it trained its whole budget)")
+                  else f"an LR not yet located ({none_below(summary.conclusion, summary.unigram_loss)})")
         ratio = (f": a bracket **{bracket.ratio:.2f}** wide (the search's resolution, not a property of "
                  "training)" if bracket.ratio else "")
         cut = summary.cut_below(bracket.diverged_lr)

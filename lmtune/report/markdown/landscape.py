@@ -10,7 +10,17 @@ from typing import cast
 from lmtune.analysis.landscape import Region
 from lmtune.analysis.runs import SIGNIFICANCE_SE, LrResult
 from lmtune.findings.summary import SweepSummary
-from lmtune.findings.text import between, fmt, interval_line, lr, per_doubling, table, tokens
+from lmtune.findings.text import (
+    between,
+    fmt,
+    interval_line,
+    lr,
+    nothing_trained_text,
+    per_doubling,
+    set_aside_text,
+    table,
+    tokens,
+)
 from lmtune.report.figures import LR_VS_LOSS
 
 HEADING = "## Above the best LR: basin, degraded, failed"
@@ -18,6 +28,9 @@ HEADING = "## Above the best LR: basin, degraded, failed"
 
 def best_lr(summary: SweepSummary) -> list[str]:
     lines = ["## Best learning rate", ""]
+    if summary.nothing_trained is not None:
+        said = nothing_trained_text(summary.nothing_trained)
+        return lines + [f"{said[:1].upper()}{said[1:]}.", ""]
     if summary.best_lr is None:
         return lines + ["No trial that neither diverged nor errored was evaluated, so there is no best LR.", ""]
     if summary.candidate_tokens:
@@ -62,8 +75,11 @@ def landscape(summary: SweepSummary) -> list[str]:
     regions = summary.conclusion.landscape
     basin, degraded = regions.basin, regions.degraded
     if basin is None:
-        return lines + ["No LR trained its whole budget without diverging, so the loss cannot be compared across "
-                        "LRs at the full budget.", *_failed(summary), *_unconfirmed(summary), ""]
+        none = ("No run ended better than the data's unigram baseline (Best learning rate), so there is no basin to "
+                "compare LRs around." if summary.nothing_trained is not None else
+                "No LR trained its whole budget without diverging, so the loss cannot be compared across LRs at the "
+                "full budget.")
+        return lines + [none, *_failed(summary), *_unconfirmed(summary), ""]
     sigma = basin.seed_spread
     noise = (f"within {SIGNIFICANCE_SE:g} standard errors of the best's mean (run-to-run standard deviation "
              f"{sigma:.4f}, {_pooled(summary)})" if sigma is not None else
@@ -95,6 +111,9 @@ def _failed(summary: SweepSummary) -> list[str]:
     """The failed region (from the failing LR up) and the LRs above it whose runs trained through."""
     c = summary.conclusion
     region = c.landscape.diverged
+    set_aside = set_aside_text(c)
+    if region is None and set_aside:
+        return [f"- **Failed**: no LR tried failed at or above the best LR; {set_aside}."]
     if region is None:
         return ["- **Failed**: no LR tried failed (none diverged, nor ended no better than the data's unigram "
                 "baseline above an LR that trained)."]

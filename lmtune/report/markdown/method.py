@@ -117,14 +117,17 @@ def definitions(summary: SweepSummary) -> list[str]:
             "lmtune's fixed grid (1e-4 to 1, half a decade apart: the same for every sweep and variant) less the "
             "LRs outside what was measured, ℓ(η) the mean full-budget val loss interpolated in log LR between the "
             "LRs that trained their budget (ℓ₀ at and above a diverged LR), ℓ* the lowest mean measured.",
-            "- **Best LR**: the lowest mean full-budget loss, crowned on as many seeds as any LR it beats. "
+            "- **Best LR**: the lowest mean full-budget loss, crowned on as many seeds as any LR it beats; none where "
+            "no run ended better than the data's unigram baseline (nothing trained). "
             "**Top of the useful range**: the largest LR above the best, reached through tried LRs that all "
             f"qualify, whose mean full-budget loss is within max({SIGNIFICANCE_SE:g} standard errors of the "
             "difference, "
             f"{USEFUL_TOLERANCE:g} nats) of the best's; with the cost (loss over the best's) at 2x and 4x the best LR, "
             "interpolated in log LR between the LRs tried. **Failing LR**: the smallest LR, above one that trained "
-            "through, at which a run failed (above). **Divergence LR**: the smallest LR at which a run diverged "
-            "(above); a run can fail without diverging, so the failing LR lies at or below it.",
+            "through and not below the best, at which a run failed (above). **Divergence LR**: the smallest such LR "
+            "at which a run diverged (above); a run can fail without diverging, so the failing LR lies at or below "
+            "it. A run that failed below those (where no smaller LR trained, or below the best) broke for another "
+            "reason than a large LR: it is said apart, not named.",
             "- **Edge ratio** (the practitioners' rubric): divergence LR / best LR; its range: the largest LR below it "
             "that ran its budget without diverging / the best LR's upper bound, to the divergence LR / its lower "
             "bound. Read \"conservative\" above 4 only where the top of the useful range lies above the best LR.",
