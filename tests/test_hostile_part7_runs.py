@@ -164,3 +164,14 @@ def test_a_negative_loss_is_refused_naming_the_run_and_the_line(tmp_path, capsys
     rows = curve(0.001) + [{**row, "val_loss": -1.5 if row["step"] == 3 else row["val_loss"]} for row in curve(0.01)]
     refused(tmp_path, capsys, ["--runs", str(write_csv(tmp_path / "runs.csv", rows))], "runs.csv, line 10",
             "lr=0.01", "-1.5", "negative")
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 9, found on the way: a JSON integer too large for a float
+
+
+def test_a_jsonl_count_too_large_for_a_float_is_refused_in_one_line(tmp_path, capsys):
+    log = tmp_path / "runs.jsonl"
+    log.write_text('{"lr": 0.01, "step": 1, "val_loss": 4.0}\n'
+                   '{"lr": 0.01, "step": 1' + "0" * 400 + ', "val_loss": 3.0}\n')
+    refused(tmp_path, capsys, ["--runs", str(log)], "runs.jsonl, line 2, column step", "is not a step count")

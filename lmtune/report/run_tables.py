@@ -94,8 +94,10 @@ class Table:
         """A cell as a number (None: empty). ``nan``/``inf`` are numbers (a run that went non-finite)."""
         if value is None or (isinstance(value, str) and not value.strip()):
             return None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        if isinstance(value, int) and not isinstance(value, bool):  # (a JSON integer: any number of digits)
+            return float(value) if abs(value) < 2**1023 else (math.inf if value > 0 else -math.inf)
+        if isinstance(value, float):
+            return value
         if isinstance(value, str):
             try:
                 return float(value)
@@ -106,8 +108,8 @@ class Table:
 
 
 def read_table(path: Path) -> Table:
-    """A .csv or .jsonl file as a Table; one line saying what is wrong with any other file. The file is read
-    through once here (a JSONL file's keys make its header) and again by each ``rows()``, never held whole."""
+    """A .csv or .jsonl file as a Table; one line saying what is wrong with any other file. A CSV file's first row
+    is read here, a JSONL file through (its rows' keys make its header); each ``rows()`` reads it again."""
     kind = SUFFIXES.get(path.suffix.lower())
     if path.suffix.lower() == ".json":
         raise LmtuneError(f"{path} is a JSON file, not a run log; give JSON Lines (.jsonl: one object per logged "
