@@ -7,7 +7,6 @@ Every file lmtune writes (checkpoints, metrics, the sweep's records, the report)
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import shutil
@@ -16,6 +15,9 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+# (a full disk's error lives with the other errors; imported from here by every writer, as it always was)
+from lmtune.errors import FULL_DISK_ERRNOS, DiskFullError, format_bytes, full_disk  # noqa: F401
 
 LOCK_FILE = ".lmtune.lock"
 
@@ -51,42 +53,27 @@ def writer_lock(folder: Path, refusal: Callable[[str], str]) -> Iterator[None]:
         handle.close()  # releases the lock
 
 
-class DiskFullError(OSError):
-    """A write that found no space left on its device: nothing was written (the old file, if any, stands)."""
-
-    def __init__(self, path: Path, size: int, message: str | None = None):
-        path = Path(path)
-        if message is None:
-            free = shutil.disk_usage(existing_ancestor(path)).free
-            message = (f"no space left on the disk of {path.parent} to write {path.name} ({size / 2**20:.1f} MiB; "
-                       f"{free / 2**20:.1f} MiB free): free space, then resume")
-        super().__init__(errno.ENOSPC, message)
-        self.path, self.size = path, size
-
-    def __reduce__(self):
-        # Ray copies an error from a trial's process to the driver by pickling it: rebuilt from these, not from
-        # OSError's (errno, message) pair, which this constructor does not take.
-        return type(self), (self.path, self.size, self.strerror)
-
-
 def atomic_write_bytes(path: Path, data: bytes, mirror: bool = True) -> None:
     """Write ``data`` to ``path``: a temp file beside it, fsynced, then renamed over it. A full disk raises
-    DiskFullError and leaves nothing behind: neither the temp file nor a partial ``path``. ``mirror`` False: not
-    copied to a mirrored folder's storage (a file that came from there)."""
+    DiskFullError, and a folder at ``path`` LmtuneError (one line); either leaves nothing behind: neither the temp
+    file nor a partial ``path``. ``mirror`` False: not copied to a mirrored folder's storage (a file that came from
+    there)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_folder_at(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno in FULL_DISK_ERRNOS:
             raise DiskFullError(path, len(data)) from err
+        refuse_folder_at(path)  # (made there meanwhile)
         raise
-    os.replace(tmp, path)
     try:
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -97,6 +84,16 @@ def atomic_write_bytes(path: Path, data: bytes, mirror: bool = True) -> None:
         pass
     if _MIRRORS and mirror:
         _mirror(path)
+
+
+def refuse_folder_at(path: Path) -> None:
+    """A folder where a file is to be written (a report's figure replaced by one) refused in one line: a rename
+    cannot replace it, and removing someone's folder is not lmtune's to do."""
+    from lmtune.errors import LmtuneError
+
+    if path.is_dir() and not path.is_symlink():
+        raise LmtuneError(f"{path} is a folder, where lmtune writes its file {path.name}; remove or rename it, then "
+                          "run the command again")
 
 
 # Folders whose files are copied elsewhere as they are written (lmtune.files.mirrored): folder -> copier.
@@ -129,6 +126,36 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_json(path: Path, value: Any) -> None:
     """``value`` as indented JSON (numpy scalars and paths as their plain values)."""
     atomic_write_text(path, json.dumps(value, indent=2, default=_plain) + "\n")
+
+
+STAGING_PREFIX = ".lmtune-staging-"
+
+
+@contextlib.contextmanager
+def staged_folder(folder: Path) -> Iterator[Path]:
+    """A set of files for ``folder`` written into a staging folder the block gets, then moved into ``folder``
+    together once the block ends (each by a rename: no room needed), so a failure on the way (a full disk) leaves
+    ``folder`` as it was: its earlier files whole, or, where it did not exist, no folder. Files of ``folder`` the
+    block did not write stay. A file whose place in ``folder`` a folder holds is refused before any is moved."""
+    folder = Path(folder)
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    staging = folder / f"{STAGING_PREFIX}{os.getpid()}"
+    try:
+        remove_tree(staging)
+        staging.mkdir(parents=True)
+        yield staging
+        names = sorted(p.name for p in staging.iterdir())  # (sorted: a dot file, a folder's marker, goes first)
+        for name in names:
+            refuse_folder_at(folder / name)
+        for name in names:
+            os.replace(staging / name, folder / name)
+    except BaseException:
+        remove_tree(staging)
+        for made_here in made:  # (the folders this made, emptied again; one holding anything else stays)
+            with contextlib.suppress(OSError):
+                made_here.rmdir()
+        raise
+    remove_tree(staging)
 
 
 def link_or_copy(source: Path, target: Path) -> None:

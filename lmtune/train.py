@@ -15,7 +15,7 @@ from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import LOCK_FILE, check_destination
 from lmtune.tools.terminal_progress import ProgressSink, logs_above_the_bar
-from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
+from lmtune.training.checkpoint import checkpoint_step, disk_full_in_run, periodic_checkpoints
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config
 from lmtune.training.fork import same_data
 from lmtune.training.handout import handout_name
@@ -167,9 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         from lmtune.training.wandb_sink import WandbSink
 
         sinks.append(WandbSink(args.wandb, config, out))
-    with logs_above_the_bar():
-        result = train(config, out, resume=args.resume, sinks=sinks, spec=spec_for(config),
-                       on_start=lambda folder: write_run_record(folder, config.code))
+    try:
+        with logs_above_the_bar():
+            result = train(config, out, resume=args.resume, sinks=sinks, spec=spec_for(config),
+                           on_start=lambda folder: write_run_record(folder, config.code))
+    except OSError as err:  # a full disk: one line, with the run's way on
+        if (full := disk_full_in_run(err, out)) is None:
+            raise
+        raise full from err
     s = result.summary
     best = f"{s['best_val_loss']:.4f}" if s["best_val_loss"] is not None else "n/a"
     status = "completed, did not learn" if s.get("divergence", {}).get("did_not_learn") else result.status

@@ -98,7 +98,7 @@ def test_a_full_disk_leaves_neither_a_partial_file_nor_its_temp_file(tmp_path, m
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", no_space)
-    with pytest.raises(DiskFullError, match="no space left on the disk of .* free space, then resume"):
+    with pytest.raises(DiskFullError, match="no space left on the disk of .* free space, then run the command again"):
         atomic_write_bytes(target, b"new" * 1000)
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == [target.name]

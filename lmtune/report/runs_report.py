@@ -48,6 +48,7 @@ from lmtune.report.writer import (
     check_report_dir,
     write_figures,
     write_tables,
+    written_whole,
 )
 
 SOURCE = "runs"
@@ -330,14 +331,14 @@ def write_runs_report(path: Path, out_dir: Path | None = None, target: float | N
     # (first: a bad input writes nothing, not even a folder)
     report = summarize_runs_input(path, target, lr_of, vocab_size)
     check_runs_out(out, path, given=out_dir is not None)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(path.resolve())}) + "\n")
     axes = tuple(a for a in X_AXES[x] if a != "wall" or report.runs.has("wall_time"))
     figures = (COMPARISON, COMPARISON_WALL, LR_VS_LOSS)
-    drawn = write_figures(out, FigureInputs(report.summary, report.facts, report.records, None, None, target, axes),
-                          figures)
-    atomic_write_text(out / MARKDOWN, "\n".join(runs_markdown(report, [f.file for f in drawn])))
-    write_tables(report.to_json(), report.summary.trials, out)
+    with written_whole(out) as staged:  # (whole, or the report before it left as it was)
+        atomic_write_text(staged / REPORT_MARKER, json.dumps({"sweep": str(path.resolve())}) + "\n")
+        drawn = write_figures(staged, FigureInputs(report.summary, report.facts, report.records, None, None, target,
+                                                   axes), figures)
+        atomic_write_text(staged / MARKDOWN, "\n".join(runs_markdown(report, [f.file for f in drawn])))
+        write_tables(report.to_json(), report.summary.trials, staged)
     return report, out
 
 

@@ -10,18 +10,27 @@ What differs by search is the search's report section's (lmtune.report.sections)
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from lmtune.errors import LmtuneError
-from lmtune.files import JsonObject, atomic_write_text, check_destination
+from lmtune.files import (
+    STAGING_PREFIX,
+    DiskFullError,
+    JsonObject,
+    atomic_write_text,
+    check_destination,
+    full_disk,
+    staged_folder,
+)
 from lmtune.findings.part import FigureInputs, ReportFigure, SweepInputs
 from lmtune.findings.rows import TrialRow, json_safe, varied_params
 from lmtune.findings.sharpness import SharpnessRow
@@ -164,8 +173,14 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | N
     else:
         check_destination(out, "--out")
     report = summarize_sweep(sweep_dir, target, samples, sharpness, consent)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(sweep_dir.resolve())}) + "\n")
+    with written_whole(out) as staged:
+        write_report_files(report, staged, target, x)
+    return WrittenReport(report, out)
+
+
+def write_report_files(report: SweepReport, out: Path, target: float | None, x: str) -> None:
+    """The report's files, written into ``out``."""
+    atomic_write_text(out / REPORT_MARKER, json.dumps({"sweep": str(report.facts.sweep_dir)}) + "\n")
     summary, facts, trials = report.summary, report.facts, report.trials
     if report.sharpness is not None:
         write_sharpness_csv(report.sharpness, out / "sharpness.csv")
@@ -175,7 +190,23 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, target: float | N
                                             X_AXES[x]), (*section_for(summary.search).figures(), *FIGURES))
     write_markdown(summary, facts, trials, out / MARKDOWN, [figure.file for figure in drawn])
     write_tables(report.to_json(), summary.trials, out)
-    return WrittenReport(report, out)
+
+
+@contextlib.contextmanager
+def written_whole(out: Path) -> Iterator[Path]:
+    """A report's files, written into the folder the block gets, appear in ``out`` together once all are written
+    (lmtune.files.staged_folder), or none does: the report before them, if any, stays as it was. A full disk on the
+    way is one line without "resume" (analyze has nothing to resume), naming the file in ``out`` it was writing."""
+    had_report = (out / MARKDOWN).exists()
+    try:
+        with staged_folder(out) as staged:
+            yield staged
+    except OSError as err:
+        if (full := full_disk(err, out)) is None:
+            raise
+        where = out / full.path.name if full.path.parent.name.startswith(STAGING_PREFIX) else full.path
+        kept = f"the previous report in {out} is as it was" if had_report else f"nothing was written to {out}"
+        raise DiskFullError(where, full.size, fix=f"free space, then run analyze again ({kept})") from None
 
 
 def write_figures(out: Path, inputs: FigureInputs, figures: tuple[ReportFigure, ...]) -> list[ReportFigure]:

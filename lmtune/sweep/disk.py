@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from lmtune.errors import LmtuneError
+from lmtune.errors import LmtuneError, format_bytes
 from lmtune.files import existing_ancestor
 from lmtune.training.config import RunConfig, TrainConfig
 from lmtune.training.metrics import METRIC_COLUMNS
@@ -44,18 +44,6 @@ class Keep(StrEnum):
     """best.pt and the newest full checkpoint (a run can be resumed or continued)."""
     ALL = "all"
     """best.pt, the newest keep_checkpoints full checkpoints and a WSD run's stable.pt."""
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes in decimal units to 2-3 significant figures: 512 B, 4.5 MB, 27 MB, 150 MB."""
-    value, units = float(n), ("B", "kB", "MB", "GB")
-    for unit in units:
-        shown = round(value, 1) if value < 10 and unit != "B" else round(value)
-        # Step up only when the rounded figure would read 1000 (999.7 kB is "1.0 MB", not "1000 kB").
-        if shown < 1000 or unit == units[-1]:
-            return f"{shown} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
 
 
 def tensor_count(config: RunConfig) -> int:

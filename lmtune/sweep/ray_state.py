@@ -35,7 +35,7 @@ from typing import Any
 from ray import tune
 
 from lmtune.errors import LmtuneError
-from lmtune.files import atomic_write_bytes, link_or_copy, remove_tree
+from lmtune.files import FULL_DISK_ERRNOS, DiskFullError, atomic_write_bytes, link_or_copy, remove_tree
 from lmtune.private_apis import experiment_staging_dir
 from lmtune.searches.state import decisions_dir
 
@@ -124,19 +124,26 @@ class RayStateBackup(tune.Callback):
 
 
 def write_set(sweep_dir: Path, files: dict[str, bytes], trial_folders: Sequence[str], number: int) -> Path:
-    """``files`` and links to the Tune checkpoints in ``trial_folders`` as the newest set; older sets go."""
+    """``files`` and links to the Tune checkpoints in ``trial_folders`` as the newest set; older sets go. A full disk
+    raises DiskFullError (the set's bytes; the set cut short removed, the older one kept)."""
     root = backup_dir(sweep_dir)
     name = f"{SET_PREFIX}{os.getpid()}-{number:08d}"
     building = root / f".{name}"
-    remove_tree(building)
-    building.mkdir(parents=True)
-    for file_name, data in files.items():
-        (building / file_name).write_bytes(data)  # (the folder is renamed into place once whole)
-    for folder in trial_folders:
-        for checkpoint in (sweep_dir / folder).glob(TUNE_CHECKPOINT_GLOB):
-            if checkpoint.is_dir():
-                link_tree(checkpoint, building / CHECKPOINT_LINKS / folder / checkpoint.name)
-    building.rename(root / name)
+    try:
+        remove_tree(building)
+        building.mkdir(parents=True)
+        for file_name, data in files.items():
+            (building / file_name).write_bytes(data)  # (the folder is renamed into place once whole)
+        for folder in trial_folders:
+            for checkpoint in (sweep_dir / folder).glob(TUNE_CHECKPOINT_GLOB):
+                if checkpoint.is_dir():
+                    link_tree(checkpoint, building / CHECKPOINT_LINKS / folder / checkpoint.name)
+        building.rename(root / name)
+    except OSError as err:
+        remove_tree(building)
+        if err.errno in FULL_DISK_ERRNOS:
+            raise DiskFullError(root / name, sum(map(len, files.values()))) from err
+        raise
     for older in root.iterdir():
         if older.name == name:
             continue

@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from ray import tune
 
 from lmtune.analysis.runs import Outcome
 from lmtune.errors import LmtuneError
-from lmtune.files import existing_ancestor, mirrored
+from lmtune.files import DiskFullError, existing_ancestor, full_disk, mirrored
 from lmtune.sweep.disk import DiskNeed, Keep, check_free_disk, disk_need, format_bytes, free_disk
 from lmtune.sweep.experiment import (
     build_trainable,
@@ -103,8 +103,7 @@ def run_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
         tuner = build_tuner(options, plan, placement, shipped)
         Interruptions.tuning = True
         started.set()
-        result = sweep_result(sweep_dir, tuner.fit(), plan)
-        return finish(options, storage, result, disk_reserve(plan, placement.max_concurrent))
+        return fit_sweep(tuner.fit, options, storage, plan, disk_reserve(plan, placement.max_concurrent))
 
 
 def resume_sweep(options: SweepOptions, echo: Echo = print) -> SweepResult:
@@ -164,8 +163,7 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
                               f"version cannot load ({err}); analyze it as it is, or start a new sweep") from None
         Interruptions.tuning = True
         reserve = disk_reserve(plan, record.max_concurrent or 1)
-        kept = replace(options, keep=record.keep)
-        return finish(kept, storage, sweep_result(sweep_dir, tuner.fit(), plan), reserve)
+        return fit_sweep(tuner.fit, replace(options, keep=record.keep), storage, plan, reserve)
 
 
 # What --keep leaves of an ended trial, in words.
@@ -181,6 +179,21 @@ def sweep_disk_need(options: SweepOptions, plan: SweepPlan, placement: Placement
                      held_by_search=held, members=plan.space.fuse)
 
 
+def fit_sweep(fit: Callable[[], Sized], options: SweepOptions, storage: SweepStorage, plan: SweepPlan,
+              reserve: int) -> SweepResult:
+    """Tune's loop (``fit``: the tuner's), then ``finish``. A full disk under the driver (its records, Ray's
+    experiment state, a callback's files) ends the loop with an error: the sweep stopped by it, with what it was
+    writing and the room there is as its note, and left for --resume like one its stopper stopped."""
+    try:
+        result = sweep_result(options.sweep_dir, fit(), plan)
+    except Exception as err:
+        if (full := full_disk(err, options.sweep_dir)) is None:
+            raise
+        result = sweep_result(options.sweep_dir, (), plan)
+        result.stopped_by, result.note = DISK_FULL, f"{full.fact}; free space, then resume"
+    return finish(options, storage, result, reserve)
+
+
 def finish(options: SweepOptions, storage: SweepStorage, result: SweepResult, reserve: int) -> SweepResult:
     """A sweep that ended keeps only what --keep asks for: what the search held until now goes. One that stopped
     early is left as it is for --resume: by a signal, or by its stopper because the results disk could not take
@@ -192,7 +205,8 @@ def finish(options: SweepOptions, storage: SweepStorage, result: SweepResult, re
         log.info("pruned %s of checkpoints nothing can use any more", format_bytes(freed))
     else:
         drop_staged_duplicates(result.sweep_dir)
-        if not storage.remote and (free := free_disk(options.results.resolve())) < reserve:
+        if result.stopped_by != DISK_FULL and not storage.remote and \
+                (free := free_disk(options.results.resolve())) < reserve:
             result.stopped_by = DISK_FULL
             result.note = (f"only {format_bytes(free)} free on the disk of {options.results.resolve()}, less "
                                 f"than the next checkpoints need ({format_bytes(reserve)}); free space, then resume")
@@ -200,7 +214,13 @@ def finish(options: SweepOptions, storage: SweepStorage, result: SweepResult, re
     record = replace(record, ended={"outcomes": result.outcome_counts, "unfinished": result.unfinished,
                                     **({"stopped_by": result.stopped_by, "note": result.note} if result.stopped_by
                                        else {})})
-    record.write(result.sweep_dir)
+    try:
+        record.write(result.sweep_dir)
+    except DiskFullError:
+        if result.stopped_by != DISK_FULL:
+            raise
+        # (still full: sweep.json keeps its version before, which a resume reads as well)
+        log.warning("sweep.json could not record how the sweep ended: its disk is still full")
     if storage.remote:
         storage.download(result.sweep_dir)
     return result
@@ -265,8 +285,9 @@ def check_resume_inputs(options: SweepOptions, record: SweepRecord) -> None:
                           "drop --data")
 
 
-def sweep_result(sweep_dir: Path, results: tune.ResultGrid, plan: SweepPlan) -> SweepResult:
-    """The ledger's counts and whether a signal stopped the sweep first."""
+def sweep_result(sweep_dir: Path, results: Sized, plan: SweepPlan) -> SweepResult:
+    """The ledger's counts and whether a signal stopped the sweep first (``results``: Tune's ResultGrid, none where
+    its loop ended with an error)."""
     counts: dict[str, int] = {}
     outcomes = read_outcomes(sweep_dir)
     for entry in outcomes.values():

@@ -13,13 +13,14 @@ import io
 import logging
 import pickle
 import re
+import shlex
 from pathlib import Path
 from typing import TypedDict
 
 import torch
 
 from lmtune.errors import LmtuneError, first_line
-from lmtune.files import JsonObject, atomic_write_bytes, atomic_write_text, plain
+from lmtune.files import DiskFullError, JsonObject, atomic_write_bytes, atomic_write_text, full_disk, plain
 from lmtune.training.config import RunConfig
 from lmtune.training.metrics import Row
 from lmtune.training.state import TrainState, TrainStateDict, check_same_parameters
@@ -108,6 +109,21 @@ def rotate(directory: Path, keep: int) -> None:
     for old in periodic_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
         checksum_path(old).unlink(missing_ok=True)
+
+
+def disk_full_in_run(err: BaseException, out_dir: Path) -> DiskFullError | None:
+    """The full disk that stopped ``lmtune train`` into ``out_dir`` (None: ``err`` is no full disk), with the run's way
+    on: --resume from its newest checkpoint written whole, or, where none was, a new start."""
+    if (full := full_disk(err, out_dir)) is None:
+        return None
+    whole = [p for p in periodic_checkpoints(Path(out_dir) / "checkpoints") if checksum_path(p).exists()]
+    if whole:
+        command = shlex.join(["python", "-m", "lmtune.train", "--resume", "--out", str(out_dir)])
+        fix = f"free space, then continue the run from its step {checkpoint_step(whole[-1])} checkpoint: {command}"
+    else:
+        fix = f"free space, then train again: no checkpoint was written yet to resume from (delete {out_dir}, or " \
+              "give another --out)"
+    return DiskFullError(full.path, full.size, fix=fix)
 
 
 def checkpoint_step(path: Path) -> int:
