@@ -141,6 +141,9 @@ def staged_folder(folder: Path) -> Iterator[Path]:
     made = [p for p in (folder, *folder.parents) if not p.exists()]
     staging = folder / f"{STAGING_PREFIX}{os.getpid()}"
     try:
+        for stale in folder.glob(f"{STAGING_PREFIX}*"):  # (of a writer killed mid-way: its process is gone)
+            if not _running(stale.name.removeprefix(STAGING_PREFIX)):
+                remove_tree(stale)
         remove_tree(staging)
         staging.mkdir(parents=True)
         yield staging
@@ -156,6 +159,17 @@ def staged_folder(folder: Path) -> Iterator[Path]:
                 made_here.rmdir()
         raise
     remove_tree(staging)
+
+
+def _running(pid: str) -> bool:
+    """Whether a process ``pid`` (a number's text) runs on this machine (one of another user's counts)."""
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:
+        return True
+    except (ValueError, OSError):
+        return False
+    return True
 
 
 def link_or_copy(source: Path, target: Path) -> None:

@@ -19,7 +19,7 @@ from conftest import TINY, assert_refused, disk_sweep, set_args, snapshot
 from lmtune import analyze
 from lmtune import train as train_cli
 from lmtune.errors import LmtuneError, cli_entry
-from lmtune.files import DiskFullError, atomic_write_bytes
+from lmtune.files import DiskFullError, atomic_write_bytes, staged_folder
 from lmtune.run import print_result
 from lmtune.sweep.options import SweepOptions
 from lmtune.sweep.ray_state import RayStateBackup, backup_dir
@@ -201,6 +201,15 @@ def test_a_report_figure_whose_path_is_a_folder_is_one_line_and_leaves_the_repor
     assert_refused(analyze.main, [str(sweep_dir), "--x", "tokens"], capsys, f"{figure} is a folder",
                    "remove or rename it")
     assert snapshot(sweep_dir / "report") == before and leftovers(sweep_dir) == []
+
+
+def test_a_staging_folder_a_killed_analyze_left_goes_with_the_next_report_written_there(tmp_path):
+    stale = tmp_path / "report" / ".lmtune-staging-999999999"  # (no such process)
+    stale.mkdir(parents=True)
+    (stale / "summary.json").write_text("{")
+    with staged_folder(tmp_path / "report") as staged:
+        (staged / "summary.json").write_text("{}")
+    assert [p.name for p in (tmp_path / "report").iterdir()] == ["summary.json"]
 
 
 # ---------------------------------------------------------------------------------------------
