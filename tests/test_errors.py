@@ -12,6 +12,7 @@ import pytest
 
 from lmtune.errors import LmtuneError, UserCodeError
 from lmtune.files import DiskFullError
+from lmtune.report.run_tables import _RepeatedKey
 from lmtune.sweep.hooks import StepHookError
 from lmtune.sweep.spaces import _AliasRefused, _DuplicateKey
 from lmtune.training.metric_registry import UnregisteredMetric
@@ -23,7 +24,8 @@ EXAMPLES = [LmtuneError("--fuse must be >= 1"), DiskFullError(Path("/tmp/no/such
             UnregisteredMetric("metrics row key 'x'"), _AliasRefused(7), _OutOfRange("step -6"),
             StepHookError("--step-hook 'h:f' raised ValueError: no"), _DuplicateKey("a", 6, 8),
             FolderCodeRefused("the checkpoint's model names trial/payload.py:Model; give --model or --trust-code"),
-            UserCodeError("--model m.py:LM: running m.py raised ModuleNotFoundError: No module named 'einops'")]
+            UserCodeError("--model m.py:LM: running m.py raised ModuleNotFoundError: No module named 'einops'"),
+            _RepeatedKey("val_loss")]
 
 
 def test_every_exception_class_lmtune_defines_is_among_those_tested():
