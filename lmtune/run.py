@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import os
 import re
 import shlex
 import sys
@@ -24,6 +25,7 @@ from lmtune.sweep.preflight import (
     check_address_answers,
     check_dashboard_host,
     check_local_resources,
+    check_outside_sweeps,
     check_storage_answers,
     checked_address,
     checked_storage,
@@ -76,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(to resume or continue it); all = every checkpoint (analyze --sharpness reads them)")
     p.add_argument("--force", action="store_true",
                    help="start even if the results disk has less free space than the sweep is estimated to need")
+    p.add_argument("--yes", action="store_true",
+                   help="start a bare run (no --space: lr_grid, 7 trials of the 17M model) though its trials would "
+                        "train on this machine's CPU, for the time it prints (measured from a training step here)")
     add_code_arguments(p)
     p.add_argument("--trust-code", action="store_true",
                    help="with --resume: import the code sweep.json names even where it is not the file, unchanged, "
@@ -153,7 +158,8 @@ def refuse_swept_handout_names(args: argparse.Namespace) -> None:
 def where_it_runs(args: argparse.Namespace) -> tuple[str | None, Path, str | None]:
     """(--address, the results folder, --storage) as the sweep uses them, their forms checked: the address's, the
     cluster config (with --address only); a storage folder is where the sweep lives, records and trials together
-    (the results folder). Nothing here asks the network: ``check_it_can_run`` does."""
+    (the results folder), and a new sweep's lies inside no other sweep. Nothing here asks the network:
+    ``check_it_can_run`` does."""
     address = checked_address(args.address) if args.address is not None else None
     if args.cluster_config is not None:
         if address is None:
@@ -168,6 +174,10 @@ def where_it_runs(args: argparse.Namespace) -> tuple[str | None, Path, str | Non
                 raise LmtuneError(f"--storage {args.storage} and --results {args.results} name two folders for one "
                                   "sweep; give one of them")
             results, storage = Path(storage), None
+    if not args.resume:  # (a resume continues its sweep where it was made)
+        flag, given = ("--storage", args.storage) if args.storage is not None and storage is None else \
+            ("--results", args.results)
+        check_outside_sweeps(results.resolve(), flag, given)
     return address, results, storage
 
 
@@ -205,6 +215,31 @@ def refuse_resume_changes(args: argparse.Namespace) -> None:
         raise LmtuneError(f"--resume continues the sweep as it started (its budget, settings and resources are in "
                           f"sweep.json); {', '.join(given)} cannot change it: drop "
                           f"{'it' if len(given) == 1 else 'them'}, or start a new sweep with another --name")
+
+
+def check_cpu_time(args: argparse.Namespace, options: SweepOptions) -> None:
+    """A bare ``lmtune run`` (no --space: lr_grid's 7 trials of 40.96M tokens of the 17M model) whose trials would
+    train on this machine's CPU: days of work. Before Ray starts, its expected time from a few training steps measured
+    here; printed with --yes, else refused in one line naming --yes and the quick edge search."""
+    if args.space is not None or options.resume or options.address is not None or options.sweep_dir.exists():
+        return  # (an existing --name is refused by run_sweep)
+    from lmtune.sweep.experiment import plan_sweep
+    from lmtune.sweep.runner import preflight_write_check
+    from lmtune.tools.cpu_time import cpu_time
+    from lmtune.training.device import resolve_device
+
+    preflight_write_check(options.results.resolve(), flag=options.results_flag)  # (before the corpus is prepared)
+    plan = plan_sweep(options)
+    if resolve_device(plan.base.train.device).type != "cpu":
+        return
+    trials = plan.space.strategy.expected_trials()[0]
+    estimate = cpu_time(plan.base, trials, options.cpus_per_trial, options.num_cpus or os.cpu_count() or 1,
+                        options.max_concurrent).describe()
+    if not args.yes:
+        raise LmtuneError(f"a bare lmtune run trains lr_grid, and on this CPU its expected time is {estimate}; pass "
+                          "--yes to start it, or give --space quick_edge (the edge search on the quick budget's tiny "
+                          "model: minutes on a CPU)")
+    print(f"expected time on this CPU: {estimate}")
 
 
 def check_name(name: str) -> str:
@@ -253,8 +288,8 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
     if unread:
         status_counts["error"] = status_counts.get("error", 0) + unread
     counts = ", ".join(f"{n} {s}" for s, n in status_counts.items()) or "none ended"
-    print(f"\n{len(rows) + unread} trials: {counts}"
-          + (f"; {result.unfinished} did not finish" if result.unfinished else ""))
+    waiting = not_started(result, rows)
+    print(f"\n{len(rows) + unread + waiting} trials: {counts}" + (f"; {waiting} not started" if waiting else ""))
     if result.stopped_by == INCURABLE:
         print(f"sweep stopped: {result.note}")
         print(f"no retry cures it; fix it, then resume with: {resume_command(options)}")
@@ -281,6 +316,15 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
     return 0
 
 
+def not_started(result: SweepResult, rows) -> int:
+    """The sweep's trials that have neither ended (the ledger's) nor a folder of their own among ``rows`` (the
+    report's: those running are there, and so not counted twice)."""
+    from lmtune.sweep.record import read_outcomes
+
+    ended = read_outcomes(result.sweep_dir)
+    return max(0, result.unfinished - sum(row.trial_id not in ended for row in rows))
+
+
 def error_lines(rows) -> list[str]:
     """Why the trials that errored did, each different reason once (the three most frequent), with its count."""
     reasons = collections.Counter(row.reason for row in rows if row.status == "error" and row.reason)
@@ -300,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     options = sweep_options(args, argv)
     check_it_can_run(options)
+    check_cpu_time(args, options)
     try:
         with Interruptions.caught():
             result = run_sweep(options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -15,11 +16,12 @@ from lmtune.data.prepare import ensure_builtin_corpus
 from lmtune.errors import LmtuneError, cli_entry, setup_cli_logging, shown
 from lmtune.files import LOCK_FILE, check_destination
 from lmtune.tools.terminal_progress import ProgressSink, logs_above_the_bar
-from lmtune.training.checkpoint import checkpoint_step, disk_full_in_run, periodic_checkpoints
+from lmtune.training.checkpoint import BEST_NAME, checkpoint_step, disk_full_in_run, periodic_checkpoints
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config
 from lmtune.training.fork import same_data
 from lmtune.training.handout import handout_name
 from lmtune.training.loop import resolve_config, train
+from lmtune.training.metrics import METRICS_FILE
 from lmtune.training.schedule import first_lr_difference
 from lmtune.usercode.checks import check_code
 from lmtune.usercode.config import FLAGS, add_code_arguments, code_from_arguments
@@ -32,6 +34,8 @@ RESUME_MAY_CHANGE = {"log_interval", "eval_interval", "checkpoint_interval", "ke
                      "compile_backend", "compile_mode", "precision", "grad_accum_steps",
                      "lr", "min_lr_ratio", "schedule", "warmup_steps", "steps", "run_steps", "cooldown_fraction",
                      "cooldown_shape"}
+# What a run that trained leaves in its folder, which a start from step 0 would replace.
+RUN_RECORDS = (METRICS_FILE, "summary.json", f"checkpoints/{BEST_NAME}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
-    """The run's config and output folder, every refusal checked before anything is written (or built)."""
+def output_folder(args: argparse.Namespace) -> Path:
+    """--out, or results/train-BUDGET-TIMESTAMP; one line where it cannot be a run's folder."""
+    budget = args.budget or "quick"
+    out = args.out or Path("results") / f"train-{budget}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_destination(out, "--out")
+    return out
+
+
+def run_config(args: argparse.Namespace, out: Path) -> RunConfig:
+    """The config of the run in ``out``, every refusal checked before anything is written (or built)."""
     overrides = parse_set_args(args.set)
     if args.lr is not None:
         if "lr" in overrides:
@@ -62,10 +74,8 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
                               "it once")
         overrides["lr"] = args.lr
     budget = args.budget or "quick"
-    out = args.out or Path("results") / f"train-{budget}-{time.strftime('%Y%m%d-%H%M%S')}"
-    check_destination(out, "--out")
     if args.resume:
-        return resumed_config(args, out, overrides), out
+        return resumed_config(args, out, overrides)
     if args.trust_code:
         raise LmtuneError(f"{TRUST_FLAG} applies to --resume (the code a run's folder names); a new run imports only "
                           f"the code its flags name: drop {TRUST_FLAG}")
@@ -73,7 +83,7 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
         raise LmtuneError(f"{out} already holds files; pass --resume to continue it or choose another --out")
     config = budget_config(budget, overrides, code=code_from_arguments(args))
     config.data_dir = str(args.data if args.data is not None else ensure_builtin_corpus())  # the last step: slow
-    return config, out
+    return config
 
 
 def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, object]) -> RunConfig:
@@ -82,6 +92,8 @@ def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, obj
     path = out / "config.json"
     if not path.exists():
         raise LmtuneError(f"--resume: {out} holds no training run (no config.json); drop --resume to start one")
+    refuse_running_sweep(out)
+    check_something_to_resume(out)
     saved = read_run_config(path)
     if args.budget is not None and args.budget != saved.budget:
         raise LmtuneError(f"--resume: the run in {out} has budget {saved.budget}, not {args.budget}; drop --budget "
@@ -98,6 +110,49 @@ def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, obj
     check_resumed_code(args, saved, out)  # before check_resumable, which calls the run's schedule
     check_resumable(saved, config, newest_checkpoint_step(out / "checkpoints"), out)
     return config
+
+
+def enclosing_sweep(out: Path) -> Path | None:
+    """The sweep whose trial ``out`` is (its folder holds sweep.json), or None for a run of its own."""
+    from lmtune.sweep.record import is_sweep_dir  # (a sweep's records only: lmtune train runs without Ray)
+
+    folder = out.resolve().parent
+    return folder if is_sweep_dir(folder) else None
+
+
+def refuse_running_sweep(out: Path) -> None:
+    """A trial of a sweep whose driver runs (or resumes) now is that driver's to write: one line, nothing written."""
+    from lmtune.sweep.record import running_writer
+
+    sweep = enclosing_sweep(out)
+    if sweep is not None and (pid := running_writer(sweep)) is not None:
+        raise LmtuneError(f"--resume: {out} is a trial of {sweep}, and {sweep} is being written by a running lmtune "
+                          f"sweep (pid {pid}); wait for it to end, or stop it, before you resume one of its trials")
+
+
+def held_sweep(out: Path) -> contextlib.AbstractContextManager[object]:
+    """While a --resume trains a sweep's trial, the sweep's lock (no ``run --resume`` of the sweep meanwhile)."""
+    from lmtune.sweep.record import sole_writer
+
+    sweep = enclosing_sweep(out)
+    return sole_writer(sweep, new=False) if sweep is not None else contextlib.nullcontext()
+
+
+def check_something_to_resume(out: Path) -> None:
+    """A --resume continues from a step checkpoint in out/checkpoints. Where there is none but the run left records
+    (metrics.csv, summary.json, best.pt: the default ``run --keep best`` leaves a sweep's trial best.pt only), it
+    would start again from step 0 over them: refused in one line naming the ways to train it again. A folder that
+    holds config.json alone (a run set up, never trained) starts from step 0, as a --resume there always has."""
+    if periodic_checkpoints(out / "checkpoints"):
+        return
+    records = [name for name in RUN_RECORDS if (out / name).exists()]
+    if not records:
+        return
+    kept = "best.pt only" if (out / "checkpoints" / BEST_NAME).exists() else "no checkpoint"
+    raise LmtuneError(f"--resume: nothing to resume in {out}: the run kept {kept} (no step checkpoint in "
+                      f"{out / 'checkpoints'}), and a start from step 0 would replace its {', '.join(records)}; "
+                      "to train it again, copy its config.json alone into a new folder and resume that (train "
+                      "--resume --out NEW), or start a new run with another --out")
 
 
 def check_resumed_code(args: argparse.Namespace, saved: RunConfig, out: Path) -> None:
@@ -160,7 +215,14 @@ def flat_fields(config: RunConfig) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_cli_logging(logging.WARNING if args.quiet else logging.INFO)
-    config, out = run_config(args)
+    out = output_folder(args)
+    config = run_config(args, out)
+    with held_sweep(out) if args.resume else contextlib.nullcontext():
+        return train_run(args, config, out)
+
+
+def train_run(args: argparse.Namespace, config: RunConfig, out: Path) -> int:
+    """Train the run (its config checked), then print how it ended: 0 where it completed or was stopped."""
     check_code(resolve_config(config, Path(config.data_dir)))  # the user's code, before anything is written
     sinks: list = [ProgressSink(config.train.stop_step, f"train {out.name}")]  # a bar with an ETA on a terminal
     if args.wandb:

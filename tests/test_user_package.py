@@ -147,7 +147,7 @@ def test_a_model_that_fails_to_import_in_the_trials_stops_the_sweep_at_its_first
                       env={"ATTEMPTS": str(attempts)})
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert attempts.read_text().count("1") == 1
-    assert "1 trials: 1 error; 2 did not finish" in proc.stdout
+    assert "3 trials: 1 error; 2 not started" in proc.stdout
     stopped = next(line for line in proc.stdout.splitlines() if line.startswith("sweep stopped: trial "))
     assert "No module named 'einops_absent_in_the_workers'" in stopped and "is not installed in" in stopped
     assert "no retry cures it; fix it, then resume with: python -m lmtune.run --name fails --resume" in proc.stdout

@@ -78,6 +78,18 @@ def _check_scheme(text: str, value: str) -> None:
                           f"{scheme.lower()}:{rest}")
 
 
+def check_outside_sweeps(folder: Path, flag: str, given: str) -> None:
+    """A new sweep's folder goes in ``folder`` (``given`` as ``flag``), which must lie inside no other sweep: the
+    outer sweep's readers (analyze, diagnose) would take the new sweep's trials for its own. One line otherwise."""
+    from lmtune.sweep.record import is_sweep_dir
+
+    for above in (folder, *folder.parents):
+        if is_sweep_dir(above):
+            raise LmtuneError(f"{flag} {given}: a sweep there would be inside the sweep {above} (it holds sweep.json), "
+                              "whose report and diagnose would read it as trials of their own; give a folder outside "
+                              f"any sweep, e.g. {above.parent}")
+
+
 def check_storage_answers(root: str, timeout_s: float = ANSWER_TIMEOUT_S) -> None:
     """Object storage ``root`` answers within ``timeout_s`` that its bucket exists; one line when it fails, stays
     silent or has no such bucket. A local path is checked by writing to it (elsewhere).

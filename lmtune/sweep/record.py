@@ -31,7 +31,7 @@ from pathlib import Path
 
 from lmtune.analysis.runs import Outcome
 from lmtune.errors import LmtuneError
-from lmtune.files import JsonObject, atomic_write_json, remove_tree, writer_lock
+from lmtune.files import LOCK_FILE, JsonObject, atomic_write_json, remove_tree, writer_lock
 from lmtune.searches.state import decisions_dir
 from lmtune.searches.trial_order import ORDER_KEYS, TuneParams
 from lmtune.training.checkpoint import checkpoint_step, periodic_checkpoints
@@ -118,6 +118,24 @@ def sole_writer(sweep_dir: Path, *, new: bool) -> Iterator[threading.Event]:
                     folder.rmdir()
 
 
+
+
+def running_writer(sweep_dir: Path) -> str | None:
+    """The pid of the process writing ``sweep_dir`` now (the one holding its lock: a run or a resume), or None. The
+    lock is looked at, not taken, and nothing is written (a folder never written by a run has no lock file)."""
+    import fcntl  # POSIX only, as Ray's local clusters are
+
+    try:
+        handle = open(Path(sweep_dir) / LOCK_FILE)  # noqa: SIM115 - closed below
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (refused while a writer holds it exclusively)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def ledger_path(sweep_dir: Path) -> Path:
@@ -208,16 +226,24 @@ def trial_folders(sweep_dir: Path) -> list[TrialFolder]:
     The trial id comes from the trial's own trial.json; folders of sweeps written before lmtune wrote
     one are read from Ray's result.json and params.json instead. A folder Ray made for a trial that
     has not started yet holds neither and is left out, and so is a fused trial's own folder: its
-    members, each in a folder of its own, are the trials.
+    members, each in a folder of its own, are the trials. Only the sweep's own folders are walked (own_folders):
+    none through a link, none of a sweep inside it.
     """
     found = []
-    for path in sorted(p for p in Path(sweep_dir).iterdir() if p.is_dir()):
+    for path in own_folders(Path(sweep_dir)):
         trial_id = trial_id_in(path)
         own = read_json_object(path / TRIAL_FILE)
         params = own.get("params") if own.get("trial_id") else read_json_object(path / "params.json")
         if trial_id and "members" not in own and "members" not in (params or {}):
             found.append(TrialFolder(path, trial_id, dict(params or {}), int(own.get("continued_from_tokens") or 0)))
     return found
+
+
+def own_folders(folder: Path) -> list[Path]:
+    """The folders directly in ``folder`` that are its own, by name: not a link (``up -> ..``, or a second name for
+    one of its trials, which would be read twice), and not a sweep (a sweep stored inside another is not its
+    trials)."""
+    return sorted(p for p in Path(folder).iterdir() if not p.is_symlink() and p.is_dir() and not is_sweep_dir(p))
 
 
 def readable_trial(folder: Path) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 from lmtune.errors import LmtuneError
 from lmtune.sweep.record import (
     is_sweep_dir,
+    own_folders,
     read_outcomes,
     readable_trial,
     trial_folders,
@@ -55,13 +56,12 @@ class TrialStatus:
 
 
 def find_trial_dirs(sweep_dir: Path) -> list[Path]:
-    """Directories up to two levels below ``sweep_dir`` holding config.json and metrics.csv."""
-    found = []
-    for pattern in ("*", "*/*"):
-        for path in sorted(sweep_dir.glob(pattern)):
-            if path.is_dir() and (path / "config.json").is_file() and (path / METRICS_FILE).is_file():
-                found.append(path)
-    return found
+    """Directories up to two levels below ``sweep_dir`` holding config.json and metrics.csv: its own only
+    (lmtune.sweep.record.own_folders: none through a link, none of a sweep inside it)."""
+    children = own_folders(sweep_dir)
+    grandchildren = [path for child in children for path in own_folders(child)]
+    return [path for path in (*children, *grandchildren)
+            if (path / "config.json").is_file() and (path / METRICS_FILE).is_file()]
 
 
 def read_trial(trial_dir: Path, sweep_dir: Path, now: float | None = None) -> TrialStatus:
