@@ -589,10 +589,10 @@ def _yaml_case(text: str):
     return make
 
 
-def _args_case(*args: str, data: str = "builtin"):
+def _args_case(*args: str, data: str = "builtin", space: str | None = None):
     def make(tmp: Path, data_dir: Path) -> list[str]:
         chosen = {"builtin": data_dir, "tiny": _tiny_data(tmp), "missing-val": _missing_val(tmp, data_dir)}[data]
-        return ["--space", str(_good_grid(tmp)), "--data", str(chosen), *args]
+        return ["--space", space or str(_good_grid(tmp)), "--data", str(chosen), *args]
     return make
 
 
@@ -626,7 +626,7 @@ BAD_SWEEP_INPUTS = {
     "lr-negative": (_yaml_case(GRID_HEAD + "params:\n  lr: [-1.0e-3]\n"), ["lr must be a positive finite number"]),
     "lr-nan": (_yaml_case(GRID_HEAD + "params:\n  lr: [.nan]\n"), ["lr must be a positive finite number"]),
     "lr-inf": (_yaml_case(GRID_HEAD + "params:\n  lr: [.inf]\n"), ["lr must be a positive finite number"]),
-    "lr-nan-set": (_args_case("--set", "lr=nan", "--space", "quick"), ["lr"]),
+    "lr-nan-set": (_args_case("--set", "lr=nan", space="quick"), ["lr"]),
     "batch-size-0-set": (_args_case("--set", "batch_size=0"), ["batch_size"]),
     "batch-size-0-yaml": (_yaml_case(GRID_HEAD + "params:\n  lr: [1.0e-3]\nset: {batch_size: 0}\n"),
                           ["batch_size"]),
