@@ -44,7 +44,16 @@ from lmtune.data.datadir import (
     write_meta,
 )
 from lmtune.data.documents import CHUNK_BYTES, EOT, MIN_VAL_TOKENS, DocumentTally, min_val_tokens
-from lmtune.data.tokenizer import encode, load_tokenizer, require_tokenizers, train_tokenizer
+from lmtune.data.token_input import (
+    check_dtype_applies,
+    copy_ids,
+    largest_id,
+    load_id_tokenizer,
+    open_tokens,
+    open_val_tokens,
+    token_vocab,
+)
+from lmtune.data.tokenizer import encode, require_tokenizers, train_tokenizer
 from lmtune.errors import LmtuneError
 from lmtune.files import check_destination
 
@@ -53,15 +62,11 @@ log = logging.getLogger(__name__)
 # The largest --vocab-size: beyond any model lmtune trains, and the tokenizer library allocates per entry
 # up front (--vocab-size 1000000000 asks it for 70 GB).
 MAX_VOCAB_SIZE = 1 << 20
-# Token files are uint16 or uint32: an id must fit 32 bits.
-MAX_TOKEN_ID = 2**32 - 1
 # The built-in corpus has only a few thousand distinct words; a 10k BPE would spend most merges on
 # whole phrases (memorisation rather than language) and make the embedding/softmax slow on CPU.
 BUILTIN_VOCAB_SIZE = 4096
 BUILTIN_SEED = 0
 BUILTIN_BYTES = 4_000_000
-TOKENS_SLICE = 1 << 24  # elements copied per step from a --tokens array
-NPY_MAGIC = b"\x93NUMPY"  # what every .npy file starts with (numpy.lib.format)
 # The share of the training input held out for validation when no validation file of its own is given.
 DEFAULT_VAL_FRACTION = 0.01
 
@@ -209,116 +214,6 @@ def _hold_out_documents(tmp: Path, dtype: np.dtype, eot_id: int, counts: dict[st
 # --------------------------------------------------------------------------- pre-tokenized inputs
 
 
-def _open_tokens(path: Path, dtype: str | None, option: str = "--tokens") -> np.ndarray:
-    """``path`` (given to ``option``) as a flat integer array, memory-mapped; one line when it is not one."""
-    if not path.exists():
-        raise LmtuneError(f"token file {path} does not exist; check the path passed to {option}")
-    if not path.is_file():
-        raise LmtuneError(f"token file {path} is not a regular file; pass a .npy or .bin array to {option}")
-    if path.stat().st_size == 0:
-        raise LmtuneError(f"token file {path} is empty; pass a non-empty .npy or .bin array of token ids to {option}")
-    if path.suffix == ".npy":
-        arr = _load_npy(path, option)
-    elif path.suffix == ".bin":
-        dt = np.dtype(dtype or "uint16")
-        if path.stat().st_size % dt.itemsize:
-            raise LmtuneError(f"{path} has {path.stat().st_size} bytes, not a multiple of {dt.itemsize} "
-                              f"({dt.name}); pass the right --dtype")
-        arr = np.memmap(path, dtype=dt, mode="r")
-    else:
-        raise LmtuneError(f"token file {path} must end in .npy or .bin; rename it or convert it")
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise LmtuneError(f"{path} holds a {arr.ndim}-D {arr.dtype} array; pass a flat 1-D integer array of "
-                          "token ids")
-    if arr.shape[0] < 2:
-        raise LmtuneError(f"{path} holds {arr.shape[0]} token(s); pass at least 2 so that its split is not empty")
-    return arr
-
-
-def _load_npy(path: Path, option: str) -> np.ndarray:
-    """``path`` memory-mapped as a .npy array; one line when it is none (numpy's own message for a file without its
-    header is advice to unpickle it, which lmtune never does: a pickle runs code)."""
-    with open(path, "rb") as handle:
-        if handle.read(len(NPY_MAGIC)) != NPY_MAGIC:
-            raise LmtuneError(f"cannot read {path}: it is not a .npy array (no numpy header: text, or another "
-                              f"format, named .npy); save the ids with numpy.save, or give {option} a raw .bin of "
-                              "ids with --dtype")
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as err:  # noqa: BLE001 - numpy raises several types for a corrupt header
-        why = "it holds Python objects" if "pickle" in str(err) else f"{type(err).__name__}: {err}"
-        raise LmtuneError(f"cannot read {path} as a .npy array of token ids ({why}); save the ids with numpy.save, "
-                          f"or give {option} a raw .bin of ids with --dtype") from None
-    return arr
-
-
-def _check_dtype_applies(dtype: str | None, arrays: dict[Path, np.ndarray]) -> None:
-    """--dtype reads raw .bin files: refused, in one line, where every token file is a .npy (which records its own
-    dtype, and --dtype would do nothing)."""
-    if dtype is None or any(p.suffix == ".bin" for p in arrays):
-        return
-    found = ", ".join(f"{p} holds {arr.dtype}" for p, arr in arrays.items())
-    raise LmtuneError(f"--dtype {dtype} does nothing here: a .npy records its own dtype ({found}); drop --dtype (it "
-                      "is for raw .bin token files)")
-
-
-def _id_range(arr: np.ndarray) -> tuple[int, int]:
-    """(smallest, largest) id, read TOKENS_SLICE at a time."""
-    lo, hi = None, None
-    for s in range(0, int(arr.shape[0]), TOKENS_SLICE):
-        part = np.asarray(arr[s : s + TOKENS_SLICE])
-        lo = int(part.min()) if lo is None else min(lo, int(part.min()))
-        hi = int(part.max()) if hi is None else max(hi, int(part.max()))
-    return lo, hi
-
-
-def _largest_id(path: Path, arr: np.ndarray) -> int:
-    """The largest id in ``arr``, after refusing a negative id or one that does not fit 32 bits."""
-    lo, hi = _id_range(arr)
-    if lo < 0:
-        raise LmtuneError(f"{path} contains negative token id {lo}; token ids must be >= 0 (wrong --dtype?)")
-    if hi > MAX_TOKEN_ID:
-        raise LmtuneError(f"{path} contains token id {hi}, which does not fit the 32-bit token files lmtune "
-                          f"writes (largest {MAX_TOKEN_ID}); remap the ids to a dense range first")
-    return hi
-
-
-def _token_vocab(vocab_size: int | None, largest: dict[Path, int], tokenizer: Path | None,
-                 tokenizer_size: int | None) -> int:
-    """The model vocabulary of token-id inputs: --vocab-size, else the tokenizer's size, else the largest id + 1;
-    one line naming the file whose ids do not fit it."""
-    if vocab_size is not None and not 1 <= vocab_size <= MAX_TOKEN_ID + 1:
-        raise LmtuneError(f"--vocab-size {vocab_size} must be between 1 and 2**32 (ids are stored in 32 bits)")
-    for path, hi in largest.items():
-        if tokenizer_size is not None and hi >= tokenizer_size:
-            raise LmtuneError(f"{path} contains token id {hi} but the tokenizer {tokenizer} has {tokenizer_size:,} "
-                              "tokens; pass the tokenizer these ids were encoded with")
-        if vocab_size is not None and hi >= vocab_size:
-            raise LmtuneError(f"{path} contains token id {hi} >= --vocab-size {vocab_size}; "
-                              f"pass --vocab-size {hi + 1} or more")
-    if vocab_size is not None:
-        return vocab_size
-    return tokenizer_size if tokenizer_size is not None else max(largest.values()) + 1
-
-
-def _open_val_tokens(val_tokens: Path, dtype: str | None, train: np.ndarray, train_path: Path) -> np.ndarray:
-    """--val-tokens as an array of the same dtype as --tokens's (both from one tokenizer), and not the same data."""
-    val = _open_tokens(val_tokens, dtype, "--val-tokens")
-    if val.dtype != train.dtype:
-        raise LmtuneError(f"--val-tokens {val_tokens} holds {val.dtype} ids but --tokens {train_path} holds "
-                          f"{train.dtype}; save both arrays with one dtype (e.g. numpy.save(path, ids.astype("
-                          f"numpy.{train.dtype})))")
-    _check_distinct(val_tokens, [train_path], "--val-tokens", "--tokens")
-    return val
-
-
-def _copy_ids(arr: np.ndarray, start: int, end: int, dest: Path, dtype: np.dtype) -> None:
-    """``arr[start:end]`` as ``dtype`` into the file ``dest``, TOKENS_SLICE at a time."""
-    with open_new(dest) as f:
-        for s in range(start, end, TOKENS_SLICE):
-            write_all(f, np.asarray(arr[s : min(s + TOKENS_SLICE, end)]).astype(dtype))
-
-
 def prepare_tokens(
     path: Path,
     out: Path,
@@ -336,13 +231,15 @@ def prepare_tokens(
     path, out = Path(path), Path(out)
     val_tokens = None if val_tokens is None else Path(val_tokens)
     fraction = _val_fraction(val_fraction, val_tokens, "--val-tokens")
-    arr = _open_tokens(path, dtype)
-    val = None if val_tokens is None else _open_val_tokens(val_tokens, dtype, arr, path)
-    _check_dtype_applies(dtype, {path: arr, **({val_tokens: val} if val is not None else {})})
-    tok = _load_tokenizer(tokenizer) if tokenizer is not None else None
+    arr = open_tokens(path, dtype)
+    val = None if val_tokens is None else open_val_tokens(val_tokens, dtype, arr, path)
+    if val_tokens is not None:
+        _check_distinct(val_tokens, [path], "--val-tokens", "--tokens")
+    check_dtype_applies(dtype, {path: arr, **({val_tokens: val} if val is not None else {})})
+    tok = load_id_tokenizer(tokenizer) if tokenizer is not None else None
     check_out(out, force)
-    largest = {path: _largest_id(path, arr), **({val_tokens: _largest_id(val_tokens, val)} if val is not None else {})}
-    vocab_size = _token_vocab(vocab_size, largest, tokenizer, tok.get_vocab_size() if tok else None)
+    largest = {path: largest_id(path, arr), **({val_tokens: largest_id(val_tokens, val)} if val is not None else {})}
+    vocab_size = token_vocab(vocab_size, largest, tokenizer, tok.get_vocab_size() if tok else None)
     out_dtype = dtype_for(vocab_size)
     n = int(arr.shape[0])
     if val is None:
@@ -355,8 +252,8 @@ def prepare_tokens(
         validation = _own_file(val_tokens, n_val)
     saved = tok.to_str(pretty=True).encode() if tok is not None else b""
     with staging(out, force, need=(n_train + n_val) * out_dtype.itemsize + len(saved)) as tmp:
-        _copy_ids(arr, 0, n_train, tmp / "train.bin", out_dtype)
-        _copy_ids(*((val, 0, n_val) if val is not None else (arr, n_train, n)), tmp / "val.bin", out_dtype)
+        copy_ids(arr, 0, n_train, tmp / "train.bin", out_dtype)
+        copy_ids(*((val, 0, n_val) if val is not None else (arr, n_train, n)), tmp / "val.bin", out_dtype)
         if tok is not None:
             with open_new(tmp / "tokenizer.json") as handle:
                 write_all(handle, saved)
@@ -366,13 +263,6 @@ def prepare_tokens(
             sources=[Source(str(path), path.stat().st_size)], tokenizer="tokenizer.json" if tok else None,
             validation=validation))
     return out
-
-
-def _load_tokenizer(path: Path):
-    """The student's own tokenizer for token-id inputs (load_tokenizer's formats; one line when it is none)."""
-    require_tokenizers("--tokenizer is read with it; pip install tokenizers, or drop --tokenizer (samples are then "
-                       "shown as token ids)")
-    return load_tokenizer(Path(path))
 
 
 # --------------------------------------------------------------------------- built-in corpus

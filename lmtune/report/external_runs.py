@@ -27,20 +27,18 @@ from typing import cast
 import numpy as np
 
 from lmtune.errors import LmtuneError, shown
+from lmtune.report.run_points import RunRows, point_names, run_points
 from lmtune.report.run_tables import (
     COLUMN_NAMES,
     DOCS,
     LOSSES,
     SUFFIXES,
     LoggedRun,
-    RunRows,
     Table,
     lr_cell,
-    point_names,
     read_table,
     require_columns,
     run_lr,
-    run_points,
     seed_cell,
     seed_in_name,
 )
