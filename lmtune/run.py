@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-gpus", type=float, help="GPUs of the local Ray instance (logical GPUs for testing)")
     p.add_argument("--ship-data-mb", type=int, default=2048, help="largest data put in Ray's object store")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard")
+    p.add_argument("--trial-figures", action="store_true",
+                   help="each trial draws its own loss_curves.png and lr_schedule.png into its folder (default: the "
+                        "report's figures, which show every trial, are the only ones)")
     p.add_argument("--dashboard-host", default="127.0.0.1", help="dashboard bind address (default 127.0.0.1 only)")
     p.add_argument("--wandb", metavar="PROJECT", help="also log every trial to Weights & Biases project PROJECT "
                    "(Ray Tune's WandbLoggerCallback; needs pip install -e '.[wandb]')")
@@ -133,6 +136,7 @@ def sweep_options(args: argparse.Namespace, argv: list[str]) -> SweepOptions:
         max_concurrent=args.max_concurrent,
         max_failures=args.max_failures, address=address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         ship_data_mb=args.ship_data_mb, dashboard=not args.no_dashboard, dashboard_host=args.dashboard_host,
+        trial_figures=args.trial_figures,
         quiet=args.quiet, wandb_project=args.wandb.strip() if args.wandb else None,
         command=("python -m lmtune.run", *argv),
         keep=Keep(args.keep), force=args.force, cluster_config=args.cluster_config, step_hook=args.step_hook,
@@ -302,6 +306,10 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         print(f"sweep interrupted ({result.stopped_by}): unfinished trials keep their newest checkpoint")
         print(f"resume it with: {resume_command(options)}")
         return signal_exit_code(result.stopped_by)
+    if summary is not None and summary.nothing_trained is not None:  # (a finding, not a failure: the sweep ran)
+        print("\n".join(no_best_lines(summary)))
+        print(f"report: {shlex.join(['python', '-m', 'lmtune.analyze', str(result.sweep_dir)])}")
+        return 0
     if summary is None or summary.best_trial is None:
         print("\n".join(no_best_lines(summary)))
         for line in error_lines(rows):

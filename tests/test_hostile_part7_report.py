@@ -169,7 +169,7 @@ def test_analyze_of_a_sweep_where_no_run_beat_the_unigram_baseline_crowns_no_bes
 
 def test_the_end_of_a_sweep_where_nothing_trained_says_so_with_the_best_loss_and_the_baseline(tmp_path, capsys):
     code, out = run_printout(with_unigram_baseline(disk_sweep(tmp_path, NOTHING_TRAINED), UNIGRAM), 3, capsys)
-    assert code == 1
+    assert code == 0  # (the sweep ran as asked: what it found is that nothing trained)
     assert "nothing trained" in out and "5.81" in out and "5.67" in out
     assert "best lr 1.5" not in out
 

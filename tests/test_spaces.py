@@ -215,7 +215,7 @@ def test_optuna_sampler_choices_build(tmp_path: Path):
 def test_optuna_sweep_end_to_end_respects_count_and_bounds(tmp_path: Path, builtin_data: Path):
     """Four samples within the bounds. At 20 steps no run gets near the data's unigram baseline (8.0 nats against
     5.67), so the sweep also shows, from the CLI, that nothing is crowned where nothing trained (issue 68 item 7):
-    it says so and why, names no best trial and exits 1."""
+    it says so and why, names no best trial, and exits 0 (the sweep ran as asked)."""
     space = tmp_path / "tiny_optuna.yaml"
     settings = {**TINY_TRIAL, "batch_size": 4, "steps": 20, "warmup_steps": 2}
     space.write_text(textwrap.dedent(f"""\
@@ -232,7 +232,7 @@ def test_optuna_sweep_end_to_end_respects_count_and_bounds(tmp_path: Path, built
     results = tmp_path / "results"
     proc = run_lmtune("run", "--space", str(space), "--name", "opt", "--results", str(results), "--data",
                       str(builtin_data), "--no-dashboard", "--quiet", "--num-cpus", "1", timeout=300)
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = results / "opt"
     params = sorted(sweep.glob("*/params.json"))
     assert len(params) == 4, [p.parent.name for p in params]
