@@ -55,6 +55,16 @@ def test_report_files_exist_and_pictures_are_real(report):
     assert not list(out.glob(".*tmp*"))
 
 
+@pytest.mark.slow
+def test_a_sweeps_trials_draw_no_figures_of_their_own_the_reports_show_every_trial(quick_sweep, report):
+    trials = trial_dirs(quick_sweep)
+    assert len(trials) == 6 and all((d / "metrics.csv").is_file() for d in trials.values())
+    assert not [f for d in trials.values() for f in (*d.glob("*.png"), *d.glob(".*.tmp"))]
+    out, summary = report
+    assert {row["trial_id"] for row in summary["trials"]} == set(trials)  # (lr_sweep_comparison.png's curves)
+    assert_real_picture(out / "lr_sweep_comparison.png")
+
+
 def test_markdown_has_every_section(report):
     out, summary = report
     text = (out / "lr_sweep_analysis.md").read_text()

@@ -33,6 +33,7 @@ from conftest import (
     TEST_ASHA,
     TINY_TRIAL,
     assert_one_line_error,
+    assert_real_picture,
     assert_refused,
     command_line,
     finish,
@@ -353,7 +354,8 @@ def fault_sweep(builtin_data, tmp_path_factory) -> dict:
     """3 trials (FAULT_SWEEP_LRS: crash, oom, plain) of FAULT_STEPS steps on 1 logical GPU, 2 per GPU and 1 CPU each
     on 2 CPUs, so two at once; --max-failures 2; --step-hook faults:fault_sweep: the two trials that start together
     meet at step 10, the oom trial raises a CUDA OOM at step 15 on every attempt, the crash trial crashes once at step
-    25. W&B offline (--wandb lmtune-tests); the dashboard on (default host), to check what it binds to."""
+    25. W&B offline (--wandb lmtune-tests); the dashboard on (default host), to check what it binds to;
+    --trial-figures."""
     tmp = tmp_path_factory.mktemp("faults")
     meeting = tmp / "meeting"
     meeting.mkdir()
@@ -364,6 +366,7 @@ def fault_sweep(builtin_data, tmp_path_factory) -> dict:
     proc = start_sweep("--space", str(space), "--name", "faults", "--results", str(results), "--data",
                        str(builtin_data), "--num-cpus", "2", "--num-gpus", "1", "--gpus-per-trial", "0.5",
                        "--max-failures", "2", "--quiet", "--wandb", "lmtune-tests", "--step-hook", "faults:fault_sweep",
+                       "--trial-figures",
                        env={**FAULTS_ENV, MEETING_ENV: str(meeting), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     dashboard_cmdlines: set[str] = set()
 
@@ -411,6 +414,15 @@ def test_trial_raising_cuda_oom_is_retried_then_recorded_as_error_and_the_others
 
 
 @pytest.mark.slow
+def test_with_trial_figures_each_trial_that_ended_draws_its_own_curves_and_schedule(fault_sweep):
+    assert fault_sweep["rc"] == 0, fault_sweep["out"][-4000:]
+    for fault in ("crash", "plain"):  # (the two that completed: the oom trial ended in an error, drawing nothing)
+        folder = fault_sweep["dirs"][fault_sweep["trial"][fault]]
+        for name in ("loss_curves.png", "lr_schedule.png"):
+            assert_real_picture(folder / name)
+
+
+@pytest.mark.slow
 def test_live_dashboard_binds_to_localhost(fault_sweep):
     urls = re.findall(r"Ray dashboard: (\S+)", fault_sweep["out"])
     assert urls, "no dashboard URL printed: " + fault_sweep["out"][-2000:]
@@ -451,7 +463,8 @@ def test_crashed_trial_is_retried_from_its_checkpoint(fault_sweep):
     assert not (dirs[plain] / FIRED).exists()
     assert states[plain][1]["num_failures"] == 0, states[plain][1]
     assert "resuming from" not in (dirs[plain] / "training.log").read_text()
-    assert "best trial" in fault_sweep["out"]
+    # The sweep ended as one without faults would: its conclusion (at FAULT_STEPS, that nothing trained) and report.
+    assert "report: python -m lmtune.analyze" in fault_sweep["out"]
 
 
 @pytest.mark.slow

@@ -82,13 +82,14 @@ def check_fusable(configs: Sequence[RunConfig]) -> None:
 
 def train_fused(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, resume: bool = False,
                 group_sink: GroupSink | None = None, member_rule: MemberRule | None = None,
-                divergence: DivergenceRule = DEFAULT_RULE, spec: TrainSpec | None = None) -> list[RunResult]:
+                divergence: DivergenceRule = DEFAULT_RULE, spec: TrainSpec | None = None,
+                figures: bool = True) -> list[RunResult]:
     """Train every config as one member of a fused group, member k writing to ``out_dirs[k]``.
 
     ``resume`` continues the members that have not ended from their newest common checkpoint;
     ``member_rule`` ends members at a log interval (a sweep's divergence and rung rules); ``divergence``
     judges each member's loss as ``train()`` judges a run's; ``spec``: the members' (they share their code;
-    None: lmtune's own).
+    None: lmtune's own). ``figures``: each member draws its own figures as it ends, as ``train()``'s.
     Returns each member's RunResult, in the order of ``configs``.
     """
     if len(configs) != len(out_dirs) or not configs:
@@ -96,18 +97,19 @@ def train_fused(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, resum
     configs = [resolve_config(c, Path(c.data_dir)) for c in configs]
     check_fusable(configs)
     spec = spec or lmtune_spec(configs[0])
-    return FusedRun(configs, out_dirs, group_sink, member_rule, divergence, spec).run(resume)
+    return FusedRun(configs, out_dirs, group_sink, member_rule, divergence, spec, figures).run(resume)
 
 
 class FusedRun:
     def __init__(self, configs: list[RunConfig], out_dirs: Sequence[Path], group_sink: GroupSink | None,
-                 member_rule: MemberRule | None, divergence: DivergenceRule, spec: TrainSpec):
+                 member_rule: MemberRule | None, divergence: DivergenceRule, spec: TrainSpec, figures: bool = True):
         self.configs, self.t, self.spec = configs, configs[0].train, spec
         self.group_sink, self.member_rule, self.divergence = group_sink, member_rule, divergence
         self.device = resolve_device(self.t.device)
         check_fits(configs[0], self.device, members=len(configs), spec=spec)
         configure_backend(self.device)
-        self.members = [Member.of(i, c, d, spec) for i, (c, d) in enumerate(zip(configs, out_dirs, strict=True))]
+        self.members = [Member.of(i, c, d, spec, figures)
+                        for i, (c, d) in enumerate(zip(configs, out_dirs, strict=True))]
         self.state = FusedState.create(configs, self.device, spec=spec)
         dtype = next(self.state.model.parameters()).dtype
         # Every member's learning rate at every step, on the device: no host-to-device copy per step.

@@ -43,13 +43,16 @@ class Member:
     rows: list[Row] = field(default_factory=list)
     spec: TrainSpec | None = None
     """The group's training spec (its schedule draws the member's lr_schedule.png; None: lmtune's own)."""
+    figures: bool = True
+    """Whether it draws its own loss_curves.png and lr_schedule.png as it ends (finish_run's ``figures``)."""
 
     @classmethod
-    def of(cls, index: int, config: RunConfig, out_dir: Path, spec: TrainSpec | None = None) -> Member:
+    def of(cls, index: int, config: RunConfig, out_dir: Path, spec: TrainSpec | None = None,
+           figures: bool = True) -> Member:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         return cls(index, config, out_dir, Checkpointer(out_dir / "checkpoints", keep=config.train.keep_checkpoints),
-                   spec=spec)
+                   spec=spec, figures=figures)
 
     @property
     def label(self) -> str:
@@ -73,6 +76,6 @@ class Member:
     def finish(self, end: RunEnd, wall_time_s: float, runtime=None) -> RunResult:
         """summary.json and figures, as an unfused run of this config ending so would write them."""
         self.result = finish_run(self.out_dir, self.config, self, end, self.csv.rows, wall_time_s, (), self.watch,
-                                 runtime, self.spec)
+                                 runtime, self.spec, figures=self.figures)
         log.info("member %s (%s) ended: %s %s", self.index, self.label, end.status, end.reason)
         return self.result

@@ -151,7 +151,8 @@ def build_tuner(options: SweepOptions, plan: SweepPlan, placement: Placement,
         callbacks.append(wandb_logger_callback(project=options.wandb_project, group=options.name, dir=str(sweep_dir)))
     search_alg, num_samples = tune_search_alg(space.strategy, plan.budget(), sweep_dir)
     return tune.Tuner(
-        build_trainable(plan, placement.resources, shipped, step_hook=options.step_hook),
+        build_trainable(plan, placement.resources, shipped, step_hook=options.step_hook,
+                        trial_figures=options.trial_figures),
         param_space=space.strategy.param_space(space.fuse),
         tune_config=tune.TuneConfig(
             search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
@@ -207,9 +208,10 @@ def disk_reserve(plan: SweepPlan, max_concurrent: int) -> int:
 
 
 def build_trainable(plan: SweepPlan, resources: dict[str, float], shipped: ShippedData | None,
-                    ended: frozenset[str] = frozenset(), step_hook: str | None = None):
+                    ended: frozenset[str] = frozenset(), step_hook: str | None = None, trial_figures: bool = False):
     """The function trainable with the whole plan (and, on --resume, the trials the ledger says ended)."""
-    trainable = tune.with_parameters(train_trial, setup=plan.trial_setup(space_checked=True), shipped=shipped,
+    setup = plan.trial_setup(space_checked=True, trial_figures=trial_figures)
+    trainable = tune.with_parameters(train_trial, setup=setup, shipped=shipped,
                                      ended=ended, step_hook=step_hook)
     return tune.with_resources(trainable, resources)
 

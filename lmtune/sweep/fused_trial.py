@@ -56,7 +56,7 @@ def train_group_trial(order: TrialOrder, params: TuneParams, base: RunConfig, gr
     sink = GroupTuneSink(configs[0], list(folders))
     return train_fused(configs, list(folders.values()), resume=True, group_sink=sink,
                        member_rule=member_rule(configs[0], rungs), divergence=setup.divergence,
-                       spec=spec_for(configs[0]))
+                       spec=spec_for(configs[0]), figures=setup.trial_figures)
 
 
 def member_rule(config: RunConfig, rungs: Rungs | None):

@@ -43,6 +43,8 @@ class SweepOptions:
     num_gpus: float | None = None
     ship_data_mb: int = 2048
     dashboard: bool = True
+    trial_figures: bool = False
+    """Each trial draws its own loss_curves.png and lr_schedule.png (lmtune.sweep.plan.TrialSetup.trial_figures)."""
     dashboard_host: str = "127.0.0.1"
     quiet: bool = False
     wandb_project: str | None = None

@@ -52,6 +52,10 @@ class TrialSetup:
     space_checked: bool = False
     """Every trial's settings come from the space file lmtune parsed and checked (``python -m lmtune.run``): the
     trials put them in place unchecked. False: a Tuner of the user's may hand any param_space; each trial checks."""
+    trial_figures: bool = False
+    """Each trial draws its own loss_curves.png and lr_schedule.png as it ends (``run --trial-figures``). False: the
+    report's figures, which show every trial's curves, are the only ones; a trial's process then spends no time
+    on figures, nor on importing matplotlib."""
 
     def import_user_code(self) -> None:
         """Make the user's code importable in this (a trial's) process, as it was in the driver's."""
@@ -85,16 +89,17 @@ class SweepPlan:
             return plan
         return dataclasses.replace(plan, asha=asha_budget(space.scheduler, plan.max_trial_tokens()))
 
-    def trial_setup(self, space_checked: bool = False) -> TrialSetup:
+    def trial_setup(self, space_checked: bool = False, trial_figures: bool = False) -> TrialSetup:
         """What the sweep's trials share (lmtune.sweep.trainable.train_trial), the user's code included: the folders
         it was imported from here (the driver has imported it: lmtune.sweep.experiment.make_plan), and any model a
         compare search's variant trains instead.
-        ``space_checked``: the trials get only this plan's space's settings (TrialSetup.space_checked)."""
+        ``space_checked``: the trials get only this plan's space's settings (TrialSetup.space_checked);
+        ``trial_figures``: TrialSetup.trial_figures."""
         from lmtune.usercode.imports import code_path, objects
 
         specs = self.code_specs
         return TrialSetup(self.base, self.divergence_rule, self.space.strategy.range_test(), self.asha,
-                          tuple(code_path(specs)), objects(specs), space_checked)
+                          tuple(code_path(specs)), objects(specs), space_checked, trial_figures)
 
     @property
     def code_specs(self) -> list[str]:

@@ -153,7 +153,8 @@ def _resume_held_sweep(options: SweepOptions, sweep_dir: Path, echo: Echo) -> Sw
         # Decisions in the ledger stand: a trial that ended after Tune's last experiment snapshot is
         # still "running" there and would be resumed. Errored trials are retried (resume_errored).
         ended = frozenset(t for t, e in read_outcomes(sweep_dir).items() if e.get("outcome") != Outcome.ERROR)
-        trainable = build_trainable(plan, record.resources_per_trial, shipped, ended, options.step_hook)
+        trainable = build_trainable(plan, record.resources_per_trial, shipped, ended, options.step_hook,
+                                    options.trial_figures)
         try:
             with resuming_in(sweep_dir):  # its callbacks, ASHA and searcher come back pointing here
                 tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True,

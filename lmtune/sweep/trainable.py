@@ -203,8 +203,8 @@ def train_trial(params: TuneParams, setup: TrialSetup, shipped: ShippedData | No
         atomic_write_text(out_dir / "config.json", config.to_json())
         sink.refuse(str(err))
         return
-    result = train(config, out_dir, resume=True, sinks=[sink], before_step=before_step,
-                   divergence=setup.divergence, periodic_dir=staging, spec=spec_for(config))
+    result = train(config, out_dir, resume=True, sinks=[sink], before_step=before_step, divergence=setup.divergence,
+                   periodic_dir=staging, spec=spec_for(config), figures=setup.trial_figures)
     if gpu_note:  # (the loop's own log line went to training.log; the summary says it too)
         atomic_write_json(out_dir / "summary.json", {**result.summary, "gpu_share_unused": gpu_note})
     with contextlib.suppress(OSError):  # every checkpoint was handed to Tune: the empty staging folders go

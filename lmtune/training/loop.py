@@ -84,7 +84,8 @@ class RunResult:
 def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from: Path | None = None,
           sinks: Sequence[MetricsSink] = (), before_step: StepHook | None = None,
           divergence: DivergenceRule = DEFAULT_RULE, periodic_dir: Path | None = None,
-          on_start: Callable[[Path], None] | None = None, spec: TrainSpec | None = None) -> RunResult:
+          on_start: Callable[[Path], None] | None = None, spec: TrainSpec | None = None,
+          figures: bool = True) -> RunResult:
     """Train one model as ``config`` says, writing everything to ``out_dir``.
 
     ``resume`` continues from the newest verified checkpoint in out_dir/checkpoints (a fresh start if
@@ -97,7 +98,8 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
     out_dir once config.json is written (``lmtune train``: the record of the files of the user's code, what a
     ``train --resume`` may import unasked, lmtune.usercode.consent.write_run_record).
     ``spec``: how the run builds its model, optimizer and schedule (lmtune.usercode.spec.spec_for's; None:
-    lmtune's own, lmtune.training.spec.LMTUNE).
+    lmtune's own, lmtune.training.spec.LMTUNE). ``figures``: draw loss_curves.png and lr_schedule.png as the run
+    ends (a sweep's trials do only when asked: the report draws every trial's curves).
     """
     out_dir = Path(out_dir)
     config = resolve_config(config, Path(config.data_dir))
@@ -165,7 +167,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
             end = RunEnd("stopped", f"interrupted at step {state.step}")
             log.warning("interrupted: the newest checkpoint is kept; continue with --resume")
         return finish_run(out_dir, config, state, end, csv_sink.rows, meter.elapsed_s(), sinks, watch, runtime,
-                          spec)
+                          spec, figures)
 
 
 def interval_row(step: int, lr: float, x: torch.Tensor, state: TrainState, runtime: Runtime, meter: IntervalMeter,
@@ -237,8 +239,9 @@ def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunC
 
 def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float,
                sinks: Sequence[MetricsSink], watch: LossWatch | None = None,
-               runtime: Runtime | None = None, spec: TrainSpec | None = None) -> RunResult:
-    """summary.json and the run's figures, then the sinks hear how it ended (``spec``: the run's, None: lmtune's)."""
+               runtime: Runtime | None = None, spec: TrainSpec | None = None, figures: bool = True) -> RunResult:
+    """summary.json and the run's figures (``figures``: False draws none), then the sinks hear how it ended (``spec``:
+    the run's, None: lmtune's)."""
     spec = spec or lmtune_spec(config)
     end = judged_end(end, watch, state.step)
     summary = run_summary(config, state, end, rows, wall_time, spec.model.size(config))
@@ -247,7 +250,8 @@ def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, r
     if runtime is not None:  # how it ran: compiled or eager (a failed compile falls back), in which precision
         summary.update(compiled=runtime.compiled, precision=str(runtime.amp_dtype or torch.float32).split(".")[-1])
     atomic_write_json(out_dir / "summary.json", summary)
-    write_run_figures(out_dir, rows, config, spec.schedule)
+    if figures:
+        write_run_figures(out_dir, rows, config, spec.schedule)
     if end.status == "diverged":
         log.warning("run diverged: %s", end.reason)
     elif end.status == "completed" and end.detail:  # its loss never fell below where it started
