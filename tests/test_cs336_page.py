@@ -81,6 +81,13 @@ def run_as_written(argv: list[str], student: Path, *extra: str, timeout: float |
     return proc
 
 
+def with_value(argv: list[str], option: str, value: str) -> list[str]:
+    """A page command with ``option``'s value replaced (a single-value option takes one value: a second one is
+    refused, not kept in place of the first)."""
+    at = argv.index(option)
+    return [*argv[:at + 1], value, *argv[at + 2:]]
+
+
 def python_of(student: Path) -> Path:
     return student.parent / "env" / "bin" / "python"
 
@@ -191,7 +198,8 @@ def mine(student: Path, prepared: Path) -> dict:
     resumed = run_command(resume, cwd=student)
     analyze = run_as_written(as_sweep(command("analyze", "results/lr_edge"), "", "mine"), student)
     summary = json.loads((sweep / "report" / "summary.json").read_text())
-    sampled = run_as_written(as_sweep(command("sample", "results/lr_edge"), "", "mine"), student, "--max-tokens", "16")
+    sample = as_sweep(command("sample", "results/lr_edge"), "", "mine")
+    sampled = run_as_written(with_value(sample, "--max-tokens", "16"), student)
     return {"dir": sweep, "interrupted": (proc.returncode, interrupted), "ended_before": ended, "resumed": resumed,
             "refused": refused, "written_by_refused": written, "analyze": analyze, "summary": summary,
             "sampled": sampled, "model": f"{student}/{PACKAGE}/model.py:TransformerLM"}
@@ -256,7 +264,7 @@ def test_the_learning_rate_problem_as_written_searches_the_edge_reports_the_targ
     assert "## Edge of stability" in report and "## Target" in report and "| top of the useful range |" in report
     summary = json.loads((sweep / "report" / "summary.json").read_text())
     assert "best lr" in analyze.stdout and f"  checkpoint: {summary['best_checkpoint']}" in analyze.stdout.splitlines()
-    sampled = run_as_written(command("sample", "results/lr_edge"), student, "--max-tokens", "16")
+    sampled = run_as_written(with_value(command("sample", "results/lr_edge"), "--max-tokens", "16"), student)
     assert sampled.stdout.strip() and sampled.stderr.startswith(f"sampling {summary['best_checkpoint']}: ")
 
 
