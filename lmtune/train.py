@@ -93,6 +93,7 @@ def resumed_config(args: argparse.Namespace, out: Path, overrides: dict[str, obj
     if not path.exists():
         raise LmtuneError(f"--resume: {out} holds no training run (no config.json); drop --resume to start one")
     refuse_running_sweep(out)
+    refuse_running_train(out)
     check_something_to_resume(out)
     saved = read_run_config(path)
     if args.budget is not None and args.budget != saved.budget:
@@ -128,6 +129,16 @@ def refuse_running_sweep(out: Path) -> None:
     if sweep is not None and (pid := running_writer(sweep)) is not None:
         raise LmtuneError(f"--resume: {out} is a trial of {sweep}, and {sweep} is being written by a running lmtune "
                           f"sweep (pid {pid}); wait for it to end, or stop it, before you resume one of its trials")
+
+
+def refuse_running_train(out: Path) -> None:
+    """A run another ``lmtune train`` writes now (it holds the folder's lock) is refused as the loop's own lock would
+    refuse it, before anything else is judged of the folder (its first checkpoint may not be written yet)."""
+    from lmtune.sweep.record import running_writer
+
+    if (pid := running_writer(out)) is not None:
+        raise LmtuneError(f"{out} is being written by another lmtune training run (pid {pid}); wait for it to end, or "
+                          "choose another --out")
 
 
 def held_sweep(out: Path) -> contextlib.AbstractContextManager[object]:
