@@ -109,7 +109,7 @@ def test_a_storage_folder_holds_the_whole_sweep_and_run_and_analyze_read_it(tmp_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = shared / "n"
     assert (sweep / "sweep.json").is_file() and (sweep / "decisions").is_dir() and len(trial_dirs(sweep)) == 2
-    assert "2 trials: 2 completed" in proc.stdout and "best lr" in proc.stdout
+    assert "2 trials: 2 completed" in proc.stdout and "report: python -m lmtune.analyze" in proc.stdout
     assert not (tmp_path / "results").exists()
     report = run_lmtune("analyze", str(sweep), cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]

@@ -327,7 +327,7 @@ def test_sweep_as_a_ray_job_on_a_local_head(tmp_path: Path, builtin_data: Path):
         logs = subprocess.run([ray_bin, "job", "logs", "--address", api, job_id], capture_output=True, text=True,
                               timeout=60, env=env, stdin=subprocess.DEVNULL)
         assert logs.returncode == 0, logs.stderr
-        assert "best trial" in logs.stdout and "2 trials" in logs.stdout, logs.stdout[-3000:]
+        assert "report: python -m lmtune.analyze" in logs.stdout and "2 trials" in logs.stdout, logs.stdout[-3000:]
         job_id = None  # finished: nothing to stop
         assert {o["outcome"] for o in read_outcomes(results / "job").values()} == {"completed"}
         assert len(trial_dirs(results / "job")) == 2

@@ -148,14 +148,16 @@ class Conclusion:
         }
 
 
-def conclude(runs: Iterable[Run], budget: Budget) -> Conclusion:
-    """The best LR (crowned on as many seeds as it beats; none where no run beat the data's unigram baseline), where
-    it may lie, the bracket (at or above the best LR) and how it was established, the ratio, and the landscape's
-    regions. (``budget``: the runs' budget, for the caller's
-    reading; every comparison here is at each run's own full budget.)"""
+def conclude(runs: Iterable[Run], budget: Budget, crown_untrained: bool = True) -> Conclusion:
+    """The best LR (crowned on as many seeds as it beats; none, with ``crown_untrained`` False, where no run beat
+    the unigram baseline), where it may lie, the bracket (at or above the best LR) and how it was established, the
+    ratio, and the landscape's regions. (``budget``: the runs' budget, for the caller's
+    reading; every comparison here is at each run's own full budget.) ``crown_untrained``: where no run beat the
+    unigram baseline, crown the best of them all the same (a search deciding what to train next, whose decisions must
+    not move); False (the sweep's answer: lmtune.findings.summary) names none and says nothing trained."""
     runs = effective_runs(runs)
     ranking = full_budget_ranking(runs)
-    untrained = nothing_trained(runs, ranking)
+    untrained = None if crown_untrained else nothing_trained(runs, ranking)
     candidates = [] if untrained else ranking  # where nothing trained, no LR is a candidate for the crown
     best, contenders = crown(candidates)
     # The failing and divergence LRs lie at or above the best (a run that failed below it is set aside)

@@ -337,7 +337,7 @@ def summarize_runs(records: Sequence[TrialRecord], pairs: Sequence[Pair], budget
     ``every_record``: the sweep's every trial, for the trial table and the status counts, where ``records`` are
     some of them (one budget's or width's); ``search_result``: the search's own results."""
     standing = standing_pairs(pairs)  # a run continued by another, or retrained, counts once
-    conclusion = conclusion or conclude([run for run, _ in pairs], budget)
+    conclusion = conclusion or conclude([run for run, _ in pairs], budget, crown_untrained=False)
     best = best_record(standing, conclusion.best_lr)
     best_lr, edge_ratio, candidates = conclusion.best_lr, conclusion.edge_ratio, None
     best_loss: float | None = None
