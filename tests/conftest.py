@@ -4,6 +4,7 @@ a real quick sweep, and the helpers that start, wait for and kill processes and 
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import signal
@@ -367,6 +368,15 @@ def write_grid_space(path: Path, lrs: list[float], scheduler: dict | None = None
         f"params:\n  lr: {json.dumps([float(lr) for lr in lrs])}\n"
         f"set: {json.dumps({**TINY_TRIAL, **settings})}\n"
         f"scheduler: {json.dumps(scheduler or {'name': 'none'})}\n")
+    return path
+
+
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    """``rows`` (dicts with the same keys) as a CSV file with a header: a run log as a user's own loop writes one."""
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     return path
 
 

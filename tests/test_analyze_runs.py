@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_real_picture, assert_refused, run_python, snapshot
+from conftest import assert_real_picture, assert_refused, run_python, snapshot, write_csv
 
 from lmtune.analyze import main
 
@@ -55,14 +55,6 @@ def train_loop(lr: float, seed: int, steps: int = 20, batch: int = 64) -> list[d
         rows.append({"lr": lr, "seed": seed, "step": step, "tokens": step * batch, "train_loss": loss.item(),
                      "val_loss": val, "wall_time": time.perf_counter() - start})
     return rows
-
-
-def write_csv(path: Path, rows: list[dict]) -> Path:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -5,25 +5,16 @@ a negative loss are each one line."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import tracemalloc
 from pathlib import Path
 
 import pytest
-from conftest import assert_refused, snapshot
+from conftest import assert_refused, snapshot, write_csv
 
 from lmtune.analyze import main
 from lmtune.report.external_runs import read_runs
-
-
-def write_csv(path: Path, rows: list[dict]) -> Path:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 def curve(lr: float, seed: int = 0, steps: int = 6) -> list[dict]:
