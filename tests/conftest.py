@@ -445,11 +445,12 @@ def read_only(folder: Path):
         subprocess.run(undo, check=True)
 
 
-def assert_one_line_error(code: int, stderr: str, *fragments: str) -> str:
-    """A refusal: exit status 2 and one ``error: ...`` line holding each fragment, no traceback."""
+def assert_one_line_error(code: int, stderr: str, *fragments: str, status: int = 2, starts: str = "") -> str:
+    """A refusal: exit status ``status`` (2; a full disk's is 1) and one ``error: ...`` line (``error: `` then
+    ``starts``) holding each fragment, no traceback."""
     lines = stderr.strip().splitlines()
-    assert code == 2, (code, stderr[-3000:])
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr[-3000:]
+    assert code == status, (code, stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), stderr[-3000:]
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]

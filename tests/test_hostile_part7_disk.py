@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import TINY, assert_refused, disk_sweep, set_args, snapshot
+from conftest import TINY, assert_one_line_error, assert_refused, disk_sweep, set_args, snapshot
 
 from lmtune import analyze
 from lmtune import train as train_cli
@@ -69,13 +69,8 @@ def fill_disk(monkeypatch) -> Callable[[Callable[[Path], bool]], None]:
 
 
 def one_disk_full_line(code: int, stderr: str, *fragments: str) -> str:
-    """A full disk's report: exit status 1 and one ``error: ...`` line holding each fragment, no traceback."""
-    lines = stderr.strip().splitlines()
-    assert code == 1, (code, stderr[-3000:])
-    assert len(lines) == 1 and lines[0].startswith("error: no space left on the disk of "), stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
+    """A full disk's report: exit status 1 and one ``error: no space left ...`` line holding each fragment."""
+    return assert_one_line_error(code, stderr, *fragments, status=1, starts="no space left on the disk of ")
 
 
 def leftovers(folder: Path) -> list[str]:
