@@ -87,6 +87,18 @@ def test_reading_a_log_holds_less_memory_than_twice_its_size(tmp_path):
     assert peak < 2 * log.stat().st_size, (peak, log.stat().st_size)
 
 
+def test_logs_whose_report_would_not_fit_in_the_memory_available_are_refused_before_reading(tmp_path, capsys,
+                                                                                             monkeypatch):
+    from lmtune.report import run_tables
+
+    log = write_csv(tmp_path / "runs.csv", curve(0.001) + curve(0.01))
+    size = log.stat().st_size
+    monkeypatch.setattr(run_tables, "available_memory", lambda: 4 * size - 1)  # (the measured 4x: one byte short)
+    refused(tmp_path, capsys, ["--runs", str(log)], "of memory to report", "is available", "fewer runs at a time")
+    monkeypatch.setattr(run_tables, "available_memory", lambda: 4 * size)
+    assert len(read_runs(log).runs) == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # Item 8: counts that go down within a run
 

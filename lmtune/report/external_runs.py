@@ -35,6 +35,7 @@ from lmtune.report.run_tables import (
     SUFFIXES,
     LoggedRun,
     Table,
+    check_room,
     lr_cell,
     read_table,
     require_columns,
@@ -261,6 +262,7 @@ def read_runs(path: Path, lr_of: Mapping[str, float] | None = None) -> RunsInput
         raise LmtuneError(f"--runs {path} is not a file or a folder (a pipe, a device or a socket); give a run log "
                           f"(CSV or JSONL), a folder of them, a Tune experiment folder or a W&B CSV export ({DOCS})")
     if path.is_file():
+        check_room(f"--runs {path}", [path])
         shape, runs = file_runs(path, lr_of)
     elif trials := tune_trial_folders(path):
         shape, runs = "tune", tune_runs(path, trials)
@@ -269,6 +271,7 @@ def read_runs(path: Path, lr_of: Mapping[str, float] | None = None) -> RunsInput
         if not files:
             raise LmtuneError(f"--runs {path} holds no .csv or .jsonl file and no Tune trial folder (progress.csv "
                               f"with params.json); give a run log or a folder of them ({DOCS})")
+        check_room(f"--runs {path}", files)
         shapes, runs = set(), []
         for file in files:
             found_shape, found = file_runs(file, lr_of)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmtune.errors import LmtuneError, shown
+from lmtune.errors import LmtuneError, format_bytes, shown
 from lmtune.training.config import MAX_LR, accepted_lr
 
 DOCS = "docs/analyze-runs.md"
@@ -68,6 +68,34 @@ class LoggedRun:
 
 MAX_JSON_LINE = 16 * 2**20  # (a JSON Lines row longer than this is not a logged point: refused before it is parsed)
 SMALL_FILE = 64 * 2**20  # (the most of a file read whole, to say what it is, on the error path only)
+
+
+# Memory a report of logs takes, per byte of log: a 1.1 GB log (23 M rows) peaked at 4.29 GB resident
+# (docs/analyze-runs.md). The rows stream (Table.rows), but the report keeps each run's curve.
+MEMORY_PER_LOG_BYTE = 4
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine has available now (Linux's MemAvailable), or None where it is not said."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_room(option: str, files: list[Path]) -> None:
+    """Refuse, in one line and before reading, logs whose report would take more memory than is available."""
+    size = sum(file.stat().st_size for file in files)
+    free = available_memory()
+    if free is not None and size * MEMORY_PER_LOG_BYTE > free:
+        raise LmtuneError(f"{option}: {format_bytes(size)} of logs would take about "
+                          f"{format_bytes(size * MEMORY_PER_LOG_BYTE)} of memory to report (about "
+                          f"{MEMORY_PER_LOG_BYTE}x their size) and {format_bytes(free)} is available; report fewer "
+                          "runs at a time (one log per run or per few runs), or log fewer rows")
 
 
 @dataclass(frozen=True)
