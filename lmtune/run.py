@@ -308,7 +308,7 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         return signal_exit_code(result.stopped_by)
     if summary is not None and summary.nothing_trained is not None:  # (a finding, not a failure: the sweep ran)
         print("\n".join(no_best_lines(summary)))
-        print(f"report: {shlex.join(['python', '-m', 'lmtune.analyze', str(result.sweep_dir)])}")
+        print(report_line(result))
         return 0
     if summary is None or summary.best_trial is None:
         print("\n".join(no_best_lines(summary)))
@@ -320,8 +320,13 @@ def print_result(result: SweepResult, options: SweepOptions) -> int:
         stored = f"{SweepStorage(options.storage, options.name).uri.partition('?')[0]}/" \
                  f"{Path(report.facts.best_trial_dir).name}/checkpoints/best.pt"
     print("\n".join([*summary_lines(summary), *marked_unfinished(summary, best_trial_lines(report.facts, stored))]))
-    print(f"report: {shlex.join(['python', '-m', 'lmtune.analyze', str(result.sweep_dir)])}")
+    print(report_line(result))
     return 0
+
+
+def report_line(result: SweepResult) -> str:
+    """The command that writes the sweep's report, as a sweep that ended (with or without a best trial) prints it."""
+    return f"report: {shlex.join(['python', '-m', 'lmtune.analyze', str(result.sweep_dir)])}"
 
 
 def not_started(result: SweepResult, rows) -> int:

@@ -20,7 +20,7 @@ from lmtune.training.checkpoint import BEST_NAME, checkpoint_step, disk_full_in_
 from lmtune.training.config import BUDGETS, RunConfig, apply_overrides, budget_config
 from lmtune.training.fork import same_data
 from lmtune.training.handout import handout_name
-from lmtune.training.loop import resolve_config, train
+from lmtune.training.loop import resolve_config, run_being_written, train
 from lmtune.training.metrics import METRICS_FILE
 from lmtune.training.schedule import first_lr_difference
 from lmtune.usercode.checks import check_code
@@ -137,8 +137,7 @@ def refuse_running_train(out: Path) -> None:
     from lmtune.sweep.record import running_writer
 
     if (pid := running_writer(out)) is not None:
-        raise LmtuneError(f"{out} is being written by another lmtune training run (pid {pid}); wait for it to end, or "
-                          "choose another --out")
+        raise LmtuneError(run_being_written(out, pid))
 
 
 def held_sweep(out: Path) -> contextlib.AbstractContextManager[object]:

@@ -110,8 +110,7 @@ def train(config: RunConfig, out_dir: Path, *, resume: bool = False, resume_from
     check_fits(config, device, spec=spec)
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: refused inputs leave no empty run folder behind
     with contextlib.ExitStack() as cleanup:
-        cleanup.enter_context(writer_lock(out_dir, lambda pid: f"{out_dir} is being written by another lmtune "
-                                          f"training run (pid {pid}); wait for it to end, or choose another --out"))
+        cleanup.enter_context(writer_lock(out_dir, lambda pid: run_being_written(out_dir, pid)))
         configure_backend(device)
         state = TrainState.create(config, device, spec)
         checkpointer = Checkpointer(out_dir / "checkpoints", keep=t.keep_checkpoints, periodic_dir=periodic_dir)
@@ -235,6 +234,12 @@ def save_checkpoints(checkpointer: Checkpointer, state: TrainState, config: RunC
         return None
     state.elapsed_s = meter.elapsed_s()
     return checkpointer.save(state, config, history)
+
+
+def run_being_written(out_dir: Path, pid: str) -> str:
+    """The one line refusing a second writer of a run folder that another ``train`` holds (pid: the holder's)."""
+    return (f"{out_dir} is being written by another lmtune training run (pid {pid}); wait for it to end, or choose "
+            "another --out")
 
 
 def finish_run(out_dir: Path, config: RunConfig, state: Progress, end: RunEnd, rows: list[Row], wall_time: float,
